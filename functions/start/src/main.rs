@@ -1,0 +1,2 @@
+//! Placeholder until the Lambda handler lands; the engine it will call lives in `shared`.
+fn main() {}

@@ -1,0 +1,344 @@
+//! One immutable version of a proposed tool call, and its way from proposal to outcome.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::args::{Args, ArgsHash};
+use super::conversation::ToolResultText;
+use super::identity::Actor;
+use super::ids::{ActionId, ActionVersion, ApprovalId, RunId, TenantId, idempotency_key};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ActionStatus {
+    AwaitingApproval,
+    Approved,
+    Executing,
+    Succeeded,
+    Failed,
+    /// The call may have committed remotely: reconciled through the tool, never retried blindly.
+    Unknown,
+    Rejected,
+    Expired,
+    Superseded,
+    Cancelled,
+}
+
+impl ActionStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ActionStatus::AwaitingApproval => "awaiting_approval",
+            ActionStatus::Approved => "approved",
+            ActionStatus::Executing => "executing",
+            ActionStatus::Succeeded => "succeeded",
+            ActionStatus::Failed => "failed",
+            ActionStatus::Unknown => "unknown",
+            ActionStatus::Rejected => "rejected",
+            ActionStatus::Expired => "expired",
+            ActionStatus::Superseded => "superseded",
+            ActionStatus::Cancelled => "cancelled",
+        }
+    }
+}
+
+impl std::fmt::Display for ActionStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a tool reported for one call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum ToolOutcome {
+    Succeeded {
+        result: Value,
+    },
+    Failed {
+        error: String,
+    },
+    /// The tool cannot say whether the call took effect (a timeout after sending, say).
+    Unknown {
+        detail: String,
+    },
+}
+
+/// A transition the state machine does not have.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("action {action}:{version} is {from}, so it cannot become {to}")]
+pub struct InvalidTransition {
+    pub action: ActionId,
+    pub version: ActionVersion,
+    pub from: ActionStatus,
+    pub to: ActionStatus,
+}
+
+/// The facts of one proposed call version.
+#[derive(Debug, Clone)]
+pub struct ProposedCall {
+    pub id: ActionId,
+    pub version: ActionVersion,
+    pub tenant: TenantId,
+    pub run_id: RunId,
+    pub tool_use_id: String,
+    pub tool: String,
+    pub args: Args,
+    pub explanation: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Action {
+    pub id: ActionId,
+    pub version: ActionVersion,
+    pub tenant: TenantId,
+    pub run_id: RunId,
+    /// The model's id for the call, so the result goes back to the right place.
+    pub tool_use_id: String,
+    pub tool: String,
+    pub args: Args,
+    pub args_hash: ArgsHash,
+    /// What the agent said about this call when it proposed it.
+    pub explanation: String,
+    pub status: ActionStatus,
+    /// Who let it run: a policy version, or the people who approved this exact version.
+    #[serde(default)]
+    pub authorized_by: Vec<Actor>,
+    #[serde(default)]
+    pub approval_id: Option<ApprovalId>,
+    /// What the model will be told about this call, once there is something to tell.
+    #[serde(default)]
+    pub result: Option<ToolResultText>,
+    pub proposed_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+impl Action {
+    /// A new version as the agent (or an edit) proposes it, before policy or people decide.
+    pub fn propose(call: ProposedCall, now: DateTime<Utc>) -> Self {
+        let args_hash = call.args.hash();
+        Self {
+            id: call.id,
+            version: call.version,
+            tenant: call.tenant,
+            run_id: call.run_id,
+            tool_use_id: call.tool_use_id,
+            tool: call.tool,
+            args: call.args,
+            args_hash,
+            explanation: call.explanation,
+            status: ActionStatus::AwaitingApproval,
+            authorized_by: Vec::new(),
+            approval_id: None,
+            result: None,
+            proposed_at: now,
+            updated_at: now,
+        }
+    }
+
+    pub fn key(&self) -> String {
+        idempotency_key(&self.id, self.version)
+    }
+
+    fn to(
+        &mut self,
+        allowed_from: &[ActionStatus],
+        to: ActionStatus,
+        now: DateTime<Utc>,
+    ) -> Result<(), InvalidTransition> {
+        if !allowed_from.contains(&self.status) {
+            return Err(InvalidTransition {
+                action: self.id.clone(),
+                version: self.version,
+                from: self.status,
+                to,
+            });
+        }
+        self.status = to;
+        self.updated_at = now;
+        Ok(())
+    }
+
+    pub fn approve(&mut self, by: Vec<Actor>, now: DateTime<Utc>) -> Result<(), InvalidTransition> {
+        self.to(
+            &[ActionStatus::AwaitingApproval],
+            ActionStatus::Approved,
+            now,
+        )?;
+        self.authorized_by = by;
+        Ok(())
+    }
+
+    /// `approved → executing`: only the process that makes this transition runs the tool.
+    pub fn claim(&mut self, now: DateTime<Utc>) -> Result<(), InvalidTransition> {
+        self.to(&[ActionStatus::Approved], ActionStatus::Executing, now)
+    }
+
+    pub fn record(
+        &mut self,
+        outcome: &ToolOutcome,
+        now: DateTime<Utc>,
+    ) -> Result<(), InvalidTransition> {
+        let (to, result) = match outcome {
+            ToolOutcome::Succeeded { result } => (
+                ActionStatus::Succeeded,
+                ToolResultText::ok(result_text(result)),
+            ),
+            ToolOutcome::Failed { error } => (
+                ActionStatus::Failed,
+                ToolResultText::error(format!("The call failed: {error}")),
+            ),
+            ToolOutcome::Unknown { .. } => {
+                (ActionStatus::Unknown, ToolResultText::error(UNKNOWN_TEXT))
+            }
+        };
+        // An unknown outcome is settled only by reconciliation, which may say succeeded or failed.
+        let from: &[ActionStatus] = match to {
+            ActionStatus::Unknown => &[ActionStatus::Executing],
+            _ => &[ActionStatus::Executing, ActionStatus::Unknown],
+        };
+        self.to(from, to, now)?;
+        self.result = Some(result);
+        Ok(())
+    }
+
+    /// Ends an action that will never run, with the plain answer the model will read.
+    pub fn close(
+        &mut self,
+        to: ActionStatus,
+        told: String,
+        now: DateTime<Utc>,
+    ) -> Result<(), InvalidTransition> {
+        debug_assert!(matches!(
+            to,
+            ActionStatus::Rejected
+                | ActionStatus::Expired
+                | ActionStatus::Superseded
+                | ActionStatus::Cancelled
+        ));
+        self.to(&[ActionStatus::AwaitingApproval], to, now)?;
+        if to != ActionStatus::Superseded {
+            self.result = Some(ToolResultText::ok(told));
+        }
+        Ok(())
+    }
+
+    /// Settled: nothing more will happen to this version.
+    pub fn is_settled(&self) -> bool {
+        matches!(
+            self.status,
+            ActionStatus::Succeeded
+                | ActionStatus::Failed
+                | ActionStatus::Rejected
+                | ActionStatus::Expired
+                | ActionStatus::Superseded
+                | ActionStatus::Cancelled
+        )
+    }
+}
+
+pub const UNKNOWN_TEXT: &str = "The outcome of this call is unknown: it may have taken effect. It will be reconciled; do not retry it.";
+
+fn result_text(result: &Value) -> String {
+    match result {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn action() -> Action {
+        let call = ProposedCall {
+            id: ActionId::parse("act-1").unwrap(),
+            version: ActionVersion::FIRST,
+            tenant: TenantId::parse("acme").unwrap(),
+            run_id: RunId::parse("run-1").unwrap(),
+            tool_use_id: "toolu_1".into(),
+            tool: "reimburse".into(),
+            args: Args::new(json!({"claim_id": "c-102", "amount_cents": 25000})).unwrap(),
+            explanation: "capped at the limit".into(),
+        };
+        Action::propose(call, Utc::now())
+    }
+
+    #[test]
+    fn the_hash_is_taken_at_proposal() {
+        let a = action();
+        assert_eq!(a.args_hash, a.args.hash());
+        assert_eq!(a.key(), "act-1:1");
+    }
+
+    #[test]
+    fn only_an_approved_action_can_be_claimed_and_only_once() {
+        let mut a = action();
+        assert!(
+            a.claim(Utc::now()).is_err(),
+            "awaiting approval must not run"
+        );
+        a.approve(vec![Actor::Agent], Utc::now()).unwrap();
+        a.claim(Utc::now()).unwrap();
+        let again = a.claim(Utc::now()).unwrap_err();
+        assert_eq!(again.from, ActionStatus::Executing);
+    }
+
+    #[test]
+    fn an_unknown_outcome_is_settled_only_by_a_definite_one() {
+        let mut a = action();
+        a.approve(vec![], Utc::now()).unwrap();
+        a.claim(Utc::now()).unwrap();
+        a.record(
+            &ToolOutcome::Unknown {
+                detail: "timeout".into(),
+            },
+            Utc::now(),
+        )
+        .unwrap();
+        assert_eq!(a.status, ActionStatus::Unknown);
+        assert!(!a.is_settled());
+        assert!(
+            a.claim(Utc::now()).is_err(),
+            "unknown is never claimed again"
+        );
+        assert!(
+            a.record(
+                &ToolOutcome::Unknown {
+                    detail: "still".into()
+                },
+                Utc::now()
+            )
+            .is_err()
+        );
+        a.record(
+            &ToolOutcome::Succeeded {
+                result: json!({"paid": true}),
+            },
+            Utc::now(),
+        )
+        .unwrap();
+        assert_eq!(a.status, ActionStatus::Succeeded);
+        assert_eq!(a.result.unwrap().content, r#"{"paid":true}"#);
+    }
+
+    #[test]
+    fn closing_tells_the_model_in_plain_words_not_as_an_error() {
+        let mut a = action();
+        a.close(
+            ActionStatus::Rejected,
+            "rejected by erin".into(),
+            Utc::now(),
+        )
+        .unwrap();
+        let told = a.result.clone().unwrap();
+        assert!(!told.is_error);
+        assert_eq!(told.content, "rejected by erin");
+        assert!(
+            a.close(ActionStatus::Expired, "x".into(), Utc::now())
+                .is_err()
+        );
+        assert!(a.approve(vec![], Utc::now()).is_err());
+    }
+}

@@ -1,0 +1,691 @@
+//! A request for people to decide one action version, and the rules every decision passes.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::action::{Action, ActionStatus};
+use super::args::{Args, ArgsHash};
+use super::identity::{Actor, Identity};
+use super::ids::{
+    ActionId, ActionVersion, ApprovalId, DecisionId, PersonId, Role, RunId, TenantId,
+};
+use super::money::Amount;
+use super::policy::{EditRefusal, Policy};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalStatus {
+    AwaitingApproval,
+    Approved,
+    Rejected,
+    Expired,
+    Superseded,
+    Cancelled,
+}
+
+impl ApprovalStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApprovalStatus::AwaitingApproval => "awaiting_approval",
+            ApprovalStatus::Approved => "approved",
+            ApprovalStatus::Rejected => "rejected",
+            ApprovalStatus::Expired => "expired",
+            ApprovalStatus::Superseded => "superseded",
+            ApprovalStatus::Cancelled => "cancelled",
+        }
+    }
+}
+
+impl std::fmt::Display for ApprovalStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a reviewer chose.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "choice", rename_all = "snake_case")]
+pub enum Choice {
+    Approve,
+    /// Approve a lower amount: the action gets a new version, which policy evaluates again.
+    Edit {
+        amount: Amount,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        note: Option<String>,
+    },
+    Reject {
+        reason: String,
+    },
+}
+
+impl Choice {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Choice::Approve => "approve",
+            Choice::Edit { .. } => "edit",
+            Choice::Reject { .. } => "reject",
+        }
+    }
+}
+
+/// A decision as submitted: by an authenticated person, about the version they saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecisionRequest {
+    pub decision_id: DecisionId,
+    pub action_version: ActionVersion,
+    pub choice: Choice,
+}
+
+/// What a recorded decision did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "effect", rename_all = "snake_case")]
+pub enum DecisionEffect {
+    /// Counted toward the quorum; more distinct approvers are still needed.
+    Counted {
+        still_needed: u8,
+    },
+    Approved,
+    Rejected,
+    /// This version was superseded by the edited one.
+    Edited {
+        new_version: ActionVersion,
+    },
+}
+
+/// One decision, as recorded on the approval it decided.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Decision {
+    pub decision_id: DecisionId,
+    pub by: PersonId,
+    #[serde(flatten)]
+    pub choice: Choice,
+    pub action_version: ActionVersion,
+    pub args_hash: ArgsHash,
+    pub at: DateTime<Utc>,
+    pub effect: DecisionEffect,
+}
+
+/// Why a decision is refused. Nothing is written for any of these except `Expired`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("nobody approves their own request: {person} asked for this")]
+    OwnRequest { person: PersonId },
+    #[error("{person} does not hold the {role} role this approval needs")]
+    MissingRole { person: PersonId, role: Role },
+    #[error("this approval is already {status}")]
+    AlreadyResolved { status: ApprovalStatus },
+    #[error("this approval was superseded by an edit; decide the new version instead{}", current.as_ref().map(|c| format!(" (approval {c})")).unwrap_or_default())]
+    Superseded { current: Option<ApprovalId> },
+    #[error("the decision was about version {sent}, but this approval is for version {current}")]
+    StaleVersion {
+        sent: ActionVersion,
+        current: ActionVersion,
+    },
+    #[error("the deadline passed at {expires_at}; the approval has expired")]
+    Expired { expires_at: DateTime<Utc> },
+    #[error("{person} has already approved this; another person must approve it")]
+    AlreadyApprovedBy { person: PersonId },
+    #[error("decision id {decision_id} was already used for a different decision")]
+    DecisionIdReused { decision_id: DecisionId },
+    #[error("{0}")]
+    Edit(#[from] EditRefusal),
+    #[error("a rejection needs a reason")]
+    EmptyReason,
+}
+
+/// The previous version, kept so a reviewer sees what an edit changed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PreviousVersion {
+    pub version: ActionVersion,
+    pub args: Args,
+    pub edited_by: PersonId,
+    #[serde(default)]
+    pub note: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Approval {
+    pub id: ApprovalId,
+    pub tenant: TenantId,
+    pub run_id: RunId,
+    pub action_id: ActionId,
+    pub action_version: ActionVersion,
+    /// A copy of the immutable action version, so a reviewer reads exactly what runs.
+    pub tool_use_id: String,
+    pub tool: String,
+    pub args: Args,
+    pub args_hash: ArgsHash,
+    pub explanation: String,
+    #[serde(default)]
+    pub previous: Option<PreviousVersion>,
+    pub reason: String,
+    pub approver_role: Role,
+    pub quorum: u8,
+    /// People who may never decide this: whoever asked for the run and whoever started it.
+    pub requested_by: Vec<PersonId>,
+    pub policy_version: u32,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+    pub status: ApprovalStatus,
+    #[serde(default)]
+    pub decisions: Vec<Decision>,
+    #[serde(default)]
+    pub superseded_by: Option<ApprovalId>,
+    #[serde(default)]
+    pub resolved_at: Option<DateTime<Utc>>,
+    #[serde(default)]
+    pub reminded_at: Option<DateTime<Utc>>,
+}
+
+impl Approval {
+    /// The distinct people whose approval of this version counts toward the quorum.
+    pub fn approvers(&self) -> Vec<&PersonId> {
+        let mut people: Vec<&PersonId> = self
+            .decisions
+            .iter()
+            .filter(|d| {
+                matches!(d.choice, Choice::Approve | Choice::Edit { .. })
+                    && d.action_version == self.action_version
+            })
+            .map(|d| &d.by)
+            .collect();
+        people.sort();
+        people.dedup();
+        people
+    }
+
+    pub fn still_needed(&self) -> u8 {
+        self.quorum.saturating_sub(self.approvers().len() as u8)
+    }
+
+    pub fn is_overdue(&self, now: DateTime<Utc>) -> bool {
+        now >= self.expires_at
+    }
+
+    fn resolve(&mut self, status: ApprovalStatus, now: DateTime<Utc>) {
+        self.status = status;
+        self.resolved_at = Some(now);
+    }
+
+    /// Applies one decision, or refuses it. On `Ok` the approval holds the recorded decision;
+    /// `Err(Refusal::Expired)` also leaves the approval expired, and that change must be stored.
+    pub fn decide(
+        &mut self,
+        who: &Identity,
+        request: &DecisionRequest,
+        policy: &Policy,
+        now: DateTime<Utc>,
+    ) -> Result<Decided, Refusal> {
+        if let Some(recorded) = self
+            .decisions
+            .iter()
+            .find(|d| d.decision_id == request.decision_id)
+        {
+            let same = recorded.by == who.person
+                && recorded.choice == request.choice
+                && recorded.action_version == request.action_version;
+            return match same {
+                true => Ok(Decided::AlreadyRecorded(recorded.clone())),
+                false => Err(Refusal::DecisionIdReused {
+                    decision_id: request.decision_id.clone(),
+                }),
+            };
+        }
+        match self.status {
+            ApprovalStatus::AwaitingApproval => {}
+            ApprovalStatus::Superseded => {
+                return Err(Refusal::Superseded {
+                    current: self.superseded_by.clone(),
+                });
+            }
+            status => return Err(Refusal::AlreadyResolved { status }),
+        }
+        if self.is_overdue(now) {
+            self.resolve(ApprovalStatus::Expired, now);
+            return Err(Refusal::Expired {
+                expires_at: self.expires_at,
+            });
+        }
+        if request.action_version != self.action_version {
+            return Err(Refusal::StaleVersion {
+                sent: request.action_version,
+                current: self.action_version,
+            });
+        }
+        if self.requested_by.contains(&who.person) {
+            return Err(Refusal::OwnRequest {
+                person: who.person.clone(),
+            });
+        }
+        if !who.has_role(&self.approver_role) {
+            return Err(Refusal::MissingRole {
+                person: who.person.clone(),
+                role: self.approver_role.clone(),
+            });
+        }
+
+        let mut edited_args = None;
+        let effect = match &request.choice {
+            Choice::Approve => {
+                if self.approvers().contains(&&who.person) {
+                    return Err(Refusal::AlreadyApprovedBy {
+                        person: who.person.clone(),
+                    });
+                }
+                match self.still_needed() {
+                    0 | 1 => DecisionEffect::Approved,
+                    n => DecisionEffect::Counted {
+                        still_needed: n - 1,
+                    },
+                }
+            }
+            Choice::Reject { reason } if reason.trim().is_empty() => {
+                return Err(Refusal::EmptyReason);
+            }
+            Choice::Reject { .. } => DecisionEffect::Rejected,
+            Choice::Edit { amount, .. } => {
+                edited_args = Some(policy.edit_amount(&self.tool, &self.args, *amount)?);
+                DecisionEffect::Edited {
+                    new_version: self.action_version.next(),
+                }
+            }
+        };
+        let decision = Decision {
+            decision_id: request.decision_id.clone(),
+            by: who.person.clone(),
+            choice: request.choice.clone(),
+            action_version: self.action_version,
+            args_hash: self.args_hash.clone(),
+            at: now,
+            effect: effect.clone(),
+        };
+        self.decisions.push(decision.clone());
+        match effect {
+            DecisionEffect::Approved => self.resolve(ApprovalStatus::Approved, now),
+            DecisionEffect::Rejected => self.resolve(ApprovalStatus::Rejected, now),
+            DecisionEffect::Edited { .. } => self.resolve(ApprovalStatus::Superseded, now),
+            DecisionEffect::Counted { .. } => {}
+        }
+        Ok(Decided::New {
+            decision,
+            edited_args,
+        })
+    }
+
+    /// The sweep's transition: nobody decided in time.
+    pub fn expire(&mut self, now: DateTime<Utc>) -> bool {
+        let due = self.status == ApprovalStatus::AwaitingApproval && self.is_overdue(now);
+        if due {
+            self.resolve(ApprovalStatus::Expired, now);
+        }
+        due
+    }
+
+    pub fn cancel(&mut self, now: DateTime<Utc>) -> bool {
+        let open = self.status == ApprovalStatus::AwaitingApproval;
+        if open {
+            self.resolve(ApprovalStatus::Cancelled, now);
+        }
+        open
+    }
+
+    /// The action version while this approval waits, built from the approval's own copy. The
+    /// engine stores exactly this when it opens the approval, so the two never disagree.
+    pub fn awaiting_action(&self) -> Action {
+        Action {
+            id: self.action_id.clone(),
+            version: self.action_version,
+            tenant: self.tenant.clone(),
+            run_id: self.run_id.clone(),
+            tool_use_id: self.tool_use_id.clone(),
+            tool: self.tool.clone(),
+            args: self.args.clone(),
+            args_hash: self.args_hash.clone(),
+            explanation: self.explanation.clone(),
+            status: ActionStatus::AwaitingApproval,
+            authorized_by: Vec::new(),
+            approval_id: Some(self.id.clone()),
+            result: None,
+            proposed_at: self.created_at,
+            updated_at: self.created_at,
+        }
+    }
+
+    /// The people who approved this exact version, as the action records who authorized it.
+    pub fn authorized_by(&self) -> Vec<Actor> {
+        self.approvers().into_iter().map(Actor::person).collect()
+    }
+}
+
+/// The result of a decision the approval accepted.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decided {
+    /// The same decision id was seen before: here is what it did then. Nothing changes.
+    AlreadyRecorded(Decision),
+    /// A new decision; an edit brings the next version's arguments.
+    New {
+        decision: Decision,
+        edited_args: Option<Args>,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+    use chrono::Duration;
+    use serde_json::json;
+
+    const POLICY: &str = r#"
+        name = "t"
+        version = 1
+        default_ttl = "24h"
+        [tools.reimburse]
+        decision = "approve"
+        approver_role = "finance"
+        amount_field = "amount_cents"
+        editable = { amount_cents = "lower" }
+        [[tools.reimburse.thresholds]]
+        above = "$75"
+        quorum = 1
+        reason = "r"
+    "#;
+
+    fn policy() -> Policy {
+        Policy::from_toml(POLICY).unwrap()
+    }
+
+    fn person(name: &str, roles: &[&str]) -> Identity {
+        Identity {
+            tenant: TenantId::parse("acme").unwrap(),
+            person: PersonId::parse(name).unwrap(),
+            roles: roles
+                .iter()
+                .map(|r| Role::parse(r).unwrap())
+                .collect::<BTreeSet<_>>(),
+        }
+    }
+
+    fn approval(quorum: u8, now: DateTime<Utc>) -> Approval {
+        let args = Args::new(json!({"claim_id": "c-102", "amount_cents": 25000})).unwrap();
+        Approval {
+            id: ApprovalId::parse("ap-1").unwrap(),
+            tenant: TenantId::parse("acme").unwrap(),
+            run_id: RunId::parse("run-1").unwrap(),
+            action_id: ActionId::parse("act-1").unwrap(),
+            action_version: ActionVersion::FIRST,
+            tool_use_id: "toolu_1".into(),
+            tool: "reimburse".into(),
+            args_hash: args.hash(),
+            args,
+            explanation: "capped".into(),
+            previous: None,
+            reason: "r".into(),
+            approver_role: Role::parse("finance").unwrap(),
+            quorum,
+            requested_by: vec![PersonId::parse("ben").unwrap()],
+            policy_version: 1,
+            created_at: now,
+            expires_at: now + Duration::hours(24),
+            status: ApprovalStatus::AwaitingApproval,
+            decisions: vec![],
+            superseded_by: None,
+            resolved_at: None,
+            reminded_at: None,
+        }
+    }
+
+    fn request(id: &str, choice: Choice) -> DecisionRequest {
+        DecisionRequest {
+            decision_id: DecisionId::parse(id).unwrap(),
+            action_version: ActionVersion::FIRST,
+            choice,
+        }
+    }
+
+    #[test]
+    fn an_approver_with_the_role_approves() {
+        let now = Utc::now();
+        let mut a = approval(1, now);
+        let decided = a
+            .decide(
+                &person("dana", &["finance"]),
+                &request("d1", Choice::Approve),
+                &policy(),
+                now,
+            )
+            .unwrap();
+        assert!(
+            matches!(decided, Decided::New { decision, .. } if decision.effect == DecisionEffect::Approved)
+        );
+        assert_eq!(a.status, ApprovalStatus::Approved);
+        assert_eq!(
+            a.authorized_by(),
+            vec![Actor::person(&PersonId::parse("dana").unwrap())]
+        );
+    }
+
+    #[test]
+    fn the_requester_cannot_approve_their_own_request_even_with_the_role() {
+        let now = Utc::now();
+        let mut a = approval(1, now);
+        let refused = a.decide(
+            &person("ben", &["finance"]),
+            &request("d1", Choice::Approve),
+            &policy(),
+            now,
+        );
+        assert!(matches!(refused, Err(Refusal::OwnRequest { .. })));
+        assert_eq!(a.status, ApprovalStatus::AwaitingApproval);
+        assert!(a.decisions.is_empty());
+    }
+
+    #[test]
+    fn someone_without_the_role_is_refused() {
+        let now = Utc::now();
+        let mut a = approval(1, now);
+        let refused = a.decide(
+            &person("chen", &[]),
+            &request("d1", Choice::Approve),
+            &policy(),
+            now,
+        );
+        assert!(matches!(refused, Err(Refusal::MissingRole { .. })));
+    }
+
+    #[test]
+    fn the_same_decision_id_returns_the_recorded_decision() {
+        let now = Utc::now();
+        let mut a = approval(1, now);
+        let dana = person("dana", &["finance"]);
+        a.decide(&dana, &request("d1", Choice::Approve), &policy(), now)
+            .unwrap();
+        let again = a
+            .decide(&dana, &request("d1", Choice::Approve), &policy(), now)
+            .unwrap();
+        assert!(matches!(again, Decided::AlreadyRecorded(_)));
+        assert_eq!(a.decisions.len(), 1);
+        let reused = a.decide(
+            &dana,
+            &request(
+                "d1",
+                Choice::Reject {
+                    reason: "no".into(),
+                },
+            ),
+            &policy(),
+            now,
+        );
+        assert!(matches!(reused, Err(Refusal::DecisionIdReused { .. })));
+    }
+
+    #[test]
+    fn a_different_decision_on_a_resolved_approval_is_a_conflict() {
+        let now = Utc::now();
+        let mut a = approval(1, now);
+        a.decide(
+            &person("dana", &["finance"]),
+            &request("d1", Choice::Approve),
+            &policy(),
+            now,
+        )
+        .unwrap();
+        let late = a.decide(
+            &person("erin", &["finance"]),
+            &request("d2", Choice::Approve),
+            &policy(),
+            now,
+        );
+        assert_eq!(
+            late,
+            Err(Refusal::AlreadyResolved {
+                status: ApprovalStatus::Approved
+            })
+        );
+    }
+
+    #[test]
+    fn a_quorum_of_two_needs_two_distinct_people() {
+        let now = Utc::now();
+        let mut a = approval(2, now);
+        let dana = person("dana", &["finance"]);
+        let first = a
+            .decide(&dana, &request("d1", Choice::Approve), &policy(), now)
+            .unwrap();
+        assert!(
+            matches!(first, Decided::New { decision, .. } if decision.effect == DecisionEffect::Counted { still_needed: 1 })
+        );
+        let twice = a.decide(&dana, &request("d2", Choice::Approve), &policy(), now);
+        assert!(matches!(twice, Err(Refusal::AlreadyApprovedBy { .. })));
+        assert_eq!(a.status, ApprovalStatus::AwaitingApproval);
+        a.decide(
+            &person("erin", &["finance"]),
+            &request("d3", Choice::Approve),
+            &policy(),
+            now,
+        )
+        .unwrap();
+        assert_eq!(a.status, ApprovalStatus::Approved);
+        assert_eq!(a.approvers().len(), 2);
+    }
+
+    #[test]
+    fn a_decision_after_the_deadline_expires_the_approval() {
+        let now = Utc::now();
+        let mut a = approval(1, now);
+        let late = now + Duration::hours(25);
+        let refused = a.decide(
+            &person("dana", &["finance"]),
+            &request("d1", Choice::Approve),
+            &policy(),
+            late,
+        );
+        assert!(matches!(refused, Err(Refusal::Expired { .. })));
+        assert_eq!(a.status, ApprovalStatus::Expired);
+        assert!(a.decisions.is_empty());
+    }
+
+    #[test]
+    fn a_stale_version_is_refused() {
+        let now = Utc::now();
+        let mut a = approval(1, now);
+        let mut stale = request("d1", Choice::Approve);
+        stale.action_version = ActionVersion::FIRST.next();
+        let refused = a.decide(&person("dana", &["finance"]), &stale, &policy(), now);
+        assert!(matches!(refused, Err(Refusal::StaleVersion { .. })));
+    }
+
+    #[test]
+    fn an_edit_lowers_the_amount_and_supersedes_the_version() {
+        let now = Utc::now();
+        let mut a = approval(1, now);
+        let edit = Choice::Edit {
+            amount: Amount::from_dollars(200),
+            note: Some("one night".into()),
+        };
+        let Decided::New {
+            decision,
+            edited_args,
+        } = a
+            .decide(
+                &person("dana", &["finance"]),
+                &request("d1", edit),
+                &policy(),
+                now,
+            )
+            .unwrap()
+        else {
+            panic!("expected a new decision")
+        };
+        assert_eq!(
+            decision.effect,
+            DecisionEffect::Edited {
+                new_version: ActionVersion::FIRST.next()
+            }
+        );
+        assert_eq!(edited_args.unwrap().int("amount_cents"), Some(20_000));
+        assert_eq!(a.status, ApprovalStatus::Superseded);
+    }
+
+    #[test]
+    fn an_edit_that_raises_the_amount_changes_nothing() {
+        let now = Utc::now();
+        let mut a = approval(1, now);
+        let edit = Choice::Edit {
+            amount: Amount::from_dollars(900),
+            note: None,
+        };
+        let refused = a.decide(
+            &person("dana", &["finance"]),
+            &request("d1", edit),
+            &policy(),
+            now,
+        );
+        assert!(matches!(
+            refused,
+            Err(Refusal::Edit(EditRefusal::NotLower { .. }))
+        ));
+        assert_eq!(a.status, ApprovalStatus::AwaitingApproval);
+        assert!(a.decisions.is_empty());
+    }
+
+    #[test]
+    fn a_rejection_needs_a_reason() {
+        let now = Utc::now();
+        let mut a = approval(1, now);
+        let blank = a.decide(
+            &person("dana", &["finance"]),
+            &request("d1", Choice::Reject { reason: " ".into() }),
+            &policy(),
+            now,
+        );
+        assert_eq!(blank, Err(Refusal::EmptyReason));
+        a.decide(
+            &person("dana", &["finance"]),
+            &request(
+                "d2",
+                Choice::Reject {
+                    reason: "dup".into(),
+                },
+            ),
+            &policy(),
+            now,
+        )
+        .unwrap();
+        assert_eq!(a.status, ApprovalStatus::Rejected);
+    }
+
+    #[test]
+    fn the_sweep_expires_only_overdue_open_approvals() {
+        let now = Utc::now();
+        let mut a = approval(1, now);
+        assert!(!a.expire(now));
+        assert!(a.expire(now + Duration::hours(24)));
+        assert!(
+            !a.expire(now + Duration::hours(48)),
+            "expiring twice does nothing"
+        );
+        assert!(!a.cancel(now));
+    }
+}

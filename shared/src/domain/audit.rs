@@ -1,0 +1,174 @@
+//! The append-only audit log: every event is written in the same transaction as the change it
+//! explains, and never rewritten.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::approval::{Choice, DecisionEffect};
+use super::args::{Args, ArgsHash};
+use super::identity::Actor;
+use super::ids::{ActionId, ActionVersion, ApprovalId, PersonId, RunId};
+use super::policy::Verdict;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AuditEntry {
+    pub at: DateTime<Utc>,
+    pub run_id: RunId,
+    pub actor: Actor,
+    #[serde(flatten)]
+    pub event: AuditEvent,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum AuditEvent {
+    Started {
+        task: String,
+        requested_by: PersonId,
+        policy_version: u32,
+    },
+    /// The agent proposed a call and policy ruled on it.
+    Proposed {
+        action_id: ActionId,
+        version: ActionVersion,
+        tool: String,
+        args: Args,
+        args_hash: ArgsHash,
+        explanation: String,
+        verdict: Verdict,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        approval_id: Option<ApprovalId>,
+    },
+    Paused {
+        approvals: Vec<ApprovalId>,
+    },
+    Notified {
+        approval_id: ApprovalId,
+        notice: String,
+        destination: String,
+    },
+    Decision {
+        approval_id: ApprovalId,
+        action_id: ActionId,
+        version: ActionVersion,
+        args_hash: ArgsHash,
+        #[serde(flatten)]
+        choice: Choice,
+        effect: DecisionEffect,
+    },
+    Superseded {
+        approval_id: ApprovalId,
+        action_id: ActionId,
+        version: ActionVersion,
+        by_version: ActionVersion,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        new_approval_id: Option<ApprovalId>,
+    },
+    Expired {
+        approval_id: ApprovalId,
+        action_id: ActionId,
+        version: ActionVersion,
+    },
+    Cancelled {
+        approvals: Vec<ApprovalId>,
+    },
+    Executing {
+        action_id: ActionId,
+        version: ActionVersion,
+        args_hash: ArgsHash,
+        authorized_by: Vec<Actor>,
+    },
+    Executed {
+        action_id: ActionId,
+        version: ActionVersion,
+        authorized_by: Vec<Actor>,
+        succeeded: bool,
+        result: String,
+    },
+    Unknown {
+        action_id: ActionId,
+        version: ActionVersion,
+        detail: String,
+    },
+    Reconciled {
+        action_id: ActionId,
+        version: ActionVersion,
+        succeeded: bool,
+        result: String,
+    },
+    /// The paused turn is complete and its results went back to the model.
+    Resumed {
+        results: usize,
+    },
+    Done {
+        answer: String,
+    },
+    Failed {
+        error: String,
+    },
+}
+
+impl AuditEvent {
+    pub fn name(&self) -> &'static str {
+        match self {
+            AuditEvent::Started { .. } => "started",
+            AuditEvent::Proposed { .. } => "proposed",
+            AuditEvent::Paused { .. } => "paused",
+            AuditEvent::Notified { .. } => "notified",
+            AuditEvent::Decision { .. } => "decision",
+            AuditEvent::Superseded { .. } => "superseded",
+            AuditEvent::Expired { .. } => "expired",
+            AuditEvent::Cancelled { .. } => "cancelled",
+            AuditEvent::Executing { .. } => "executing",
+            AuditEvent::Executed { .. } => "executed",
+            AuditEvent::Unknown { .. } => "unknown",
+            AuditEvent::Reconciled { .. } => "reconciled",
+            AuditEvent::Resumed { .. } => "resumed",
+            AuditEvent::Done { .. } => "done",
+            AuditEvent::Failed { .. } => "failed",
+        }
+    }
+
+    /// The approval this event is about, if any: how one approval is traced through the log.
+    pub fn approval_id(&self) -> Option<&ApprovalId> {
+        match self {
+            AuditEvent::Proposed { approval_id, .. } => approval_id.as_ref(),
+            AuditEvent::Notified { approval_id, .. }
+            | AuditEvent::Decision { approval_id, .. }
+            | AuditEvent::Superseded { approval_id, .. }
+            | AuditEvent::Expired { approval_id, .. } => Some(approval_id),
+            _ => None,
+        }
+    }
+
+    /// The action version this event is about, if any.
+    pub fn action(&self) -> Option<(&ActionId, ActionVersion)> {
+        match self {
+            AuditEvent::Proposed {
+                action_id, version, ..
+            }
+            | AuditEvent::Decision {
+                action_id, version, ..
+            }
+            | AuditEvent::Superseded {
+                action_id, version, ..
+            }
+            | AuditEvent::Expired {
+                action_id, version, ..
+            }
+            | AuditEvent::Executing {
+                action_id, version, ..
+            }
+            | AuditEvent::Executed {
+                action_id, version, ..
+            }
+            | AuditEvent::Unknown {
+                action_id, version, ..
+            }
+            | AuditEvent::Reconciled {
+                action_id, version, ..
+            } => Some((action_id, *version)),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,537 @@
+//! Policy is data: a versioned file says, per tool, whether a person must decide, why, who, how
+//! many, for how long, and what a reviewer may change.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::args::Args;
+use super::ids::Role;
+use super::money::Amount;
+
+/// What policy says about one proposed call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "verdict", rename_all = "snake_case")]
+pub enum Verdict {
+    Allow,
+    Deny { reason: String },
+    RequireApproval(Requirement),
+}
+
+/// The terms on which a person must decide.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Requirement {
+    pub reason: String,
+    pub approver_role: Role,
+    pub quorum: u8,
+    #[serde(with = "humantime_serde_secs")]
+    pub ttl: Duration,
+}
+
+/// A parsed, checked policy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    pub name: String,
+    pub version: u32,
+    pub default_ttl: Duration,
+    pub tools: BTreeMap<String, ToolRule>,
+    /// Facts the agent and the tools may read (the expense limits); the engine does not.
+    pub context: Value,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToolRule {
+    Allow,
+    Deny {
+        reason: String,
+    },
+    Approve {
+        gate: Gate,
+        approver_role: Role,
+        ttl: Option<Duration>,
+        editable: BTreeMap<String, EditDirection>,
+    },
+}
+
+/// When a person must decide.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Gate {
+    Always {
+        quorum: u8,
+        reason: String,
+    },
+    /// Above the lowest threshold a person decides; the highest threshold passed sets quorum and reason.
+    AboveAmount {
+        field: String,
+        thresholds: Vec<Threshold>,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Threshold {
+    #[serde(deserialize_with = "amount_from_text")]
+    pub above: Amount,
+    pub quorum: u8,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EditDirection {
+    /// The new value must be a smaller number: amounts only ever go down.
+    Lower,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the policy is not valid: {0}")]
+pub struct PolicyError(String);
+
+/// Why a reviewer's edit is refused by policy.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EditRefusal {
+    #[error("{tool} has no amount a reviewer may edit")]
+    NotEditable { tool: String },
+    #[error("an edit may only lower the amount: {new} is not below {old}")]
+    NotLower { old: Amount, new: Amount },
+}
+
+const MAX_QUORUM: u8 = 10;
+
+impl Policy {
+    pub fn from_toml(text: &str) -> Result<Self, PolicyError> {
+        let raw: RawPolicy = toml::from_str(text).map_err(|e| PolicyError(e.to_string()))?;
+        raw.check()
+    }
+
+    /// Decides what happens to one proposed call. A tool the policy does not name is denied.
+    pub fn evaluate(&self, tool: &str, args: &Args) -> Verdict {
+        let Some(rule) = self.tools.get(tool) else {
+            return Verdict::Deny {
+                reason: format!("policy v{} has no rule for the tool {tool}", self.version),
+            };
+        };
+        match rule {
+            ToolRule::Allow => Verdict::Allow,
+            ToolRule::Deny { reason } => Verdict::Deny {
+                reason: reason.clone(),
+            },
+            ToolRule::Approve {
+                gate,
+                approver_role,
+                ttl,
+                ..
+            } => {
+                let require = |quorum: u8, reason: &str| {
+                    Verdict::RequireApproval(Requirement {
+                        reason: reason.to_string(),
+                        approver_role: approver_role.clone(),
+                        quorum,
+                        ttl: ttl.unwrap_or(self.default_ttl),
+                    })
+                };
+                match gate {
+                    Gate::Always { quorum, reason } => require(*quorum, reason),
+                    Gate::AboveAmount { field, thresholds } => {
+                        let Some(amount) = args.int(field).and_then(|c| Amount::from_cents(c).ok())
+                        else {
+                            return Verdict::Deny {
+                                reason: format!("{tool} needs {field} as a whole number of cents"),
+                            };
+                        };
+                        match thresholds.iter().rev().find(|t| amount > t.above) {
+                            Some(t) => require(t.quorum, &t.reason),
+                            None => Verdict::Allow,
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The field that carries a tool's amount, if policy gates it by amount.
+    pub fn amount_field(&self, tool: &str) -> Option<&str> {
+        match self.tools.get(tool)? {
+            ToolRule::Approve {
+                gate: Gate::AboveAmount { field, .. },
+                ..
+            } => Some(field),
+            _ => None,
+        }
+    }
+
+    /// Applies a reviewer's new amount to a call's arguments, if policy lets them.
+    pub fn edit_amount(&self, tool: &str, args: &Args, new: Amount) -> Result<Args, EditRefusal> {
+        let not_editable = || EditRefusal::NotEditable {
+            tool: tool.to_string(),
+        };
+        let Some(ToolRule::Approve { editable, .. }) = self.tools.get(tool) else {
+            return Err(not_editable());
+        };
+        let field = self.amount_field(tool).ok_or_else(not_editable)?;
+        let Some(EditDirection::Lower) = editable.get(field) else {
+            return Err(not_editable());
+        };
+        let old = args
+            .int(field)
+            .and_then(|c| Amount::from_cents(c).ok())
+            .ok_or_else(not_editable)?;
+        if new >= old {
+            return Err(EditRefusal::NotLower { old, new });
+        }
+        Ok(args.with(field, Value::from(new.cents())))
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPolicy {
+    name: String,
+    version: u32,
+    default_ttl: String,
+    tools: BTreeMap<String, RawRule>,
+    #[serde(default)]
+    context: Option<toml::Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRule {
+    decision: RawDecision,
+    reason: Option<String>,
+    approver_role: Option<Role>,
+    quorum: Option<u8>,
+    amount_field: Option<String>,
+    #[serde(default)]
+    thresholds: Vec<Threshold>,
+    ttl: Option<String>,
+    #[serde(default)]
+    editable: BTreeMap<String, EditDirection>,
+}
+
+#[derive(Deserialize, Clone, Copy)]
+#[serde(rename_all = "snake_case")]
+enum RawDecision {
+    Allow,
+    Deny,
+    Approve,
+}
+
+fn parse_ttl(text: &str, what: &str) -> Result<Duration, PolicyError> {
+    humantime::parse_duration(text).map_err(|e| PolicyError(format!("{what} {text:?}: {e}")))
+}
+
+impl RawPolicy {
+    fn check(self) -> Result<Policy, PolicyError> {
+        if self.version == 0 {
+            return Err(PolicyError("version starts at 1".into()));
+        }
+        let default_ttl = parse_ttl(&self.default_ttl, "default_ttl")?;
+        let mut tools = BTreeMap::new();
+        for (tool, raw) in self.tools {
+            let rule = raw
+                .check()
+                .map_err(|PolicyError(why)| PolicyError(format!("tools.{tool}: {why}")))?;
+            tools.insert(tool, rule);
+        }
+        let context = match self.context {
+            Some(value) => serde_json::to_value(value).map_err(|e| PolicyError(e.to_string()))?,
+            None => Value::Null,
+        };
+        Ok(Policy {
+            name: self.name,
+            version: self.version,
+            default_ttl,
+            tools,
+            context,
+        })
+    }
+}
+
+impl RawRule {
+    fn check(self) -> Result<ToolRule, PolicyError> {
+        let fail = |why: &str| Err(PolicyError(why.to_string()));
+        let approve_only = self.approver_role.is_some()
+            || self.quorum.is_some()
+            || self.amount_field.is_some()
+            || !self.thresholds.is_empty()
+            || self.ttl.is_some()
+            || !self.editable.is_empty();
+        match self.decision {
+            RawDecision::Allow | RawDecision::Deny if approve_only => fail(
+                "only decision = \"approve\" takes approver_role, quorum, amount_field, thresholds, ttl or editable",
+            ),
+            RawDecision::Allow if self.reason.is_some() => fail("allow takes no reason"),
+            RawDecision::Allow => Ok(ToolRule::Allow),
+            RawDecision::Deny => match self.reason {
+                Some(reason) => Ok(ToolRule::Deny { reason }),
+                None => fail("deny needs a reason"),
+            },
+            RawDecision::Approve => {
+                let Some(approver_role) = self.approver_role else {
+                    return fail("approve needs approver_role");
+                };
+                let ttl = self
+                    .ttl
+                    .as_deref()
+                    .map(|t| parse_ttl(t, "ttl"))
+                    .transpose()?;
+                let gate = match (self.amount_field, self.quorum, self.reason) {
+                    (Some(field), None, None) => {
+                        if self.thresholds.is_empty() {
+                            return fail("amount_field needs at least one threshold");
+                        }
+                        let ascending = self.thresholds.windows(2).all(|w| w[0].above < w[1].above);
+                        if !ascending {
+                            return fail("thresholds must rise");
+                        }
+                        if self
+                            .thresholds
+                            .iter()
+                            .any(|t| !(1..=MAX_QUORUM).contains(&t.quorum))
+                        {
+                            return fail("a threshold's quorum must be between 1 and 10");
+                        }
+                        Gate::AboveAmount {
+                            field,
+                            thresholds: self.thresholds,
+                        }
+                    }
+                    (None, Some(quorum), Some(reason)) if self.thresholds.is_empty() => {
+                        if !(1..=MAX_QUORUM).contains(&quorum) {
+                            return fail("quorum must be between 1 and 10");
+                        }
+                        Gate::Always { quorum, reason }
+                    }
+                    _ => {
+                        return fail(
+                            "approve takes either quorum and reason, or amount_field and thresholds",
+                        );
+                    }
+                };
+                if let Some(field) = self
+                    .editable
+                    .keys()
+                    .find(|f| !matches!(&gate, Gate::AboveAmount { field: a, .. } if a == *f))
+                {
+                    return Err(PolicyError(format!(
+                        "only the amount field can be editable, not {field}"
+                    )));
+                }
+                Ok(ToolRule::Approve {
+                    gate,
+                    approver_role,
+                    ttl,
+                    editable: self.editable,
+                })
+            }
+        }
+    }
+}
+
+fn amount_from_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Amount, D::Error> {
+    let text = String::deserialize(d)?;
+    text.parse().map_err(serde::de::Error::custom)
+}
+
+/// Durations in stored records: whole seconds, so every adapter reads them the same way.
+pub mod humantime_serde_secs {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(d.as_secs())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        Ok(Duration::from_secs(u64::deserialize(d)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const POLICY: &str = r#"
+        name = "expense"
+        version = 3
+        default_ttl = "24h"
+
+        [context.limits]
+        taxi = 6000
+
+        [tools.get_claim]
+        decision = "allow"
+
+        [tools.wire_money]
+        decision = "deny"
+        reason = "Agents never wire money."
+
+        [tools.reimburse]
+        decision = "approve"
+        approver_role = "finance"
+        amount_field = "amount_cents"
+        editable = { amount_cents = "lower" }
+
+        [[tools.reimburse.thresholds]]
+        above = "$75"
+        quorum = 1
+        reason = "above $75"
+
+        [[tools.reimburse.thresholds]]
+        above = "$500"
+        quorum = 2
+        reason = "above $500"
+
+        [tools.decline]
+        decision = "approve"
+        approver_role = "finance"
+        quorum = 1
+        reason = "every decline"
+        ttl = "2h"
+    "#;
+
+    fn policy() -> Policy {
+        Policy::from_toml(POLICY).unwrap()
+    }
+
+    fn reimburse(cents: i64) -> Args {
+        Args::new(json!({"claim_id": "c-1", "amount_cents": cents})).unwrap()
+    }
+
+    fn quorum_of(verdict: Verdict) -> Option<u8> {
+        match verdict {
+            Verdict::RequireApproval(r) => Some(r.quorum),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn amounts_up_to_the_first_threshold_are_allowed() {
+        assert_eq!(
+            policy().evaluate("reimburse", &reimburse(7_500)),
+            Verdict::Allow
+        );
+        assert_eq!(
+            policy().evaluate("reimburse", &reimburse(4_200)),
+            Verdict::Allow
+        );
+    }
+
+    #[test]
+    fn above_75_needs_one_and_above_500_needs_two() {
+        assert_eq!(
+            quorum_of(policy().evaluate("reimburse", &reimburse(7_501))),
+            Some(1)
+        );
+        assert_eq!(
+            quorum_of(policy().evaluate("reimburse", &reimburse(50_000))),
+            Some(1)
+        );
+        assert_eq!(
+            quorum_of(policy().evaluate("reimburse", &reimburse(50_001))),
+            Some(2)
+        );
+    }
+
+    #[test]
+    fn the_requirement_carries_role_reason_and_ttl() {
+        let Verdict::RequireApproval(r) = policy().evaluate("decline", &reimburse(1)) else {
+            panic!()
+        };
+        assert_eq!(r.approver_role.as_str(), "finance");
+        assert_eq!(r.reason, "every decline");
+        assert_eq!(r.ttl, Duration::from_secs(7_200));
+        let Verdict::RequireApproval(r) = policy().evaluate("reimburse", &reimburse(9_000)) else {
+            panic!()
+        };
+        assert_eq!(r.ttl, Duration::from_secs(86_400));
+    }
+
+    #[test]
+    fn unknown_tools_and_denied_tools_are_denied() {
+        assert!(matches!(
+            policy().evaluate("drop_table", &reimburse(1)),
+            Verdict::Deny { .. }
+        ));
+        assert_eq!(
+            policy().evaluate("wire_money", &reimburse(1)),
+            Verdict::Deny {
+                reason: "Agents never wire money.".into()
+            }
+        );
+    }
+
+    #[test]
+    fn a_missing_or_fractional_amount_is_denied() {
+        let args = Args::new(json!({"claim_id": "c-1", "amount_cents": 12.5})).unwrap();
+        assert!(matches!(
+            policy().evaluate("reimburse", &args),
+            Verdict::Deny { .. }
+        ));
+        let args = Args::new(json!({"claim_id": "c-1"})).unwrap();
+        assert!(matches!(
+            policy().evaluate("reimburse", &args),
+            Verdict::Deny { .. }
+        ));
+    }
+
+    #[test]
+    fn an_edit_may_only_lower_the_amount() {
+        let p = policy();
+        let edited = p
+            .edit_amount("reimburse", &reimburse(25_000), Amount::from_dollars(200))
+            .unwrap();
+        assert_eq!(edited.int("amount_cents"), Some(20_000));
+        assert_eq!(edited.str("claim_id"), Some("c-1"));
+        let raise = p.edit_amount("reimburse", &reimburse(25_000), Amount::from_dollars(300));
+        assert!(matches!(raise, Err(EditRefusal::NotLower { .. })));
+        let same = p.edit_amount("reimburse", &reimburse(25_000), Amount::from_dollars(250));
+        assert!(matches!(same, Err(EditRefusal::NotLower { .. })));
+        let decline = p.edit_amount("decline", &reimburse(25_000), Amount::from_dollars(1));
+        assert!(matches!(decline, Err(EditRefusal::NotEditable { .. })));
+    }
+
+    #[test]
+    fn context_is_carried_for_the_tools() {
+        assert_eq!(policy().context["limits"]["taxi"], json!(6000));
+    }
+
+    #[test]
+    fn malformed_policies_say_what_is_wrong() {
+        let cases = [
+            (
+                "name = \"x\"\nversion = 0\ndefault_ttl = \"1h\"\n[tools]\n",
+                "version",
+            ),
+            (
+                "name = \"x\"\nversion = 1\ndefault_ttl = \"soon\"\n[tools]\n",
+                "default_ttl",
+            ),
+            (
+                "name = \"x\"\nversion = 1\ndefault_ttl = \"1h\"\n[tools.t]\ndecision = \"approve\"\n",
+                "approver_role",
+            ),
+            (
+                "name = \"x\"\nversion = 1\ndefault_ttl = \"1h\"\n[tools.t]\ndecision = \"allow\"\nquorum = 2\n",
+                "only decision",
+            ),
+            (
+                "name = \"x\"\nversion = 1\ndefault_ttl = \"1h\"\n[tools.t]\ndecision = \"approve\"\napprover_role = \"f\"\nquorum = 0\nreason = \"r\"\n",
+                "quorum",
+            ),
+            (
+                "name = \"x\"\nversion = 1\ndefault_ttl = \"1h\"\nextra = 1\n[tools]\n",
+                "extra",
+            ),
+        ];
+        for (text, expected) in cases {
+            let err = Policy::from_toml(text).unwrap_err().to_string();
+            assert!(err.contains(expected), "{err} should mention {expected}");
+        }
+    }
+}

@@ -1,0 +1,363 @@
+//! An agent run: the conversation so far, and the turn it is paused on.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::conversation::{Block, Message, Role, ToolResultText};
+use super::ids::{ActionId, PersonId, RunId, TenantId};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    Running,
+    AwaitingApproval,
+    Done,
+    Failed,
+    Cancelled,
+}
+
+impl RunStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Running => "running",
+            RunStatus::AwaitingApproval => "awaiting_approval",
+            RunStatus::Done => "done",
+            RunStatus::Failed => "failed",
+            RunStatus::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn is_finished(self) -> bool {
+        matches!(
+            self,
+            RunStatus::Done | RunStatus::Failed | RunStatus::Cancelled
+        )
+    }
+}
+
+impl std::fmt::Display for RunStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One call of the paused turn and its result once known. An edit makes a new version of the
+/// same action, so the run follows the action id, not a version.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HeldCall {
+    pub tool_use_id: String,
+    pub action_id: ActionId,
+    #[serde(default)]
+    pub result: Option<ToolResultText>,
+}
+
+/// The turn a run waits on. Results of calls that already ran are held here, so all results
+/// of the turn go back to the model together.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PausedTurn {
+    pub calls: Vec<HeldCall>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RunError {
+    #[error("run {run} is {status}, not {expected}")]
+    WrongStatus {
+        run: RunId,
+        status: RunStatus,
+        expected: RunStatus,
+    },
+    #[error("run {run} is not waiting on {action}")]
+    NotHeld { run: RunId, action: ActionId },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Run {
+    pub id: RunId,
+    pub tenant: TenantId,
+    /// The person the agent works for (the claimant); never an approver of this run.
+    pub requested_by: PersonId,
+    /// The person who started the run, when that is someone else; never an approver either.
+    #[serde(default)]
+    pub started_by: Option<PersonId>,
+    pub task: String,
+    pub status: RunStatus,
+    pub messages: Vec<Message>,
+    #[serde(default)]
+    pub paused: Option<PausedTurn>,
+    #[serde(default)]
+    pub answer: Option<String>,
+    #[serde(default)]
+    pub error: Option<String>,
+    pub policy_version: u32,
+    /// Overrides the policy's time to decide for this run's approvals.
+    #[serde(default, with = "optional_secs")]
+    pub approval_ttl: Option<Duration>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+impl Run {
+    pub fn start(
+        id: RunId,
+        tenant: TenantId,
+        requested_by: PersonId,
+        started_by: Option<PersonId>,
+        task: &str,
+        policy_version: u32,
+        now: DateTime<Utc>,
+    ) -> Self {
+        Self {
+            id,
+            tenant,
+            started_by: started_by.filter(|s| *s != requested_by),
+            requested_by,
+            task: task.to_string(),
+            status: RunStatus::Running,
+            messages: vec![Message::user_text(task)],
+            paused: None,
+            answer: None,
+            error: None,
+            policy_version,
+            approval_ttl: None,
+            created_at: now,
+            updated_at: now,
+        }
+    }
+
+    /// Everyone who may not decide this run's approvals.
+    pub fn requesters(&self) -> Vec<PersonId> {
+        std::iter::once(self.requested_by.clone())
+            .chain(self.started_by.clone())
+            .collect()
+    }
+
+    fn expect(&self, expected: RunStatus) -> Result<(), RunError> {
+        if self.status != expected {
+            return Err(RunError::WrongStatus {
+                run: self.id.clone(),
+                status: self.status,
+                expected,
+            });
+        }
+        Ok(())
+    }
+
+    pub fn pause(&mut self, turn: PausedTurn, now: DateTime<Utc>) -> Result<(), RunError> {
+        self.expect(RunStatus::Running)?;
+        self.status = RunStatus::AwaitingApproval;
+        self.paused = Some(turn);
+        self.updated_at = now;
+        Ok(())
+    }
+
+    /// Records the result of one held call that has none yet.
+    pub fn settle(
+        &mut self,
+        action: &ActionId,
+        result: ToolResultText,
+        now: DateTime<Utc>,
+    ) -> Result<(), RunError> {
+        if !self.is_waiting_on(action) {
+            return Err(RunError::NotHeld {
+                run: self.id.clone(),
+                action: action.clone(),
+            });
+        }
+        let turn = self.paused.as_mut().expect("waiting implies a paused turn");
+        let call = turn
+            .calls
+            .iter_mut()
+            .find(|c| c.action_id == *action)
+            .expect("waiting implies the call");
+        call.result = Some(result);
+        self.updated_at = now;
+        Ok(())
+    }
+
+    /// The run is paused and the call of this action still has no result.
+    pub fn is_waiting_on(&self, action: &ActionId) -> bool {
+        self.status == RunStatus::AwaitingApproval
+            && self.paused.as_ref().is_some_and(|t| {
+                t.calls
+                    .iter()
+                    .any(|c| c.action_id == *action && c.result.is_none())
+            })
+    }
+
+    /// Every call of the paused turn has its result.
+    pub fn turn_is_complete(&self) -> bool {
+        self.paused
+            .as_ref()
+            .is_some_and(|t| t.calls.iter().all(|c| c.result.is_some()))
+    }
+
+    /// `awaiting_approval → running`: the held results go back to the model in one message.
+    pub fn resume(&mut self, now: DateTime<Utc>) -> Result<(), RunError> {
+        self.expect(RunStatus::AwaitingApproval)?;
+        if !self.turn_is_complete() {
+            return Err(RunError::WrongStatus {
+                run: self.id.clone(),
+                status: self.status,
+                expected: RunStatus::Running,
+            });
+        }
+        let turn = self.paused.take().expect("a complete turn exists");
+        let results = turn
+            .calls
+            .into_iter()
+            .map(|c| c.result.expect("checked above").into_block(&c.tool_use_id))
+            .collect();
+        self.messages.push(Message {
+            role: Role::User,
+            content: results,
+        });
+        self.status = RunStatus::Running;
+        self.updated_at = now;
+        Ok(())
+    }
+
+    pub fn push_results(&mut self, results: Vec<Block>) {
+        self.messages.push(Message {
+            role: Role::User,
+            content: results,
+        });
+    }
+
+    pub fn finish(&mut self, answer: String, now: DateTime<Utc>) -> Result<(), RunError> {
+        self.expect(RunStatus::Running)?;
+        self.status = RunStatus::Done;
+        self.answer = Some(answer);
+        self.updated_at = now;
+        Ok(())
+    }
+
+    pub fn fail(&mut self, error: String, now: DateTime<Utc>) {
+        self.status = RunStatus::Failed;
+        self.error = Some(error);
+        self.paused = None;
+        self.updated_at = now;
+    }
+
+    pub fn cancel(&mut self, now: DateTime<Utc>) -> Result<(), RunError> {
+        if self.status.is_finished() {
+            return Err(RunError::WrongStatus {
+                run: self.id.clone(),
+                status: self.status,
+                expected: RunStatus::AwaitingApproval,
+            });
+        }
+        self.status = RunStatus::Cancelled;
+        self.updated_at = now;
+        Ok(())
+    }
+}
+
+mod optional_secs {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => s.serialize_some(&d.as_secs()),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        Ok(Option::<u64>::deserialize(d)?.map(Duration::from_secs))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run() -> Run {
+        Run::start(
+            RunId::parse("run-1").unwrap(),
+            TenantId::parse("acme").unwrap(),
+            PersonId::parse("ben").unwrap(),
+            Some(PersonId::parse("ops").unwrap()),
+            "Process expense claim c-102",
+            1,
+            Utc::now(),
+        )
+    }
+
+    fn held(tool_use: &str, action: &str, result: Option<&str>) -> HeldCall {
+        HeldCall {
+            tool_use_id: tool_use.into(),
+            action_id: ActionId::parse(action).unwrap(),
+            result: result.map(ToolResultText::ok),
+        }
+    }
+
+    #[test]
+    fn the_requester_and_the_starter_may_not_decide() {
+        let names: Vec<String> = run().requesters().iter().map(|p| p.to_string()).collect();
+        assert_eq!(names, ["ben", "ops"]);
+    }
+
+    #[test]
+    fn a_paused_turn_resumes_only_with_every_result_in_one_message() {
+        let mut r = run();
+        let turn = PausedTurn {
+            calls: vec![
+                held("t1", "act-read", Some("claim")),
+                held("t2", "act-pay", None),
+            ],
+        };
+        r.pause(turn, Utc::now()).unwrap();
+        assert!(!r.turn_is_complete());
+        assert!(
+            r.resume(Utc::now()).is_err(),
+            "cannot resume with a call undecided"
+        );
+        let pay = ActionId::parse("act-pay").unwrap();
+        assert!(r.is_waiting_on(&pay));
+        r.settle(&pay, ToolResultText::ok("paid"), Utc::now())
+            .unwrap();
+        assert!(!r.is_waiting_on(&pay), "a call is settled once");
+        r.resume(Utc::now()).unwrap();
+        assert_eq!(r.status, RunStatus::Running);
+        let last = r.messages.last().unwrap();
+        assert_eq!(last.role, Role::User);
+        let ids: Vec<&str> = last
+            .content
+            .iter()
+            .map(|b| match b {
+                Block::ToolResult { tool_use_id, .. } => tool_use_id.as_str(),
+                _ => "",
+            })
+            .collect();
+        assert_eq!(ids, ["t1", "t2"], "results keep the order of the calls");
+    }
+
+    #[test]
+    fn a_settled_call_cannot_be_settled_again() {
+        let mut r = run();
+        r.pause(
+            PausedTurn {
+                calls: vec![held("t1", "act-pay", None)],
+            },
+            Utc::now(),
+        )
+        .unwrap();
+        let pay = ActionId::parse("act-pay").unwrap();
+        r.settle(&pay, ToolResultText::ok("x"), Utc::now()).unwrap();
+        let again = r.settle(&pay, ToolResultText::ok("y"), Utc::now());
+        assert!(matches!(again, Err(RunError::NotHeld { .. })));
+        assert!(r.turn_is_complete());
+    }
+
+    #[test]
+    fn a_finished_run_cannot_be_cancelled() {
+        let mut r = run();
+        r.finish("done".into(), Utc::now()).unwrap();
+        assert!(r.cancel(Utc::now()).is_err());
+        assert_eq!(r.status, RunStatus::Done);
+    }
+}

@@ -1,0 +1,622 @@
+//! The agent loop: the model proposes calls, policy rules on each, allowed calls run, calls that
+//! need a person are held, and the run pauses in one transaction.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::decide::proposed_event;
+use super::records::{OutboxEntry, Stored, Tx, keys};
+use super::{AWAITING_ACTION_VER, Engine, EngineError};
+use crate::domain::action::{Action, ActionStatus, ProposedCall, ToolOutcome};
+use crate::domain::approval::{Approval, ApprovalStatus};
+use crate::domain::args::Args;
+use crate::domain::audit::{AuditEntry, AuditEvent};
+use crate::domain::conversation::{Message, Role, ToolResultText};
+use crate::domain::identity::Actor;
+use crate::domain::ids::{ActionId, ActionVersion, ApprovalId, PersonId, RunId, TenantId};
+use crate::domain::policy::{Requirement, Verdict};
+use crate::domain::run::{HeldCall, PausedTurn, Run, RunStatus};
+use crate::ports::model::ModelRequest;
+use crate::ports::scheduler::Wake;
+use crate::ports::store::IndexKey;
+use crate::ports::tools::ToolCall;
+
+/// A request to start a run.
+#[derive(Debug, Clone)]
+pub struct StartRun {
+    pub tenant: TenantId,
+    /// The person the agent works for; they may never approve this run's calls.
+    pub requested_by: PersonId,
+    /// Who started it, when that is someone else (an operator, an API caller).
+    pub started_by: Option<PersonId>,
+    pub task: String,
+    /// Overrides the policy's time to decide for this run's approvals.
+    pub approval_ttl: Option<Duration>,
+}
+
+/// Where a run stands after a call into the engine.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunReport {
+    pub run_id: RunId,
+    pub tenant: TenantId,
+    pub status: RunStatus,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub answer: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The approvals the run now waits on.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub approvals: Vec<Approval>,
+}
+
+impl RunReport {
+    pub(super) fn of(run: &Run, approvals: Vec<Approval>) -> Self {
+        Self {
+            run_id: run.id.clone(),
+            tenant: run.tenant.clone(),
+            status: run.status,
+            answer: run.answer.clone(),
+            error: run.error.clone(),
+            approvals,
+        }
+    }
+}
+
+const MAX_TASK_LEN: usize = 4_000;
+
+/// How long an action may sit in `executing` before the sweep asks its tool what happened.
+pub(super) const STALE_EXECUTION: chrono::Duration = chrono::Duration::minutes(15);
+
+/// The index entry that brings an unsettled action back to the sweep at `due`.
+pub(super) fn reconcile_key(action: &Action, due: chrono::DateTime<chrono::Utc>) -> IndexKey {
+    IndexKey {
+        pk: keys::RECONCILE_INDEX.into(),
+        sk: format!("{}#{}", keys::sortable(due), action.key()),
+    }
+}
+
+/// The index entry of an action in its current state, if it has one.
+pub(super) fn action_index(action: &Action) -> Option<IndexKey> {
+    match action.status {
+        ActionStatus::Executing => Some(reconcile_key(action, action.updated_at + STALE_EXECUTION)),
+        ActionStatus::Unknown => Some(reconcile_key(action, action.updated_at)),
+        _ => None,
+    }
+}
+
+pub(super) fn entry(
+    run: &RunId,
+    actor: Actor,
+    event: AuditEvent,
+    at: chrono::DateTime<chrono::Utc>,
+) -> AuditEntry {
+    AuditEntry {
+        at,
+        run_id: run.clone(),
+        actor,
+        event,
+    }
+}
+
+impl Engine {
+    /// Starts a run and drives it until it is done, failed or paused for a person.
+    pub async fn start(&self, start: StartRun) -> Result<RunReport, EngineError> {
+        let task = start.task.trim();
+        if task.is_empty() || task.len() > MAX_TASK_LEN {
+            return Err(EngineError::BadInput(format!(
+                "a task needs 1 to {MAX_TASK_LEN} characters"
+            )));
+        }
+        let now = self.now();
+        let mut run = Run::start(
+            RunId::generate(),
+            start.tenant.clone(),
+            start.requested_by.clone(),
+            start.started_by,
+            task,
+            self.policy.version,
+            now,
+        );
+        run.approval_ttl = start.approval_ttl;
+        let span = tracing::info_span!("run", tenant = %run.tenant, run = %run.id);
+        let _enter = span.enter();
+        tracing::info!(requested_by = %run.requested_by, "starting");
+
+        let mut tx = Tx::new();
+        tx.create(
+            keys::run_pk(&run.tenant, &run.id),
+            keys::RUN_SK.into(),
+            None,
+            &run,
+        );
+        tx.upsert(
+            keys::TENANTS_PK.into(),
+            keys::tenant_sk(&run.tenant),
+            &run.tenant,
+        );
+        let started = AuditEvent::Started {
+            task: run.task.clone(),
+            requested_by: run.requested_by.clone(),
+            policy_version: self.policy.version,
+        };
+        tx.audit(
+            &run.tenant,
+            entry(&run.id, Actor::person(&run.requested_by), started, now),
+        );
+        self.commit(tx).await?;
+
+        let (report, outbox) = self.drive(Stored { value: run, ver: 1 }).await?;
+        self.deliver(outbox).await;
+        Ok(report)
+    }
+
+    /// Runs model turns until the run finishes or pauses. The run record is written when it
+    /// pauses, finishes or fails, each time compare-and-set on its version.
+    pub(super) async fn drive(
+        &self,
+        mut run: Stored<Run>,
+    ) -> Result<(RunReport, Vec<OutboxEntry>), EngineError> {
+        let Some(model) = self.model.clone() else {
+            return Err(EngineError::Unavailable(
+                "this process has no model to continue the run".into(),
+            ));
+        };
+        let specs = self.tools.specs();
+        for _ in 0..self.limits.max_model_turns {
+            let request = ModelRequest {
+                system: &self.system_prompt,
+                tools: &specs,
+                messages: &run.value.messages,
+            };
+            let reply = match model.respond(request).await {
+                Ok(reply) => reply,
+                Err(error) => {
+                    return self
+                        .fail_run(run, format!("the model failed: {error}"))
+                        .await;
+                }
+            };
+            let assistant = Message {
+                role: Role::Assistant,
+                content: reply.content,
+            };
+            let explanation = assistant.text();
+            let uses: Vec<(String, String, serde_json::Value)> = assistant
+                .tool_uses()
+                .map(|u| (u.id.to_string(), u.name.to_string(), u.input.clone()))
+                .collect();
+            run.value.messages.push(assistant);
+            if uses.is_empty() {
+                return self.finish_run(run, explanation).await;
+            }
+
+            let mut calls = Vec::new();
+            let mut approvals = Vec::new();
+            for (n, (tool_use_id, tool, input)) in uses.into_iter().enumerate() {
+                let held = |result| HeldCall {
+                    tool_use_id: tool_use_id.clone(),
+                    action_id: ActionId::generate(),
+                    result,
+                };
+                if n >= self.limits.max_calls_per_turn {
+                    let told = format!(
+                        "Not executed: at most {} calls per turn.",
+                        self.limits.max_calls_per_turn
+                    );
+                    calls.push(held(Some(ToolResultText::error(told))));
+                    continue;
+                }
+                let args = match Args::new(input) {
+                    Ok(args) => args,
+                    Err(error) => {
+                        calls.push(held(Some(ToolResultText::error(format!(
+                            "Not executed: {error}."
+                        )))));
+                        continue;
+                    }
+                };
+                let call = held(None);
+                let proposal = ProposedCall {
+                    id: call.action_id.clone(),
+                    version: ActionVersion::FIRST,
+                    tenant: run.value.tenant.clone(),
+                    run_id: run.value.id.clone(),
+                    tool_use_id,
+                    tool,
+                    args,
+                    explanation: explanation.clone(),
+                };
+                let verdict = self.policy.evaluate(&proposal.tool, &proposal.args);
+                let result = match verdict {
+                    Verdict::Allow => Some(self.run_allowed(proposal).await?),
+                    Verdict::Deny { reason } => Some(self.record_denied(proposal, reason).await?),
+                    Verdict::RequireApproval(requirement) => {
+                        approvals.push(self.approval_for(&run.value, proposal, requirement));
+                        None
+                    }
+                };
+                calls.push(HeldCall { result, ..call });
+            }
+
+            if approvals.is_empty() {
+                let results = calls
+                    .into_iter()
+                    .map(|c| c.result.expect("ran or refused").into_block(&c.tool_use_id));
+                run.value.push_results(results.collect());
+                continue;
+            }
+            return self.pause(run, calls, approvals).await;
+        }
+        let limit = self.limits.max_model_turns;
+        self.fail_run(
+            run,
+            format!("the agent did not finish within {limit} model turns"),
+        )
+        .await
+    }
+
+    fn approval_for(
+        &self,
+        run: &Run,
+        proposal: ProposedCall,
+        requirement: Requirement,
+    ) -> Approval {
+        let now = self.now();
+        let ttl = run.approval_ttl.unwrap_or(requirement.ttl);
+        let expires_at = now + chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::MAX);
+        Approval {
+            id: ApprovalId::generate(),
+            tenant: run.tenant.clone(),
+            run_id: run.id.clone(),
+            action_id: proposal.id,
+            action_version: proposal.version,
+            tool_use_id: proposal.tool_use_id,
+            tool: proposal.tool,
+            args_hash: proposal.args.hash(),
+            args: proposal.args,
+            explanation: proposal.explanation,
+            previous: None,
+            reason: requirement.reason,
+            approver_role: requirement.approver_role,
+            quorum: requirement.quorum,
+            requested_by: run.requesters(),
+            policy_version: self.policy.version,
+            created_at: now,
+            expires_at,
+            status: ApprovalStatus::AwaitingApproval,
+            decisions: Vec::new(),
+            superseded_by: None,
+            resolved_at: None,
+            reminded_at: None,
+        }
+    }
+
+    /// Writes an approval and its action version as they open, with the proposal's audit event.
+    pub(super) fn open_approval(
+        &self,
+        tx: &mut Tx,
+        approval: &Approval,
+        verdict: Verdict,
+        proposer: Actor,
+    ) {
+        let tenant = &approval.tenant;
+        let mut action = approval.awaiting_action();
+        if approval.status == ApprovalStatus::Approved {
+            // An editor's counted approval can already meet the quorum of the new version.
+            action
+                .approve(approval.authorized_by(), approval.created_at)
+                .expect("a new version can be approved");
+        }
+        let pending = (approval.status == ApprovalStatus::AwaitingApproval)
+            .then(|| keys::pending(tenant, approval.expires_at, &approval.id));
+        tx.create(
+            keys::approval_pk(tenant, &approval.id),
+            keys::APPROVAL_SK.into(),
+            pending,
+            approval,
+        );
+        let event = proposed_event(&action, verdict, Some(approval.id.clone()));
+        tx.audit(
+            tenant,
+            entry(&approval.run_id, proposer, event, approval.created_at),
+        );
+        debug_assert_eq!(AWAITING_ACTION_VER, 1, "created actions start at version 1");
+        tx.create(
+            keys::run_pk(tenant, &approval.run_id),
+            keys::action_sk(&action.id, action.version),
+            None,
+            &action,
+        );
+    }
+
+    /// Pauses the run on the held calls: run, actions, approvals and audit in one transaction.
+    async fn pause(
+        &self,
+        mut run: Stored<Run>,
+        calls: Vec<HeldCall>,
+        approvals: Vec<Approval>,
+    ) -> Result<(RunReport, Vec<OutboxEntry>), EngineError> {
+        let now = self.now();
+        run.value
+            .pause(PausedTurn { calls }, now)
+            .map_err(|e| EngineError::Unavailable(e.to_string()))?;
+        let mut tx = Tx::new();
+        for approval in &approvals {
+            let verdict = Verdict::RequireApproval(Requirement {
+                reason: approval.reason.clone(),
+                approver_role: approval.approver_role.clone(),
+                quorum: approval.quorum,
+                ttl: (approval.expires_at - approval.created_at)
+                    .to_std()
+                    .unwrap_or_default(),
+            });
+            self.open_approval(&mut tx, approval, verdict, Actor::Agent);
+        }
+        let ids = approvals.iter().map(|a| a.id.clone()).collect();
+        tx.audit(
+            &run.value.tenant,
+            entry(
+                &run.value.id,
+                Actor::Agent,
+                AuditEvent::Paused { approvals: ids },
+                now,
+            ),
+        );
+        tx.update(
+            keys::run_pk(&run.value.tenant, &run.value.id),
+            keys::RUN_SK.into(),
+            None,
+            &run.value,
+            run.ver,
+        );
+        let outbox = self
+            .commit(tx)
+            .await
+            .map_err(|e| self.lost_run(&run.value, e))?;
+        tracing::info!(approvals = approvals.len(), "paused for a person");
+        for approval in &approvals {
+            self.schedule_wakeups(approval).await;
+        }
+        Ok((RunReport::of(&run.value, approvals), outbox))
+    }
+
+    /// One-time wake-ups are a convenience; the sweep finds the same work if they fail.
+    pub(super) async fn schedule_wakeups(&self, approval: &Approval) {
+        let deadline = self
+            .scheduler
+            .schedule(
+                &approval.tenant,
+                &approval.id,
+                Wake::Deadline,
+                approval.expires_at,
+            )
+            .await;
+        if let Err(error) = deadline {
+            tracing::warn!(approval = %approval.id, %error, "no deadline schedule; the recurring sweep will expire it");
+        }
+    }
+
+    pub(super) async fn unschedule_wakeups(&self, approval: &Approval) {
+        if let Err(error) = self
+            .scheduler
+            .unschedule(&approval.tenant, &approval.id, Wake::Deadline)
+            .await
+        {
+            tracing::warn!(approval = %approval.id, %error, "the deadline schedule stays; it will find nothing to do");
+        }
+    }
+
+    /// Losing the run's compare-and-set while driving means someone else moved it (a cancel).
+    fn lost_run(&self, run: &Run, error: crate::ports::store::StoreError) -> EngineError {
+        match error {
+            crate::ports::store::StoreError::ConditionFailed { .. } => EngineError::RunFinished {
+                run: run.id.to_string(),
+                status: RunStatus::Cancelled,
+            },
+            other => other.into(),
+        }
+    }
+
+    /// A call policy allows: written as executing, run, recorded. Two writes.
+    async fn run_allowed(&self, proposal: ProposedCall) -> Result<ToolResultText, EngineError> {
+        let now = self.now();
+        let mut action = Action::propose(proposal, now);
+        let policy = Actor::Policy {
+            version: self.policy.version,
+        };
+        let authorized = vec![policy.clone()];
+        action
+            .approve(authorized.clone(), now)
+            .and_then(|_| action.claim(now))
+            .expect("a new action is approved then claimed");
+        let (tenant, run_id) = (action.tenant.clone(), action.run_id.clone());
+        let (pk, sk) = (
+            keys::run_pk(&tenant, &run_id),
+            keys::action_sk(&action.id, action.version),
+        );
+
+        let mut tx = Tx::new();
+        tx.create(pk.clone(), sk.clone(), action_index(&action), &action);
+        let proposed = proposed_event(&action, Verdict::Allow, None);
+        tx.audit(&tenant, entry(&run_id, Actor::Agent, proposed, now));
+        tx.audit(
+            &tenant,
+            entry(&run_id, policy, executing_event(&action, &authorized), now),
+        );
+        self.commit(tx).await?;
+
+        let outcome = self.call_tool(&action).await;
+        let now = self.now();
+        action
+            .record(&outcome, now)
+            .expect("an executing action records its outcome");
+        let mut tx = Tx::new();
+        tx.update(pk, sk, action_index(&action), &action, 1);
+        tx.audit(
+            &tenant,
+            entry(
+                &run_id,
+                Actor::system("engine"),
+                outcome_event(&action, &outcome),
+                now,
+            ),
+        );
+        self.commit(tx).await?;
+        Ok(action.result.expect("recorded"))
+    }
+
+    async fn record_denied(
+        &self,
+        proposal: ProposedCall,
+        reason: String,
+    ) -> Result<ToolResultText, EngineError> {
+        let now = self.now();
+        let mut action = Action::propose(proposal, now);
+        let told = format!("Not executed: policy denies this call ({reason}). Do not retry it.");
+        action
+            .close(ActionStatus::Rejected, told, now)
+            .expect("a new action can be refused");
+        action.authorized_by = vec![];
+        let mut tx = Tx::new();
+        let (tenant, run_id) = (action.tenant.clone(), action.run_id.clone());
+        tx.create(
+            keys::run_pk(&tenant, &run_id),
+            keys::action_sk(&action.id, action.version),
+            None,
+            &action,
+        );
+        let proposed = proposed_event(&action, Verdict::Deny { reason }, None);
+        tx.audit(
+            &tenant,
+            entry(
+                &run_id,
+                Actor::Policy {
+                    version: self.policy.version,
+                },
+                proposed,
+                now,
+            ),
+        );
+        self.commit(tx).await?;
+        Ok(action.result.expect("closed with a result"))
+    }
+
+    pub(super) async fn call_tool(&self, action: &Action) -> ToolOutcome {
+        let Some(tool) = self.tools.get(&action.tool) else {
+            return ToolOutcome::Failed {
+                error: format!("there is no tool named {}", action.tool),
+            };
+        };
+        let key = action.key();
+        let call = ToolCall {
+            tenant: &action.tenant,
+            run_id: &action.run_id,
+            args: &action.args,
+            idempotency_key: &key,
+        };
+        tool.call(call).await
+    }
+
+    async fn finish_run(
+        &self,
+        mut run: Stored<Run>,
+        answer: String,
+    ) -> Result<(RunReport, Vec<OutboxEntry>), EngineError> {
+        let now = self.now();
+        let answer = if answer.is_empty() {
+            "(the agent gave no answer)".to_string()
+        } else {
+            answer
+        };
+        run.value
+            .finish(answer.clone(), now)
+            .map_err(|e| EngineError::Unavailable(e.to_string()))?;
+        let mut tx = Tx::new();
+        tx.update(
+            keys::run_pk(&run.value.tenant, &run.value.id),
+            keys::RUN_SK.into(),
+            None,
+            &run.value,
+            run.ver,
+        );
+        tx.audit(
+            &run.value.tenant,
+            entry(
+                &run.value.id,
+                Actor::Agent,
+                AuditEvent::Done { answer },
+                now,
+            ),
+        );
+        let outbox = self
+            .commit(tx)
+            .await
+            .map_err(|e| self.lost_run(&run.value, e))?;
+        tracing::info!("done");
+        Ok((RunReport::of(&run.value, vec![]), outbox))
+    }
+
+    async fn fail_run(
+        &self,
+        mut run: Stored<Run>,
+        error: String,
+    ) -> Result<(RunReport, Vec<OutboxEntry>), EngineError> {
+        let now = self.now();
+        tracing::warn!(%error, "run failed");
+        run.value.fail(error.clone(), now);
+        let mut tx = Tx::new();
+        tx.update(
+            keys::run_pk(&run.value.tenant, &run.value.id),
+            keys::RUN_SK.into(),
+            None,
+            &run.value,
+            run.ver,
+        );
+        tx.audit(
+            &run.value.tenant,
+            entry(
+                &run.value.id,
+                Actor::system("engine"),
+                AuditEvent::Failed { error },
+                now,
+            ),
+        );
+        let outbox = self
+            .commit(tx)
+            .await
+            .map_err(|e| self.lost_run(&run.value, e))?;
+        Ok((RunReport::of(&run.value, vec![]), outbox))
+    }
+}
+
+pub(super) fn executing_event(action: &Action, authorized_by: &[Actor]) -> AuditEvent {
+    AuditEvent::Executing {
+        action_id: action.id.clone(),
+        version: action.version,
+        args_hash: action.args_hash.clone(),
+        authorized_by: authorized_by.to_vec(),
+    }
+}
+
+pub(super) fn outcome_event(action: &Action, outcome: &ToolOutcome) -> AuditEvent {
+    let result = action
+        .result
+        .as_ref()
+        .map(|r| r.content.clone())
+        .unwrap_or_default();
+    match outcome {
+        ToolOutcome::Unknown { detail } => AuditEvent::Unknown {
+            action_id: action.id.clone(),
+            version: action.version,
+            detail: detail.clone(),
+        },
+        _ => AuditEvent::Executed {
+            action_id: action.id.clone(),
+            version: action.version,
+            authorized_by: action.authorized_by.clone(),
+            succeeded: action.status == ActionStatus::Succeeded,
+            result,
+        },
+    }
+}

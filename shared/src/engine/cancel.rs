@@ -1,0 +1,97 @@
+//! Cancelling a run: its open approvals are cancelled with it, so a later decision conflicts.
+
+use super::agent::{RunReport, entry};
+use super::records::{Tx, keys};
+use super::{AWAITING_ACTION_VER, CAS_ATTEMPTS, Engine, EngineError};
+use crate::domain::action::ActionStatus;
+use crate::domain::audit::AuditEvent;
+use crate::domain::identity::{Actor, Identity};
+use crate::domain::ids::RunId;
+use crate::ports::store::StoreError;
+
+impl Engine {
+    /// Cancels a run that has not finished. Its requester may, and so may anyone who could
+    /// decide one of its open approvals.
+    pub async fn cancel(&self, who: &Identity, run_id: &RunId) -> Result<RunReport, EngineError> {
+        let span =
+            tracing::info_span!("cancel", tenant = %who.tenant, run = %run_id, by = %who.person);
+        let _enter = span.enter();
+        for _ in 0..CAS_ATTEMPTS {
+            let Some(mut run) = self.load_run(&who.tenant, run_id).await? else {
+                return Err(EngineError::not_found(format!("run {run_id}")));
+            };
+            if run.value.status.is_finished() {
+                return Err(EngineError::RunFinished {
+                    run: run_id.to_string(),
+                    status: run.value.status,
+                });
+            }
+            let open = self.open_approvals_of(&run.value).await?;
+            let may = run.value.requesters().contains(&who.person)
+                || open.iter().any(|a| who.has_role(&a.value.approver_role));
+            if !may {
+                return Err(EngineError::MayNotCancel {
+                    who: who.person.to_string(),
+                    run: run_id.to_string(),
+                });
+            }
+
+            let now = self.now();
+            run.value
+                .cancel(now)
+                .map_err(|e| EngineError::Corrupt(e.to_string()))?;
+            let mut tx = Tx::new();
+            let tenant = run.value.tenant.clone();
+            let mut cancelled = Vec::new();
+            for mut approval in open {
+                approval.value.cancel(now);
+                let mut action = approval.value.awaiting_action();
+                let told = format!("Not executed: {} cancelled the run.", who.person);
+                action
+                    .close(ActionStatus::Cancelled, told, now)
+                    .expect("a waiting action can be cancelled");
+                tx.update(
+                    keys::run_pk(&tenant, run_id),
+                    keys::action_sk(&action.id, action.version),
+                    None,
+                    &action,
+                    AWAITING_ACTION_VER,
+                );
+                tx.update(
+                    keys::approval_pk(&tenant, &approval.value.id),
+                    keys::APPROVAL_SK.into(),
+                    None,
+                    &approval.value,
+                    approval.ver,
+                );
+                cancelled.push(approval.value);
+            }
+            let event = AuditEvent::Cancelled {
+                approvals: cancelled.iter().map(|a| a.id.clone()).collect(),
+            };
+            tx.audit(
+                &tenant,
+                entry(run_id, Actor::person(&who.person), event, now),
+            );
+            tx.update(
+                keys::run_pk(&tenant, run_id),
+                keys::RUN_SK.into(),
+                None,
+                &run.value,
+                run.ver,
+            );
+            match self.commit(tx).await {
+                Ok(_) => {
+                    tracing::info!(approvals = cancelled.len(), "cancelled");
+                    for approval in &cancelled {
+                        self.unschedule_wakeups(approval).await;
+                    }
+                    return Ok(RunReport::of(&run.value, vec![]));
+                }
+                Err(StoreError::ConditionFailed { .. }) => continue,
+                Err(error) => return Err(error.into()),
+            }
+        }
+        Err(EngineError::Contended)
+    }
+}

@@ -1,0 +1,486 @@
+//! Deciding an approval: one read, the domain's ruling, one conditional transaction.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use super::agent::{RunReport, entry};
+use super::records::{OutboxMessage, Tx, keys};
+use super::{AWAITING_ACTION_VER, CAS_ATTEMPTS, Delivery, Engine, EngineError};
+use crate::domain::action::{Action, ActionStatus, ProposedCall};
+use crate::domain::approval::{
+    Approval, ApprovalStatus, Choice, Decided, Decision, DecisionEffect, DecisionRequest,
+    PreviousVersion, Refusal,
+};
+use crate::domain::args::Args;
+use crate::domain::audit::AuditEvent;
+use crate::domain::identity::{Actor, Identity};
+use crate::domain::ids::ApprovalId;
+use crate::domain::policy::{Requirement, Verdict};
+use crate::ports::queue::ResumeMessage;
+use crate::ports::store::StoreError;
+
+/// The outcome of a decision, including one replayed for a repeated `decision_id`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DecisionReport {
+    /// The approval as it stands after the decision.
+    pub approval: Approval,
+    pub decision: Decision,
+    /// True when this `decision_id` was already recorded: nothing new happened.
+    pub replayed: bool,
+    /// After an edit that still needs people: the approval of the new version.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_approval: Option<Approval>,
+    /// Where the run stands, when this process resumed it itself.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run: Option<RunReport>,
+}
+
+const MAX_TEXT: usize = 2_000;
+
+impl Engine {
+    /// Decides an approval for an authenticated person. Refusals write nothing, except a late
+    /// decision, which expires the approval.
+    pub async fn decide(
+        &self,
+        who: &Identity,
+        approval_id: &ApprovalId,
+        request: DecisionRequest,
+    ) -> Result<DecisionReport, EngineError> {
+        let too_long = match &request.choice {
+            Choice::Reject { reason } => reason.len() > MAX_TEXT,
+            Choice::Edit { note, .. } => note.as_ref().is_some_and(|n| n.len() > MAX_TEXT),
+            Choice::Approve => false,
+        };
+        if too_long {
+            return Err(EngineError::BadInput(format!(
+                "a reason or note has at most {MAX_TEXT} characters"
+            )));
+        }
+        let span = tracing::info_span!("decide", tenant = %who.tenant, approval = %approval_id, by = %who.person);
+        let _enter = span.enter();
+
+        for _ in 0..CAS_ATTEMPTS {
+            let Some(stored) = self.load_approval(&who.tenant, approval_id).await? else {
+                return Err(EngineError::not_found(format!("approval {approval_id}")));
+            };
+            let mut approval = stored.value;
+            let now = self.now();
+            let (decision, edited_args) = match approval.decide(who, &request, &self.policy, now) {
+                Ok(Decided::AlreadyRecorded(decision)) => {
+                    return self.replay(approval, decision).await;
+                }
+                Ok(Decided::New {
+                    decision,
+                    edited_args,
+                }) => (decision, edited_args),
+                Err(Refusal::Expired { expires_at }) => {
+                    let mut tx = Tx::new();
+                    self.write_expiry(
+                        &mut tx,
+                        &approval,
+                        stored.ver,
+                        Actor::person(&who.person),
+                        now,
+                    );
+                    match self.commit(tx).await {
+                        Ok(outbox) => {
+                            self.unschedule_wakeups(&approval).await;
+                            self.deliver(outbox).await;
+                            return Err(Refusal::Expired { expires_at }.into());
+                        }
+                        Err(StoreError::ConditionFailed { .. }) => continue,
+                        Err(error) => return Err(error.into()),
+                    }
+                }
+                Err(refusal) => return Err(refusal.into()),
+            };
+
+            let mut tx = Tx::new();
+            let event = AuditEvent::Decision {
+                approval_id: approval.id.clone(),
+                action_id: approval.action_id.clone(),
+                version: approval.action_version,
+                args_hash: approval.args_hash.clone(),
+                choice: decision.choice.clone(),
+                effect: decision.effect.clone(),
+            };
+            tx.audit(
+                &approval.tenant,
+                entry(&approval.run_id, Actor::person(&who.person), event, now),
+            );
+            let next_approval = match &decision.effect {
+                DecisionEffect::Counted { .. } => None,
+                DecisionEffect::Approved => {
+                    let mut action = approval.awaiting_action();
+                    action
+                        .approve(approval.authorized_by(), now)
+                        .expect("a waiting action can be approved");
+                    self.settle_action(&mut tx, &action);
+                    None
+                }
+                DecisionEffect::Rejected => {
+                    let Choice::Reject { reason } = &decision.choice else {
+                        unreachable!("a rejection has a reason")
+                    };
+                    let told = format!(
+                        "Not executed: {} rejected this call: {reason}. Do not retry it.",
+                        who.person
+                    );
+                    let mut action = approval.awaiting_action();
+                    action
+                        .close(ActionStatus::Rejected, told, now)
+                        .expect("a waiting action can be rejected");
+                    self.settle_action(&mut tx, &action);
+                    None
+                }
+                DecisionEffect::Edited { .. } => {
+                    let args = edited_args.expect("an edit brings the new arguments");
+                    self.write_edit(&mut tx, &mut approval, &decision, args, now)?
+                }
+            };
+            let pending = (approval.status == ApprovalStatus::AwaitingApproval)
+                .then(|| keys::pending(&approval.tenant, approval.expires_at, &approval.id));
+            tx.update(
+                keys::approval_pk(&approval.tenant, &approval.id),
+                keys::APPROVAL_SK.into(),
+                pending,
+                &approval,
+                stored.ver,
+            );
+
+            match self.commit(tx).await {
+                Ok(outbox) => {
+                    tracing::info!(effect = ?decision.effect, "decided");
+                    if approval.status != ApprovalStatus::AwaitingApproval {
+                        self.unschedule_wakeups(&approval).await;
+                    }
+                    if let Some(next) = next_approval
+                        .as_ref()
+                        .filter(|a| a.status == ApprovalStatus::AwaitingApproval)
+                    {
+                        self.schedule_wakeups(next).await;
+                    }
+                    self.deliver(outbox).await;
+                    let run = self.run_after_delivery(&approval).await?;
+                    return Ok(DecisionReport {
+                        approval,
+                        decision,
+                        replayed: false,
+                        next_approval,
+                        run,
+                    });
+                }
+                Err(StoreError::ConditionFailed { .. }) => continue,
+                Err(error) => return Err(error.into()),
+            }
+        }
+        Err(EngineError::Contended)
+    }
+
+    /// Writes an action that left `awaiting_approval` and, if it is settled or approved, the
+    /// message that resumes its run.
+    fn settle_action(&self, tx: &mut Tx, action: &Action) {
+        let pk = keys::run_pk(&action.tenant, &action.run_id);
+        tx.update(
+            pk,
+            keys::action_sk(&action.id, action.version),
+            None,
+            action,
+            AWAITING_ACTION_VER,
+        );
+        self.resume_later(tx, action);
+    }
+
+    fn resume_later(&self, tx: &mut Tx, action: &Action) {
+        let message = ResumeMessage {
+            tenant: action.tenant.clone(),
+            run_id: action.run_id.clone(),
+            action_id: action.id.clone(),
+            version: action.version,
+        };
+        tx.outbox(
+            &action.tenant,
+            &action.run_id,
+            OutboxMessage::Resume(message),
+            action.updated_at,
+        );
+    }
+
+    /// Expires an approval already marked expired: approval, action, audit, resume message.
+    pub(super) fn write_expiry(
+        &self,
+        tx: &mut Tx,
+        approval: &Approval,
+        ver: u64,
+        actor: Actor,
+        now: DateTime<Utc>,
+    ) {
+        debug_assert_eq!(approval.status, ApprovalStatus::Expired);
+        let told = format!(
+            "Not executed: nobody decided before the deadline ({}), so the approval expired. Do not retry it.",
+            keys::sortable(approval.expires_at)
+        );
+        let mut action = approval.awaiting_action();
+        action
+            .close(ActionStatus::Expired, told, now)
+            .expect("a waiting action can expire");
+        let event = AuditEvent::Expired {
+            approval_id: approval.id.clone(),
+            action_id: approval.action_id.clone(),
+            version: approval.action_version,
+        };
+        tx.audit(&approval.tenant, entry(&approval.run_id, actor, event, now));
+        tx.update(
+            keys::approval_pk(&approval.tenant, &approval.id),
+            keys::APPROVAL_SK.into(),
+            None,
+            approval,
+            ver,
+        );
+        self.settle_action(tx, &action);
+    }
+
+    /// An edit supersedes this version and proposes the next one, which policy evaluates again.
+    /// The editor's edit counts as their approval of the new version.
+    fn write_edit(
+        &self,
+        tx: &mut Tx,
+        approval: &mut Approval,
+        decision: &Decision,
+        args: Args,
+        now: DateTime<Utc>,
+    ) -> Result<Option<Approval>, EngineError> {
+        let editor = &decision.by;
+        let mut old = approval.awaiting_action();
+        old.close(ActionStatus::Superseded, String::new(), now)
+            .expect("a waiting action can be superseded");
+        tx.update(
+            keys::run_pk(&old.tenant, &old.run_id),
+            keys::action_sk(&old.id, old.version),
+            None,
+            &old,
+            AWAITING_ACTION_VER,
+        );
+
+        let version = approval.action_version.next();
+        let proposal = ProposedCall {
+            id: approval.action_id.clone(),
+            version,
+            tenant: approval.tenant.clone(),
+            run_id: approval.run_id.clone(),
+            tool_use_id: approval.tool_use_id.clone(),
+            tool: approval.tool.clone(),
+            args,
+            explanation: approval.explanation.clone(),
+        };
+        let verdict = self.policy.evaluate(&proposal.tool, &proposal.args);
+        let next = match &verdict {
+            Verdict::Deny { reason } => {
+                return Err(EngineError::PolicyRefused(format!(
+                    "policy denies the edited call: {reason}"
+                )));
+            }
+            Verdict::Allow => {
+                let mut action = Action::propose(proposal, now);
+                action
+                    .approve(
+                        vec![
+                            Actor::person(editor),
+                            Actor::Policy {
+                                version: self.policy.version,
+                            },
+                        ],
+                        now,
+                    )
+                    .expect("a new version can be approved");
+                self.write_superseded(tx, approval, version, None, now, editor);
+                let event = proposed_event(&action, verdict.clone(), None);
+                tx.audit(
+                    &action.tenant,
+                    entry(&action.run_id, Actor::person(editor), event, now),
+                );
+                tx.create(
+                    keys::run_pk(&action.tenant, &action.run_id),
+                    keys::action_sk(&action.id, version),
+                    None,
+                    &action,
+                );
+                self.resume_later(tx, &action);
+                None
+            }
+            Verdict::RequireApproval(requirement) => {
+                let next = self.next_approval(approval, decision, proposal, requirement, now);
+                self.write_superseded(tx, approval, version, Some(next.id.clone()), now, editor);
+                self.open_approval(tx, &next, verdict.clone(), Actor::person(editor));
+                let counted = next.decisions.last().expect("the editor's decision");
+                let event = AuditEvent::Decision {
+                    approval_id: next.id.clone(),
+                    action_id: next.action_id.clone(),
+                    version: next.action_version,
+                    args_hash: next.args_hash.clone(),
+                    choice: counted.choice.clone(),
+                    effect: counted.effect.clone(),
+                };
+                tx.audit(
+                    &next.tenant,
+                    entry(&next.run_id, Actor::person(editor), event, now),
+                );
+                if next.status == ApprovalStatus::Approved {
+                    let mut action = next.awaiting_action();
+                    action
+                        .approve(next.authorized_by(), now)
+                        .expect("a new version can be approved");
+                    self.resume_later(tx, &action);
+                }
+                Some(next)
+            }
+        };
+        Ok(next)
+    }
+
+    fn write_superseded(
+        &self,
+        tx: &mut Tx,
+        approval: &mut Approval,
+        by_version: crate::domain::ids::ActionVersion,
+        new_approval_id: Option<ApprovalId>,
+        now: DateTime<Utc>,
+        editor: &crate::domain::ids::PersonId,
+    ) {
+        approval.superseded_by = new_approval_id.clone();
+        let event = AuditEvent::Superseded {
+            approval_id: approval.id.clone(),
+            action_id: approval.action_id.clone(),
+            version: approval.action_version,
+            by_version,
+            new_approval_id,
+        };
+        tx.audit(
+            &approval.tenant,
+            entry(&approval.run_id, Actor::person(editor), event, now),
+        );
+    }
+
+    fn next_approval(
+        &self,
+        old: &Approval,
+        decision: &Decision,
+        proposal: ProposedCall,
+        requirement: &Requirement,
+        now: DateTime<Utc>,
+    ) -> Approval {
+        let note = match &decision.choice {
+            Choice::Edit { note, .. } => note.clone(),
+            _ => None,
+        };
+        // The new version gets as long to decide as the old one had.
+        let time_to_decide = old.expires_at - old.created_at;
+        let mut next = Approval {
+            id: ApprovalId::generate(),
+            tenant: old.tenant.clone(),
+            run_id: old.run_id.clone(),
+            action_id: proposal.id,
+            action_version: proposal.version,
+            tool_use_id: proposal.tool_use_id,
+            tool: proposal.tool,
+            args_hash: proposal.args.hash(),
+            args: proposal.args,
+            explanation: proposal.explanation,
+            previous: Some(PreviousVersion {
+                version: old.action_version,
+                args: old.args.clone(),
+                edited_by: decision.by.clone(),
+                note,
+            }),
+            reason: requirement.reason.clone(),
+            approver_role: requirement.approver_role.clone(),
+            quorum: requirement.quorum,
+            requested_by: old.requested_by.clone(),
+            policy_version: self.policy.version,
+            created_at: now,
+            expires_at: now + time_to_decide,
+            status: ApprovalStatus::AwaitingApproval,
+            decisions: Vec::new(),
+            superseded_by: None,
+            resolved_at: None,
+            reminded_at: None,
+        };
+        let effect = match requirement.quorum {
+            0 | 1 => DecisionEffect::Approved,
+            n => DecisionEffect::Counted {
+                still_needed: n - 1,
+            },
+        };
+        next.decisions.push(Decision {
+            decision_id: decision.decision_id.clone(),
+            by: decision.by.clone(),
+            choice: decision.choice.clone(),
+            action_version: next.action_version,
+            args_hash: next.args_hash.clone(),
+            at: now,
+            effect: effect.clone(),
+        });
+        if effect == DecisionEffect::Approved {
+            next.status = ApprovalStatus::Approved;
+            next.resolved_at = Some(now);
+        }
+        next
+    }
+
+    async fn replay(
+        &self,
+        approval: Approval,
+        decision: Decision,
+    ) -> Result<DecisionReport, EngineError> {
+        let next_approval = match &approval.superseded_by {
+            Some(next) => self
+                .load_approval(&approval.tenant, next)
+                .await?
+                .map(|s| s.value),
+            None => None,
+        };
+        let run = self.run_after_delivery(&approval).await?;
+        Ok(DecisionReport {
+            approval,
+            decision,
+            replayed: true,
+            next_approval,
+            run,
+        })
+    }
+
+    /// In the embedded mode the run was resumed in this process: say where it stands.
+    async fn run_after_delivery(
+        &self,
+        approval: &Approval,
+    ) -> Result<Option<RunReport>, EngineError> {
+        if !matches!(self.delivery, Delivery::InProcess) {
+            return Ok(None);
+        }
+        let run = self.load_run(&approval.tenant, &approval.run_id).await?;
+        let Some(run) = run else { return Ok(None) };
+        let waiting = if run.value.status == crate::domain::run::RunStatus::AwaitingApproval {
+            self.pending_of_run(&run.value).await?
+        } else {
+            vec![]
+        };
+        Ok(Some(RunReport::of(&run.value, waiting)))
+    }
+}
+
+pub(super) fn proposed_event(
+    action: &Action,
+    verdict: Verdict,
+    approval_id: Option<ApprovalId>,
+) -> AuditEvent {
+    AuditEvent::Proposed {
+        action_id: action.id.clone(),
+        version: action.version,
+        tool: action.tool.clone(),
+        args: action.args.clone(),
+        args_hash: action.args_hash.clone(),
+        explanation: action.explanation.clone(),
+        verdict,
+        approval_id,
+    }
+}

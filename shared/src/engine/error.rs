@@ -1,0 +1,122 @@
+//! The engine's errors, each with a stable code and a kind a caller can act on.
+
+use crate::domain::approval::{ApprovalStatus, Refusal};
+use crate::domain::identity::DirectoryError;
+use crate::domain::run::RunStatus;
+use crate::ports::store::StoreError;
+
+/// What a caller should do about an error; the HTTP API maps each to one status code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The request itself is malformed (400).
+    BadInput,
+    /// Not allowed for this person (403).
+    Forbidden,
+    /// Unknown, or another tenant's (404).
+    NotFound,
+    /// The state moved on: resolved, stale, expired, cancelled (409).
+    Conflict,
+    /// Policy refuses what was asked (422).
+    PolicyRefused,
+    /// The store or a dependency failed; trying again later may work (503).
+    Unavailable,
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum EngineError {
+    #[error("{0}")]
+    BadInput(String),
+    #[error("{what} was not found")]
+    NotFound { what: String },
+    #[error("{0}")]
+    Refused(#[from] Refusal),
+    #[error("run {run} is {status}")]
+    RunFinished { run: String, status: RunStatus },
+    #[error(
+        "{who} may not cancel run {run}: only its requester or an approver of its pending approvals may"
+    )]
+    MayNotCancel { who: String, run: String },
+    #[error("{0}")]
+    PolicyRefused(String),
+    #[error(transparent)]
+    Directory(#[from] DirectoryError),
+    #[error("too many concurrent changes to the same approval; try again")]
+    Contended,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("a stored record could not be read: {0}")]
+    Corrupt(String),
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl EngineError {
+    pub fn not_found(what: impl std::fmt::Display) -> Self {
+        EngineError::NotFound {
+            what: what.to_string(),
+        }
+    }
+
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            EngineError::BadInput(_) => ErrorKind::BadInput,
+            EngineError::NotFound { .. } => ErrorKind::NotFound,
+            EngineError::Refused(refusal) => match refusal {
+                Refusal::OwnRequest { .. } | Refusal::MissingRole { .. } => ErrorKind::Forbidden,
+                Refusal::Edit(_) => ErrorKind::PolicyRefused,
+                Refusal::EmptyReason => ErrorKind::BadInput,
+                Refusal::AlreadyResolved { .. }
+                | Refusal::Superseded { .. }
+                | Refusal::StaleVersion { .. }
+                | Refusal::Expired { .. }
+                | Refusal::AlreadyApprovedBy { .. }
+                | Refusal::DecisionIdReused { .. } => ErrorKind::Conflict,
+            },
+            EngineError::RunFinished { .. } | EngineError::Contended => ErrorKind::Conflict,
+            EngineError::MayNotCancel { .. } => ErrorKind::Forbidden,
+            EngineError::PolicyRefused(_) => ErrorKind::PolicyRefused,
+            EngineError::Directory(DirectoryError::UnknownPerson(_)) => ErrorKind::Forbidden,
+            EngineError::Directory(DirectoryError::Invalid(_)) => ErrorKind::Unavailable,
+            EngineError::Store(StoreError::Invalid(_)) => ErrorKind::BadInput,
+            EngineError::Store(_) | EngineError::Corrupt(_) | EngineError::Unavailable(_) => {
+                ErrorKind::Unavailable
+            }
+        }
+    }
+
+    /// A stable, machine-readable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            EngineError::BadInput(_) => "bad_input",
+            EngineError::NotFound { .. } => "not_found",
+            EngineError::Refused(refusal) => match refusal {
+                Refusal::OwnRequest { .. } => "own_request",
+                Refusal::MissingRole { .. } => "missing_role",
+                Refusal::AlreadyResolved {
+                    status: ApprovalStatus::Cancelled,
+                } => "cancelled",
+                Refusal::AlreadyResolved {
+                    status: ApprovalStatus::Expired,
+                } => "expired",
+                Refusal::AlreadyResolved { .. } => "already_decided",
+                Refusal::Superseded { .. } => "superseded",
+                Refusal::StaleVersion { .. } => "stale_version",
+                Refusal::Expired { .. } => "expired",
+                Refusal::AlreadyApprovedBy { .. } => "already_approved_by_you",
+                Refusal::DecisionIdReused { .. } => "decision_id_reused",
+                Refusal::Edit(_) => "edit_refused",
+                Refusal::EmptyReason => "reason_required",
+            },
+            EngineError::RunFinished { .. } => "run_finished",
+            EngineError::MayNotCancel { .. } => "may_not_cancel",
+            EngineError::PolicyRefused(_) => "policy_refused",
+            EngineError::Directory(DirectoryError::UnknownPerson(_)) => "unknown_person",
+            EngineError::Directory(DirectoryError::Invalid(_)) => "directory_invalid",
+            EngineError::Contended => "contended",
+            EngineError::Store(StoreError::Invalid(_)) => "bad_input",
+            EngineError::Store(_) | EngineError::Corrupt(_) | EngineError::Unavailable(_) => {
+                "unavailable"
+            }
+        }
+    }
+}

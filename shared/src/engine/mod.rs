@@ -1,0 +1,238 @@
+//! The use cases: start a run, decide, resume, cancel, sweep, read the history. Each writes
+//! its transitions through the conditional item store, and nothing else.
+
+mod agent;
+mod cancel;
+mod decide;
+pub mod error;
+mod history;
+pub mod records;
+mod resume;
+mod sweep;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+
+pub use agent::{RunReport, StartRun};
+pub use decide::DecisionReport;
+pub use error::{EngineError, ErrorKind};
+pub use history::History;
+pub use resume::ResumeReport;
+pub use sweep::SweepReport;
+
+use crate::domain::approval::Approval;
+use crate::domain::ids::{ActionId, ActionVersion, ApprovalId, RunId, TenantId};
+use crate::domain::policy::Policy;
+use crate::domain::run::Run;
+use crate::ports::clock::{Clock, SystemClock};
+use crate::ports::model::Model;
+use crate::ports::queue::ResumeQueue;
+use crate::ports::scheduler::{Scheduler, SweepOnly};
+use crate::ports::store::{ItemStore, StoreError};
+use crate::ports::tools::Toolbox;
+use records::{OutboxEntry, OutboxMessage, Stored, Tx, keys, load};
+
+/// How a settled action's resume message reaches the run.
+#[derive(Clone)]
+pub enum Delivery {
+    /// The writer resumes the run itself, right after its transaction (the embedded mode).
+    InProcess,
+    /// The writer publishes to a queue and a consumer resumes the run (SQS in AWS).
+    Queue(Arc<dyn ResumeQueue>),
+}
+
+/// Bounds that keep one run from running away.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_model_turns: u32,
+    pub max_calls_per_turn: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_model_turns: 16,
+            max_calls_per_turn: 8,
+        }
+    }
+}
+
+pub struct Engine {
+    store: Arc<dyn ItemStore>,
+    policy: Arc<Policy>,
+    model: Option<Arc<dyn Model>>,
+    tools: Toolbox,
+    system_prompt: String,
+    clock: Arc<dyn Clock>,
+    delivery: Delivery,
+    scheduler: Arc<dyn Scheduler>,
+    limits: Limits,
+}
+
+/// Builds an engine from the ports a process has; each entry point supplies only what it uses.
+pub struct EngineBuilder {
+    engine: Engine,
+}
+
+impl EngineBuilder {
+    pub fn model(mut self, model: Arc<dyn Model>) -> Self {
+        self.engine.model = Some(model);
+        self
+    }
+
+    pub fn tools(mut self, tools: Toolbox) -> Self {
+        self.engine.tools = tools;
+        self
+    }
+
+    pub fn system_prompt(mut self, prompt: impl Into<String>) -> Self {
+        self.engine.system_prompt = prompt.into();
+        self
+    }
+
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.engine.clock = clock;
+        self
+    }
+
+    pub fn delivery(mut self, delivery: Delivery) -> Self {
+        self.engine.delivery = delivery;
+        self
+    }
+
+    pub fn scheduler(mut self, scheduler: Arc<dyn Scheduler>) -> Self {
+        self.engine.scheduler = scheduler;
+        self
+    }
+
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.engine.limits = limits;
+        self
+    }
+
+    pub fn build(self) -> Engine {
+        self.engine
+    }
+}
+
+impl Engine {
+    pub fn builder(store: Arc<dyn ItemStore>, policy: Arc<Policy>) -> EngineBuilder {
+        EngineBuilder {
+            engine: Engine {
+                store,
+                policy,
+                model: None,
+                tools: Toolbox::new(),
+                system_prompt: String::new(),
+                clock: Arc::new(SystemClock),
+                delivery: Delivery::InProcess,
+                scheduler: Arc::new(SweepOnly),
+                limits: Limits::default(),
+            },
+        }
+    }
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    pub fn store(&self) -> &Arc<dyn ItemStore> {
+        &self.store
+    }
+
+    pub fn now(&self) -> DateTime<Utc> {
+        self.clock.now()
+    }
+
+    /// Applies one transaction; on success its outbox entries are returned for delivery.
+    async fn commit(&self, tx: Tx) -> Result<Vec<OutboxEntry>, StoreError> {
+        let (writes, outbox) = tx.into_parts();
+        self.store.transact(writes).await?;
+        Ok(outbox)
+    }
+
+    /// Delivers outbox entries after their transaction committed, then removes each. A failure
+    /// leaves the entry for the sweep to deliver again; delivery is idempotent.
+    async fn deliver(&self, entries: Vec<OutboxEntry>) {
+        let mut pending: VecDeque<OutboxEntry> = entries.into();
+        while let Some(entry) = pending.pop_front() {
+            let delivered = match (&entry.message, &self.delivery) {
+                (OutboxMessage::Resume(message), Delivery::InProcess) => {
+                    match self.resume_once(message).await {
+                        Ok((_, more)) => {
+                            pending.extend(more);
+                            Ok(())
+                        }
+                        Err(e) => Err(e.to_string()),
+                    }
+                }
+                (OutboxMessage::Resume(message), Delivery::Queue(queue)) => {
+                    queue.publish(message).await.map_err(|e| e.to_string())
+                }
+            };
+            match delivered {
+                Ok(()) => {
+                    let (pk, sk) = entry.key();
+                    let mut tx = Tx::new();
+                    tx.delete(pk, sk, crate::ports::store::Condition::Always);
+                    if let Err(error) = self.commit(tx).await {
+                        tracing::warn!(outbox = %entry.id, %error, "delivered, but the outbox entry stays; the sweep will deliver it again");
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(outbox = %entry.id, %error, "not delivered; the sweep will try again")
+                }
+            }
+        }
+    }
+
+    async fn load_run(
+        &self,
+        tenant: &TenantId,
+        run: &RunId,
+    ) -> Result<Option<Stored<Run>>, EngineError> {
+        load(
+            self.store.as_ref(),
+            &keys::run_pk(tenant, run),
+            keys::RUN_SK,
+        )
+        .await
+    }
+
+    async fn load_approval(
+        &self,
+        tenant: &TenantId,
+        approval: &ApprovalId,
+    ) -> Result<Option<Stored<Approval>>, EngineError> {
+        load(
+            self.store.as_ref(),
+            &keys::approval_pk(tenant, approval),
+            keys::APPROVAL_SK,
+        )
+        .await
+    }
+
+    async fn load_action(
+        &self,
+        tenant: &TenantId,
+        run: &RunId,
+        action: &ActionId,
+        version: ActionVersion,
+    ) -> Result<Option<Stored<crate::domain::action::Action>>, EngineError> {
+        load(
+            self.store.as_ref(),
+            &keys::run_pk(tenant, run),
+            &keys::action_sk(action, version),
+        )
+        .await
+    }
+}
+
+/// An approval's action item is written once when the approval opens and first changes when the
+/// approval resolves, so while it waits its item version is always this.
+const AWAITING_ACTION_VER: u64 = 1;
+
+/// How many times a use case re-reads and tries again after losing a compare-and-set.
+const CAS_ATTEMPTS: usize = 8;

@@ -1,0 +1,250 @@
+//! How engine records sit in the item store: keys, the sparse index, and the transaction
+//! builder that writes a change and its audit events together.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use super::error::EngineError;
+use crate::domain::audit::AuditEntry;
+use crate::domain::ids::{ActionId, ActionVersion, ApprovalId, OutboxId, RunId, TenantId};
+use crate::ports::queue::ResumeMessage;
+use crate::ports::store::{Condition, IndexKey, Item, ItemStore, Write};
+
+/// Keys carry the tenant first, so an IAM `dynamodb:LeadingKeys` condition can isolate tenants.
+pub mod keys {
+    use super::*;
+
+    pub const RUN_SK: &str = "RUN";
+    pub const APPROVAL_SK: &str = "APPROVAL";
+    pub const ACTION_PREFIX: &str = "ACTION#";
+    pub const AUDIT_PREFIX: &str = "AUDIT#";
+    pub const OUTBOX_PREFIX: &str = "OUTBOX#";
+    pub const TENANTS_PK: &str = "TENANTS";
+    /// Index partitions: unpublished outbox items, actions whose outcome is not settled.
+    pub const OUTBOX_INDEX: &str = "OUTBOX";
+    pub const RECONCILE_INDEX: &str = "RECONCILE";
+
+    pub fn run_pk(tenant: &TenantId, run: &RunId) -> String {
+        format!("TENANT#{tenant}#RUN#{run}")
+    }
+
+    pub fn action_sk(action: &ActionId, version: ActionVersion) -> String {
+        format!("{ACTION_PREFIX}{action}#V{:06}", version.get())
+    }
+
+    pub fn approval_pk(tenant: &TenantId, approval: &ApprovalId) -> String {
+        format!("TENANT#{tenant}#APPROVAL#{approval}")
+    }
+
+    pub fn tenant_sk(tenant: &TenantId) -> String {
+        format!("TENANT#{tenant}")
+    }
+
+    /// Pending approvals of a tenant, by deadline.
+    pub fn pending_index(tenant: &TenantId) -> String {
+        format!("TENANT#{tenant}#PENDING")
+    }
+
+    pub fn pending(
+        tenant: &TenantId,
+        expires_at: DateTime<Utc>,
+        approval: &ApprovalId,
+    ) -> IndexKey {
+        IndexKey {
+            pk: pending_index(tenant),
+            sk: format!("{}#{approval}", sortable(expires_at)),
+        }
+    }
+
+    /// A timestamp that sorts as text: fixed width, UTC, milliseconds.
+    pub fn sortable(at: DateTime<Utc>) -> String {
+        at.to_rfc3339_opts(SecondsFormat::Millis, true)
+    }
+
+    /// The upper bound of index keys due at `at`.
+    pub fn due_until(at: DateTime<Utc>) -> String {
+        format!("{}#\u{10FFFF}", sortable(at))
+    }
+}
+
+/// A record and the item version it was read at, for compare-and-set.
+#[derive(Debug, Clone)]
+pub struct Stored<T> {
+    pub value: T,
+    pub ver: u64,
+}
+
+pub fn decode<T: DeserializeOwned>(item: &Item) -> Result<Stored<T>, EngineError> {
+    serde_json::from_str(&item.body)
+        .map(|value| Stored {
+            value,
+            ver: item.ver,
+        })
+        .map_err(|e| EngineError::Corrupt(format!("{}/{}: {e}", item.pk, item.sk)))
+}
+
+pub async fn load<T: DeserializeOwned>(
+    store: &dyn ItemStore,
+    pk: &str,
+    sk: &str,
+) -> Result<Option<Stored<T>>, EngineError> {
+    match store.get(pk, sk).await? {
+        Some(item) => decode(&item).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// What waits in the outbox until it is delivered.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum OutboxMessage {
+    Resume(ResumeMessage),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OutboxEntry {
+    pub id: OutboxId,
+    pub tenant: TenantId,
+    pub run_id: RunId,
+    pub created_at: DateTime<Utc>,
+    pub message: OutboxMessage,
+}
+
+impl OutboxEntry {
+    pub fn key(&self) -> (String, String) {
+        (
+            keys::run_pk(&self.tenant, &self.run_id),
+            format!("{}{}", keys::OUTBOX_PREFIX, self.id),
+        )
+    }
+}
+
+/// Audit keys sort in the order this process wrote them, and never collide across processes.
+fn audit_order() -> String {
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = Utc::now().timestamp_micros().max(0) as u64;
+    let mut last = LAST.load(Ordering::Relaxed);
+    let tick = loop {
+        let next = now.max(last + 1);
+        match LAST.compare_exchange_weak(last, next, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => break next,
+            Err(seen) => last = seen,
+        }
+    };
+    format!("{tick:017}#{:08x}", rand::random::<u32>())
+}
+
+/// One atomic change: records, their audit events and their outbox messages.
+#[derive(Default)]
+pub struct Tx {
+    writes: Vec<Write>,
+    outbox: Vec<OutboxEntry>,
+    audit_order: Option<String>,
+    audit_count: usize,
+}
+
+impl Tx {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn put<T: Serialize>(
+        &mut self,
+        pk: String,
+        sk: String,
+        gsi1: Option<IndexKey>,
+        value: &T,
+        ver: u64,
+        condition: Condition,
+    ) {
+        let body = serde_json::to_string(value).expect("engine records serialize");
+        self.writes.push(Write::Put {
+            item: Item {
+                pk,
+                sk,
+                gsi1,
+                ver,
+                body,
+            },
+            condition,
+        });
+    }
+
+    /// A new item: the write fails if it exists.
+    pub fn create<T: Serialize>(
+        &mut self,
+        pk: String,
+        sk: String,
+        gsi1: Option<IndexKey>,
+        value: &T,
+    ) {
+        self.put(pk, sk, gsi1, value, 1, Condition::NotExists);
+    }
+
+    /// A compare-and-set: the write fails unless the item is still at `ver`.
+    pub fn update<T: Serialize>(
+        &mut self,
+        pk: String,
+        sk: String,
+        gsi1: Option<IndexKey>,
+        value: &T,
+        ver: u64,
+    ) {
+        self.put(pk, sk, gsi1, value, ver + 1, Condition::VersionIs(ver));
+    }
+
+    /// Written whatever is there (idempotent registries).
+    pub fn upsert<T: Serialize>(&mut self, pk: String, sk: String, value: &T) {
+        self.put(pk, sk, None, value, 1, Condition::Always);
+    }
+
+    pub fn delete(&mut self, pk: String, sk: String, condition: Condition) {
+        self.writes.push(Write::Delete { pk, sk, condition });
+    }
+
+    pub fn audit(&mut self, tenant: &TenantId, entry: AuditEntry) {
+        let order = self.audit_order.get_or_insert_with(audit_order).clone();
+        let sk = format!("{}{order}#{:03}", keys::AUDIT_PREFIX, self.audit_count);
+        self.audit_count += 1;
+        let pk = keys::run_pk(tenant, &entry.run_id);
+        self.put(pk, sk, None, &entry, 1, Condition::NotExists);
+    }
+
+    pub fn outbox(
+        &mut self,
+        tenant: &TenantId,
+        run_id: &RunId,
+        message: OutboxMessage,
+        now: DateTime<Utc>,
+    ) {
+        let entry = OutboxEntry {
+            id: OutboxId::generate(),
+            tenant: tenant.clone(),
+            run_id: run_id.clone(),
+            created_at: now,
+            message,
+        };
+        let (pk, sk) = entry.key();
+        let gsi1 = IndexKey {
+            pk: keys::OUTBOX_INDEX.into(),
+            sk: format!("{}#{}", keys::sortable(now), entry.id),
+        };
+        self.put(pk, sk, Some(gsi1), &entry, 1, Condition::NotExists);
+        self.outbox.push(entry);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.writes.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.writes.len()
+    }
+
+    pub fn into_parts(self) -> (Vec<Write>, Vec<OutboxEntry>) {
+        (self.writes, self.outbox)
+    }
+}

@@ -1,0 +1,329 @@
+//! Resuming a run after one of its held actions settled: run exactly the approved version once,
+//! hold its result with the run, and go on once the whole turn has its results.
+
+use serde::Serialize;
+
+use super::agent::{RunReport, action_index, entry, executing_event, outcome_event};
+use super::records::{OutboxEntry, Stored, Tx, keys};
+use super::{CAS_ATTEMPTS, Engine, EngineError};
+use crate::domain::action::{Action, ActionStatus, ToolOutcome};
+use crate::domain::audit::AuditEvent;
+use crate::domain::identity::Actor;
+use crate::domain::run::Run;
+use crate::ports::queue::ResumeMessage;
+use crate::ports::store::StoreError;
+
+/// What one resume message did.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum ResumeReport {
+    /// Nothing to do: a message seen before, a superseded version, a run that moved on.
+    Ignored { reason: String },
+    /// The result is held with the run, which still waits on other calls of its turn.
+    Held { run: RunReport },
+    /// The turn was complete and the run went on to this point.
+    Continued { run: RunReport },
+    /// The tool could not say whether the call took effect; the sweep reconciles it.
+    Unknown { key: String },
+}
+
+fn ignored(reason: impl Into<String>) -> (ResumeReport, Vec<OutboxEntry>) {
+    (
+        ResumeReport::Ignored {
+            reason: reason.into(),
+        },
+        vec![],
+    )
+}
+
+impl Engine {
+    /// Handles one resume message. Safe to receive any number of times.
+    pub async fn resume(&self, message: &ResumeMessage) -> Result<ResumeReport, EngineError> {
+        let (report, outbox) = self.resume_once(message).await?;
+        self.deliver(outbox).await;
+        Ok(report)
+    }
+
+    pub(super) async fn resume_once(
+        &self,
+        message: &ResumeMessage,
+    ) -> Result<(ResumeReport, Vec<OutboxEntry>), EngineError> {
+        let span = tracing::info_span!(
+            "resume",
+            tenant = %message.tenant,
+            run = %message.run_id,
+            action = %message.action_id,
+            version = %message.version
+        );
+        let _enter = span.enter();
+        let Some(run) = self.load_run(&message.tenant, &message.run_id).await? else {
+            return Ok(ignored("no such run"));
+        };
+        if !run.value.is_waiting_on(&message.action_id) {
+            return Ok(ignored(format!(
+                "run is {} and not waiting on {}",
+                run.value.status, message.action_id
+            )));
+        }
+        let action = self
+            .load_action(
+                &message.tenant,
+                &message.run_id,
+                &message.action_id,
+                message.version,
+            )
+            .await?;
+        let Some(action) = action else {
+            return Ok(ignored(format!(
+                "no version {} of {}",
+                message.version, message.action_id
+            )));
+        };
+        match action.value.status {
+            ActionStatus::Approved => self.execute(run, action).await,
+            ActionStatus::Rejected
+            | ActionStatus::Expired
+            | ActionStatus::Cancelled
+            | ActionStatus::Succeeded
+            | ActionStatus::Failed => self.hold_result(run, &action.value).await,
+            status => Ok(ignored(format!(
+                "action {} is {status}",
+                action.value.key()
+            ))),
+        }
+    }
+
+    /// Claims the approved version (`approved → executing`), calls the tool with the key
+    /// `action_id:version`, and records the outcome.
+    async fn execute(
+        &self,
+        run: Stored<Run>,
+        mut action: Stored<Action>,
+    ) -> Result<(ResumeReport, Vec<OutboxEntry>), EngineError> {
+        let intact = action.value.args.hash() == action.value.args_hash;
+        let now = self.now();
+        action
+            .value
+            .claim(now)
+            .map_err(|e| EngineError::Corrupt(e.to_string()))?;
+        let mut tx = Tx::new();
+        let (tenant, run_id) = (action.value.tenant.clone(), action.value.run_id.clone());
+        let (pk, sk) = (
+            keys::run_pk(&tenant, &run_id),
+            keys::action_sk(&action.value.id, action.value.version),
+        );
+        tx.update(
+            pk,
+            sk,
+            action_index(&action.value),
+            &action.value,
+            action.ver,
+        );
+        let authorized = action.value.authorized_by.clone();
+        tx.audit(
+            &tenant,
+            entry(
+                &run_id,
+                Actor::system("resume"),
+                executing_event(&action.value, &authorized),
+                now,
+            ),
+        );
+        match self.commit(tx).await {
+            Ok(_) => action.ver += 1,
+            Err(StoreError::ConditionFailed { .. }) => {
+                return Ok(ignored("another worker claimed this action"));
+            }
+            Err(error) => return Err(error.into()),
+        }
+        let outcome = if intact {
+            self.call_tool(&action.value).await
+        } else {
+            ToolOutcome::Failed {
+                error: "the stored arguments no longer match the approved hash; not executed"
+                    .into(),
+            }
+        };
+        self.record_outcome(run, action, outcome, false).await
+    }
+
+    /// Records a tool's outcome for a claimed (or unknown) action and, when definite, holds it
+    /// with the run in the same transaction.
+    pub(super) async fn record_outcome(
+        &self,
+        mut run: Stored<Run>,
+        mut action: Stored<Action>,
+        outcome: ToolOutcome,
+        reconciling: bool,
+    ) -> Result<(ResumeReport, Vec<OutboxEntry>), EngineError> {
+        let now = self.now();
+        action
+            .value
+            .record(&outcome, now)
+            .map_err(|e| EngineError::Corrupt(e.to_string()))?;
+        let event = match (&outcome, reconciling) {
+            (ToolOutcome::Unknown { .. }, _) | (_, false) => outcome_event(&action.value, &outcome),
+            (_, true) => AuditEvent::Reconciled {
+                action_id: action.value.id.clone(),
+                version: action.value.version,
+                succeeded: action.value.status == ActionStatus::Succeeded,
+                result: action
+                    .value
+                    .result
+                    .as_ref()
+                    .map(|r| r.content.clone())
+                    .unwrap_or_default(),
+            },
+        };
+        if matches!(outcome, ToolOutcome::Unknown { .. }) {
+            tracing::warn!(key = %action.value.key(), "outcome unknown; held for reconciliation");
+        }
+        let (tenant, run_id) = (action.value.tenant.clone(), action.value.run_id.clone());
+        let (pk, sk) = (
+            keys::run_pk(&tenant, &run_id),
+            keys::action_sk(&action.value.id, action.value.version),
+        );
+        for _ in 0..CAS_ATTEMPTS {
+            let mut tx = Tx::new();
+            tx.update(
+                pk.clone(),
+                sk.clone(),
+                action_index(&action.value),
+                &action.value,
+                action.ver,
+            );
+            tx.audit(
+                &tenant,
+                entry(&run_id, Actor::system("resume"), event.clone(), now),
+            );
+            if action.value.status == ActionStatus::Unknown
+                || !run.value.is_waiting_on(&action.value.id)
+            {
+                // The run waits for reconciliation, or moved on (cancelled): record the action alone.
+                self.commit(tx).await?;
+                let report = match action.value.status {
+                    ActionStatus::Unknown => ResumeReport::Unknown {
+                        key: action.value.key(),
+                    },
+                    _ => ResumeReport::Ignored {
+                        reason: format!("run is {}", run.value.status),
+                    },
+                };
+                return Ok((report, vec![]));
+            }
+            match self.hold_result_in(&mut tx, &mut run, &action.value) {
+                Err(error) => return Err(error),
+                Ok(continues) => match self.commit(tx).await {
+                    Ok(outbox) => return self.after_hold(run, continues, outbox).await,
+                    Err(StoreError::ConditionFailed { failed }) if !failed.contains(&0) => {
+                        // Another call of the same turn settled first: read the run again.
+                        run = self.reload_run(&run.value).await?;
+                    }
+                    Err(StoreError::ConditionFailed { .. }) => {
+                        return Ok(ignored("another worker recorded this action"));
+                    }
+                    Err(error) => return Err(error.into()),
+                },
+            }
+        }
+        Err(EngineError::Contended)
+    }
+
+    /// Holds the told result of a settled action with its run, continuing the run if the turn
+    /// is complete.
+    async fn hold_result(
+        &self,
+        mut run: Stored<Run>,
+        action: &Action,
+    ) -> Result<(ResumeReport, Vec<OutboxEntry>), EngineError> {
+        for _ in 0..CAS_ATTEMPTS {
+            if !run.value.is_waiting_on(&action.id) {
+                return Ok(ignored("the run already holds this result"));
+            }
+            let mut tx = Tx::new();
+            let continues = self.hold_result_in(&mut tx, &mut run, action)?;
+            match self.commit(tx).await {
+                Ok(outbox) => return self.after_hold(run, continues, outbox).await,
+                Err(StoreError::ConditionFailed { .. }) => {
+                    run = self.reload_run(&run.value).await?
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
+        Err(EngineError::Contended)
+    }
+
+    /// Adds the run's update to `tx`: the result held, and the run resumed if that completes its
+    /// turn. Returns whether the run continues.
+    fn hold_result_in(
+        &self,
+        tx: &mut Tx,
+        run: &mut Stored<Run>,
+        action: &Action,
+    ) -> Result<bool, EngineError> {
+        let now = self.now();
+        let result = action
+            .result
+            .clone()
+            .ok_or_else(|| EngineError::Corrupt(format!("{} has no result", action.key())))?;
+        let mut updated = run.value.clone();
+        updated
+            .settle(&action.id, result, now)
+            .map_err(|e| EngineError::Corrupt(e.to_string()))?;
+        let continues = updated.turn_is_complete();
+        if continues {
+            let results = updated.paused.as_ref().map_or(0, |t| t.calls.len());
+            updated
+                .resume(now)
+                .map_err(|e| EngineError::Corrupt(e.to_string()))?;
+            tx.audit(
+                &updated.tenant,
+                entry(
+                    &updated.id,
+                    Actor::system("resume"),
+                    AuditEvent::Resumed { results },
+                    now,
+                ),
+            );
+        }
+        tx.update(
+            keys::run_pk(&updated.tenant, &updated.id),
+            keys::RUN_SK.into(),
+            None,
+            &updated,
+            run.ver,
+        );
+        run.value = updated;
+        Ok(continues)
+    }
+
+    async fn after_hold(
+        &self,
+        run: Stored<Run>,
+        continues: bool,
+        mut outbox: Vec<OutboxEntry>,
+    ) -> Result<(ResumeReport, Vec<OutboxEntry>), EngineError> {
+        let run = Stored {
+            value: run.value,
+            ver: run.ver + 1,
+        };
+        if !continues {
+            let waiting = self.pending_of_run(&run.value).await?;
+            return Ok((
+                ResumeReport::Held {
+                    run: RunReport::of(&run.value, waiting),
+                },
+                outbox,
+            ));
+        }
+        let (report, more) = self.drive(run).await?;
+        outbox.extend(more);
+        Ok((ResumeReport::Continued { run: report }, outbox))
+    }
+
+    async fn reload_run(&self, run: &Run) -> Result<Stored<Run>, EngineError> {
+        self.load_run(&run.tenant, &run.id)
+            .await?
+            .ok_or_else(|| EngineError::not_found(format!("run {}", run.id)))
+    }
+}

@@ -1,0 +1,201 @@
+//! The sweep: expires overdue approvals, delivers outbox stragglers, and reconciles actions whose
+//! outcome is unknown. Bounded work per call; safe to run twice at once (every write is a CAS).
+
+use chrono::Duration;
+use serde::Serialize;
+
+use super::agent::{STALE_EXECUTION, reconcile_key};
+use super::records::{OutboxEntry, Stored, Tx, decode, keys};
+use super::{Delivery, Engine, EngineError};
+use crate::domain::action::{Action, ActionStatus, ToolOutcome};
+use crate::domain::approval::Approval;
+use crate::domain::identity::Actor;
+use crate::domain::ids::{ApprovalId, TenantId};
+use crate::ports::store::{StoreError, query_all};
+use crate::ports::tools::ToolCall;
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct SweepReport {
+    pub expired: Vec<ApprovalId>,
+    /// Outbox entries found undelivered and delivered again.
+    pub redelivered: usize,
+    /// `action_id:version` of actions whose outcome the tool settled.
+    pub reconciled: Vec<String>,
+    /// Actions still without a definite outcome.
+    pub unknown: Vec<String>,
+}
+
+/// How long an outbox entry may wait for its writer before the sweep delivers it instead.
+const OUTBOX_GRACE: Duration = Duration::seconds(30);
+/// How long to wait before asking a tool again about an unknown outcome.
+const RECHECK: Duration = Duration::minutes(5);
+
+impl Engine {
+    /// One sweep, touching at most `budget` items of each kind.
+    pub async fn sweep(&self, budget: usize) -> Result<SweepReport, EngineError> {
+        let span = tracing::info_span!("sweep");
+        let _enter = span.enter();
+        let mut report = SweepReport::default();
+        let budget = budget.max(1);
+
+        let tenants = query_all(self.store.as_ref(), keys::TENANTS_PK, "TENANT#").await?;
+        let mut outbox = Vec::new();
+        for item in &tenants {
+            let tenant = decode::<TenantId>(item)?.value;
+            let left = budget.saturating_sub(report.expired.len());
+            if left == 0 {
+                break;
+            }
+            self.expire_overdue(&tenant, left, &mut report, &mut outbox)
+                .await?;
+        }
+        self.deliver(outbox).await;
+
+        let grace = match self.delivery {
+            Delivery::InProcess => Duration::zero(),
+            Delivery::Queue(_) => OUTBOX_GRACE,
+        };
+        let until = keys::due_until(self.now() - grace);
+        let page = self
+            .store
+            .query_index(keys::OUTBOX_INDEX, "", &until, None, budget)
+            .await?;
+        let stragglers: Vec<OutboxEntry> = page
+            .items
+            .iter()
+            .map(|i| decode(i).map(|s| s.value))
+            .collect::<Result<_, _>>()?;
+        report.redelivered = stragglers.len();
+        self.deliver(stragglers).await;
+
+        let until = keys::due_until(self.now());
+        let page = self
+            .store
+            .query_index(keys::RECONCILE_INDEX, "", &until, None, budget)
+            .await?;
+        for item in &page.items {
+            let action = decode::<Action>(item)?;
+            self.reconcile(action, &mut report).await?;
+        }
+        if !report.expired.is_empty() || report.redelivered > 0 || !report.reconciled.is_empty() {
+            tracing::info!(
+                expired = report.expired.len(),
+                redelivered = report.redelivered,
+                reconciled = report.reconciled.len(),
+                "swept"
+            );
+        }
+        Ok(report)
+    }
+
+    async fn expire_overdue(
+        &self,
+        tenant: &TenantId,
+        budget: usize,
+        report: &mut SweepReport,
+        outbox: &mut Vec<OutboxEntry>,
+    ) -> Result<(), EngineError> {
+        let now = self.now();
+        let page = self
+            .store
+            .query_index(
+                &keys::pending_index(tenant),
+                "",
+                &keys::due_until(now),
+                None,
+                budget,
+            )
+            .await?;
+        for item in &page.items {
+            let mut approval: Stored<Approval> = decode(item)?;
+            if !approval.value.expire(now) {
+                continue;
+            }
+            let mut tx = Tx::new();
+            self.write_expiry(
+                &mut tx,
+                &approval.value,
+                approval.ver,
+                Actor::system("sweep"),
+                now,
+            );
+            match self.commit(tx).await {
+                Ok(entries) => {
+                    self.unschedule_wakeups(&approval.value).await;
+                    report.expired.push(approval.value.id.clone());
+                    outbox.extend(entries);
+                }
+                // Decided or expired by someone else in the meantime.
+                Err(StoreError::ConditionFailed { .. }) => {}
+                Err(error) => return Err(error.into()),
+            }
+            approval.ver += 1;
+        }
+        Ok(())
+    }
+
+    /// Asks the tool what became of an unknown (or long-executing) call. Never calls it again.
+    async fn reconcile(
+        &self,
+        mut action: Stored<Action>,
+        report: &mut SweepReport,
+    ) -> Result<(), EngineError> {
+        let key = action.value.key();
+        let answer = match self.tools.get(&action.value.tool) {
+            Some(tool) => {
+                let call = ToolCall {
+                    tenant: &action.value.tenant,
+                    run_id: &action.value.run_id,
+                    args: &action.value.args,
+                    idempotency_key: &key,
+                };
+                tool.reconcile(call).await
+            }
+            None => None,
+        };
+        let now = self.now();
+        let run = self
+            .load_run(&action.value.tenant, &action.value.run_id)
+            .await?;
+        match (answer, run) {
+            (
+                Some(outcome @ (ToolOutcome::Succeeded { .. } | ToolOutcome::Failed { .. })),
+                Some(run),
+            ) => {
+                let (_, outbox) = self.record_outcome(run, action, outcome, true).await?;
+                self.deliver(outbox).await;
+                report.reconciled.push(key);
+            }
+            (_, Some(run)) if action.value.status == ActionStatus::Executing => {
+                let detail = format!(
+                    "no outcome was recorded within {} minutes",
+                    STALE_EXECUTION.num_minutes()
+                );
+                self.record_outcome(run, action, ToolOutcome::Unknown { detail }, false)
+                    .await?;
+                report.unknown.push(key);
+            }
+            _ => {
+                // Still unknown: ask again later.
+                let mut tx = Tx::new();
+                let (pk, sk) = (
+                    keys::run_pk(&action.value.tenant, &action.value.run_id),
+                    keys::action_sk(&action.value.id, action.value.version),
+                );
+                tx.update(
+                    pk,
+                    sk,
+                    Some(reconcile_key(&action.value, now + RECHECK)),
+                    &action.value,
+                    action.ver,
+                );
+                if let Err(error) = self.commit(tx).await {
+                    tracing::debug!(%error, %key, "someone else moved this action");
+                }
+                action.ver += 1;
+                report.unknown.push(key);
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,13 @@
+//! Countersign's engine: durable human sign-off for an AI agent's risky tool calls.
+//!
+//! - [`domain`]: pure types and rules (runs, actions, approvals, policy, audit).
+//! - [`engine`]: the use cases, written once on top of the ports.
+//! - [`ports`]: the small traits the engine needs (store, model, tools, queue, scheduler, clock).
+//! - [`adapters`]: the ports on real things (SQLite, the Anthropic API, AWS).
+//! - [`example`]: the expense agent shipped with Countersign.
+
+pub mod adapters;
+pub mod domain;
+pub mod engine;
+pub mod example;
+pub mod ports;

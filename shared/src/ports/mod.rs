@@ -1,0 +1,8 @@
+//! Ports: the small traits the engine needs from the world. Adapters implement them.
+
+pub mod clock;
+pub mod model;
+pub mod queue;
+pub mod scheduler;
+pub mod store;
+pub mod tools;

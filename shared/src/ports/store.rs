@@ -1,0 +1,155 @@
+//! The conditional item store: the one storage port the engine writes every transition on.
+//! DynamoDB (one table) and SQLite (one table) both implement it with the same semantics.
+
+use async_trait::async_trait;
+
+/// A key in the sparse secondary index: only items that carry one appear in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IndexKey {
+    pub pk: String,
+    pub sk: String,
+}
+
+/// One stored item. `ver` is the item's version for compare-and-set; `body` is JSON.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Item {
+    pub pk: String,
+    pub sk: String,
+    pub gsi1: Option<IndexKey>,
+    pub ver: u64,
+    pub body: String,
+}
+
+/// What must hold for one write of a transaction to apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Condition {
+    Always,
+    NotExists,
+    VersionIs(u64),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Write {
+    Put {
+        item: Item,
+        condition: Condition,
+    },
+    Delete {
+        pk: String,
+        sk: String,
+        condition: Condition,
+    },
+}
+
+impl Write {
+    pub fn key(&self) -> (&str, &str) {
+        match self {
+            Write::Put { item, .. } => (&item.pk, &item.sk),
+            Write::Delete { pk, sk, .. } => (pk, sk),
+        }
+    }
+
+    pub fn condition(&self) -> Condition {
+        match self {
+            Write::Put { condition, .. } | Write::Delete { condition, .. } => *condition,
+        }
+    }
+}
+
+/// One page of a query, in key order. `next` resumes after the last item; `None` means the end.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Page {
+    pub items: Vec<Item>,
+    pub next: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// Nothing was written; `failed` lists the index of each write whose condition did not hold.
+    #[error("a condition did not hold (writes {failed:?}); nothing was written")]
+    ConditionFailed { failed: Vec<usize> },
+    /// Another transaction touched the same items at the same moment; trying again may succeed.
+    #[error("the store is busy with a conflicting transaction")]
+    Contended,
+    #[error("the request was not valid: {0}")]
+    Invalid(String),
+    #[error("the store is unavailable: {0}")]
+    Unavailable(String),
+}
+
+#[async_trait]
+pub trait ItemStore: Send + Sync {
+    async fn get(&self, pk: &str, sk: &str) -> Result<Option<Item>, StoreError>;
+
+    /// Items of one partition whose sort key starts with `sk_prefix`, in sort key order.
+    async fn query(
+        &self,
+        pk: &str,
+        sk_prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Page, StoreError>;
+
+    /// Items of the sparse index under `pk` with `from <= gsi1.sk <= to`, in index order.
+    async fn query_index(
+        &self,
+        pk: &str,
+        from: &str,
+        to: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Page, StoreError>;
+
+    /// All writes apply, or none do. At most 100 writes, each on a different item.
+    async fn transact(&self, writes: Vec<Write>) -> Result<(), StoreError>;
+}
+
+/// The most writes one transaction may hold (DynamoDB's TransactWriteItems limit).
+pub const MAX_WRITES: usize = 100;
+
+/// Checks what every adapter refuses before it writes anything.
+pub fn check_transaction(writes: &[Write]) -> Result<(), StoreError> {
+    if writes.is_empty() {
+        return Err(StoreError::Invalid(
+            "a transaction needs at least one write".into(),
+        ));
+    }
+    if writes.len() > MAX_WRITES {
+        return Err(StoreError::Invalid(format!(
+            "{} writes, more than {MAX_WRITES}",
+            writes.len()
+        )));
+    }
+    let mut keys: Vec<(&str, &str)> = writes.iter().map(Write::key).collect();
+    keys.sort();
+    if let Some(w) = keys.windows(2).find(|w| w[0] == w[1]) {
+        return Err(StoreError::Invalid(format!(
+            "two writes to the same item {}/{}",
+            w[0].0, w[0].1
+        )));
+    }
+    Ok(())
+}
+
+/// Reads every page of a partition query.
+pub async fn query_all(
+    store: &dyn ItemStore,
+    pk: &str,
+    sk_prefix: &str,
+) -> Result<Vec<Item>, StoreError> {
+    let mut items = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let page = store.query(pk, sk_prefix, after.as_deref(), 1000).await?;
+        items.extend(page.items);
+        match page.next {
+            Some(next) => after = Some(next),
+            None => return Ok(items),
+        }
+    }
+}
+
+/// The first key greater than every key that starts with `prefix`, for range scans.
+pub fn prefix_end(prefix: &str) -> String {
+    format!("{prefix}\u{10FFFF}")
+}

@@ -1,0 +1,60 @@
+//! The tool port. Hard limits live inside each tool, so no approval can skip them.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use super::model::ToolSpec;
+use crate::domain::action::ToolOutcome;
+use crate::domain::args::Args;
+use crate::domain::ids::{RunId, TenantId};
+
+/// One call as the tool receives it. `idempotency_key` is `action_id:version`: the same key
+/// twice must never act twice.
+#[derive(Debug, Clone, Copy)]
+pub struct ToolCall<'a> {
+    pub tenant: &'a TenantId,
+    pub run_id: &'a RunId,
+    pub args: &'a Args,
+    pub idempotency_key: &'a str,
+}
+
+#[async_trait]
+pub trait Tool: Send + Sync {
+    fn spec(&self) -> ToolSpec;
+
+    async fn call(&self, call: ToolCall<'_>) -> ToolOutcome;
+
+    /// After an unknown outcome: did the call with this key take effect? `None` if the tool
+    /// cannot tell yet. The engine never calls `call` again for that key.
+    async fn reconcile(&self, call: ToolCall<'_>) -> Option<ToolOutcome> {
+        let _ = call;
+        None
+    }
+}
+
+/// The tools an agent may call, by name.
+#[derive(Clone, Default)]
+pub struct Toolbox {
+    tools: BTreeMap<String, Arc<dyn Tool>>,
+}
+
+impl Toolbox {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn with(mut self, tool: Arc<dyn Tool>) -> Self {
+        self.tools.insert(tool.spec().name, tool);
+        self
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
+        self.tools.get(name)
+    }
+
+    pub fn specs(&self) -> Vec<ToolSpec> {
+        self.tools.values().map(|t| t.spec()).collect()
+    }
+}
