@@ -1,0 +1,342 @@
+//! The expense tools. The hard limits live here, so no approval can skip them: never pay more
+//! than claimed, never settle a claim twice, the same `action_id:version` never acts twice.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+
+use super::claims::{Claim, Claims};
+use super::ledger::{Ledger, Recorded, Settlement, SettlementOutcome};
+use crate::domain::action::ToolOutcome;
+use crate::domain::money::Amount;
+use crate::domain::policy::Policy;
+use crate::ports::clock::Clock;
+use crate::ports::model::ToolSpec;
+use crate::ports::store::ItemStore;
+use crate::ports::tools::{Tool, ToolCall, Toolbox};
+
+/// What every expense tool reads from.
+#[derive(Clone)]
+struct Books {
+    claims: Arc<Claims>,
+    policy: Arc<Policy>,
+    ledger: Ledger,
+    clock: Arc<dyn Clock>,
+}
+
+/// The expense agent's five tools over one item store.
+pub fn toolbox(
+    claims: Arc<Claims>,
+    policy: Arc<Policy>,
+    store: Arc<dyn ItemStore>,
+    clock: Arc<dyn Clock>,
+) -> Toolbox {
+    let books = Books {
+        claims,
+        policy,
+        ledger: Ledger::new(store),
+        clock,
+    };
+    Toolbox::new()
+        .with(Arc::new(GetClaim(books.clone())))
+        .with(Arc::new(GetPolicy(books.clone())))
+        .with(Arc::new(FindSimilarClaims(books.clone())))
+        .with(Arc::new(Reimburse(books.clone())))
+        .with(Arc::new(Decline(books)))
+}
+
+fn failed(error: impl Into<String>) -> ToolOutcome {
+    ToolOutcome::Failed {
+        error: error.into(),
+    }
+}
+
+fn spec(name: &str, description: &str, properties: Value, required: &[&str]) -> ToolSpec {
+    ToolSpec {
+        name: name.into(),
+        description: description.into(),
+        input_schema: json!({"type": "object", "properties": properties, "required": required, "additionalProperties": false}),
+    }
+}
+
+impl Books {
+    /// The claim named by `claim_id`, if it belongs to the caller's tenant.
+    fn claim<'a>(&'a self, call: &ToolCall<'_>) -> Result<&'a Claim, ToolOutcome> {
+        let id = call
+            .args
+            .str("claim_id")
+            .ok_or_else(|| failed("claim_id is required"))?;
+        self.claims
+            .get(id)
+            .filter(|c| c.tenant == *call.tenant)
+            .ok_or_else(|| failed(format!("there is no claim {id}")))
+    }
+
+    async fn status(&self, claim: &Claim) -> Result<Value, ToolOutcome> {
+        let settled = self.ledger.get(&claim.tenant, &claim.id).await;
+        let settled = settled.map_err(|e| ToolOutcome::Unknown {
+            detail: e.to_string(),
+        })?;
+        Ok(match settled {
+            None => json!("open"),
+            Some(s) => match s.outcome {
+                SettlementOutcome::Paid { amount } => json!(format!("paid {amount}")),
+                SettlementOutcome::Declined { reason } => json!(format!("declined: {reason}")),
+            },
+        })
+    }
+
+    async fn describe(&self, claim: &Claim) -> Result<Value, ToolOutcome> {
+        let mut value = serde_json::to_value(claim).expect("claims serialize");
+        value["amount_cents"] = json!(claim.amount.cents());
+        value["status"] = self.status(claim).await?;
+        Ok(value)
+    }
+
+    /// Records a settlement; the same call again returns the first answer.
+    async fn settle(
+        &self,
+        call: &ToolCall<'_>,
+        claim: &Claim,
+        outcome: SettlementOutcome,
+        note: Option<String>,
+    ) -> ToolOutcome {
+        let settlement = Settlement {
+            claim_id: claim.id.clone(),
+            employee: claim.employee.clone(),
+            outcome,
+            idempotency_key: call.idempotency_key.to_string(),
+            run_id: call.run_id.clone(),
+            note,
+            at: self.clock.now(),
+        };
+        match self.ledger.record(call.tenant, settlement).await {
+            Ok(Recorded::New(s) | Recorded::Again(s)) => settled(&s),
+            Ok(Recorded::Taken(other)) => failed(format!(
+                "claim {} is already settled ({}) by {}; a claim is never settled twice",
+                claim.id,
+                describe_outcome(&other.outcome),
+                other.idempotency_key
+            )),
+            // The write may or may not have reached the ledger: say so, never guess.
+            Err(error) => ToolOutcome::Unknown {
+                detail: error.to_string(),
+            },
+        }
+    }
+
+    /// What became of the call with this key, read back from the ledger.
+    async fn reconcile(&self, call: &ToolCall<'_>) -> Option<ToolOutcome> {
+        let claim = self.claim(call).ok()?;
+        match self.ledger.get(call.tenant, &claim.id).await.ok()? {
+            Some(s) if s.idempotency_key == call.idempotency_key => Some(settled(&s)),
+            Some(other) => Some(failed(format!(
+                "claim {} was settled by {} instead",
+                claim.id, other.idempotency_key
+            ))),
+            None => Some(failed(format!(
+                "nothing was recorded for claim {}",
+                claim.id
+            ))),
+        }
+    }
+}
+
+fn describe_outcome(outcome: &SettlementOutcome) -> String {
+    match outcome {
+        SettlementOutcome::Paid { amount } => format!("paid {amount}"),
+        SettlementOutcome::Declined { reason } => format!("declined: {reason}"),
+    }
+}
+
+fn settled(s: &Settlement) -> ToolOutcome {
+    let result = match &s.outcome {
+        SettlementOutcome::Paid { amount } => {
+            json!({"claim_id": s.claim_id, "paid_cents": amount.cents(), "paid": amount.to_string(), "employee": s.employee})
+        }
+        SettlementOutcome::Declined { reason } => {
+            json!({"claim_id": s.claim_id, "declined": true, "reason": reason})
+        }
+    };
+    ToolOutcome::Succeeded { result }
+}
+
+struct GetClaim(Books);
+struct GetPolicy(Books);
+struct FindSimilarClaims(Books);
+struct Reimburse(Books);
+struct Decline(Books);
+
+#[async_trait]
+impl Tool for GetClaim {
+    fn spec(&self) -> ToolSpec {
+        let properties =
+            json!({"claim_id": {"type": "string", "description": "The claim id, such as c-101"}});
+        spec(
+            "get_claim",
+            "Reads one expense claim: employee, category, amount, date, merchant and whether it is settled.",
+            properties,
+            &["claim_id"],
+        )
+    }
+
+    async fn call(&self, call: ToolCall<'_>) -> ToolOutcome {
+        let claim = match self.0.claim(&call) {
+            Ok(claim) => claim,
+            Err(outcome) => return outcome,
+        };
+        match self.0.describe(claim).await {
+            Ok(result) => ToolOutcome::Succeeded { result },
+            Err(outcome) => outcome,
+        }
+    }
+}
+
+#[async_trait]
+impl Tool for GetPolicy {
+    fn spec(&self) -> ToolSpec {
+        let properties =
+            json!({"category": {"type": "string", "description": "taxi, lodging or meals"}});
+        spec(
+            "get_policy",
+            "Reads the company limit for one expense category, in cents, per claim or per night.",
+            properties,
+            &["category"],
+        )
+    }
+
+    async fn call(&self, call: ToolCall<'_>) -> ToolOutcome {
+        let Some(category) = call.args.str("category") else {
+            return failed("category is required");
+        };
+        let limit = &self.0.policy.context["limits"][category];
+        if limit.is_null() {
+            return failed(format!(
+                "the policy has no limit for {category}; it does not cover it"
+            ));
+        }
+        let mut result = limit.clone();
+        result["category"] = json!(category);
+        result["policy_version"] = json!(self.0.policy.version);
+        ToolOutcome::Succeeded { result }
+    }
+}
+
+#[async_trait]
+impl Tool for FindSimilarClaims {
+    fn spec(&self) -> ToolSpec {
+        let properties = json!({"claim_id": {"type": "string"}});
+        spec(
+            "find_similar_claims",
+            "Finds other claims by the same employee with the same category, amount and date, and whether each was settled.",
+            properties,
+            &["claim_id"],
+        )
+    }
+
+    async fn call(&self, call: ToolCall<'_>) -> ToolOutcome {
+        let claim = match self.0.claim(&call) {
+            Ok(claim) => claim,
+            Err(outcome) => return outcome,
+        };
+        let mut similar = Vec::new();
+        for other in self.0.claims.similar_to(claim) {
+            match self.0.describe(other).await {
+                Ok(value) => similar.push(value),
+                Err(outcome) => return outcome,
+            }
+        }
+        ToolOutcome::Succeeded {
+            result: json!({"claim_id": claim.id, "similar": similar}),
+        }
+    }
+}
+
+#[async_trait]
+impl Tool for Reimburse {
+    fn spec(&self) -> ToolSpec {
+        let properties = json!({
+            "claim_id": {"type": "string"},
+            "amount_cents": {"type": "integer", "minimum": 1, "description": "What to pay, in cents"},
+            "note": {"type": "string", "description": "Why this amount, for the employee"}
+        });
+        spec(
+            "reimburse",
+            "Pays an expense claim. Never more than claimed; a claim is paid at most once.",
+            properties,
+            &["claim_id", "amount_cents"],
+        )
+    }
+
+    async fn call(&self, call: ToolCall<'_>) -> ToolOutcome {
+        let claim = match self.0.claim(&call) {
+            Ok(claim) => claim,
+            Err(outcome) => return outcome,
+        };
+        let Some(amount) = call
+            .args
+            .int("amount_cents")
+            .and_then(|c| Amount::from_cents(c).ok())
+            .filter(|a| *a > Amount::ZERO)
+        else {
+            return failed("amount_cents must be a whole number of cents above zero");
+        };
+        if amount > claim.amount {
+            return failed(format!(
+                "{amount} is more than the {} claimed; never pay more than claimed",
+                claim.amount
+            ));
+        }
+        let note = call.args.str("note").map(str::to_string);
+        self.0
+            .settle(&call, claim, SettlementOutcome::Paid { amount }, note)
+            .await
+    }
+
+    async fn reconcile(&self, call: ToolCall<'_>) -> Option<ToolOutcome> {
+        self.0.reconcile(&call).await
+    }
+}
+
+#[async_trait]
+impl Tool for Decline {
+    fn spec(&self) -> ToolSpec {
+        let properties = json!({"claim_id": {"type": "string"}, "reason": {"type": "string", "description": "Why, for the employee"}});
+        spec(
+            "decline",
+            "Declines an expense claim with a reason. A settled claim cannot be declined.",
+            properties,
+            &["claim_id", "reason"],
+        )
+    }
+
+    async fn call(&self, call: ToolCall<'_>) -> ToolOutcome {
+        let claim = match self.0.claim(&call) {
+            Ok(claim) => claim,
+            Err(outcome) => return outcome,
+        };
+        let Some(reason) = call
+            .args
+            .str("reason")
+            .map(str::trim)
+            .filter(|r| !r.is_empty())
+        else {
+            return failed("a decline needs a reason");
+        };
+        self.0
+            .settle(
+                &call,
+                claim,
+                SettlementOutcome::Declined {
+                    reason: reason.to_string(),
+                },
+                None,
+            )
+            .await
+    }
+
+    async fn reconcile(&self, call: ToolCall<'_>) -> Option<ToolOutcome> {
+        self.0.reconcile(&call).await
+    }
+}
