@@ -1,1 +1,247 @@
-fn main() {}
+//! `countersign`: the embedded local mode's command line.
+
+mod cli;
+mod fail;
+mod local;
+mod render;
+
+use std::io::Write as _;
+use std::process::ExitCode;
+
+use clap::Parser;
+use serde_json::{Value, json};
+use shared::domain::approval::{Choice, DecisionRequest};
+use shared::domain::ids::{ActionVersion, ApprovalId, DecisionId, RunId};
+use shared::example::expense;
+
+use cli::{Cli, Command, Review};
+use fail::Failure;
+use local::Local;
+
+/// What a command prints: text for people, one JSON object for `--json`.
+struct Output {
+    text: String,
+    json: Value,
+}
+
+fn json_of<T: serde::Serialize>(value: &T) -> Value {
+    serde_json::to_value(value).expect("reports serialize")
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+
+    let json = cli.global.json;
+    match run(cli).await {
+        Ok(output) => {
+            let mut stdout = std::io::stdout().lock();
+            let _ = match json {
+                true => writeln!(stdout, "{}", output.json),
+                false => write!(stdout, "{}", output.text),
+            };
+            ExitCode::SUCCESS
+        }
+        Err(failure) => {
+            if json {
+                println!(
+                    "{}",
+                    json!({"error": {"code": failure.code, "message": failure.message}})
+                );
+            }
+            eprintln!("error: {}", failure.message);
+            ExitCode::from(failure.exit as u8)
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<Output, Failure> {
+    let local = Local::open(&cli.global)?;
+    match cli.command {
+        Command::Agent { claim, ttl } => {
+            let mut start = expense::task_for(&local.claims, &claim)?;
+            start.approval_ttl = ttl;
+            let report = local.engine.start(start).await?;
+            Ok(Output {
+                text: render::run(&report),
+                json: json_of(&report),
+            })
+        }
+        Command::Review {
+            action: None,
+            person,
+        } => {
+            let tenants = match person {
+                Some(name) => vec![local.identify(&name)?.tenant],
+                None => local.tenants().await?,
+            };
+            let mut approvals = Vec::new();
+            for tenant in &tenants {
+                approvals.extend(local.engine.pending(tenant).await?);
+            }
+            approvals.sort_by_key(|a| a.expires_at);
+            let now = local.engine.now();
+            Ok(Output {
+                text: render::pending(&approvals, now),
+                json: json!({"approvals": approvals, "now": now}),
+            })
+        }
+        Command::Review {
+            action: Some(Review::Expire),
+            ..
+        } => {
+            let report = local.engine.sweep(1_000).await?;
+            let mut text = String::new();
+            let mut runs = Vec::new();
+            for approval_id in &report.expired {
+                for tenant in local.tenants().await? {
+                    if let Ok(approval) = local.engine.approval(&tenant, approval_id).await {
+                        let run = local.engine.run(&tenant, &approval.run_id).await?;
+                        text.push_str(&format!(
+                            "expired {approval_id} ({} version {})\n",
+                            approval.tool, approval.action_version
+                        ));
+                        let report = shared::engine::RunReport {
+                            run_id: run.id.clone(),
+                            tenant: run.tenant.clone(),
+                            status: run.status,
+                            answer: run.answer.clone(),
+                            error: run.error.clone(),
+                            approvals: vec![],
+                        };
+                        text.push_str(&render::run(&report));
+                        runs.push(report);
+                    }
+                }
+            }
+            if report.expired.is_empty() {
+                text.push_str("Nothing was overdue.\n");
+            }
+            Ok(Output {
+                text,
+                json: json!({"sweep": report, "runs": runs}),
+            })
+        }
+        Command::Review {
+            action: Some(review),
+            ..
+        } => decide(&local, review).await,
+        Command::Cancel { run, person } => {
+            let who = local.identify(&person)?;
+            let report = local.engine.cancel(&who, &RunId::parse(&run)?).await?;
+            let text = format!("[{}] cancelled by {}\n", report.run_id, who.person);
+            Ok(Output {
+                text,
+                json: json_of(&report),
+            })
+        }
+        Command::Audit { id } => {
+            let mut found = None;
+            for tenant in local.tenants().await? {
+                let history = if id.starts_with(ApprovalId::PREFIX) {
+                    local
+                        .engine
+                        .history_of_approval(&tenant, &ApprovalId::parse(&id)?)
+                        .await
+                } else {
+                    local.engine.history(&tenant, &RunId::parse(&id)?).await
+                };
+                match history {
+                    Ok(history) => {
+                        found = Some(history);
+                        break;
+                    }
+                    Err(e) if e.code() == "not_found" => continue,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            let history =
+                found.ok_or_else(|| Failure::from(shared::engine::EngineError::not_found(&id)))?;
+            Ok(Output {
+                text: render::history(&history),
+                json: json_of(&history),
+            })
+        }
+        Command::Ledger => {
+            let mut settlements = Vec::new();
+            for tenant in local.tenants().await? {
+                settlements.extend(
+                    local
+                        .ledger
+                        .all(&tenant)
+                        .await
+                        .map_err(shared::engine::EngineError::from)?,
+                );
+            }
+            let (payments, declined): (Vec<_>, Vec<_>) = settlements
+                .into_iter()
+                .partition(|s| matches!(s.outcome, expense::SettlementOutcome::Paid { .. }));
+            let text = render::ledger(&payments, &declined);
+            Ok(Output {
+                text,
+                json: json!({"payments": payments, "declined": declined}),
+            })
+        }
+    }
+}
+
+async fn decide(local: &Local, review: Review) -> Result<Output, Failure> {
+    let (approval, person, submission, choice) = match review {
+        Review::Approve {
+            approval,
+            person,
+            submission,
+        } => (approval, person, submission, Choice::Approve),
+        Review::Edit {
+            approval,
+            amount,
+            note,
+            person,
+            submission,
+        } => (approval, person, submission, Choice::Edit { amount, note }),
+        Review::Reject {
+            approval,
+            reason,
+            person,
+            submission,
+        } => (approval, person, submission, Choice::Reject { reason }),
+        Review::Expire => unreachable!("handled by the caller"),
+    };
+    let approval_id = ApprovalId::parse(&approval)?;
+    let who = local.identify(&person)?;
+    let action_version = match submission.version {
+        Some(v) => ActionVersion::new(v)?,
+        // The approval id names one action version; deciding it by id decides that version.
+        None => {
+            local
+                .engine
+                .approval(&who.tenant, &approval_id)
+                .await?
+                .action_version
+        }
+    };
+    let decision_id = match submission.decision_id {
+        Some(id) => DecisionId::parse(&id)?,
+        None => DecisionId::parse(&format!(
+            "cli-{}",
+            ApprovalId::generate().as_str().trim_start_matches("ap-")
+        ))?,
+    };
+    let request = DecisionRequest {
+        decision_id,
+        action_version,
+        choice,
+    };
+    let report = local.engine.decide(&who, &approval_id, request).await?;
+    Ok(Output {
+        text: render::decision(&report),
+        json: json_of(&report),
+    })
+}

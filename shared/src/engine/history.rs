@@ -77,7 +77,7 @@ impl Engine {
             }
         }
         let run = run.ok_or_else(|| EngineError::not_found(format!("run {id}")))?;
-        actions.sort_by(|a, b| (a.proposed_at, a.version).cmp(&(b.proposed_at, b.version)));
+        actions.sort_by_key(|a| (a.proposed_at, a.version));
         let mut approvals = Vec::new();
         for approval_id in actions.iter().filter_map(|a| a.approval_id.as_ref()) {
             if let Some(stored) = self.load_approval(tenant, approval_id).await? {
@@ -139,10 +139,10 @@ impl Engine {
             else {
                 continue;
             };
-            if let Some(approval) = self.load_approval(&run.tenant, &approval_id).await? {
-                if approval.value.status == ApprovalStatus::AwaitingApproval {
-                    open.push(approval);
-                }
+            if let Some(approval) = self.load_approval(&run.tenant, &approval_id).await?
+                && approval.value.status == ApprovalStatus::AwaitingApproval
+            {
+                open.push(approval);
             }
         }
         Ok(open)

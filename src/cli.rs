@@ -1,0 +1,135 @@
+//! The command line: every command is its own process over the same state directory.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "countersign",
+    version,
+    about = "Durable human sign-off for an AI agent's risky tool calls",
+    after_help = "The state lives in one SQLite file under --state (default ./state). \
+                  Set ANTHROPIC_API_KEY to drive the agent with Claude; without it an offline model plays the expense agent."
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: Global,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Args)]
+pub struct Global {
+    /// The state directory (the embedded store lives here).
+    #[arg(
+        long,
+        global = true,
+        env = "COUNTERSIGN_STATE",
+        default_value = "state"
+    )]
+    pub state: PathBuf,
+    /// Print one JSON object on stdout instead of text.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// A policy file to use instead of the shipped expense policy.
+    #[arg(long, global = true, env = "COUNTERSIGN_POLICY")]
+    pub policy: Option<PathBuf>,
+    /// A people directory to use instead of the shipped one.
+    #[arg(long, global = true, env = "COUNTERSIGN_PEOPLE")]
+    pub people: Option<PathBuf>,
+    /// A claims file to use instead of the shipped example claims.
+    #[arg(long, global = true, env = "COUNTERSIGN_CLAIMS")]
+    pub claims: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Start the expense agent on a claim.
+    Agent {
+        /// The claim to process, such as c-102.
+        claim: String,
+        /// Time a reviewer has to decide, overriding the policy (such as 30m, 2h, 0s).
+        #[arg(long, value_parser = parse_duration)]
+        ttl: Option<std::time::Duration>,
+    },
+    /// List what waits for a decision, or decide.
+    Review {
+        #[command(subcommand)]
+        action: Option<Review>,
+        /// Only what waits in this person's organisation.
+        #[arg(long = "as", value_name = "NAME")]
+        person: Option<String>,
+    },
+    /// Cancel a run; its open approvals are cancelled with it.
+    Cancel {
+        run: String,
+        #[arg(long = "as", value_name = "NAME")]
+        person: String,
+    },
+    /// The full history of a run, or of the run an approval belongs to.
+    Audit {
+        /// A run id (run-…) or an approval id (ap-…).
+        id: String,
+    },
+    /// Claims paid and declined.
+    Ledger,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Review {
+    /// Approve the exact call an approval shows.
+    Approve {
+        approval: String,
+        #[arg(long = "as", value_name = "NAME")]
+        person: String,
+        #[command(flatten)]
+        submission: Submission,
+    },
+    /// Approve a lower amount: the call gets a new version, which policy evaluates again.
+    Edit {
+        approval: String,
+        /// The new amount in dollars, such as 200 or 199.50. It must be lower.
+        #[arg(long, value_parser = parse_amount)]
+        amount: shared::domain::money::Amount,
+        /// Why, for the record.
+        #[arg(long)]
+        note: Option<String>,
+        #[arg(long = "as", value_name = "NAME")]
+        person: String,
+        #[command(flatten)]
+        submission: Submission,
+    },
+    /// Reject the call; the agent is told and does not retry it.
+    Reject {
+        approval: String,
+        #[arg(long)]
+        reason: String,
+        #[arg(long = "as", value_name = "NAME")]
+        person: String,
+        #[command(flatten)]
+        submission: Submission,
+    },
+    /// Expire what nobody decided in time (the sweep), and deliver anything left undelivered.
+    Expire,
+}
+
+#[derive(Debug, Args)]
+pub struct Submission {
+    /// Makes the decision idempotent: the same id again returns the recorded outcome.
+    #[arg(long)]
+    pub decision_id: Option<String>,
+    /// The action version being decided; by default the version the approval is for.
+    #[arg(long)]
+    pub version: Option<u32>,
+}
+
+fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    humantime::parse_duration(text)
+        .map_err(|e| format!("{text:?} is not a duration like 30m, 2h or 0s: {e}"))
+}
+
+fn parse_amount(text: &str) -> Result<shared::domain::money::Amount, String> {
+    text.parse()
+        .map_err(|e: shared::domain::money::AmountError| e.to_string())
+}

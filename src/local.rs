@@ -1,0 +1,104 @@
+//! The embedded local mode: the engine over a SQLite file, the expense example, and the
+//! model named by the environment.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use shared::adapters::anthropic::AnthropicModel;
+use shared::adapters::sqlite::SqliteStore;
+use shared::domain::identity::{Directory, Identity};
+use shared::domain::policy::Policy;
+use shared::engine::records::{decode, keys};
+use shared::engine::{Engine, EngineError};
+use shared::example::expense::{self, Claims, Ledger, OfflineExpenseAgent};
+use shared::ports::clock::{Clock, SystemClock};
+use shared::ports::model::Model;
+use shared::ports::store::{ItemStore, query_all};
+
+use crate::cli::Global;
+use crate::fail::Failure;
+
+pub struct Local {
+    pub engine: Engine,
+    pub directory: Directory,
+    pub claims: Arc<Claims>,
+    pub ledger: Ledger,
+    store: Arc<dyn ItemStore>,
+}
+
+fn read(path: &Path, what: &str) -> Result<String, Failure> {
+    std::fs::read_to_string(path).map_err(|e| {
+        Failure::usage(format!(
+            "cannot read the {what} file {}: {e}",
+            path.display()
+        ))
+    })
+}
+
+/// The model: Claude when `ANTHROPIC_API_KEY` is set, otherwise the offline expense agent.
+pub fn model_from_env() -> Arc<dyn Model> {
+    match AnthropicModel::from_env() {
+        Some(model) => Arc::new(model),
+        None => Arc::new(OfflineExpenseAgent),
+    }
+}
+
+impl Local {
+    pub fn open(global: &Global) -> Result<Self, Failure> {
+        let policy = match &global.policy {
+            Some(path) => Arc::new(
+                Policy::from_toml(&read(path, "policy")?)
+                    .map_err(|e| Failure::usage(e.to_string()))?,
+            ),
+            None => expense::default_policy(),
+        };
+        let directory = match &global.people {
+            Some(path) => Directory::from_toml(&read(path, "people")?)
+                .map_err(|e| Failure::usage(e.to_string()))?,
+            None => expense::default_directory(),
+        };
+        let claims = match &global.claims {
+            Some(path) => Arc::new(
+                Claims::from_toml(&read(path, "claims")?)
+                    .map_err(|e| Failure::usage(e.to_string()))?,
+            ),
+            None => expense::default_claims(),
+        };
+        let store: Arc<dyn ItemStore> =
+            Arc::new(SqliteStore::open_dir(&global.state).map_err(EngineError::from)?);
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let tools = expense::toolbox(claims.clone(), policy.clone(), store.clone(), clock.clone());
+        let engine = Engine::builder(store.clone(), policy)
+            .model(model_from_env())
+            .tools(tools)
+            .system_prompt(expense::SYSTEM_PROMPT)
+            .clock(clock)
+            .build();
+        let ledger = Ledger::new(store.clone());
+        Ok(Self {
+            engine,
+            directory,
+            claims,
+            ledger,
+            store,
+        })
+    }
+
+    /// A person from the directory; anyone else is refused.
+    pub fn identify(&self, name: &str) -> Result<Identity, Failure> {
+        self.directory
+            .identify(name)
+            .map_err(|e| Failure::from(EngineError::from(e)))
+    }
+
+    /// Every tenant that has started a run, for views across the whole local deployment.
+    pub async fn tenants(&self) -> Result<Vec<shared::domain::ids::TenantId>, Failure> {
+        let items = query_all(self.store.as_ref(), keys::TENANTS_PK, "")
+            .await
+            .map_err(EngineError::from)?;
+        Ok(items
+            .iter()
+            .map(|i| decode(i).map(|s| s.value))
+            .collect::<Result<_, _>>()?)
+    }
+}
