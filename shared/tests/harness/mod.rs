@@ -1,0 +1,557 @@
+//! The scenario harness: a fresh store and clock per test, the expense example on top, and
+//! "another process" as a new engine over a new connection to the same store.
+//!
+//! The store is pluggable: a [`Backend`] knows where one test's store lives and opens it again.
+//! Only the embedded SQLite backend exists today; a DynamoDB backend (moto) plugs in the same way.
+
+// Each test binary uses a different part of the harness.
+#![allow(dead_code)]
+
+use std::ops::Deref;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use chrono::{DateTime, TimeZone, Utc};
+use shared::adapters::sqlite::SqliteStore;
+use shared::domain::action::ToolOutcome;
+use shared::domain::approval::{Approval, Choice, DecisionRequest};
+use shared::domain::audit::AuditEntry;
+use shared::domain::conversation::{Block, ToolResultText};
+use shared::domain::conversation::{Role as Speaker, StopReason};
+use shared::domain::identity::{Directory, Identity};
+use shared::domain::ids::{ActionVersion, DecisionId, RunId, TenantId};
+use shared::domain::money::Amount;
+use shared::domain::policy::Policy;
+use shared::domain::run::Run;
+use shared::engine::{Delivery, Engine, RunReport};
+use shared::example::expense::{
+    Claims, Ledger, OfflineExpenseAgent, SYSTEM_PROMPT, Settlement, default_claims,
+    default_directory, default_policy, task_for, toolbox,
+};
+use shared::ports::clock::ManualClock;
+use shared::ports::model::{Model, ModelError, ModelReply, ModelRequest, ToolSpec};
+use shared::ports::queue::{QueueError, ResumeMessage, ResumeQueue};
+use shared::ports::store::ItemStore;
+use shared::ports::tools::{Tool, ToolCall, Toolbox};
+
+/// Where one test's store lives. `connect` opens it again, as another process would: a new
+/// connection to the same data, never a handle shared with the first.
+#[async_trait]
+pub trait Backend: Send + Sync {
+    fn name(&self) -> &'static str;
+
+    async fn connect(&self) -> Arc<dyn ItemStore>;
+}
+
+/// The embedded store: one SQLite file in a directory of its own, removed after the test.
+pub struct Embedded {
+    dir: PathBuf,
+}
+
+impl Embedded {
+    pub fn fresh() -> Self {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let name = format!(
+            "countersign-scenario-{}-{}-{:016x}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed),
+            rand::random::<u64>()
+        );
+        Self {
+            dir: std::env::temp_dir().join(name),
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for Embedded {
+    fn name(&self) -> &'static str {
+        "embedded"
+    }
+
+    async fn connect(&self) -> Arc<dyn ItemStore> {
+        Arc::new(SqliteStore::open_dir(&self.dir).expect("the embedded store opens"))
+    }
+}
+
+impl Drop for Embedded {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Instantiates each scenario as a `#[tokio::test]` on one backend, in a module named after it.
+/// `on_backend!(embedded, harness::Embedded::fresh(), [scenario_a, scenario_b]);`
+macro_rules! on_backend {
+    ($module:ident, $backend:expr, [$($scenario:ident),* $(,)?]) => {
+        mod $module {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $scenario() {
+                    let harness = $crate::harness::Harness::new($backend).await;
+                    super::$scenario(&harness).await;
+                }
+            )*
+        }
+    };
+}
+
+/// The moment every test's clock starts at.
+pub fn start_of_test() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 11, 10, 9, 0, 0).unwrap()
+}
+
+pub fn acme() -> TenantId {
+    TenantId::parse("acme").unwrap()
+}
+
+/// One test: a store, a clock every process reads, and the expense example's data.
+pub struct Harness {
+    backend: Box<dyn Backend>,
+    pub clock: Arc<ManualClock>,
+    pub policy: Arc<Policy>,
+    pub claims: Arc<Claims>,
+    pub directory: Directory,
+}
+
+/// One process: an engine over its own connection to the test's store.
+pub struct Process {
+    pub engine: Engine,
+    pub store: Arc<dyn ItemStore>,
+}
+
+impl Deref for Process {
+    type Target = Engine;
+
+    fn deref(&self) -> &Engine {
+        &self.engine
+    }
+}
+
+impl Harness {
+    pub async fn new(backend: impl Backend + 'static) -> Self {
+        Self {
+            backend: Box::new(backend),
+            clock: Arc::new(ManualClock::new(start_of_test())),
+            policy: default_policy(),
+            claims: default_claims(),
+            directory: default_directory(),
+        }
+    }
+
+    pub fn backend(&self) -> &str {
+        self.backend.name()
+    }
+
+    /// A new process running the shipped expense agent.
+    pub async fn process(&self) -> Process {
+        self.process_with(|tools| tools, Delivery::InProcess).await
+    }
+
+    /// A new process whose expense tools are adjusted (a tool wrapped or replaced), delivering
+    /// resume messages as told.
+    pub async fn process_with(
+        &self,
+        adjust: impl FnOnce(Toolbox) -> Toolbox,
+        delivery: Delivery,
+    ) -> Process {
+        self.process_of(Arc::new(OfflineExpenseAgent), adjust, delivery)
+            .await
+    }
+
+    /// A new process whose model follows a script instead of the expense agent.
+    pub async fn scripted_process(&self, script: Script) -> Process {
+        self.process_of(Arc::new(script), |tools| tools, Delivery::InProcess)
+            .await
+    }
+
+    pub async fn process_of(
+        &self,
+        model: Arc<dyn Model>,
+        adjust: impl FnOnce(Toolbox) -> Toolbox,
+        delivery: Delivery,
+    ) -> Process {
+        let store = self.backend.connect().await;
+        let tools = toolbox(
+            self.claims.clone(),
+            self.policy.clone(),
+            store.clone(),
+            self.clock.clone(),
+        );
+        let engine = Engine::builder(store.clone(), self.policy.clone())
+            .model(model)
+            .tools(adjust(tools))
+            .system_prompt(SYSTEM_PROMPT)
+            .clock(self.clock.clone())
+            .delivery(delivery)
+            .build();
+        Process { engine, store }
+    }
+
+    /// A person as authentication names them today, from the shipped directory.
+    pub fn person(&self, name: &str) -> Identity {
+        self.directory.identify(name).expect("a known person")
+    }
+
+    /// Starts the agent on one claim and returns where it stopped.
+    pub async fn start(&self, engine: &Engine, claim: &str) -> RunReport {
+        let task = task_for(&self.claims, claim).expect("a known claim");
+        engine.start(task).await.expect("the run starts")
+    }
+
+    /// Starts the agent on a claim and expects it to pause on exactly one approval.
+    pub async fn start_paused(&self, engine: &Engine, claim: &str) -> (RunReport, Approval) {
+        let report = self.start(engine, claim).await;
+        assert_eq!(
+            report.approvals.len(),
+            1,
+            "{claim} should pause on one approval: {report:?}"
+        );
+        let approval = report.approvals[0].clone();
+        (report, approval)
+    }
+
+    /// The payments in the ledger, read through a connection of their own.
+    pub async fn payments(&self) -> Vec<Settlement> {
+        let store = self.backend.connect().await;
+        Ledger::new(store)
+            .payments(&acme())
+            .await
+            .expect("the ledger reads")
+    }
+
+    pub async fn run(&self, engine: &Engine, id: &RunId) -> Run {
+        engine.run(&acme(), id).await.expect("the run exists")
+    }
+}
+
+pub fn decision(id: &str, version: ActionVersion, choice: Choice) -> DecisionRequest {
+    DecisionRequest {
+        decision_id: DecisionId::parse(id).unwrap(),
+        action_version: version,
+        choice,
+    }
+}
+
+pub fn approve(id: &str) -> DecisionRequest {
+    decision(id, ActionVersion::FIRST, Choice::Approve)
+}
+
+pub fn reject(id: &str, reason: &str) -> DecisionRequest {
+    decision(
+        id,
+        ActionVersion::FIRST,
+        Choice::Reject {
+            reason: reason.into(),
+        },
+    )
+}
+
+pub fn edit(id: &str, dollars: i64) -> DecisionRequest {
+    decision(
+        id,
+        ActionVersion::FIRST,
+        Choice::Edit {
+            amount: Amount::from_dollars(dollars),
+            note: None,
+        },
+    )
+}
+
+/// The resume message that wakes a run for one action version.
+pub fn resume_message(approval: &Approval) -> ResumeMessage {
+    ResumeMessage {
+        tenant: approval.tenant.clone(),
+        run_id: approval.run_id.clone(),
+        action_id: approval.action_id.clone(),
+        version: approval.action_version,
+    }
+}
+
+/// Paid amounts, in cents, with the call that paid each.
+pub fn paid(payments: &[Settlement]) -> Vec<(String, i64, String)> {
+    payments
+        .iter()
+        .map(|s| match &s.outcome {
+            shared::example::expense::SettlementOutcome::Paid { amount } => (
+                s.claim_id.clone(),
+                amount.cents(),
+                s.idempotency_key.clone(),
+            ),
+            other => panic!("not a payment: {other:?}"),
+        })
+        .collect()
+}
+
+/// What the model was told about its last call of `tool`.
+pub fn told_about(run: &Run, tool: &str) -> ToolResultText {
+    let ids: Vec<&str> = run
+        .messages
+        .iter()
+        .flat_map(|m| m.tool_uses())
+        .filter(|u| u.name == tool)
+        .map(|u| u.id)
+        .collect();
+    let id = ids
+        .last()
+        .unwrap_or_else(|| panic!("the model never called {tool}"));
+    run.messages
+        .iter()
+        .flat_map(|m| &m.content)
+        .find_map(|b| match b {
+            Block::ToolResult {
+                tool_use_id,
+                content,
+                is_error,
+            } if tool_use_id == id => Some(ToolResultText {
+                content: content.clone(),
+                is_error: *is_error,
+            }),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("the model was never told about its {tool} call"))
+}
+
+pub fn event_names(entries: &[AuditEntry]) -> Vec<&'static str> {
+    entries.iter().map(|e| e.event.name()).collect()
+}
+
+/// A tool that counts its calls and otherwise is the tool it wraps.
+pub struct Counted {
+    inner: Arc<dyn Tool>,
+    calls: Arc<AtomicUsize>,
+}
+
+impl Counted {
+    /// Wraps `name` in `tools`; the counter is shared, so several processes can count together.
+    pub fn wrap(tools: Toolbox, name: &str, calls: Arc<AtomicUsize>) -> Toolbox {
+        let inner = tools.get(name).expect("the tool exists").clone();
+        tools.with(Arc::new(Counted { inner, calls }))
+    }
+}
+
+#[async_trait]
+impl Tool for Counted {
+    fn spec(&self) -> ToolSpec {
+        self.inner.spec()
+    }
+
+    async fn call(&self, call: ToolCall<'_>) -> ToolOutcome {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.inner.call(call).await
+    }
+
+    async fn reconcile(&self, call: ToolCall<'_>) -> Option<ToolOutcome> {
+        self.inner.reconcile(call).await
+    }
+}
+
+/// A tool whose call takes effect but whose answer is lost: it always reports `Unknown`, and
+/// cannot tell afterwards either. Its calls are counted.
+pub struct AnswerLost {
+    inner: Arc<dyn Tool>,
+    calls: Arc<AtomicUsize>,
+}
+
+impl AnswerLost {
+    pub fn wrap(tools: Toolbox, name: &str, calls: Arc<AtomicUsize>) -> Toolbox {
+        let inner = tools.get(name).expect("the tool exists").clone();
+        tools.with(Arc::new(AnswerLost { inner, calls }))
+    }
+}
+
+#[async_trait]
+impl Tool for AnswerLost {
+    fn spec(&self) -> ToolSpec {
+        self.inner.spec()
+    }
+
+    async fn call(&self, call: ToolCall<'_>) -> ToolOutcome {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let _ = self.inner.call(call).await;
+        ToolOutcome::Unknown {
+            detail: "the connection dropped after the request was sent".into(),
+        }
+    }
+
+    async fn reconcile(&self, _: ToolCall<'_>) -> Option<ToolOutcome> {
+        None
+    }
+}
+
+/// A resume queue that only records what was published, for a test to deliver by hand.
+#[derive(Default)]
+pub struct RecordingQueue {
+    published: Mutex<Vec<ResumeMessage>>,
+}
+
+/// A resume queue that is down.
+pub struct QueueDown;
+
+#[async_trait]
+impl ResumeQueue for QueueDown {
+    async fn publish(&self, _: &ResumeMessage) -> Result<(), QueueError> {
+        Err(QueueError("the queue is down".into()))
+    }
+}
+
+impl RecordingQueue {
+    pub fn published(&self) -> Vec<ResumeMessage> {
+        self.published.lock().unwrap().clone()
+    }
+}
+
+#[async_trait]
+impl ResumeQueue for RecordingQueue {
+    async fn publish(&self, message: &ResumeMessage) -> Result<(), QueueError> {
+        self.published.lock().unwrap().push(message.clone());
+        Ok(())
+    }
+}
+
+/// A model that plays a fixed script: its nth reply is the nth turn, whatever it was told. Past
+/// the script it ends the run, quoting what it was last told.
+#[derive(Clone, Default)]
+pub struct Script {
+    turns: Vec<Vec<(String, serde_json::Value)>>,
+}
+
+impl Script {
+    /// The next turn proposes these calls, named `toolu_<turn>_<n>`.
+    pub fn then_call(mut self, calls: &[(&str, serde_json::Value)]) -> Self {
+        let calls = calls
+            .iter()
+            .map(|(name, input)| (name.to_string(), input.clone()))
+            .collect();
+        self.turns.push(calls);
+        self
+    }
+}
+
+#[async_trait]
+impl Model for Script {
+    fn name(&self) -> &str {
+        "scripted"
+    }
+
+    async fn respond(&self, request: ModelRequest<'_>) -> Result<ModelReply, ModelError> {
+        let turn = request
+            .messages
+            .iter()
+            .filter(|m| m.role == Speaker::Assistant)
+            .count();
+        let Some(calls) = self.turns.get(turn) else {
+            return Ok(ModelReply {
+                content: vec![Block::Text {
+                    text: "The script is over.".into(),
+                }],
+                stop_reason: StopReason::EndTurn,
+            });
+        };
+        let mut content = vec![Block::Text {
+            text: format!("Turn {turn} of the script."),
+        }];
+        content.extend(
+            calls
+                .iter()
+                .enumerate()
+                .map(|(n, (name, input))| Block::ToolUse {
+                    id: format!("toolu_{turn}_{n}"),
+                    name: name.clone(),
+                    input: input.clone(),
+                }),
+        );
+        Ok(ModelReply {
+            content,
+            stop_reason: StopReason::ToolUse,
+        })
+    }
+}
+
+/// A tool whose call never returns, as a process that dies while the call is in flight: before
+/// the call took effect, or after it did and before its answer was recorded.
+pub struct Hangs {
+    inner: Arc<dyn Tool>,
+    calls: Arc<AtomicUsize>,
+    takes_effect: bool,
+}
+
+impl Hangs {
+    pub fn before_effect(tools: Toolbox, name: &str, calls: Arc<AtomicUsize>) -> Toolbox {
+        Self::wrap(tools, name, calls, false)
+    }
+
+    pub fn after_effect(tools: Toolbox, name: &str, calls: Arc<AtomicUsize>) -> Toolbox {
+        Self::wrap(tools, name, calls, true)
+    }
+
+    fn wrap(tools: Toolbox, name: &str, calls: Arc<AtomicUsize>, takes_effect: bool) -> Toolbox {
+        let inner = tools.get(name).expect("the tool exists").clone();
+        tools.with(Arc::new(Hangs {
+            inner,
+            calls,
+            takes_effect,
+        }))
+    }
+}
+
+#[async_trait]
+impl Tool for Hangs {
+    fn spec(&self) -> ToolSpec {
+        self.inner.spec()
+    }
+
+    async fn call(&self, call: ToolCall<'_>) -> ToolOutcome {
+        if self.takes_effect {
+            let _ = self.inner.call(call).await;
+        }
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        std::future::pending().await
+    }
+}
+
+/// The tool results of the one user message that answers the assistant's `turn`th message.
+pub fn results_after_turn(run: &Run, turn: usize) -> Vec<(String, ToolResultText)> {
+    let at = run
+        .messages
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.role == Speaker::Assistant)
+        .nth(turn)
+        .map(|(i, _)| i)
+        .expect("the model had that turn");
+    let answer = run.messages.get(at + 1).expect("the turn was answered");
+    assert_eq!(answer.role, Speaker::User);
+    answer
+        .content
+        .iter()
+        .map(|b| match b {
+            Block::ToolResult {
+                tool_use_id,
+                content,
+                is_error,
+            } => (
+                tool_use_id.clone(),
+                ToolResultText {
+                    content: content.clone(),
+                    is_error: *is_error,
+                },
+            ),
+            other => panic!("only tool results answer a turn: {other:?}"),
+        })
+        .collect()
+}
+
+/// A run of the scripted model on behalf of `requester` of acme.
+pub fn scripted_task(requester: &str) -> shared::engine::StartRun {
+    shared::engine::StartRun {
+        tenant: acme(),
+        requested_by: shared::domain::ids::PersonId::parse(requester).unwrap(),
+        started_by: None,
+        task: "Settle the claims of the script.".into(),
+        approval_ttl: None,
+    }
+}
