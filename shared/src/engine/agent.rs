@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use serde::Serialize;
+use tracing::Instrument;
 
 use super::decide::proposed_event;
 use super::records::{OutboxEntry, Stored, Tx, keys};
@@ -120,9 +121,12 @@ impl Engine {
         );
         run.approval_ttl = start.approval_ttl;
         let span = tracing::info_span!("run", tenant = %run.tenant, run = %run.id);
-        let _enter = span.enter();
-        tracing::info!(requested_by = %run.requested_by, "starting");
+        self.start_run(run).instrument(span).await
+    }
 
+    async fn start_run(&self, run: Run) -> Result<RunReport, EngineError> {
+        tracing::info!(requested_by = %run.requested_by, "starting");
+        let now = run.created_at;
         let mut tx = Tx::new();
         tx.create(
             keys::run_pk(&run.tenant, &run.id),

@@ -1,5 +1,7 @@
 //! Cancelling a run: its open approvals are cancelled with it, so a later decision conflicts.
 
+use tracing::Instrument;
+
 use super::agent::{RunReport, entry};
 use super::records::{Tx, keys};
 use super::{AWAITING_ACTION_VER, CAS_ATTEMPTS, Engine, EngineError};
@@ -15,7 +17,10 @@ impl Engine {
     pub async fn cancel(&self, who: &Identity, run_id: &RunId) -> Result<RunReport, EngineError> {
         let span =
             tracing::info_span!("cancel", tenant = %who.tenant, run = %run_id, by = %who.person);
-        let _enter = span.enter();
+        self.cancel_run(who, run_id).instrument(span).await
+    }
+
+    async fn cancel_run(&self, who: &Identity, run_id: &RunId) -> Result<RunReport, EngineError> {
         for _ in 0..CAS_ATTEMPTS {
             let Some(mut run) = self.load_run(&who.tenant, run_id).await? else {
                 return Err(EngineError::not_found(format!("run {run_id}")));

@@ -2,6 +2,7 @@
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
+use tracing::Instrument;
 
 use super::agent::{RunReport, entry};
 use super::records::{OutboxMessage, Tx, keys};
@@ -56,14 +57,35 @@ impl Engine {
                 "a reason or note has at most {MAX_TEXT} characters"
             )));
         }
-        let span = tracing::info_span!("decide", tenant = %who.tenant, approval = %approval_id, by = %who.person);
-        let _enter = span.enter();
+        let span = tracing::info_span!(
+            "decide",
+            tenant = %who.tenant,
+            approval = %approval_id,
+            by = %who.person,
+            run = tracing::field::Empty,
+            action = tracing::field::Empty,
+            version = tracing::field::Empty,
+        );
+        self.decide_approval(who, approval_id, request)
+            .instrument(span)
+            .await
+    }
 
+    async fn decide_approval(
+        &self,
+        who: &Identity,
+        approval_id: &ApprovalId,
+        request: DecisionRequest,
+    ) -> Result<DecisionReport, EngineError> {
         for _ in 0..CAS_ATTEMPTS {
             let Some(stored) = self.load_approval(&who.tenant, approval_id).await? else {
                 return Err(EngineError::not_found(format!("approval {approval_id}")));
             };
             let mut approval = stored.value;
+            let span = tracing::Span::current();
+            span.record("run", tracing::field::display(&approval.run_id));
+            span.record("action", tracing::field::display(&approval.action_id));
+            span.record("version", tracing::field::display(approval.action_version));
             let now = self.now();
             let (decision, edited_args) = match approval.decide(who, &request, &self.policy, now) {
                 Ok(Decided::AlreadyRecorded(decision)) => {

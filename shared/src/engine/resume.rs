@@ -2,6 +2,7 @@
 //! hold its result with the run, and go on once the whole turn has its results.
 
 use serde::Serialize;
+use tracing::Instrument;
 
 use super::agent::{RunReport, action_index, entry, executing_event, outcome_event};
 use super::records::{OutboxEntry, Stored, Tx, keys};
@@ -55,7 +56,13 @@ impl Engine {
             action = %message.action_id,
             version = %message.version
         );
-        let _enter = span.enter();
+        self.resume_in(message).instrument(span).await
+    }
+
+    async fn resume_in(
+        &self,
+        message: &ResumeMessage,
+    ) -> Result<(ResumeReport, Vec<OutboxEntry>), EngineError> {
         let Some(run) = self.load_run(&message.tenant, &message.run_id).await? else {
             return Ok(ignored("no such run"));
         };

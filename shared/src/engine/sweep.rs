@@ -1,8 +1,9 @@
 //! The sweep: expires overdue approvals, delivers outbox stragglers, and reconciles actions whose
 //! outcome is unknown. Bounded work per call; safe to run twice at once (every write is a CAS).
 
-use chrono::Duration;
+use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
+use tracing::Instrument;
 
 use super::agent::{STALE_EXECUTION, reconcile_key};
 use super::records::{OutboxEntry, Stored, Tx, decode, keys};
@@ -33,8 +34,12 @@ const RECHECK: Duration = Duration::minutes(5);
 impl Engine {
     /// One sweep, touching at most `budget` items of each kind.
     pub async fn sweep(&self, budget: usize) -> Result<SweepReport, EngineError> {
-        let span = tracing::info_span!("sweep");
-        let _enter = span.enter();
+        self.sweep_once(budget)
+            .instrument(tracing::info_span!("sweep"))
+            .await
+    }
+
+    async fn sweep_once(&self, budget: usize) -> Result<SweepReport, EngineError> {
         let mut report = SweepReport::default();
         let budget = budget.max(1);
 
@@ -75,7 +80,14 @@ impl Engine {
             .await?;
         for item in &page.items {
             let action = decode::<Action>(item)?;
-            self.reconcile(action, &mut report).await?;
+            let span = tracing::info_span!(
+                "reconcile",
+                tenant = %action.value.tenant,
+                run = %action.value.run_id,
+                action = %action.value.id,
+                version = %action.value.version
+            );
+            self.reconcile(action, &mut report).instrument(span).await?;
         }
         if !report.expired.is_empty() || report.redelivered > 0 || !report.reconciled.is_empty() {
             tracing::info!(
@@ -107,31 +119,50 @@ impl Engine {
             )
             .await?;
         for item in &page.items {
-            let mut approval: Stored<Approval> = decode(item)?;
-            if !approval.value.expire(now) {
-                continue;
-            }
-            let mut tx = Tx::new();
-            self.write_expiry(
-                &mut tx,
-                &approval.value,
-                approval.ver,
-                Actor::system("sweep"),
-                now,
+            let approval: Stored<Approval> = decode(item)?;
+            let span = tracing::info_span!(
+                "expire",
+                tenant = %approval.value.tenant,
+                approval = %approval.value.id,
+                run = %approval.value.run_id,
+                action = %approval.value.action_id,
+                version = %approval.value.action_version
             );
-            match self.commit(tx).await {
-                Ok(entries) => {
-                    self.unschedule_wakeups(&approval.value).await;
-                    report.expired.push(approval.value.id.clone());
-                    outbox.extend(entries);
-                }
-                // Decided or expired by someone else in the meantime.
-                Err(StoreError::ConditionFailed { .. }) => {}
-                Err(error) => return Err(error.into()),
+            if let Some((expired, entries)) = self.expire(approval, now).instrument(span).await? {
+                report.expired.push(expired);
+                outbox.extend(entries);
             }
-            approval.ver += 1;
         }
         Ok(())
+    }
+
+    /// Expires one overdue approval; `None` if it was decided or expired in the meantime.
+    async fn expire(
+        &self,
+        mut approval: Stored<Approval>,
+        now: DateTime<Utc>,
+    ) -> Result<Option<(ApprovalId, Vec<OutboxEntry>)>, EngineError> {
+        if !approval.value.expire(now) {
+            return Ok(None);
+        }
+        let mut tx = Tx::new();
+        self.write_expiry(
+            &mut tx,
+            &approval.value,
+            approval.ver,
+            Actor::system("sweep"),
+            now,
+        );
+        match self.commit(tx).await {
+            Ok(entries) => {
+                tracing::info!("expired");
+                self.unschedule_wakeups(&approval.value).await;
+                Ok(Some((approval.value.id, entries)))
+            }
+            // Decided or expired by someone else in the meantime.
+            Err(StoreError::ConditionFailed { .. }) => Ok(None),
+            Err(error) => Err(error.into()),
+        }
     }
 
     /// Asks the tool what became of an unknown (or long-executing) call. Never calls it again.
