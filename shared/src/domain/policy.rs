@@ -96,6 +96,8 @@ pub enum EditRefusal {
     NotEditable { tool: String },
     #[error("an edit may only lower the amount: {new} is not below {old}")]
     NotLower { old: Amount, new: Amount },
+    #[error("an edit may not lower the amount to zero; reject the call instead")]
+    ToZero,
 }
 
 const MAX_QUORUM: u8 = 10;
@@ -178,6 +180,9 @@ impl Policy {
             .int(field)
             .and_then(|c| Amount::from_cents(c).ok())
             .ok_or_else(not_editable)?;
+        if new == Amount::ZERO {
+            return Err(EditRefusal::ToZero);
+        }
         if new >= old {
             return Err(EditRefusal::NotLower { old, new });
         }
@@ -494,6 +499,18 @@ mod tests {
         assert!(matches!(same, Err(EditRefusal::NotLower { .. })));
         let decline = p.edit_amount("decline", &reimburse(25_000), Amount::from_dollars(1));
         assert!(matches!(decline, Err(EditRefusal::NotEditable { .. })));
+    }
+
+    #[test]
+    fn an_edit_may_not_lower_the_amount_to_zero() {
+        let refused = policy()
+            .edit_amount("reimburse", &reimburse(25_000), Amount::ZERO)
+            .unwrap_err();
+        assert_eq!(refused, EditRefusal::ToZero);
+        assert!(refused.to_string().contains("reject"), "{refused}");
+        let one_cent = Amount::from_cents(1).unwrap();
+        let edited = policy().edit_amount("reimburse", &reimburse(25_000), one_cent);
+        assert_eq!(edited.unwrap().int("amount_cents"), Some(1));
     }
 
     #[test]
