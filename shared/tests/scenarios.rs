@@ -140,6 +140,38 @@ async fn given_c104_with_no_time_to_decide_when_the_sweep_runs_then_it_expires_a
     assert!(again.expired.is_empty(), "expired once: {again:?}");
 }
 
+async fn given_a_time_to_decide_above_90_days_when_a_run_starts_then_it_is_refused_as_bad_input(
+    h: &Harness,
+) {
+    let p = h.process().await;
+    let with_ttl = |ttl: StdDuration| {
+        let mut task = task_for(&h.claims, "c-102").unwrap();
+        task.approval_ttl = Some(ttl);
+        task
+    };
+
+    for too_long in [
+        StdDuration::from_secs(90 * 86_400 + 1),
+        StdDuration::from_secs(u64::MAX),
+    ] {
+        let refused = p.start(with_ttl(too_long)).await.unwrap_err();
+
+        assert_eq!(refused.code(), "bad_input", "{refused}");
+        assert_eq!(refused.kind(), ErrorKind::BadInput);
+        assert!(refused.to_string().contains("90 days"), "{refused}");
+    }
+    assert!(p.pending(&acme()).await.unwrap().is_empty());
+
+    let longest = p
+        .start(with_ttl(StdDuration::from_secs(90 * 86_400)))
+        .await
+        .unwrap();
+    assert_eq!(
+        longest.approvals[0].expires_at,
+        start_of_test() + Duration::days(90)
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // Deciding
 // ---------------------------------------------------------------------------------------------
@@ -1388,6 +1420,7 @@ on_backend!(
         given_c102_lodging_over_the_limit_when_the_agent_runs_then_it_pauses_on_reimbursing_250,
         given_c101_was_paid_when_the_agent_runs_c103_then_it_pauses_on_declining_a_duplicate,
         given_c104_with_no_time_to_decide_when_the_sweep_runs_then_it_expires_and_nothing_is_paid,
+        given_a_time_to_decide_above_90_days_when_a_run_starts_then_it_is_refused_as_bad_input,
         given_a_paused_run_when_the_process_restarts_and_a_new_engine_approves_then_the_run_finishes_and_the_claim_is_paid,
         given_an_approval_when_the_same_decision_id_is_sent_twice_then_it_resumes_once_and_the_second_call_replays_the_outcome,
         given_a_recorded_decision_when_its_decision_id_comes_with_another_choice_then_it_conflicts,

@@ -102,6 +102,10 @@ pub enum EditRefusal {
 
 const MAX_QUORUM: u8 = 10;
 
+/// The longest time to decide an approval may have. Deadlines stay well inside what a timestamp
+/// can hold, and an approval nobody decides for a quarter is not a pending approval.
+pub const MAX_TTL: Duration = Duration::from_secs(90 * 24 * 60 * 60);
+
 impl Policy {
     pub fn from_toml(text: &str) -> Result<Self, PolicyError> {
         let raw: RawPolicy = toml::from_str(text).map_err(|e| PolicyError(e.to_string()))?;
@@ -225,7 +229,14 @@ enum RawDecision {
 }
 
 fn parse_ttl(text: &str, what: &str) -> Result<Duration, PolicyError> {
-    humantime::parse_duration(text).map_err(|e| PolicyError(format!("{what} {text:?}: {e}")))
+    let ttl = humantime::parse_duration(text)
+        .map_err(|e| PolicyError(format!("{what} {text:?}: {e}")))?;
+    if ttl > MAX_TTL {
+        return Err(PolicyError(format!(
+            "{what} {text:?} is longer than 90 days, the longest time to decide"
+        )));
+    }
+    Ok(ttl)
 }
 
 impl RawPolicy {
@@ -511,6 +522,27 @@ mod tests {
         let one_cent = Amount::from_cents(1).unwrap();
         let edited = policy().edit_amount("reimburse", &reimburse(25_000), one_cent);
         assert_eq!(edited.unwrap().int("amount_cents"), Some(1));
+    }
+
+    #[test]
+    fn a_time_to_decide_above_90_days_is_refused() {
+        let with = |default_ttl: &str, ttl: &str| {
+            format!(
+                "name = \"x\"\nversion = 1\ndefault_ttl = \"{default_ttl}\"\n[tools.t]\ndecision = \"approve\"\napprover_role = \"f\"\nquorum = 1\nreason = \"r\"\nttl = \"{ttl}\"\n"
+            )
+        };
+        let longest = Policy::from_toml(&with("90days", "90days")).unwrap();
+        assert_eq!(longest.default_ttl, MAX_TTL);
+        for (default_ttl, ttl, named) in [
+            ("91days", "1h", "default_ttl"),
+            ("1h", "90days 1s", "ttl"),
+            ("1h", "300000000years", "ttl"),
+        ] {
+            let err = Policy::from_toml(&with(default_ttl, ttl))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(named) && err.contains("90 days"), "{err}");
+        }
     }
 
     #[test]

@@ -16,7 +16,7 @@ use crate::domain::audit::{AuditEntry, AuditEvent};
 use crate::domain::conversation::{Message, Role, ToolResultText};
 use crate::domain::identity::Actor;
 use crate::domain::ids::{ActionId, ActionVersion, ApprovalId, PersonId, RunId, TenantId};
-use crate::domain::policy::{Requirement, Verdict};
+use crate::domain::policy::{MAX_TTL, Requirement, Verdict};
 use crate::domain::run::{HeldCall, PausedTurn, Run, RunStatus};
 use crate::ports::model::ModelRequest;
 use crate::ports::scheduler::Wake;
@@ -86,6 +86,23 @@ pub(super) fn action_index(action: &Action) -> Option<IndexKey> {
     }
 }
 
+/// When an approval opened at `now` with this time to decide expires. Policy and `start` keep
+/// times to decide within [`MAX_TTL`]; anything else is refused rather than overflowing.
+pub(super) fn deadline(
+    now: chrono::DateTime<chrono::Utc>,
+    ttl: chrono::Duration,
+) -> Result<chrono::DateTime<chrono::Utc>, EngineError> {
+    let bounded = chrono::Duration::from_std(MAX_TTL).is_ok_and(|max| ttl <= max);
+    now.checked_add_signed(ttl)
+        .filter(|_| bounded)
+        .ok_or_else(|| {
+            EngineError::BadInput(format!(
+                "a time to decide of {}s is longer than 90 days",
+                ttl.num_seconds()
+            ))
+        })
+}
+
 pub(super) fn entry(
     run: &RunId,
     actor: Actor,
@@ -108,6 +125,11 @@ impl Engine {
             return Err(EngineError::BadInput(format!(
                 "a task needs 1 to {MAX_TASK_LEN} characters"
             )));
+        }
+        if start.approval_ttl.is_some_and(|ttl| ttl > MAX_TTL) {
+            return Err(EngineError::BadInput(
+                "an approval's time to decide is at most 90 days".into(),
+            ));
         }
         let now = self.now();
         let mut run = Run::start(
@@ -236,7 +258,7 @@ impl Engine {
                     Verdict::Allow => Some(self.run_allowed(proposal).await?),
                     Verdict::Deny { reason } => Some(self.record_denied(proposal, reason).await?),
                     Verdict::RequireApproval(requirement) => {
-                        approvals.push(self.approval_for(&run.value, proposal, requirement));
+                        approvals.push(self.approval_for(&run.value, proposal, requirement)?);
                         None
                     }
                 };
@@ -265,11 +287,12 @@ impl Engine {
         run: &Run,
         proposal: ProposedCall,
         requirement: Requirement,
-    ) -> Approval {
+    ) -> Result<Approval, EngineError> {
         let now = self.now();
         let ttl = run.approval_ttl.unwrap_or(requirement.ttl);
-        let expires_at = now + chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::MAX);
-        Approval {
+        let ttl = chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::MAX);
+        let expires_at = deadline(now, ttl)?;
+        Ok(Approval {
             id: ApprovalId::generate(),
             tenant: run.tenant.clone(),
             run_id: run.id.clone(),
@@ -293,7 +316,7 @@ impl Engine {
             superseded_by: None,
             resolved_at: None,
             reminded_at: None,
-        }
+        })
     }
 
     /// Writes an approval and its action version as they open, with the proposal's audit event.

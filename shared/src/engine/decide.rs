@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use tracing::Instrument;
 
-use super::agent::{RunReport, entry};
+use super::agent::{RunReport, deadline, entry};
 use super::records::{OutboxMessage, Tx, keys};
 use super::{AWAITING_ACTION_VER, CAS_ATTEMPTS, Delivery, Engine, EngineError};
 use crate::domain::action::{Action, ActionStatus, ProposedCall};
@@ -331,7 +331,7 @@ impl Engine {
                 None
             }
             Verdict::RequireApproval(requirement) => {
-                let next = self.next_approval(approval, decision, proposal, requirement, now);
+                let next = self.next_approval(approval, decision, proposal, requirement, now)?;
                 self.write_superseded(tx, approval, version, Some(next.id.clone()), now, editor);
                 self.open_approval(tx, &next, verdict.clone(), Actor::person(editor));
                 let counted = next.decisions.last().expect("the editor's decision");
@@ -390,7 +390,7 @@ impl Engine {
         proposal: ProposedCall,
         requirement: &Requirement,
         now: DateTime<Utc>,
-    ) -> Approval {
+    ) -> Result<Approval, EngineError> {
         let note = match &decision.choice {
             Choice::Edit { note, .. } => note.clone(),
             _ => None,
@@ -420,7 +420,7 @@ impl Engine {
             requested_by: old.requested_by.clone(),
             policy_version: self.policy.version,
             created_at: now,
-            expires_at: now + time_to_decide,
+            expires_at: deadline(now, time_to_decide)?,
             status: ApprovalStatus::AwaitingApproval,
             decisions: Vec::new(),
             superseded_by: None,
@@ -446,7 +446,7 @@ impl Engine {
             next.status = ApprovalStatus::Approved;
             next.resolved_at = Some(now);
         }
-        next
+        Ok(next)
     }
 
     async fn replay(
