@@ -1,74 +1,10 @@
 //! The README walkthrough, run as real processes: every command a separate `countersign` over
 //! the same state directory.
 
-use std::path::PathBuf;
-use std::process::Command;
+mod common;
 
+use common::{Countersign, only_approval};
 use serde_json::Value;
-
-struct Countersign {
-    state: PathBuf,
-}
-
-struct Ran {
-    exit: i32,
-    json: Value,
-    stderr: String,
-}
-
-impl Countersign {
-    fn fresh(name: &str) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        let state =
-            std::env::temp_dir().join(format!("countersign-{name}-{}-{nanos}", std::process::id()));
-        Self { state }
-    }
-
-    fn run(&self, args: &[&str]) -> Ran {
-        let output = Command::new(env!("CARGO_BIN_EXE_countersign"))
-            .args(args)
-            .arg("--json")
-            .arg("--state")
-            .arg(&self.state)
-            .env_remove("ANTHROPIC_API_KEY")
-            .env_remove("COUNTERSIGN_STORE")
-            .output()
-            .expect("countersign runs");
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        let json = serde_json::from_str(stdout.trim()).unwrap_or(Value::Null);
-        Ran {
-            exit: output.status.code().unwrap_or(-1),
-            json,
-            stderr: String::from_utf8_lossy(&output.stderr).into(),
-        }
-    }
-
-    fn ok(&self, args: &[&str]) -> Value {
-        let ran = self.run(args);
-        assert_eq!(ran.exit, 0, "{args:?} failed: {}", ran.stderr);
-        ran.json
-    }
-}
-
-impl Drop for Countersign {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.state);
-    }
-}
-
-fn only_approval(run: &Value) -> (String, Value) {
-    let approvals = run["approvals"]
-        .as_array()
-        .expect("a paused run lists its approvals");
-    assert_eq!(approvals.len(), 1, "{run}");
-    (
-        approvals[0]["id"].as_str().unwrap().to_string(),
-        approvals[0].clone(),
-    )
-}
 
 #[test]
 fn the_walkthrough_pays_exactly_c101_and_c102_and_explains_every_outcome() {

@@ -7,6 +7,7 @@
 //! - [`example`]: the expense agent shipped with Countersign.
 
 pub mod adapters;
+pub mod deploy;
 pub mod domain;
 pub mod engine;
 pub mod example;

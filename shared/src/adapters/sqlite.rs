@@ -115,6 +115,13 @@ fn index_cursor(item: &Item) -> String {
     serde_json::json!([gsi, item.pk, item.sk]).to_string()
 }
 
+/// Partition cursors name the last item by its sort key.
+fn read_cursor(cursor: &str) -> Result<String, StoreError> {
+    let [sk]: [String; 1] = serde_json::from_str(cursor)
+        .map_err(|_| StoreError::Invalid(format!("not a cursor of this store: {cursor:?}")))?;
+    Ok(sk)
+}
+
 fn read_index_cursor(cursor: &str) -> Result<(String, String, String), StoreError> {
     serde_json::from_str(cursor)
         .map_err(|_| StoreError::Invalid(format!("not a cursor of this store: {cursor:?}")))
@@ -148,12 +155,13 @@ impl ItemStore for SqliteStore {
         after: Option<&str>,
         limit: usize,
     ) -> Result<Page, StoreError> {
+        let after = after.map(read_cursor).transpose()?;
+        let exclusive = after.is_some();
         let (pk, from, to) = (
             pk.to_string(),
-            after.unwrap_or(sk_prefix).to_string(),
+            after.unwrap_or_else(|| sk_prefix.to_string()),
             prefix_end(sk_prefix),
         );
-        let exclusive = after.is_some();
         let limit = limit.max(1);
         self.with_conn(move |conn| {
             let sql = if exclusive {
@@ -166,7 +174,7 @@ impl ItemStore for SqliteStore {
                 .query_map(params![pk, from, to, (limit + 1) as i64], row_to_item)
                 .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
                 .map_err(sql_error)?;
-            Ok(page(items, limit, |i| i.sk.clone()))
+            Ok(page(items, limit, |i| serde_json::json!([i.sk]).to_string()))
         })
         .await
     }

@@ -1,0 +1,297 @@
+//! The conditional item store on DynamoDB: one table (`pk`, `sk`, sparse `gsi1pk`/`gsi1sk`),
+//! conditions as ConditionExpressions, a transaction as one TransactWriteItems call.
+
+use std::collections::HashMap;
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::error::{DisplayErrorContext, SdkError};
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+use aws_sdk_dynamodb::types::{AttributeValue, Delete, Put, TransactWriteItem};
+
+use crate::ports::store::{
+    Condition, IndexKey, Item, ItemStore, Page, StoreError, Write, check_transaction,
+};
+
+/// The name of the sparse index, as the table definition in template.yaml names it.
+pub const INDEX: &str = "gsi1";
+
+type Attributes = HashMap<String, AttributeValue>;
+
+#[derive(Clone)]
+pub struct DynamoStore {
+    client: Client,
+    table: String,
+}
+
+impl DynamoStore {
+    pub fn new(client: Client, table: impl Into<String>) -> Self {
+        Self {
+            client,
+            table: table.into(),
+        }
+    }
+
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+}
+
+fn s(value: &str) -> AttributeValue {
+    AttributeValue::S(value.to_string())
+}
+
+fn text(attrs: &Attributes, name: &str) -> Result<String, StoreError> {
+    match attrs.get(name) {
+        Some(AttributeValue::S(value)) => Ok(value.clone()),
+        _ => Err(StoreError::Unavailable(format!(
+            "an item has no text attribute {name}"
+        ))),
+    }
+}
+
+fn to_attributes(item: &Item) -> Attributes {
+    let mut attrs = HashMap::from([
+        ("pk".to_string(), s(&item.pk)),
+        ("sk".to_string(), s(&item.sk)),
+        ("ver".to_string(), AttributeValue::N(item.ver.to_string())),
+        ("body".to_string(), s(&item.body)),
+    ]);
+    if let Some(index) = &item.gsi1 {
+        attrs.insert("gsi1pk".into(), s(&index.pk));
+        attrs.insert("gsi1sk".into(), s(&index.sk));
+    }
+    attrs
+}
+
+fn from_attributes(attrs: &Attributes) -> Result<Item, StoreError> {
+    let ver = match attrs.get("ver") {
+        Some(AttributeValue::N(n)) => n
+            .parse()
+            .map_err(|_| StoreError::Unavailable(format!("ver {n:?} is not a number")))?,
+        _ => return Err(StoreError::Unavailable("an item has no ver".into())),
+    };
+    let gsi1 = match (attrs.get("gsi1pk"), attrs.get("gsi1sk")) {
+        (Some(AttributeValue::S(pk)), Some(AttributeValue::S(sk))) => Some(IndexKey {
+            pk: pk.clone(),
+            sk: sk.clone(),
+        }),
+        _ => None,
+    };
+    Ok(Item {
+        pk: text(attrs, "pk")?,
+        sk: text(attrs, "sk")?,
+        gsi1,
+        ver,
+        body: text(attrs, "body")?,
+    })
+}
+
+/// A cursor is DynamoDB's LastEvaluatedKey, written as JSON.
+fn cursor_of(key: Option<&Attributes>) -> Option<String> {
+    let key = key?;
+    let map: HashMap<&str, &str> = key
+        .iter()
+        .filter_map(|(k, v)| match v {
+            AttributeValue::S(s) => Some((k.as_str(), s.as_str())),
+            _ => None,
+        })
+        .collect();
+    Some(serde_json::to_string(&map).expect("a map of strings serializes"))
+}
+
+fn start_key(cursor: Option<&str>) -> Result<Option<Attributes>, StoreError> {
+    let Some(cursor) = cursor else {
+        return Ok(None);
+    };
+    let map: HashMap<String, String> = serde_json::from_str(cursor)
+        .map_err(|_| StoreError::Invalid(format!("not a cursor of this store: {cursor:?}")))?;
+    Ok(Some(
+        map.into_iter()
+            .map(|(k, v)| (k, AttributeValue::S(v)))
+            .collect(),
+    ))
+}
+
+fn unavailable<E, R>(error: SdkError<E, R>) -> StoreError
+where
+    E: std::error::Error + 'static,
+    R: std::fmt::Debug,
+{
+    StoreError::Unavailable(DisplayErrorContext(&error).to_string())
+}
+
+fn condition(cond: Condition) -> (Option<String>, Option<Attributes>) {
+    match cond {
+        Condition::Always => (None, None),
+        Condition::NotExists => (Some("attribute_not_exists(pk)".into()), None),
+        Condition::VersionIs(ver) => (
+            Some("ver = :expected".into()),
+            Some(HashMap::from([(
+                ":expected".to_string(),
+                AttributeValue::N(ver.to_string()),
+            )])),
+        ),
+    }
+}
+
+impl DynamoStore {
+    fn transact_item(&self, write: &Write) -> Result<TransactWriteItem, StoreError> {
+        let invalid = |e: aws_sdk_dynamodb::error::BuildError| StoreError::Invalid(e.to_string());
+        let (expression, values) = condition(write.condition());
+        Ok(match write {
+            Write::Put { item, .. } => {
+                let put = Put::builder()
+                    .table_name(&self.table)
+                    .set_item(Some(to_attributes(item)))
+                    .set_condition_expression(expression)
+                    .set_expression_attribute_values(values)
+                    .build()
+                    .map_err(invalid)?;
+                TransactWriteItem::builder().put(put).build()
+            }
+            Write::Delete { pk, sk, .. } => {
+                let delete = Delete::builder()
+                    .table_name(&self.table)
+                    .key("pk", s(pk))
+                    .key("sk", s(sk))
+                    .set_condition_expression(expression)
+                    .set_expression_attribute_values(values)
+                    .build()
+                    .map_err(invalid)?;
+                TransactWriteItem::builder().delete(delete).build()
+            }
+        })
+    }
+}
+
+#[async_trait]
+impl ItemStore for DynamoStore {
+    async fn get(&self, pk: &str, sk: &str) -> Result<Option<Item>, StoreError> {
+        let output = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .key("pk", s(pk))
+            .key("sk", s(sk))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(unavailable)?;
+        output.item().map(from_attributes).transpose()
+    }
+
+    async fn query(
+        &self,
+        pk: &str,
+        sk_prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Page, StoreError> {
+        let mut query = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .consistent_read(true)
+            .limit(limit.clamp(1, i32::MAX as usize) as i32)
+            .set_exclusive_start_key(start_key(after)?)
+            .expression_attribute_values(":pk", s(pk));
+        // An empty string cannot be a key condition value: no prefix means the whole partition.
+        query = match sk_prefix.is_empty() {
+            true => query.key_condition_expression("pk = :pk"),
+            false => query
+                .key_condition_expression("pk = :pk AND begins_with(sk, :prefix)")
+                .expression_attribute_values(":prefix", s(sk_prefix)),
+        };
+        let output = query.send().await.map_err(unavailable)?;
+        let items = output
+            .items()
+            .iter()
+            .map(from_attributes)
+            .collect::<Result<_, _>>()?;
+        Ok(Page {
+            items,
+            next: cursor_of(output.last_evaluated_key()),
+        })
+    }
+
+    async fn query_index(
+        &self,
+        pk: &str,
+        from: &str,
+        to: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Page, StoreError> {
+        let mut query = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .index_name(INDEX)
+            .limit(limit.clamp(1, i32::MAX as usize) as i32)
+            .set_exclusive_start_key(start_key(after)?)
+            .expression_attribute_values(":pk", s(pk))
+            .expression_attribute_values(":to", s(to));
+        query = match from.is_empty() {
+            true => query.key_condition_expression("gsi1pk = :pk AND gsi1sk <= :to"),
+            false => query
+                .key_condition_expression("gsi1pk = :pk AND gsi1sk BETWEEN :from AND :to")
+                .expression_attribute_values(":from", s(from)),
+        };
+        let output = query.send().await.map_err(unavailable)?;
+        let items = output
+            .items()
+            .iter()
+            .map(from_attributes)
+            .collect::<Result<_, _>>()?;
+        Ok(Page {
+            items,
+            next: cursor_of(output.last_evaluated_key()),
+        })
+    }
+
+    async fn transact(&self, writes: Vec<Write>) -> Result<(), StoreError> {
+        check_transaction(&writes)?;
+        let items = writes
+            .iter()
+            .map(|w| self.transact_item(w))
+            .collect::<Result<Vec<_>, _>>()?;
+        let result = self
+            .client
+            .transact_write_items()
+            .set_transact_items(Some(items))
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(SdkError::ServiceError(context)) => match context.err() {
+                TransactWriteItemsError::TransactionCanceledException(cancelled) => {
+                    let reasons = cancelled.cancellation_reasons();
+                    let failed: Vec<usize> = reasons
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, r)| r.code() == Some("ConditionalCheckFailed"))
+                        .map(|(i, _)| i)
+                        .collect();
+                    if !failed.is_empty() {
+                        return Err(StoreError::ConditionFailed { failed });
+                    }
+                    if reasons
+                        .iter()
+                        .any(|r| r.code() == Some("TransactionConflict"))
+                    {
+                        return Err(StoreError::Contended);
+                    }
+                    Err(StoreError::Unavailable(format!(
+                        "the transaction was cancelled: {cancelled}"
+                    )))
+                }
+                TransactWriteItemsError::TransactionInProgressException(_) => {
+                    Err(StoreError::Contended)
+                }
+                other => Err(StoreError::Unavailable(other.to_string())),
+            },
+            Err(other) => Err(unavailable(other)),
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! Where Countersign keeps its state, chosen by environment: the embedded SQLite store (the
+//! default), or AWS (DynamoDB, SQS FIFO, EventBridge Scheduler). The standard AWS variables
+//! (`AWS_REGION`, `AWS_ENDPOINT_URL`, credentials) configure the clients.
+
+use std::sync::Arc;
+
+use aws_config::{BehaviorVersion, SdkConfig};
+
+use crate::adapters::dynamodb::DynamoStore;
+use crate::adapters::scheduler::{EventBridgeScheduler, ScheduleTarget};
+use crate::adapters::sqs::SqsQueue;
+use crate::ports::scheduler::{Scheduler, SweepOnly};
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(String);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreKind {
+    Embedded,
+    DynamoDb,
+}
+
+fn var(name: &str) -> Option<String> {
+    std::env::var(name)
+        .ok()
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+}
+
+impl StoreKind {
+    /// `COUNTERSIGN_STORE`: `embedded` (the default) or `dynamodb`.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        match var("COUNTERSIGN_STORE").as_deref() {
+            None | Some("embedded") => Ok(StoreKind::Embedded),
+            Some("dynamodb") => Ok(StoreKind::DynamoDb),
+            Some(other) => Err(ConfigError(format!(
+                "COUNTERSIGN_STORE={other:?}: use embedded or dynamodb"
+            ))),
+        }
+    }
+}
+
+/// The AWS resources, named by environment as template.yaml sets them on every function.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AwsSettings {
+    pub table: String,
+    pub queue_url: String,
+    /// One-time wake-ups; without them the recurring sweep alone finds what is due.
+    pub schedule: Option<(String, String, String)>,
+}
+
+const HINT: &str = "for a local stack: eval \"$(infra/local-stack up)\"";
+
+impl AwsSettings {
+    pub fn from_env() -> Result<Self, ConfigError> {
+        let required = |name: &str, what: &str| {
+            var(name).ok_or_else(|| ConfigError(format!("{name} must name the {what} ({HINT})")))
+        };
+        let table = required("COUNTERSIGN_TABLE", "DynamoDB table")?;
+        let queue_url = required("COUNTERSIGN_QUEUE_URL", "SQS FIFO resume queue's URL")?;
+        let schedule = match (
+            var("COUNTERSIGN_SCHEDULE_GROUP"),
+            var("COUNTERSIGN_SCHEDULER_ROLE_ARN"),
+            var("COUNTERSIGN_SWEEP_ARN"),
+        ) {
+            (Some(group), Some(role), Some(target)) => Some((group, role, target)),
+            (None, None, None) => None,
+            _ => {
+                return Err(ConfigError(
+                    "COUNTERSIGN_SCHEDULE_GROUP, COUNTERSIGN_SCHEDULER_ROLE_ARN and COUNTERSIGN_SWEEP_ARN go together".into(),
+                ));
+            }
+        };
+        Ok(Self {
+            table,
+            queue_url,
+            schedule,
+        })
+    }
+}
+
+/// The AWS adapters, each built once from one SDK configuration.
+#[derive(Clone)]
+pub struct Aws {
+    pub store: Arc<DynamoStore>,
+    pub queue: Arc<SqsQueue>,
+    pub scheduler: Arc<dyn Scheduler>,
+}
+
+/// The SDK configuration from the environment: region, credentials and `AWS_ENDPOINT_URL`.
+pub async fn sdk_config() -> SdkConfig {
+    aws_config::defaults(BehaviorVersion::latest()).load().await
+}
+
+impl Aws {
+    pub fn new(config: &SdkConfig, settings: &AwsSettings) -> Self {
+        let store = Arc::new(DynamoStore::new(
+            aws_sdk_dynamodb::Client::new(config),
+            &settings.table,
+        ));
+        let queue = Arc::new(SqsQueue::new(
+            aws_sdk_sqs::Client::new(config),
+            &settings.queue_url,
+        ));
+        let scheduler: Arc<dyn Scheduler> = match &settings.schedule {
+            Some((group, role_arn, target_arn)) => Arc::new(EventBridgeScheduler::new(
+                aws_sdk_scheduler::Client::new(config),
+                ScheduleTarget {
+                    group: group.clone(),
+                    role_arn: role_arn.clone(),
+                    target_arn: target_arn.clone(),
+                },
+            )),
+            None => Arc::new(SweepOnly),
+        };
+        Self {
+            store,
+            queue,
+            scheduler,
+        }
+    }
+
+    pub async fn from_env() -> Result<Self, ConfigError> {
+        let settings = AwsSettings::from_env()?;
+        Ok(Self::new(&sdk_config().await, &settings))
+    }
+}

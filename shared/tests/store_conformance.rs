@@ -1,0 +1,379 @@
+//! One conformance suite for the conditional item store, run against both adapters: the
+//! embedded SQLite file and DynamoDB on the local stack (moto over HTTP).
+
+mod support;
+
+use std::sync::Arc;
+
+use shared::adapters::sqlite::SqliteStore;
+use shared::ports::store::{Condition, IndexKey, Item, ItemStore, StoreError, Write, query_all};
+
+async fn embedded(name: &str) -> Arc<dyn ItemStore> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let dir = std::env::temp_dir().join(format!(
+        "countersign-conformance-{name}-{}-{nanos}",
+        std::process::id()
+    ));
+    Arc::new(SqliteStore::open_dir(&dir).unwrap())
+}
+
+async fn dynamodb(name: &str) -> Arc<dyn ItemStore> {
+    support::aws::FreshStack::new(name).await.aws().store
+}
+
+fn item(pk: &str, sk: &str, ver: u64, body: &str) -> Item {
+    Item {
+        pk: pk.into(),
+        sk: sk.into(),
+        gsi1: None,
+        ver,
+        body: body.into(),
+    }
+}
+
+fn indexed(pk: &str, sk: &str, gpk: &str, gsk: &str) -> Item {
+    Item {
+        gsi1: Some(IndexKey {
+            pk: gpk.into(),
+            sk: gsk.into(),
+        }),
+        ..item(pk, sk, 1, "{}")
+    }
+}
+
+fn create(item: Item) -> Write {
+    Write::Put {
+        item,
+        condition: Condition::NotExists,
+    }
+}
+
+fn update(item: Item, expected: u64) -> Write {
+    Write::Put {
+        item,
+        condition: Condition::VersionIs(expected),
+    }
+}
+
+async fn a_created_item_reads_back_whole(store: Arc<dyn ItemStore>) {
+    assert_eq!(store.get("P", "a").await.unwrap(), None);
+    let written = indexed("P", "a", "IDX", "2026-01-01#a");
+    store.transact(vec![create(written.clone())]).await.unwrap();
+    assert_eq!(store.get("P", "a").await.unwrap(), Some(written));
+}
+
+async fn must_not_exist_refuses_an_existing_item(store: Arc<dyn ItemStore>) {
+    store
+        .transact(vec![create(item("P", "a", 1, "first"))])
+        .await
+        .unwrap();
+    let again = store
+        .transact(vec![create(item("P", "a", 1, "second"))])
+        .await;
+    assert_eq!(again, Err(StoreError::ConditionFailed { failed: vec![0] }));
+    assert_eq!(store.get("P", "a").await.unwrap().unwrap().body, "first");
+}
+
+async fn compare_and_set_applies_only_at_the_expected_version(store: Arc<dyn ItemStore>) {
+    store
+        .transact(vec![create(item("P", "a", 1, "v1"))])
+        .await
+        .unwrap();
+    store
+        .transact(vec![update(item("P", "a", 2, "v2"), 1)])
+        .await
+        .unwrap();
+    let stale = store
+        .transact(vec![update(item("P", "a", 2, "lost"), 1)])
+        .await;
+    assert_eq!(stale, Err(StoreError::ConditionFailed { failed: vec![0] }));
+    let current = store.get("P", "a").await.unwrap().unwrap();
+    assert_eq!((current.ver, current.body.as_str()), (2, "v2"));
+    let missing = store
+        .transact(vec![update(item("P", "nobody", 2, "x"), 1)])
+        .await;
+    assert_eq!(
+        missing,
+        Err(StoreError::ConditionFailed { failed: vec![0] }),
+        "a version of a missing item never matches"
+    );
+}
+
+async fn a_failed_transaction_writes_nothing(store: Arc<dyn ItemStore>) {
+    store
+        .transact(vec![create(item("P", "taken", 1, "x"))])
+        .await
+        .unwrap();
+    let writes = vec![
+        create(item("P", "new-1", 1, "a")),
+        create(item("P", "taken", 1, "b")),
+        create(item("Q", "new-2", 1, "c")),
+        Write::Delete {
+            pk: "P".into(),
+            sk: "taken".into(),
+            condition: Condition::Always,
+        },
+    ];
+    // The delete targets the same item as write 1: refused before anything is sent.
+    assert!(matches!(
+        store.transact(writes.clone()).await,
+        Err(StoreError::Invalid(_))
+    ));
+    let result = store.transact(writes[..3].to_vec()).await;
+    assert_eq!(result, Err(StoreError::ConditionFailed { failed: vec![1] }));
+    assert_eq!(store.get("P", "new-1").await.unwrap(), None);
+    assert_eq!(store.get("Q", "new-2").await.unwrap(), None);
+    assert_eq!(store.get("P", "taken").await.unwrap().unwrap().body, "x");
+}
+
+async fn every_failed_condition_is_named(store: Arc<dyn ItemStore>) {
+    store
+        .transact(vec![
+            create(item("P", "a", 1, "x")),
+            create(item("P", "c", 1, "x")),
+        ])
+        .await
+        .unwrap();
+    let result = store
+        .transact(vec![
+            create(item("P", "a", 1, "y")),
+            create(item("P", "b", 1, "y")),
+            update(item("P", "c", 3, "y"), 2),
+        ])
+        .await;
+    assert_eq!(
+        result,
+        Err(StoreError::ConditionFailed { failed: vec![0, 2] })
+    );
+}
+
+async fn deletes_take_conditions_too(store: Arc<dyn ItemStore>) {
+    store
+        .transact(vec![create(item("P", "a", 1, "x"))])
+        .await
+        .unwrap();
+    let stale = store
+        .transact(vec![Write::Delete {
+            pk: "P".into(),
+            sk: "a".into(),
+            condition: Condition::VersionIs(9),
+        }])
+        .await;
+    assert_eq!(stale, Err(StoreError::ConditionFailed { failed: vec![0] }));
+    store
+        .transact(vec![Write::Delete {
+            pk: "P".into(),
+            sk: "a".into(),
+            condition: Condition::VersionIs(1),
+        }])
+        .await
+        .unwrap();
+    assert_eq!(store.get("P", "a").await.unwrap(), None);
+    let absent = Write::Delete {
+        pk: "P".into(),
+        sk: "a".into(),
+        condition: Condition::Always,
+    };
+    store.transact(vec![absent]).await.unwrap();
+}
+
+async fn a_query_returns_one_partition_by_prefix_in_key_order(store: Arc<dyn ItemStore>) {
+    let writes = ["AUDIT#2", "ACTION#b", "RUN", "ACTION#a", "AUDIT#1"]
+        .iter()
+        .map(|sk| create(item("RUN#1", sk, 1, sk)))
+        .collect();
+    store.transact(writes).await.unwrap();
+    store
+        .transact(vec![create(item("RUN#2", "ACTION#z", 1, "other run"))])
+        .await
+        .unwrap();
+    let actions: Vec<String> = query_all(store.as_ref(), "RUN#1", "ACTION#")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.sk)
+        .collect();
+    assert_eq!(actions, ["ACTION#a", "ACTION#b"]);
+    let all: Vec<String> = query_all(store.as_ref(), "RUN#1", "")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.sk)
+        .collect();
+    assert_eq!(all, ["ACTION#a", "ACTION#b", "AUDIT#1", "AUDIT#2", "RUN"]);
+    assert!(
+        query_all(store.as_ref(), "RUN#3", "")
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+async fn pages_resume_where_the_last_one_ended(store: Arc<dyn ItemStore>) {
+    let writes = (0..7)
+        .map(|n| create(item("P", &format!("K#{n}"), 1, "x")))
+        .collect();
+    store.transact(writes).await.unwrap();
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let page = store.query("P", "K#", after.as_deref(), 3).await.unwrap();
+        assert!(page.items.len() <= 3);
+        seen.extend(page.items.into_iter().map(|i| i.sk));
+        pages += 1;
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(seen, (0..7).map(|n| format!("K#{n}")).collect::<Vec<_>>());
+    assert!(pages >= 3);
+}
+
+async fn a_query_reads_past_one_megabyte_pages(store: Arc<dyn ItemStore>) {
+    // 30 items of 60 KB: 1.8 MB, more than one DynamoDB response holds.
+    let body = format!("\"{}\"", "x".repeat(60_000));
+    for chunk in (0..30).collect::<Vec<_>>().chunks(10) {
+        let writes = chunk
+            .iter()
+            .map(|n| create(item("BIG", &format!("K#{n:02}"), 1, &body)))
+            .collect();
+        store.transact(writes).await.unwrap();
+    }
+    let first = store.query("BIG", "K#", None, 1000).await.unwrap();
+    assert!(first.next.is_some() || first.items.len() == 30);
+    let all = query_all(store.as_ref(), "BIG", "K#").await.unwrap();
+    assert_eq!(all.len(), 30);
+    assert!(all.windows(2).all(|w| w[0].sk < w[1].sk));
+    assert!(all.iter().all(|i| i.body.len() == body.len()));
+}
+
+async fn the_index_is_sparse_and_read_by_range(store: Arc<dyn ItemStore>) {
+    let writes = vec![
+        create(indexed("A", "1", "DUE", "2026-01-01T00:00:00.000Z#a")),
+        create(indexed("B", "1", "DUE", "2026-01-03T00:00:00.000Z#b")),
+        create(indexed("C", "1", "DUE", "2026-01-02T00:00:00.000Z#c")),
+        create(indexed("D", "1", "OTHER", "2026-01-01T00:00:00.000Z#d")),
+        create(item("E", "1", 1, "not indexed")),
+    ];
+    store.transact(writes).await.unwrap();
+    let due = store
+        .query_index("DUE", "", "2026-01-02T23:59:59.999Z#\u{10FFFF}", None, 100)
+        .await
+        .unwrap();
+    let pks: Vec<&str> = due.items.iter().map(|i| i.pk.as_str()).collect();
+    assert_eq!(pks, ["A", "C"], "in index order, up to the bound");
+    let from = store
+        .query_index("DUE", "2026-01-02", "2026-12-31", None, 100)
+        .await
+        .unwrap();
+    assert_eq!(
+        from.items.iter().map(|i| i.pk.as_str()).collect::<Vec<_>>(),
+        ["C", "B"]
+    );
+
+    // Writing the item without its index key takes it out of the index.
+    store
+        .transact(vec![update(item("A", "1", 2, "resolved"), 1)])
+        .await
+        .unwrap();
+    let due = store
+        .query_index("DUE", "", "2026-12-31", None, 100)
+        .await
+        .unwrap();
+    assert_eq!(
+        due.items.iter().map(|i| i.pk.as_str()).collect::<Vec<_>>(),
+        ["C", "B"]
+    );
+}
+
+async fn index_pages_resume_too(store: Arc<dyn ItemStore>) {
+    let writes = (0..5)
+        .map(|n| {
+            create(indexed(
+                &format!("P{n}"),
+                "1",
+                "DUE",
+                &format!("2026-01-0{}#x", n + 1),
+            ))
+        })
+        .collect();
+    store.transact(writes).await.unwrap();
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let page = store
+            .query_index("DUE", "", "2026-12-31", after.as_deref(), 2)
+            .await
+            .unwrap();
+        seen.extend(page.items.into_iter().map(|i| i.pk));
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(seen, ["P0", "P1", "P2", "P3", "P4"]);
+}
+
+async fn malformed_transactions_are_refused_before_writing(store: Arc<dyn ItemStore>) {
+    assert!(matches!(
+        store.transact(vec![]).await,
+        Err(StoreError::Invalid(_))
+    ));
+    let too_many = (0..101)
+        .map(|n| create(item("P", &format!("{n}"), 1, "x")))
+        .collect();
+    assert!(matches!(
+        store.transact(too_many).await,
+        Err(StoreError::Invalid(_))
+    ));
+    assert!(store.get("P", "0").await.unwrap().is_none());
+    let hundred = (0..100)
+        .map(|n| create(item("P", &format!("{n:03}"), 1, "x")))
+        .collect();
+    store.transact(hundred).await.unwrap();
+    assert_eq!(query_all(store.as_ref(), "P", "").await.unwrap().len(), 100);
+    assert!(matches!(
+        store.query("P", "", Some("not a cursor"), 10).await,
+        Err(StoreError::Invalid(_))
+    ));
+}
+
+macro_rules! conformance {
+    ($backend:ident: $($test:ident),* $(,)?) => {
+        mod $backend {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    super::$test(super::$backend(stringify!($test)).await).await;
+                }
+            )*
+        }
+    };
+}
+
+macro_rules! both {
+    ($($test:ident),* $(,)?) => {
+        conformance!(embedded: $($test),*);
+        conformance!(dynamodb: $($test),*);
+    };
+}
+
+both!(
+    a_created_item_reads_back_whole,
+    must_not_exist_refuses_an_existing_item,
+    compare_and_set_applies_only_at_the_expected_version,
+    a_failed_transaction_writes_nothing,
+    every_failed_condition_is_named,
+    deletes_take_conditions_too,
+    a_query_returns_one_partition_by_prefix_in_key_order,
+    pages_resume_where_the_last_one_ended,
+    a_query_reads_past_one_megabyte_pages,
+    the_index_is_sparse_and_read_by_range,
+    index_pages_resume_too,
+    malformed_transactions_are_refused_before_writing,
+);

@@ -1,0 +1,134 @@
+//! The local AWS stack for tests: each test gets its own table and FIFO queue, copied from the
+//! ones `infra/local-stack up` created from template.yaml, so tests never share state and the
+//! schema has one source. A missing stack fails the test with the command that starts it.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+
+use aws_config::SdkConfig;
+use aws_sdk_dynamodb::types::{BillingMode, GlobalSecondaryIndex};
+use aws_sdk_sqs::types::QueueAttributeName;
+use shared::deploy::{Aws, AwsSettings};
+
+const START: &str = "eval \"$(infra/local-stack up)\"";
+
+fn required(name: &str) -> String {
+    std::env::var(name).ok().filter(|v| !v.is_empty()).unwrap_or_else(|| {
+        panic!("{name} is not set: the AWS adapter tests need the local stack; from the repository root run: {START}")
+    })
+}
+
+/// A table and a queue of this test's own, on the local stack.
+pub struct FreshStack {
+    pub config: SdkConfig,
+    pub settings: AwsSettings,
+}
+
+fn unique(name: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let name: String = name
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
+        .take(40)
+        .collect();
+    format!("t-{name}-{:x}", nanos % 0xffff_ffff_ffff)
+}
+
+impl FreshStack {
+    pub async fn new(test: &str) -> Self {
+        let endpoint = required("AWS_ENDPOINT_URL");
+        let base_table = required("COUNTERSIGN_TABLE");
+        let base_queue = required("COUNTERSIGN_QUEUE_URL");
+        let config = shared::deploy::sdk_config().await;
+        let name = unique(test);
+
+        let dynamodb = aws_sdk_dynamodb::Client::new(&config);
+        let described = dynamodb.describe_table().table_name(&base_table).send().await.unwrap_or_else(|e| {
+            panic!(
+                "cannot read table {base_table} at {endpoint}: {}; is the local stack running? {START}",
+                aws_sdk_dynamodb::error::DisplayErrorContext(&e)
+            )
+        });
+        let base = described.table().expect("a described table");
+        let indexes = base
+            .global_secondary_indexes()
+            .iter()
+            .map(|i| {
+                GlobalSecondaryIndex::builder()
+                    .index_name(i.index_name().unwrap())
+                    .set_key_schema(Some(i.key_schema().to_vec()))
+                    .set_projection(i.projection().cloned())
+                    .build()
+                    .unwrap()
+            })
+            .collect();
+        dynamodb
+            .create_table()
+            .table_name(&name)
+            .set_attribute_definitions(Some(base.attribute_definitions().to_vec()))
+            .set_key_schema(Some(base.key_schema().to_vec()))
+            .set_global_secondary_indexes(Some(indexes))
+            .billing_mode(BillingMode::PayPerRequest)
+            .send()
+            .await
+            .expect("a fresh table");
+
+        let sqs = aws_sdk_sqs::Client::new(&config);
+        let attributes = sqs
+            .get_queue_attributes()
+            .queue_url(&base_queue)
+            .attribute_names(QueueAttributeName::All)
+            .send()
+            .await
+            .expect("the base queue's attributes");
+        let copied: HashMap<QueueAttributeName, String> = attributes
+            .attributes()
+            .unwrap()
+            .iter()
+            .filter(|(k, _)| {
+                matches!(
+                    k,
+                    QueueAttributeName::FifoQueue
+                        | QueueAttributeName::ContentBasedDeduplication
+                        | QueueAttributeName::VisibilityTimeout
+                        | QueueAttributeName::RedrivePolicy
+                        | QueueAttributeName::MessageRetentionPeriod
+                )
+            })
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let queue = sqs
+            .create_queue()
+            .queue_name(format!("{name}.fifo"))
+            .set_attributes(Some(copied))
+            .send()
+            .await
+            .expect("a fresh queue");
+        let settings = AwsSettings {
+            table: name,
+            queue_url: queue.queue_url().unwrap().to_string(),
+            schedule: None,
+        };
+        Self { config, settings }
+    }
+
+    pub fn aws(&self) -> Aws {
+        Aws::new(&self.config, &self.settings)
+    }
+
+    /// The environment a `countersign` process needs to use this stack.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("COUNTERSIGN_STORE", "dynamodb".into()),
+            ("COUNTERSIGN_TABLE", self.settings.table.clone()),
+            ("COUNTERSIGN_QUEUE_URL", self.settings.queue_url.clone()),
+            ("COUNTERSIGN_SCHEDULE_GROUP", String::new()),
+            ("COUNTERSIGN_SCHEDULER_ROLE_ARN", String::new()),
+            ("COUNTERSIGN_SWEEP_ARN", String::new()),
+        ]
+    }
+}

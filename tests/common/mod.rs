@@ -1,0 +1,84 @@
+//! Driving `countersign` as real processes over one state directory.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use serde_json::Value;
+
+pub struct Countersign {
+    state: PathBuf,
+    env: Vec<(&'static str, String)>,
+}
+
+pub struct Ran {
+    pub exit: i32,
+    pub json: Value,
+    pub stderr: String,
+}
+
+impl Countersign {
+    /// The embedded store in a fresh state directory.
+    pub fn fresh(name: &str) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let state =
+            std::env::temp_dir().join(format!("countersign-{name}-{}-{nanos}", std::process::id()));
+        Self {
+            state,
+            env: vec![("COUNTERSIGN_STORE", "embedded".into())],
+        }
+    }
+
+    /// Every process also gets these variables (to point it at another store).
+    pub fn with_env(mut self, env: Vec<(&'static str, String)>) -> Self {
+        self.env = env;
+        self
+    }
+
+    pub fn run(&self, args: &[&str]) -> Ran {
+        let output = Command::new(env!("CARGO_BIN_EXE_countersign"))
+            .args(args)
+            .arg("--json")
+            .arg("--state")
+            .arg(&self.state)
+            .env_remove("ANTHROPIC_API_KEY")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .output()
+            .expect("countersign runs");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let json = serde_json::from_str(stdout.trim()).unwrap_or(Value::Null);
+        Ran {
+            exit: output.status.code().unwrap_or(-1),
+            json,
+            stderr: String::from_utf8_lossy(&output.stderr).into(),
+        }
+    }
+
+    pub fn ok(&self, args: &[&str]) -> Value {
+        let ran = self.run(args);
+        assert_eq!(ran.exit, 0, "{args:?} failed: {}", ran.stderr);
+        ran.json
+    }
+}
+
+impl Drop for Countersign {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.state);
+    }
+}
+
+/// The one approval a paused run waits on: its id and its record.
+pub fn only_approval(run: &Value) -> (String, Value) {
+    let approvals = run["approvals"]
+        .as_array()
+        .expect("a paused run lists its approvals");
+    assert_eq!(approvals.len(), 1, "{run}");
+    (
+        approvals[0]["id"].as_str().unwrap().to_string(),
+        approvals[0].clone(),
+    )
+}
