@@ -895,6 +895,52 @@ async fn given_an_agent_that_never_stops_calling_tools_when_it_reaches_the_turn_
     assert_eq!(event_names(&history.entries).last(), Some(&"failed"));
 }
 
+async fn given_many_calls_proposed_in_the_same_millisecond_when_the_history_is_read_then_actions_come_in_the_order_proposed_each_version_after_its_predecessor(
+    h: &Harness,
+) {
+    let reads = [
+        ("get_claim", json!({"claim_id": "c-101"})),
+        ("get_claim", json!({"claim_id": "c-102"})),
+        ("get_claim", json!({"claim_id": "c-103"})),
+        ("get_policy", json!({"category": "taxi"})),
+        ("get_policy", json!({"category": "lodging"})),
+        ("find_similar_claims", json!({"claim_id": "c-103"})),
+        ("get_claim", json!({"claim_id": "c-104"})),
+        ("get_claim", json!({"claim_id": "c-105"})),
+    ];
+    let script = Script::default().then_call(&reads).then_call(&[(
+        "reimburse",
+        json!({"claim_id": "c-102", "amount_cents": 25_000}),
+    )]);
+    let p = h.scripted_process(script).await;
+    // The clock never moves: every action is proposed at the same instant.
+    let report = p.start(scripted_task("ben")).await.unwrap();
+    let approval = report.approvals[0].clone();
+    p.decide(&h.person("dana"), &approval.id, edit("d-edit", 200))
+        .await
+        .unwrap();
+
+    let history = p.history(&acme(), &report.run_id).await.unwrap();
+
+    assert!(
+        history
+            .actions
+            .iter()
+            .all(|a| a.proposed_at == start_of_test())
+    );
+    let order: Vec<(String, u32)> = history
+        .actions
+        .iter()
+        .map(|a| (a.tool_use_id.clone(), a.version.get()))
+        .collect();
+    let mut expected: Vec<(String, u32)> = (0..reads.len())
+        .map(|n| (format!("toolu_0_{n}"), 1))
+        .collect();
+    expected.extend([("toolu_1_0".to_string(), 1), ("toolu_1_0".to_string(), 2)]);
+    assert_eq!(order, expected);
+    assert_eq!(history.run.status, RunStatus::Done);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Who may decide
 // ---------------------------------------------------------------------------------------------
@@ -1434,6 +1480,7 @@ on_backend!(
         given_a_process_that_died_after_paying_when_the_sweep_finds_the_stale_execution_then_it_records_the_payment_it_finds,
         given_the_agent_calls_a_tool_the_policy_does_not_name_when_the_turn_runs_then_it_is_not_executed_and_the_model_is_told,
         given_an_agent_that_never_stops_calling_tools_when_it_reaches_the_turn_limit_then_the_run_fails,
+        given_many_calls_proposed_in_the_same_millisecond_when_the_history_is_read_then_actions_come_in_the_order_proposed_each_version_after_its_predecessor,
         given_a_run_that_needs_a_second_decision_after_the_first_when_both_are_decided_then_it_pauses_twice_and_finishes,
         given_two_approvers_approve_paying_more_than_was_claimed_when_it_runs_then_the_tool_refuses_and_the_model_is_told,
         given_a_claim_above_500_when_the_same_approver_approves_twice_then_it_still_waits_and_a_second_approver_pays_it,

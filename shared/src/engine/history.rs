@@ -1,13 +1,15 @@
 //! Reading what happened: pending approvals, one approval, a run's full history.
 
+use std::collections::HashMap;
+
 use serde::Serialize;
 
 use super::records::{Stored, decode, keys};
 use super::{Engine, EngineError};
 use crate::domain::action::{Action, ActionStatus};
 use crate::domain::approval::{Approval, ApprovalStatus};
-use crate::domain::audit::AuditEntry;
-use crate::domain::ids::{ApprovalId, RunId, TenantId};
+use crate::domain::audit::{AuditEntry, AuditEvent};
+use crate::domain::ids::{ActionId, ActionVersion, ApprovalId, RunId, TenantId};
 use crate::domain::run::Run;
 use crate::ports::store::query_all;
 
@@ -65,7 +67,7 @@ impl Engine {
     pub async fn history(&self, tenant: &TenantId, id: &RunId) -> Result<History, EngineError> {
         let items = query_all(self.store.as_ref(), &keys::run_pk(tenant, id), "").await?;
         let mut run = None;
-        let mut actions: Vec<Action> = Vec::new();
+        let mut actions = Vec::new();
         let mut entries = Vec::new();
         for item in &items {
             if item.sk == keys::RUN_SK {
@@ -77,7 +79,7 @@ impl Engine {
             }
         }
         let run = run.ok_or_else(|| EngineError::not_found(format!("run {id}")))?;
-        actions.sort_by_key(|a| (a.proposed_at, a.version));
+        let actions = in_proposal_order(actions, &entries);
         let mut approvals = Vec::new();
         for approval_id in actions.iter().filter_map(|a| a.approval_id.as_ref()) {
             if let Some(stored) = self.load_approval(tenant, approval_id).await? {
@@ -155,5 +157,96 @@ impl Engine {
             .into_iter()
             .map(|s| s.value)
             .collect())
+    }
+}
+
+/// Action versions in the order their `proposed` events were written: audit keys are monotonic
+/// per process, where timestamps tie. A version never comes before its predecessor, even when
+/// another process with a lagging clock proposed it.
+fn in_proposal_order(mut actions: Vec<Action>, entries: &[AuditEntry]) -> Vec<Action> {
+    let proposed: HashMap<(&ActionId, ActionVersion), usize> = entries
+        .iter()
+        .enumerate()
+        .filter_map(|(n, entry)| match &entry.event {
+            AuditEvent::Proposed {
+                action_id, version, ..
+            } => Some(((action_id, *version), n)),
+            _ => None,
+        })
+        .collect();
+    actions.sort_by(|a, b| (&a.id, a.version).cmp(&(&b.id, b.version)));
+    let mut placed: Vec<(usize, Action)> = Vec::with_capacity(actions.len());
+    for action in actions {
+        // Without its event (never expected), an action goes last, by when it was proposed.
+        let own = proposed
+            .get(&(&action.id, action.version))
+            .copied()
+            .unwrap_or(usize::MAX);
+        let predecessor = placed
+            .last()
+            .filter(|(_, previous)| previous.id == action.id)
+            .map_or(0, |(at, _)| *at);
+        placed.push((own.max(predecessor), action));
+    }
+    placed.sort_by(|(a_at, a), (b_at, b)| {
+        (a_at, a.proposed_at, a.version).cmp(&(b_at, b.proposed_at, b.version))
+    });
+    placed.into_iter().map(|(_, action)| action).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::Utc;
+    use serde_json::json;
+
+    use super::*;
+    use crate::domain::action::ProposedCall;
+    use crate::domain::args::Args;
+    use crate::domain::identity::Actor;
+    use crate::domain::ids::TenantId;
+    use crate::domain::policy::Verdict;
+
+    fn action(id: &str, version: u32) -> Action {
+        let call = ProposedCall {
+            id: ActionId::parse(id).unwrap(),
+            version: ActionVersion::new(version).unwrap(),
+            tenant: TenantId::parse("acme").unwrap(),
+            run_id: RunId::parse("run-1").unwrap(),
+            tool_use_id: format!("toolu_{id}"),
+            tool: "get_claim".into(),
+            args: Args::new(json!({"claim_id": "c-101"})).unwrap(),
+            explanation: String::new(),
+        };
+        Action::propose(call, Utc::now())
+    }
+
+    fn proposed(action: &Action) -> AuditEntry {
+        AuditEntry {
+            at: action.proposed_at,
+            run_id: action.run_id.clone(),
+            actor: Actor::Agent,
+            event: AuditEvent::Proposed {
+                action_id: action.id.clone(),
+                version: action.version,
+                tool: action.tool.clone(),
+                args: action.args.clone(),
+                args_hash: action.args_hash.clone(),
+                explanation: String::new(),
+                verdict: Verdict::Allow,
+                approval_id: None,
+            },
+        }
+    }
+
+    #[test]
+    fn a_version_whose_event_sorts_before_its_predecessors_still_comes_after_it() {
+        let (b1, a1, a2) = (action("act-b", 1), action("act-a", 1), action("act-a", 2));
+        // act-a v2 was proposed by a process whose audit keys sort before the others'.
+        let entries = [proposed(&a2), proposed(&b1), proposed(&a1)];
+
+        let ordered = in_proposal_order(vec![a2, a1, b1], &entries);
+
+        let order: Vec<String> = ordered.iter().map(Action::key).collect();
+        assert_eq!(order, ["act-b:1", "act-a:1", "act-a:2"]);
     }
 }
