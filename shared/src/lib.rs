@@ -4,9 +4,11 @@
 //! - [`engine`]: the use cases, written once on top of the ports.
 //! - [`ports`]: the small traits the engine needs (store, model, tools, queue, scheduler, clock).
 //! - [`adapters`]: the ports on real things (SQLite, the Anthropic API, AWS).
+//! - [`api`]: the HTTP decision API, one axum router for Lambda and the local server.
 //! - [`example`]: the expense agent shipped with Countersign.
 
 pub mod adapters;
+pub mod api;
 pub mod deploy;
 pub mod domain;
 pub mod engine;

@@ -1,0 +1,266 @@
+//! Approvals: what waits in the caller's tenant, one approval in full, and deciding it.
+
+use axum::Json;
+use axum::extract::State;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::DecideState;
+use super::error::ApiError;
+use super::extract::{Caller, IdPath, JsonBody};
+use crate::domain::approval::{Approval, Choice, DecisionRequest};
+use crate::domain::ids::{ActionVersion, ApprovalId, DecisionId};
+use crate::domain::money::Amount;
+use crate::engine::DecisionReport;
+
+/// An approval as a reviewer reads it: the stored approval (exact call, version, args hash,
+/// explanation, reason, deadline, decisions, previous version) and what it still needs.
+#[derive(Debug, Serialize)]
+pub struct ApprovalView {
+    #[serde(flatten)]
+    pub approval: Approval,
+    /// Distinct approvals still needed for the quorum.
+    pub still_needed: u8,
+    /// The deadline passed; a decision now expires it.
+    pub overdue: bool,
+}
+
+impl ApprovalView {
+    fn of(approval: Approval, now: DateTime<Utc>) -> Self {
+        Self {
+            still_needed: approval.still_needed(),
+            overdue: approval.is_overdue(now),
+            approval,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct ApprovalList {
+    pub approvals: Vec<ApprovalView>,
+    pub now: DateTime<Utc>,
+}
+
+/// `GET /approvals`: what waits for a decision in the caller's tenant, soonest deadline first.
+pub(super) async fn list(
+    State(state): State<DecideState>,
+    Caller(who): Caller,
+) -> Result<Json<ApprovalList>, ApiError> {
+    let now = state.engine.now();
+    let approvals = state.engine.pending(&who.tenant).await?;
+    Ok(Json(ApprovalList {
+        approvals: approvals
+            .into_iter()
+            .map(|a| ApprovalView::of(a, now))
+            .collect(),
+        now,
+    }))
+}
+
+/// `GET /approvals/{id}`.
+pub(super) async fn read(
+    State(state): State<DecideState>,
+    Caller(who): Caller,
+    IdPath(id): IdPath<ApprovalId>,
+) -> Result<Json<ApprovalView>, ApiError> {
+    let approval = state.engine.approval(&who.tenant, &id).await?;
+    record_run(&approval);
+    Ok(Json(ApprovalView::of(approval, state.engine.now())))
+}
+
+fn record_run(approval: &Approval) {
+    tracing::Span::current().record("run", tracing::field::display(&approval.run_id));
+}
+
+/// The body of `POST /approvals/{id}/decisions`. The decider is the authenticated caller; the
+/// body has no field that could name anyone.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecisionBody {
+    /// Chosen by the client; the same id again returns the recorded outcome.
+    pub decision_id: String,
+    /// The version the reviewer saw.
+    pub action_version: u32,
+    pub choice: ChoiceName,
+    /// Edit only: the new amount in dollars, as a string such as "200.00". Never a number, so
+    /// no float ever touches money.
+    #[serde(default)]
+    pub amount: Option<Value>,
+    /// Edit only: why, for the record.
+    #[serde(default)]
+    pub note: Option<String>,
+    /// Reject only: why, which the agent is told.
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChoiceName {
+    Approve,
+    Edit,
+    Reject,
+}
+
+impl DecisionBody {
+    /// The engine's request, or why the body does not make one.
+    pub fn into_request(self) -> Result<DecisionRequest, ApiError> {
+        let invalid = |message: String| ApiError::bad_request("invalid_field", message);
+        let decision_id =
+            DecisionId::parse(&self.decision_id).map_err(|e| invalid(e.to_string()))?;
+        let action_version =
+            ActionVersion::new(self.action_version).map_err(|e| invalid(e.to_string()))?;
+        let stray = |field: &str, allowed: &str| {
+            invalid(format!("{field} goes only with choice \"{allowed}\""))
+        };
+        let choice = match self.choice {
+            ChoiceName::Approve => {
+                if self.amount.is_some() {
+                    return Err(stray("amount", "edit"));
+                }
+                if self.note.is_some() {
+                    return Err(stray("note", "edit"));
+                }
+                if self.reason.is_some() {
+                    return Err(stray("reason", "reject"));
+                }
+                Choice::Approve
+            }
+            ChoiceName::Edit => {
+                if self.reason.is_some() {
+                    return Err(stray("reason", "reject"));
+                }
+                let amount = self.amount.ok_or_else(|| {
+                    ApiError::bad_request("missing_field", "an edit needs the new amount")
+                })?;
+                Choice::Edit {
+                    amount: dollars(&amount)?,
+                    note: self.note,
+                }
+            }
+            ChoiceName::Reject => {
+                if self.amount.is_some() {
+                    return Err(stray("amount", "edit"));
+                }
+                if self.note.is_some() {
+                    return Err(stray("note", "edit"));
+                }
+                let reason = self.reason.ok_or_else(|| {
+                    ApiError::bad_request("missing_field", "a rejection needs a reason")
+                })?;
+                Choice::Reject { reason }
+            }
+        };
+        Ok(DecisionRequest {
+            decision_id,
+            action_version,
+            choice,
+        })
+    }
+}
+
+/// An amount of dollars written as a string: "200", "200.5", "200.50" or "$200.50".
+fn dollars(value: &Value) -> Result<Amount, ApiError> {
+    let bad = || {
+        ApiError::bad_request(
+            "bad_amount",
+            "amount is dollars written as a string, such as \"200.00\"",
+        )
+    };
+    match value {
+        Value::String(text) => text.parse().map_err(|_| bad()),
+        _ => Err(bad()),
+    }
+}
+
+/// `POST /approvals/{id}/decisions`: approve, edit (a lower amount) or reject one version.
+pub(super) async fn decide(
+    State(state): State<DecideState>,
+    Caller(who): Caller,
+    IdPath(id): IdPath<ApprovalId>,
+    JsonBody(body): JsonBody<DecisionBody>,
+) -> Result<Json<DecisionReport>, ApiError> {
+    let request = body.into_request()?;
+    let report = state.engine.decide(&who, &id, request).await?;
+    record_run(&report.approval);
+    tracing::info!(
+        choice = report.decision.choice.name(),
+        replayed = report.replayed,
+        "decision"
+    );
+    Ok(Json(report))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::extract::parse_json;
+
+    fn request(body: &str) -> Result<DecisionRequest, ApiError> {
+        parse_json::<DecisionBody>(body.as_bytes())?.into_request()
+    }
+
+    #[test]
+    fn an_edit_takes_dollars_as_a_string() {
+        let edit = request(
+            r#"{"decision_id": "d1", "action_version": 1, "choice": "edit", "amount": "200.00", "note": "one night"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            edit.choice,
+            Choice::Edit {
+                amount: Amount::from_dollars(200),
+                note: Some("one night".into())
+            }
+        );
+    }
+
+    #[test]
+    fn an_amount_as_a_number_is_refused() {
+        for amount in ["200", "200.5", "\"20o\"", "\"-5\""] {
+            let body = format!(
+                r#"{{"decision_id": "d1", "action_version": 1, "choice": "edit", "amount": {amount}}}"#
+            );
+            assert_eq!(request(&body).unwrap_err().code, "bad_amount", "{amount}");
+        }
+    }
+
+    #[test]
+    fn fields_that_do_not_go_with_the_choice_are_refused() {
+        let approve_with_amount =
+            r#"{"decision_id": "d1", "action_version": 1, "choice": "approve", "amount": "1"}"#;
+        assert_eq!(
+            request(approve_with_amount).unwrap_err().code,
+            "invalid_field"
+        );
+        let reject_without_reason =
+            r#"{"decision_id": "d1", "action_version": 1, "choice": "reject"}"#;
+        assert_eq!(
+            request(reject_without_reason).unwrap_err().code,
+            "missing_field"
+        );
+        let edit_without_amount = r#"{"decision_id": "d1", "action_version": 1, "choice": "edit"}"#;
+        assert_eq!(
+            request(edit_without_amount).unwrap_err().code,
+            "missing_field"
+        );
+    }
+
+    #[test]
+    fn a_body_cannot_name_the_decider() {
+        let by = r#"{"decision_id": "d1", "action_version": 1, "choice": "approve", "by": "dana"}"#;
+        assert_eq!(request(by).unwrap_err().code, "unknown_field");
+    }
+
+    #[test]
+    fn bad_ids_versions_and_choices_are_invalid_fields() {
+        for body in [
+            r#"{"decision_id": "d 1", "action_version": 1, "choice": "approve"}"#,
+            r#"{"decision_id": "d1", "action_version": 0, "choice": "approve"}"#,
+            r#"{"decision_id": "d1", "action_version": 1, "choice": "maybe"}"#,
+        ] {
+            assert_eq!(request(body).unwrap_err().code, "invalid_field", "{body}");
+        }
+    }
+}

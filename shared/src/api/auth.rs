@@ -1,0 +1,472 @@
+//! Who is calling: an [`Identity`] from authentication, never from the request body.
+//!
+//! Two sources implement [`Authenticate`]:
+//! - [`BearerJwt`] verifies an HS256 bearer token itself (the local server, with a development
+//!   key);
+//! - [`GatewayClaims`] reads the claims API Gateway's JWT authorizer already verified, which the
+//!   Lambda adapter hands over as a [`VerifiedClaims`] request extension.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use axum::http::header;
+use axum::http::request::Parts;
+use chrono::{DateTime, Utc};
+use jsonwebtoken::errors::ErrorKind as JwtErrorKind;
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::domain::identity::Identity;
+use crate::domain::ids::{PersonId, Role, TenantId};
+
+/// Turns an authenticated request into the person acting. Implementations read only what
+/// authentication established: headers they verify themselves, or extensions set by trusted code.
+pub trait Authenticate: Send + Sync {
+    fn identify(&self, request: &Parts) -> Result<Identity, AuthError>;
+}
+
+/// Why a request is not authenticated. Every variant is a 401.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    #[error("no bearer token: send Authorization: Bearer <token>")]
+    Missing,
+    #[error("the bearer token is not valid: {0}")]
+    Invalid(String),
+    #[error("the bearer token has expired")]
+    Expired,
+    /// Authentication succeeded, but its claims do not name a usable person, tenant or roles.
+    #[error("the token's claims are not usable: {0}")]
+    Claims(String),
+}
+
+impl AuthError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            AuthError::Missing => "missing_token",
+            AuthError::Invalid(_) => "invalid_token",
+            AuthError::Expired => "token_expired",
+            AuthError::Claims(_) => "invalid_claims",
+        }
+    }
+}
+
+fn identity(subject: &str, tenant: &str, roles: BTreeSet<Role>) -> Result<Identity, AuthError> {
+    Ok(Identity {
+        person: PersonId::parse(subject).map_err(|e| AuthError::Claims(e.to_string()))?,
+        tenant: TenantId::parse(tenant).map_err(|e| AuthError::Claims(e.to_string()))?,
+        roles,
+    })
+}
+
+fn roles_of<'a>(names: impl IntoIterator<Item = &'a str>) -> Result<BTreeSet<Role>, AuthError> {
+    names
+        .into_iter()
+        .map(|name| Role::parse(name).map_err(|e| AuthError::Claims(e.to_string())))
+        .collect()
+}
+
+/// The claims of a Countersign bearer token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenClaims {
+    /// The person.
+    pub sub: String,
+    pub tenant: String,
+    pub roles: Vec<String>,
+    /// Expiry, in seconds since the epoch.
+    pub exp: i64,
+    pub iat: i64,
+    pub iss: String,
+}
+
+/// Verifies HS256 bearer tokens signed with a shared key, and issues them (the local mode's
+/// `countersign token`).
+pub struct BearerJwt {
+    encoding: EncodingKey,
+    decoding: DecodingKey,
+    validation: Validation,
+}
+
+/// Why a key cannot sign or verify tokens.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the token key is not usable: {0}")]
+pub struct KeyError(String);
+
+impl BearerJwt {
+    /// The issuer every local token names, and the only one accepted.
+    pub const ISSUER: &'static str = "countersign-local";
+    /// Allowed clock difference when checking expiry.
+    const LEEWAY_SECS: u64 = 5;
+
+    /// A verifier and issuer for tokens signed with `key` (HS256; at least 32 bytes).
+    pub fn hs256(key: &[u8]) -> Result<Self, KeyError> {
+        if key.len() < 32 {
+            return Err(KeyError(format!(
+                "an HS256 key needs at least 32 bytes, this one has {}",
+                key.len()
+            )));
+        }
+        let mut validation = Validation::new(Algorithm::HS256);
+        validation.set_issuer(&[Self::ISSUER]);
+        validation.set_required_spec_claims(&["exp", "iss", "sub"]);
+        validation.leeway = Self::LEEWAY_SECS;
+        Ok(Self {
+            encoding: EncodingKey::from_secret(key).map_err(|e| KeyError(e.to_string()))?,
+            decoding: DecodingKey::from_secret(key).map_err(|e| KeyError(e.to_string()))?,
+            validation,
+        })
+    }
+
+    /// A token for `who`, valid for `ttl` from `issued_at`.
+    pub fn issue(
+        &self,
+        who: &Identity,
+        issued_at: DateTime<Utc>,
+        ttl: Duration,
+    ) -> Result<String, KeyError> {
+        let ttl = chrono::Duration::from_std(ttl).map_err(|e| KeyError(e.to_string()))?;
+        let claims = TokenClaims {
+            sub: who.person.to_string(),
+            tenant: who.tenant.to_string(),
+            roles: who.roles.iter().map(|r| r.to_string()).collect(),
+            exp: (issued_at + ttl).timestamp(),
+            iat: issued_at.timestamp(),
+            iss: Self::ISSUER.to_string(),
+        };
+        jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &self.encoding)
+            .map_err(|e| KeyError(e.to_string()))
+    }
+
+    /// The identity a token names, once its signature, issuer and expiry check out.
+    pub fn verify(&self, token: &str) -> Result<Identity, AuthError> {
+        let data = jsonwebtoken::decode::<TokenClaims>(token, &self.decoding, &self.validation)
+            .map_err(|error| match error.kind() {
+                JwtErrorKind::ExpiredSignature => AuthError::Expired,
+                JwtErrorKind::InvalidSignature => {
+                    AuthError::Invalid("its signature does not match".into())
+                }
+                JwtErrorKind::InvalidIssuer => {
+                    AuthError::Invalid(format!("it was not issued by {}", Self::ISSUER))
+                }
+                _ => AuthError::Invalid(error.to_string()),
+            })?;
+        let claims = data.claims;
+        let roles = roles_of(claims.roles.iter().map(String::as_str))?;
+        identity(&claims.sub, &claims.tenant, roles)
+    }
+}
+
+impl Authenticate for BearerJwt {
+    fn identify(&self, request: &Parts) -> Result<Identity, AuthError> {
+        let value = request
+            .headers
+            .get(header::AUTHORIZATION)
+            .ok_or(AuthError::Missing)?;
+        let value = value
+            .to_str()
+            .map_err(|_| AuthError::Invalid("the Authorization header is not text".into()))?;
+        let (scheme, token) = value.trim().split_once(' ').ok_or_else(|| {
+            AuthError::Invalid("the Authorization header must be `Bearer <token>`".into())
+        })?;
+        if !scheme.eq_ignore_ascii_case("bearer") {
+            return Err(AuthError::Invalid(
+                "the Authorization header must be `Bearer <token>`".into(),
+            ));
+        }
+        self.verify(token.trim())
+    }
+}
+
+/// Claims that trusted code already verified, attached to the request as an extension.
+///
+/// The contract with the Lambda adapter: after API Gateway's JWT authorizer accepted the token,
+/// the adapter copies `requestContext.authorizer.jwt.claims` into this map and inserts it into
+/// the request's extensions before the router runs. API Gateway hands every claim over as a
+/// string, so an array claim arrives flattened as `"[a b]"`; a claim may also arrive as a JSON
+/// value. Nothing a client sends can set an extension, so the router trusts it; the function
+/// must only be reachable through the authorizer.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct VerifiedClaims(pub BTreeMap<String, Value>);
+
+impl VerifiedClaims {
+    /// From the string map API Gateway passes to Lambda.
+    pub fn from_strings<K: Into<String>, V: Into<String>>(
+        claims: impl IntoIterator<Item = (K, V)>,
+    ) -> Self {
+        Self(
+            claims
+                .into_iter()
+                .map(|(k, v)| (k.into(), Value::String(v.into())))
+                .collect(),
+        )
+    }
+
+    fn text(&self, name: &str) -> Result<&str, AuthError> {
+        match self.0.get(name) {
+            Some(Value::String(s)) if !s.trim().is_empty() => Ok(s.trim()),
+            Some(_) => Err(AuthError::Claims(format!("the {name} claim is not a name"))),
+            None => Err(AuthError::Claims(format!("there is no {name} claim"))),
+        }
+    }
+}
+
+/// Reads the identity from [`VerifiedClaims`]: the subject (`sub`), the tenant and the roles
+/// claims. The claim names of tenant and roles are configurable because identity providers
+/// namespace custom claims (`custom:tenant`, `cognito:groups`).
+#[derive(Debug, Clone)]
+pub struct GatewayClaims {
+    tenant_claim: String,
+    roles_claim: String,
+}
+
+impl Default for GatewayClaims {
+    fn default() -> Self {
+        Self::new("tenant", "roles")
+    }
+}
+
+impl GatewayClaims {
+    pub fn new(tenant_claim: impl Into<String>, roles_claim: impl Into<String>) -> Self {
+        Self {
+            tenant_claim: tenant_claim.into(),
+            roles_claim: roles_claim.into(),
+        }
+    }
+
+    pub fn identity_of(&self, claims: &VerifiedClaims) -> Result<Identity, AuthError> {
+        let roles = match claims.0.get(&self.roles_claim) {
+            Some(value) => parse_roles(value)?,
+            None => BTreeSet::new(),
+        };
+        identity(claims.text("sub")?, claims.text(&self.tenant_claim)?, roles)
+    }
+}
+
+impl Authenticate for GatewayClaims {
+    fn identify(&self, request: &Parts) -> Result<Identity, AuthError> {
+        let claims = request
+            .extensions
+            .get::<VerifiedClaims>()
+            .ok_or(AuthError::Missing)?;
+        self.identity_of(claims)
+    }
+}
+
+/// Roles as a JSON array of strings, or as a string: API Gateway's flattened `"[a b]"`, a JSON
+/// array in text (`"[\"a\",\"b\"]"`), or names separated by spaces or commas.
+pub fn parse_roles(value: &Value) -> Result<BTreeSet<Role>, AuthError> {
+    match value {
+        Value::Null => Ok(BTreeSet::new()),
+        Value::Array(items) => {
+            let names = items
+                .iter()
+                .map(|item| {
+                    item.as_str()
+                        .ok_or_else(|| AuthError::Claims("a role is not a string".into()))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            roles_of(names)
+        }
+        Value::String(text) => {
+            let text = text.trim();
+            if let Ok(names) = serde_json::from_str::<Vec<String>>(text) {
+                return roles_of(names.iter().map(String::as_str));
+            }
+            let inner = text
+                .strip_prefix('[')
+                .and_then(|t| t.strip_suffix(']'))
+                .unwrap_or(text);
+            roles_of(
+                inner
+                    .split(|c: char| c.is_whitespace() || c == ',')
+                    .filter(|name| !name.is_empty()),
+            )
+        }
+        _ => Err(AuthError::Claims(
+            "roles must be an array or a string".into(),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::Request;
+    use serde_json::json;
+
+    fn names(roles: &BTreeSet<Role>) -> Vec<&str> {
+        roles.iter().map(Role::as_str).collect()
+    }
+
+    fn parts_with(claims: Option<VerifiedClaims>, authorization: Option<&str>) -> Parts {
+        let mut request = Request::builder().uri("/approvals");
+        if let Some(value) = authorization {
+            request = request.header(header::AUTHORIZATION, value);
+        }
+        let mut request = request.body(()).unwrap();
+        if let Some(claims) = claims {
+            request.extensions_mut().insert(claims);
+        }
+        request.into_parts().0
+    }
+
+    #[test]
+    fn roles_arrive_as_a_json_array() {
+        let roles = parse_roles(&json!(["finance", "employee"])).unwrap();
+        assert_eq!(names(&roles), ["employee", "finance"]);
+    }
+
+    #[test]
+    fn roles_arrive_flattened_by_api_gateway() {
+        let roles = parse_roles(&json!("[employee finance]")).unwrap();
+        assert_eq!(names(&roles), ["employee", "finance"]);
+        assert!(parse_roles(&json!("[]")).unwrap().is_empty());
+        let one = parse_roles(&json!("[finance]")).unwrap();
+        assert_eq!(names(&one), ["finance"]);
+    }
+
+    #[test]
+    fn roles_arrive_as_json_text_or_separated_names() {
+        let roles = parse_roles(&json!(r#"["employee","finance"]"#)).unwrap();
+        assert_eq!(names(&roles), ["employee", "finance"]);
+        let roles = parse_roles(&json!("employee,finance")).unwrap();
+        assert_eq!(names(&roles), ["employee", "finance"]);
+        let roles = parse_roles(&json!("finance")).unwrap();
+        assert_eq!(names(&roles), ["finance"]);
+    }
+
+    #[test]
+    fn a_role_that_is_not_a_name_is_refused() {
+        assert!(matches!(
+            parse_roles(&json!(["fin/ance"])),
+            Err(AuthError::Claims(_))
+        ));
+        assert!(matches!(
+            parse_roles(&json!([1, 2])),
+            Err(AuthError::Claims(_))
+        ));
+        assert!(matches!(
+            parse_roles(&json!({"a": 1})),
+            Err(AuthError::Claims(_))
+        ));
+    }
+
+    #[test]
+    fn gateway_claims_become_an_identity() {
+        let claims = VerifiedClaims::from_strings([
+            ("sub", "dana"),
+            ("tenant", "acme"),
+            ("roles", "[employee finance]"),
+            ("exp", "1900000000"),
+        ]);
+        let dana = GatewayClaims::default()
+            .identify(&parts_with(Some(claims), None))
+            .unwrap();
+        assert_eq!(dana.person.as_str(), "dana");
+        assert_eq!(dana.tenant.as_str(), "acme");
+        assert!(dana.has_role(&Role::parse("finance").unwrap()));
+    }
+
+    #[test]
+    fn gateway_claim_names_can_be_namespaced() {
+        let claims = VerifiedClaims::from_strings([
+            ("sub", "dana"),
+            ("custom:tenant", "acme"),
+            ("cognito:groups", "[finance]"),
+        ]);
+        let dana = GatewayClaims::new("custom:tenant", "cognito:groups")
+            .identity_of(&claims)
+            .unwrap();
+        assert_eq!(names(&dana.roles), ["finance"]);
+    }
+
+    #[test]
+    fn gateway_claims_without_a_tenant_or_at_all_are_refused() {
+        let gateway = GatewayClaims::default();
+        let no_tenant = VerifiedClaims::from_strings([("sub", "dana")]);
+        assert!(matches!(
+            gateway.identity_of(&no_tenant),
+            Err(AuthError::Claims(_))
+        ));
+        assert_eq!(
+            gateway.identify(&parts_with(None, Some("Bearer x"))),
+            Err(AuthError::Missing),
+            "a header is no substitute for verified claims"
+        );
+        let bad_subject = VerifiedClaims::from_strings([("sub", "da na"), ("tenant", "acme")]);
+        assert!(matches!(
+            gateway.identity_of(&bad_subject),
+            Err(AuthError::Claims(_))
+        ));
+    }
+
+    fn dana() -> Identity {
+        identity("dana", "acme", roles_of(["employee", "finance"]).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn a_bearer_token_round_trips_to_the_same_identity() {
+        let jwt = BearerJwt::hs256(&[7; 32]).unwrap();
+        let token = jwt
+            .issue(&dana(), Utc::now(), Duration::from_secs(600))
+            .unwrap();
+        let header = format!("Bearer {token}");
+        assert_eq!(jwt.identify(&parts_with(None, Some(&header))), Ok(dana()));
+    }
+
+    #[test]
+    fn bearer_tokens_that_do_not_verify_are_refused() {
+        let jwt = BearerJwt::hs256(&[7; 32]).unwrap();
+        let other = BearerJwt::hs256(&[8; 32]).unwrap();
+        let foreign = other
+            .issue(&dana(), Utc::now(), Duration::from_secs(600))
+            .unwrap();
+        assert!(matches!(jwt.verify(&foreign), Err(AuthError::Invalid(_))));
+        let old = jwt
+            .issue(
+                &dana(),
+                Utc::now() - chrono::Duration::hours(2),
+                Duration::from_secs(3600),
+            )
+            .unwrap();
+        assert_eq!(jwt.verify(&old), Err(AuthError::Expired));
+        assert!(matches!(
+            jwt.verify("not.a.token"),
+            Err(AuthError::Invalid(_))
+        ));
+        assert_eq!(
+            jwt.identify(&parts_with(None, None)),
+            Err(AuthError::Missing)
+        );
+        assert!(matches!(
+            jwt.identify(&parts_with(None, Some("Basic ZGFuYTp4"))),
+            Err(AuthError::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn a_token_from_another_issuer_is_refused() {
+        let key = [7; 32];
+        let claims = TokenClaims {
+            sub: "dana".into(),
+            tenant: "acme".into(),
+            roles: vec!["finance".into()],
+            exp: Utc::now().timestamp() + 600,
+            iat: Utc::now().timestamp(),
+            iss: "someone-else".into(),
+        };
+        let token = jsonwebtoken::encode(
+            &Header::new(Algorithm::HS256),
+            &claims,
+            &EncodingKey::from_secret(&key).unwrap(),
+        )
+        .unwrap();
+        let jwt = BearerJwt::hs256(&key).unwrap();
+        assert!(matches!(jwt.verify(&token), Err(AuthError::Invalid(_))));
+    }
+
+    #[test]
+    fn a_short_key_is_refused() {
+        assert!(BearerJwt::hs256(&[1; 16]).is_err());
+    }
+}

@@ -1,0 +1,225 @@
+//! Every failure the API returns: a status, a stable code, and a sentence, as
+//! `{"error": {"code": "...", "message": "..."}}`.
+
+use axum::Json;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use super::auth::AuthError;
+use crate::engine::{EngineError, ErrorKind};
+
+/// An error response. Build it from an [`EngineError`], an [`AuthError`], or one of the
+/// constructors for what the API layer itself refuses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+}
+
+/// The one status each kind of engine error gets.
+pub fn status_of(kind: ErrorKind) -> StatusCode {
+    match kind {
+        ErrorKind::BadInput => StatusCode::BAD_REQUEST,
+        ErrorKind::Forbidden => StatusCode::FORBIDDEN,
+        ErrorKind::NotFound => StatusCode::NOT_FOUND,
+        ErrorKind::Conflict => StatusCode::CONFLICT,
+        ErrorKind::PolicyRefused => StatusCode::UNPROCESSABLE_ENTITY,
+        ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+    }
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// 400: the request itself is wrong; sending it again unchanged fails again.
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, code, message)
+    }
+
+    pub fn no_route(method: &str, path: &str) -> Self {
+        let path: String = path.chars().take(200).collect();
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "no_route",
+            format!("there is no {method} {path}"),
+        )
+    }
+
+    pub fn method_not_allowed(method: &str, path: &str) -> Self {
+        let path: String = path.chars().take(200).collect();
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            format!("{path} does not take {method}"),
+        )
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(error: EngineError) -> Self {
+        let status = status_of(error.kind());
+        // A failing store or dependency is logged in full and told to the caller in general terms.
+        let message = match error.kind() {
+            ErrorKind::Unavailable => {
+                tracing::error!(%error, code = error.code(), "unavailable");
+                "the service cannot complete this now; try again later".to_string()
+            }
+            _ => error.to_string(),
+        };
+        Self {
+            status,
+            code: error.code(),
+            message,
+        }
+    }
+}
+
+impl From<AuthError> for ApiError {
+    fn from(error: AuthError) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, error.code(), error.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({"error": {"code": self.code, "message": self.message}});
+        let mut response = (self.status, Json(body)).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::approval::{ApprovalStatus, Refusal};
+    use crate::domain::identity::DirectoryError;
+    use crate::domain::ids::{ActionVersion, PersonId, Role};
+    use crate::domain::money::Amount;
+    use crate::domain::policy::EditRefusal;
+    use crate::ports::store::StoreError;
+
+    fn mapped(error: EngineError) -> (u16, &'static str) {
+        let api = ApiError::from(error);
+        (api.status.as_u16(), api.code)
+    }
+
+    #[test]
+    fn refusals_of_a_person_are_403() {
+        let ben = PersonId::parse("ben").unwrap();
+        assert_eq!(
+            mapped(
+                Refusal::OwnRequest {
+                    person: ben.clone()
+                }
+                .into()
+            ),
+            (403, "own_request")
+        );
+        let role = Role::parse("finance").unwrap();
+        assert_eq!(
+            mapped(Refusal::MissingRole { person: ben, role }.into()),
+            (403, "missing_role")
+        );
+        assert_eq!(
+            mapped(DirectoryError::UnknownPerson("mallory".into()).into()),
+            (403, "unknown_person")
+        );
+    }
+
+    #[test]
+    fn unknown_or_another_tenants_is_404() {
+        assert_eq!(
+            mapped(EngineError::not_found("approval ap-x")),
+            (404, "not_found")
+        );
+    }
+
+    #[test]
+    fn a_state_that_moved_on_is_409_with_its_own_code() {
+        let resolved = |status| Refusal::AlreadyResolved { status }.into();
+        assert_eq!(
+            mapped(resolved(ApprovalStatus::Approved)),
+            (409, "already_decided")
+        );
+        assert_eq!(
+            mapped(resolved(ApprovalStatus::Cancelled)),
+            (409, "cancelled")
+        );
+        assert_eq!(mapped(resolved(ApprovalStatus::Expired)), (409, "expired"));
+        let stale = Refusal::StaleVersion {
+            sent: ActionVersion::FIRST.next(),
+            current: ActionVersion::FIRST,
+        };
+        assert_eq!(mapped(stale.into()), (409, "stale_version"));
+        let superseded = Refusal::Superseded { current: None };
+        assert_eq!(mapped(superseded.into()), (409, "superseded"));
+        let late = Refusal::Expired {
+            expires_at: chrono::Utc::now(),
+        };
+        assert_eq!(mapped(late.into()), (409, "expired"));
+    }
+
+    #[test]
+    fn an_edit_policy_refuses_is_422() {
+        let refusal = Refusal::Edit(EditRefusal::NotLower {
+            old: Amount::from_dollars(250),
+            new: Amount::from_dollars(300),
+        });
+        assert_eq!(mapped(refusal.into()), (422, "edit_refused"));
+        assert_eq!(
+            mapped(EngineError::PolicyRefused("denied".into())),
+            (422, "policy_refused")
+        );
+    }
+
+    #[test]
+    fn bad_input_is_400_and_a_failing_store_is_503_without_its_details() {
+        assert_eq!(
+            mapped(Refusal::EmptyReason.into()),
+            (400, "reason_required")
+        );
+        assert_eq!(
+            mapped(EngineError::BadInput("too long".into())),
+            (400, "bad_input")
+        );
+        let store = ApiError::from(EngineError::Store(StoreError::Unavailable(
+            "/var/secret/path.db is locked".into(),
+        )));
+        assert_eq!((store.status.as_u16(), store.code), (503, "unavailable"));
+        assert!(!store.message.contains("/var/secret"), "{}", store.message);
+    }
+
+    #[test]
+    fn authentication_failures_are_401() {
+        let api = ApiError::from(AuthError::Missing);
+        assert_eq!((api.status.as_u16(), api.code), (401, "missing_token"));
+        let api = ApiError::from(AuthError::Expired);
+        assert_eq!((api.status.as_u16(), api.code), (401, "token_expired"));
+    }
+
+    #[tokio::test]
+    async fn the_body_is_the_error_object_and_a_401_names_the_scheme() {
+        let response = ApiError::from(AuthError::Missing).into_response();
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(response.headers()[header::WWW_AUTHENTICATE], "Bearer");
+        let bytes = axum::body::to_bytes(response.into_body(), 4096)
+            .await
+            .unwrap();
+        let body: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(body["error"]["code"], "missing_token");
+        assert!(body["error"]["message"].as_str().unwrap().contains("token"));
+    }
+}

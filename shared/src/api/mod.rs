@@ -1,0 +1,198 @@
+//! The HTTP decision API: one axum router over the engine, hosted by `lambda_http` in Lambda
+//! and served directly by `countersign serve` in the local mode. `openapi.yaml` beside this file
+//! documents it.
+//!
+//! - [`router`]: the decide routes (list, read and decide approvals; cancel a run; read its
+//!   audit), hosted by the decide function.
+//! - [`start_routes`]: `POST /runs`, hosted by the start function.
+//! - [`local_router`]: both, for the local server.
+//!
+//! Identity comes only from an [`Authenticate`]: [`BearerJwt`] locally, [`GatewayClaims`] behind
+//! API Gateway's JWT authorizer (the Lambda adapter inserts [`VerifiedClaims`] into each
+//! request's extensions). Every error is `{"error": {"code", "message"}}` with a stable code.
+
+mod approvals;
+pub mod auth;
+pub mod error;
+pub mod extract;
+mod runs;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, FromRef, Request};
+use axum::http::Method;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use tracing::Instrument;
+
+pub use auth::{
+    AuthError, Authenticate, BearerJwt, GatewayClaims, KeyError, TokenClaims, VerifiedClaims,
+};
+pub use error::ApiError;
+
+use crate::engine::Engine;
+use crate::example::expense::Claims;
+
+/// The largest request body the API reads; a larger one is a 400 `body_too_large`.
+pub const MAX_BODY_BYTES: usize = 16 * 1024;
+
+/// The OpenAPI 3.1 description of every route.
+pub const OPENAPI_YAML: &str = include_str!("openapi.yaml");
+
+#[derive(Clone)]
+struct DecideState {
+    engine: Arc<Engine>,
+    auth: Arc<dyn Authenticate>,
+}
+
+impl FromRef<DecideState> for Arc<dyn Authenticate> {
+    fn from_ref(state: &DecideState) -> Self {
+        state.auth.clone()
+    }
+}
+
+#[derive(Clone)]
+struct StartState {
+    engine: Arc<Engine>,
+    auth: Arc<dyn Authenticate>,
+    claims: Arc<Claims>,
+}
+
+impl FromRef<StartState> for Arc<dyn Authenticate> {
+    fn from_ref(state: &StartState) -> Self {
+        state.auth.clone()
+    }
+}
+
+fn decide_part(engine: Arc<Engine>, auth: Arc<dyn Authenticate>) -> Router {
+    Router::new()
+        .route("/approvals", get(approvals::list))
+        .route("/approvals/{id}", get(approvals::read))
+        .route("/approvals/{id}/decisions", post(approvals::decide))
+        .route("/runs/{id}/cancel", post(runs::cancel))
+        .route("/runs/{id}/audit", get(runs::audit))
+        .with_state(DecideState { engine, auth })
+}
+
+fn start_part(engine: Arc<Engine>, auth: Arc<dyn Authenticate>, claims: Arc<Claims>) -> Router {
+    Router::new()
+        .route("/runs", post(runs::start))
+        .with_state(StartState {
+            engine,
+            auth,
+            claims,
+        })
+}
+
+/// What every hosted router gets: JSON for unknown routes and methods, the body limit, and a
+/// span per request.
+fn finish(router: Router) -> Router {
+    router
+        .fallback(no_route)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::from_fn(trace_request))
+}
+
+/// The decide API: `GET /approvals`, `GET /approvals/{id}`, `POST /approvals/{id}/decisions`,
+/// `POST /runs/{id}/cancel`, `GET /runs/{id}/audit`.
+pub fn router(engine: Arc<Engine>, auth: Arc<dyn Authenticate>) -> Router {
+    finish(decide_part(engine, auth))
+}
+
+/// `POST /runs`: starts the expense agent on one of `claims`.
+pub fn start_routes(
+    engine: Arc<Engine>,
+    auth: Arc<dyn Authenticate>,
+    claims: Arc<Claims>,
+) -> Router {
+    finish(start_part(engine, auth, claims))
+}
+
+/// Every route, for one process that hosts them all (the local server).
+pub fn local_router(
+    engine: Arc<Engine>,
+    auth: Arc<dyn Authenticate>,
+    claims: Arc<Claims>,
+) -> Router {
+    finish(decide_part(engine.clone(), auth.clone()).merge(start_part(engine, auth, claims)))
+}
+
+async fn no_route(method: Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::no_route(method.as_str(), uri.path())
+}
+
+async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::method_not_allowed(method.as_str(), uri.path())
+}
+
+/// Runs a request in a span; the extractors and handlers record the tenant, person, run and
+/// approval into it as they learn them.
+async fn trace_request(request: Request, next: Next) -> Response {
+    let span = tracing::info_span!(
+        "request",
+        method = %request.method(),
+        path = %request.uri().path(),
+        tenant = tracing::field::Empty,
+        person = tracing::field::Empty,
+        run = tracing::field::Empty,
+        approval = tracing::field::Empty,
+        status = tracing::field::Empty,
+    );
+    let started = Instant::now();
+    let response = next.run(request).instrument(span.clone()).await;
+    let status = response.status().as_u16();
+    span.record("status", status);
+    let millis = started.elapsed().as_millis() as u64;
+    span.in_scope(|| tracing::info!(status, millis, "handled"));
+    response.into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_openapi_document_describes_every_route_and_code() {
+        for path in [
+            "/approvals:",
+            "/approvals/{id}:",
+            "/approvals/{id}/decisions:",
+            "/runs:",
+            "/runs/{id}/cancel:",
+            "/runs/{id}/audit:",
+        ] {
+            assert!(OPENAPI_YAML.contains(path), "{path} is not documented");
+        }
+        for code in [
+            "malformed_json",
+            "unknown_field",
+            "missing_field",
+            "invalid_field",
+            "body_too_large",
+            "bad_content_type",
+            "bad_id",
+            "bad_amount",
+            "missing_token",
+            "invalid_token",
+            "token_expired",
+            "invalid_claims",
+            "own_request",
+            "missing_role",
+            "unknown_person",
+            "not_found",
+            "already_decided",
+            "stale_version",
+            "expired",
+            "cancelled",
+            "superseded",
+            "edit_refused",
+            "unavailable",
+        ] {
+            assert!(OPENAPI_YAML.contains(code), "{code} is not documented");
+        }
+    }
+}
