@@ -72,6 +72,20 @@ pub enum Command {
         /// A run id (run-…) or an approval id (ap-…).
         id: String,
     },
+    /// Serve the HTTP decision API over the state; bearer tokens come from `countersign token`.
+    Serve {
+        /// Where to listen; port 0 picks a free one. The address is printed on stdout.
+        #[arg(long, default_value = "127.0.0.1:8780", value_name = "HOST:PORT")]
+        addr: String,
+    },
+    /// Print a development bearer token for a person of the people directory.
+    Token {
+        #[arg(long = "as", value_name = "NAME")]
+        person: String,
+        /// How long the token is valid, such as 30m or 12h.
+        #[arg(long, default_value = "12h", value_parser = parse_duration)]
+        ttl: std::time::Duration,
+    },
     /// Claims paid and declined.
     Ledger,
 }

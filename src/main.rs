@@ -4,6 +4,8 @@ mod cli;
 mod fail;
 mod local;
 mod render;
+mod serve;
+mod token;
 
 use std::io::Write as _;
 use std::process::ExitCode;
@@ -133,6 +135,20 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
             action: Some(review),
             ..
         } => decide(&local, review).await,
+        Command::Serve { addr } => {
+            serve::run(local, &cli.global.state, &addr).await?;
+            Ok(Output {
+                text: String::new(),
+                json: json!({"stopped": true}),
+            })
+        }
+        Command::Token { person, ttl } => {
+            let token = token::issue(&local, &cli.global.state, &person, ttl)?;
+            Ok(Output {
+                text: format!("{}\n", token["token"].as_str().unwrap_or_default()),
+                json: token,
+            })
+        }
         Command::Cancel { run, person } => {
             let who = local.identify(&person)?;
             let report = local.engine.cancel(&who, &RunId::parse(&run)?).await?;

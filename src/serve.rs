@@ -1,0 +1,76 @@
+//! `countersign serve`: the HTTP decision API over the embedded engine, with bearer tokens
+//! verified against the state directory's development key.
+
+use std::io::Write as _;
+use std::path::Path;
+use std::sync::Arc;
+
+use shared::api::{self, Authenticate, BearerJwt};
+
+use crate::fail::Failure;
+use crate::local::Local;
+use crate::token;
+
+fn failure(message: String) -> Failure {
+    Failure {
+        code: "serve",
+        message,
+        exit: 1,
+    }
+}
+
+/// Serves until SIGTERM or ctrl-c, then finishes the requests in flight.
+pub async fn run(local: Local, state: &Path, addr: &str) -> Result<(), Failure> {
+    let key = token::dev_key(state)?;
+    let auth: Arc<dyn Authenticate> =
+        Arc::new(BearerJwt::hs256(&key).map_err(|e| failure(e.to_string()))?);
+    let app = api::local_router(Arc::new(local.engine), auth, local.claims);
+
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| Failure::usage(format!("cannot listen on {addr}: {e}")))?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| failure(format!("no local address: {e}")))?;
+    // One flushed line: scripts and tests read the address from it (port 0 picks a free one).
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "listening on http://{bound}")
+        .and_then(|()| stdout.flush())
+        .map_err(|e| failure(format!("cannot write to stdout: {e}")))?;
+    drop(stdout);
+    tracing::info!(%bound, "serving the decision API");
+
+    axum::serve(listener, app)
+        .with_graceful_shutdown(stopped())
+        .await
+        .map_err(|e| failure(format!("the server stopped: {e}")))
+}
+
+async fn stopped() {
+    let ctrl_c = async {
+        if let Err(error) = tokio::signal::ctrl_c().await {
+            tracing::warn!(%error, "cannot listen for ctrl-c");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut terminate) => {
+                terminate.recv().await;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = terminate => {},
+    }
+    tracing::info!("shutting down");
+}
