@@ -1,0 +1,765 @@
+//! The HTTP decision API over real processes: `countersign serve` on a free port, tokens from
+//! `countersign token`, and plain HTTP. Every refusal says why with a status and a stable code,
+//! and changes nothing.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use shared::api::BearerJwt;
+use shared::domain::identity::Identity;
+
+const BIN: &str = env!("CARGO_BIN_EXE_countersign");
+
+/// One `countersign serve` over a fresh state directory; killed and removed when dropped.
+struct Server {
+    child: Child,
+    base: String,
+    state: PathBuf,
+    http: reqwest::Client,
+    tokens: Mutex<HashMap<String, String>>,
+}
+
+struct Reply {
+    status: u16,
+    json: Value,
+    www_authenticate: Option<String>,
+}
+
+fn countersign(state: &PathBuf) -> Command {
+    let mut command = Command::new(BIN);
+    command
+        .arg("--state")
+        .arg(state)
+        .env_remove("ANTHROPIC_API_KEY")
+        .env_remove("COUNTERSIGN_STORE")
+        .env_remove("COUNTERSIGN_POLICY")
+        .env_remove("COUNTERSIGN_PEOPLE")
+        .env_remove("COUNTERSIGN_CLAIMS");
+    command
+}
+
+impl Server {
+    fn start(name: &str) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let state = std::env::temp_dir().join(format!(
+            "countersign-api-{name}-{}-{nanos}",
+            std::process::id()
+        ));
+        let mut child = countersign(&state)
+            .args(["serve", "--addr", "127.0.0.1:0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("countersign serve starts");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(line) => line,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("countersign serve printed no address within 60 s");
+            }
+        };
+        let base = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_string();
+        assert!(base.starts_with("http://127.0.0.1:"), "{base}");
+        Self {
+            child,
+            base,
+            state,
+            http: reqwest::Client::new(),
+            tokens: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A token from `countersign token --as NAME`, made once per person.
+    fn token(&self, name: &str) -> String {
+        let mut tokens = self.tokens.lock().unwrap();
+        if let Some(token) = tokens.get(name) {
+            return token.clone();
+        }
+        let output = countersign(&self.state)
+            .args(["token", "--as", name])
+            .output()
+            .expect("countersign token runs");
+        assert!(
+            output.status.success(),
+            "token --as {name}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let token = String::from_utf8(output.stdout).unwrap().trim().to_string();
+        tokens.insert(name.to_string(), token.clone());
+        token
+    }
+
+    /// A token the server never issued, signed with its own key.
+    fn forged_token(&self, who: Identity, issued_ago: chrono::Duration, ttl: Duration) -> String {
+        let key = std::fs::read(self.state.join("dev-jwt.key")).expect("the dev key exists");
+        BearerJwt::hs256(&key)
+            .unwrap()
+            .issue(&who, chrono::Utc::now() - issued_ago, ttl)
+            .unwrap()
+    }
+
+    async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        bearer: Option<String>,
+        body: Option<(&str, Vec<u8>)>,
+    ) -> Reply {
+        let mut request = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(token) = bearer {
+            request = request.bearer_auth(token);
+        }
+        if let Some((content_type, bytes)) = body {
+            request = request.header("content-type", content_type).body(bytes);
+        }
+        let response = request.send().await.expect("the server answers");
+        let status = response.status().as_u16();
+        let www_authenticate = response
+            .headers()
+            .get("www-authenticate")
+            .map(|v| v.to_str().unwrap().to_string());
+        let text = response.text().await.unwrap();
+        let json = serde_json::from_str(&text)
+            .unwrap_or_else(|_| panic!("{status} with a body that is not JSON: {text:?}"));
+        Reply {
+            status,
+            json,
+            www_authenticate,
+        }
+    }
+
+    async fn get(&self, path: &str, name: &str) -> Reply {
+        let token = self.token(name);
+        self.send(reqwest::Method::GET, path, Some(token), None)
+            .await
+    }
+
+    async fn post(&self, path: &str, name: &str, body: Value) -> Reply {
+        let token = self.token(name);
+        self.send(
+            reqwest::Method::POST,
+            path,
+            Some(token),
+            Some(("application/json", body.to_string().into_bytes())),
+        )
+        .await
+    }
+
+    async fn post_raw(&self, path: &str, name: &str, body: &str) -> Reply {
+        let token = self.token(name);
+        self.send(
+            reqwest::Method::POST,
+            path,
+            Some(token),
+            Some(("application/json", body.as_bytes().to_vec())),
+        )
+        .await
+    }
+
+    /// `POST /runs` as `name`; the run must pause on exactly one approval.
+    async fn paused_run(&self, name: &str, claim: &str, ttl: Option<&str>) -> Paused {
+        let mut body = json!({"claim_id": claim});
+        if let Some(ttl) = ttl {
+            body["ttl"] = json!(ttl);
+        }
+        let reply = self.post("/runs", name, body).await;
+        assert_eq!(reply.status, 201, "{}", reply.json);
+        assert_eq!(reply.json["status"], "awaiting_approval", "{}", reply.json);
+        let approvals = reply.json["approvals"].as_array().unwrap();
+        assert_eq!(approvals.len(), 1, "{}", reply.json);
+        Paused {
+            run: reply.json["run_id"].as_str().unwrap().to_string(),
+            approval: approvals[0]["id"].as_str().unwrap().to_string(),
+        }
+    }
+
+    /// The approval as a finance reviewer of acme reads it.
+    async fn approval(&self, id: &str) -> Value {
+        let reply = self.get(&format!("/approvals/{id}"), "dana").await;
+        assert_eq!(reply.status, 200, "{}", reply.json);
+        reply.json
+    }
+
+    async fn decide(&self, name: &str, approval: &str, body: Value) -> Reply {
+        self.post(&format!("/approvals/{approval}/decisions"), name, body)
+            .await
+    }
+
+    /// The audit log's events about one action (every version), oldest first.
+    async fn events_of_action(&self, run: &str, action: &Value) -> Vec<String> {
+        let reply = self.get(&format!("/runs/{run}/audit"), "dana").await;
+        assert_eq!(reply.status, 200, "{}", reply.json);
+        reply.json["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["action_id"] == *action)
+            .map(|e| e["event"].as_str().unwrap().to_string())
+            .collect()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.state);
+    }
+}
+
+struct Paused {
+    run: String,
+    approval: String,
+}
+
+fn approve(decision_id: &str) -> Value {
+    json!({"decision_id": decision_id, "action_version": 1, "choice": "approve"})
+}
+
+#[track_caller]
+fn assert_refused(reply: &Reply, status: u16, code: &str) {
+    assert_eq!(reply.status, status, "{}", reply.json);
+    assert_eq!(reply.json["error"]["code"], code, "{}", reply.json);
+    assert!(
+        !reply.json["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .is_empty(),
+        "{}",
+        reply.json
+    );
+}
+
+#[tokio::test]
+async fn a_claim_started_over_http_is_paid_once_a_finance_reviewer_approves() {
+    let server = Server::start("e2e");
+    let c102 = server.paused_run("ben", "c-102", None).await;
+
+    let waiting = server.get("/approvals", "dana").await;
+    assert_eq!(waiting.status, 200, "{}", waiting.json);
+    let listed: Vec<&str> = waiting.json["approvals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed, [c102.approval.as_str()]);
+
+    let approval = server.approval(&c102.approval).await;
+    assert_eq!(approval["tool"], "reimburse");
+    assert_eq!(
+        approval["args"]["amount_cents"], 25_000,
+        "capped at the limit"
+    );
+    assert_eq!(approval["action_version"], 1);
+    assert!(
+        approval["args_hash"]
+            .as_str()
+            .unwrap()
+            .starts_with("sha256:")
+    );
+    assert!(!approval["explanation"].as_str().unwrap().is_empty());
+    assert!(approval["reason"].as_str().unwrap().contains("finance"));
+    assert!(approval["expires_at"].is_string());
+    assert_eq!(approval["decisions"], json!([]));
+    assert_eq!(approval["still_needed"], 1);
+
+    let own = server.decide("ben", &c102.approval, approve("ben-1")).await;
+    assert_refused(&own, 403, "own_request");
+
+    let approved = server
+        .decide("dana", &c102.approval, approve("dana-1"))
+        .await;
+    assert_eq!(approved.status, 200, "{}", approved.json);
+    assert_eq!(approved.json["replayed"], false);
+    assert_eq!(approved.json["decision"]["by"], "dana");
+    assert_eq!(approved.json["approval"]["status"], "approved");
+    assert_eq!(approved.json["run"]["status"], "done", "{}", approved.json);
+
+    let audit = server
+        .get(&format!("/runs/{}/audit", c102.run), "dana")
+        .await;
+    assert_eq!(audit.status, 200, "{}", audit.json);
+    let executed: Vec<&Value> = audit.json["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["event"] == "executed" && e["action_id"] == approval["action_id"])
+        .collect();
+    assert_eq!(executed.len(), 1, "{}", audit.json["entries"]);
+    assert_eq!(executed[0]["succeeded"], true);
+    assert_eq!(audit.json["run"]["status"], "done");
+    let reimburse = audit.json["actions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["tool"] == "reimburse")
+        .unwrap();
+    assert_eq!(reimburse["status"], "succeeded");
+
+    let after = server.get("/approvals", "dana").await;
+    assert_eq!(after.json["approvals"], json!([]));
+}
+
+#[tokio::test]
+async fn an_edit_that_lowers_the_amount_pays_the_lower_amount() {
+    let server = Server::start("edit-lower");
+    let c102 = server.paused_run("ben", "c-102", None).await;
+    let edit = json!({
+        "decision_id": "dana-edit",
+        "action_version": 1,
+        "choice": "edit",
+        "amount": "200.00",
+        "note": "one night at the conference rate"
+    });
+    let edited = server.decide("dana", &c102.approval, edit).await;
+    assert_eq!(edited.status, 200, "{}", edited.json);
+    assert_eq!(edited.json["approval"]["status"], "superseded");
+    let next = &edited.json["next_approval"];
+    assert_eq!(next["action_version"], 2);
+    assert_eq!(next["args"]["amount_cents"], 20_000);
+    assert_eq!(next["previous"]["args"]["amount_cents"], 25_000);
+    assert_eq!(edited.json["run"]["status"], "done", "{}", edited.json);
+}
+
+#[tokio::test]
+async fn malformed_json_is_400_and_changes_nothing() {
+    let server = Server::start("malformed");
+    let c102 = server.paused_run("ben", "c-102", None).await;
+    let before = server.approval(&c102.approval).await;
+    let path = format!("/approvals/{}/decisions", c102.approval);
+    let cut = r#"{"decision_id": "d1", "action_version": 1, "choice": "approve""#;
+    assert_refused(
+        &server.post_raw(&path, "dana", cut).await,
+        400,
+        "malformed_json",
+    );
+    assert_refused(
+        &server.post_raw(&path, "dana", "").await,
+        400,
+        "malformed_json",
+    );
+    assert_eq!(server.approval(&c102.approval).await, before);
+}
+
+#[tokio::test]
+async fn an_unknown_field_is_400_and_cannot_name_the_decider() {
+    let server = Server::start("unknown-field");
+    let c102 = server.paused_run("ben", "c-102", None).await;
+    let before = server.approval(&c102.approval).await;
+    let mut body = approve("d1");
+    body["by"] = json!("dana");
+    let reply = server.decide("erin", &c102.approval, body).await;
+    assert_refused(&reply, 400, "unknown_field");
+    assert_eq!(server.approval(&c102.approval).await, before);
+}
+
+#[tokio::test]
+async fn a_missing_field_or_an_amount_as_a_number_is_400() {
+    let server = Server::start("missing-field");
+    let c102 = server.paused_run("ben", "c-102", None).await;
+    let before = server.approval(&c102.approval).await;
+    let no_version = json!({"decision_id": "d1", "choice": "approve"});
+    assert_refused(
+        &server.decide("dana", &c102.approval, no_version).await,
+        400,
+        "missing_field",
+    );
+    let float =
+        json!({"decision_id": "d2", "action_version": 1, "choice": "edit", "amount": 200.0});
+    assert_refused(
+        &server.decide("dana", &c102.approval, float).await,
+        400,
+        "bad_amount",
+    );
+    assert_eq!(server.approval(&c102.approval).await, before);
+}
+
+#[tokio::test]
+async fn a_body_over_16_kib_is_400_and_changes_nothing() {
+    let server = Server::start("too-large");
+    let c102 = server.paused_run("ben", "c-102", None).await;
+    let before = server.approval(&c102.approval).await;
+    let body = json!({
+        "decision_id": "d1",
+        "action_version": 1,
+        "choice": "reject",
+        "reason": "x".repeat(17 * 1024)
+    });
+    let reply = server.decide("dana", &c102.approval, body).await;
+    assert_refused(&reply, 400, "body_too_large");
+    assert_eq!(server.approval(&c102.approval).await, before);
+}
+
+#[tokio::test]
+async fn a_body_that_is_not_declared_json_is_400() {
+    let server = Server::start("content-type");
+    let c102 = server.paused_run("ben", "c-102", None).await;
+    let before = server.approval(&c102.approval).await;
+    let reply = server
+        .send(
+            reqwest::Method::POST,
+            &format!("/approvals/{}/decisions", c102.approval),
+            Some(server.token("dana")),
+            Some(("text/plain", approve("d1").to_string().into_bytes())),
+        )
+        .await;
+    assert_refused(&reply, 400, "bad_content_type");
+    assert_eq!(server.approval(&c102.approval).await, before);
+}
+
+#[tokio::test]
+async fn a_bad_approval_id_is_400() {
+    let server = Server::start("bad-id");
+    let c102 = server.paused_run("ben", "c-102", None).await;
+    let before = server.approval(&c102.approval).await;
+    assert_refused(
+        &server.get("/approvals/not-an-approval", "dana").await,
+        400,
+        "bad_id",
+    );
+    let run_as_approval = format!("/approvals/{}/decisions", c102.run);
+    assert_refused(
+        &server.post(&run_as_approval, "dana", approve("d1")).await,
+        400,
+        "bad_id",
+    );
+    assert_refused(
+        &server.get("/runs/ap-123/audit", "dana").await,
+        400,
+        "bad_id",
+    );
+    assert_eq!(server.approval(&c102.approval).await, before);
+}
+
+#[tokio::test]
+async fn an_unknown_route_or_method_answers_in_json() {
+    let server = Server::start("no-route");
+    assert_refused(&server.get("/nothing-here", "dana").await, 404, "no_route");
+    let reply = server
+        .send(
+            reqwest::Method::DELETE,
+            "/approvals",
+            Some(server.token("dana")),
+            None,
+        )
+        .await;
+    assert_refused(&reply, 405, "method_not_allowed");
+}
+
+#[tokio::test]
+async fn a_request_without_a_token_is_401() {
+    let server = Server::start("no-token");
+    let c102 = server.paused_run("ben", "c-102", None).await;
+    let before = server.approval(&c102.approval).await;
+    let reply = server
+        .send(
+            reqwest::Method::POST,
+            &format!("/approvals/{}/decisions", c102.approval),
+            None,
+            Some(("application/json", approve("d1").to_string().into_bytes())),
+        )
+        .await;
+    assert_refused(&reply, 401, "missing_token");
+    assert_eq!(reply.www_authenticate.as_deref(), Some("Bearer"));
+    let list = server
+        .send(reqwest::Method::GET, "/approvals", None, None)
+        .await;
+    assert_refused(&list, 401, "missing_token");
+    assert_eq!(server.approval(&c102.approval).await, before);
+}
+
+#[tokio::test]
+async fn an_invalid_or_expired_token_is_401() {
+    let server = Server::start("bad-token");
+    let c102 = server.paused_run("ben", "c-102", None).await;
+    let before = server.approval(&c102.approval).await;
+    let path = format!("/approvals/{}/decisions", c102.approval);
+    let body = || Some(("application/json", approve("d1").to_string().into_bytes()));
+
+    let garbage = server
+        .send(
+            reqwest::Method::POST,
+            &path,
+            Some("not-a-jwt".into()),
+            body(),
+        )
+        .await;
+    assert_refused(&garbage, 401, "invalid_token");
+
+    let dana = shared::example::expense::default_directory()
+        .identify("dana")
+        .unwrap();
+    let expired = server.forged_token(dana, chrono::Duration::hours(2), Duration::from_secs(3600));
+    let late = server
+        .send(reqwest::Method::POST, &path, Some(expired), body())
+        .await;
+    assert_refused(&late, 401, "token_expired");
+    assert_eq!(server.approval(&c102.approval).await, before);
+}
+
+#[tokio::test]
+async fn a_token_signed_with_another_key_is_401() {
+    let server = Server::start("other-key");
+    let c102 = server.paused_run("ben", "c-102", None).await;
+    let before = server.approval(&c102.approval).await;
+    let dana = shared::example::expense::default_directory()
+        .identify("dana")
+        .unwrap();
+    let foreign = BearerJwt::hs256(&[42; 32])
+        .unwrap()
+        .issue(&dana, chrono::Utc::now(), Duration::from_secs(600))
+        .unwrap();
+    let reply = server
+        .send(
+            reqwest::Method::POST,
+            &format!("/approvals/{}/decisions", c102.approval),
+            Some(foreign),
+            Some(("application/json", approve("d1").to_string().into_bytes())),
+        )
+        .await;
+    assert_refused(&reply, 401, "invalid_token");
+    assert_eq!(server.approval(&c102.approval).await, before);
+}
+
+#[tokio::test]
+async fn a_reviewer_without_the_approver_role_is_403() {
+    let server = Server::start("no-role");
+    let c102 = server.paused_run("ben", "c-102", None).await;
+    let before = server.approval(&c102.approval).await;
+    let reply = server
+        .decide("chen", &c102.approval, approve("chen-1"))
+        .await;
+    assert_refused(&reply, 403, "missing_role");
+    assert_eq!(server.approval(&c102.approval).await, before);
+}
+
+#[tokio::test]
+async fn nobody_approves_their_own_claim() {
+    let server = Server::start("own-claim");
+    let c102 = server.paused_run("ben", "c-102", None).await;
+    let before = server.approval(&c102.approval).await;
+    let reply = server.decide("ben", &c102.approval, approve("ben-1")).await;
+    assert_refused(&reply, 403, "own_request");
+    assert_eq!(server.approval(&c102.approval).await, before);
+}
+
+#[tokio::test]
+async fn whoever_starts_a_run_for_someone_else_may_not_approve_it_either() {
+    let server = Server::start("starter");
+    let c102 = server.paused_run("erin", "c-102", None).await;
+    let before = server.approval(&c102.approval).await;
+    assert_eq!(before["requested_by"], json!(["ben", "erin"]));
+    let reply = server
+        .decide("erin", &c102.approval, approve("erin-1"))
+        .await;
+    assert_refused(&reply, 403, "own_request");
+    assert_eq!(server.approval(&c102.approval).await, before);
+}
+
+#[tokio::test]
+async fn another_tenants_approval_is_404() {
+    let server = Server::start("tenant");
+    let c102 = server.paused_run("ben", "c-102", None).await;
+    let before = server.approval(&c102.approval).await;
+    assert_refused(
+        &server
+            .get(&format!("/approvals/{}", c102.approval), "zoe")
+            .await,
+        404,
+        "not_found",
+    );
+    assert_refused(
+        &server.decide("zoe", &c102.approval, approve("zoe-1")).await,
+        404,
+        "not_found",
+    );
+    assert_refused(
+        &server
+            .get(&format!("/runs/{}/audit", c102.run), "zoe")
+            .await,
+        404,
+        "not_found",
+    );
+    assert_refused(
+        &server
+            .post(&format!("/runs/{}/cancel", c102.run), "zoe", json!({}))
+            .await,
+        404,
+        "not_found",
+    );
+    assert_refused(
+        &server
+            .post("/runs", "zoe", json!({"claim_id": "c-102"}))
+            .await,
+        404,
+        "not_found",
+    );
+    let zoes = server.get("/approvals", "zoe").await;
+    assert_eq!(zoes.status, 200);
+    assert_eq!(zoes.json["approvals"], json!([]));
+    assert_eq!(server.approval(&c102.approval).await, before);
+}
+
+#[tokio::test]
+async fn a_stale_version_is_409() {
+    let server = Server::start("stale");
+    let c102 = server.paused_run("ben", "c-102", None).await;
+    let before = server.approval(&c102.approval).await;
+    let stale = json!({"decision_id": "d1", "action_version": 2, "choice": "approve"});
+    let reply = server.decide("dana", &c102.approval, stale).await;
+    assert_refused(&reply, 409, "stale_version");
+    assert_eq!(server.approval(&c102.approval).await, before);
+}
+
+#[tokio::test]
+async fn a_second_decision_on_a_resolved_approval_is_409() {
+    let server = Server::start("resolved");
+    let c102 = server.paused_run("ben", "c-102", None).await;
+    let first = server
+        .decide("dana", &c102.approval, approve("dana-1"))
+        .await;
+    assert_eq!(first.status, 200, "{}", first.json);
+    let before = server.approval(&c102.approval).await;
+    let late = server
+        .decide("erin", &c102.approval, approve("erin-1"))
+        .await;
+    assert_refused(&late, 409, "already_decided");
+    assert_eq!(server.approval(&c102.approval).await, before);
+}
+
+#[tokio::test]
+async fn a_decision_after_the_deadline_is_409_and_expires_the_approval() {
+    let server = Server::start("expired");
+    let c104 = server.paused_run("chen", "c-104", Some("0s")).await;
+    let before = server.approval(&c104.approval).await;
+    assert_eq!(before["overdue"], true);
+    let reply = server
+        .decide("dana", &c104.approval, approve("dana-1"))
+        .await;
+    assert_refused(&reply, 409, "expired");
+    let after = server.approval(&c104.approval).await;
+    assert_eq!(after["status"], "expired", "expiry is state");
+    assert_eq!(
+        after["decisions"],
+        json!([]),
+        "the late decision is not recorded"
+    );
+    let again = server
+        .decide("erin", &c104.approval, approve("erin-1"))
+        .await;
+    assert_refused(&again, 409, "expired");
+    assert_eq!(server.approval(&c104.approval).await, after);
+    let events = server
+        .events_of_action(&c104.run, &after["action_id"])
+        .await;
+    assert_eq!(events, ["proposed", "expired"]);
+}
+
+#[tokio::test]
+async fn a_decision_on_a_cancelled_run_is_409() {
+    let server = Server::start("cancelled");
+    let c102 = server.paused_run("ben", "c-102", None).await;
+    let cancelled = server
+        .post(&format!("/runs/{}/cancel", c102.run), "ben", json!({}))
+        .await;
+    assert_eq!(cancelled.status, 200, "{}", cancelled.json);
+    assert_eq!(cancelled.json["status"], "cancelled");
+    let before = server.approval(&c102.approval).await;
+    assert_eq!(before["status"], "cancelled");
+    let reply = server
+        .decide("dana", &c102.approval, approve("dana-1"))
+        .await;
+    assert_refused(&reply, 409, "cancelled");
+    assert_eq!(server.approval(&c102.approval).await, before);
+    let twice = server
+        .post(&format!("/runs/{}/cancel", c102.run), "ben", json!({}))
+        .await;
+    assert_refused(&twice, 409, "run_finished");
+}
+
+#[tokio::test]
+async fn an_edit_that_raises_the_amount_is_422() {
+    let server = Server::start("edit-raise");
+    let c102 = server.paused_run("ben", "c-102", None).await;
+    let before = server.approval(&c102.approval).await;
+    let raise = json!({
+        "decision_id": "dana-edit",
+        "action_version": 1,
+        "choice": "edit",
+        "amount": "300.00"
+    });
+    let reply = server.decide("dana", &c102.approval, raise).await;
+    assert_refused(&reply, 422, "edit_refused");
+    assert_eq!(server.approval(&c102.approval).await, before);
+}
+
+#[tokio::test]
+async fn the_same_decision_id_twice_returns_the_recorded_outcome() {
+    let server = Server::start("replay");
+    let c102 = server.paused_run("ben", "c-102", None).await;
+    let first = server
+        .decide("dana", &c102.approval, approve("dana-1"))
+        .await;
+    assert_eq!(first.status, 200, "{}", first.json);
+    assert_eq!(first.json["replayed"], false);
+    let before = server.approval(&c102.approval).await;
+
+    let again = server
+        .decide("dana", &c102.approval, approve("dana-1"))
+        .await;
+    assert_eq!(again.status, 200, "{}", again.json);
+    assert_eq!(again.json["replayed"], true);
+    assert_eq!(again.json["decision"], first.json["decision"]);
+    assert_eq!(server.approval(&c102.approval).await, before);
+
+    let events = server
+        .events_of_action(&c102.run, &before["action_id"])
+        .await;
+    assert_eq!(events, ["proposed", "decision", "executing", "executed"]);
+
+    let reused = server
+        .decide(
+            "dana",
+            &c102.approval,
+            json!({"decision_id": "dana-1", "action_version": 1, "choice": "reject", "reason": "no"}),
+        )
+        .await;
+    assert_refused(&reused, 409, "decision_id_reused");
+}
+
+#[test]
+fn a_token_for_someone_outside_the_directory_is_refused() {
+    let state = std::env::temp_dir().join(format!("countersign-api-token-{}", std::process::id()));
+    let output = countersign(&state)
+        .args(["token", "--as", "mallory"])
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&state);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(output.stdout.is_empty());
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("mallory"),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
