@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration as StdDuration;
 
 use chrono::Duration;
-use shared::domain::action::ActionStatus;
+use shared::domain::action::{ActionStatus, ToolOutcome};
 use shared::domain::approval::{ApprovalStatus, Choice, DecisionEffect};
 use shared::domain::audit::AuditEvent;
 use shared::domain::identity::Actor;
@@ -26,8 +26,8 @@ use shared::example::expense::task_for;
 use serde_json::json;
 
 use harness::{
-    AnswerLost, Counted, Embedded, Hangs, Harness, QueueDown, RecordingQueue, Script, acme,
-    approve, decision, edit, event_names, paid, reject, results_after_turn, resume_message,
+    AnswerLost, Counted, Embedded, Gate, Hangs, Harness, QueueDown, RecordingQueue, Script, Slow,
+    acme, approve, decision, edit, event_names, paid, reject, results_after_turn, resume_message,
     scripted_task, start_of_test, told_about,
 };
 
@@ -749,6 +749,68 @@ async fn given_a_process_that_died_after_paying_when_the_sweep_finds_the_stale_e
     assert_eq!(
         run.answer.as_deref(),
         Some("Reimbursed $250.00 for claim c-102.")
+    );
+}
+
+async fn given_a_slow_payment_the_sweep_reconciled_as_not_paid_when_the_call_lands_afterwards_then_it_does_not_pay(
+    h: &Harness,
+) {
+    let gate = Gate::new();
+    let slow = {
+        let gate = gate.clone();
+        Arc::new(
+            h.process_with(
+                move |tools| Slow::wrap(tools, "reimburse", gate),
+                Delivery::InProcess,
+            )
+            .await,
+        )
+    };
+    let (report, approval) = h.start_paused(&slow, "c-102").await;
+    let decide = {
+        let (slow, dana, id) = (slow.clone(), h.person("dana"), approval.id.clone());
+        tokio::spawn(async move { slow.decide(&dana, &id, approve("d-1")).await })
+    };
+    gate.call_in_flight().await;
+    h.clock.advance(Duration::minutes(16));
+    let sweeper = h.process().await;
+    let key = format!("{}:1", approval.action_id);
+    let swept = sweeper.sweep(100).await.unwrap();
+    assert_eq!(swept.reconciled, from_ref(&key));
+    let run = h.run(&sweeper, &report.run_id).await;
+    assert_eq!(run.status, RunStatus::Done);
+    assert!(told_about(&run, "reimburse").is_error);
+
+    // The slow call lands after the sweep told the model nothing was paid.
+    gate.open();
+    decide.await.unwrap().unwrap();
+
+    let late = gate.outcomes();
+    assert!(
+        matches!(late.as_slice(), [ToolOutcome::Failed { .. }]),
+        "{late:?}"
+    );
+    assert!(h.payments().await.is_empty(), "a voided call never pays");
+    let history = sweeper.history(&acme(), &report.run_id).await.unwrap();
+    let action = history
+        .actions
+        .iter()
+        .find(|a| a.id == approval.action_id)
+        .unwrap();
+    assert_eq!(action.status, ActionStatus::Failed);
+    let about_payment: Vec<&str> = history
+        .entries
+        .iter()
+        .filter(|e| {
+            e.event
+                .action()
+                .is_some_and(|(id, _)| *id == approval.action_id)
+        })
+        .map(|e| e.event.name())
+        .collect();
+    assert_eq!(
+        about_payment,
+        ["proposed", "decision", "executing", "reconciled"]
     );
 }
 
@@ -1478,6 +1540,7 @@ on_backend!(
         given_two_approvals_in_one_turn_when_the_first_is_decided_then_the_run_waits_for_the_second_and_resumes_once_with_both,
         given_a_process_that_died_before_paying_when_the_sweep_finds_the_stale_execution_then_it_asks_the_tool_and_never_pays_blindly,
         given_a_process_that_died_after_paying_when_the_sweep_finds_the_stale_execution_then_it_records_the_payment_it_finds,
+        given_a_slow_payment_the_sweep_reconciled_as_not_paid_when_the_call_lands_afterwards_then_it_does_not_pay,
         given_the_agent_calls_a_tool_the_policy_does_not_name_when_the_turn_runs_then_it_is_not_executed_and_the_model_is_told,
         given_an_agent_that_never_stops_calling_tools_when_it_reaches_the_turn_limit_then_the_run_fails,
         given_many_calls_proposed_in_the_same_millisecond_when_the_history_is_read_then_actions_come_in_the_order_proposed_each_version_after_its_predecessor,

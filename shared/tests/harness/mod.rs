@@ -513,7 +513,74 @@ impl Tool for Hangs {
     }
 }
 
-/// The tool results of the one user message that answers the assistant's `turn`th message.
+/// Where a slow call waits until the test lets it through, and what each call answered then.
+pub struct Gate {
+    arrived: AtomicUsize,
+    open: tokio::sync::Semaphore,
+    outcomes: Mutex<Vec<ToolOutcome>>,
+}
+
+impl Gate {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self {
+            arrived: AtomicUsize::new(0),
+            open: tokio::sync::Semaphore::new(0),
+            outcomes: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Returns once a call is waiting at the gate.
+    pub async fn call_in_flight(&self) {
+        while self.arrived.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Lets every call through, now and later.
+    pub fn open(&self) {
+        self.open.add_permits(1_000);
+    }
+
+    /// What the calls that went through answered, in order.
+    pub fn outcomes(&self) -> Vec<ToolOutcome> {
+        self.outcomes.lock().unwrap().clone()
+    }
+}
+
+/// A tool whose call waits at a gate before it reaches the tool it wraps: a call that is slow,
+/// not dead, and lands whenever the test opens the gate.
+pub struct Slow {
+    inner: Arc<dyn Tool>,
+    gate: Arc<Gate>,
+}
+
+impl Slow {
+    pub fn wrap(tools: Toolbox, name: &str, gate: Arc<Gate>) -> Toolbox {
+        let inner = tools.get(name).expect("the tool exists").clone();
+        tools.with(Arc::new(Slow { inner, gate }))
+    }
+}
+
+#[async_trait]
+impl Tool for Slow {
+    fn spec(&self) -> ToolSpec {
+        self.inner.spec()
+    }
+
+    async fn call(&self, call: ToolCall<'_>) -> ToolOutcome {
+        self.gate.arrived.fetch_add(1, Ordering::SeqCst);
+        let _pass = self.gate.open.acquire().await.expect("the gate stays");
+        let outcome = self.inner.call(call).await;
+        self.gate.outcomes.lock().unwrap().push(outcome.clone());
+        outcome
+    }
+
+    async fn reconcile(&self, call: ToolCall<'_>) -> Option<ToolOutcome> {
+        self.inner.reconcile(call).await
+    }
+}
+
+/// The tool results of the one user message that answers the assistant's `turn`th message./// The tool results of the one user message that answers the assistant's `turn`th message.
 pub fn results_after_turn(run: &Run, turn: usize) -> Vec<(String, ToolResultText)> {
     let at = run
         .messages

@@ -1,5 +1,6 @@
-//! The ledger of settled claims, in the same item store as the engine. One item per claim, created
-//! only if absent: that one condition is what makes paying a claim twice impossible.
+//! The ledger of settled claims, in the same item store as the engine. A settlement creates, in one
+//! transaction, the claim's item and its call's key item, each only if absent: a claim is never
+//! settled twice, and a key that reconciliation voided can never settle anything afterwards.
 
 use std::sync::Arc;
 
@@ -31,6 +32,17 @@ pub struct Settlement {
     pub at: DateTime<Utc>,
 }
 
+/// What became of one call, by its idempotency key (`action_id:version`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum KeyState {
+    /// The call with this key settled a claim.
+    Settled { settlement: Settlement },
+    /// Reconciliation found nothing under this key and voided it, so the call it stands for, if
+    /// it is still in flight, fails when it lands.
+    Void { at: DateTime<Utc> },
+}
+
 /// What recording a settlement found.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Recorded {
@@ -40,6 +52,8 @@ pub enum Recorded {
     Again(Settlement),
     /// The claim was settled by another call.
     Taken(Settlement),
+    /// Reconciliation voided this call's key before it landed: nothing was written.
+    Void,
 }
 
 #[derive(Clone)]
@@ -51,8 +65,29 @@ fn pk(tenant: &TenantId) -> String {
     format!("TENANT#{tenant}#LEDGER")
 }
 
+const CLAIM_PREFIX: &str = "CLAIM#";
+const KEY_PREFIX: &str = "KEY#";
+
 fn sk(claim_id: &str) -> String {
-    format!("CLAIM#{claim_id}")
+    format!("{CLAIM_PREFIX}{claim_id}")
+}
+
+fn key_sk(idempotency_key: &str) -> String {
+    format!("{KEY_PREFIX}{idempotency_key}")
+}
+
+fn item<T: Serialize>(tenant: &TenantId, sk: String, value: &T) -> Item {
+    Item {
+        pk: pk(tenant),
+        sk,
+        gsi1: None,
+        ver: 1,
+        body: serde_json::to_string(value).expect("ledger items serialize"),
+    }
+}
+
+fn read<T: serde::de::DeserializeOwned>(item: &Item) -> Result<T, StoreError> {
+    serde_json::from_str(&item.body).map_err(|e| StoreError::Unavailable(e.to_string()))
 }
 
 impl Ledger {
@@ -66,39 +101,61 @@ impl Ledger {
         claim_id: &str,
     ) -> Result<Option<Settlement>, StoreError> {
         match self.store.get(&pk(tenant), &sk(claim_id)).await? {
-            Some(item) => serde_json::from_str(&item.body)
-                .map(Some)
-                .map_err(|e| StoreError::Unavailable(e.to_string())),
+            Some(item) => read(&item).map(Some),
             None => Ok(None),
         }
     }
 
+    /// What the call with this key did, if anything is recorded under it.
+    pub async fn call(
+        &self,
+        tenant: &TenantId,
+        idempotency_key: &str,
+    ) -> Result<Option<KeyState>, StoreError> {
+        match self
+            .store
+            .get(&pk(tenant), &key_sk(idempotency_key))
+            .await?
+        {
+            Some(item) => read(&item).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Writes the claim's settlement and its key, both only if absent, in one transaction.
     pub async fn record(
         &self,
         tenant: &TenantId,
         settlement: Settlement,
     ) -> Result<Recorded, StoreError> {
-        let item = Item {
-            pk: pk(tenant),
-            sk: sk(&settlement.claim_id),
-            gsi1: None,
-            ver: 1,
-            body: serde_json::to_string(&settlement).expect("settlements serialize"),
+        let key = KeyState::Settled {
+            settlement: settlement.clone(),
         };
-        match self
-            .store
-            .transact(vec![Write::Put {
-                item,
+        let writes = vec![
+            Write::Put {
+                item: item(tenant, sk(&settlement.claim_id), &settlement),
                 condition: Condition::NotExists,
-            }])
-            .await
-        {
+            },
+            Write::Put {
+                item: item(tenant, key_sk(&settlement.idempotency_key), &key),
+                condition: Condition::NotExists,
+            },
+        ];
+        match self.store.transact(writes).await {
             Ok(()) => Ok(Recorded::New(settlement)),
             Err(StoreError::ConditionFailed { .. }) => {
+                match self.call(tenant, &settlement.idempotency_key).await? {
+                    Some(KeyState::Settled { settlement }) => {
+                        return Ok(Recorded::Again(settlement));
+                    }
+                    Some(KeyState::Void { .. }) => return Ok(Recorded::Void),
+                    None => {}
+                }
                 let existing = self
                     .get(tenant, &settlement.claim_id)
                     .await?
                     .ok_or_else(|| StoreError::Unavailable("the settlement vanished".into()))?;
+                // Settlements written before key items existed carry their key on the claim.
                 match existing.idempotency_key == settlement.idempotency_key {
                     true => Ok(Recorded::Again(existing)),
                     false => Ok(Recorded::Taken(existing)),
@@ -108,15 +165,33 @@ impl Ledger {
         }
     }
 
+    /// Voids a key nothing was recorded under, so a call with it can never settle afterwards.
+    /// Returns the key's state: `Void`, or the settlement of a call that landed first.
+    pub async fn void(
+        &self,
+        tenant: &TenantId,
+        idempotency_key: &str,
+        at: DateTime<Utc>,
+    ) -> Result<KeyState, StoreError> {
+        let void = KeyState::Void { at };
+        let write = Write::Put {
+            item: item(tenant, key_sk(idempotency_key), &void),
+            condition: Condition::NotExists,
+        };
+        match self.store.transact(vec![write]).await {
+            Ok(()) => Ok(void),
+            Err(StoreError::ConditionFailed { .. }) => self
+                .call(tenant, idempotency_key)
+                .await?
+                .ok_or_else(|| StoreError::Unavailable("the key item vanished".into())),
+            Err(error) => Err(error),
+        }
+    }
+
     /// Every settled claim of a tenant, by claim id.
     pub async fn all(&self, tenant: &TenantId) -> Result<Vec<Settlement>, StoreError> {
-        let items = query_all(self.store.as_ref(), &pk(tenant), "CLAIM#").await?;
-        items
-            .iter()
-            .map(|item| {
-                serde_json::from_str(&item.body).map_err(|e| StoreError::Unavailable(e.to_string()))
-            })
-            .collect()
+        let items = query_all(self.store.as_ref(), &pk(tenant), CLAIM_PREFIX).await?;
+        items.iter().map(read).collect()
     }
 
     pub async fn payments(&self, tenant: &TenantId) -> Result<Vec<Settlement>, StoreError> {

@@ -8,7 +8,7 @@ mod tools;
 use std::sync::Arc;
 
 pub use claims::{Claim, Claims, ClaimsError};
-pub use ledger::{Ledger, Settlement, SettlementOutcome};
+pub use ledger::{KeyState, Ledger, Settlement, SettlementOutcome};
 pub use offline::OfflineExpenseAgent;
 pub use tools::toolbox;
 

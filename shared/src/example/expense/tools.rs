@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 
 use super::claims::{Claim, Claims};
-use super::ledger::{Ledger, Recorded, Settlement, SettlementOutcome};
+use super::ledger::{KeyState, Ledger, Recorded, Settlement, SettlementOutcome};
 use crate::domain::action::ToolOutcome;
 use crate::domain::money::Amount;
 use crate::domain::policy::Policy;
@@ -119,6 +119,10 @@ impl Books {
                 describe_outcome(&other.outcome),
                 other.idempotency_key
             )),
+            Ok(Recorded::Void) => failed(format!(
+                "this call ({}) came too late: it was reconciled as not executed, so it settles nothing",
+                call.idempotency_key
+            )),
             // The write may or may not have reached the ledger: say so, never guess.
             Err(error) => ToolOutcome::Unknown {
                 detail: error.to_string(),
@@ -126,20 +130,34 @@ impl Books {
         }
     }
 
-    /// What became of the call with this key, read back from the ledger.
+    /// What became of the call with this key, read back from the ledger. When nothing is
+    /// recorded, the key is voided first, so the call, if it is only slow, can never settle
+    /// after this answer said it did not.
     async fn reconcile(&self, call: &ToolCall<'_>) -> Option<ToolOutcome> {
-        let claim = self.claim(call).ok()?;
-        match self.ledger.get(call.tenant, &claim.id).await.ok()? {
-            Some(s) if s.idempotency_key == call.idempotency_key => Some(settled(&s)),
-            Some(other) => Some(failed(format!(
-                "claim {} was settled by {} instead",
-                claim.id, other.idempotency_key
-            ))),
-            None => Some(failed(format!(
-                "nothing was recorded for claim {}",
-                claim.id
-            ))),
-        }
+        let (tenant, key) = (call.tenant, call.idempotency_key);
+        let state = match self.ledger.call(tenant, key).await.ok()? {
+            Some(state) => state,
+            None => {
+                // Settlements written before key items existed carry their key on the claim.
+                if let Ok(claim) = self.claim(call)
+                    && let Some(s) = self.ledger.get(tenant, &claim.id).await.ok()?
+                    && s.idempotency_key == key
+                {
+                    return Some(settled(&s));
+                }
+                self.ledger.void(tenant, key, self.clock.now()).await.ok()?
+            }
+        };
+        Some(match state {
+            KeyState::Settled { settlement } => settled(&settlement),
+            KeyState::Void { .. } => failed(format!(
+                "nothing was recorded for the call {key}{}; it is void now and will never settle",
+                call.args
+                    .str("claim_id")
+                    .map(|id| format!(" on claim {id}"))
+                    .unwrap_or_default()
+            )),
+        })
     }
 }
 
