@@ -252,6 +252,54 @@ async fn given_an_approval_when_the_same_decision_id_is_sent_twice_then_it_resum
     assert_eq!(executed_payments, 1);
 }
 
+async fn given_a_decision_whose_resume_was_never_delivered_when_its_decision_id_is_replayed_then_the_run_resumes_exactly_once(
+    h: &Harness,
+) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = |calls: &Arc<AtomicUsize>| {
+        let calls = calls.clone();
+        move |tools| Counted::wrap(tools, "reimburse", calls)
+    };
+    // The first attempt commits the decision, then cannot deliver its resume message.
+    let first = h
+        .process_with(counted(&calls), Delivery::Queue(Arc::new(QueueDown)))
+        .await;
+    let (report, approval) = h.start_paused(&first, "c-102").await;
+    let dana = h.person("dana");
+    let committed = first
+        .decide(&dana, &approval.id, approve("d-1"))
+        .await
+        .unwrap();
+    assert!(!committed.replayed);
+    assert_eq!(
+        h.run(&first, &report.run_id).await.status,
+        RunStatus::AwaitingApproval
+    );
+
+    // The client retries the same submission against a process that can deliver.
+    let working = h.process_with(counted(&calls), Delivery::InProcess).await;
+    let replayed = working
+        .decide(&dana, &approval.id, approve("d-1"))
+        .await
+        .unwrap();
+
+    assert!(replayed.replayed);
+    assert_eq!(replayed.run.map(|r| r.status), Some(RunStatus::Done));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(h.payments().await.len(), 1);
+    let again = working
+        .decide(&dana, &approval.id, approve("d-1"))
+        .await
+        .unwrap();
+    assert!(again.replayed);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(working.sweep(100).await.unwrap().redelivered, 0);
+    let history = working.history(&acme(), &report.run_id).await.unwrap();
+    let names = event_names(&history.entries);
+    assert_eq!(names.iter().filter(|n| **n == "resumed").count(), 1);
+    assert_eq!(names.iter().filter(|n| **n == "decision").count(), 1);
+}
+
 async fn given_a_recorded_decision_when_its_decision_id_comes_with_another_choice_then_it_conflicts(
     h: &Harness,
 ) {
@@ -1531,6 +1579,7 @@ on_backend!(
         given_a_time_to_decide_above_90_days_when_a_run_starts_then_it_is_refused_as_bad_input,
         given_a_paused_run_when_the_process_restarts_and_a_new_engine_approves_then_the_run_finishes_and_the_claim_is_paid,
         given_an_approval_when_the_same_decision_id_is_sent_twice_then_it_resumes_once_and_the_second_call_replays_the_outcome,
+        given_a_decision_whose_resume_was_never_delivered_when_its_decision_id_is_replayed_then_the_run_resumes_exactly_once,
         given_a_recorded_decision_when_its_decision_id_comes_with_another_choice_then_it_conflicts,
         given_an_approval_when_a_reviewer_lowers_the_amount_then_version_two_runs_and_version_one_can_no_longer_be_approved,
         given_a_two_person_claim_when_a_reviewer_lowers_it_then_the_new_version_still_needs_a_second_person,

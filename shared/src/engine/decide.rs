@@ -454,6 +454,9 @@ impl Engine {
         approval: Approval,
         decision: Decision,
     ) -> Result<DecisionReport, EngineError> {
+        // The first attempt may have committed and stopped before it delivered: finish that.
+        let undelivered = self.undelivered(&approval.tenant, &approval.run_id).await?;
+        self.deliver(undelivered).await;
         let next_approval = match &approval.superseded_by {
             Some(next) => self
                 .load_approval(&approval.tenant, next)

@@ -30,9 +30,9 @@ use crate::ports::clock::{Clock, SystemClock};
 use crate::ports::model::Model;
 use crate::ports::queue::ResumeQueue;
 use crate::ports::scheduler::{Scheduler, SweepOnly};
-use crate::ports::store::{ItemStore, StoreError};
+use crate::ports::store::{ItemStore, StoreError, query_all};
 use crate::ports::tools::Toolbox;
-use records::{OutboxEntry, OutboxMessage, Stored, Tx, keys, load};
+use records::{OutboxEntry, OutboxMessage, Stored, Tx, decode, keys, load};
 
 /// How a settled action's resume message reaches the run.
 #[derive(Clone)]
@@ -186,6 +186,22 @@ impl Engine {
                 }
             }
         }
+    }
+
+    /// The outbox entries of one run still waiting for delivery, oldest first.
+    async fn undelivered(
+        &self,
+        tenant: &TenantId,
+        run: &RunId,
+    ) -> Result<Vec<OutboxEntry>, EngineError> {
+        let pk = keys::run_pk(tenant, run);
+        let items = query_all(self.store.as_ref(), &pk, keys::OUTBOX_PREFIX).await?;
+        let mut entries: Vec<OutboxEntry> = items
+            .iter()
+            .map(|item| decode(item).map(|stored| stored.value))
+            .collect::<Result<_, _>>()?;
+        entries.sort_by_key(|entry| entry.created_at);
+        Ok(entries)
     }
 
     async fn load_run(
