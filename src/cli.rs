@@ -88,6 +88,12 @@ pub enum Command {
     },
     /// Claims paid and declined.
     Ledger,
+    /// Resume runs from the SQS queue, as the resume function does (needs COUNTERSIGN_STORE=dynamodb).
+    Worker {
+        /// Take what is queued now, then exit.
+        #[arg(long)]
+        once: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -1,18 +1,20 @@
-//! The embedded local mode: the engine over a SQLite file, the expense example, and the
-//! model named by the environment.
+//! The engine a `countersign` process works with: the embedded SQLite store by default, or
+//! AWS when `COUNTERSIGN_STORE=dynamodb`; the expense example; the model named by the environment.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use shared::adapters::anthropic::AnthropicModel;
 use shared::adapters::sqlite::SqliteStore;
+use shared::deploy::{Aws, StoreKind};
 use shared::domain::identity::{Directory, Identity};
 use shared::domain::policy::Policy;
 use shared::engine::records::{decode, keys};
-use shared::engine::{Engine, EngineError};
+use shared::engine::{Delivery, Engine, EngineError};
 use shared::example::expense::{self, Claims, Ledger, OfflineExpenseAgent};
 use shared::ports::clock::{Clock, SystemClock};
 use shared::ports::model::Model;
+use shared::ports::scheduler::{Scheduler, SweepOnly};
 use shared::ports::store::{ItemStore, query_all};
 
 use crate::cli::Global;
@@ -24,6 +26,8 @@ pub struct Local {
     pub claims: Arc<Claims>,
     pub ledger: Ledger,
     store: Arc<dyn ItemStore>,
+    /// The AWS adapters, when the store is DynamoDB.
+    pub aws: Option<Aws>,
 }
 
 fn read(path: &Path, what: &str) -> Result<String, Failure> {
@@ -43,8 +47,15 @@ pub fn model_from_env() -> Arc<dyn Model> {
     }
 }
 
-impl Local {
-    pub fn open(global: &Global) -> Result<Self, Failure> {
+/// The data files a process loads: policy, people, claims (the shipped ones by default).
+struct Data {
+    policy: Arc<Policy>,
+    directory: Directory,
+    claims: Arc<Claims>,
+}
+
+impl Data {
+    fn load(global: &Global) -> Result<Self, Failure> {
         let policy = match &global.policy {
             Some(path) => Arc::new(
                 Policy::from_toml(&read(path, "policy")?)
@@ -64,24 +75,81 @@ impl Local {
             ),
             None => expense::default_claims(),
         };
+        Ok(Self {
+            policy,
+            directory,
+            claims,
+        })
+    }
+}
+
+impl Local {
+    /// The embedded mode: the store is a SQLite file in the state directory, and a decision
+    /// resumes its run in this process.
+    pub fn open(global: &Global) -> Result<Self, Failure> {
         let store: Arc<dyn ItemStore> =
             Arc::new(SqliteStore::open_dir(&global.state).map_err(EngineError::from)?);
+        Ok(Self::assemble(
+            Data::load(global)?,
+            store,
+            Delivery::InProcess,
+            Arc::new(SweepOnly),
+            None,
+        ))
+    }
+
+    /// The store `COUNTERSIGN_STORE` names: embedded (the default), or DynamoDB with SQS and
+    /// EventBridge Scheduler, where a decision queues its resume message for a worker.
+    pub async fn connect(global: &Global) -> Result<Self, Failure> {
+        match StoreKind::from_env().map_err(|e| Failure::usage(e.to_string()))? {
+            StoreKind::Embedded => Self::open(global),
+            StoreKind::DynamoDb => {
+                let aws = Aws::from_env()
+                    .await
+                    .map_err(|e| Failure::usage(e.to_string()))?;
+                let delivery = Delivery::Queue(aws.queue.clone());
+                Ok(Self::assemble(
+                    Data::load(global)?,
+                    aws.store.clone(),
+                    delivery,
+                    aws.scheduler.clone(),
+                    Some(aws),
+                ))
+            }
+        }
+    }
+
+    fn assemble(
+        data: Data,
+        store: Arc<dyn ItemStore>,
+        delivery: Delivery,
+        scheduler: Arc<dyn Scheduler>,
+        aws: Option<Aws>,
+    ) -> Self {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        let tools = expense::toolbox(claims.clone(), policy.clone(), store.clone(), clock.clone());
-        let engine = Engine::builder(store.clone(), policy)
+        let tools = expense::toolbox(
+            data.claims.clone(),
+            data.policy.clone(),
+            store.clone(),
+            clock.clone(),
+        );
+        let engine = Engine::builder(store.clone(), data.policy)
             .model(model_from_env())
             .tools(tools)
             .system_prompt(expense::SYSTEM_PROMPT)
             .clock(clock)
+            .delivery(delivery)
+            .scheduler(scheduler)
             .build();
         let ledger = Ledger::new(store.clone());
-        Ok(Self {
+        Self {
             engine,
-            directory,
-            claims,
+            directory: data.directory,
+            claims: data.claims,
             ledger,
             store,
-        })
+            aws,
+        }
     }
 
     /// A person from the directory; anyone else is refused.

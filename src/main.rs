@@ -6,6 +6,7 @@ mod local;
 mod render;
 mod serve;
 mod token;
+mod worker;
 
 use std::io::Write as _;
 use std::process::ExitCode;
@@ -14,6 +15,7 @@ use clap::Parser;
 use serde_json::{Value, json};
 use shared::domain::approval::{Choice, DecisionRequest};
 use shared::domain::ids::{ActionVersion, ApprovalId, DecisionId, RunId};
+use shared::domain::run::RunStatus;
 use shared::example::expense;
 
 use cli::{Cli, Command, Review};
@@ -21,9 +23,9 @@ use fail::Failure;
 use local::Local;
 
 /// What a command prints: text for people, one JSON object for `--json`.
-struct Output {
-    text: String,
-    json: Value,
+pub(crate) struct Output {
+    pub(crate) text: String,
+    pub(crate) json: Value,
 }
 
 fn json_of<T: serde::Serialize>(value: &T) -> Value {
@@ -65,7 +67,7 @@ async fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<Output, Failure> {
-    let local = Local::open(&cli.global)?;
+    let local = Local::connect(&cli.global).await?;
     match cli.command {
         Command::Agent { claim, ttl } => {
             let mut start = expense::task_for(&local.claims, &claim)?;
@@ -118,7 +120,13 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
                             error: run.error.clone(),
                             approvals: vec![],
                         };
-                        text.push_str(&render::run(&report));
+                        match report.status {
+                            RunStatus::AwaitingApproval if local.aws.is_some() => text.push_str(&format!(
+                                "[{}] queued: the run resumes when a worker takes its message\n",
+                                report.run_id
+                            )),
+                            _ => text.push_str(&render::run(&report)),
+                        }
                         runs.push(report);
                     }
                 }
@@ -185,6 +193,7 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
                 json: json_of(&history),
             })
         }
+        Command::Worker { once } => worker::run(&local, once).await,
         Command::Ledger => {
             let mut settlements = Vec::new();
             for tenant in local.tenants().await? {

@@ -157,8 +157,18 @@ pub fn decision(report: &DecisionReport) -> String {
         (choice, effect) => format!("{} {} {}: {effect:?}", d.by, choice.name(), a.id),
     };
     let _ = writeln!(out, "{what}{replay}");
-    if let Some(run) = &report.run {
-        out.push_str(&self::run(run));
+    match &report.run {
+        Some(run) => out.push_str(&self::run(run)),
+        None if a.status != shared::domain::approval::ApprovalStatus::AwaitingApproval
+            && !report.replayed =>
+        {
+            let _ = writeln!(
+                out,
+                "[{}] queued: the run resumes when a worker takes its message",
+                a.run_id
+            );
+        }
+        None => {}
     }
     out
 }

@@ -6,10 +6,16 @@ use std::sync::Arc;
 
 use aws_config::{BehaviorVersion, SdkConfig};
 
+use crate::adapters::anthropic::AnthropicModel;
 use crate::adapters::dynamodb::DynamoStore;
 use crate::adapters::scheduler::{EventBridgeScheduler, ScheduleTarget};
 use crate::adapters::sqs::SqsQueue;
+use crate::engine::{Delivery, Engine};
+use crate::example::expense::{self, OfflineExpenseAgent};
+use crate::ports::clock::{Clock, SystemClock};
+use crate::ports::model::Model;
 use crate::ports::scheduler::{Scheduler, SweepOnly};
+use crate::ports::store::ItemStore;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -124,5 +130,38 @@ impl Aws {
     pub async fn from_env() -> Result<Self, ConfigError> {
         let settings = AwsSettings::from_env()?;
         Ok(Self::new(&sdk_config().await, &settings))
+    }
+}
+
+/// The model: Claude when `ANTHROPIC_API_KEY` is set, otherwise the offline expense agent.
+pub fn model_from_env() -> Arc<dyn Model> {
+    match AnthropicModel::from_env() {
+        Some(model) => Arc::new(model),
+        None => Arc::new(OfflineExpenseAgent),
+    }
+}
+
+/// The expense example's engine over AWS, as a function uses it: resume messages go to the
+/// queue, deadlines to the scheduler. Only the functions that drive runs (start, resume) pass a
+/// model; the others never call one.
+pub fn expense_engine(aws: &Aws, model: Option<Arc<dyn Model>>) -> Engine {
+    let policy = expense::default_policy();
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let store: Arc<dyn ItemStore> = aws.store.clone();
+    let tools = expense::toolbox(
+        expense::default_claims(),
+        policy.clone(),
+        store.clone(),
+        clock.clone(),
+    );
+    let builder = Engine::builder(store, policy)
+        .tools(tools)
+        .system_prompt(expense::SYSTEM_PROMPT)
+        .clock(clock)
+        .delivery(Delivery::Queue(aws.queue.clone()))
+        .scheduler(aws.scheduler.clone());
+    match model {
+        Some(model) => builder.model(model).build(),
+        None => builder.build(),
     }
 }

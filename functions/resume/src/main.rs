@@ -1,2 +1,18 @@
-//! Placeholder until the Lambda handler lands; the engine it will call lives in `shared`.
-fn main() {}
+//! The resume function's entry point: clients built once, then one engine call per batch.
+
+use lambda_runtime::{Error, LambdaEvent, run, service_fn};
+use shared::deploy::{Aws, expense_engine, model_from_env};
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    lambda_runtime::tracing::init_default_subscriber();
+    let aws = Aws::from_env().await?;
+    let engine = expense_engine(&aws, Some(model_from_env()));
+    run(service_fn(
+        |event: LambdaEvent<aws_lambda_events::event::sqs::SqsEvent>| {
+            let engine = &engine;
+            async move { Ok::<_, Error>(resume::handle(engine, event.payload).await) }
+        },
+    ))
+    .await
+}

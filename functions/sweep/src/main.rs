@@ -1,2 +1,19 @@
-//! Placeholder until the Lambda handler lands; the engine it will call lives in `shared`.
-fn main() {}
+//! The sweep function's entry point: clients built once, then one bounded sweep per invocation.
+
+use lambda_runtime::{Error, LambdaEvent, run, service_fn};
+use serde_json::Value;
+use shared::deploy::{Aws, expense_engine};
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    lambda_runtime::tracing::init_default_subscriber();
+    let aws = Aws::from_env().await?;
+    // The sweep expires, republishes and reconciles; it never drives a run, so it has no model.
+    let engine = expense_engine(&aws, None);
+    let budget = sweep::budget_from_env();
+    run(service_fn(|event: LambdaEvent<Value>| {
+        let engine = &engine;
+        async move { Ok::<_, Error>(sweep::handle(engine, event.payload, budget).await?) }
+    }))
+    .await
+}

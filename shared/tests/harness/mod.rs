@@ -5,7 +5,7 @@
 //! Only the embedded SQLite backend exists today; a DynamoDB backend (moto) plugs in the same way.
 
 // Each test binary uses a different part of the harness.
-#![allow(dead_code)]
+#![allow(dead_code, unused_macros)]
 
 use std::ops::Deref;
 use std::path::PathBuf;

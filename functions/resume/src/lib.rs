@@ -1,0 +1,43 @@
+//! The resume function: one SQS FIFO batch of resume messages, each keyed `action_id:version`.
+//! Messages of one run share a group and arrive in order; when one fails, it and every later
+//! message of the batch are reported as failures, so nothing overtakes it.
+
+use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
+use shared::adapters::sqs;
+use shared::engine::{Engine, ResumeReport};
+
+/// Resumes each message in order; the response names the messages SQS must deliver again.
+pub async fn handle(engine: &Engine, event: SqsEvent) -> SqsBatchResponse {
+    let mut failures = Vec::new();
+    for record in event.records {
+        let id = record.message_id.clone().unwrap_or_default();
+        if !failures.is_empty() {
+            failures.push(id);
+            continue;
+        }
+        let outcome = match sqs::parse(record.body.as_deref().unwrap_or_default()) {
+            Ok(message) => engine.resume(&message).await.map_err(|e| e.to_string()),
+            Err(why) => Err(why),
+        };
+        match outcome {
+            Ok(ResumeReport::Ignored { reason }) => {
+                tracing::info!(message = %id, %reason, "nothing to do")
+            }
+            Ok(report) => tracing::info!(message = %id, outcome = ?report, "resumed"),
+            Err(error) => {
+                tracing::warn!(message = %id, %error, "will be delivered again");
+                failures.push(id);
+            }
+        }
+    }
+    let mut response = SqsBatchResponse::default();
+    response.batch_item_failures = failures
+        .into_iter()
+        .map(|item_identifier| {
+            let mut failure = BatchItemFailure::default();
+            failure.item_identifier = item_identifier;
+            failure
+        })
+        .collect();
+    response
+}

@@ -1,0 +1,109 @@
+//! The resume handler on a recorded SQS FIFO batch, over the embedded store.
+
+#[path = "../../../shared/tests/harness/mod.rs"]
+mod harness;
+
+use std::sync::Arc;
+
+use aws_lambda_events::event::sqs::SqsEvent;
+use harness::{Embedded, Harness, RecordingQueue, approve};
+use shared::domain::run::RunStatus;
+use shared::engine::Delivery;
+use shared::ports::queue::ResumeMessage;
+
+const BATCH: &str = include_str!("fixtures/sqs-fifo-batch.json");
+
+/// The first records of the recorded batch, carrying these bodies in order.
+fn batch(bodies: &[String]) -> SqsEvent {
+    let mut event: serde_json::Value = serde_json::from_str(BATCH).unwrap();
+    let records = event["Records"].as_array_mut().unwrap();
+    records.truncate(bodies.len());
+    for (record, body) in records.iter_mut().zip(bodies) {
+        record["body"] = serde_json::Value::String(body.clone());
+    }
+    serde_json::from_value(event).unwrap()
+}
+
+fn body(message: &ResumeMessage) -> String {
+    serde_json::to_string(message).unwrap()
+}
+
+fn failed_ids(response: &aws_lambda_events::event::sqs::SqsBatchResponse) -> Vec<&str> {
+    response
+        .batch_item_failures
+        .iter()
+        .map(|f| f.item_identifier.as_str())
+        .collect()
+}
+
+/// Pauses c-102, approves it, and returns the resume message the decision queued.
+async fn approved_c102(h: &Harness) -> (harness::Process, ResumeMessage) {
+    let queue = Arc::new(RecordingQueue::default());
+    let decider = h.process_with(|t| t, Delivery::Queue(queue.clone())).await;
+    let (_, approval) = h.start_paused(&decider, "c-102").await;
+    decider
+        .decide(&h.person("dana"), &approval.id, approve("d-1"))
+        .await
+        .unwrap();
+    let message = queue
+        .published()
+        .pop()
+        .expect("the decision queued a resume message");
+    (decider, message)
+}
+
+#[tokio::test]
+async fn a_batch_with_one_resume_message_resumes_the_run_and_reports_no_failure() {
+    let h = Harness::new(Embedded::fresh()).await;
+    let (_, message) = approved_c102(&h).await;
+    let worker = h.process().await;
+
+    let response = resume::handle(&worker, batch(&[body(&message)])).await;
+
+    assert!(response.batch_item_failures.is_empty());
+    assert_eq!(
+        h.run(&worker, &message.run_id).await.status,
+        RunStatus::Done
+    );
+    assert_eq!(h.payments().await.len(), 1);
+}
+
+#[tokio::test]
+async fn the_same_message_twice_in_a_batch_pays_once_and_fails_nothing() {
+    let h = Harness::new(Embedded::fresh()).await;
+    let (_, message) = approved_c102(&h).await;
+    let worker = h.process().await;
+
+    let response = resume::handle(&worker, batch(&[body(&message), body(&message)])).await;
+
+    assert!(response.batch_item_failures.is_empty());
+    assert_eq!(h.payments().await.len(), 1);
+}
+
+#[tokio::test]
+async fn after_a_failure_it_and_every_later_message_are_reported_and_not_processed() {
+    let h = Harness::new(Embedded::fresh()).await;
+    let (_, message) = approved_c102(&h).await;
+    let worker = h.process().await;
+
+    let response = resume::handle(
+        &worker,
+        batch(&["not json".into(), body(&message), body(&message)]),
+    )
+    .await;
+
+    assert_eq!(
+        failed_ids(&response),
+        [
+            "0c1a8f4e-0001-4d35-9a5e-1c0b3c1c2a01",
+            "0c1a8f4e-0002-4d35-9a5e-1c0b3c1c2a02",
+            "0c1a8f4e-0003-4d35-9a5e-1c0b3c1c2a03"
+        ]
+    );
+    assert_eq!(
+        h.run(&worker, &message.run_id).await.status,
+        RunStatus::AwaitingApproval,
+        "nothing overtook the failure"
+    );
+    assert!(h.payments().await.is_empty());
+}

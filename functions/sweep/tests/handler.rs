@@ -1,0 +1,75 @@
+//! The sweep handler on the events its schedules send, over the embedded store.
+
+#[path = "../../../shared/tests/harness/mod.rs"]
+mod harness;
+
+use chrono::TimeDelta;
+use harness::{Embedded, Harness};
+use serde_json::Value;
+use shared::domain::run::RunStatus;
+
+fn fixture(text: &str) -> Value {
+    serde_json::from_str(text).unwrap()
+}
+
+#[tokio::test]
+async fn a_deadline_schedule_expires_what_is_overdue_and_the_run_is_told() {
+    let h = Harness::new(Embedded::fresh()).await;
+    let engine = h.process().await;
+    let (report, approval) = h.start_paused(&engine, "c-102").await;
+    h.clock.advance(TimeDelta::hours(25));
+
+    let swept = sweep::handle(
+        &engine,
+        fixture(include_str!("fixtures/scheduler-deadline.json")),
+        50,
+    )
+    .await
+    .unwrap();
+
+    assert_eq!(swept.expired, vec![approval.id]);
+    let run = h.run(&engine, &report.run_id).await;
+    assert_eq!(run.status, RunStatus::Done);
+    assert!(run.answer.unwrap().contains("expired"));
+    assert!(h.payments().await.is_empty());
+}
+
+#[tokio::test]
+async fn the_recurring_schedule_and_a_plain_scheduled_event_each_run_one_sweep() {
+    let h = Harness::new(Embedded::fresh()).await;
+    let engine = h.process().await;
+    let (_, first) = h.start_paused(&engine, "c-102").await;
+    h.clock.advance(TimeDelta::hours(25));
+    let (_, second) = h.start_paused(&engine, "c-104").await;
+
+    let recurring = sweep::handle(
+        &engine,
+        fixture(include_str!("fixtures/scheduler-recurring.json")),
+        50,
+    )
+    .await
+    .unwrap();
+    assert_eq!(recurring.expired, vec![first.id], "only what is overdue");
+
+    h.clock.advance(TimeDelta::hours(25));
+    let scheduled = fixture(include_str!("fixtures/eventbridge-scheduled-event.json"));
+    let plain = sweep::handle(&engine, scheduled, 50).await.unwrap();
+    assert_eq!(plain.expired, vec![second.id]);
+
+    let again = sweep::handle(&engine, Value::Null, 50).await.unwrap();
+    assert!(again.expired.is_empty(), "sweeping twice changes nothing");
+}
+
+#[tokio::test]
+async fn one_invocation_touches_at_most_its_budget() {
+    let h = Harness::new(Embedded::fresh()).await;
+    let engine = h.process().await;
+    for claim in ["c-102", "c-104", "c-105"] {
+        h.start_paused(&engine, claim).await;
+    }
+    h.clock.advance(TimeDelta::hours(25));
+
+    let first = sweep::handle(&engine, Value::Null, 2).await.unwrap();
+    let second = sweep::handle(&engine, Value::Null, 2).await.unwrap();
+    assert_eq!((first.expired.len(), second.expired.len()), (2, 1));
+}
