@@ -26,9 +26,9 @@ use shared::example::expense::task_for;
 use serde_json::json;
 
 use harness::{
-    AnswerLost, Counted, Embedded, Gate, Hangs, Harness, QueueDown, RecordingQueue, Script, Slow,
-    acme, approve, decision, edit, event_names, paid, reject, results_after_turn, resume_message,
-    scripted_task, start_of_test, told_about,
+    AnswerLost, Counted, Embedded, Gate, Hangs, Harness, QueueDown, ReconcilesTogether,
+    RecordingQueue, Script, Slow, acme, approve, decision, edit, event_names, paid, reject,
+    results_after_turn, resume_message, scripted_task, start_of_test, told_about,
 };
 
 fn person(name: &str) -> PersonId {
@@ -800,6 +800,41 @@ async fn given_a_process_that_died_after_paying_when_the_sweep_finds_the_stale_e
     );
 }
 
+async fn given_a_stale_execution_when_two_sweeps_record_its_unknown_outcome_at_once_then_neither_fails_and_it_is_recorded_once(
+    h: &Harness,
+) {
+    let (report, approval) =
+        approve_on_a_process_that_dies_while_paying(h, Hangs::before_effect).await;
+    let together = Arc::new(tokio::sync::Barrier::new(2));
+    let sweeper = || {
+        let together = together.clone();
+        h.process_with(
+            move |tools| ReconcilesTogether::wrap(tools, "reimburse", together),
+            Delivery::InProcess,
+        )
+    };
+    let (a, b) = (sweeper().await, sweeper().await);
+    h.clock.advance(Duration::minutes(16));
+
+    let (one, other) = tokio::join!(a.sweep(100), b.sweep(100));
+
+    let key = format!("{}:1", approval.action_id);
+    for swept in [one, other] {
+        let swept = swept.unwrap_or_else(|e| panic!("{}: {e}", e.code()));
+        assert_eq!(swept.unknown, from_ref(&key));
+    }
+    let history = a.history(&acme(), &report.run_id).await.unwrap();
+    let action = history
+        .actions
+        .iter()
+        .find(|x| x.id == approval.action_id)
+        .unwrap();
+    assert_eq!(action.status, ActionStatus::Unknown);
+    let names = event_names(&history.entries);
+    assert_eq!(names.iter().filter(|n| **n == "unknown").count(), 1);
+    assert_eq!(history.run.status, RunStatus::AwaitingApproval);
+}
+
 async fn given_a_slow_payment_the_sweep_reconciled_as_not_paid_when_the_call_lands_afterwards_then_it_does_not_pay(
     h: &Harness,
 ) {
@@ -859,6 +894,50 @@ async fn given_a_slow_payment_the_sweep_reconciled_as_not_paid_when_the_call_lan
     assert_eq!(
         about_payment,
         ["proposed", "decision", "executing", "reconciled"]
+    );
+}
+
+async fn given_an_allowed_payment_slower_than_the_stale_execution_limit_when_the_sweep_records_it_first_then_its_process_reads_that_record(
+    h: &Harness,
+) {
+    let gate = Gate::new();
+    let script = Script::default().then_call(&[(
+        "reimburse",
+        json!({"claim_id": "c-101", "amount_cents": 4_200}),
+    )]);
+    let slow = {
+        let gate = gate.clone();
+        Arc::new(
+            h.process_of(
+                Arc::new(script),
+                move |tools| Slow::wrap(tools, "reimburse", gate),
+                Delivery::InProcess,
+            )
+            .await,
+        )
+    };
+    let start = {
+        let slow = slow.clone();
+        tokio::spawn(async move { slow.start(scripted_task("ana")).await })
+    };
+    gate.call_in_flight().await;
+    h.clock.advance(Duration::minutes(16));
+    let swept = h.process().await.sweep(100).await.unwrap();
+    assert_eq!(swept.reconciled.len(), 1, "{swept:?}");
+
+    gate.open();
+    let started = start.await.unwrap();
+
+    let report = started.unwrap_or_else(|e| panic!("{}: {e}", e.code()));
+    assert_eq!(report.status, RunStatus::Done);
+    assert!(h.payments().await.is_empty());
+    let run = h.run(&slow, &report.run_id).await;
+    let told = told_about(&run, "reimburse");
+    assert!(told.is_error);
+    assert!(
+        told.content.contains("nothing was recorded"),
+        "{}",
+        told.content
     );
 }
 
@@ -1590,6 +1669,8 @@ on_backend!(
         given_a_process_that_died_before_paying_when_the_sweep_finds_the_stale_execution_then_it_asks_the_tool_and_never_pays_blindly,
         given_a_process_that_died_after_paying_when_the_sweep_finds_the_stale_execution_then_it_records_the_payment_it_finds,
         given_a_slow_payment_the_sweep_reconciled_as_not_paid_when_the_call_lands_afterwards_then_it_does_not_pay,
+        given_a_stale_execution_when_two_sweeps_record_its_unknown_outcome_at_once_then_neither_fails_and_it_is_recorded_once,
+        given_an_allowed_payment_slower_than_the_stale_execution_limit_when_the_sweep_records_it_first_then_its_process_reads_that_record,
         given_the_agent_calls_a_tool_the_policy_does_not_name_when_the_turn_runs_then_it_is_not_executed_and_the_model_is_told,
         given_an_agent_that_never_stops_calling_tools_when_it_reaches_the_turn_limit_then_the_run_fails,
         given_many_calls_proposed_in_the_same_millisecond_when_the_history_is_read_then_actions_come_in_the_order_proposed_each_version_after_its_predecessor,

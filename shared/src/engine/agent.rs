@@ -7,7 +7,7 @@ use serde::Serialize;
 use tracing::Instrument;
 
 use super::decide::proposed_event;
-use super::records::{OutboxEntry, Stored, Tx, keys};
+use super::records::{OutboxEntry, Stored, Tx, keys, load};
 use super::{AWAITING_ACTION_VER, Engine, EngineError};
 use crate::domain::action::{Action, ActionStatus, ProposedCall, ToolOutcome};
 use crate::domain::approval::{Approval, ApprovalStatus};
@@ -20,7 +20,7 @@ use crate::domain::policy::{MAX_TTL, Requirement, Verdict};
 use crate::domain::run::{HeldCall, PausedTurn, Run, RunStatus};
 use crate::ports::model::ModelRequest;
 use crate::ports::scheduler::Wake;
-use crate::ports::store::IndexKey;
+use crate::ports::store::{IndexKey, StoreError};
 use crate::ports::tools::ToolCall;
 
 /// A request to start a run.
@@ -479,7 +479,7 @@ impl Engine {
             .record(&outcome, now)
             .expect("an executing action records its outcome");
         let mut tx = Tx::new();
-        tx.update(pk, sk, action_index(&action), &action, 1);
+        tx.update(pk.clone(), sk.clone(), action_index(&action), &action, 1);
         tx.audit(
             &tenant,
             entry(
@@ -489,8 +489,23 @@ impl Engine {
                 now,
             ),
         );
-        self.commit(tx).await?;
-        Ok(action.result.expect("recorded"))
+        match self.commit(tx).await {
+            Ok(_) => Ok(action.result.expect("recorded")),
+            // The call outlived the stale-execution limit and the sweep recorded its outcome
+            // through the tool's reconciliation: that record stands, and is what the model reads.
+            Err(StoreError::ConditionFailed { .. }) => {
+                let recorded = load::<Action>(self.store.as_ref(), &pk, &sk).await?;
+                recorded
+                    .and_then(|stored| stored.value.result)
+                    .ok_or_else(|| {
+                        EngineError::Corrupt(format!(
+                            "{} was recorded without a result",
+                            action.key()
+                        ))
+                    })
+            }
+            Err(error) => Err(error.into()),
+        }
     }
 
     async fn record_denied(

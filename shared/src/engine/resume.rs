@@ -207,7 +207,13 @@ impl Engine {
                 || !run.value.is_waiting_on(&action.value.id)
             {
                 // The run waits for reconciliation, or moved on (cancelled): record the action alone.
-                self.commit(tx).await?;
+                match self.commit(tx).await {
+                    Ok(_) => {}
+                    Err(StoreError::ConditionFailed { .. }) => {
+                        return Ok(ignored("another worker recorded this action"));
+                    }
+                    Err(error) => return Err(error.into()),
+                }
                 let report = match action.value.status {
                     ActionStatus::Unknown => ResumeReport::Unknown {
                         key: action.value.key(),

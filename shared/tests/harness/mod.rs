@@ -513,6 +513,36 @@ impl Tool for Hangs {
     }
 }
 
+/// A tool that cannot tell what became of a call, and says so only once every reconciliation
+/// sharing its barrier is asking: sweeps that all read the action before any of them writes.
+pub struct ReconcilesTogether {
+    inner: Arc<dyn Tool>,
+    together: Arc<tokio::sync::Barrier>,
+}
+
+impl ReconcilesTogether {
+    pub fn wrap(tools: Toolbox, name: &str, together: Arc<tokio::sync::Barrier>) -> Toolbox {
+        let inner = tools.get(name).expect("the tool exists").clone();
+        tools.with(Arc::new(ReconcilesTogether { inner, together }))
+    }
+}
+
+#[async_trait]
+impl Tool for ReconcilesTogether {
+    fn spec(&self) -> ToolSpec {
+        self.inner.spec()
+    }
+
+    async fn call(&self, call: ToolCall<'_>) -> ToolOutcome {
+        self.inner.call(call).await
+    }
+
+    async fn reconcile(&self, _: ToolCall<'_>) -> Option<ToolOutcome> {
+        self.together.wait().await;
+        None
+    }
+}
+
 /// Where a slow call waits until the test lets it through, and what each call answered then.
 pub struct Gate {
     arrived: AtomicUsize,
