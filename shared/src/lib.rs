@@ -13,4 +13,5 @@ pub mod deploy;
 pub mod domain;
 pub mod engine;
 pub mod example;
+pub mod lambda;
 pub mod ports;

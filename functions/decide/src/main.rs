@@ -1,2 +1,16 @@
-//! Placeholder until the Lambda handler lands; the engine it will call lives in `shared`.
-fn main() {}
+//! The decide function's entry point: clients built once, then lambda_http hosts the router.
+
+use std::sync::Arc;
+
+use lambda_http::Error;
+use shared::deploy::{Aws, expense_engine};
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    lambda_http::tracing::init_default_subscriber();
+    let aws = Aws::from_env().await?;
+    // Deciding never drives a run: the decision queues its resume message.
+    let engine = Arc::new(expense_engine(&aws, None));
+    let auth = shared::lambda::auth_from_env()?;
+    lambda_http::run(decide::app(engine, auth)).await
+}

@@ -1,2 +1,25 @@
-//! Placeholder until the Lambda handler lands; the engine it will call lives in `shared`.
-fn main() {}
+//! The start function's entry point: clients built once, then one run per invocation.
+
+use std::sync::Arc;
+
+use lambda_http::{Error, LambdaEvent, service_fn};
+use serde_json::Value;
+use shared::deploy::{Aws, expense_engine, model_from_env};
+use shared::example::expense;
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    lambda_http::tracing::init_default_subscriber();
+    let aws = Aws::from_env().await?;
+    let engine = Arc::new(expense_engine(&aws, Some(model_from_env())));
+    let start = start::Start::new(
+        engine,
+        shared::lambda::auth_from_env()?,
+        expense::default_claims(),
+    );
+    lambda_http::lambda_runtime::run(service_fn(|event: LambdaEvent<Value>| {
+        let start = &start;
+        async move { Ok::<_, Error>(start.handle(event.payload, event.context).await?) }
+    }))
+    .await
+}
