@@ -27,7 +27,7 @@ use serde_json::json;
 
 use harness::{
     AnswerLost, Counted, Embedded, Gate, Hangs, Harness, QueueDown, ReconcilesTogether,
-    RecordingQueue, Script, Slow, acme, approve, decision, edit, event_names, paid, reject,
+    RecordingQueue, Script, Slow, Stalls, acme, approve, decision, edit, event_names, paid, reject,
     results_after_turn, resume_message, scripted_task, start_of_test, told_about,
 };
 
@@ -897,7 +897,7 @@ async fn given_a_slow_payment_the_sweep_reconciled_as_not_paid_when_the_call_lan
     );
 }
 
-async fn given_an_allowed_payment_slower_than_the_stale_execution_limit_when_the_sweep_records_it_first_then_its_process_reads_that_record(
+async fn given_an_allowed_payment_slower_than_the_lease_when_the_sweep_settles_it_and_fails_the_run_then_the_late_call_pays_nothing_and_its_process_reports_a_conflict(
     h: &Harness,
 ) {
     let gate = Gate::new();
@@ -924,20 +924,143 @@ async fn given_an_allowed_payment_slower_than_the_stale_execution_limit_when_the
     h.clock.advance(Duration::minutes(16));
     let swept = h.process().await.sweep(100).await.unwrap();
     assert_eq!(swept.reconciled.len(), 1, "{swept:?}");
+    assert_eq!(swept.abandoned.len(), 1, "{swept:?}");
 
     gate.open();
     let started = start.await.unwrap();
 
-    let report = started.unwrap_or_else(|e| panic!("{}: {e}", e.code()));
-    assert_eq!(report.status, RunStatus::Done);
+    // The process reads the sweep's record of its call, then finds its run failed: a conflict.
+    let refused = started.unwrap_err();
+    assert_eq!(refused.code(), "run_finished", "{refused}");
+    assert_eq!(refused.kind(), ErrorKind::Conflict);
+    assert!(refused.to_string().ends_with("is failed"), "{refused}");
+    let late = gate.outcomes();
+    assert!(
+        matches!(late.as_slice(), [ToolOutcome::Failed { .. }]),
+        "{late:?}"
+    );
     assert!(h.payments().await.is_empty());
-    let run = h.run(&slow, &report.run_id).await;
-    let told = told_about(&run, "reimburse");
-    assert!(told.is_error);
+    let history = slow.history(&acme(), &swept.abandoned[0]).await.unwrap();
+    assert_eq!(history.run.status, RunStatus::Failed);
+    let payment = &history.actions[0];
+    assert_eq!(payment.status, ActionStatus::Failed);
+    let told = payment.result.as_ref().unwrap();
     assert!(
         told.content.contains("nothing was recorded"),
         "{}",
         told.content
+    );
+}
+
+/// Starts a run on a process whose model never answers, and kills that process mid-turn.
+async fn start_on_a_process_that_dies_while_driving(h: &Harness) {
+    let model = Stalls::at_once();
+    let dying = Arc::new(
+        h.process_of(model.clone(), |tools| tools, Delivery::InProcess)
+            .await,
+    );
+    let start = tokio::spawn(async move { dying.start(scripted_task("ana")).await });
+    model.until_stalled(1).await;
+    start.abort();
+    let _ = start.await;
+}
+
+async fn given_a_process_that_died_while_driving_a_run_when_its_lease_runs_out_then_the_sweep_fails_it_and_a_run_within_its_lease_is_left_alone(
+    h: &Harness,
+) {
+    let sweeper = h.process().await;
+    start_on_a_process_that_dies_while_driving(h).await;
+    h.clock.advance(Duration::minutes(14));
+    assert!(sweeper.sweep(100).await.unwrap().abandoned.is_empty());
+    h.clock.advance(Duration::minutes(2));
+    // A second run starts now and dies the same way; its lease has 15 minutes to go.
+    start_on_a_process_that_dies_while_driving(h).await;
+
+    let swept = sweeper.sweep(100).await.unwrap();
+
+    assert_eq!(swept.abandoned.len(), 1, "{swept:?}");
+    let history = sweeper.history(&acme(), &swept.abandoned[0]).await.unwrap();
+    assert_eq!(history.run.created_at, start_of_test(), "the first run");
+    assert_eq!(history.run.status, RunStatus::Failed);
+    let last = history.entries.last().unwrap();
+    assert_eq!(last.actor, Actor::system("sweep"));
+    let AuditEvent::Failed { error } = &last.event else {
+        panic!("{:?}", last.event)
+    };
+    assert!(
+        error.contains("the process driving this run stopped before it finished"),
+        "{error}"
+    );
+    assert_eq!(history.run.error.as_ref(), Some(error));
+    let again = sweeper.sweep(100).await.unwrap();
+    assert!(
+        again.abandoned.is_empty(),
+        "the second run is within its lease"
+    );
+
+    h.clock.advance(Duration::minutes(16));
+    let later = sweeper.sweep(100).await.unwrap();
+    assert_eq!(later.abandoned.len(), 1, "{later:?}");
+    assert_ne!(later.abandoned, swept.abandoned);
+    assert_eq!(
+        h.run(&sweeper, &later.abandoned[0]).await.status,
+        RunStatus::Failed
+    );
+}
+
+async fn given_a_run_that_resumed_on_a_process_that_died_when_its_lease_runs_out_then_the_sweep_fails_it_but_never_while_it_waited_on_a_person(
+    h: &Harness,
+) {
+    let script = Script::default().then_call(&[(
+        "reimburse",
+        json!({"claim_id": "c-102", "amount_cents": 25_000}),
+    )]);
+    let model = Stalls::after(script, 1);
+    let dying = Arc::new(
+        h.process_of(model.clone(), |tools| tools, Delivery::InProcess)
+            .await,
+    );
+    let report = dying.start(scripted_task("ben")).await.unwrap();
+    assert_eq!(report.status, RunStatus::AwaitingApproval);
+    let sweeper = h.process().await;
+    h.clock.advance(Duration::hours(2));
+    assert!(
+        sweeper.sweep(100).await.unwrap().abandoned.is_empty(),
+        "a run waiting on a person holds no lease"
+    );
+
+    let decide = {
+        let (dying, dana, id) = (
+            dying.clone(),
+            h.person("dana"),
+            report.approvals[0].id.clone(),
+        );
+        tokio::spawn(async move { dying.decide(&dana, &id, approve("d-1")).await })
+    };
+    model.until_stalled(1).await;
+    decide.abort();
+    let _ = decide.await;
+    assert_eq!(
+        h.run(&sweeper, &report.run_id).await.status,
+        RunStatus::Running
+    );
+    h.clock.advance(Duration::minutes(14));
+    assert!(
+        sweeper.sweep(100).await.unwrap().abandoned.is_empty(),
+        "resuming renewed the lease"
+    );
+    h.clock.advance(Duration::minutes(2));
+
+    let swept = sweeper.sweep(100).await.unwrap();
+
+    assert_eq!(swept.abandoned, from_ref(&report.run_id));
+    let history = sweeper.history(&acme(), &report.run_id).await.unwrap();
+    assert_eq!(history.run.status, RunStatus::Failed);
+    assert_eq!(event_names(&history.entries).last(), Some(&"failed"));
+    assert_eq!(
+        h.payments().await.len(),
+        1,
+        "the approved payment ran before"
     );
 }
 
@@ -1670,7 +1793,9 @@ on_backend!(
         given_a_process_that_died_after_paying_when_the_sweep_finds_the_stale_execution_then_it_records_the_payment_it_finds,
         given_a_slow_payment_the_sweep_reconciled_as_not_paid_when_the_call_lands_afterwards_then_it_does_not_pay,
         given_a_stale_execution_when_two_sweeps_record_its_unknown_outcome_at_once_then_neither_fails_and_it_is_recorded_once,
-        given_an_allowed_payment_slower_than_the_stale_execution_limit_when_the_sweep_records_it_first_then_its_process_reads_that_record,
+        given_an_allowed_payment_slower_than_the_lease_when_the_sweep_settles_it_and_fails_the_run_then_the_late_call_pays_nothing_and_its_process_reports_a_conflict,
+        given_a_process_that_died_while_driving_a_run_when_its_lease_runs_out_then_the_sweep_fails_it_and_a_run_within_its_lease_is_left_alone,
+        given_a_run_that_resumed_on_a_process_that_died_when_its_lease_runs_out_then_the_sweep_fails_it_but_never_while_it_waited_on_a_person,
         given_the_agent_calls_a_tool_the_policy_does_not_name_when_the_turn_runs_then_it_is_not_executed_and_the_model_is_told,
         given_an_agent_that_never_stops_calling_tools_when_it_reaches_the_turn_limit_then_the_run_fails,
         given_many_calls_proposed_in_the_same_millisecond_when_the_history_is_read_then_actions_come_in_the_order_proposed_each_version_after_its_predecessor,

@@ -77,6 +77,17 @@ pub(super) fn reconcile_key(action: &Action, due: chrono::DateTime<chrono::Utc>)
     }
 }
 
+/// How long a run may stay `running` without its record being written before the sweep takes
+/// the process driving it for dead.
+pub(super) const RUN_LEASE: chrono::Duration = chrono::Duration::minutes(15);
+
+/// The index entry of a run in its current state: a running run holds a lease until
+/// `updated_at + RUN_LEASE`, renewed each time it is written running (started or resumed).
+pub(super) fn run_index(run: &Run) -> Option<IndexKey> {
+    (run.status == RunStatus::Running)
+        .then(|| keys::lease(&run.tenant, &run.id, run.updated_at + RUN_LEASE))
+}
+
 /// The index entry of an action in its current state, if it has one.
 pub(super) fn action_index(action: &Action) -> Option<IndexKey> {
     match action.status {
@@ -153,7 +164,7 @@ impl Engine {
         tx.create(
             keys::run_pk(&run.tenant, &run.id),
             keys::RUN_SK.into(),
-            None,
+            run_index(&run),
             &run,
         );
         tx.upsert(
@@ -393,14 +404,11 @@ impl Engine {
         tx.update(
             keys::run_pk(&run.value.tenant, &run.value.id),
             keys::RUN_SK.into(),
-            None,
+            run_index(&run.value),
             &run.value,
             run.ver,
         );
-        let outbox = self
-            .commit(tx)
-            .await
-            .map_err(|e| self.lost_run(&run.value, e))?;
+        let outbox = self.commit_run(tx, &run.value).await?;
         tracing::info!(approvals = approvals.len(), "paused for a person");
         for approval in &approvals {
             self.schedule_wakeups(approval).await;
@@ -434,14 +442,24 @@ impl Engine {
         }
     }
 
-    /// Losing the run's compare-and-set while driving means someone else moved it (a cancel).
-    fn lost_run(&self, run: &Run, error: crate::ports::store::StoreError) -> EngineError {
-        match error {
-            crate::ports::store::StoreError::ConditionFailed { .. } => EngineError::RunFinished {
-                run: run.id.to_string(),
-                status: RunStatus::Cancelled,
-            },
-            other => other.into(),
+    /// Commits a transaction that writes the run being driven. Losing its compare-and-set means
+    /// someone else moved the run on: a cancel, or the sweep after the run's lease ran out.
+    async fn commit_run(&self, tx: Tx, run: &Run) -> Result<Vec<OutboxEntry>, EngineError> {
+        match self.commit(tx).await {
+            Ok(outbox) => Ok(outbox),
+            Err(StoreError::ConditionFailed { .. }) => {
+                let stored = self.load_run(&run.tenant, &run.id).await?;
+                let status = stored
+                    .ok_or_else(|| EngineError::not_found(format!("run {}", run.id)))?
+                    .value
+                    .status;
+                tracing::warn!(%status, "the run moved on while this process drove it");
+                Err(EngineError::RunFinished {
+                    run: run.id.to_string(),
+                    status,
+                })
+            }
+            Err(error) => Err(error.into()),
         }
     }
 
@@ -578,7 +596,7 @@ impl Engine {
         tx.update(
             keys::run_pk(&run.value.tenant, &run.value.id),
             keys::RUN_SK.into(),
-            None,
+            run_index(&run.value),
             &run.value,
             run.ver,
         );
@@ -591,10 +609,7 @@ impl Engine {
                 now,
             ),
         );
-        let outbox = self
-            .commit(tx)
-            .await
-            .map_err(|e| self.lost_run(&run.value, e))?;
+        let outbox = self.commit_run(tx, &run.value).await?;
         tracing::info!("done");
         Ok((RunReport::of(&run.value, vec![]), outbox))
     }
@@ -611,7 +626,7 @@ impl Engine {
         tx.update(
             keys::run_pk(&run.value.tenant, &run.value.id),
             keys::RUN_SK.into(),
-            None,
+            run_index(&run.value),
             &run.value,
             run.ver,
         );
@@ -624,10 +639,7 @@ impl Engine {
                 now,
             ),
         );
-        let outbox = self
-            .commit(tx)
-            .await
-            .map_err(|e| self.lost_run(&run.value, e))?;
+        let outbox = self.commit_run(tx, &run.value).await?;
         Ok((RunReport::of(&run.value, vec![]), outbox))
     }
 }

@@ -2,7 +2,7 @@
 
 use tracing::Instrument;
 
-use super::agent::{RunReport, entry};
+use super::agent::{RunReport, entry, run_index};
 use super::records::{Tx, keys};
 use super::{AWAITING_ACTION_VER, CAS_ATTEMPTS, Engine, EngineError};
 use crate::domain::action::ActionStatus;
@@ -81,7 +81,7 @@ impl Engine {
             tx.update(
                 keys::run_pk(&tenant, run_id),
                 keys::RUN_SK.into(),
-                None,
+                run_index(&run.value),
                 &run.value,
                 run.ver,
             );

@@ -23,9 +23,11 @@ pub mod keys {
     pub const AUDIT_PREFIX: &str = "AUDIT#";
     pub const OUTBOX_PREFIX: &str = "OUTBOX#";
     pub const TENANTS_PK: &str = "TENANTS";
-    /// Index partitions: unpublished outbox items, actions whose outcome is not settled.
+    /// Index partitions: unpublished outbox items, actions whose outcome is not settled, runs
+    /// being driven (by when their lease runs out).
     pub const OUTBOX_INDEX: &str = "OUTBOX";
     pub const RECONCILE_INDEX: &str = "RECONCILE";
+    pub const RUNNING_INDEX: &str = "RUNNING";
 
     pub fn run_pk(tenant: &TenantId, run: &RunId) -> String {
         format!("TENANT#{tenant}#RUN#{run}")
@@ -56,6 +58,14 @@ pub mod keys {
         IndexKey {
             pk: pending_index(tenant),
             sk: format!("{}#{approval}", sortable(expires_at)),
+        }
+    }
+
+    /// A running run, by when the lease of the process driving it runs out.
+    pub fn lease(tenant: &TenantId, run: &RunId, until: DateTime<Utc>) -> IndexKey {
+        IndexKey {
+            pk: RUNNING_INDEX.into(),
+            sk: format!("{}#{}", sortable(until), run_pk(tenant, run)),
         }
     }
 

@@ -4,7 +4,7 @@
 use serde::Serialize;
 use tracing::Instrument;
 
-use super::agent::{RunReport, action_index, entry, executing_event, outcome_event};
+use super::agent::{RunReport, action_index, entry, executing_event, outcome_event, run_index};
 use super::records::{OutboxEntry, Stored, Tx, keys};
 use super::{CAS_ATTEMPTS, Engine, EngineError};
 use crate::domain::action::{Action, ActionStatus, ToolOutcome};
@@ -302,7 +302,7 @@ impl Engine {
         tx.update(
             keys::run_pk(&updated.tenant, &updated.id),
             keys::RUN_SK.into(),
-            None,
+            run_index(&updated),
             &updated,
             run.ver,
         );

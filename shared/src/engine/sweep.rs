@@ -5,13 +5,15 @@ use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 use tracing::Instrument;
 
-use super::agent::{STALE_EXECUTION, reconcile_key};
+use super::agent::{STALE_EXECUTION, entry, reconcile_key, run_index};
 use super::records::{OutboxEntry, Stored, Tx, decode, keys};
 use super::{Delivery, Engine, EngineError};
 use crate::domain::action::{Action, ActionStatus, ToolOutcome};
 use crate::domain::approval::Approval;
+use crate::domain::audit::AuditEvent;
 use crate::domain::identity::Actor;
-use crate::domain::ids::{ApprovalId, TenantId};
+use crate::domain::ids::{ApprovalId, RunId, TenantId};
+use crate::domain::run::{Run, RunStatus};
 use crate::ports::store::{StoreError, query_all};
 use crate::ports::tools::ToolCall;
 
@@ -24,12 +26,16 @@ pub struct SweepReport {
     pub reconciled: Vec<String>,
     /// Actions still without a definite outcome.
     pub unknown: Vec<String>,
+    /// Runs whose driving process stopped (their lease ran out), now failed.
+    pub abandoned: Vec<RunId>,
 }
 
 /// How long an outbox entry may wait for its writer before the sweep delivers it instead.
 const OUTBOX_GRACE: Duration = Duration::seconds(30);
 /// How long to wait before asking a tool again about an unknown outcome.
 const RECHECK: Duration = Duration::minutes(5);
+/// Why the sweep fails a run whose lease ran out.
+const ABANDONED: &str = "the process driving this run stopped before it finished";
 
 impl Engine {
     /// One sweep, touching at most `budget` items of each kind.
@@ -89,11 +95,31 @@ impl Engine {
             );
             self.reconcile(action, &mut report).instrument(span).await?;
         }
-        if !report.expired.is_empty() || report.redelivered > 0 || !report.reconciled.is_empty() {
+
+        let now = self.now();
+        let page = self
+            .store
+            .query_index(keys::RUNNING_INDEX, "", &keys::due_until(now), None, budget)
+            .await?;
+        for item in &page.items {
+            let run = decode::<Run>(item)?;
+            let span =
+                tracing::info_span!("abandon", tenant = %run.value.tenant, run = %run.value.id);
+            if let Some(abandoned) = self.abandon(run, now).instrument(span).await? {
+                report.abandoned.push(abandoned);
+            }
+        }
+
+        let worked = !report.expired.is_empty()
+            || report.redelivered > 0
+            || !report.reconciled.is_empty()
+            || !report.abandoned.is_empty();
+        if worked {
             tracing::info!(
                 expired = report.expired.len(),
                 redelivered = report.redelivered,
                 reconciled = report.reconciled.len(),
+                abandoned = report.abandoned.len(),
                 "swept"
             );
         }
@@ -160,6 +186,40 @@ impl Engine {
                 Ok(Some((approval.value.id, entries)))
             }
             // Decided or expired by someone else in the meantime.
+            Err(StoreError::ConditionFailed { .. }) => Ok(None),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// Fails a run whose lease ran out: the process driving it stopped before it finished.
+    /// `None` if the run moved on in the meantime (its driver was only slow, or it was cancelled).
+    /// Actions it left executing come back through the reconcile index on their own.
+    async fn abandon(
+        &self,
+        mut run: Stored<Run>,
+        now: DateTime<Utc>,
+    ) -> Result<Option<RunId>, EngineError> {
+        if run.value.status != RunStatus::Running {
+            return Ok(None);
+        }
+        let error = ABANDONED.to_string();
+        run.value.fail(error.clone(), now);
+        let mut tx = Tx::new();
+        let (tenant, run_id) = (run.value.tenant.clone(), run.value.id.clone());
+        tx.update(
+            keys::run_pk(&tenant, &run_id),
+            keys::RUN_SK.into(),
+            run_index(&run.value),
+            &run.value,
+            run.ver,
+        );
+        let event = AuditEvent::Failed { error };
+        tx.audit(&tenant, entry(&run_id, Actor::system("sweep"), event, now));
+        match self.commit(tx).await {
+            Ok(_) => {
+                tracing::warn!("failed a run whose lease ran out");
+                Ok(Some(run_id))
+            }
             Err(StoreError::ConditionFailed { .. }) => Ok(None),
             Err(error) => Err(error.into()),
         }

@@ -471,6 +471,57 @@ impl Model for Script {
     }
 }
 
+/// A model that plays a script for its first turns and then never answers, as a process that
+/// stops (hangs or dies) while it drives the run.
+pub struct Stalls {
+    script: Script,
+    after_turns: usize,
+    stalled: AtomicUsize,
+}
+
+impl Stalls {
+    /// Never answers, from the first turn on.
+    pub fn at_once() -> Arc<Self> {
+        Self::after(Script::default(), 0)
+    }
+
+    /// Plays `turns` turns of the script, then never answers.
+    pub fn after(script: Script, turns: usize) -> Arc<Self> {
+        Arc::new(Self {
+            script,
+            after_turns: turns,
+            stalled: AtomicUsize::new(0),
+        })
+    }
+
+    /// Returns once a request has stalled `n` times in all.
+    pub async fn until_stalled(&self, n: usize) {
+        while self.stalled.load(Ordering::SeqCst) < n {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+}
+
+#[async_trait]
+impl Model for Stalls {
+    fn name(&self) -> &str {
+        "stalls"
+    }
+
+    async fn respond(&self, request: ModelRequest<'_>) -> Result<ModelReply, ModelError> {
+        let turn = request
+            .messages
+            .iter()
+            .filter(|m| m.role == Speaker::Assistant)
+            .count();
+        if turn < self.after_turns {
+            return self.script.respond(request).await;
+        }
+        self.stalled.fetch_add(1, Ordering::SeqCst);
+        std::future::pending().await
+    }
+}
+
 /// A tool whose call never returns, as a process that dies while the call is in flight: before
 /// the call took effect, or after it did and before its answer was recorded.
 pub struct Hangs {
