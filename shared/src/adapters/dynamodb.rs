@@ -7,7 +7,9 @@ use async_trait::async_trait;
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::error::{DisplayErrorContext, SdkError};
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
-use aws_sdk_dynamodb::types::{AttributeValue, Delete, Put, TransactWriteItem};
+use aws_sdk_dynamodb::types::{
+    AttributeValue, Delete, Put, ReturnConsumedCapacity, TransactWriteItem,
+};
 
 use crate::ports::store::{
     Condition, IndexKey, Item, ItemStore, Page, StoreError, Write, check_transaction,
@@ -22,6 +24,7 @@ type Attributes = HashMap<String, AttributeValue>;
 pub struct DynamoStore {
     client: Client,
     table: String,
+    consumed_capacity: Option<ReturnConsumedCapacity>,
 }
 
 impl DynamoStore {
@@ -29,7 +32,16 @@ impl DynamoStore {
         Self {
             client,
             table: table.into(),
+            consumed_capacity: None,
         }
+    }
+
+    /// Asks DynamoDB to return the capacity each request consumed, per table and index
+    /// (`ReturnConsumedCapacity=INDEXES`), for an SDK interceptor to read from the responses.
+    /// Off by default: the store itself never reads it.
+    pub fn reporting_consumed_capacity(mut self) -> Self {
+        self.consumed_capacity = Some(ReturnConsumedCapacity::Indexes);
+        self
     }
 
     pub fn table(&self) -> &str {
@@ -175,6 +187,7 @@ impl ItemStore for DynamoStore {
             .key("pk", s(pk))
             .key("sk", s(sk))
             .consistent_read(true)
+            .set_return_consumed_capacity(self.consumed_capacity.clone())
             .send()
             .await
             .map_err(unavailable)?;
@@ -193,6 +206,7 @@ impl ItemStore for DynamoStore {
             .query()
             .table_name(&self.table)
             .consistent_read(true)
+            .set_return_consumed_capacity(self.consumed_capacity.clone())
             .limit(limit.clamp(1, i32::MAX as usize) as i32)
             .set_exclusive_start_key(start_key(after)?)
             .expression_attribute_values(":pk", s(pk));
@@ -228,6 +242,7 @@ impl ItemStore for DynamoStore {
             .query()
             .table_name(&self.table)
             .index_name(INDEX)
+            .set_return_consumed_capacity(self.consumed_capacity.clone())
             .limit(limit.clamp(1, i32::MAX as usize) as i32)
             .set_exclusive_start_key(start_key(after)?)
             .expression_attribute_values(":pk", s(pk))
@@ -260,6 +275,7 @@ impl ItemStore for DynamoStore {
             .client
             .transact_write_items()
             .set_transact_items(Some(items))
+            .set_return_consumed_capacity(self.consumed_capacity.clone())
             .send()
             .await;
         match result {
