@@ -1,5 +1,6 @@
 //! `countersign`: the embedded local mode's command line.
 
+mod bench;
 mod cli;
 mod fail;
 mod local;
@@ -67,6 +68,10 @@ async fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<Output, Failure> {
+    // The bench builds its own store and engine; it never touches --state.
+    if let Command::Bench(args) = &cli.command {
+        return bench::run(args).await;
+    }
     let local = Local::connect(&cli.global).await?;
     match cli.command {
         Command::Agent { claim, ttl } => {
@@ -194,6 +199,7 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
             })
         }
         Command::Worker { once } => worker::run(&local, once).await,
+        Command::Bench(_) => unreachable!("the bench runs before the store is opened"),
         Command::Ledger => {
             let mut settlements = Vec::new();
             for tenant in local.tenants().await? {

@@ -1,0 +1,250 @@
+//! `countersign bench`: the approval lifecycle end to end in one process over the engine, with a
+//! scripted model, timed and counted; then a sweep over as many overdue approvals; then the
+//! ledger is checked. A wrong ledger fails the command, however fast it was.
+//! BENCHMARKS.md says how to read the figures and what limits them.
+
+mod cost;
+mod lifecycle;
+mod meter;
+mod report;
+mod rig;
+mod scaling;
+mod script;
+
+use std::sync::Arc;
+
+use serde::Serialize;
+use serde_json::json;
+
+use crate::Output;
+use crate::fail::Failure;
+use lifecycle::SWEEP_BUDGET;
+use meter::Phase;
+use report::{Latency, StepCost};
+use rig::Rig;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BenchStore {
+    /// A fresh SQLite store in a temporary directory, removed afterwards.
+    Embedded,
+    /// The DynamoDB table, SQS queue and schedule group the environment names.
+    Dynamodb,
+}
+
+impl BenchStore {
+    fn name(self) -> &'static str {
+        match self {
+            BenchStore::Embedded => "embedded",
+            BenchStore::Dynamodb => "dynamodb",
+        }
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Lifecycles to run; as many approvals are then left to expire for the sweep.
+    #[arg(long, default_value_t = 200)]
+    pub runs: usize,
+    /// Lifecycles in flight at once.
+    #[arg(long, default_value_t = 1)]
+    pub concurrency: usize,
+    /// Where the state lives.
+    #[arg(long, value_enum, default_value = "embedded")]
+    pub store: BenchStore,
+    /// Instead: the sweep over --overdue approvals among --finished finished runs, M growing.
+    #[arg(long)]
+    pub sweep_scaling: bool,
+    /// With --sweep-scaling: the overdue approvals each sweep finds.
+    #[arg(long, default_value_t = 50)]
+    pub overdue: usize,
+    /// With --sweep-scaling: the numbers of finished runs, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "0,1000,10000")]
+    pub finished: Vec<usize>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("{0}")]
+    Setup(String),
+    #[error("{0}")]
+    Run(String),
+    #[error("{0}")]
+    Ledger(String),
+}
+
+impl From<BenchError> for Failure {
+    fn from(error: BenchError) -> Self {
+        let (code, exit) = match &error {
+            BenchError::Setup(_) => ("bad_usage", 2),
+            BenchError::Run(_) => ("bench_failed", 1),
+            BenchError::Ledger(_) => ("ledger_wrong", 1),
+        };
+        Failure {
+            code,
+            message: error.to_string(),
+            exit,
+        }
+    }
+}
+
+pub async fn run(args: &BenchArgs) -> Result<Output, Failure> {
+    if args.runs == 0 {
+        return Err(Failure::usage("--runs must be at least 1"));
+    }
+    let output = match args.sweep_scaling {
+        true => scaling::run(args).await?,
+        false => lifecycle_bench(args).await?,
+    };
+    Ok(output)
+}
+
+#[derive(Debug, Serialize)]
+struct SweepFigures {
+    overdue: usize,
+    expired: usize,
+    calls: usize,
+    budget: usize,
+    ms: f64,
+    ms_per_item: f64,
+    /// On DynamoDB: the queue consumers' time to resume the expired runs to done.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    resumed_ms: Option<f64>,
+}
+
+async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
+    let (runs, concurrency) = (args.runs, args.concurrency.max(1));
+    let rig = Arc::new(Rig::new(args.store, 2 * runs).await?);
+    let in_process = rig.queue.is_none();
+    rig.meter.take();
+
+    let (elapsed, samples) = lifecycle::lifecycles(&rig, 0..runs, concurrency).await?;
+    let lived = rig.meter.take();
+
+    lifecycle::leave_overdue(&rig, runs..2 * runs, concurrency).await?;
+    rig.meter.take();
+    let swept = lifecycle::sweep_until_clear(&rig).await?;
+    let sweep_counts = rig.meter.take();
+    let resumed = lifecycle::drain(&rig, swept.expired, concurrency).await?;
+    let after_expiry = rig.meter.take();
+    let ledger = lifecycle::check_ledger(&rig, 0..runs).await?;
+
+    let start = StepCost::of(&lived, Phase::Start, runs);
+    let decision = StepCost::of(&lived, Phase::Decide, runs);
+    let resume = StepCost::of(&lived, Phase::Resume, runs);
+    let sweep_item = StepCost::of(&sweep_counts, Phase::Sweep, swept.expired);
+    let resume_after_expiry = StepCost::of(&after_expiry, Phase::Resume, swept.expired);
+    let cost = (!in_process).then(|| cost::per_million(&start, &decision, &resume));
+    let sweep = SweepFigures {
+        overdue: runs,
+        expired: swept.expired,
+        calls: swept.calls,
+        budget: SWEEP_BUDGET,
+        ms: report::ms(swept.elapsed),
+        ms_per_item: report::ms(swept.elapsed) / swept.expired.max(1) as f64,
+        resumed_ms: resumed.map(report::ms),
+    };
+    let seconds = elapsed.as_secs_f64();
+    let latency = json!({
+        "start": Latency::of(&samples.start),
+        "decide": Latency::of(&samples.decide),
+        "resume": Latency::of(&samples.resume),
+    });
+    let json = json!({
+        "store": args.store,
+        "runs": runs,
+        "concurrency": concurrency,
+        "seconds": seconds,
+        "runs_per_second": runs as f64 / seconds,
+        "decide_includes_resume": in_process,
+        "latency": latency,
+        "sweep": sweep,
+        "ledger": ledger,
+        "ledger_ok": ledger.ok(),
+        "per_step": {
+            "start": start,
+            "decision": decision,
+            "resume": resume,
+            "sweep_item": sweep_item,
+            "resume_after_expiry": resume_after_expiry,
+        },
+        "schedules": rig.schedules,
+        "cost_per_million_approvals": cost,
+    });
+
+    let mut text = format!(
+        "countersign bench: {runs} lifecycles on the {} store, {concurrency} at a time\n",
+        args.store.name()
+    );
+    text.push_str(&format!(
+        "  lifecycle  {runs} runs started, approved, resumed and done in {seconds:.2} s: {:.1} runs/s\n",
+        runs as f64 / seconds
+    ));
+    let line = |name: &str, samples: &[std::time::Duration], note: &str| match Latency::of(samples)
+    {
+        Some(latency) => format!("  {name:<10} {}{note}\n", latency.line()),
+        None => String::new(),
+    };
+    text.push_str(&line("start", &samples.start, ""));
+    let note = if in_process {
+        "   (includes the in-process resume)"
+    } else {
+        ""
+    };
+    text.push_str(&line("decide", &samples.decide, note));
+    text.push_str(&line("resume", &samples.resume, ""));
+    text.push_str(&format!(
+        "  sweep      {} overdue approvals expired in {:.1} ms over {} calls (budget {SWEEP_BUDGET}): {:.2} ms per item{}\n",
+        swept.expired,
+        sweep.ms,
+        swept.calls,
+        sweep.ms_per_item,
+        if in_process { ", each run resumed to done in-process" } else { "" }
+    ));
+    if let Some(resumed) = sweep.resumed_ms {
+        text.push_str(&format!(
+            "             the queue consumers resumed those runs to done in {resumed:.1} ms\n"
+        ));
+    }
+    text.push_str(&format!(
+        "  ledger     {} payments for {} approvals, {} claims twice, {} keys twice, {} never approved: {}\n",
+        ledger.payments,
+        ledger.expected,
+        ledger.duplicate_claims,
+        ledger.duplicate_keys,
+        ledger.unexpected.len(),
+        if ledger.ok() { "OK" } else { "WRONG" }
+    ));
+    text.push_str("\nwhat each step asks of the store (calls at the item-store port)");
+    text.push_str(if in_process {
+        "; the decision resumes the run in-process, so its resume is counted in it:\n"
+    } else {
+        " and of AWS (requests, estimated request units, DynamoDB's reported capacity):\n"
+    });
+    let mut steps = vec![("start", &start), ("decision", &decision)];
+    if !in_process {
+        steps.push(("resume", &resume));
+    }
+    steps.push(("swept item", &sweep_item));
+    if !in_process {
+        steps.push(("resume after expiry", &resume_after_expiry));
+    }
+    text.push_str(&report::step_table(&steps, !in_process));
+    if let Some(cost) = &cost {
+        text.push('\n');
+        text.push_str(&cost::table(cost));
+    }
+
+    if swept.expired != runs {
+        eprint!("{text}");
+        return Err(BenchError::Run(format!(
+            "the sweep expired {} of {runs} overdue approvals",
+            swept.expired
+        )));
+    }
+    if !ledger.ok() {
+        eprint!("{text}");
+        return Err(BenchError::Ledger(ledger.problem()));
+    }
+    Ok(Output { text, json })
+}

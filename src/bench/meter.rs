@@ -1,0 +1,472 @@
+//! Counting what each step of the lifecycle asks of its store and of AWS.
+//!
+//! Every engine call the bench makes runs inside a [`Phase`] (a task-local), so a store call or
+//! an AWS request is charged to the step that made it even with many lifecycles in flight.
+//! [`MeteredStore`] counts calls at the item-store port (both stores); [`AwsMeter`] is an SDK
+//! interceptor that counts HTTP requests per operation, reads the `ConsumedCapacity` DynamoDB
+//! returns, and estimates the request units DynamoDB would bill from the items' sizes.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::operation::get_item::{GetItemInput, GetItemOutput};
+use aws_sdk_dynamodb::operation::query::{QueryInput, QueryOutput};
+use aws_sdk_dynamodb::operation::transact_write_items::{
+    TransactWriteItemsInput, TransactWriteItemsOutput,
+};
+use aws_sdk_dynamodb::types::{AttributeValue, ConsumedCapacity};
+use aws_smithy_runtime_api::box_error::BoxError;
+use aws_smithy_runtime_api::client::interceptors::Intercept;
+use aws_smithy_runtime_api::client::interceptors::context::{
+    AfterDeserializationInterceptorContextRef, BeforeSerializationInterceptorContextRef,
+    BeforeTransmitInterceptorContextRef,
+};
+use aws_smithy_runtime_api::client::orchestrator::Metadata;
+use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
+use aws_smithy_types::config_bag::{ConfigBag, Storable, StoreReplace};
+use serde::Serialize;
+use shared::ports::store::{Item, ItemStore, Page, StoreError, Write};
+
+/// The step of the lifecycle an engine call belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    Start,
+    Decide,
+    Resume,
+    Sweep,
+    /// Preparation and checks: runs left to expire, ledger reads, queue receives.
+    Setup,
+}
+
+tokio::task_local! {
+    static PHASE: Phase;
+}
+
+/// Runs `work` with its store calls and AWS requests charged to `phase`.
+pub async fn within<F: Future>(phase: Phase, work: F) -> F::Output {
+    PHASE.scope(phase, work).await
+}
+
+fn current() -> Phase {
+    PHASE.try_with(|p| *p).unwrap_or(Phase::Setup)
+}
+
+/// Calls at the item-store port.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Serialize)]
+pub struct StoreCounts {
+    pub gets: f64,
+    pub queries: f64,
+    pub index_queries: f64,
+    pub items_read: f64,
+    pub transactions: f64,
+    pub writes: f64,
+}
+
+impl StoreCounts {
+    pub fn per(self, n: usize) -> Self {
+        let n = n.max(1) as f64;
+        Self {
+            gets: self.gets / n,
+            queries: self.queries / n,
+            index_queries: self.index_queries / n,
+            items_read: self.items_read / n,
+            transactions: self.transactions / n,
+            writes: self.writes / n,
+        }
+    }
+
+    pub fn reads(&self) -> f64 {
+        self.gets + self.queries + self.index_queries
+    }
+}
+
+/// Requests of one AWS operation, and the capacity they consumed.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Serialize)]
+pub struct AwsCounts {
+    pub requests: f64,
+    /// What DynamoDB said it consumed (`ConsumedCapacity`); moto returns fixed placeholders.
+    pub reported_capacity: f64,
+    /// Read request units by DynamoDB's sizing rules, from the items read.
+    pub estimated_rru: f64,
+    /// Write request units on the table (transactional: 2 per KB per item).
+    pub estimated_wru: f64,
+    /// Write request units on the sparse index (an item entering, changing or leaving it).
+    pub estimated_index_wru: f64,
+    /// Attempts that came back with an error (a cancelled transaction, a throttle, a retry).
+    pub errors: f64,
+}
+
+impl AwsCounts {
+    fn add(&mut self, other: &AwsCounts) {
+        self.requests += other.requests;
+        self.reported_capacity += other.reported_capacity;
+        self.estimated_rru += other.estimated_rru;
+        self.estimated_wru += other.estimated_wru;
+        self.estimated_index_wru += other.estimated_index_wru;
+        self.errors += other.errors;
+    }
+
+    pub fn per(self, n: usize) -> Self {
+        let n = n.max(1) as f64;
+        Self {
+            requests: self.requests / n,
+            reported_capacity: self.reported_capacity / n,
+            estimated_rru: self.estimated_rru / n,
+            estimated_wru: self.estimated_wru / n,
+            estimated_index_wru: self.estimated_index_wru / n,
+            errors: self.errors / n,
+        }
+    }
+}
+
+/// `service.Operation`, as the SDK names it (`DynamoDB.TransactWriteItems`).
+pub type OperationName = String;
+
+/// What was counted since the last [`Meter::take`].
+#[derive(Debug, Default, Clone)]
+pub struct Counts {
+    pub store: BTreeMap<Phase, StoreCounts>,
+    pub aws: BTreeMap<Phase, BTreeMap<OperationName, AwsCounts>>,
+}
+
+impl Counts {
+    pub fn store(&self, phase: Phase) -> StoreCounts {
+        self.store.get(&phase).copied().unwrap_or_default()
+    }
+
+    pub fn aws(&self, phase: Phase) -> BTreeMap<OperationName, AwsCounts> {
+        self.aws.get(&phase).cloned().unwrap_or_default()
+    }
+
+    /// Every operation of a phase added up.
+    pub fn aws_total(&self, phase: Phase) -> AwsCounts {
+        let mut total = AwsCounts::default();
+        for counts in self.aws(phase).values() {
+            total.add(counts);
+        }
+        total
+    }
+}
+
+/// An item's last known size and sparse-index key, to estimate what its next write costs.
+#[derive(Debug, Clone)]
+struct Shadow {
+    bytes: u64,
+    index_key: Option<String>,
+}
+
+#[derive(Debug, Default)]
+pub struct Meter {
+    counts: Mutex<Counts>,
+    shadows: Mutex<HashMap<(String, String), Shadow>>,
+}
+
+impl Meter {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// Everything counted since the last call, and a fresh start.
+    pub fn take(&self) -> Counts {
+        std::mem::take(&mut *self.counts.lock().expect("meter lock"))
+    }
+
+    fn store(&self, count: impl FnOnce(&mut StoreCounts)) {
+        let mut counts = self.counts.lock().expect("meter lock");
+        count(counts.store.entry(current()).or_default());
+    }
+
+    fn aws(&self, operation: &str, count: impl FnOnce(&mut AwsCounts)) {
+        let mut counts = self.counts.lock().expect("meter lock");
+        let phase = counts.aws.entry(current()).or_default();
+        match phase.get_mut(operation) {
+            Some(existing) => count(existing),
+            None => count(phase.entry(operation.to_string()).or_default()),
+        }
+    }
+}
+
+/// The item-store port, counted.
+pub struct MeteredStore {
+    inner: Arc<dyn ItemStore>,
+    meter: Arc<Meter>,
+}
+
+impl MeteredStore {
+    pub fn new(inner: Arc<dyn ItemStore>, meter: Arc<Meter>) -> Self {
+        Self { inner, meter }
+    }
+}
+
+#[async_trait]
+impl ItemStore for MeteredStore {
+    async fn get(&self, pk: &str, sk: &str) -> Result<Option<Item>, StoreError> {
+        let item = self.inner.get(pk, sk).await;
+        let found = matches!(item, Ok(Some(_))) as u8 as f64;
+        self.meter.store(|c| {
+            c.gets += 1.0;
+            c.items_read += found;
+        });
+        item
+    }
+
+    async fn query(
+        &self,
+        pk: &str,
+        sk_prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Page, StoreError> {
+        let page = self.inner.query(pk, sk_prefix, after, limit).await;
+        let read = page.as_ref().map_or(0, |p| p.items.len()) as f64;
+        self.meter.store(|c| {
+            c.queries += 1.0;
+            c.items_read += read;
+        });
+        page
+    }
+
+    async fn query_index(
+        &self,
+        pk: &str,
+        from: &str,
+        to: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Page, StoreError> {
+        let page = self.inner.query_index(pk, from, to, after, limit).await;
+        let read = page.as_ref().map_or(0, |p| p.items.len()) as f64;
+        self.meter.store(|c| {
+            c.index_queries += 1.0;
+            c.items_read += read;
+        });
+        page
+    }
+
+    async fn transact(&self, writes: Vec<Write>) -> Result<(), StoreError> {
+        let n = writes.len() as f64;
+        self.meter.store(|c| {
+            c.transactions += 1.0;
+            c.writes += n;
+        });
+        self.inner.transact(writes).await
+    }
+}
+
+/// The SDK interceptor: add it to each AWS client's configuration.
+#[derive(Debug, Clone)]
+pub struct AwsMeter(pub Arc<Meter>);
+
+/// Marks a read DynamoDB serves eventually consistent (the index), which costs half.
+#[derive(Debug, Clone)]
+struct EventuallyConsistent;
+
+impl Storable for EventuallyConsistent {
+    type Storer = StoreReplace<Self>;
+}
+
+fn operation(cfg: &ConfigBag) -> String {
+    match cfg.load::<Metadata>() {
+        Some(metadata) => format!("{}.{}", metadata.service(), metadata.name()),
+        None => "unknown".into(),
+    }
+}
+
+/// An attribute's size by DynamoDB's rules: name bytes plus value bytes; a number takes one
+/// byte per two significant digits plus one.
+fn attribute_size(name: &str, value: &AttributeValue) -> u64 {
+    let value = match value {
+        AttributeValue::S(s) => s.len(),
+        AttributeValue::N(n) => {
+            let digits: String = n.chars().filter(char::is_ascii_digit).collect();
+            let significant = digits.trim_start_matches('0').trim_end_matches('0').len();
+            significant.max(1).div_ceil(2) + 1
+        }
+        _ => 1,
+    };
+    (name.len() + value) as u64
+}
+
+fn item_size(item: &HashMap<String, AttributeValue>) -> u64 {
+    item.iter().map(|(k, v)| attribute_size(k, v)).sum()
+}
+
+fn text<'a>(item: &'a HashMap<String, AttributeValue>, name: &str) -> &'a str {
+    match item.get(name) {
+        Some(AttributeValue::S(s)) => s,
+        _ => "",
+    }
+}
+
+fn index_key(item: &HashMap<String, AttributeValue>) -> Option<String> {
+    match (item.get("gsi1pk"), item.get("gsi1sk")) {
+        (Some(AttributeValue::S(pk)), Some(AttributeValue::S(sk))) => Some(format!("{pk}\n{sk}")),
+        _ => None,
+    }
+}
+
+/// Write units for an item of this size: one per KB, rounded up.
+fn write_units(bytes: u64) -> f64 {
+    bytes.div_ceil(1024).max(1) as f64
+}
+
+/// Read units of a strongly consistent read: one per 4 KB, rounded up, at least one.
+fn read_units(bytes: u64) -> f64 {
+    bytes.div_ceil(4096).max(1) as f64
+}
+
+fn reported(capacity: Option<&ConsumedCapacity>) -> f64 {
+    capacity.and_then(|c| c.capacity_units()).unwrap_or(0.0)
+}
+
+impl Meter {
+    /// What a transaction will cost, from its items and what was last written under their keys.
+    /// Charged when the request is made: a cancelled transaction is charged too.
+    fn estimate_transaction(&self, input: &TransactWriteItemsInput) -> (f64, f64) {
+        let mut shadows = self.shadows.lock().expect("meter lock");
+        let (mut table, mut index) = (0.0, 0.0);
+        for write in input.transact_items() {
+            let (key, next) = if let Some(put) = write.put() {
+                let item = put.item();
+                let key = (text(item, "pk").to_string(), text(item, "sk").to_string());
+                let next = Shadow {
+                    bytes: item_size(item),
+                    index_key: index_key(item),
+                };
+                (key, Some(next))
+            } else if let Some(delete) = write.delete() {
+                let item = delete.key();
+                let key = (text(item, "pk").to_string(), text(item, "sk").to_string());
+                (key, None)
+            } else {
+                continue;
+            };
+            let before = match &next {
+                Some(next) => shadows.insert(key, next.clone()),
+                None => shadows.remove(&key),
+            };
+            let (old_bytes, old_index) =
+                before.map(|s| (s.bytes, s.index_key)).unwrap_or((0, None));
+            let new_bytes = next.as_ref().map_or(0, |s| s.bytes);
+            // A transactional write costs twice a standard one, on the larger image.
+            table += 2.0 * write_units(old_bytes.max(new_bytes));
+            let new_index = next.and_then(|s| s.index_key);
+            index += match (old_index, new_index) {
+                (None, None) => 0.0,
+                (None, Some(_)) => write_units(new_bytes),
+                (Some(_), None) => write_units(old_bytes),
+                (Some(a), Some(b)) if a == b => write_units(old_bytes.max(new_bytes)),
+                (Some(_), Some(_)) => write_units(old_bytes) + write_units(new_bytes),
+            };
+        }
+        (table, index)
+    }
+}
+
+impl Intercept for AwsMeter {
+    fn name(&self) -> &'static str {
+        "CountersignBenchMeter"
+    }
+
+    fn read_before_serialization(
+        &self,
+        context: &BeforeSerializationInterceptorContextRef<'_>,
+        _components: &RuntimeComponents,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let input = context.input();
+        if let Some(transaction) = input.downcast_ref::<TransactWriteItemsInput>() {
+            let (table, index) = self.0.estimate_transaction(transaction);
+            let operation = operation(cfg);
+            self.0.aws(&operation, |c| {
+                c.estimated_wru += table;
+                c.estimated_index_wru += index;
+            });
+        } else if let Some(query) = input.downcast_ref::<QueryInput>() {
+            if query.index_name().is_some() || query.consistent_read() != Some(true) {
+                cfg.interceptor_state().store_put(EventuallyConsistent);
+            }
+        } else if let Some(get) = input.downcast_ref::<GetItemInput>()
+            && get.consistent_read() != Some(true)
+        {
+            cfg.interceptor_state().store_put(EventuallyConsistent);
+        }
+        Ok(())
+    }
+
+    fn read_before_transmit(
+        &self,
+        _context: &BeforeTransmitInterceptorContextRef<'_>,
+        _components: &RuntimeComponents,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        // Once per attempt: a retried request is billed again.
+        self.0.aws(&operation(cfg), |c| c.requests += 1.0);
+        Ok(())
+    }
+
+    fn read_after_deserialization(
+        &self,
+        context: &AfterDeserializationInterceptorContextRef<'_>,
+        _components: &RuntimeComponents,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let output = match context.output_or_error() {
+            Ok(output) => output,
+            Err(error) => {
+                tracing::debug!(operation = %operation(cfg), ?error, "an AWS request failed");
+                self.0.aws(&operation(cfg), |c| c.errors += 1.0);
+                return Ok(());
+            }
+        };
+        let factor = match cfg.load::<EventuallyConsistent>() {
+            Some(_) => 0.5,
+            None => 1.0,
+        };
+        let (units, capacity) = if let Some(get) = output.downcast_ref::<GetItemOutput>() {
+            let bytes = get.item().map_or(0, item_size);
+            (read_units(bytes), reported(get.consumed_capacity()))
+        } else if let Some(query) = output.downcast_ref::<QueryOutput>() {
+            let bytes = query.items().iter().map(item_size).sum();
+            (read_units(bytes), reported(query.consumed_capacity()))
+        } else if let Some(transaction) = output.downcast_ref::<TransactWriteItemsOutput>() {
+            let capacity = transaction
+                .consumed_capacity()
+                .iter()
+                .map(|c| reported(Some(c)))
+                .sum();
+            (0.0, capacity)
+        } else {
+            return Ok(());
+        };
+        self.0.aws(&operation(cfg), |c| {
+            c.estimated_rru += factor * units;
+            c.reported_capacity += capacity;
+        });
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_follow_dynamodbs_rules() {
+        assert_eq!(attribute_size("pk", &AttributeValue::S("abc".into())), 5);
+        // 12345: five significant digits, three bytes, plus one.
+        assert_eq!(
+            attribute_size("ver", &AttributeValue::N("12345".into())),
+            3 + 4
+        );
+        assert_eq!(attribute_size("ver", &AttributeValue::N("1".into())), 3 + 2);
+        assert_eq!(write_units(1), 1.0);
+        assert_eq!(write_units(1024), 1.0);
+        assert_eq!(write_units(1025), 2.0);
+        assert_eq!(read_units(0), 1.0);
+        assert_eq!(read_units(4097), 2.0);
+    }
+}

@@ -1,0 +1,134 @@
+//! Latency summaries and the shapes a bench prints.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Serialize, Serializer};
+
+use super::meter::{AwsCounts, Counts, OperationName, Phase, StoreCounts};
+
+fn round(x: f64, places: i32) -> f64 {
+    let scale = 10f64.powi(places);
+    (x * scale).round() / scale
+}
+
+pub fn ms(d: Duration) -> f64 {
+    round(d.as_secs_f64() * 1000.0, 3)
+}
+
+pub fn as_ms<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(ms(*d))
+}
+
+/// A latency distribution, in milliseconds; percentiles by nearest rank.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Latency {
+    pub count: usize,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub mean_ms: f64,
+    pub max_ms: f64,
+}
+
+impl Latency {
+    pub fn of(samples: &[Duration]) -> Option<Self> {
+        if samples.is_empty() {
+            return None;
+        }
+        let mut sorted = samples.to_vec();
+        sorted.sort();
+        let rank = |q: f64| {
+            let r = (q * sorted.len() as f64).ceil() as usize;
+            sorted[r.clamp(1, sorted.len()) - 1]
+        };
+        let mean = sorted.iter().sum::<Duration>() / sorted.len() as u32;
+        Some(Self {
+            count: sorted.len(),
+            p50_ms: ms(rank(0.50)),
+            p99_ms: ms(rank(0.99)),
+            mean_ms: ms(mean),
+            max_ms: ms(*sorted.last().expect("not empty")),
+        })
+    }
+
+    pub fn line(&self) -> String {
+        format!(
+            "p50 {:>8.2} ms   p99 {:>8.2} ms   mean {:>8.2} ms   max {:>8.2} ms",
+            self.p50_ms, self.p99_ms, self.mean_ms, self.max_ms
+        )
+    }
+}
+
+/// What one step (a start, a decision, a resume, one swept item) asks of the store and of AWS,
+/// on average.
+#[derive(Debug, Clone, Serialize)]
+pub struct StepCost {
+    pub store: StoreCounts,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub aws: BTreeMap<OperationName, AwsCounts>,
+    pub aws_total: AwsCounts,
+}
+
+impl StepCost {
+    pub fn of(counts: &Counts, phase: Phase, per: usize) -> Self {
+        Self {
+            store: counts.store(phase).per(per),
+            aws: counts
+                .aws(phase)
+                .into_iter()
+                .map(|(op, c)| (op, c.per(per)))
+                .collect(),
+            aws_total: counts.aws_total(phase).per(per),
+        }
+    }
+}
+
+pub fn step_table(steps: &[(&str, &StepCost)], with_aws: bool) -> String {
+    let mut text = format!(
+        "  {:<22} {:>6} {:>7} {:>7} {:>7}",
+        "per", "reads", "items", "txns", "writes"
+    );
+    if with_aws {
+        text.push_str(&format!(
+            " {:>9} {:>7} {:>8} {:>8} {:>8} {:>9}",
+            "AWS reqs", "errors", "est RRU", "est WRU", "idx WRU", "reported"
+        ));
+    }
+    text.push('\n');
+    for (name, step) in steps {
+        let s = &step.store;
+        text.push_str(&format!(
+            "  {:<22} {:>6.2} {:>7.2} {:>7.2} {:>7.2}",
+            name,
+            s.reads(),
+            s.items_read,
+            s.transactions,
+            s.writes
+        ));
+        if with_aws {
+            let a = &step.aws_total;
+            text.push_str(&format!(
+                " {:>9.2} {:>7.2} {:>8.2} {:>8.2} {:>8.2} {:>9.2}",
+                a.requests,
+                a.errors,
+                a.estimated_rru,
+                a.estimated_wru,
+                a.estimated_index_wru,
+                a.reported_capacity
+            ));
+        }
+        text.push('\n');
+    }
+    if with_aws {
+        text.push_str("  AWS requests by operation:\n");
+        for (name, step) in steps {
+            let ops: Vec<String> = step
+                .aws
+                .iter()
+                .map(|(op, c)| format!("{op} {:.2}", c.requests))
+                .collect();
+            text.push_str(&format!("    {name:<20} {}\n", ops.join(", ")));
+        }
+    }
+    text
+}

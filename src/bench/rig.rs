@@ -1,0 +1,183 @@
+//! The engine a bench drives: the shipped expense tools and policy over a fresh embedded store,
+//! or over the DynamoDB table, SQS queue and schedule group the environment names, every store
+//! call and AWS request counted.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use shared::adapters::dynamodb::DynamoStore;
+use shared::adapters::scheduler::{EventBridgeScheduler, ScheduleTarget};
+use shared::adapters::sqlite::SqliteStore;
+use shared::adapters::sqs::SqsQueue;
+use shared::deploy::AwsSettings;
+use shared::domain::identity::Identity;
+use shared::domain::ids::{Role, TenantId};
+use shared::engine::{Delivery, Engine};
+use shared::example::expense::{self, Claims};
+use shared::ports::clock::Clock;
+use shared::ports::scheduler::{Scheduler, SweepOnly};
+use shared::ports::store::ItemStore;
+
+use super::meter::{AwsMeter, Meter, MeteredStore};
+use super::script::{self, ScriptedAgent, SkewedClock};
+use super::{BenchError, BenchStore};
+
+pub struct Rig {
+    pub engine: Engine,
+    pub store: Arc<dyn ItemStore>,
+    pub meter: Arc<Meter>,
+    pub clock: Arc<SkewedClock>,
+    pub tenant: TenantId,
+    /// A finance approver of the tenant; never the employee who filed a claim.
+    pub approver: Identity,
+    /// On DynamoDB, decisions queue their resume messages here and the bench consumes them.
+    pub queue: Option<Arc<SqsQueue>>,
+    /// Whether decisions schedule and unschedule deadline wake-ups on EventBridge Scheduler.
+    pub schedules: bool,
+    scratch: Option<PathBuf>,
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.scratch {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+fn approver(tenant: &TenantId) -> Identity {
+    let role = |r: &str| Role::parse(r).expect("a well-formed role");
+    Identity {
+        tenant: tenant.clone(),
+        person: shared::domain::ids::PersonId::parse("dana").expect("a well-formed person"),
+        roles: BTreeSet::from([role("employee"), role("finance")]),
+    }
+}
+
+/// A directory of this run's own for the embedded store, removed when the rig is dropped.
+fn scratch_dir() -> PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    std::env::temp_dir().join(format!(
+        "countersign-bench-{}-{nanos:x}",
+        std::process::id()
+    ))
+}
+
+impl Rig {
+    /// A rig with `claims` generated claims.
+    pub async fn new(kind: BenchStore, claims: usize) -> Result<Self, BenchError> {
+        let meter = Meter::new();
+        let clock = Arc::new(SkewedClock::default());
+        match kind {
+            BenchStore::Embedded => {
+                let tenant = TenantId::parse("bench").expect("a well-formed tenant");
+                let dir = scratch_dir();
+                let sqlite = SqliteStore::open_dir(&dir)
+                    .map_err(|e| BenchError::Setup(format!("the embedded store: {e}")))?;
+                let store: Arc<dyn ItemStore> =
+                    Arc::new(MeteredStore::new(Arc::new(sqlite), meter.clone()));
+                let claims = script::claims(&tenant, claims);
+                let engine = engine(
+                    store.clone(),
+                    claims,
+                    clock.clone(),
+                    Delivery::InProcess,
+                    Arc::new(SweepOnly),
+                );
+                Ok(Self {
+                    engine,
+                    store,
+                    meter,
+                    clock,
+                    approver: approver(&tenant),
+                    tenant,
+                    queue: None,
+                    schedules: false,
+                    scratch: Some(dir),
+                })
+            }
+            BenchStore::Dynamodb => {
+                let settings =
+                    AwsSettings::from_env().map_err(|e| BenchError::Setup(e.to_string()))?;
+                let sdk = shared::deploy::sdk_config().await;
+                let interceptor = AwsMeter(meter.clone());
+                let dynamodb = aws_sdk_dynamodb::Client::from_conf(
+                    aws_sdk_dynamodb::config::Builder::from(&sdk)
+                        .interceptor(interceptor.clone())
+                        .build(),
+                );
+                let sqs = aws_sdk_sqs::Client::from_conf(
+                    aws_sdk_sqs::config::Builder::from(&sdk)
+                        .interceptor(interceptor.clone())
+                        .build(),
+                );
+                let table =
+                    DynamoStore::new(dynamodb, &settings.table).reporting_consumed_capacity();
+                let store: Arc<dyn ItemStore> =
+                    Arc::new(MeteredStore::new(Arc::new(table), meter.clone()));
+                let queue = Arc::new(SqsQueue::new(sqs, &settings.queue_url));
+                let scheduler: Arc<dyn Scheduler> = match &settings.schedule {
+                    Some((group, role_arn, target_arn)) => Arc::new(EventBridgeScheduler::new(
+                        aws_sdk_scheduler::Client::from_conf(
+                            aws_sdk_scheduler::config::Builder::from(&sdk)
+                                .interceptor(interceptor)
+                                .build(),
+                        ),
+                        ScheduleTarget {
+                            group: group.clone(),
+                            role_arn: role_arn.clone(),
+                            target_arn: target_arn.clone(),
+                        },
+                    )),
+                    None => Arc::new(SweepOnly),
+                };
+                // A tenant of this run's own: the table is shared with earlier runs.
+                let tenant = TenantId::parse(&format!("bench-{:08x}", rand::random::<u32>()))
+                    .expect("a well-formed tenant");
+                let claims = script::claims(&tenant, claims);
+                let engine = engine(
+                    store.clone(),
+                    claims,
+                    clock.clone(),
+                    Delivery::Queue(queue.clone()),
+                    scheduler,
+                );
+                Ok(Self {
+                    engine,
+                    store,
+                    meter,
+                    clock,
+                    approver: approver(&tenant),
+                    tenant,
+                    queue: Some(queue),
+                    schedules: settings.schedule.is_some(),
+                    scratch: None,
+                })
+            }
+        }
+    }
+}
+
+fn engine(
+    store: Arc<dyn ItemStore>,
+    claims: Arc<Claims>,
+    clock: Arc<SkewedClock>,
+    delivery: Delivery,
+    scheduler: Arc<dyn Scheduler>,
+) -> Engine {
+    let policy = expense::default_policy();
+    let clock: Arc<dyn Clock> = clock;
+    let tools = expense::toolbox(claims, policy.clone(), store.clone(), clock.clone());
+    Engine::builder(store, policy)
+        .model(Arc::new(ScriptedAgent))
+        .tools(tools)
+        .system_prompt(expense::SYSTEM_PROMPT)
+        .clock(clock)
+        .delivery(delivery)
+        .scheduler(scheduler)
+        .build()
+}
