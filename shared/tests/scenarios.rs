@@ -7,6 +7,7 @@
 
 #[macro_use]
 mod harness;
+mod support;
 
 use std::slice::from_ref;
 use std::sync::Arc;
@@ -1770,54 +1771,89 @@ async fn given_an_approved_payment_when_its_approval_history_is_read_then_it_tra
     assert_eq!(history.approvals[0].status, ApprovalStatus::Approved);
 }
 
-on_backend!(
-    embedded,
-    Embedded::fresh(),
-    [
-        given_c101_a_small_taxi_when_the_agent_runs_then_it_is_paid_42_without_a_person,
-        given_c102_lodging_over_the_limit_when_the_agent_runs_then_it_pauses_on_reimbursing_250,
-        given_c101_was_paid_when_the_agent_runs_c103_then_it_pauses_on_declining_a_duplicate,
-        given_c104_with_no_time_to_decide_when_the_sweep_runs_then_it_expires_and_nothing_is_paid,
-        given_a_time_to_decide_above_90_days_when_a_run_starts_then_it_is_refused_as_bad_input,
-        given_a_paused_run_when_the_process_restarts_and_a_new_engine_approves_then_the_run_finishes_and_the_claim_is_paid,
-        given_an_approval_when_the_same_decision_id_is_sent_twice_then_it_resumes_once_and_the_second_call_replays_the_outcome,
-        given_a_decision_whose_resume_was_never_delivered_when_its_decision_id_is_replayed_then_the_run_resumes_exactly_once,
-        given_a_recorded_decision_when_its_decision_id_comes_with_another_choice_then_it_conflicts,
-        given_an_approval_when_a_reviewer_lowers_the_amount_then_version_two_runs_and_version_one_can_no_longer_be_approved,
-        given_a_two_person_claim_when_a_reviewer_lowers_it_then_the_new_version_still_needs_a_second_person,
-        given_an_approval_when_a_reviewer_raises_the_amount_then_the_edit_is_refused_and_nothing_changes,
-        given_an_approval_when_a_reviewer_lowers_the_amount_below_the_threshold_then_version_two_runs_on_policy_and_the_editor,
-        given_a_turn_with_a_read_and_a_payment_when_the_payment_is_approved_then_both_results_go_back_together_after_the_pause,
-        given_two_approvals_in_one_turn_when_the_first_is_decided_then_the_run_waits_for_the_second_and_resumes_once_with_both,
-        given_a_process_that_died_before_paying_when_the_sweep_finds_the_stale_execution_then_it_asks_the_tool_and_never_pays_blindly,
-        given_a_process_that_died_after_paying_when_the_sweep_finds_the_stale_execution_then_it_records_the_payment_it_finds,
-        given_a_slow_payment_the_sweep_reconciled_as_not_paid_when_the_call_lands_afterwards_then_it_does_not_pay,
-        given_a_stale_execution_when_two_sweeps_record_its_unknown_outcome_at_once_then_neither_fails_and_it_is_recorded_once,
-        given_an_allowed_payment_slower_than_the_lease_when_the_sweep_settles_it_and_fails_the_run_then_the_late_call_pays_nothing_and_its_process_reports_a_conflict,
-        given_a_process_that_died_while_driving_a_run_when_its_lease_runs_out_then_the_sweep_fails_it_and_a_run_within_its_lease_is_left_alone,
-        given_a_run_that_resumed_on_a_process_that_died_when_its_lease_runs_out_then_the_sweep_fails_it_but_never_while_it_waited_on_a_person,
-        given_the_agent_calls_a_tool_the_policy_does_not_name_when_the_turn_runs_then_it_is_not_executed_and_the_model_is_told,
-        given_an_agent_that_never_stops_calling_tools_when_it_reaches_the_turn_limit_then_the_run_fails,
-        given_many_calls_proposed_in_the_same_millisecond_when_the_history_is_read_then_actions_come_in_the_order_proposed_each_version_after_its_predecessor,
-        given_a_run_that_needs_a_second_decision_after_the_first_when_both_are_decided_then_it_pauses_twice_and_finishes,
-        given_two_approvers_approve_paying_more_than_was_claimed_when_it_runs_then_the_tool_refuses_and_the_model_is_told,
-        given_a_claim_above_500_when_the_same_approver_approves_twice_then_it_still_waits_and_a_second_approver_pays_it,
-        given_bens_own_claim_when_ben_approves_it_then_he_is_refused_as_own_request,
-        given_an_approver_who_lost_the_finance_role_when_they_approve_then_they_are_forbidden,
-        given_an_approval_of_acme_when_a_globex_approver_decides_it_then_it_is_not_found,
-        given_an_overdue_approval_when_someone_approves_it_then_it_is_refused_as_expired_nothing_is_paid_and_the_model_is_told,
-        given_a_rejected_payment_when_the_run_resumes_then_the_model_reads_a_plain_not_executed_result_and_finishes,
-        given_an_unanswered_payment_when_the_sweep_expires_it_then_the_model_reads_a_plain_not_executed_result_and_finishes,
-        given_a_cancelled_run_when_an_approver_decides_its_approval_then_it_conflicts_as_cancelled,
-        given_a_run_waiting_on_a_person_when_someone_unrelated_cancels_it_then_they_may_not,
-        given_a_payment_whose_outcome_is_unknown_when_the_resume_message_comes_again_then_the_tool_is_not_called_again_and_the_sweep_reconciles_it,
-        given_a_finished_run_when_its_resume_message_is_delivered_again_then_nothing_runs_twice,
-        given_an_approved_payment_when_its_approval_history_is_read_then_it_traces_proposal_decision_execution_and_outcome,
-        given_the_resume_queue_is_down_when_a_payment_is_approved_then_the_decision_stands_and_the_sweep_publishes_it_later,
-        given_an_edited_approval_when_either_approval_history_is_read_then_it_traces_both_versions_to_the_outcome,
-        given_a_finished_run_when_its_requester_cancels_it_then_it_conflicts_as_run_finished,
-    ]
-);
+/// Every scenario, instantiated on one backend.
+macro_rules! every_scenario {
+    ($module:ident, $backend:expr) => {
+        on_backend!(
+            $module,
+            $backend,
+            [
+                given_c101_a_small_taxi_when_the_agent_runs_then_it_is_paid_42_without_a_person,
+                given_c102_lodging_over_the_limit_when_the_agent_runs_then_it_pauses_on_reimbursing_250,
+                given_c101_was_paid_when_the_agent_runs_c103_then_it_pauses_on_declining_a_duplicate,
+                given_c104_with_no_time_to_decide_when_the_sweep_runs_then_it_expires_and_nothing_is_paid,
+                given_a_time_to_decide_above_90_days_when_a_run_starts_then_it_is_refused_as_bad_input,
+                given_a_paused_run_when_the_process_restarts_and_a_new_engine_approves_then_the_run_finishes_and_the_claim_is_paid,
+                given_an_approval_when_the_same_decision_id_is_sent_twice_then_it_resumes_once_and_the_second_call_replays_the_outcome,
+                given_a_decision_whose_resume_was_never_delivered_when_its_decision_id_is_replayed_then_the_run_resumes_exactly_once,
+                given_a_recorded_decision_when_its_decision_id_comes_with_another_choice_then_it_conflicts,
+                given_an_approval_when_a_reviewer_lowers_the_amount_then_version_two_runs_and_version_one_can_no_longer_be_approved,
+                given_a_two_person_claim_when_a_reviewer_lowers_it_then_the_new_version_still_needs_a_second_person,
+                given_an_approval_when_a_reviewer_raises_the_amount_then_the_edit_is_refused_and_nothing_changes,
+                given_an_approval_when_a_reviewer_lowers_the_amount_below_the_threshold_then_version_two_runs_on_policy_and_the_editor,
+                given_a_turn_with_a_read_and_a_payment_when_the_payment_is_approved_then_both_results_go_back_together_after_the_pause,
+                given_two_approvals_in_one_turn_when_the_first_is_decided_then_the_run_waits_for_the_second_and_resumes_once_with_both,
+                given_a_process_that_died_before_paying_when_the_sweep_finds_the_stale_execution_then_it_asks_the_tool_and_never_pays_blindly,
+                given_a_process_that_died_after_paying_when_the_sweep_finds_the_stale_execution_then_it_records_the_payment_it_finds,
+                given_a_slow_payment_the_sweep_reconciled_as_not_paid_when_the_call_lands_afterwards_then_it_does_not_pay,
+                given_a_stale_execution_when_two_sweeps_record_its_unknown_outcome_at_once_then_neither_fails_and_it_is_recorded_once,
+                given_an_allowed_payment_slower_than_the_lease_when_the_sweep_settles_it_and_fails_the_run_then_the_late_call_pays_nothing_and_its_process_reports_a_conflict,
+                given_a_process_that_died_while_driving_a_run_when_its_lease_runs_out_then_the_sweep_fails_it_and_a_run_within_its_lease_is_left_alone,
+                given_a_run_that_resumed_on_a_process_that_died_when_its_lease_runs_out_then_the_sweep_fails_it_but_never_while_it_waited_on_a_person,
+                given_the_agent_calls_a_tool_the_policy_does_not_name_when_the_turn_runs_then_it_is_not_executed_and_the_model_is_told,
+                given_an_agent_that_never_stops_calling_tools_when_it_reaches_the_turn_limit_then_the_run_fails,
+                given_many_calls_proposed_in_the_same_millisecond_when_the_history_is_read_then_actions_come_in_the_order_proposed_each_version_after_its_predecessor,
+                given_a_run_that_needs_a_second_decision_after_the_first_when_both_are_decided_then_it_pauses_twice_and_finishes,
+                given_two_approvers_approve_paying_more_than_was_claimed_when_it_runs_then_the_tool_refuses_and_the_model_is_told,
+                given_a_claim_above_500_when_the_same_approver_approves_twice_then_it_still_waits_and_a_second_approver_pays_it,
+                given_bens_own_claim_when_ben_approves_it_then_he_is_refused_as_own_request,
+                given_an_approver_who_lost_the_finance_role_when_they_approve_then_they_are_forbidden,
+                given_an_approval_of_acme_when_a_globex_approver_decides_it_then_it_is_not_found,
+                given_an_overdue_approval_when_someone_approves_it_then_it_is_refused_as_expired_nothing_is_paid_and_the_model_is_told,
+                given_a_rejected_payment_when_the_run_resumes_then_the_model_reads_a_plain_not_executed_result_and_finishes,
+                given_an_unanswered_payment_when_the_sweep_expires_it_then_the_model_reads_a_plain_not_executed_result_and_finishes,
+                given_a_cancelled_run_when_an_approver_decides_its_approval_then_it_conflicts_as_cancelled,
+                given_a_run_waiting_on_a_person_when_someone_unrelated_cancels_it_then_they_may_not,
+                given_a_payment_whose_outcome_is_unknown_when_the_resume_message_comes_again_then_the_tool_is_not_called_again_and_the_sweep_reconciles_it,
+                given_a_finished_run_when_its_resume_message_is_delivered_again_then_nothing_runs_twice,
+                given_an_approved_payment_when_its_approval_history_is_read_then_it_traces_proposal_decision_execution_and_outcome,
+                given_the_resume_queue_is_down_when_a_payment_is_approved_then_the_decision_stands_and_the_sweep_publishes_it_later,
+                given_an_edited_approval_when_either_approval_history_is_read_then_it_traces_both_versions_to_the_outcome,
+                given_a_finished_run_when_its_requester_cancels_it_then_it_conflicts_as_run_finished,
+            ]
+        );
+    };
+}
+
+every_scenario!(embedded, Embedded::fresh());
+// The same scenarios on DynamoDB (moto over HTTP). The races below stay on the embedded store:
+// moto applies conditional writes without isolation, so it cannot judge who won a race.
+every_scenario!(dynamodb, DynamoDb::fresh().await);
+
+/// DynamoDB on the local AWS stack: a table of this test's own; every connection is a new
+/// client, as another process would have.
+struct DynamoDb {
+    stack: support::aws::FreshStack,
+}
+
+impl DynamoDb {
+    async fn fresh() -> Self {
+        Self {
+            stack: support::aws::FreshStack::new("scenario").await,
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl harness::Backend for DynamoDb {
+    fn name(&self) -> &'static str {
+        "dynamodb"
+    }
+
+    async fn connect(&self) -> Arc<dyn shared::ports::store::ItemStore> {
+        self.stack.aws().store
+    }
+}
 
 // ---------------------------------------------------------------------------------------------
 // Races: the embedded store only. Two processes, each with its own connection, many rounds.
