@@ -282,6 +282,11 @@ async fn a_claim_started_over_http_is_paid_once_a_finance_reviewer_approves() {
     assert!(approval["expires_at"].is_string());
     assert_eq!(approval["decisions"], json!([]));
     assert_eq!(approval["still_needed"], 1);
+    assert_eq!(approval["approved_by"], json!([]));
+    assert_eq!(
+        approval["editable_amount"],
+        json!({"field": "amount_cents", "cents": 25_000})
+    );
 
     let own = server.decide("ben", &c102.approval, approve("ben-1")).await;
     assert_refused(&own, 403, "own_request");
@@ -761,5 +766,32 @@ fn a_token_for_someone_outside_the_directory_is_refused() {
         String::from_utf8_lossy(&output.stderr).contains("mallory"),
         "{}",
         String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[tokio::test]
+async fn the_view_names_who_approved_so_far_and_what_may_be_edited() {
+    let server = Server::start("view");
+    let c105 = server.paused_run("ana", "c-105", None).await;
+    let counted = server
+        .decide("dana", &c105.approval, approve("dana-1"))
+        .await;
+    assert_eq!(counted.status, 200, "{}", counted.json);
+    let approval = server.approval(&c105.approval).await;
+    assert_eq!(approval["approved_by"], json!(["dana"]));
+    assert_eq!(approval["still_needed"], 1);
+
+    // c-103 is declined as a duplicate of c-101 once c-101 is paid.
+    let c101 = server
+        .post("/runs", "ana", json!({"claim_id": "c-101"}))
+        .await;
+    assert_eq!(c101.json["status"], "done", "{}", c101.json);
+    let c103 = server.paused_run("ana", "c-103", None).await;
+    let decline = server.approval(&c103.approval).await;
+    assert_eq!(decline["tool"], "decline");
+    assert_eq!(
+        decline["editable_amount"],
+        Value::Null,
+        "a decline has no amount"
     );
 }

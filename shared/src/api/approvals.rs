@@ -10,8 +10,9 @@ use super::DecideState;
 use super::error::ApiError;
 use super::extract::{Caller, IdPath, JsonBody};
 use crate::domain::approval::{Approval, Choice, DecisionRequest};
-use crate::domain::ids::{ActionVersion, ApprovalId, DecisionId};
+use crate::domain::ids::{ActionVersion, ApprovalId, DecisionId, PersonId};
 use crate::domain::money::Amount;
+use crate::domain::policy::{EditDirection, Policy, ToolRule};
 use crate::engine::DecisionReport;
 
 /// An approval as a reviewer reads it: the stored approval (exact call, version, args hash,
@@ -22,18 +23,48 @@ pub struct ApprovalView {
     pub approval: Approval,
     /// Distinct approvals still needed for the quorum.
     pub still_needed: u8,
+    /// The distinct people whose approval of this version counts so far.
+    pub approved_by: Vec<PersonId>,
+    /// The amount a reviewer may lower with an edit, if policy lets them edit this call.
+    pub editable_amount: Option<EditableAmount>,
     /// The deadline passed; a decision now expires it.
     pub overdue: bool,
 }
 
+/// The argument an edit changes, and its value now: an edit must go below it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EditableAmount {
+    pub field: String,
+    pub cents: i64,
+}
+
 impl ApprovalView {
-    fn of(approval: Approval, now: DateTime<Utc>) -> Self {
+    fn of(approval: Approval, policy: &Policy, now: DateTime<Utc>) -> Self {
         Self {
             still_needed: approval.still_needed(),
+            approved_by: approval.approvers().into_iter().cloned().collect(),
+            editable_amount: editable_amount(policy, &approval),
             overdue: approval.is_overdue(now),
             approval,
         }
     }
+}
+
+/// What [`Policy::edit_amount`] would let a reviewer lower: the tool's amount field, when policy
+/// marks it editable downward. The engine checks the edit itself again; this only tells the page
+/// whether to offer it.
+fn editable_amount(policy: &Policy, approval: &Approval) -> Option<EditableAmount> {
+    let field = policy.amount_field(&approval.tool)?;
+    let Some(ToolRule::Approve { editable, .. }) = policy.tools.get(&approval.tool) else {
+        return None;
+    };
+    if editable.get(field) != Some(&EditDirection::Lower) {
+        return None;
+    }
+    Some(EditableAmount {
+        field: field.to_string(),
+        cents: approval.args.int(field)?,
+    })
 }
 
 #[derive(Debug, Serialize)]
@@ -49,10 +80,11 @@ pub(super) async fn list(
 ) -> Result<Json<ApprovalList>, ApiError> {
     let now = state.engine.now();
     let approvals = state.engine.pending(&who.tenant).await?;
+    let policy = state.engine.policy();
     Ok(Json(ApprovalList {
         approvals: approvals
             .into_iter()
-            .map(|a| ApprovalView::of(a, now))
+            .map(|a| ApprovalView::of(a, policy, now))
             .collect(),
         now,
     }))
@@ -66,7 +98,11 @@ pub(super) async fn read(
 ) -> Result<Json<ApprovalView>, ApiError> {
     let approval = state.engine.approval(&who.tenant, &id).await?;
     record_run(&approval);
-    Ok(Json(ApprovalView::of(approval, state.engine.now())))
+    Ok(Json(ApprovalView::of(
+        approval,
+        state.engine.policy(),
+        state.engine.now(),
+    )))
 }
 
 fn record_run(approval: &Approval) {
