@@ -1,11 +1,13 @@
-//! `countersign serve`: the HTTP decision API over the embedded engine, with bearer tokens
-//! verified against the state directory's development key.
+//! `countersign serve`: the HTTP decision API and the review page over the embedded engine,
+//! with bearer tokens verified against the state directory's development key. On a loopback
+//! address it also offers development sign-in (`/dev/people`, `/dev/token`), so the review page
+//! can sign in as a person of the directory.
 
 use std::io::Write as _;
 use std::path::Path;
 use std::sync::Arc;
 
-use shared::api::{self, Authenticate, BearerJwt};
+use shared::api::{self, Authenticate, BearerJwt, DevSignIn};
 
 use crate::fail::Failure;
 use crate::local::Local;
@@ -22,9 +24,8 @@ fn failure(message: String) -> Failure {
 /// Serves until SIGTERM or ctrl-c, then finishes the requests in flight.
 pub async fn run(local: Local, state: &Path, addr: &str) -> Result<(), Failure> {
     let key = token::dev_key(state)?;
-    let auth: Arc<dyn Authenticate> =
-        Arc::new(BearerJwt::hs256(&key).map_err(|e| failure(e.to_string()))?);
-    let app = api::local_router(Arc::new(local.engine), auth, local.claims);
+    let jwt = Arc::new(BearerJwt::hs256(&key).map_err(|e| failure(e.to_string()))?);
+    let auth: Arc<dyn Authenticate> = jwt.clone();
 
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -32,6 +33,16 @@ pub async fn run(local: Local, state: &Path, addr: &str) -> Result<(), Failure> 
     let bound = listener
         .local_addr()
         .map_err(|e| failure(format!("no local address: {e}")))?;
+    // Anyone who reaches development sign-in can act as anyone: only this machine may.
+    let dev = bound.ip().is_loopback().then(|| DevSignIn {
+        directory: local.directory,
+        issuer: jwt,
+        ttl: token::DEFAULT_TTL,
+    });
+    if dev.is_none() {
+        tracing::warn!(%bound, "not a loopback address: development sign-in is off");
+    }
+    let app = api::local_router(Arc::new(local.engine), auth, local.claims, dev);
     // One flushed line: scripts and tests read the address from it (port 0 picks a free one).
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout, "listening on http://{bound}")

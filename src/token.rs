@@ -5,7 +5,7 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 use shared::api::BearerJwt;
 
 use crate::fail::Failure;
@@ -13,6 +13,8 @@ use crate::local::Local;
 
 const KEY_FILE: &str = "dev-jwt.key";
 const KEY_BYTES: usize = 32;
+/// How long a token from the review page's development sign-in lives, as `countersign token`'s.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(12 * 3600);
 /// Development tokens are short-lived; a longer one is refused.
 const MAX_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
 
@@ -81,14 +83,8 @@ pub fn issue(local: &Local, state: &Path, person: &str, ttl: Duration) -> Result
     let key = dev_key(state)?;
     let path = state.join(KEY_FILE);
     let jwt = BearerJwt::hs256(&key).map_err(|e| key_error(&path, e))?;
-    let now = chrono::Utc::now();
-    let token = jwt.issue(&who, now, ttl).map_err(|e| key_error(&path, e))?;
-    let expires_at = now + chrono::Duration::from_std(ttl).unwrap_or_default();
-    Ok(json!({
-        "token": token,
-        "person": who.person,
-        "tenant": who.tenant,
-        "roles": who.roles,
-        "expires_at": expires_at,
-    }))
+    let issued = jwt
+        .issue_for(&who, chrono::Utc::now(), ttl)
+        .map_err(|e| key_error(&path, e))?;
+    Ok(serde_json::to_value(issued).expect("an issued token serializes"))
 }

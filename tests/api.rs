@@ -795,3 +795,86 @@ async fn the_view_names_who_approved_so_far_and_what_may_be_edited() {
         "a decline has no amount"
     );
 }
+
+/// A plain GET without a token: the status, a header and the body.
+async fn get_page(server: &Server, path: &str, header: &str) -> (u16, Option<String>, String) {
+    let response = server
+        .http
+        .get(format!("{}{path}", server.base))
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let value = response
+        .headers()
+        .get(header)
+        .map(|v| v.to_str().unwrap().to_string());
+    (status, value, response.text().await.unwrap())
+}
+
+#[tokio::test]
+async fn the_review_page_is_served_without_a_token_under_a_strict_policy() {
+    let server = Server::start("page");
+    let (status, csp, html) = get_page(&server, "/", "content-security-policy").await;
+    assert_eq!(status, 200);
+    assert!(html.contains("<title>Countersign review</title>"), "{html}");
+    let csp = csp.expect("a Content-Security-Policy");
+    assert!(csp.contains("script-src 'self'"), "{csp}");
+    assert!(!csp.contains("unsafe"), "{csp}");
+    let (status, content_type, script) =
+        get_page(&server, "/review/review.js", "content-type").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        content_type.as_deref(),
+        Some("text/javascript; charset=utf-8")
+    );
+    assert!(script.contains("decision_id"));
+    let (status, _, body) = get_page(&server, "/review/%2e%2e%2fdev-jwt.key", "content-type").await;
+    assert_eq!(status, 404, "{body}");
+}
+
+#[tokio::test]
+async fn development_sign_in_issues_a_token_for_a_person_of_the_directory() {
+    let server = Server::start("dev-sign-in");
+    let (status, _, people) = get_page(&server, "/dev/people", "content-type").await;
+    assert_eq!(status, 200, "{people}");
+    let people: Value = serde_json::from_str(&people).unwrap();
+    let dana = people["people"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "dana")
+        .expect("dana is listed");
+    assert_eq!(dana["tenant"], "acme");
+    assert_eq!(dana["roles"], json!(["employee", "finance"]));
+
+    let issue = |name: &str| {
+        server
+            .http
+            .post(format!("{}/dev/token", server.base))
+            .json(&json!({"as": name}))
+    };
+    let issued: Value = issue("dana").send().await.unwrap().json().await.unwrap();
+    assert_eq!(issued["person"], "dana");
+    assert!(issued["expires_at"].is_string(), "{issued}");
+    let token = issued["token"].as_str().unwrap().to_string();
+    let listed = server
+        .send(reqwest::Method::GET, "/approvals", Some(token), None)
+        .await;
+    assert_eq!(listed.status, 200, "{}", listed.json);
+
+    let stranger = issue("mallory").send().await.unwrap();
+    assert_eq!(stranger.status(), 403);
+    let stranger: Value = stranger.json().await.unwrap();
+    assert_eq!(stranger["error"]["code"], "unknown_person");
+
+    // A page that rebinds its own name to this address does not get a token.
+    let rebound = issue("dana")
+        .header("host", "attacker.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rebound.status(), 403);
+    let rebound: Value = rebound.json().await.unwrap();
+    assert_eq!(rebound["error"]["code"], "not_local");
+}

@@ -79,6 +79,16 @@ pub struct TokenClaims {
     pub iss: String,
 }
 
+/// A freshly issued bearer token and the identity it carries.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct IssuedToken {
+    pub token: String,
+    pub person: PersonId,
+    pub tenant: TenantId,
+    pub roles: BTreeSet<Role>,
+    pub expires_at: DateTime<Utc>,
+}
+
 /// Verifies HS256 bearer tokens signed with a shared key, and issues them (the local mode's
 /// `countersign token`).
 pub struct BearerJwt {
@@ -135,6 +145,25 @@ impl BearerJwt {
         };
         jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &self.encoding)
             .map_err(|e| KeyError(e.to_string()))
+    }
+
+    /// A token for `who` with what it says about them, as `countersign token --json` prints it
+    /// and the local server's development sign-in returns it.
+    pub fn issue_for(
+        &self,
+        who: &Identity,
+        issued_at: DateTime<Utc>,
+        ttl: Duration,
+    ) -> Result<IssuedToken, KeyError> {
+        let token = self.issue(who, issued_at, ttl)?;
+        let ttl = chrono::Duration::from_std(ttl).map_err(|e| KeyError(e.to_string()))?;
+        Ok(IssuedToken {
+            token,
+            person: who.person.clone(),
+            tenant: who.tenant.clone(),
+            roles: who.roles.clone(),
+            expires_at: issued_at + ttl,
+        })
     }
 
     /// The identity a token names, once its signature, issuer and expiry check out.

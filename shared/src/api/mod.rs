@@ -3,9 +3,10 @@
 //! documents it.
 //!
 //! - [`router`]: the decide routes (list, read and decide approvals; cancel a run; read its
-//!   audit), hosted by the decide function.
+//!   audit) and the review page (`GET /`, `GET /review/{file}`, no token needed), hosted by the
+//!   decide function.
 //! - [`start_routes`]: `POST /runs`, hosted by the start function.
-//! - [`local_router`]: both, for the local server.
+//! - [`local_router`]: both, for the local server, and its development sign-in (`/dev/...`).
 //!
 //! Identity comes only from an [`Authenticate`]: [`BearerJwt`] locally, [`GatewayClaims`] behind
 //! API Gateway's JWT authorizer (the Lambda adapter inserts [`VerifiedClaims`] into each
@@ -13,8 +14,10 @@
 
 mod approvals;
 pub mod auth;
+pub mod dev;
 pub mod error;
 pub mod extract;
+mod page;
 mod runs;
 
 use std::sync::Arc;
@@ -29,8 +32,10 @@ use axum::routing::{get, post};
 use tracing::Instrument;
 
 pub use auth::{
-    AuthError, Authenticate, BearerJwt, GatewayClaims, KeyError, TokenClaims, VerifiedClaims,
+    AuthError, Authenticate, BearerJwt, GatewayClaims, IssuedToken, KeyError, TokenClaims,
+    VerifiedClaims,
 };
+pub use dev::DevSignIn;
 pub use error::ApiError;
 
 use crate::engine::Engine;
@@ -75,6 +80,7 @@ fn decide_part(engine: Arc<Engine>, auth: Arc<dyn Authenticate>) -> Router {
         .route("/runs/{id}/cancel", post(runs::cancel))
         .route("/runs/{id}/audit", get(runs::audit))
         .with_state(DecideState { engine, auth })
+        .merge(page::routes())
 }
 
 fn start_part(engine: Arc<Engine>, auth: Arc<dyn Authenticate>, claims: Arc<Claims>) -> Router {
@@ -98,7 +104,8 @@ fn finish(router: Router) -> Router {
 }
 
 /// The decide API: `GET /approvals`, `GET /approvals/{id}`, `POST /approvals/{id}/decisions`,
-/// `POST /runs/{id}/cancel`, `GET /runs/{id}/audit`.
+/// `POST /runs/{id}/cancel`, `GET /runs/{id}/audit`; and the review page, `GET /` and
+/// `GET /review/{file}`.
 pub fn router(engine: Arc<Engine>, auth: Arc<dyn Authenticate>) -> Router {
     finish(decide_part(engine, auth))
 }
@@ -112,13 +119,20 @@ pub fn start_routes(
     finish(start_part(engine, auth, claims))
 }
 
-/// Every route, for one process that hosts them all (the local server).
+/// Every route, for one process that hosts them all (the local server), and with `dev`, the
+/// development sign-in: `GET /dev/people` and `POST /dev/token`.
 pub fn local_router(
     engine: Arc<Engine>,
     auth: Arc<dyn Authenticate>,
     claims: Arc<Claims>,
+    dev: Option<DevSignIn>,
 ) -> Router {
-    finish(decide_part(engine.clone(), auth.clone()).merge(start_part(engine, auth, claims)))
+    let mut router =
+        decide_part(engine.clone(), auth.clone()).merge(start_part(engine, auth, claims));
+    if let Some(dev) = dev {
+        router = router.merge(dev::routes(dev));
+    }
+    finish(router)
 }
 
 async fn no_route(method: Method, uri: axum::http::Uri) -> ApiError {
@@ -158,6 +172,10 @@ mod tests {
     #[test]
     fn the_openapi_document_describes_every_route_and_code() {
         for path in [
+            "/:",
+            "/review/{file}:",
+            "/dev/people:",
+            "/dev/token:",
             "/approvals:",
             "/approvals/{id}:",
             "/approvals/{id}/decisions:",
@@ -191,6 +209,7 @@ mod tests {
             "superseded",
             "edit_refused",
             "unavailable",
+            "not_local",
         ] {
             assert!(OPENAPI_YAML.contains(code), "{code} is not documented");
         }
