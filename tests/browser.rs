@@ -1,0 +1,867 @@
+//! The review page in a real browser: headless Chromium driven over WebDriver by chromedriver,
+//! against `countersign serve` as a real process over a fresh state directory. A reviewer signs
+//! in, reads an approval and decides it with clicks and keystrokes; what happened is checked
+//! through the API, the ledger and the audit log, not only on the page.
+//!
+//! Needs Debian's `chromium` and `chromium-driver` (`scripts/test-all` installs them).
+//! `CHROMEDRIVER` and `CHROMIUM` name other binaries. Without them every test here fails.
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fantoccini::actions::{InputSource, MOUSE_BUTTON_LEFT, MouseActions, PointerAction};
+use fantoccini::elements::Element;
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::{Value, json};
+
+const BIN: &str = env!("CARGO_BIN_EXE_countersign");
+/// How long the page may take to show what a test waits for.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+fn unique(name: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{name}-{}-{nanos}", std::process::id())
+}
+
+fn countersign(state: &Path) -> Command {
+    let mut command = Command::new(BIN);
+    command
+        .arg("--state")
+        .arg(state)
+        .env_remove("ANTHROPIC_API_KEY")
+        .env_remove("COUNTERSIGN_STORE")
+        .env_remove("COUNTERSIGN_POLICY")
+        .env_remove("COUNTERSIGN_PEOPLE")
+        .env_remove("COUNTERSIGN_CLAIMS");
+    command
+}
+
+/// Reads the first line a child prints, or gives up after `timeout`.
+fn first_line(stdout: impl std::io::Read + Send + 'static, timeout: Duration) -> Option<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    rx.recv_timeout(timeout).ok()
+}
+
+/// One `countersign serve --addr 127.0.0.1:0` over a fresh state directory; stopped and removed
+/// when dropped.
+struct Server {
+    child: Child,
+    base: String,
+    state: PathBuf,
+    http: reqwest::Client,
+}
+
+struct Paused {
+    run: String,
+    approval: String,
+}
+
+impl Server {
+    fn start(name: &str) -> Self {
+        let state = std::env::temp_dir().join(unique(&format!("countersign-browser-{name}")));
+        let mut child = countersign(&state)
+            .args(["serve", "--addr", "127.0.0.1:0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("countersign serve starts");
+        let stdout = child.stdout.take().unwrap();
+        let Some(line) = first_line(stdout, Duration::from_secs(60)) else {
+            let _ = child.kill();
+            panic!("countersign serve printed no address within 60 s");
+        };
+        let base = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_string();
+        Self {
+            child,
+            base,
+            state,
+            http: reqwest::Client::new(),
+        }
+    }
+
+    /// A development token, from the same route the page's picker uses.
+    async fn token(&self, name: &str) -> String {
+        let reply = self
+            .http
+            .post(format!("{}/dev/token", self.base))
+            .json(&json!({"as": name}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(reply.status(), 200, "a token for {name}");
+        let body: Value = reply.json().await.unwrap();
+        body["token"].as_str().unwrap().to_string()
+    }
+
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        name: &str,
+        body: Option<Value>,
+    ) -> Value {
+        let mut request = self
+            .http
+            .request(method, format!("{}{path}", self.base))
+            .bearer_auth(self.token(name).await);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let reply = request.send().await.unwrap();
+        let status = reply.status();
+        let body: Value = reply.json().await.unwrap();
+        assert!(status.is_success(), "{path}: {status} {body}");
+        body
+    }
+
+    /// `POST /runs` as `name`: the run pauses on one approval.
+    async fn paused_run(&self, name: &str, claim: &str, ttl: Option<&str>) -> Paused {
+        let mut body = json!({"claim_id": claim});
+        if let Some(ttl) = ttl {
+            body["ttl"] = json!(ttl);
+        }
+        let run = self
+            .call(reqwest::Method::POST, "/runs", name, Some(body))
+            .await;
+        assert_eq!(run["status"], "awaiting_approval", "{run}");
+        Paused {
+            run: run["run_id"].as_str().unwrap().to_string(),
+            approval: run["approvals"][0]["id"].as_str().unwrap().to_string(),
+        }
+    }
+
+    async fn approval(&self, id: &str) -> Value {
+        self.call(
+            reqwest::Method::GET,
+            &format!("/approvals/{id}"),
+            "dana",
+            None,
+        )
+        .await
+    }
+
+    async fn audit(&self, run: &str) -> Value {
+        self.call(
+            reqwest::Method::GET,
+            &format!("/runs/{run}/audit"),
+            "dana",
+            None,
+        )
+        .await
+    }
+
+    /// The decisions recorded in a run's audit log.
+    async fn decisions(&self, run: &str) -> Vec<Value> {
+        self.audit(run).await["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["event"] == "decision")
+            .cloned()
+            .collect()
+    }
+
+    /// `countersign ledger --json` over the server's state: claim and cents of every payment.
+    fn payments(&self) -> Vec<(String, i64)> {
+        let output = countersign(&self.state)
+            .args(["--json", "ledger"])
+            .output()
+            .expect("countersign ledger runs");
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let ledger: Value = serde_json::from_slice(&output.stdout).unwrap();
+        ledger["payments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                (
+                    p["claim_id"].as_str().unwrap().to_string(),
+                    p["amount"].as_i64().unwrap(),
+                )
+            })
+            .collect()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.state);
+    }
+}
+
+const INSTALL: &str = "the browser tests need Debian's chromium and chromium-driver: \
+     apt-get install -y --no-install-recommends chromium chromium-driver \
+     (scripts/test-all does this), or set CHROMEDRIVER and CHROMIUM to their paths";
+
+fn binary(variable: &str, default: &str) -> PathBuf {
+    let path = std::env::var_os(variable)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(default));
+    assert!(
+        path.is_file(),
+        "{} not found at {}: {INSTALL}",
+        variable.to_lowercase(),
+        path.display()
+    );
+    path
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One chromedriver on a free port, in a process group of its own so that the browsers it starts
+/// end with it even when a test fails before closing its sessions.
+struct Driver {
+    child: Child,
+    url: String,
+    chromium: PathBuf,
+    profiles: Vec<PathBuf>,
+}
+
+impl Driver {
+    async fn start() -> Self {
+        let chromedriver = binary("CHROMEDRIVER", "/usr/bin/chromedriver");
+        let chromium = binary("CHROMIUM", "/usr/bin/chromium");
+        let port = free_port();
+        let mut command = Command::new(&chromedriver);
+        command
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        #[cfg(unix)]
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        let child = command.spawn().unwrap_or_else(|e| {
+            panic!("{} does not start ({e}): {INSTALL}", chromedriver.display())
+        });
+        let driver = Self {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            chromium,
+            profiles: Vec::new(),
+        };
+        let started = Instant::now();
+        loop {
+            let ready = reqwest::get(format!("{}/status", driver.url))
+                .await
+                .ok()
+                .filter(|r| r.status().is_success());
+            if ready.is_some() {
+                return driver;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "chromedriver did not answer on {} within 30 s",
+                driver.url
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// A new browser with an empty profile: a WebDriver session of its own.
+    async fn browser(&mut self) -> Browser {
+        let profile = std::env::temp_dir().join(unique("countersign-chromium"));
+        self.profiles.push(profile.clone());
+        let capabilities = json!({
+            "browserName": "chrome",
+            "goog:chromeOptions": {
+                "binary": self.chromium,
+                "args": [
+                    "--headless",
+                    "--no-sandbox",
+                    "--disable-gpu",
+                    "--disable-quic",
+                    "--no-first-run",
+                    "--disable-background-networking",
+                    "--disable-component-update",
+                    "--disable-sync",
+                    "--disable-dev-shm-usage",
+                    "--window-size=1280,1600",
+                    format!("--user-data-dir={}", profile.display()),
+                ],
+            },
+        });
+        let Value::Object(capabilities) = capabilities else {
+            unreachable!()
+        };
+        let client = ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+            .capabilities(capabilities)
+            .connect(&self.url)
+            .await
+            .unwrap_or_else(|e| {
+                panic!("chromium does not start under chromedriver ({e}): {INSTALL}")
+            });
+        Browser { client }
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        // The whole group: chromedriver and every browser it started.
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", self.child.id())])
+            .status();
+        let _ = self.child.wait();
+        for profile in &self.profiles {
+            let _ = std::fs::remove_dir_all(profile);
+        }
+    }
+}
+
+/// One browser window on the review page.
+struct Browser {
+    client: Client,
+}
+
+fn card(approval: &str) -> String {
+    format!("[data-approval-id=\"{approval}\"]")
+}
+
+impl Browser {
+    async fn find(&self, css: &str) -> Element {
+        self.client
+            .wait()
+            .at_most(PATIENCE)
+            .for_element(Locator::Css(css))
+            .await
+            .unwrap_or_else(|e| panic!("no {css} on the page ({e})"))
+    }
+
+    async fn click(&self, css: &str) {
+        self.find(css).await.click().await.unwrap();
+    }
+
+    async fn type_into(&self, css: &str, text: &str) {
+        let field = self.find(css).await;
+        field.clear().await.unwrap();
+        field.send_keys(text).await.unwrap();
+    }
+
+    /// Runs `script` until it returns something other than null, false or "", and returns it.
+    async fn until(&self, what: &str, script: &str) -> Value {
+        let started = Instant::now();
+        loop {
+            let value = self.client.execute(script, vec![]).await.unwrap();
+            let done =
+                !matches!(&value, Value::Null | Value::Bool(false)) && value.as_str() != Some("");
+            if done {
+                return value;
+            }
+            if started.elapsed() > PATIENCE {
+                let page = self.text("body").await;
+                panic!("waited {PATIENCE:?} for {what}; the page reads:\n{page}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The visible text of the first element `css` selects, or "".
+    async fn text(&self, css: &str) -> String {
+        let script = format!(
+            "const node = document.querySelector({}); return node ? node.innerText : '';",
+            json!(css)
+        );
+        let value = self.client.execute(&script, vec![]).await.unwrap();
+        value.as_str().unwrap_or_default().to_string()
+    }
+
+    /// Waits until the element `css` selects shows `wanted`, and returns its text.
+    async fn text_containing(&self, css: &str, wanted: &str) -> String {
+        let script = format!(
+            "const node = document.querySelector({}); \
+             return node && node.innerText.includes({}) ? node.innerText : null;",
+            json!(css),
+            json!(wanted)
+        );
+        let what = format!("{css} to read {wanted:?}");
+        self.until(&what, &script)
+            .await
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+
+    async fn gone(&self, css: &str) {
+        let script = format!("return document.querySelector({}) === null;", json!(css));
+        self.until(&format!("{css} to leave the page"), &script)
+            .await;
+    }
+
+    async fn open(&self, server: &Server) {
+        self.client
+            .goto(&format!("{}/", server.base))
+            .await
+            .unwrap();
+    }
+
+    /// Signs in with the development picker, as the local server offers it.
+    async fn sign_in_as(&self, server: &Server, name: &str) {
+        self.open(server).await;
+        let picker = self.find("#dev-sign-in:not([hidden]) #dev-person").await;
+        picker.select_by_value(name).await.unwrap();
+        self.click("#dev-sign-in button[type=submit]").await;
+        self.text_containing("#whoami", &format!("Signed in as {name}"))
+            .await;
+        self.find("#queue:not([hidden])").await;
+    }
+
+    async fn sign_out(&self) {
+        self.click("#sign-out").await;
+        self.find("#sign-in:not([hidden])").await;
+    }
+
+    async fn close(self) {
+        self.client.close().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn dana_approves_a_claim_in_the_page_and_it_leaves_the_queue() {
+    let server = Server::start("approve");
+    let c102 = server.paused_run("ben", "c-102", None).await;
+    let mut driver = Driver::start().await;
+    let dana = driver.browser().await;
+
+    dana.sign_in_as(&server, "dana").await;
+    let item = card(&c102.approval);
+    dana.find(&item).await;
+    let shown = dana.text(&item).await;
+    let stored = server.approval(&c102.approval).await;
+    for expected in [
+        stored["explanation"].as_str().unwrap(),
+        "reimburse",
+        "version 1",
+        "$250.00 (25000 cents)",
+        "c-102",
+        "Reimbursements above $75 need a finance approver.",
+        "Anyone with the finance role, except ben, who asked for this",
+        "1 of 1 still needed; approved so far: nobody yet",
+        stored["args_hash"].as_str().unwrap(),
+    ] {
+        assert!(
+            shown.contains(expected),
+            "{expected:?} is not shown:\n{shown}"
+        );
+    }
+    let countdown = format!("{item} .countdown");
+    let first = dana.text_containing(&countdown, " left").await;
+    assert!(first.contains("h ") && first.contains("m "), "{first}");
+    let script = format!(
+        "return document.querySelector({}).textContent !== {};",
+        json!(countdown),
+        json!(first)
+    );
+    dana.until("the deadline to count down", &script).await;
+
+    dana.click(&format!("{item} button.approve")).await;
+    dana.gone(&item).await;
+    let status = dana
+        .text_containing("#queue-status", "You approved reimburse version 1")
+        .await;
+    assert!(status.contains("The run is done"), "{status}");
+    dana.close().await;
+
+    assert_eq!(server.audit(&c102.run).await["run"]["status"], "done");
+    assert_eq!(server.approval(&c102.approval).await["status"], "approved");
+    assert_eq!(server.payments(), [("c-102".to_string(), 25_000)]);
+}
+
+#[tokio::test]
+async fn a_double_click_on_approve_decides_once() {
+    let server = Server::start("double-click");
+    let c102 = server.paused_run("ben", "c-102", None).await;
+    let mut driver = Driver::start().await;
+    let dana = driver.browser().await;
+    dana.sign_in_as(&server, "dana").await;
+    let item = card(&c102.approval);
+    let approve = dana.find(&format!("{item} button.approve")).await;
+
+    let double_click = MouseActions::new("mouse".to_string())
+        .then(PointerAction::MoveToElement {
+            element: approve,
+            duration: None,
+            x: 0.0,
+            y: 0.0,
+        })
+        .then(PointerAction::Down {
+            button: MOUSE_BUTTON_LEFT,
+        })
+        .then(PointerAction::Up {
+            button: MOUSE_BUTTON_LEFT,
+        })
+        .then(PointerAction::Down {
+            button: MOUSE_BUTTON_LEFT,
+        })
+        .then(PointerAction::Up {
+            button: MOUSE_BUTTON_LEFT,
+        });
+    dana.client.perform_actions(double_click).await.unwrap();
+
+    dana.gone(&item).await;
+    dana.text_containing("#queue-status", "You approved").await;
+    assert_eq!(dana.text(".notice").await, "", "no conflict was shown");
+    dana.close().await;
+
+    assert_eq!(server.decisions(&c102.run).await.len(), 1, "decided once");
+    assert_eq!(server.payments(), [("c-102".to_string(), 25_000)]);
+}
+
+#[tokio::test]
+async fn dana_lowers_the_amount_and_the_ledger_pays_the_lower_amount() {
+    let server = Server::start("edit");
+    let c102 = server.paused_run("ben", "c-102", None).await;
+    let mut driver = Driver::start().await;
+    let dana = driver.browser().await;
+    dana.sign_in_as(&server, "dana").await;
+    let item = card(&c102.approval);
+
+    dana.click(&format!("{item} details.edit summary")).await;
+    let amount = format!("{item} .edit-form input[name=amount]");
+    dana.type_into(&amount, "300").await;
+    dana.click(&format!("{item} .edit-submit")).await;
+    dana.text_containing(
+        &format!("{item} .edit-form .field-error"),
+        "may only lower the amount",
+    )
+    .await;
+    assert_eq!(
+        dana.find(&amount).await.attr("aria-invalid").await.unwrap(),
+        Some("true".into())
+    );
+    assert_eq!(
+        server.approval(&c102.approval).await["decisions"],
+        json!([]),
+        "a raise is never sent"
+    );
+
+    dana.type_into(&amount, "200.00").await;
+    dana.type_into(
+        &format!("{item} .edit-form input[name=note]"),
+        "one night at the conference rate",
+    )
+    .await;
+    dana.click(&format!("{item} .edit-submit")).await;
+    let status = dana
+        .text_containing(
+            "#queue-status",
+            "You lowered reimburse version 1 to $200.00",
+        )
+        .await;
+    assert!(status.contains("version 2 is approved"), "{status}");
+    dana.gone(&item).await;
+    dana.close().await;
+
+    assert_eq!(
+        server.approval(&c102.approval).await["status"],
+        "superseded"
+    );
+    assert_eq!(server.payments(), [("c-102".to_string(), 20_000)]);
+}
+
+#[tokio::test]
+async fn an_edit_that_still_needs_a_second_approver_shows_what_changed() {
+    let server = Server::start("edit-waits");
+    let c105 = server.paused_run("ana", "c-105", None).await;
+    let mut driver = Driver::start().await;
+    let browser = driver.browser().await;
+    browser.sign_in_as(&server, "dana").await;
+    let first = card(&c105.approval);
+    browser.text_containing(&first, "2 of 2 still needed").await;
+
+    browser
+        .click(&format!("{first} details.edit summary"))
+        .await;
+    browser
+        .type_into(&format!("{first} .edit-form input[name=amount]"), "600")
+        .await;
+    browser.click(&format!("{first} .edit-submit")).await;
+    browser
+        .text_containing("#queue-status", "version 2 waits for 1 more approval")
+        .await;
+    browser.gone(&first).await;
+
+    let edited = server.approval(&c105.approval).await;
+    let second = card(edited["superseded_by"].as_str().unwrap());
+    let shown = browser
+        .text_containing(&second, "What the edit changed")
+        .await;
+    for expected in [
+        "version 2",
+        "dana edited version 1 into version 2",
+        "1 of 2 still needed; approved so far: dana",
+    ] {
+        assert!(
+            shown.contains(expected),
+            "{expected:?} is not shown:\n{shown}"
+        );
+    }
+    let change = format!("{second} table.changes tr[data-arg=amount_cents]");
+    assert_eq!(
+        browser.text(&format!("{change} .before")).await,
+        "$750.00 (75000 cents)"
+    );
+    assert_eq!(
+        browser.text(&format!("{change} .after")).await,
+        "$600.00 (60000 cents)"
+    );
+    assert!(
+        server.payments().is_empty(),
+        "nothing is paid on one approval"
+    );
+
+    browser.sign_out().await;
+    browser.sign_in_as(&server, "erin").await;
+    browser.click(&format!("{second} button.approve")).await;
+    browser.gone(&second).await;
+    browser
+        .text_containing("#queue-status", "You approved reimburse version 2")
+        .await;
+    browser.close().await;
+
+    assert_eq!(server.payments(), [("c-105".to_string(), 60_000)]);
+}
+
+#[tokio::test]
+async fn dana_rejects_with_a_reason_and_nothing_is_paid() {
+    let server = Server::start("reject");
+    let c102 = server.paused_run("ben", "c-102", None).await;
+    let mut driver = Driver::start().await;
+    let dana = driver.browser().await;
+    dana.sign_in_as(&server, "dana").await;
+    let item = card(&c102.approval);
+
+    dana.click(&format!("{item} details.reject summary")).await;
+    dana.click(&format!("{item} .reject-submit")).await;
+    dana.text_containing(&format!("{item} .reject-form .field-error"), "Say why")
+        .await;
+    assert_eq!(
+        server.approval(&c102.approval).await["decisions"],
+        json!([]),
+        "a rejection without a reason is never sent"
+    );
+
+    let reason = "The receipt is for a different trip.";
+    dana.type_into(&format!("{item} .reject-form textarea"), reason)
+        .await;
+    dana.click(&format!("{item} .reject-submit")).await;
+    dana.gone(&item).await;
+    let status = dana
+        .text_containing("#queue-status", "You rejected reimburse version 1")
+        .await;
+    assert!(status.contains(reason), "{status}");
+    dana.close().await;
+
+    let decisions = server.decisions(&c102.run).await;
+    assert_eq!(decisions.len(), 1);
+    assert_eq!(decisions[0]["choice"], "reject");
+    assert_eq!(decisions[0]["reason"], reason);
+    assert_eq!(server.approval(&c102.approval).await["status"], "rejected");
+    assert!(server.payments().is_empty());
+}
+
+#[tokio::test]
+async fn ben_is_refused_when_he_approves_his_own_claim() {
+    let server = Server::start("own-claim");
+    let c102 = server.paused_run("ben", "c-102", None).await;
+    let before = server.approval(&c102.approval).await;
+    let mut driver = Driver::start().await;
+    let ben = driver.browser().await;
+    ben.sign_in_as(&server, "ben").await;
+    let item = card(&c102.approval);
+    ben.text_containing(&item, "You asked for this").await;
+
+    ben.click(&format!("{item} button.approve")).await;
+    let notice = ben
+        .text_containing(&format!("{item} .notice"), "own_request")
+        .await;
+    assert!(notice.starts_with("Refused (own_request)"), "{notice}");
+    assert!(notice.contains("ben asked for this"), "{notice}");
+    assert_eq!(
+        ben.find(&item).await.attr("data-status").await.unwrap(),
+        Some("awaiting_approval".into())
+    );
+    ben.close().await;
+
+    assert_eq!(
+        server.approval(&c102.approval).await,
+        before,
+        "nothing changed"
+    );
+    assert!(server.decisions(&c102.run).await.is_empty());
+    assert!(server.payments().is_empty());
+}
+
+#[tokio::test]
+async fn a_stale_tab_shows_the_conflict_and_the_approval_as_it_now_stands() {
+    let server = Server::start("stale-tab");
+    let c102 = server.paused_run("ben", "c-102", None).await;
+    let mut driver = Driver::start().await;
+    let erin = driver.browser().await;
+    let dana = driver.browser().await;
+    erin.sign_in_as(&server, "erin").await;
+    dana.sign_in_as(&server, "dana").await;
+    let item = card(&c102.approval);
+    erin.find(&item).await;
+    dana.find(&item).await;
+
+    erin.click(&format!("{item} button.approve")).await;
+    erin.gone(&item).await;
+
+    dana.click(&format!("{item} button.approve")).await;
+    let notice = dana
+        .text_containing(&format!("{item} .notice"), "Conflict (already_decided)")
+        .await;
+    assert!(
+        notice.contains("Someone else already decided this approval."),
+        "{notice}"
+    );
+    dana.until(
+        "the refreshed approval",
+        &format!(
+            "return document.querySelector({})?.dataset.status === 'approved';",
+            json!(item)
+        ),
+    )
+    .await;
+    let shown = dana.text(&item).await;
+    assert!(shown.contains("erin approved version 1"), "{shown}");
+    assert!(shown.contains("Approved"), "{shown}");
+    assert_eq!(
+        dana.text(&format!("{item} button.approve")).await,
+        "",
+        "nothing left to decide"
+    );
+    erin.close().await;
+    dana.close().await;
+
+    let decisions = server.decisions(&c102.run).await;
+    assert_eq!(decisions.len(), 1, "{decisions:?}");
+    assert_eq!(decisions[0]["actor"]["id"], "erin");
+    assert_eq!(server.payments(), [("c-102".to_string(), 25_000)]);
+}
+
+#[tokio::test]
+async fn an_overdue_approval_reads_expired_and_approving_it_expires_it() {
+    let server = Server::start("expired");
+    let c104 = server.paused_run("chen", "c-104", Some("0s")).await;
+    let mut driver = Driver::start().await;
+    let dana = driver.browser().await;
+    dana.sign_in_as(&server, "dana").await;
+    let item = card(&c104.approval);
+    dana.text_containing(&format!("{item} .countdown"), "EXPIRED")
+        .await;
+
+    dana.click(&format!("{item} button.approve")).await;
+    let notice = dana
+        .text_containing(&format!("{item} .notice"), "Conflict (expired)")
+        .await;
+    assert!(notice.contains("the approval has expired"), "{notice}");
+    dana.until(
+        "the approval to read expired",
+        &format!(
+            "return document.querySelector({})?.dataset.status === 'expired';",
+            json!(item)
+        ),
+    )
+    .await;
+    dana.close().await;
+
+    assert_eq!(server.approval(&c104.approval).await["status"], "expired");
+    assert!(server.payments().is_empty());
+}
+
+#[tokio::test]
+async fn a_pasted_token_signs_in_and_the_audit_trail_is_one_click_away() {
+    let server = Server::start("token-audit");
+    let c102 = server.paused_run("ben", "c-102", None).await;
+    let mut driver = Driver::start().await;
+    let erin = driver.browser().await;
+    erin.open(&server).await;
+
+    erin.type_into("#token", "not-a-token").await;
+    erin.click("#token-sign-in button[type=submit]").await;
+    erin.text_containing("#sign-in-error", "Not signed in (invalid_token)")
+        .await;
+
+    let output = countersign(&server.state)
+        .args(["token", "--as", "erin"])
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let token = String::from_utf8(output.stdout).unwrap();
+    erin.type_into("#token", token.trim()).await;
+    erin.click("#token-sign-in button[type=submit]").await;
+    erin.text_containing(
+        "#whoami",
+        "Signed in as erin (acme; roles: employee, finance)",
+    )
+    .await;
+    let item = card(&c102.approval);
+    erin.click(&format!("{item} button.audit-link")).await;
+
+    let audit = erin
+        .text_containing(
+            "#audit:not([hidden])",
+            &format!("Audit trail of run {}", c102.run),
+        )
+        .await;
+    let stored = server.approval(&c102.approval).await;
+    for expected in [
+        "awaiting approval",
+        stored["explanation"].as_str().unwrap(),
+        stored["args_hash"].as_str().unwrap(),
+        "amount_cents = $250.00 (25000 cents)",
+        "by the agent",
+    ] {
+        assert!(
+            audit.contains(expected),
+            "{expected:?} is not shown:\n{audit}"
+        );
+    }
+    let events = erin
+        .client
+        .execute(
+            "return [...document.querySelectorAll('#audit li[data-event]')].map(li => li.dataset.event);",
+            vec![],
+        )
+        .await
+        .unwrap();
+    let events: Vec<&str> = events
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e.as_str().unwrap())
+        .collect();
+    assert_eq!(events.first(), Some(&"started"), "{events:?}");
+    assert!(events.contains(&"proposed"), "{events:?}");
+    assert_eq!(events.last(), Some(&"paused"), "{events:?}");
+
+    erin.click("#audit-close").await;
+    erin.find(&format!("#queue:not([hidden]) {item}")).await;
+    erin.close().await;
+}
