@@ -223,6 +223,17 @@ fn event_line(entry: &AuditEntry, tools: &std::collections::BTreeMap<String, Str
             notice,
             destination,
         } => format!("{notice} for {approval_id} sent to {destination}"),
+        AuditEvent::NotificationFailed {
+            approval_id,
+            notice,
+            destination,
+            attempts,
+            error,
+        } => format!(
+            "{notice} for {approval_id} to {destination} given up after {attempts} attempt{}: {}",
+            if *attempts == 1 { "" } else { "s" },
+            clip(error)
+        ),
         AuditEvent::Decision {
             approval_id,
             version,

@@ -1,6 +1,6 @@
 //! A request for people to decide one action version, and the rules every decision passes.
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::action::{Action, ActionStatus};
@@ -317,6 +317,27 @@ impl Approval {
         let due = self.status == ApprovalStatus::AwaitingApproval && self.is_overdue(now);
         if due {
             self.resolve(ApprovalStatus::Expired, now);
+        }
+        due
+    }
+
+    /// When to remind people of this approval, `lead` before its deadline. `None` when its
+    /// whole time to decide fits in the lead: the request itself was that reminder.
+    pub fn reminder_at(&self, lead: Duration) -> Option<DateTime<Utc>> {
+        self.expires_at
+            .checked_sub_signed(lead)
+            .filter(|at| *at > self.created_at)
+    }
+
+    /// The sweep's reminder: marks the approval reminded if it still waits, is not overdue, its
+    /// reminder is due and none was sent yet.
+    pub fn remind(&mut self, now: DateTime<Utc>, lead: Duration) -> bool {
+        let due = self.status == ApprovalStatus::AwaitingApproval
+            && self.reminded_at.is_none()
+            && !self.is_overdue(now)
+            && self.reminder_at(lead).is_some_and(|at| at <= now);
+        if due {
+            self.reminded_at = Some(now);
         }
         due
     }
@@ -687,5 +708,35 @@ mod tests {
             "expiring twice does nothing"
         );
         assert!(!a.cancel(now));
+    }
+
+    #[test]
+    fn a_reminder_is_due_once_the_lead_before_the_deadline() {
+        let now = Utc::now();
+        let lead = Duration::hours(1);
+        let mut a = approval(1, now);
+        assert_eq!(a.reminder_at(lead), Some(now + Duration::hours(23)));
+        assert!(!a.remind(now + Duration::minutes(22 * 60 + 59), lead));
+        assert!(a.remind(now + Duration::hours(23), lead));
+        assert_eq!(a.reminded_at, Some(now + Duration::hours(23)));
+        assert!(
+            !a.remind(now + Duration::minutes(23 * 60 + 30), lead),
+            "reminded once"
+        );
+    }
+
+    #[test]
+    fn no_reminder_for_a_decided_or_overdue_approval_or_one_shorter_than_the_lead() {
+        let now = Utc::now();
+        let lead = Duration::hours(1);
+        let mut decided = approval(1, now);
+        decided.cancel(now);
+        assert!(!decided.remind(now + Duration::hours(23), lead));
+        let mut overdue = approval(1, now);
+        assert!(!overdue.remind(now + Duration::hours(24), lead));
+        let mut short = approval(1, now);
+        short.expires_at = now + Duration::minutes(45);
+        assert_eq!(short.reminder_at(lead), None);
+        assert!(!short.remind(now + Duration::minutes(30), lead));
     }
 }

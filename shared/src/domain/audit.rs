@@ -42,10 +42,19 @@ pub enum AuditEvent {
     Paused {
         approvals: Vec<ApprovalId>,
     },
+    /// A notice (`approval_requested` or `reminder`) reached a destination (its host).
     Notified {
         approval_id: ApprovalId,
         notice: String,
         destination: String,
+    },
+    /// A notice was given up on: the destination refused it, or kept failing `attempts` times.
+    NotificationFailed {
+        approval_id: ApprovalId,
+        notice: String,
+        destination: String,
+        attempts: u32,
+        error: String,
     },
     Decision {
         approval_id: ApprovalId,
@@ -115,6 +124,7 @@ impl AuditEvent {
             AuditEvent::Proposed { .. } => "proposed",
             AuditEvent::Paused { .. } => "paused",
             AuditEvent::Notified { .. } => "notified",
+            AuditEvent::NotificationFailed { .. } => "notification_failed",
             AuditEvent::Decision { .. } => "decision",
             AuditEvent::Superseded { .. } => "superseded",
             AuditEvent::Expired { .. } => "expired",
@@ -134,6 +144,7 @@ impl AuditEvent {
         match self {
             AuditEvent::Proposed { approval_id, .. } => approval_id.as_ref(),
             AuditEvent::Notified { approval_id, .. }
+            | AuditEvent::NotificationFailed { approval_id, .. }
             | AuditEvent::Decision { approval_id, .. }
             | AuditEvent::Superseded { approval_id, .. }
             | AuditEvent::Expired { approval_id, .. } => Some(approval_id),

@@ -8,5 +8,6 @@ pub mod conversation;
 pub mod identity;
 pub mod ids;
 pub mod money;
+pub mod notice;
 pub mod policy;
 pub mod run;
