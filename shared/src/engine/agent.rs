@@ -16,6 +16,7 @@ use crate::domain::audit::{AuditEntry, AuditEvent};
 use crate::domain::conversation::{Message, Role, ToolResultText};
 use crate::domain::identity::Actor;
 use crate::domain::ids::{ActionId, ActionVersion, ApprovalId, PersonId, RunId, TenantId};
+use crate::domain::notice::NoticeKind;
 use crate::domain::policy::{MAX_TTL, Requirement, Verdict};
 use crate::domain::run::{HeldCall, PausedTurn, Run, RunStatus};
 use crate::ports::model::ModelRequest;
@@ -330,7 +331,8 @@ impl Engine {
         })
     }
 
-    /// Writes an approval and its action version as they open, with the proposal's audit event.
+    /// Writes an approval and its action version as they open, with the proposal's audit event
+    /// and, while it waits, a notice of it for each destination.
     pub(super) fn open_approval(
         &self,
         tx: &mut Tx,
@@ -346,14 +348,22 @@ impl Engine {
                 .approve(approval.authorized_by(), approval.created_at)
                 .expect("a new version can be approved");
         }
-        let pending = (approval.status == ApprovalStatus::AwaitingApproval)
-            .then(|| keys::pending(tenant, approval.expires_at, &approval.id));
+        let waits = approval.status == ApprovalStatus::AwaitingApproval;
+        let pending = waits.then(|| keys::pending(tenant, approval.expires_at, &approval.id));
         tx.create(
             keys::approval_pk(tenant, &approval.id),
             keys::APPROVAL_SK.into(),
             pending,
             approval,
         );
+        if waits {
+            self.notify_later(
+                tx,
+                approval,
+                NoticeKind::ApprovalRequested,
+                approval.created_at,
+            );
+        }
         let event = proposed_event(&action, verdict, Some(approval.id.clone()));
         tx.audit(
             tenant,
@@ -430,15 +440,27 @@ impl Engine {
         if let Err(error) = deadline {
             tracing::warn!(approval = %approval.id, %error, "no deadline schedule; the recurring sweep will expire it");
         }
+        if let Some(at) = self.reminder_at(approval) {
+            let reminder = self
+                .scheduler
+                .schedule(&approval.tenant, &approval.id, Wake::Reminder, at)
+                .await;
+            if let Err(error) = reminder {
+                tracing::warn!(approval = %approval.id, %error, "no reminder schedule; the recurring sweep will remind");
+            }
+        }
     }
 
     pub(super) async fn unschedule_wakeups(&self, approval: &Approval) {
-        if let Err(error) = self
-            .scheduler
-            .unschedule(&approval.tenant, &approval.id, Wake::Deadline)
-            .await
-        {
-            tracing::warn!(approval = %approval.id, %error, "the deadline schedule stays; it will find nothing to do");
+        let reminder = self.reminder_at(approval).map(|_| Wake::Reminder);
+        for wake in [Some(Wake::Deadline), reminder].into_iter().flatten() {
+            if let Err(error) = self
+                .scheduler
+                .unschedule(&approval.tenant, &approval.id, wake)
+                .await
+            {
+                tracing::warn!(approval = %approval.id, %error, wake = wake.as_str(), "the schedule stays; it will find nothing to do");
+            }
         }
     }
 

@@ -455,8 +455,10 @@ impl Engine {
         decision: Decision,
     ) -> Result<DecisionReport, EngineError> {
         // The first attempt may have committed and stopped before it delivered: finish that.
-        let undelivered = self.undelivered(&approval.tenant, &approval.run_id).await?;
-        self.deliver(undelivered).await;
+        // Notices keep to their own schedule; the sweep posts them when they are due.
+        let mut undelivered = self.undelivered(&approval.tenant, &approval.run_id).await?;
+        undelivered.retain(|entry| matches!(entry.value.message, OutboxMessage::Resume(_)));
+        self.deliver_stored(undelivered).await;
         let next_approval = match &approval.superseded_by {
             Some(next) => self
                 .load_approval(&approval.tenant, next)

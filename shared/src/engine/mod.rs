@@ -6,6 +6,7 @@ mod cancel;
 mod decide;
 pub mod error;
 mod history;
+mod notify;
 pub mod records;
 mod resume;
 mod sweep;
@@ -19,6 +20,7 @@ pub use agent::{RunReport, StartRun};
 pub use decide::DecisionReport;
 pub use error::{EngineError, ErrorKind};
 pub use history::History;
+pub use notify::{DEFAULT_REMIND_BEFORE, MAX_NOTICE_ATTEMPTS, NoticeReport};
 pub use resume::ResumeReport;
 pub use sweep::SweepReport;
 
@@ -28,6 +30,7 @@ use crate::domain::policy::Policy;
 use crate::domain::run::Run;
 use crate::ports::clock::{Clock, SystemClock};
 use crate::ports::model::Model;
+use crate::ports::notifier::Notifier;
 use crate::ports::queue::ResumeQueue;
 use crate::ports::scheduler::{Scheduler, SweepOnly};
 use crate::ports::store::{ItemStore, StoreError, query_all};
@@ -69,6 +72,10 @@ pub struct Engine {
     delivery: Delivery,
     scheduler: Arc<dyn Scheduler>,
     limits: Limits,
+    /// Where notices go; without one, none are written.
+    notifier: Option<Arc<dyn Notifier>>,
+    /// How long before an approval's deadline its reminder goes out.
+    remind_before: chrono::Duration,
 }
 
 /// Builds an engine from the ports a process has; each entry point supplies only what it uses.
@@ -112,6 +119,19 @@ impl EngineBuilder {
         self
     }
 
+    /// Notices of approvals that open, and reminders before their deadlines, go here.
+    pub fn notifier(mut self, notifier: Arc<dyn Notifier>) -> Self {
+        self.engine.notifier = Some(notifier);
+        self
+    }
+
+    /// How long before an approval's deadline its reminder goes out (one hour by default).
+    pub fn remind_before(mut self, lead: std::time::Duration) -> Self {
+        self.engine.remind_before =
+            chrono::Duration::from_std(lead).unwrap_or(chrono::Duration::MAX);
+        self
+    }
+
     pub fn build(self) -> Engine {
         self.engine
     }
@@ -130,6 +150,8 @@ impl Engine {
                 delivery: Delivery::InProcess,
                 scheduler: Arc::new(SweepOnly),
                 limits: Limits::default(),
+                notifier: None,
+                remind_before: notify::default_lead(),
             },
         }
     }
@@ -155,22 +177,35 @@ impl Engine {
 
     /// Delivers outbox entries after their transaction committed, then removes each. A failure
     /// leaves the entry for the sweep to deliver again; delivery is idempotent.
-    async fn deliver(&self, entries: Vec<OutboxEntry>) {
-        let mut pending: VecDeque<OutboxEntry> = entries.into();
-        while let Some(entry) = pending.pop_front() {
-            let delivered = match (&entry.message, &self.delivery) {
-                (OutboxMessage::Resume(message), Delivery::InProcess) => {
-                    match self.resume_once(message).await {
-                        Ok((_, more)) => {
-                            pending.extend(more);
-                            Ok(())
-                        }
-                        Err(e) => Err(e.to_string()),
+    async fn deliver(&self, entries: Vec<OutboxEntry>) -> NoticeReport {
+        // Entries this process just wrote are at their first item version.
+        let fresh = entries.into_iter().map(|value| Stored { value, ver: 1 });
+        self.deliver_stored(fresh.collect()).await
+    }
+
+    /// Delivers stored outbox entries: resume messages one by one (a run resumed in this process
+    /// may write more), then the notices, posted together.
+    async fn deliver_stored(&self, entries: Vec<Stored<OutboxEntry>>) -> NoticeReport {
+        let mut pending: VecDeque<Stored<OutboxEntry>> = entries.into();
+        let mut notices = Vec::new();
+        while let Some(stored) = pending.pop_front() {
+            let entry = &stored.value;
+            let message = match &entry.message {
+                OutboxMessage::Resume(message) => message,
+                OutboxMessage::Notify(_) => {
+                    notices.push(stored);
+                    continue;
+                }
+            };
+            let delivered = match &self.delivery {
+                Delivery::InProcess => match self.resume_once(message).await {
+                    Ok((_, more)) => {
+                        pending.extend(more.into_iter().map(|value| Stored { value, ver: 1 }));
+                        Ok(())
                     }
-                }
-                (OutboxMessage::Resume(message), Delivery::Queue(queue)) => {
-                    queue.publish(message).await.map_err(|e| e.to_string())
-                }
+                    Err(e) => Err(e.to_string()),
+                },
+                Delivery::Queue(queue) => queue.publish(message).await.map_err(|e| e.to_string()),
             };
             match delivered {
                 Ok(()) => {
@@ -186,6 +221,7 @@ impl Engine {
                 }
             }
         }
+        self.post_notices(notices).await
     }
 
     /// The outbox entries of one run still waiting for delivery, oldest first.
@@ -193,14 +229,12 @@ impl Engine {
         &self,
         tenant: &TenantId,
         run: &RunId,
-    ) -> Result<Vec<OutboxEntry>, EngineError> {
+    ) -> Result<Vec<Stored<OutboxEntry>>, EngineError> {
         let pk = keys::run_pk(tenant, run);
         let items = query_all(self.store.as_ref(), &pk, keys::OUTBOX_PREFIX).await?;
-        let mut entries: Vec<OutboxEntry> = items
-            .iter()
-            .map(|item| decode(item).map(|stored| stored.value))
-            .collect::<Result<_, _>>()?;
-        entries.sort_by_key(|entry| entry.created_at);
+        let mut entries: Vec<Stored<OutboxEntry>> =
+            items.iter().map(decode).collect::<Result<_, _>>()?;
+        entries.sort_by_key(|entry| entry.value.created_at);
         Ok(entries)
     }
 

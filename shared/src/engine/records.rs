@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use super::error::EngineError;
 use crate::domain::audit::AuditEntry;
 use crate::domain::ids::{ActionId, ActionVersion, ApprovalId, OutboxId, RunId, TenantId};
+use crate::domain::notice::NoticeKind;
 use crate::ports::queue::ResumeMessage;
 use crate::ports::store::{Condition, IndexKey, Item, ItemStore, Write};
 
@@ -23,8 +24,8 @@ pub mod keys {
     pub const AUDIT_PREFIX: &str = "AUDIT#";
     pub const OUTBOX_PREFIX: &str = "OUTBOX#";
     pub const TENANTS_PK: &str = "TENANTS";
-    /// Index partitions: unpublished outbox items, actions whose outcome is not settled, runs
-    /// being driven (by when their lease runs out).
+    /// Index partitions: undelivered outbox items (by when they are due), actions whose outcome
+    /// is not settled, runs being driven (by when their lease runs out).
     pub const OUTBOX_INDEX: &str = "OUTBOX";
     pub const RECONCILE_INDEX: &str = "RECONCILE";
     pub const RUNNING_INDEX: &str = "RUNNING";
@@ -74,6 +75,15 @@ pub mod keys {
         at.to_rfc3339_opts(SecondsFormat::Millis, true)
     }
 
+    /// An outbox entry, by when it is next due: when it was written, or, for a notice, its
+    /// next attempt or the end of its claim.
+    pub fn outbox(at: DateTime<Utc>, id: &OutboxId) -> IndexKey {
+        IndexKey {
+            pk: OUTBOX_INDEX.into(),
+            sk: format!("{}#{id}", sortable(at)),
+        }
+    }
+
     /// The upper bound of index keys due at `at`.
     pub fn due_until(at: DateTime<Utc>) -> String {
         format!("{}#\u{10FFFF}", sortable(at))
@@ -112,6 +122,23 @@ pub async fn load<T: DeserializeOwned>(
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum OutboxMessage {
     Resume(ResumeMessage),
+    Notify(NotifyMessage),
+}
+
+/// A notice about one approval for one destination, and how its delivery is going.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NotifyMessage {
+    pub approval_id: ApprovalId,
+    pub notice: NoticeKind,
+    /// The destination's id; its address stays in configuration.
+    pub destination: String,
+    /// The destination as the audit log names it.
+    pub label: String,
+    /// Attempts that failed so far.
+    #[serde(default)]
+    pub attempts: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -238,10 +265,7 @@ impl Tx {
             message,
         };
         let (pk, sk) = entry.key();
-        let gsi1 = IndexKey {
-            pk: keys::OUTBOX_INDEX.into(),
-            sk: format!("{}#{}", keys::sortable(now), entry.id),
-        };
+        let gsi1 = keys::outbox(now, &entry.id);
         self.put(pk, sk, Some(gsi1), &entry, 1, Condition::NotExists);
         self.outbox.push(entry);
     }

@@ -1,18 +1,20 @@
-//! The sweep: expires overdue approvals, delivers outbox stragglers, and reconciles actions whose
-//! outcome is unknown. Bounded work per call; safe to run twice at once (every write is a CAS).
+//! The sweep: expires overdue approvals, marks reminders due, delivers outbox stragglers (resume
+//! messages and notices), and reconciles actions whose outcome is unknown. Bounded work per
+//! call; safe to run twice at once (every write is a CAS, and notices are claimed before posting).
 
 use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 use tracing::Instrument;
 
 use super::agent::{STALE_EXECUTION, entry, reconcile_key, run_index};
-use super::records::{OutboxEntry, Stored, Tx, decode, keys};
-use super::{Delivery, Engine, EngineError};
+use super::records::{OutboxEntry, OutboxMessage, Stored, Tx, decode, keys};
+use super::{Delivery, Engine, EngineError, NoticeReport};
 use crate::domain::action::{Action, ActionStatus, ToolOutcome};
 use crate::domain::approval::Approval;
 use crate::domain::audit::AuditEvent;
 use crate::domain::identity::Actor;
 use crate::domain::ids::{ApprovalId, RunId, TenantId};
+use crate::domain::notice::NoticeKind;
 use crate::domain::run::{Run, RunStatus};
 use crate::ports::store::{StoreError, query_all};
 use crate::ports::tools::ToolCall;
@@ -20,8 +22,12 @@ use crate::ports::tools::ToolCall;
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct SweepReport {
     pub expired: Vec<ApprovalId>,
-    /// Outbox entries found undelivered and delivered again.
+    /// Approvals whose deadline is near, now with a reminder on its way.
+    pub reminded: Vec<ApprovalId>,
+    /// Resume messages found undelivered and delivered again.
     pub redelivered: usize,
+    /// The notices this sweep posted: new reminders, retries, and ones their writer left.
+    pub notices: NoticeReport,
     /// `action_id:version` of actions whose outcome the tool settled.
     pub reconciled: Vec<String>,
     /// Actions still without a definite outcome.
@@ -34,6 +40,8 @@ pub struct SweepReport {
 const OUTBOX_GRACE: Duration = Duration::seconds(30);
 /// How long to wait before asking a tool again about an unknown outcome.
 const RECHECK: Duration = Duration::minutes(5);
+/// How many pages of a tenant's approvals due soon one sweep reads, past the ones it acts on.
+const DUE_PAGES: usize = 4;
 /// Why the sweep fails a run whose lease ran out.
 const ABANDONED: &str = "the process driving this run stopped before it finished";
 
@@ -53,31 +61,40 @@ impl Engine {
         let mut outbox = Vec::new();
         for item in &tenants {
             let tenant = decode::<TenantId>(item)?.value;
-            let left = budget.saturating_sub(report.expired.len());
+            let left = budget.saturating_sub(report.expired.len() + report.reminded.len());
             if left == 0 {
                 break;
             }
-            self.expire_overdue(&tenant, left, &mut report, &mut outbox)
+            self.due_approvals(&tenant, left, &mut report, &mut outbox)
                 .await?;
         }
-        self.deliver(outbox).await;
+        let posted = self.deliver(outbox).await;
+        report.notices.add(posted);
 
+        // A resume message gets a grace period for its writer to deliver it; a notice is due at
+        // its index key (written, or next attempt, or end of claim), and its claim settles who
+        // posts it.
         let grace = match self.delivery {
             Delivery::InProcess => Duration::zero(),
             Delivery::Queue(_) => OUTBOX_GRACE,
         };
-        let until = keys::due_until(self.now() - grace);
+        let now = self.now();
         let page = self
             .store
-            .query_index(keys::OUTBOX_INDEX, "", &until, None, budget)
+            .query_index(keys::OUTBOX_INDEX, "", &keys::due_until(now), None, budget)
             .await?;
-        let stragglers: Vec<OutboxEntry> = page
-            .items
+        let mut stragglers: Vec<Stored<OutboxEntry>> =
+            page.items.iter().map(decode).collect::<Result<_, _>>()?;
+        stragglers.retain(|entry| match entry.value.message {
+            OutboxMessage::Resume(_) => entry.value.created_at <= now - grace,
+            OutboxMessage::Notify(_) => true,
+        });
+        report.redelivered = stragglers
             .iter()
-            .map(|i| decode(i).map(|s| s.value))
-            .collect::<Result<_, _>>()?;
-        report.redelivered = stragglers.len();
-        self.deliver(stragglers).await;
+            .filter(|entry| matches!(entry.value.message, OutboxMessage::Resume(_)))
+            .count();
+        let posted = self.deliver_stored(stragglers).await;
+        report.notices.add(posted);
 
         let until = keys::due_until(self.now());
         let page = self
@@ -111,12 +128,18 @@ impl Engine {
         }
 
         let worked = !report.expired.is_empty()
+            || !report.reminded.is_empty()
+            || !report.notices.is_empty()
             || report.redelivered > 0
             || !report.reconciled.is_empty()
             || !report.abandoned.is_empty();
         if worked {
             tracing::info!(
                 expired = report.expired.len(),
+                reminded = report.reminded.len(),
+                notices_sent = report.notices.sent,
+                notices_retrying = report.notices.retrying,
+                notices_failed = report.notices.failed,
                 redelivered = report.redelivered,
                 reconciled = report.reconciled.len(),
                 abandoned = report.abandoned.len(),
@@ -126,7 +149,10 @@ impl Engine {
         Ok(report)
     }
 
-    async fn expire_overdue(
+    /// A tenant's approvals that wait with a deadline before `now` plus the reminder lead: the
+    /// overdue ones expire, the others get their reminder if they have none yet. The pending
+    /// index sorts by deadline, so the overdue come first.
+    async fn due_approvals(
         &self,
         tenant: &TenantId,
         budget: usize,
@@ -134,32 +160,97 @@ impl Engine {
         outbox: &mut Vec<OutboxEntry>,
     ) -> Result<(), EngineError> {
         let now = self.now();
-        let page = self
-            .store
-            .query_index(
-                &keys::pending_index(tenant),
-                "",
-                &keys::due_until(now),
-                None,
-                budget,
-            )
-            .await?;
-        for item in &page.items {
-            let approval: Stored<Approval> = decode(item)?;
-            let span = tracing::info_span!(
-                "expire",
-                tenant = %approval.value.tenant,
-                approval = %approval.value.id,
-                run = %approval.value.run_id,
-                action = %approval.value.action_id,
-                version = %approval.value.action_version
-            );
-            if let Some((expired, entries)) = self.expire(approval, now).instrument(span).await? {
-                report.expired.push(expired);
-                outbox.extend(entries);
+        let lead = self.notifies().then_some(self.remind_before);
+        let until = lead
+            .and_then(|lead| now.checked_add_signed(lead))
+            .unwrap_or(now);
+        let index = keys::pending_index(tenant);
+        let (mut done, mut pages) = (0, 0);
+        let mut after: Option<String> = None;
+        loop {
+            let page = self
+                .store
+                .query_index(
+                    &index,
+                    "",
+                    &keys::due_until(until),
+                    after.as_deref(),
+                    budget,
+                )
+                .await?;
+            pages += 1;
+            for item in &page.items {
+                if done >= budget {
+                    return Ok(());
+                }
+                let approval: Stored<Approval> = decode(item)?;
+                let span = |name: &'static str| {
+                    tracing::info_span!(
+                        "due",
+                        step = name,
+                        tenant = %approval.value.tenant,
+                        approval = %approval.value.id,
+                        run = %approval.value.run_id,
+                        action = %approval.value.action_id,
+                        version = %approval.value.action_version
+                    )
+                };
+                if approval.value.is_overdue(now) {
+                    let span = span("expire");
+                    if let Some((expired, entries)) =
+                        self.expire(approval, now).instrument(span).await?
+                    {
+                        report.expired.push(expired);
+                        outbox.extend(entries);
+                        done += 1;
+                    }
+                } else if let Some(lead) = lead {
+                    let span = span("remind");
+                    if let Some((reminded, entries)) =
+                        self.remind(approval, now, lead).instrument(span).await?
+                    {
+                        report.reminded.push(reminded);
+                        outbox.extend(entries);
+                        done += 1;
+                    }
+                }
+            }
+            match page.next {
+                Some(next) if done < budget && pages < DUE_PAGES => after = Some(next),
+                _ => return Ok(()),
             }
         }
-        Ok(())
+    }
+
+    /// Marks an approval reminded and writes its reminder notices, in one transaction; `None`
+    /// if it needs no reminder, or another sweep or a decision got there first.
+    async fn remind(
+        &self,
+        mut approval: Stored<Approval>,
+        now: DateTime<Utc>,
+        lead: Duration,
+    ) -> Result<Option<(ApprovalId, Vec<OutboxEntry>)>, EngineError> {
+        if !approval.value.remind(now, lead) {
+            return Ok(None);
+        }
+        let a = &approval.value;
+        let mut tx = Tx::new();
+        tx.update(
+            keys::approval_pk(&a.tenant, &a.id),
+            keys::APPROVAL_SK.into(),
+            Some(keys::pending(&a.tenant, a.expires_at, &a.id)),
+            a,
+            approval.ver,
+        );
+        self.notify_later(&mut tx, a, NoticeKind::Reminder, now);
+        match self.commit(tx).await {
+            Ok(entries) => {
+                tracing::info!("reminder due");
+                Ok(Some((approval.value.id, entries)))
+            }
+            Err(StoreError::ConditionFailed { .. }) => Ok(None),
+            Err(error) => Err(error.into()),
+        }
     }
 
     /// Expires one overdue approval; `None` if it was decided or expired in the meantime.

@@ -2,6 +2,7 @@
 
 pub mod clock;
 pub mod model;
+pub mod notifier;
 pub mod queue;
 pub mod scheduler;
 pub mod store;
