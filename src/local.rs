@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use shared::adapters::anthropic::AnthropicModel;
 use shared::adapters::sqlite::SqliteStore;
-use shared::deploy::{Aws, StoreKind};
+use shared::deploy::{Aws, Notifications, StoreKind};
 use shared::domain::identity::{Directory, Identity};
 use shared::domain::policy::Policy;
 use shared::engine::records::{decode, keys};
@@ -45,6 +45,11 @@ pub fn model_from_env() -> Arc<dyn Model> {
         Some(model) => Arc::new(model),
         None => Arc::new(OfflineExpenseAgent),
     }
+}
+
+/// Notices go to `COUNTERSIGN_WEBHOOKS`, as in the functions; without it none are written.
+fn notifications_from_env() -> Result<Notifications, Failure> {
+    Notifications::from_env().map_err(|e| Failure::usage(e.to_string()))
 }
 
 /// The data files a process loads: policy, people, claims (the shipped ones by default).
@@ -94,6 +99,7 @@ impl Local {
             store,
             Delivery::InProcess,
             Arc::new(SweepOnly),
+            &notifications_from_env()?,
             None,
         ))
     }
@@ -113,6 +119,7 @@ impl Local {
                     aws.store.clone(),
                     delivery,
                     aws.scheduler.clone(),
+                    &notifications_from_env()?,
                     Some(aws),
                 ))
             }
@@ -124,6 +131,7 @@ impl Local {
         store: Arc<dyn ItemStore>,
         delivery: Delivery,
         scheduler: Arc<dyn Scheduler>,
+        notifications: &Notifications,
         aws: Option<Aws>,
     ) -> Self {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
@@ -133,7 +141,8 @@ impl Local {
             store.clone(),
             clock.clone(),
         );
-        let engine = Engine::builder(store.clone(), data.policy)
+        let engine = notifications
+            .apply(Engine::builder(store.clone(), data.policy))
             .model(model_from_env())
             .tools(tools)
             .system_prompt(expense::SYSTEM_PROMPT)

@@ -139,6 +139,16 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
             if report.expired.is_empty() {
                 text.push_str("Nothing was overdue.\n");
             }
+            for approval_id in &report.reminded {
+                text.push_str(&format!("reminder due for {approval_id}\n"));
+            }
+            let notices = report.notices;
+            if !notices.is_empty() {
+                text.push_str(&format!(
+                    "notices: {} sent, {} to try again, {} given up\n",
+                    notices.sent, notices.retrying, notices.failed
+                ));
+            }
             Ok(Output {
                 text,
                 json: json!({"sweep": report, "runs": runs}),

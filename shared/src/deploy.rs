@@ -1,8 +1,10 @@
 //! Where Countersign keeps its state, chosen by environment: the embedded SQLite store (the
 //! default), or AWS (DynamoDB, SQS FIFO, EventBridge Scheduler). The standard AWS variables
-//! (`AWS_REGION`, `AWS_ENDPOINT_URL`, credentials) configure the clients.
+//! (`AWS_REGION`, `AWS_ENDPOINT_URL`, credentials) configure the clients. Notices go to the
+//! webhooks `COUNTERSIGN_WEBHOOKS` names, in every mode.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use aws_config::{BehaviorVersion, SdkConfig};
 
@@ -10,10 +12,12 @@ use crate::adapters::anthropic::AnthropicModel;
 use crate::adapters::dynamodb::DynamoStore;
 use crate::adapters::scheduler::{EventBridgeScheduler, ScheduleTarget};
 use crate::adapters::sqs::SqsQueue;
-use crate::engine::{Delivery, Engine};
+use crate::adapters::webhook::{self, Webhooks};
+use crate::engine::{DEFAULT_REMIND_BEFORE, Delivery, Engine, EngineBuilder};
 use crate::example::expense::{self, OfflineExpenseAgent};
 use crate::ports::clock::{Clock, SystemClock};
 use crate::ports::model::Model;
+use crate::ports::notifier::Notifier;
 use crate::ports::scheduler::{Scheduler, SweepOnly};
 use crate::ports::store::ItemStore;
 
@@ -133,6 +137,77 @@ impl Aws {
     }
 }
 
+const MAX_WEBHOOK_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Notices of approvals and reminders before their deadlines.
+#[derive(Clone)]
+pub struct Notifications {
+    /// Where notices go; `None` writes none (no outbox entry, no audit event).
+    pub notifier: Option<Arc<dyn Notifier>>,
+    pub remind_before: Duration,
+}
+
+impl Default for Notifications {
+    fn default() -> Self {
+        Self {
+            notifier: None,
+            remind_before: DEFAULT_REMIND_BEFORE,
+        }
+    }
+}
+
+fn duration_var(name: &str) -> Result<Option<Duration>, ConfigError> {
+    var(name)
+        .map(|text| {
+            humantime::parse_duration(&text).map_err(|e| {
+                ConfigError(format!(
+                    "{name}={text:?} is not a duration such as 1h or 30m: {e}"
+                ))
+            })
+        })
+        .transpose()
+}
+
+impl Notifications {
+    /// `COUNTERSIGN_WEBHOOKS`: comma-separated http(s) URLs, each posted every notice (none:
+    /// no notices). `COUNTERSIGN_REMIND_BEFORE`: how long before a deadline the reminder goes
+    /// out (default 1h; 0s: no reminders). `COUNTERSIGN_WEBHOOK_TIMEOUT`: how long one post
+    /// may take (default 5s).
+    pub fn from_env() -> Result<Self, ConfigError> {
+        let remind_before =
+            duration_var("COUNTERSIGN_REMIND_BEFORE")?.unwrap_or(DEFAULT_REMIND_BEFORE);
+        let timeout =
+            duration_var("COUNTERSIGN_WEBHOOK_TIMEOUT")?.unwrap_or(webhook::DEFAULT_TIMEOUT);
+        // A post must end well inside the two minutes a claimed notice is held for.
+        if timeout.is_zero() || timeout > MAX_WEBHOOK_TIMEOUT {
+            return Err(ConfigError(
+                "COUNTERSIGN_WEBHOOK_TIMEOUT must be above zero and at most 1m".into(),
+            ));
+        }
+        let urls = webhook::split_list(&var("COUNTERSIGN_WEBHOOKS").unwrap_or_default());
+        let notifier: Option<Arc<dyn Notifier>> = if urls.is_empty() {
+            None
+        } else {
+            let webhooks = Webhooks::new(&urls, timeout)
+                .map_err(|e| ConfigError(format!("COUNTERSIGN_WEBHOOKS: {e}")))?;
+            Some(Arc::new(webhooks))
+        };
+        Ok(Self {
+            notifier,
+            remind_before,
+        })
+    }
+
+    /// The engine being built sends these notices.
+    pub fn apply(&self, builder: EngineBuilder) -> EngineBuilder {
+        let builder = builder.remind_before(self.remind_before);
+        match &self.notifier {
+            Some(notifier) => builder.notifier(notifier.clone()),
+            None => builder,
+        }
+    }
+}
+
 /// The model: Claude when `ANTHROPIC_API_KEY` is set, otherwise the offline expense agent.
 pub fn model_from_env() -> Arc<dyn Model> {
     match AnthropicModel::from_env() {
@@ -145,6 +220,16 @@ pub fn model_from_env() -> Arc<dyn Model> {
 /// queue, deadlines to the scheduler. Only the functions that drive runs (start, resume) pass a
 /// model; the others never call one.
 pub fn expense_engine(aws: &Aws, model: Option<Arc<dyn Model>>) -> Engine {
+    expense_engine_notifying(aws, model, &Notifications::default())
+}
+
+/// [`expense_engine`], sending notices: every function that writes or retries them (start and
+/// resume pause runs, decide opens an edited version's approval, the sweep reminds and retries).
+pub fn expense_engine_notifying(
+    aws: &Aws,
+    model: Option<Arc<dyn Model>>,
+    notifications: &Notifications,
+) -> Engine {
     let policy = expense::default_policy();
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let store: Arc<dyn ItemStore> = aws.store.clone();
@@ -154,7 +239,9 @@ pub fn expense_engine(aws: &Aws, model: Option<Arc<dyn Model>>) -> Engine {
         store.clone(),
         clock.clone(),
     );
-    let builder = Engine::builder(store, policy)
+    let builder = Engine::builder(store, policy);
+    let builder = notifications
+        .apply(builder)
         .tools(tools)
         .system_prompt(expense::SYSTEM_PROMPT)
         .clock(clock)

@@ -2,14 +2,16 @@
 
 use lambda_runtime::{Error, LambdaEvent, run, service_fn};
 use serde_json::Value;
-use shared::deploy::{Aws, expense_engine};
+use shared::deploy::{Aws, Notifications, expense_engine_notifying};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     lambda_runtime::tracing::init_default_subscriber();
     let aws = Aws::from_env().await?;
-    // The sweep expires, republishes and reconciles; it never drives a run, so it has no model.
-    let engine = expense_engine(&aws, None);
+    // The sweep expires, reminds, republishes, retries notices and reconciles; it never drives
+    // a run, so it has no model.
+    let notifications = Notifications::from_env()?;
+    let engine = expense_engine_notifying(&aws, None, &notifications);
     let budget = sweep::budget_from_env();
     run(service_fn(|event: LambdaEvent<Value>| {
         let engine = &engine;

@@ -5,3 +5,4 @@ pub mod dynamodb;
 pub mod scheduler;
 pub mod sqlite;
 pub mod sqs;
+pub mod webhook;
