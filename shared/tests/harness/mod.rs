@@ -25,7 +25,7 @@ use shared::domain::ids::{ActionVersion, DecisionId, RunId, TenantId};
 use shared::domain::money::Amount;
 use shared::domain::policy::Policy;
 use shared::domain::run::Run;
-use shared::engine::{Delivery, Engine, RunReport};
+use shared::engine::{Delivery, Engine, EngineBuilder, RunReport};
 use shared::example::expense::{
     Claims, Ledger, OfflineExpenseAgent, SYSTEM_PROMPT, Settlement, default_claims,
     default_directory, default_policy, task_for, toolbox,
@@ -166,6 +166,32 @@ impl Harness {
     pub async fn scripted_process(&self, script: Script) -> Process {
         self.process_of(Arc::new(script), |tools| tools, Delivery::InProcess)
             .await
+    }
+
+    /// A new process whose store connection the test may wrap and whose engine it configures
+    /// further (a notifier, a scheduler), with the model given and the shipped expense tools.
+    pub async fn process_configured(
+        &self,
+        model: Arc<dyn Model>,
+        wrap: impl FnOnce(Arc<dyn ItemStore>) -> Arc<dyn ItemStore>,
+        configure: impl FnOnce(EngineBuilder) -> EngineBuilder,
+    ) -> Process {
+        let store = wrap(self.backend.connect().await);
+        let tools = toolbox(
+            self.claims.clone(),
+            self.policy.clone(),
+            store.clone(),
+            self.clock.clone(),
+        );
+        let builder = Engine::builder(store.clone(), self.policy.clone())
+            .model(model)
+            .tools(tools)
+            .system_prompt(SYSTEM_PROMPT)
+            .clock(self.clock.clone());
+        Process {
+            engine: configure(builder).build(),
+            store,
+        }
     }
 
     pub async fn process_of(

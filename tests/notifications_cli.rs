@@ -1,0 +1,127 @@
+//! `countersign` with `COUNTERSIGN_WEBHOOKS` set, as real processes: a pause posts its notice to
+//! the receiver, and `countersign audit` shows it with the rest of the run, as text and as JSON.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use serde_json::Value;
+
+type Seen = Arc<Mutex<Vec<(HeaderMap, Value)>>>;
+
+async fn receive(
+    State(seen): State<Seen>,
+    headers: HeaderMap,
+    body: axum::Json<Value>,
+) -> StatusCode {
+    seen.lock().unwrap().push((headers, body.0));
+    StatusCode::OK
+}
+
+/// A webhook receiver on loopback, on a runtime of its own: its URL and what it was sent.
+fn receiver() -> (String, Seen) {
+    let seen = Seen::default();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    let state = seen.clone();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            let app = Router::new()
+                .route("/hook", post(receive))
+                .with_state(state);
+            axum::serve(listener, app).await.unwrap();
+        });
+    });
+    (url, seen)
+}
+
+struct StateDir(PathBuf);
+
+impl Drop for StateDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn countersign(state: &Path, webhook: &str, args: &[&str]) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_countersign"))
+        .args(args)
+        .arg("--state")
+        .arg(state)
+        .env_remove("ANTHROPIC_API_KEY")
+        .env("COUNTERSIGN_STORE", "embedded")
+        .env("COUNTERSIGN_WEBHOOKS", webhook)
+        .output()
+        .expect("countersign runs");
+    assert!(
+        output.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+#[test]
+fn given_a_webhook_when_the_agent_pauses_then_the_notice_is_posted_and_the_audit_shows_it() {
+    let (url, seen) = receiver();
+    let state = StateDir(std::env::temp_dir().join(format!(
+        "countersign-notices-{}-{:x}",
+        std::process::id(),
+        rand::random::<u64>()
+    )));
+
+    let run: Value =
+        serde_json::from_str(&countersign(&state.0, &url, &["agent", "c-102", "--json"])).unwrap();
+
+    assert_eq!(run["status"], "awaiting_approval");
+    let approval = run["approvals"][0]["id"].as_str().unwrap();
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1, "one notice");
+    let (headers, body) = &seen[0];
+    assert!(
+        headers["idempotency-key"]
+            .to_str()
+            .unwrap()
+            .starts_with("ob-")
+    );
+    assert_eq!(body["countersign"]["approval_id"], approval);
+    assert!(body["text"].as_str().unwrap().contains("reimburse"));
+
+    let run_id = run["run_id"].as_str().unwrap();
+    let host = url.trim_start_matches("http://").trim_end_matches("/hook");
+    let text = countersign(&state.0, &url, &["audit", run_id]);
+    let line = text
+        .lines()
+        .find(|l| l.contains(" notified "))
+        .unwrap_or_else(|| panic!("no notified line in:\n{text}"));
+    assert!(
+        line.contains(&format!("approval_requested for {approval} sent to {host}")),
+        "{line}"
+    );
+    let paused = text.lines().position(|l| l.contains(" paused ")).unwrap();
+    let notified = text.lines().position(|l| l.contains(" notified ")).unwrap();
+    assert_eq!(notified, paused + 1, "in order with the rest:\n{text}");
+
+    let history: Value =
+        serde_json::from_str(&countersign(&state.0, &url, &["audit", run_id, "--json"])).unwrap();
+    let notified = history["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["event"] == "notified")
+        .expect("a notified entry");
+    assert_eq!(notified["approval_id"], approval);
+    assert_eq!(notified["notice"], "approval_requested");
+    assert_eq!(notified["destination"], host);
+    assert_eq!(notified["actor"]["component"], "notifier");
+}
