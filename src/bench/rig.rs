@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use aws_smithy_types::retry::RetryConfig;
 use shared::adapters::dynamodb::DynamoStore;
 use shared::adapters::scheduler::{EventBridgeScheduler, ScheduleTarget};
 use shared::adapters::sqlite::SqliteStore;
@@ -22,6 +23,9 @@ use shared::ports::store::ItemStore;
 use super::meter::{AwsMeter, Meter, MeteredStore};
 use super::script::{self, ScriptedAgent, SkewedClock};
 use super::{BenchError, BenchStore};
+
+/// Attempts per AWS request (the SDK's default is 3).
+const MOTO_ATTEMPTS: u32 = 10;
 
 pub struct Rig {
     pub engine: Engine,
@@ -103,7 +107,14 @@ impl Rig {
             BenchStore::Dynamodb => {
                 let settings =
                     AwsSettings::from_env().map_err(|e| BenchError::Setup(e.to_string()))?;
-                let sdk = shared::deploy::sdk_config().await;
+                // moto is not safe under concurrency: it answers a transaction that races another
+                // with a 500. Retrying more than the default keeps the bench going; the meter
+                // counts those attempts as errors.
+                let sdk = shared::deploy::sdk_config()
+                    .await
+                    .into_builder()
+                    .retry_config(RetryConfig::standard().with_max_attempts(MOTO_ATTEMPTS))
+                    .build();
                 let interceptor = AwsMeter(meter.clone());
                 let dynamodb = aws_sdk_dynamodb::Client::from_conf(
                     aws_sdk_dynamodb::config::Builder::from(&sdk)
