@@ -77,6 +77,10 @@ pub enum Command {
         /// Where to listen; port 0 picks a free one. The address is printed on stdout.
         #[arg(long, default_value = "127.0.0.1:8780", value_name = "HOST:PORT")]
         addr: String,
+        /// How often the server sweeps (expiries, reminders, retries), as the recurring schedule
+        /// does in AWS; 0s turns it off.
+        #[arg(long, default_value = "30s", value_parser = parse_duration)]
+        sweep_every: std::time::Duration,
     },
     /// Print a development bearer token for a person of the people directory.
     Token {

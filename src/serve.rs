@@ -6,8 +6,10 @@
 use std::io::Write as _;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use shared::api::{self, Authenticate, BearerJwt, DevSignIn};
+use shared::engine::Engine;
 
 use crate::fail::Failure;
 use crate::local::Local;
@@ -21,8 +23,14 @@ fn failure(message: String) -> Failure {
     }
 }
 
-/// Serves until SIGTERM or ctrl-c, then finishes the requests in flight.
-pub async fn run(local: Local, state: &Path, addr: &str) -> Result<(), Failure> {
+/// Serves until SIGTERM or ctrl-c, then finishes the requests in flight. Meanwhile it sweeps
+/// every `sweep_every`, as the recurring schedule does in AWS.
+pub async fn run(
+    local: Local,
+    state: &Path,
+    addr: &str,
+    sweep_every: Duration,
+) -> Result<(), Failure> {
     let key = token::dev_key(state)?;
     let jwt = Arc::new(BearerJwt::hs256(&key).map_err(|e| failure(e.to_string()))?);
     let auth: Arc<dyn Authenticate> = jwt.clone();
@@ -42,7 +50,11 @@ pub async fn run(local: Local, state: &Path, addr: &str) -> Result<(), Failure> 
     if dev.is_none() {
         tracing::warn!(%bound, "not a loopback address: development sign-in is off");
     }
-    let app = api::local_router(Arc::new(local.engine), auth, local.claims, dev);
+    let engine = Arc::new(local.engine);
+    if !sweep_every.is_zero() {
+        tokio::spawn(sweep_forever(engine.clone(), sweep_every));
+    }
+    let app = api::local_router(engine, auth, local.claims, dev);
     // One flushed line: scripts and tests read the address from it (port 0 picks a free one).
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout, "listening on http://{bound}")
@@ -56,6 +68,22 @@ pub async fn run(local: Local, state: &Path, addr: &str) -> Result<(), Failure> 
         .await
         .map_err(|e| failure(format!("the server stopped: {e}")))
 }
+
+/// The local stand-in for the recurring EventBridge schedule. A failed sweep is logged and the
+/// next one tries again; the process stopping ends it.
+async fn sweep_forever(engine: Arc<Engine>, every: Duration) {
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        if let Err(error) = engine.sweep(SWEEP_BUDGET).await {
+            tracing::warn!(%error, "the sweep failed; trying again next time");
+        }
+    }
+}
+
+/// Items of each kind one local sweep touches at most, as the sweep function's default.
+const SWEEP_BUDGET: usize = 200;
 
 async fn stopped() {
     let ctrl_c = async {

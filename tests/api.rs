@@ -44,7 +44,12 @@ fn countersign(state: &PathBuf) -> Command {
 }
 
 impl Server {
+    /// A server that does not sweep, so what a test sees is only what it did.
     fn start(name: &str) -> Self {
+        Self::start_sweeping(name, "0s")
+    }
+
+    fn start_sweeping(name: &str, every: &str) -> Self {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
@@ -54,7 +59,7 @@ impl Server {
             std::process::id()
         ));
         let mut child = countersign(&state)
-            .args(["serve", "--addr", "127.0.0.1:0"])
+            .args(["serve", "--addr", "127.0.0.1:0", "--sweep-every", every])
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -877,4 +882,24 @@ async fn development_sign_in_issues_a_token_for_a_person_of_the_directory() {
     assert_eq!(rebound.status(), 403);
     let rebound: Value = rebound.json().await.unwrap();
     assert_eq!(rebound["error"]["code"], "not_local");
+}
+
+#[tokio::test]
+async fn the_server_sweeps_on_its_own_so_an_unanswered_approval_expires_and_the_run_is_told() {
+    let server = Server::start_sweeping("sweeping", "1s");
+    let c104 = server.paused_run("chen", "c-104", Some("0s")).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut approval = server.approval(&c104.approval).await;
+    while approval["status"] == "awaiting_approval" && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        approval = server.approval(&c104.approval).await;
+    }
+    assert_eq!(
+        approval["status"], "expired",
+        "nobody decided; the server's sweep expired it"
+    );
+    let events = server
+        .events_of_action(&c104.run, &approval["action_id"])
+        .await;
+    assert_eq!(events, ["proposed", "expired"]);
 }
