@@ -1,0 +1,355 @@
+//! The four functions as Lambda runs them, locally: `cargo lambda watch` emulates the Lambda
+//! runtime API in front of the real binaries, over a table and FIFO queue of this test's own on
+//! the local AWS stack. HTTP goes to the start and decide functions through function URLs (no
+//! authorizer there, so they accept development tokens); the resume and sweep functions are
+//! invoked with `cargo lambda invoke`, the resume function with the queue's real messages.
+
+#[path = "../shared/tests/support/aws.rs"]
+mod aws;
+
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+const SQS_BATCH: &str = include_str!("../functions/resume/tests/fixtures/sqs-fifo-batch.json");
+
+/// `cargo lambda watch`, stopped with its functions when dropped.
+struct Watch {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        // Stop the watcher's process group; the watcher stops the functions it started.
+        let _ = Command::new("kill")
+            .args(["-TERM", "--", &format!("-{}", self.child.id())])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn workspace() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn cargo_lambda_available() {
+    let found = Command::new("cargo")
+        .args(["lambda", "--version"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        found,
+        "cargo lambda is not on PATH: pip install cargo-lambda==1.9.2 (scripts/test-all installs it under ~/.cache/countersign)"
+    );
+}
+
+fn watch(stack: &aws::FreshStack, key_file: &Path) -> Watch {
+    use std::os::unix::process::CommandExt;
+    cargo_lambda_available();
+    let port = free_port();
+    let child = Command::new("cargo")
+        .args([
+            "lambda",
+            "watch",
+            "--invoke-address",
+            "127.0.0.1",
+            "--invoke-port",
+            &port.to_string(),
+            "--ignore-changes",
+        ])
+        .current_dir(workspace())
+        .envs(stack.env())
+        .env("COUNTERSIGN_DEV_JWT_KEY_FILE", key_file)
+        .env_remove("ANTHROPIC_API_KEY")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .process_group(0)
+        .spawn()
+        .expect("cargo lambda watch starts");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "cargo lambda watch did not listen on {port}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    Watch { child, port }
+}
+
+/// A development token from `countersign token`, signed with the state's key.
+fn token(state: &Path, person: &str) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_countersign"))
+        .args(["token", "--as", person, "--state"])
+        .arg(state)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap().trim().to_string()
+}
+
+/// `cargo lambda invoke <function>` with an event, as the README shows.
+fn invoke(watch: &Watch, function: &str, event: &Value) -> Value {
+    let file = std::env::temp_dir().join(format!(
+        "countersign-event-{}-{function}.json",
+        std::process::id()
+    ));
+    std::fs::write(&file, event.to_string()).unwrap();
+    let output = Command::new("cargo")
+        .args([
+            "lambda",
+            "invoke",
+            function,
+            "--invoke-address",
+            "127.0.0.1",
+            "--invoke-port",
+        ])
+        .arg(watch.port.to_string())
+        .arg("--data-file")
+        .arg(&file)
+        .args(["--output-format", "json"])
+        .current_dir(workspace())
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(file);
+    assert!(
+        output.status.success(),
+        "invoking {function}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+struct Http {
+    client: reqwest::Client,
+    base: String,
+}
+
+impl Http {
+    fn new(watch: &Watch) -> Self {
+        // The first request to each function waits for it to compile.
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(900))
+            .build()
+            .unwrap();
+        Self {
+            client,
+            base: format!("http://127.0.0.1:{}/lambda-url", watch.port),
+        }
+    }
+
+    async fn call(
+        &self,
+        method: &str,
+        function_path: &str,
+        token: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let url = format!("{}/{function_path}", self.base);
+        let request = match method {
+            "GET" => self.client.get(url),
+            _ => self.client.post(url),
+        };
+        let request = request.bearer_auth(token);
+        let request = match body {
+            Some(body) => request.json(&body),
+            None => request,
+        };
+        let response = request.send().await.unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+}
+
+/// What the SQS event source does: receive the queue's messages and hand them to the resume
+/// function as one batch, then delete what it did not report as failed.
+async fn resume_from_queue(stack: &aws::FreshStack, watch: &Watch) -> Value {
+    let queue = stack.aws().queue;
+    let mut received = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while received.is_empty() && Instant::now() < deadline {
+        received = queue.receive(10, Duration::from_secs(1)).await.unwrap();
+    }
+    assert!(
+        !received.is_empty(),
+        "the decision put a resume message on the queue"
+    );
+    let mut event: Value = serde_json::from_str(SQS_BATCH).unwrap();
+    let template = event["Records"][0].clone();
+    event["Records"] = received
+        .iter()
+        .map(|m| {
+            let mut record = template.clone();
+            record["messageId"] = json!(m.message_id);
+            record["receiptHandle"] = json!(m.receipt_handle);
+            record["body"] = json!(serde_json::to_string(m.message.as_ref().unwrap()).unwrap());
+            record
+        })
+        .collect();
+    let response = tokio::task::block_in_place(|| invoke(watch, "resume", &event));
+    let failed: Vec<&str> = response["batchItemFailures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["itemIdentifier"].as_str().unwrap())
+        .collect();
+    for message in &received {
+        if !failed.contains(&message.message_id.as_str()) {
+            queue.delete(&message.receipt_handle).await.unwrap();
+        }
+    }
+    response
+}
+
+fn state_dir(name: &str) -> PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    std::env::temp_dir().join(format!(
+        "countersign-watch-{name}-{}-{nanos}",
+        std::process::id()
+    ))
+}
+
+/// One `cargo lambda watch` for both flows: the functions compile once.
+#[tokio::test(flavor = "multi_thread")]
+async fn under_cargo_lambda_watch_the_functions_take_claims_through_approval_and_expiry() {
+    let stack = aws::FreshStack::new("lambda-watch").await;
+    let state = state_dir("flow");
+    token(&state, "dana"); // creates the state's development key before the functions read it
+    let watch = watch(&stack, &state.join("dev-jwt.key"));
+    let http = Http::new(&watch);
+    approval_flow(&stack, &state, &watch, &http).await;
+    expiry_flow(&stack, &state, &watch, &http).await;
+    let _ = std::fs::remove_dir_all(state);
+}
+
+/// Start, pause, a refused self-approval, an approval by another reviewer, resume from the
+/// queue's real message, done.
+async fn approval_flow(stack: &aws::FreshStack, state: &Path, watch: &Watch, http: &Http) {
+    let ben = token(state, "ben");
+    let (dana, erin) = (token(state, "dana"), token(state, "erin"));
+
+    // Start: the run pauses on reimbursing $250, and the pause is stored before the answer.
+    let (status, run) = http
+        .call(
+            "POST",
+            "start/runs",
+            &ben,
+            Some(json!({"claim_id": "c-102"})),
+        )
+        .await;
+    assert_eq!(status, 201, "{run}");
+    assert_eq!(run["status"], "awaiting_approval");
+    let approval = run["approvals"][0]["id"].as_str().unwrap().to_string();
+    let run_id = run["run_id"].as_str().unwrap().to_string();
+
+    let (status, listed) = http.call("GET", "decide/approvals", &dana, None).await;
+    assert_eq!(status, 200);
+    assert_eq!(listed["approvals"][0]["id"], approval.as_str());
+
+    let decision = |id: &str| json!({"decision_id": id, "action_version": 1, "choice": "approve"});
+    let path = format!("decide/approvals/{approval}/decisions");
+    let (status, refused) = http
+        .call("POST", &path, &ben, Some(decision("d-ben")))
+        .await;
+    assert_eq!(
+        (status, refused["error"]["code"].as_str()),
+        (403, Some("own_request"))
+    );
+
+    let (status, decided) = http
+        .call("POST", &path, &dana, Some(decision("d-dana")))
+        .await;
+    assert_eq!(status, 200, "{decided}");
+    assert_eq!(decided["approval"]["status"], "approved");
+
+    // The resume function takes the queue's real message; the run finishes and pays once.
+    let response = resume_from_queue(stack, watch).await;
+    assert_eq!(response["batchItemFailures"], json!([]));
+    let (status, audit) = http
+        .call("GET", &format!("decide/runs/{run_id}/audit"), &erin, None)
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(audit["run"]["status"], "done", "{audit}");
+    let executed: Vec<&Value> = audit["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["event"] == "executed")
+        .collect();
+    assert_eq!(executed.last().unwrap()["authorized_by"][0]["id"], "dana");
+
+    let (status, late) = http
+        .call("POST", &path, &erin, Some(decision("d-erin")))
+        .await;
+    assert_eq!(
+        (status, late["error"]["code"].as_str()),
+        (409, Some("already_decided"))
+    );
+}
+
+/// An approval left to expire: the sweep expires it, the resume function tells the run.
+async fn expiry_flow(stack: &aws::FreshStack, state: &Path, watch: &Watch, http: &Http) {
+    let (chen, dana) = (token(state, "chen"), token(state, "dana"));
+
+    let (status, run) = http
+        .call(
+            "POST",
+            "start/runs",
+            &chen,
+            Some(json!({"claim_id": "c-104", "ttl": "0s"})),
+        )
+        .await;
+    assert_eq!(status, 201, "{run}");
+    let approval = run["approvals"][0]["id"].as_str().unwrap().to_string();
+
+    let swept = tokio::task::block_in_place(|| {
+        invoke(
+            watch,
+            "sweep",
+            &json!({"source": "countersign.scheduler", "wake": "sweep"}),
+        )
+    });
+    assert_eq!(swept["expired"], json!([approval]));
+
+    let response = resume_from_queue(stack, watch).await;
+    assert_eq!(response["batchItemFailures"], json!([]));
+    let (_, audit) = http
+        .call(
+            "GET",
+            &format!("decide/runs/{}/audit", run["run_id"].as_str().unwrap()),
+            &dana,
+            None,
+        )
+        .await;
+    assert_eq!(audit["run"]["status"], "done");
+    assert!(
+        audit["run"]["answer"].as_str().unwrap().contains("expired"),
+        "{audit}"
+    );
+    let payment = audit["actions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["tool"] == "reimburse")
+        .unwrap();
+    assert_eq!(payment["status"], "expired", "the payment never ran");
+}
