@@ -21,15 +21,16 @@ use shared::domain::audit::AuditEvent;
 use shared::domain::identity::Actor;
 use shared::domain::ids::{ActionVersion, PersonId, Role, TenantId};
 use shared::domain::run::RunStatus;
+use shared::engine::records::keys;
 use shared::engine::{Delivery, ErrorKind, ResumeReport};
 use shared::example::expense::task_for;
 
 use serde_json::json;
 
 use harness::{
-    AnswerLost, Counted, Embedded, Gate, Hangs, Harness, QueueDown, ReconcilesTogether,
-    RecordingQueue, Script, Slow, Stalls, acme, approve, decision, edit, event_names, paid, reject,
-    results_after_turn, resume_message, scripted_task, start_of_test, told_about,
+    AnswerLost, Counted, Embedded, Gate, Hangs, Harness, Process, QueueDown, ReconcilesTogether,
+    RecordingQueue, Script, Slow, Stalls, acme, addressed, approve, decision, edit, event_names,
+    paid, reject, results_after_turn, resume_message, scripted_task, start_of_test, told_about,
 };
 
 fn person(name: &str) -> PersonId {
@@ -1566,6 +1567,52 @@ async fn given_a_finished_run_when_its_resume_message_is_delivered_again_then_no
     assert_eq!(p.sweep(100).await.unwrap().redelivered, 0);
 }
 
+/// Every outbox entry still in the store, whatever it is due.
+async fn outbox_entries(p: &Process) -> usize {
+    p.store
+        .query_index(keys::OUTBOX_INDEX, "", "\u{10FFFF}", None, 100)
+        .await
+        .unwrap()
+        .items
+        .len()
+}
+
+async fn given_a_queued_resume_when_its_consumer_acts_on_it_then_its_outbox_entry_goes_with_that_write_and_the_sweep_sends_nothing_again(
+    h: &Harness,
+) {
+    let queue = Arc::new(RecordingQueue::default());
+    let decider = h
+        .process_with(|tools| tools, Delivery::Queue(queue.clone()))
+        .await;
+    let (_, approval) = h.start_paused(&decider, "c-102").await;
+    decider
+        .decide(&h.person("dana"), &approval.id, approve("d-1"))
+        .await
+        .unwrap();
+    let published = queue.published();
+    assert_eq!(addressed(&published), [resume_message(&approval)]);
+
+    // The writer published and left the entry: until a consumer acts, it is what the sweep
+    // would deliver again once the grace period is over.
+    assert_eq!(
+        outbox_entries(&decider).await,
+        1,
+        "waiting for its consumer"
+    );
+
+    let consumer = h.process().await;
+    let resumed = consumer.resume(&published[0]).await.unwrap();
+    assert!(
+        matches!(resumed, ResumeReport::Continued { .. }),
+        "{resumed:?}"
+    );
+    assert_eq!(outbox_entries(&decider).await, 0, "consumed with the claim");
+    h.clock.advance(Duration::minutes(1));
+    assert_eq!(decider.sweep(100).await.unwrap().redelivered, 0);
+    assert_eq!(queue.published().len(), 1, "sent once");
+    assert_eq!(h.payments().await.len(), 1);
+}
+
 async fn given_the_resume_queue_is_down_when_a_payment_is_approved_then_the_decision_stands_and_the_sweep_publishes_it_later(
     h: &Harness,
 ) {
@@ -1597,7 +1644,7 @@ async fn given_the_resume_queue_is_down_when_a_payment_is_approved_then_the_deci
         0,
         "published once"
     );
-    assert_eq!(queue.published(), [resume_message(&approval)]);
+    assert_eq!(addressed(&queue.published()), [resume_message(&approval)]);
 
     let consumer = h.process().await;
     let message = &queue.published()[0];
@@ -1818,6 +1865,7 @@ macro_rules! every_scenario {
                 given_a_finished_run_when_its_resume_message_is_delivered_again_then_nothing_runs_twice,
                 given_an_approved_payment_when_its_approval_history_is_read_then_it_traces_proposal_decision_execution_and_outcome,
                 given_the_resume_queue_is_down_when_a_payment_is_approved_then_the_decision_stands_and_the_sweep_publishes_it_later,
+                given_a_queued_resume_when_its_consumer_acts_on_it_then_its_outbox_entry_goes_with_that_write_and_the_sweep_sends_nothing_again,
                 given_an_edited_approval_when_either_approval_history_is_read_then_it_traces_both_versions_to_the_outcome,
                 given_a_finished_run_when_its_requester_cancels_it_then_it_conflicts_as_run_finished,
             ]
@@ -1990,7 +2038,11 @@ mod races_on_embedded {
                 .await
                 .unwrap();
             let published = queue.published();
-            assert_eq!(published, [resume_message(&approval)], "round {round}");
+            assert_eq!(
+                addressed(&published),
+                [resume_message(&approval)],
+                "round {round}"
+            );
 
             let calls = Arc::new(AtomicUsize::new(0));
             let (a, b) = (

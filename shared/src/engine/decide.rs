@@ -219,6 +219,7 @@ impl Engine {
             run_id: action.run_id.clone(),
             action_id: action.id.clone(),
             version: action.version,
+            outbox: None,
         };
         tx.outbox(
             &action.tenant,

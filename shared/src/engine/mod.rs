@@ -175,17 +175,29 @@ impl Engine {
         Ok(outbox)
     }
 
-    /// Delivers outbox entries after their transaction committed, then removes each. A failure
-    /// leaves the entry for the sweep to deliver again; delivery is idempotent.
+    /// Delivers outbox entries right after their transaction committed. A resume message's
+    /// entry stays until its consumer acts on it (the consumer deletes it in that same write),
+    /// so the decision's own transaction is its only write; an entry nobody consumed is the
+    /// sweep's to deliver again after a grace period. Delivery is idempotent.
     async fn deliver(&self, entries: Vec<OutboxEntry>) -> NoticeReport {
         // Entries this process just wrote are at their first item version.
         let fresh = entries.into_iter().map(|value| Stored { value, ver: 1 });
-        self.deliver_stored(fresh.collect()).await
+        self.deliver_entries(fresh.collect(), true).await
     }
 
-    /// Delivers stored outbox entries: resume messages one by one (a run resumed in this process
-    /// may write more), then the notices, posted together.
+    /// Delivers stored outbox entries again (the sweep's stragglers, a replayed decision's),
+    /// removing each resume message's entry once it is handed over.
     async fn deliver_stored(&self, entries: Vec<Stored<OutboxEntry>>) -> NoticeReport {
+        self.deliver_entries(entries, false).await
+    }
+
+    /// Resume messages one by one (a run resumed in this process may write more), then the
+    /// notices, posted together.
+    async fn deliver_entries(
+        &self,
+        entries: Vec<Stored<OutboxEntry>>,
+        by_writer: bool,
+    ) -> NoticeReport {
         let mut pending: VecDeque<Stored<OutboxEntry>> = entries.into();
         let mut notices = Vec::new();
         while let Some(stored) = pending.pop_front() {
@@ -197,18 +209,27 @@ impl Engine {
                     continue;
                 }
             };
+            // Whether the entry is still there to remove once the message is delivered.
             let delivered = match &self.delivery {
+                // The consumer removed the entry in the write that acted on the message, unless
+                // it had nothing to do.
                 Delivery::InProcess => match self.resume_once(message).await {
-                    Ok((_, more)) => {
+                    Ok((report, more)) => {
                         pending.extend(more.into_iter().map(|value| Stored { value, ver: 1 }));
-                        Ok(())
+                        Ok(matches!(report, ResumeReport::Ignored { .. })
+                            || message.outbox.is_none())
                     }
                     Err(e) => Err(e.to_string()),
                 },
-                Delivery::Queue(queue) => queue.publish(message).await.map_err(|e| e.to_string()),
+                // The writer leaves the entry to the consumer; anyone else hands it over once.
+                Delivery::Queue(queue) => match queue.publish(message).await {
+                    Ok(()) => Ok(!by_writer || message.outbox.is_none()),
+                    Err(e) => Err(e.to_string()),
+                },
             };
             match delivered {
-                Ok(()) => {
+                Ok(false) => {}
+                Ok(true) => {
                     let (pk, sk) = entry.key();
                     let mut tx = Tx::new();
                     tx.delete(pk, sk, crate::ports::store::Condition::Always);

@@ -152,11 +152,16 @@ pub struct OutboxEntry {
 
 impl OutboxEntry {
     pub fn key(&self) -> (String, String) {
-        (
-            keys::run_pk(&self.tenant, &self.run_id),
-            format!("{}{}", keys::OUTBOX_PREFIX, self.id),
-        )
+        outbox_key(&self.tenant, &self.run_id, &self.id)
     }
+}
+
+/// Where an outbox entry is stored: with its run.
+pub fn outbox_key(tenant: &TenantId, run: &RunId, id: &OutboxId) -> (String, String) {
+    (
+        keys::run_pk(tenant, run),
+        format!("{}{id}", keys::OUTBOX_PREFIX),
+    )
 }
 
 /// Audit keys sort in the order this process wrote them, and never collide across processes.
@@ -254,11 +259,15 @@ impl Tx {
         &mut self,
         tenant: &TenantId,
         run_id: &RunId,
-        message: OutboxMessage,
+        mut message: OutboxMessage,
         now: DateTime<Utc>,
     ) {
+        let id = OutboxId::generate();
+        if let OutboxMessage::Resume(resume) = &mut message {
+            resume.outbox = Some(id.clone());
+        }
         let entry = OutboxEntry {
-            id: OutboxId::generate(),
+            id,
             tenant: tenant.clone(),
             run_id: run_id.clone(),
             created_at: now,

@@ -5,14 +5,14 @@ use serde::Serialize;
 use tracing::Instrument;
 
 use super::agent::{RunReport, action_index, entry, executing_event, outcome_event, run_index};
-use super::records::{OutboxEntry, Stored, Tx, keys};
+use super::records::{OutboxEntry, Stored, Tx, keys, outbox_key};
 use super::{CAS_ATTEMPTS, Engine, EngineError};
 use crate::domain::action::{Action, ActionStatus, ToolOutcome};
 use crate::domain::audit::AuditEvent;
 use crate::domain::identity::Actor;
 use crate::domain::run::Run;
 use crate::ports::queue::ResumeMessage;
-use crate::ports::store::StoreError;
+use crate::ports::store::{Condition, StoreError};
 
 /// What one resume message did.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -35,6 +35,16 @@ fn ignored(reason: impl Into<String>) -> (ResumeReport, Vec<OutboxEntry>) {
         },
         vec![],
     )
+}
+
+/// Deletes the message's outbox entry in the write that acts on it: once the run has the
+/// message's effect, nothing needs to deliver it again. (A message without an entry was
+/// cleaned up by whoever delivered it.)
+fn consume(tx: &mut Tx, message: &ResumeMessage) {
+    if let Some(id) = &message.outbox {
+        let (pk, sk) = outbox_key(&message.tenant, &message.run_id, id);
+        tx.delete(pk, sk, Condition::Always);
+    }
 }
 
 impl Engine {
@@ -87,12 +97,12 @@ impl Engine {
             )));
         };
         match action.value.status {
-            ActionStatus::Approved => self.execute(run, action).await,
+            ActionStatus::Approved => self.execute(run, action, message).await,
             ActionStatus::Rejected
             | ActionStatus::Expired
             | ActionStatus::Cancelled
             | ActionStatus::Succeeded
-            | ActionStatus::Failed => self.hold_result(run, &action.value).await,
+            | ActionStatus::Failed => self.hold_result(run, &action.value, message).await,
             status => Ok(ignored(format!(
                 "action {} is {status}",
                 action.value.key()
@@ -106,6 +116,7 @@ impl Engine {
         &self,
         run: Stored<Run>,
         mut action: Stored<Action>,
+        message: &ResumeMessage,
     ) -> Result<(ResumeReport, Vec<OutboxEntry>), EngineError> {
         let intact = action.value.args.hash() == action.value.args_hash;
         let now = self.now();
@@ -136,6 +147,7 @@ impl Engine {
                 now,
             ),
         );
+        consume(&mut tx, message);
         match self.commit(tx).await {
             Ok(_) => action.ver += 1,
             Err(StoreError::ConditionFailed { .. }) => {
@@ -248,6 +260,7 @@ impl Engine {
         &self,
         mut run: Stored<Run>,
         action: &Action,
+        message: &ResumeMessage,
     ) -> Result<(ResumeReport, Vec<OutboxEntry>), EngineError> {
         for _ in 0..CAS_ATTEMPTS {
             if !run.value.is_waiting_on(&action.id) {
@@ -255,6 +268,7 @@ impl Engine {
             }
             let mut tx = Tx::new();
             let continues = self.hold_result_in(&mut tx, &mut run, action)?;
+            consume(&mut tx, message);
             match self.commit(tx).await {
                 Ok(outbox) => return self.after_hold(run, continues, outbox).await,
                 Err(StoreError::ConditionFailed { .. }) => {

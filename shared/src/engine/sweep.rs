@@ -36,7 +36,8 @@ pub struct SweepReport {
     pub abandoned: Vec<RunId>,
 }
 
-/// How long an outbox entry may wait for its writer before the sweep delivers it instead.
+/// How long a resume message's outbox entry may wait for its writer to publish it and its
+/// consumer to act on it (which removes it) before the sweep delivers it again.
 const OUTBOX_GRACE: Duration = Duration::seconds(30);
 /// How long to wait before asking a tool again about an unknown outcome.
 const RECHECK: Duration = Duration::minutes(5);
@@ -71,7 +72,7 @@ impl Engine {
         let posted = self.deliver(outbox).await;
         report.notices.add(posted);
 
-        // A resume message gets a grace period for its writer to deliver it; a notice is due at
+        // A resume message gets a grace period to be published and consumed; a notice is due at
         // its index key (written, or next attempt, or end of claim), and its claim settles who
         // posts it.
         let grace = match self.delivery {

@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use crate::domain::ids::{ActionId, ActionVersion, RunId, TenantId, idempotency_key};
+use crate::domain::ids::{ActionId, ActionVersion, OutboxId, RunId, TenantId, idempotency_key};
 
 /// "Action `action_id:version` of this run is settled: resume it." Keyed for deduplication.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -12,6 +12,11 @@ pub struct ResumeMessage {
     pub run_id: RunId,
     pub action_id: ActionId,
     pub version: ActionVersion,
+    /// The outbox entry that carries this message. The consumer deletes it in the write that
+    /// acts on the message, so the writer need not delete it after publishing. Absent in a
+    /// message whose writer deleted its entry itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outbox: Option<OutboxId>,
 }
 
 impl ResumeMessage {
