@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -13,7 +13,9 @@ use serde_json::{Value, json};
 use shared::api::BearerJwt;
 use shared::domain::identity::Identity;
 
-const BIN: &str = env!("CARGO_BIN_EXE_countersign");
+mod common;
+
+use common::countersign;
 
 /// One `countersign serve` over a fresh state directory; killed and removed when dropped.
 struct Server {
@@ -28,19 +30,6 @@ struct Reply {
     status: u16,
     json: Value,
     www_authenticate: Option<String>,
-}
-
-fn countersign(state: &PathBuf) -> Command {
-    let mut command = Command::new(BIN);
-    command
-        .arg("--state")
-        .arg(state)
-        .env_remove("ANTHROPIC_API_KEY")
-        .env_remove("COUNTERSIGN_STORE")
-        .env_remove("COUNTERSIGN_POLICY")
-        .env_remove("COUNTERSIGN_PEOPLE")
-        .env_remove("COUNTERSIGN_CLAIMS");
-    command
 }
 
 impl Server {

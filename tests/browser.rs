@@ -8,7 +8,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -17,7 +17,9 @@ use fantoccini::elements::Element;
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{Value, json};
 
-const BIN: &str = env!("CARGO_BIN_EXE_countersign");
+mod common;
+
+use common::countersign;
 /// How long the page may take to show what a test waits for.
 const PATIENCE: Duration = Duration::from_secs(20);
 
@@ -27,19 +29,6 @@ fn unique(name: &str) -> String {
         .unwrap()
         .as_nanos();
     format!("{name}-{}-{nanos}", std::process::id())
-}
-
-fn countersign(state: &Path) -> Command {
-    let mut command = Command::new(BIN);
-    command
-        .arg("--state")
-        .arg(state)
-        .env_remove("ANTHROPIC_API_KEY")
-        .env_remove("COUNTERSIGN_STORE")
-        .env_remove("COUNTERSIGN_POLICY")
-        .env_remove("COUNTERSIGN_PEOPLE")
-        .env_remove("COUNTERSIGN_CLAIMS");
-    command
 }
 
 /// Reads the first line a child prints, or gives up after `timeout`.

@@ -8,6 +8,8 @@
 mod harness;
 // The webhook receiver and friends: only this binary has axum to build them with (the
 // functions' tests include the harness too).
+#[path = "harness/dynamodb.rs"]
+mod dynamodb_backend;
 #[path = "harness/notices.rs"]
 mod notices;
 mod support;
@@ -32,6 +34,7 @@ use shared::ports::notifier::Notifier;
 use shared::ports::scheduler::Wake;
 use tokio::sync::Barrier;
 
+use dynamodb_backend::DynamoDb;
 use harness::{Embedded, Harness, Process, Script, acme, approve, paid, scripted_task};
 use notices::{Answer, ReadsTogether, Receiver, RecordingScheduler, Scheduled};
 
@@ -748,28 +751,4 @@ macro_rules! every_scenario {
 every_scenario!(embedded, Embedded::fresh());
 // The same on DynamoDB (moto over HTTP, the local stack). The two-sweeps races above stay on the
 // embedded store: moto applies conditional writes without isolation.
-every_scenario!(dynamodb, DynamoDb::fresh().await);
-
-/// DynamoDB on the local AWS stack: a table of this test's own; every connection a new client.
-struct DynamoDb {
-    stack: support::aws::FreshStack,
-}
-
-impl DynamoDb {
-    async fn fresh() -> Self {
-        Self {
-            stack: support::aws::FreshStack::new("notices").await,
-        }
-    }
-}
-
-#[async_trait::async_trait]
-impl harness::Backend for DynamoDb {
-    fn name(&self) -> &'static str {
-        "dynamodb"
-    }
-
-    async fn connect(&self) -> Arc<dyn shared::ports::store::ItemStore> {
-        self.stack.aws().store
-    }
-}
+every_scenario!(dynamodb, DynamoDb::fresh("notices").await);

@@ -7,6 +7,8 @@
 
 #[macro_use]
 mod harness;
+#[path = "harness/dynamodb.rs"]
+mod dynamodb_backend;
 mod support;
 
 use std::slice::from_ref;
@@ -27,6 +29,7 @@ use shared::example::expense::task_for;
 
 use serde_json::json;
 
+use dynamodb_backend::DynamoDb;
 use harness::{
     AnswerLost, Counted, Embedded, Gate, Hangs, Harness, Process, QueueDown, ReconcilesTogether,
     RecordingQueue, Script, Slow, Stalls, acme, addressed, approve, decision, edit, event_names,
@@ -1876,32 +1879,7 @@ macro_rules! every_scenario {
 every_scenario!(embedded, Embedded::fresh());
 // The same scenarios on DynamoDB (moto over HTTP). The races below stay on the embedded store:
 // moto applies conditional writes without isolation, so it cannot judge who won a race.
-every_scenario!(dynamodb, DynamoDb::fresh().await);
-
-/// DynamoDB on the local AWS stack: a table of this test's own; every connection is a new
-/// client, as another process would have.
-struct DynamoDb {
-    stack: support::aws::FreshStack,
-}
-
-impl DynamoDb {
-    async fn fresh() -> Self {
-        Self {
-            stack: support::aws::FreshStack::new("scenario").await,
-        }
-    }
-}
-
-#[async_trait::async_trait]
-impl harness::Backend for DynamoDb {
-    fn name(&self) -> &'static str {
-        "dynamodb"
-    }
-
-    async fn connect(&self) -> Arc<dyn shared::ports::store::ItemStore> {
-        self.stack.aws().store
-    }
-}
+every_scenario!(dynamodb, DynamoDb::fresh("scenario").await);
 
 // ---------------------------------------------------------------------------------------------
 // Races: the embedded store only. Two processes, each with its own connection, many rounds.

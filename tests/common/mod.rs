@@ -2,10 +2,25 @@
 
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
+
+/// `countersign --state <state>` on the embedded store with the shipped example, whatever the
+/// shell running the tests has configured (a model key, another store, other data files).
+pub fn countersign(state: &Path) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_countersign"));
+    command
+        .arg("--state")
+        .arg(state)
+        .env_remove("ANTHROPIC_API_KEY")
+        .env_remove("COUNTERSIGN_STORE")
+        .env_remove("COUNTERSIGN_POLICY")
+        .env_remove("COUNTERSIGN_PEOPLE")
+        .env_remove("COUNTERSIGN_CLAIMS");
+    command
+}
 
 pub struct Countersign {
     state: PathBuf,
