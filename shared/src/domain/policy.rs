@@ -11,6 +11,16 @@ use super::args::Args;
 use super::ids::Role;
 use super::money::Amount;
 
+/// What a tool says about itself: an MCP server's `readOnlyHint` and `destructiveHint`
+/// annotations, read once when the tool is listed. Policy may match them, after rules by name.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolHints {
+    #[serde(default)]
+    pub read_only: bool,
+    #[serde(default)]
+    pub destructive: bool,
+}
+
 /// What policy says about one proposed call.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "verdict", rename_all = "snake_case")]

@@ -9,6 +9,7 @@ use super::model::ToolSpec;
 use crate::domain::action::ToolOutcome;
 use crate::domain::args::Args;
 use crate::domain::ids::{RunId, TenantId};
+use crate::domain::policy::ToolHints;
 
 /// One call as the tool receives it. `idempotency_key` is `action_id:version`: the same key
 /// twice must never act twice.
@@ -24,7 +25,18 @@ pub struct ToolCall<'a> {
 pub trait Tool: Send + Sync {
     fn spec(&self) -> ToolSpec;
 
+    /// What the tool says about itself (an MCP server's annotations); policy may match these.
+    fn hints(&self) -> ToolHints {
+        ToolHints::default()
+    }
+
     async fn call(&self, call: ToolCall<'_>) -> ToolOutcome;
+
+    /// Whether [`Tool::reconcile`] can ever settle an unknown outcome. A tool that cannot sends
+    /// an unknown outcome to its agent's recovery owner, a person, instead of asking again.
+    fn reconciles(&self) -> bool {
+        false
+    }
 
     /// After an unknown outcome: did the call with this key take effect? `None` if the tool
     /// cannot tell yet. The engine never calls `call` again for that key.

@@ -389,6 +389,10 @@ impl Tool for Counted {
         self.inner.call(call).await
     }
 
+    fn reconciles(&self) -> bool {
+        self.inner.reconciles()
+    }
+
     async fn reconcile(&self, call: ToolCall<'_>) -> Option<ToolOutcome> {
         self.inner.reconcile(call).await
     }
@@ -699,6 +703,10 @@ impl Tool for Slow {
         let outcome = self.inner.call(call).await;
         self.gate.outcomes.lock().unwrap().push(outcome.clone());
         outcome
+    }
+
+    fn reconciles(&self) -> bool {
+        self.inner.reconciles()
     }
 
     async fn reconcile(&self, call: ToolCall<'_>) -> Option<ToolOutcome> {

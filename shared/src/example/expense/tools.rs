@@ -312,6 +312,10 @@ impl Tool for Reimburse {
             .await
     }
 
+    fn reconciles(&self) -> bool {
+        true
+    }
+
     async fn reconcile(&self, call: ToolCall<'_>) -> Option<ToolOutcome> {
         self.0.reconcile(&call).await
     }
@@ -352,6 +356,10 @@ impl Tool for Decline {
                 None,
             )
             .await
+    }
+
+    fn reconciles(&self) -> bool {
+        true
     }
 
     async fn reconcile(&self, call: ToolCall<'_>) -> Option<ToolOutcome> {
