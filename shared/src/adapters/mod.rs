@@ -2,6 +2,7 @@
 
 pub mod anthropic;
 pub mod dynamodb;
+pub mod env_template;
 pub mod scheduler;
 pub mod sqlite;
 pub mod sqs;

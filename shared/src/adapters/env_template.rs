@@ -1,0 +1,98 @@
+//! `${NAME}` in a tool binding's settings (a URL, a header value), filled from the process
+//! environment when the binding is built. A variable that is unset fails the build at once,
+//! naming the field and the variable; the values themselves are never echoed.
+
+/// Looks a variable up; `std::env::var` in a process, a map in tests.
+pub type Lookup<'a> = &'a dyn Fn(&str) -> Option<String>;
+
+/// The process environment, as a [`Lookup`].
+pub fn process_env(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EnvError {
+    #[error("{field}: the environment variable {var} is not set")]
+    Unset { field: String, var: String },
+    #[error("{field}: `${{` must close with `}}` around a variable name (A-Z, 0-9, _)")]
+    Malformed { field: String },
+}
+
+/// Whether `text` names any `${VAR}`: such a value may carry a secret and is never logged.
+pub fn mentions_env(text: &str) -> bool {
+    text.contains("${")
+}
+
+/// Replaces every `${NAME}` in `text` with the variable's value. `field` names where the text
+/// came from (such as `tools.issue_refund.http.headers.Authorization`) for the error.
+pub fn expand(text: &str, field: &str, env: Lookup<'_>) -> Result<String, EnvError> {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let malformed = || EnvError::Malformed {
+            field: field.to_string(),
+        };
+        let end = after.find('}').ok_or_else(malformed)?;
+        let name = &after[..end];
+        let valid = !name.is_empty()
+            && name
+                .chars()
+                .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_');
+        if !valid {
+            return Err(malformed());
+        }
+        let value = env(name).ok_or_else(|| EnvError::Unset {
+            field: field.to_string(),
+            var: name.to_string(),
+        })?;
+        out.push_str(&value);
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(name: &str) -> Option<String> {
+        match name {
+            "ORDERS_URL" => Some("http://127.0.0.1:8790".into()),
+            "ORDERS_TOKEN" => Some("s3cret".into()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn variables_are_filled_in_place() {
+        let url = expand("${ORDERS_URL}/orders/{order_id}", "url", &env).unwrap();
+        assert_eq!(url, "http://127.0.0.1:8790/orders/{order_id}");
+        let header = expand("Bearer ${ORDERS_TOKEN}", "headers.Authorization", &env).unwrap();
+        assert_eq!(header, "Bearer s3cret");
+        assert_eq!(expand("plain", "x", &env).unwrap(), "plain");
+    }
+
+    #[test]
+    fn an_unset_variable_names_the_field_and_the_variable() {
+        let error = expand("Bearer ${NOPE}", "tools.t.http.headers.Authorization", &env)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            error,
+            "tools.t.http.headers.Authorization: the environment variable NOPE is not set"
+        );
+    }
+
+    #[test]
+    fn a_malformed_reference_is_refused() {
+        for text in ["${ORDERS_URL", "${}", "${lower}", "${A-B}"] {
+            assert!(
+                matches!(expand(text, "url", &env), Err(EnvError::Malformed { .. })),
+                "{text}"
+            );
+        }
+    }
+}
