@@ -32,9 +32,10 @@ pub struct Global {
     /// Print one JSON object on stdout instead of text.
     #[arg(long, global = true)]
     pub json: bool,
-    /// A policy file to use instead of the shipped expense policy.
-    #[arg(long, global = true, env = "COUNTERSIGN_POLICY")]
-    pub policy: Option<PathBuf>,
+    /// Agent definitions to load instead of the shipped ones (expense, refunds): comma-separated
+    /// paths, each an agent's directory (with agent.toml) or a directory of them.
+    #[arg(long, global = true, env = "COUNTERSIGN_AGENTS", value_name = "PATHS")]
+    pub agents: Option<String>,
     /// A people directory to use instead of the shipped one.
     #[arg(long, global = true, env = "COUNTERSIGN_PEOPLE")]
     pub people: Option<PathBuf>,

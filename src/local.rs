@@ -4,17 +4,14 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use shared::adapters::anthropic::AnthropicModel;
 use shared::adapters::sqlite::SqliteStore;
-use shared::deploy::{Aws, Notifications, StoreKind};
+use shared::deploy::{self, Aws, Backing, Setup, StoreKind};
 use shared::domain::identity::{Directory, Identity};
-use shared::domain::policy::Policy;
 use shared::engine::records::{decode, keys};
 use shared::engine::{Delivery, Engine, EngineError};
-use shared::example::expense::{self, Claims, Ledger, OfflineExpenseAgent};
-use shared::ports::clock::{Clock, SystemClock};
-use shared::ports::model::Model;
-use shared::ports::scheduler::{Scheduler, SweepOnly};
+use shared::example::expense::{self, Claims, Ledger};
+use shared::ports::clock::SystemClock;
+use shared::ports::scheduler::SweepOnly;
 use shared::ports::store::{ItemStore, query_all};
 
 use crate::cli::Global;
@@ -39,53 +36,17 @@ fn read(path: &Path, what: &str) -> Result<String, Failure> {
     })
 }
 
-/// The model: Claude when `ANTHROPIC_API_KEY` is set, otherwise the offline expense agent.
-pub fn model_from_env() -> Arc<dyn Model> {
-    match AnthropicModel::from_env() {
-        Some(model) => Arc::new(model),
-        None => Arc::new(OfflineExpenseAgent),
-    }
-}
-
-/// Notices go to `COUNTERSIGN_WEBHOOKS`, as in the functions; without it none are written.
-fn notifications_from_env() -> Result<Notifications, Failure> {
-    Notifications::from_env().map_err(|e| Failure::usage(e.to_string()))
-}
-
-/// The data files a process loads: policy, people, claims (the shipped ones by default).
-struct Data {
-    policy: Arc<Policy>,
-    directory: Directory,
-    claims: Arc<Claims>,
-}
-
-impl Data {
-    fn load(global: &Global) -> Result<Self, Failure> {
-        let policy = match &global.policy {
-            Some(path) => Arc::new(
-                Policy::from_toml(&read(path, "policy")?)
-                    .map_err(|e| Failure::usage(e.to_string()))?,
-            ),
-            None => expense::default_policy(),
-        };
-        let directory = match &global.people {
-            Some(path) => Directory::from_toml(&read(path, "people")?)
-                .map_err(|e| Failure::usage(e.to_string()))?,
-            None => expense::default_directory(),
-        };
-        let claims = match &global.claims {
-            Some(path) => Arc::new(
-                Claims::from_toml(&read(path, "claims")?)
-                    .map_err(|e| Failure::usage(e.to_string()))?,
-            ),
-            None => expense::default_claims(),
-        };
-        Ok(Self {
-            policy,
-            directory,
-            claims,
-        })
-    }
+/// What a process loads besides its store: the agent definitions and the claims file (through
+/// [`Setup`]), and the people directory (the shipped one by default).
+fn load(global: &Global) -> Result<(Setup, Directory), Failure> {
+    let setup = Setup::load(global.agents.as_deref(), global.claims.as_deref())
+        .map_err(|e| Failure::usage(e.to_string()))?;
+    let directory = match &global.people {
+        Some(path) => Directory::from_toml(&read(path, "people")?)
+            .map_err(|e| Failure::usage(e.to_string()))?,
+        None => expense::default_directory(),
+    };
+    Ok((setup, directory))
 }
 
 impl Local {
@@ -94,14 +55,13 @@ impl Local {
     pub fn open(global: &Global) -> Result<Self, Failure> {
         let store: Arc<dyn ItemStore> =
             Arc::new(SqliteStore::open_dir(&global.state).map_err(EngineError::from)?);
-        Ok(Self::assemble(
-            Data::load(global)?,
+        let backing = Backing {
             store,
-            Delivery::InProcess,
-            Arc::new(SweepOnly),
-            &notifications_from_env()?,
-            None,
-        ))
+            delivery: Delivery::InProcess,
+            scheduler: Arc::new(SweepOnly),
+            clock: Arc::new(SystemClock),
+        };
+        Self::assemble(global, backing, None)
     }
 
     /// The store `COUNTERSIGN_STORE` names: embedded (the default), or DynamoDB with SQS and
@@ -113,52 +73,32 @@ impl Local {
                 let aws = Aws::from_env()
                     .await
                     .map_err(|e| Failure::usage(e.to_string()))?;
-                let delivery = Delivery::Queue(aws.queue.clone());
-                Ok(Self::assemble(
-                    Data::load(global)?,
-                    aws.store.clone(),
-                    delivery,
-                    aws.scheduler.clone(),
-                    &notifications_from_env()?,
-                    Some(aws),
-                ))
+                let backing = Backing {
+                    store: aws.store.clone(),
+                    delivery: Delivery::Queue(aws.queue.clone()),
+                    scheduler: aws.scheduler.clone(),
+                    clock: Arc::new(SystemClock),
+                };
+                Self::assemble(global, backing, Some(aws))
             }
         }
     }
 
-    fn assemble(
-        data: Data,
-        store: Arc<dyn ItemStore>,
-        delivery: Delivery,
-        scheduler: Arc<dyn Scheduler>,
-        notifications: &Notifications,
-        aws: Option<Aws>,
-    ) -> Self {
-        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        let tools = expense::toolbox(
-            data.claims.clone(),
-            data.policy.clone(),
-            store.clone(),
-            clock.clone(),
-        );
-        let engine = notifications
-            .apply(Engine::builder(store.clone(), data.policy))
-            .model(model_from_env())
-            .tools(tools)
-            .system_prompt(expense::SYSTEM_PROMPT)
-            .clock(clock)
-            .delivery(delivery)
-            .scheduler(scheduler)
-            .build();
-        let ledger = Ledger::new(store.clone());
-        Self {
+    /// Every command may drive a run (a decision resumes it in the embedded mode), so each
+    /// agent gets its model.
+    fn assemble(global: &Global, backing: Backing, aws: Option<Aws>) -> Result<Self, Failure> {
+        let (setup, directory) = load(global)?;
+        let store = backing.store.clone();
+        let engine =
+            deploy::engine(backing, &setup, true).map_err(|e| Failure::usage(e.to_string()))?;
+        Ok(Self {
             engine,
-            directory: data.directory,
-            claims: data.claims,
-            ledger,
+            directory,
+            claims: setup.claims,
+            ledger: Ledger::new(store.clone()),
             store,
             aws,
-        }
+        })
     }
 
     /// A person from the directory; anyone else is refused.

@@ -120,6 +120,7 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
                         let report = shared::engine::RunReport {
                             run_id: run.id.clone(),
                             tenant: run.tenant.clone(),
+                            agent: run.agent.clone(),
                             status: run.status,
                             answer: run.answer.clone(),
                             error: run.error.clone(),

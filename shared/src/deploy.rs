@@ -3,20 +3,20 @@
 //! (`AWS_REGION`, `AWS_ENDPOINT_URL`, credentials) configure the clients. Notices go to the
 //! webhooks `COUNTERSIGN_WEBHOOKS` names, in every mode.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use aws_config::{BehaviorVersion, SdkConfig};
 
-use crate::adapters::anthropic::AnthropicModel;
 use crate::adapters::dynamodb::DynamoStore;
 use crate::adapters::scheduler::{EventBridgeScheduler, ScheduleTarget};
 use crate::adapters::sqs::SqsQueue;
 use crate::adapters::webhook::{self, Webhooks};
+use crate::agents::{self, Definition, Wiring};
 use crate::engine::{DEFAULT_REMIND_BEFORE, Delivery, Engine, EngineBuilder};
-use crate::example::expense::{self, OfflineExpenseAgent};
+use crate::example::expense::{self, Claims};
 use crate::ports::clock::{Clock, SystemClock};
-use crate::ports::model::Model;
 use crate::ports::notifier::Notifier;
 use crate::ports::scheduler::{Scheduler, SweepOnly};
 use crate::ports::store::ItemStore;
@@ -208,47 +208,102 @@ impl Notifications {
     }
 }
 
-/// The model: Claude when `ANTHROPIC_API_KEY` is set, otherwise the offline expense agent.
-pub fn model_from_env() -> Arc<dyn Model> {
-    match AnthropicModel::from_env() {
-        Some(model) => Arc::new(model),
-        None => Arc::new(OfflineExpenseAgent),
+/// The agent definitions a process runs: `paths` comma-separated (each an agent's directory or
+/// a directory of them), or else the ones shipped with Countersign.
+pub fn definitions(paths: Option<&str>) -> Result<Vec<Definition>, ConfigError> {
+    let loaded = match paths.map(str::trim).filter(|p| !p.is_empty()) {
+        Some(paths) => {
+            let paths: Vec<PathBuf> = paths
+                .split(',')
+                .map(str::trim)
+                .filter(|p| !p.is_empty())
+                .map(PathBuf::from)
+                .collect();
+            agents::load_paths(&paths)
+        }
+        None => agents::shipped(),
+    };
+    loaded.map_err(|e| ConfigError(e.to_string()))
+}
+
+/// What every engine of a process is built from, whatever its store.
+pub struct Setup {
+    pub definitions: Vec<Definition>,
+    pub notifications: Notifications,
+    /// The expense example's claims, for its built-in tools (`COUNTERSIGN_CLAIMS` or the shipped).
+    pub claims: Arc<Claims>,
+}
+
+impl Setup {
+    /// `COUNTERSIGN_AGENTS` names the definitions (else the shipped ones), `COUNTERSIGN_CLAIMS`
+    /// the expense example's claims file (else the shipped one), and the notices as
+    /// [`Notifications::from_env`] reads them.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::load(
+            var("COUNTERSIGN_AGENTS").as_deref(),
+            var("COUNTERSIGN_CLAIMS").map(PathBuf::from).as_deref(),
+        )
+    }
+
+    pub fn load(agents: Option<&str>, claims: Option<&Path>) -> Result<Self, ConfigError> {
+        let claims = match claims {
+            Some(path) => {
+                let shown = path.display();
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    ConfigError(format!("cannot read the claims file {shown}: {e}"))
+                })?;
+                Arc::new(
+                    Claims::from_toml(&text).map_err(|e| ConfigError(format!("{shown}: {e}")))?,
+                )
+            }
+            None => expense::default_claims(),
+        };
+        Ok(Self {
+            definitions: definitions(agents)?,
+            notifications: Notifications::from_env()?,
+            claims,
+        })
     }
 }
 
-/// The expense example's engine over AWS, as a function uses it: resume messages go to the
-/// queue, deadlines to the scheduler. Only the functions that drive runs (start, resume) pass a
-/// model; the others never call one.
-pub fn expense_engine(aws: &Aws, model: Option<Arc<dyn Model>>) -> Engine {
-    expense_engine_notifying(aws, model, &Notifications::default())
+/// Where an engine keeps state and how it resumes runs.
+pub struct Backing {
+    pub store: Arc<dyn ItemStore>,
+    pub delivery: Delivery,
+    pub scheduler: Arc<dyn Scheduler>,
+    pub clock: Arc<dyn Clock>,
 }
 
-/// [`expense_engine`], sending notices: every function that writes or retries them (start and
-/// resume pause runs, decide opens an edited version's approval, the sweep reminds and retries).
-pub fn expense_engine_notifying(
-    aws: &Aws,
-    model: Option<Arc<dyn Model>>,
-    notifications: &Notifications,
-) -> Engine {
-    let policy = expense::default_policy();
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let store: Arc<dyn ItemStore> = aws.store.clone();
-    let tools = expense::toolbox(
-        expense::default_claims(),
-        policy.clone(),
-        store.clone(),
-        clock.clone(),
-    );
-    let builder = Engine::builder(store, policy);
-    let builder = notifications
-        .apply(builder)
-        .tools(tools)
-        .system_prompt(expense::SYSTEM_PROMPT)
-        .clock(clock)
-        .delivery(Delivery::Queue(aws.queue.clone()))
-        .scheduler(aws.scheduler.clone());
-    match model {
-        Some(model) => builder.model(model).build(),
-        None => builder.build(),
-    }
+/// The one way every entry point builds its engine: each definition bound into an agent (a
+/// model attached only where `drives`: the processes that start and resume runs), notices as
+/// configured, over the given store.
+pub fn engine(backing: Backing, setup: &Setup, drives: bool) -> Result<Engine, ConfigError> {
+    let wiring = Wiring {
+        store: backing.store.clone(),
+        clock: backing.clock.clone(),
+        claims: setup.claims.clone(),
+        http: Default::default(),
+        env: &crate::adapters::env_template::process_env,
+        drives,
+    };
+    let agents =
+        agents::build_all(&setup.definitions, &wiring).map_err(|e| ConfigError(e.to_string()))?;
+    let builder = Engine::builder(backing.store)
+        .agents(agents)
+        .clock(backing.clock)
+        .delivery(backing.delivery)
+        .scheduler(backing.scheduler);
+    Ok(setup.notifications.apply(builder).build())
+}
+
+/// The engine of a function over AWS: resume messages go to the queue, deadlines to the
+/// scheduler.
+pub fn aws_engine(aws: &Aws, setup: &Setup, drives: bool) -> Result<Engine, ConfigError> {
+    let backing = Backing {
+        store: aws.store.clone(),
+        delivery: Delivery::Queue(aws.queue.clone()),
+        scheduler: aws.scheduler.clone(),
+        clock: Arc::new(SystemClock),
+    };
+    engine(backing, setup, drives)
 }

@@ -8,6 +8,7 @@
 //! - [`example`]: the expense agent shipped with Countersign.
 
 pub mod adapters;
+pub mod agents;
 pub mod api;
 pub mod deploy;
 pub mod domain;

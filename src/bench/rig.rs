@@ -8,9 +8,11 @@ use std::sync::Arc;
 
 use aws_smithy_types::retry::RetryConfig;
 use shared::adapters::dynamodb::DynamoStore;
+use shared::adapters::env_template::process_env;
 use shared::adapters::scheduler::{EventBridgeScheduler, ScheduleTarget};
 use shared::adapters::sqlite::SqliteStore;
 use shared::adapters::sqs::SqsQueue;
+use shared::agents::{self, Wiring};
 use shared::deploy::AwsSettings;
 use shared::domain::identity::Identity;
 use shared::domain::ids::{Role, TenantId};
@@ -180,13 +182,22 @@ fn engine(
     delivery: Delivery,
     scheduler: Arc<dyn Scheduler>,
 ) -> Engine {
-    let policy = expense::default_policy();
     let clock: Arc<dyn Clock> = clock;
-    let tools = expense::toolbox(claims, policy.clone(), store.clone(), clock.clone());
-    Engine::builder(store, policy)
-        .model(Arc::new(ScriptedAgent))
-        .tools(tools)
-        .system_prompt(expense::SYSTEM_PROMPT)
+    let wiring = Wiring {
+        store: store.clone(),
+        clock: clock.clone(),
+        claims,
+        http: Default::default(),
+        env: &process_env,
+        drives: false,
+    };
+    // The shipped expense definition, played by the bench's own scripted model.
+    let agent = agents::shipped_one(expense::AGENT)
+        .and_then(|definition| definition.build(&wiring))
+        .expect("the shipped expense agent builds")
+        .with_model(Arc::new(ScriptedAgent));
+    Engine::builder(store)
+        .agent(agent)
         .clock(clock)
         .delivery(delivery)
         .scheduler(scheduler)

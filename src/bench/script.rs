@@ -8,10 +8,10 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde_json::json;
 use shared::domain::conversation::{Block, Role, StopReason};
-use shared::domain::ids::{PersonId, TenantId};
+use shared::domain::ids::{AgentName, PersonId, TenantId};
 use shared::domain::money::Amount;
 use shared::engine::StartRun;
-use shared::example::expense::{Claim, Claims};
+use shared::example::expense::{self, Claim, Claims};
 use shared::ports::clock::Clock;
 use shared::ports::model::{Model, ModelError, ModelReply, ModelRequest};
 
@@ -50,6 +50,7 @@ pub fn claims(tenant: &TenantId, count: usize) -> Arc<Claims> {
 pub fn task(tenant: &TenantId, n: usize) -> StartRun {
     StartRun {
         tenant: tenant.clone(),
+        agent: AgentName::parse(expense::AGENT).expect("a valid name"),
         requested_by: employee(n),
         started_by: None,
         task: format!("Process expense claim {}.", claim_id(n)),

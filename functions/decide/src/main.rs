@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use lambda_http::Error;
-use shared::deploy::{Aws, Notifications, expense_engine_notifying};
+use shared::deploy::{Aws, Setup, aws_engine};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
@@ -11,8 +11,7 @@ async fn main() -> Result<(), Error> {
     let aws = Aws::from_env().await?;
     // Deciding never drives a run: the decision queues its resume message. An edit that opens
     // a new version's approval posts its notices.
-    let notifications = Notifications::from_env()?;
-    let engine = Arc::new(expense_engine_notifying(&aws, None, &notifications));
+    let engine = Arc::new(aws_engine(&aws, &Setup::from_env()?, false)?);
     let auth = shared::lambda::auth_from_env()?;
     lambda_http::run(decide::app(engine, auth)).await
 }

@@ -1,14 +1,14 @@
 //! The resume function's entry point: clients built once, then one engine call per batch.
 
 use lambda_runtime::{Error, LambdaEvent, run, service_fn};
-use shared::deploy::{Aws, Notifications, expense_engine_notifying, model_from_env};
+use shared::deploy::{Aws, Setup, aws_engine};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     lambda_runtime::tracing::init_default_subscriber();
     let aws = Aws::from_env().await?;
-    let notifications = Notifications::from_env()?;
-    let engine = expense_engine_notifying(&aws, Some(model_from_env()), &notifications);
+    // Resuming drives the run on: each agent gets its model.
+    let engine = aws_engine(&aws, &Setup::from_env()?, true)?;
     run(service_fn(
         |event: LambdaEvent<aws_lambda_events::event::sqs::SqsEvent>| {
             let engine = &engine;

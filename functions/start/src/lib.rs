@@ -1,6 +1,8 @@
-//! The start function: starts the expense agent on a claim and returns the run done or paused
-//! with the approvals it waits on. It answers `POST /runs` through API Gateway and a direct
-//! invoke of `{"claim_id": "c-102", "ttl": "30m"}` (authorized by IAM, not by a token).
+//! The start function: starts an agent on a task and returns the run done or paused with the
+//! approvals it waits on. It answers `POST /runs` through API Gateway (the caller's token names
+//! the requester) and a direct invoke, authorized by IAM, that names the run's tenant and
+//! requester itself: `{"agent": "refunds", "task": "...", "tenant": "acme", "requested_by":
+//! "sam", "ttl": "30m"}`, or the expense agent's `{"claim_id": "c-102"}` for the claim's employee.
 
 use std::sync::Arc;
 
@@ -8,15 +10,34 @@ use lambda_http::Context;
 use serde::Deserialize;
 use serde_json::Value;
 use shared::api::{self, Authenticate};
-use shared::engine::{Engine, EngineError, RunReport};
+use shared::domain::ids::{AgentName, PersonId, TenantId};
+use shared::engine::{Engine, EngineError, RunReport, StartRun};
 use shared::example::expense::{self, Claims};
 
-/// A direct invoke.
+/// A direct invoke: an agent's task for a named requester, or an expense claim.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum StartClaim {
+    Task(StartTask),
+    Claim(StartOneClaim),
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct StartClaim {
+pub struct StartTask {
+    pub agent: String,
+    pub task: String,
+    pub tenant: String,
+    pub requested_by: String,
+    /// Time to decide, shorter than the policy's (`30m`, `2h`).
+    #[serde(default)]
+    pub ttl: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StartOneClaim {
     pub claim_id: String,
-    /// Time to decide, overriding the policy (`30m`, `2h`).
     #[serde(default)]
     pub ttl: Option<String>,
 }
@@ -63,12 +84,27 @@ impl Start {
     }
 
     pub async fn start(&self, start: StartClaim) -> Result<RunReport, StartError> {
-        let mut run = expense::task_for(&self.claims, &start.claim_id)?;
-        run.approval_ttl = match start.ttl.as_deref() {
-            Some(ttl) => Some(
-                humantime::parse_duration(ttl)
-                    .map_err(|e| StartError::BadEvent(format!("ttl {ttl:?}: {e}")))?,
-            ),
+        let bad =
+            |field: &str, e: &dyn std::fmt::Display| StartError::BadEvent(format!("{field}: {e}"));
+        let (mut run, ttl) = match start {
+            StartClaim::Claim(claim) => {
+                (expense::task_for(&self.claims, &claim.claim_id)?, claim.ttl)
+            }
+            StartClaim::Task(task) => {
+                let run = StartRun {
+                    tenant: TenantId::parse(&task.tenant).map_err(|e| bad("tenant", &e))?,
+                    agent: AgentName::parse(&task.agent).map_err(|e| bad("agent", &e))?,
+                    requested_by: PersonId::parse(&task.requested_by)
+                        .map_err(|e| bad("requested_by", &e))?,
+                    started_by: None,
+                    task: task.task,
+                    approval_ttl: None,
+                };
+                (run, task.ttl)
+            }
+        };
+        run.approval_ttl = match ttl.as_deref() {
+            Some(ttl) => Some(humantime::parse_duration(ttl).map_err(|e| bad("ttl", &e))?),
             None => None,
         };
         Ok(self.engine.start(run).await?)

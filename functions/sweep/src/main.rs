@@ -2,7 +2,7 @@
 
 use lambda_runtime::{Error, LambdaEvent, run, service_fn};
 use serde_json::Value;
-use shared::deploy::{Aws, Notifications, expense_engine_notifying};
+use shared::deploy::{Aws, Setup, aws_engine};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
@@ -10,8 +10,7 @@ async fn main() -> Result<(), Error> {
     let aws = Aws::from_env().await?;
     // The sweep expires, reminds, republishes, retries notices and reconciles; it never drives
     // a run, so it has no model.
-    let notifications = Notifications::from_env()?;
-    let engine = expense_engine_notifying(&aws, None, &notifications);
+    let engine = aws_engine(&aws, &Setup::from_env()?, false)?;
     let budget = sweep::budget_from_env();
     run(service_fn(|event: LambdaEvent<Value>| {
         let engine = &engine;

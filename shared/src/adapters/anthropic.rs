@@ -50,6 +50,17 @@ impl AnthropicModel {
         Some(Self::new(&key, &model, &base))
     }
 
+    /// For one agent definition when `ANTHROPIC_API_KEY` is set: its model id (unless
+    /// `ANTHROPIC_MODEL` overrides every agent's) and its most tokens per reply.
+    pub fn from_env_for(model: &str, max_tokens: u32) -> Option<Self> {
+        let mut this = Self::from_env()?;
+        if std::env::var("ANTHROPIC_MODEL").is_err() {
+            this.model = model.to_string();
+        }
+        this.max_tokens = max_tokens;
+        Some(this)
+    }
+
     async fn send_once(&self, body: &Value) -> Result<ModelReply, Attempt> {
         let response = self
             .client

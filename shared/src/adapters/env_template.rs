@@ -1,6 +1,7 @@
 //! `${NAME}` in a tool binding's settings (a URL, a header value), filled from the process
-//! environment when the binding is built. A variable that is unset fails the build at once,
-//! naming the field and the variable; the values themselves are never echoed.
+//! environment when the binding is built; `${NAME:-default}` falls back to the default. A
+//! variable that is unset with no default fails the build at once, naming the field and the
+//! variable; the values themselves are never echoed.
 
 /// Looks a variable up; `std::env::var` in a process, a map in tests.
 pub type Lookup<'a> = &'a dyn Fn(&str) -> Option<String>;
@@ -35,7 +36,10 @@ pub fn expand(text: &str, field: &str, env: Lookup<'_>) -> Result<String, EnvErr
             field: field.to_string(),
         };
         let end = after.find('}').ok_or_else(malformed)?;
-        let name = &after[..end];
+        let (name, default) = match after[..end].split_once(":-") {
+            Some((name, default)) => (name, Some(default)),
+            None => (&after[..end], None),
+        };
         let valid = !name.is_empty()
             && name
                 .chars()
@@ -43,10 +47,12 @@ pub fn expand(text: &str, field: &str, env: Lookup<'_>) -> Result<String, EnvErr
         if !valid {
             return Err(malformed());
         }
-        let value = env(name).ok_or_else(|| EnvError::Unset {
-            field: field.to_string(),
-            var: name.to_string(),
-        })?;
+        let value = env(name)
+            .or(default.map(str::to_string))
+            .ok_or_else(|| EnvError::Unset {
+                field: field.to_string(),
+                var: name.to_string(),
+            })?;
         out.push_str(&value);
         rest = &after[end + 1..];
     }
@@ -73,6 +79,10 @@ mod tests {
         let header = expand("Bearer ${ORDERS_TOKEN}", "headers.Authorization", &env).unwrap();
         assert_eq!(header, "Bearer s3cret");
         assert_eq!(expand("plain", "x", &env).unwrap(), "plain");
+        let fallback = expand("${NOPE:-http://localhost:1}/x", "url", &env).unwrap();
+        assert_eq!(fallback, "http://localhost:1/x");
+        let set = expand("${ORDERS_TOKEN:-unused}", "h", &env).unwrap();
+        assert_eq!(set, "s3cret");
     }
 
     #[test]

@@ -4,6 +4,7 @@ pub mod anthropic;
 pub mod dynamodb;
 pub mod env_template;
 pub mod scheduler;
+pub mod scripted;
 pub mod sqlite;
 pub mod sqs;
 pub mod webhook;

@@ -13,7 +13,7 @@ use crate::domain::approval::{Approval, Choice, DecisionRequest};
 use crate::domain::ids::{ActionVersion, ApprovalId, DecisionId, PersonId};
 use crate::domain::money::Amount;
 use crate::domain::policy::{EditDirection, Policy, ToolRule};
-use crate::engine::DecisionReport;
+use crate::engine::{DecisionReport, Engine};
 
 /// An approval as a reviewer reads it: the stored approval (exact call, version, args hash,
 /// explanation, reason, deadline, decisions, previous version) and what it still needs.
@@ -39,11 +39,12 @@ pub struct EditableAmount {
 }
 
 impl ApprovalView {
-    fn of(approval: Approval, policy: &Policy, now: DateTime<Utc>) -> Self {
+    fn of(approval: Approval, engine: &Engine, now: DateTime<Utc>) -> Self {
+        let policy = engine.policy_of(&approval.agent).ok();
         Self {
             still_needed: approval.still_needed(),
             approved_by: approval.approvers().into_iter().cloned().collect(),
-            editable_amount: editable_amount(policy, &approval),
+            editable_amount: policy.and_then(|policy| editable_amount(policy, &approval)),
             overdue: approval.is_overdue(now),
             approval,
         }
@@ -80,11 +81,11 @@ pub(super) async fn list(
 ) -> Result<Json<ApprovalList>, ApiError> {
     let now = state.engine.now();
     let approvals = state.engine.pending(&who.tenant).await?;
-    let policy = state.engine.policy();
+    let engine = &state.engine;
     Ok(Json(ApprovalList {
         approvals: approvals
             .into_iter()
-            .map(|a| ApprovalView::of(a, policy, now))
+            .map(|a| ApprovalView::of(a, engine, now))
             .collect(),
         now,
     }))
@@ -100,7 +101,7 @@ pub(super) async fn read(
     record_run(&approval);
     Ok(Json(ApprovalView::of(
         approval,
-        state.engine.policy(),
+        &state.engine,
         state.engine.now(),
     )))
 }

@@ -3,14 +3,14 @@
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::action::{Action, ActionStatus};
+use super::action::{Action, ActionStatus, ProposedCall};
 use super::args::{Args, ArgsHash};
 use super::identity::{Actor, Identity};
 use super::ids::{
-    ActionId, ActionVersion, ApprovalId, DecisionId, PersonId, Role, RunId, TenantId,
+    ActionId, ActionVersion, AgentName, ApprovalId, DecisionId, PersonId, Role, RunId, TenantId,
 };
 use super::money::Amount;
-use super::policy::{EditRefusal, Policy};
+use super::policy::{EditRefusal, Policy, Requirement, ToolHints};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -147,12 +147,17 @@ pub struct PreviousVersion {
 pub struct Approval {
     pub id: ApprovalId,
     pub tenant: TenantId,
+    /// The agent whose policy rules on this approval's edits.
+    pub agent: AgentName,
     pub run_id: RunId,
     pub action_id: ActionId,
     pub action_version: ActionVersion,
     /// A copy of the immutable action version, so a reviewer reads exactly what runs.
     pub tool_use_id: String,
     pub tool: String,
+    /// What the tool said of itself when it was proposed, as policy matched it.
+    #[serde(default, skip_serializing_if = "is_plain")]
+    pub hints: ToolHints,
     pub args: Args,
     pub args_hash: ArgsHash,
     pub explanation: String,
@@ -177,7 +182,50 @@ pub struct Approval {
     pub reminded_at: Option<DateTime<Utc>>,
 }
 
+/// Who asks, under which rules, and until when: what an approval adds to the call it is for.
+#[derive(Debug, Clone)]
+pub struct Asking {
+    pub agent: AgentName,
+    pub hints: ToolHints,
+    /// People who may never decide it: the run's requester and the call's claimants.
+    pub requested_by: Vec<PersonId>,
+    pub policy_version: u32,
+    pub opened_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+}
+
 impl Approval {
+    /// A new approval of one proposed call version, waiting for people on policy's terms.
+    pub fn open(call: ProposedCall, requirement: &Requirement, asking: Asking) -> Self {
+        Self {
+            id: ApprovalId::generate(),
+            tenant: call.tenant,
+            agent: asking.agent,
+            run_id: call.run_id,
+            action_id: call.id,
+            action_version: call.version,
+            tool_use_id: call.tool_use_id,
+            tool: call.tool,
+            hints: asking.hints,
+            args_hash: call.args.hash(),
+            args: call.args,
+            explanation: call.explanation,
+            previous: None,
+            reason: requirement.reason.clone(),
+            approver_role: requirement.approver_role.clone(),
+            quorum: requirement.quorum,
+            requested_by: asking.requested_by,
+            policy_version: asking.policy_version,
+            created_at: asking.opened_at,
+            expires_at: asking.expires_at,
+            status: ApprovalStatus::AwaitingApproval,
+            decisions: Vec::new(),
+            superseded_by: None,
+            resolved_at: None,
+            reminded_at: None,
+        }
+    }
+
     /// The distinct people whose approval of this version counts toward the quorum.
     pub fn approvers(&self) -> Vec<&PersonId> {
         let mut people: Vec<&PersonId> = self
@@ -378,6 +426,10 @@ impl Approval {
     }
 }
 
+fn is_plain(hints: &ToolHints) -> bool {
+    *hints == ToolHints::default()
+}
+
 /// The result of a decision the approval accepted.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Decided {
@@ -429,32 +481,31 @@ mod tests {
     }
 
     fn approval(quorum: u8, now: DateTime<Utc>) -> Approval {
-        let args = Args::new(json!({"claim_id": "c-102", "amount_cents": 25000})).unwrap();
-        Approval {
-            id: ApprovalId::parse("ap-1").unwrap(),
+        let call = ProposedCall {
+            id: ActionId::parse("act-1").unwrap(),
+            version: ActionVersion::FIRST,
             tenant: TenantId::parse("acme").unwrap(),
             run_id: RunId::parse("run-1").unwrap(),
-            action_id: ActionId::parse("act-1").unwrap(),
-            action_version: ActionVersion::FIRST,
             tool_use_id: "toolu_1".into(),
             tool: "reimburse".into(),
-            args_hash: args.hash(),
-            args,
+            args: Args::new(json!({"claim_id": "c-102", "amount_cents": 25000})).unwrap(),
             explanation: "capped".into(),
-            previous: None,
+        };
+        let requirement = Requirement {
             reason: "r".into(),
             approver_role: Role::parse("finance").unwrap(),
             quorum,
+            ttl: std::time::Duration::from_secs(24 * 3600),
+        };
+        let asking = Asking {
+            agent: AgentName::parse("expense").unwrap(),
+            hints: ToolHints::default(),
             requested_by: vec![PersonId::parse("ben").unwrap()],
             policy_version: 1,
-            created_at: now,
+            opened_at: now,
             expires_at: now + Duration::hours(24),
-            status: ApprovalStatus::AwaitingApproval,
-            decisions: vec![],
-            superseded_by: None,
-            resolved_at: None,
-            reminded_at: None,
-        }
+        };
+        Approval::open(call, &requirement, asking)
     }
 
     fn request(id: &str, choice: Choice) -> DecisionRequest {

@@ -171,6 +171,10 @@ named_id!(
     /// A role a person holds in their tenant, such as `finance`.
     Role, "role", 64
 );
+named_id!(
+    /// An agent definition's name, such as `refunds`: every run belongs to one.
+    AgentName, "agent name", 64
+);
 
 /// The version of an action. Version 1 is what the agent proposed; each edit adds one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

@@ -46,9 +46,23 @@ pub struct Policy {
     pub name: String,
     pub version: u32,
     pub default_ttl: Duration,
+    /// The longest time to decide a caller may ask for when starting a run: a caller may
+    /// shorten the policy's time to decide, never lengthen it past this. `max_ttl` in the file,
+    /// or else the longest time to decide of any rule.
+    pub max_ttl: Duration,
     pub tools: BTreeMap<String, ToolRule>,
+    /// Rules for tools the policy does not name, by what the tool says of itself: a tool that
+    /// hints it is destructive gets `destructive`, one that hints it only reads gets `read_only`.
+    pub hints: HintRules,
     /// Facts the agent and the tools may read (the expense limits); the engine does not.
     pub context: Value,
+}
+
+/// Rules matched by a tool's hints, for tools the policy does not name.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HintRules {
+    pub read_only: Option<ToolRule>,
+    pub destructive: Option<ToolRule>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -122,9 +136,25 @@ impl Policy {
         raw.check()
     }
 
-    /// Decides what happens to one proposed call. A tool the policy does not name is denied.
+    /// Decides what happens to one proposed call of a tool that hints nothing.
     pub fn evaluate(&self, tool: &str, args: &Args) -> Verdict {
-        let Some(rule) = self.tools.get(tool) else {
+        self.evaluate_with(tool, ToolHints::default(), args)
+    }
+
+    /// The rule for a tool: its own by name; else, by its hints, the destructive rule before
+    /// the read-only one (a tool that says both is treated as destructive); else none.
+    pub fn rule_for(&self, tool: &str, hints: ToolHints) -> Option<&ToolRule> {
+        self.tools.get(tool).or_else(|| {
+            let destructive = hints.destructive.then_some(&self.hints.destructive);
+            let read_only =
+                (hints.read_only && !hints.destructive).then_some(&self.hints.read_only);
+            destructive.or(read_only).and_then(Option::as_ref)
+        })
+    }
+
+    /// Decides what happens to one proposed call. A tool no rule matches is denied.
+    pub fn evaluate_with(&self, tool: &str, hints: ToolHints, args: &Args) -> Verdict {
+        let Some(rule) = self.rule_for(tool, hints) else {
             return Verdict::Deny {
                 reason: format!("policy v{} has no rule for the tool {tool}", self.version),
             };
@@ -165,6 +195,20 @@ impl Policy {
                 }
             }
         }
+    }
+
+    /// Whether a caller may ask for this time to decide when starting a run.
+    pub fn check_ttl(&self, ttl: Duration) -> Result<(), PolicyError> {
+        if ttl > self.max_ttl {
+            return Err(PolicyError(format!(
+                "a time to decide of {} is longer than the {} policy v{} allows ({})",
+                humantime::format_duration(ttl),
+                self.name,
+                self.version,
+                humantime::format_duration(self.max_ttl)
+            )));
+        }
+        Ok(())
     }
 
     /// The field that carries a tool's amount, if policy gates it by amount.
@@ -210,9 +254,21 @@ struct RawPolicy {
     name: String,
     version: u32,
     default_ttl: String,
+    #[serde(default)]
+    max_ttl: Option<String>,
+    #[serde(default)]
     tools: BTreeMap<String, RawRule>,
     #[serde(default)]
+    hints: RawHints,
+    #[serde(default)]
     context: Option<toml::Value>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawHints {
+    read_only: Option<RawRule>,
+    destructive: Option<RawRule>,
 }
 
 #[derive(Deserialize)]
@@ -262,6 +318,38 @@ impl RawPolicy {
                 .map_err(|PolicyError(why)| PolicyError(format!("tools.{tool}: {why}")))?;
             tools.insert(tool, rule);
         }
+        let hint = |raw: Option<RawRule>, name: &str| {
+            raw.map(|raw| {
+                raw.check()
+                    .map_err(|PolicyError(why)| PolicyError(format!("hints.{name}: {why}")))
+            })
+            .transpose()
+        };
+        let hints = HintRules {
+            read_only: hint(self.hints.read_only, "read_only")?,
+            destructive: hint(self.hints.destructive, "destructive")?,
+        };
+        let longest_rule = tools
+            .values()
+            .chain(hints.read_only.iter())
+            .chain(hints.destructive.iter())
+            .filter_map(|rule| match rule {
+                ToolRule::Approve { ttl, .. } => Some(ttl.unwrap_or(default_ttl)),
+                _ => None,
+            })
+            .fold(default_ttl, Duration::max);
+        let max_ttl = match self.max_ttl.as_deref() {
+            Some(text) => {
+                let max_ttl = parse_ttl(text, "max_ttl")?;
+                if longest_rule > max_ttl {
+                    return Err(PolicyError(format!(
+                        "max_ttl {text:?} is shorter than a rule's time to decide"
+                    )));
+                }
+                max_ttl
+            }
+            None => longest_rule,
+        };
         let context = match self.context {
             Some(value) => serde_json::to_value(value).map_err(|e| PolicyError(e.to_string()))?,
             None => Value::Null,
@@ -270,7 +358,9 @@ impl RawPolicy {
             name: self.name,
             version: self.version,
             default_ttl,
+            max_ttl,
             tools,
+            hints,
             context,
         })
     }
@@ -553,6 +643,76 @@ mod tests {
                 .to_string();
             assert!(err.contains(named) && err.contains("90 days"), "{err}");
         }
+    }
+
+    #[test]
+    fn a_caller_may_shorten_the_time_to_decide_but_not_lengthen_it() {
+        let p = policy();
+        assert_eq!(p.max_ttl, Duration::from_secs(86_400));
+        assert!(p.check_ttl(Duration::ZERO).is_ok());
+        assert!(p.check_ttl(Duration::from_secs(86_400)).is_ok());
+        let refused = p.check_ttl(Duration::from_secs(86_401)).unwrap_err();
+        assert!(refused.to_string().contains("longer than"), "{refused}");
+        let stated = Policy::from_toml(&POLICY.replace(
+            "default_ttl = \"24h\"",
+            "default_ttl = \"24h\"\nmax_ttl = \"7days\"",
+        ))
+        .unwrap();
+        assert_eq!(stated.max_ttl, Duration::from_secs(7 * 86_400));
+        let short = POLICY.replace(
+            "default_ttl = \"24h\"",
+            "default_ttl = \"24h\"\nmax_ttl = \"1h\"",
+        );
+        assert!(
+            Policy::from_toml(&short)
+                .unwrap_err()
+                .to_string()
+                .contains("max_ttl")
+        );
+    }
+
+    #[test]
+    fn a_tool_no_rule_names_is_ruled_on_by_its_hints() {
+        let text = format!(
+            "{POLICY}\n[hints.read_only]\ndecision = \"allow\"\n[hints.destructive]\ndecision = \"approve\"\napprover_role = \"ops\"\nquorum = 1\nreason = \"It says it is destructive.\"\n"
+        );
+        let p = Policy::from_toml(&text).unwrap();
+        let args = reimburse(1);
+        let read_only = ToolHints {
+            read_only: true,
+            destructive: false,
+        };
+        let destructive = ToolHints {
+            read_only: false,
+            destructive: true,
+        };
+        let both = ToolHints {
+            read_only: true,
+            destructive: true,
+        };
+        assert_eq!(p.evaluate_with("lookup", read_only, &args), Verdict::Allow);
+        assert!(matches!(
+            p.evaluate_with("drop", destructive, &args),
+            Verdict::RequireApproval(_)
+        ));
+        assert!(matches!(
+            p.evaluate_with("odd", both, &args),
+            Verdict::RequireApproval(_)
+        ));
+        assert!(matches!(
+            p.evaluate_with("plain", ToolHints::default(), &args),
+            Verdict::Deny { .. }
+        ));
+        // A rule by name wins over any hint: wire_money stays denied even if it says it only reads.
+        assert!(matches!(
+            p.evaluate_with("wire_money", read_only, &args),
+            Verdict::Deny { .. }
+        ));
+        // Without hint rules, hints change nothing: a tool the policy does not name is denied.
+        assert!(matches!(
+            policy().evaluate_with("lookup", read_only, &args),
+            Verdict::Deny { .. }
+        ));
     }
 
     #[test]

@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::conversation::{Block, Message, Role, ToolResultText};
-use super::ids::{ActionId, PersonId, RunId, TenantId};
+use super::ids::{ActionId, AgentName, PersonId, RunId, TenantId};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -76,6 +76,8 @@ pub enum RunError {
 pub struct Run {
     pub id: RunId,
     pub tenant: TenantId,
+    /// The agent definition this run follows: its policy, tools and model.
+    pub agent: AgentName,
     /// The person the agent works for (the claimant); never an approver of this run.
     pub requested_by: PersonId,
     /// The person who started the run, when that is someone else; never an approver either.
@@ -99,9 +101,11 @@ pub struct Run {
 }
 
 impl Run {
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         id: RunId,
         tenant: TenantId,
+        agent: AgentName,
         requested_by: PersonId,
         started_by: Option<PersonId>,
         task: &str,
@@ -111,6 +115,7 @@ impl Run {
         Self {
             id,
             tenant,
+            agent,
             started_by: started_by.filter(|s| *s != requested_by),
             requested_by,
             task: task.to_string(),
@@ -279,6 +284,7 @@ mod tests {
         Run::start(
             RunId::parse("run-1").unwrap(),
             TenantId::parse("acme").unwrap(),
+            AgentName::parse("expense").unwrap(),
             PersonId::parse("ben").unwrap(),
             Some(PersonId::parse("ops").unwrap()),
             "Process expense claim c-102",

@@ -2,7 +2,7 @@
 
 use tracing::Instrument;
 
-use super::agent::{RunReport, entry, run_index};
+use super::drive::{RunReport, entry, run_index};
 use super::records::{Tx, keys};
 use super::{AWAITING_ACTION_VER, CAS_ATTEMPTS, Engine, EngineError};
 use crate::domain::action::ActionStatus;

@@ -4,12 +4,12 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use tracing::Instrument;
 
-use super::agent::{RunReport, deadline, entry};
+use super::drive::{RunReport, deadline, entry};
 use super::records::{OutboxMessage, Tx, keys};
-use super::{AWAITING_ACTION_VER, CAS_ATTEMPTS, Delivery, Engine, EngineError};
+use super::{AWAITING_ACTION_VER, Agent, CAS_ATTEMPTS, Delivery, Engine, EngineError};
 use crate::domain::action::{Action, ActionStatus, ProposedCall};
 use crate::domain::approval::{
-    Approval, ApprovalStatus, Choice, Decided, Decision, DecisionEffect, DecisionRequest,
+    Approval, ApprovalStatus, Asking, Choice, Decided, Decision, DecisionEffect, DecisionRequest,
     PreviousVersion, Refusal,
 };
 use crate::domain::args::Args;
@@ -87,7 +87,8 @@ impl Engine {
             span.record("action", tracing::field::display(&approval.action_id));
             span.record("version", tracing::field::display(approval.action_version));
             let now = self.now();
-            let (decision, edited_args) = match approval.decide(who, &request, &self.policy, now) {
+            let agent = self.agent(&approval.agent)?.clone();
+            let (decision, edited_args) = match approval.decide(who, &request, &agent.policy, now) {
                 Ok(Decided::AlreadyRecorded(decision)) => {
                     return self.replay(approval, decision).await;
                 }
@@ -157,7 +158,7 @@ impl Engine {
                 }
                 DecisionEffect::Edited { .. } => {
                     let args = edited_args.expect("an edit brings the new arguments");
-                    self.write_edit(&mut tx, &mut approval, &decision, args, now)?
+                    self.write_edit(&agent, &mut tx, &mut approval, &decision, args, now)?
                 }
             };
             let pending = (approval.status == ApprovalStatus::AwaitingApproval)
@@ -267,6 +268,7 @@ impl Engine {
     /// The editor's edit counts as their approval of the new version.
     fn write_edit(
         &self,
+        agent: &Agent,
         tx: &mut Tx,
         approval: &mut Approval,
         decision: &Decision,
@@ -296,7 +298,10 @@ impl Engine {
             args,
             explanation: approval.explanation.clone(),
         };
-        let verdict = self.policy.evaluate(&proposal.tool, &proposal.args);
+        // The same tool, so the hints policy matched on the first version rule on this one.
+        let verdict = agent
+            .policy
+            .evaluate_with(&proposal.tool, approval.hints, &proposal.args);
         let next = match &verdict {
             Verdict::Deny { reason } => {
                 return Err(EngineError::PolicyRefused(format!(
@@ -310,7 +315,7 @@ impl Engine {
                         vec![
                             Actor::person(editor),
                             Actor::Policy {
-                                version: self.policy.version,
+                                version: agent.policy.version,
                             },
                         ],
                         now,
@@ -332,7 +337,8 @@ impl Engine {
                 None
             }
             Verdict::RequireApproval(requirement) => {
-                let next = self.next_approval(approval, decision, proposal, requirement, now)?;
+                let next =
+                    self.next_approval(agent, approval, decision, proposal, requirement, now)?;
                 self.write_superseded(tx, approval, version, Some(next.id.clone()), now, editor);
                 self.open_approval(tx, &next, verdict.clone(), Actor::person(editor));
                 let counted = next.decisions.last().expect("the editor's decision");
@@ -386,6 +392,7 @@ impl Engine {
 
     fn next_approval(
         &self,
+        agent: &Agent,
         old: &Approval,
         decision: &Decision,
         proposal: ProposedCall,
@@ -398,36 +405,21 @@ impl Engine {
         };
         // The new version gets as long to decide as the old one had.
         let time_to_decide = old.expires_at - old.created_at;
-        let mut next = Approval {
-            id: ApprovalId::generate(),
-            tenant: old.tenant.clone(),
-            run_id: old.run_id.clone(),
-            action_id: proposal.id,
-            action_version: proposal.version,
-            tool_use_id: proposal.tool_use_id,
-            tool: proposal.tool,
-            args_hash: proposal.args.hash(),
-            args: proposal.args,
-            explanation: proposal.explanation,
-            previous: Some(PreviousVersion {
-                version: old.action_version,
-                args: old.args.clone(),
-                edited_by: decision.by.clone(),
-                note,
-            }),
-            reason: requirement.reason.clone(),
-            approver_role: requirement.approver_role.clone(),
-            quorum: requirement.quorum,
+        let asking = Asking {
+            agent: old.agent.clone(),
+            hints: old.hints,
             requested_by: old.requested_by.clone(),
-            policy_version: self.policy.version,
-            created_at: now,
+            policy_version: agent.policy.version,
+            opened_at: now,
             expires_at: deadline(now, time_to_decide)?,
-            status: ApprovalStatus::AwaitingApproval,
-            decisions: Vec::new(),
-            superseded_by: None,
-            resolved_at: None,
-            reminded_at: None,
         };
+        let mut next = Approval::open(proposal, requirement, asking);
+        next.previous = Some(PreviousVersion {
+            version: old.action_version,
+            args: old.args.clone(),
+            edited_by: decision.by.clone(),
+            note,
+        });
         let effect = match requirement.quorum {
             0 | 1 => DecisionEffect::Approved,
             n => DecisionEffect::Counted {

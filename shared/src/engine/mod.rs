@@ -1,9 +1,10 @@
 //! The use cases: start a run, decide, resume, cancel, sweep, read the history. Each writes
 //! its transitions through the conditional item store, and nothing else.
 
-mod agent;
+mod agents;
 mod cancel;
 mod decide;
+mod drive;
 pub mod error;
 mod history;
 mod notify;
@@ -16,8 +17,9 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
-pub use agent::{RunReport, StartRun};
+pub use agents::{Agent, Agents, Limits};
 pub use decide::DecisionReport;
+pub use drive::{RunReport, StartRun};
 pub use error::{EngineError, ErrorKind};
 pub use history::History;
 pub use notify::{DEFAULT_REMIND_BEFORE, MAX_NOTICE_ATTEMPTS, NoticeReport};
@@ -25,16 +27,14 @@ pub use resume::ResumeReport;
 pub use sweep::SweepReport;
 
 use crate::domain::approval::Approval;
-use crate::domain::ids::{ActionId, ActionVersion, ApprovalId, RunId, TenantId};
+use crate::domain::ids::{ActionId, ActionVersion, AgentName, ApprovalId, RunId, TenantId};
 use crate::domain::policy::Policy;
 use crate::domain::run::Run;
 use crate::ports::clock::{Clock, SystemClock};
-use crate::ports::model::Model;
 use crate::ports::notifier::Notifier;
 use crate::ports::queue::ResumeQueue;
 use crate::ports::scheduler::{Scheduler, SweepOnly};
 use crate::ports::store::{ItemStore, StoreError, query_all};
-use crate::ports::tools::Toolbox;
 use records::{OutboxEntry, OutboxMessage, Stored, Tx, decode, keys, load};
 
 /// How a settled action's resume message reaches the run.
@@ -46,32 +46,12 @@ pub enum Delivery {
     Queue(Arc<dyn ResumeQueue>),
 }
 
-/// Bounds that keep one run from running away.
-#[derive(Debug, Clone, Copy)]
-pub struct Limits {
-    pub max_model_turns: u32,
-    pub max_calls_per_turn: usize,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Self {
-            max_model_turns: 16,
-            max_calls_per_turn: 8,
-        }
-    }
-}
-
 pub struct Engine {
     store: Arc<dyn ItemStore>,
-    policy: Arc<Policy>,
-    model: Option<Arc<dyn Model>>,
-    tools: Toolbox,
-    system_prompt: String,
+    agents: Agents,
     clock: Arc<dyn Clock>,
     delivery: Delivery,
     scheduler: Arc<dyn Scheduler>,
-    limits: Limits,
     /// Where notices go; without one, none are written.
     notifier: Option<Arc<dyn Notifier>>,
     /// How long before an approval's deadline its reminder goes out.
@@ -84,18 +64,17 @@ pub struct EngineBuilder {
 }
 
 impl EngineBuilder {
-    pub fn model(mut self, model: Arc<dyn Model>) -> Self {
-        self.engine.model = Some(model);
+    /// An agent this engine runs; a run names its agent, and only an engine that has it can
+    /// start, resume or reconcile the run's calls, or rule on an edit of them.
+    pub fn agent(mut self, agent: Agent) -> Self {
+        self.engine.agents.insert(agent);
         self
     }
 
-    pub fn tools(mut self, tools: Toolbox) -> Self {
-        self.engine.tools = tools;
-        self
-    }
-
-    pub fn system_prompt(mut self, prompt: impl Into<String>) -> Self {
-        self.engine.system_prompt = prompt.into();
+    pub fn agents(mut self, agents: impl IntoIterator<Item = Agent>) -> Self {
+        for agent in agents {
+            self.engine.agents.insert(agent);
+        }
         self
     }
 
@@ -111,11 +90,6 @@ impl EngineBuilder {
 
     pub fn scheduler(mut self, scheduler: Arc<dyn Scheduler>) -> Self {
         self.engine.scheduler = scheduler;
-        self
-    }
-
-    pub fn limits(mut self, limits: Limits) -> Self {
-        self.engine.limits = limits;
         self
     }
 
@@ -138,30 +112,32 @@ impl EngineBuilder {
 }
 
 impl Engine {
-    pub fn builder(store: Arc<dyn ItemStore>, policy: Arc<Policy>) -> EngineBuilder {
+    pub fn builder(store: Arc<dyn ItemStore>) -> EngineBuilder {
         EngineBuilder {
             engine: Engine {
                 store,
-                policy,
-                model: None,
-                tools: Toolbox::new(),
-                system_prompt: String::new(),
+                agents: Agents::default(),
                 clock: Arc::new(SystemClock),
                 delivery: Delivery::InProcess,
                 scheduler: Arc::new(SweepOnly),
-                limits: Limits::default(),
                 notifier: None,
                 remind_before: notify::default_lead(),
             },
         }
     }
 
-    pub fn policy(&self) -> &Policy {
-        &self.policy
+    /// The agent of this name, or `not_found`.
+    pub fn agent(&self, name: &AgentName) -> Result<&Arc<Agent>, EngineError> {
+        self.agents.get(name)
     }
 
-    pub fn store(&self) -> &Arc<dyn ItemStore> {
-        &self.store
+    pub fn agents(&self) -> &Agents {
+        &self.agents
+    }
+
+    /// The policy of an agent, as a reviewer's view needs it.
+    pub fn policy_of(&self, agent: &AgentName) -> Result<&Policy, EngineError> {
+        Ok(&self.agents.get(agent)?.policy)
     }
 
     pub fn now(&self) -> DateTime<Utc> {

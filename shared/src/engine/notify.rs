@@ -11,7 +11,7 @@ use serde::Serialize;
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
-use super::agent::entry;
+use super::drive::entry;
 use super::records::{NotifyMessage, OutboxEntry, OutboxMessage, Stored, Tx, keys};
 use super::{Engine, EngineError};
 use crate::domain::approval::{Approval, ApprovalStatus};
@@ -254,8 +254,9 @@ impl Engine {
             Err(error) => return Err(error.into()),
         }
         let amount = self
-            .policy
-            .amount_field(&approval.tool)
+            .policy_of(&approval.agent)
+            .ok()
+            .and_then(|policy| policy.amount_field(&approval.tool))
             .and_then(|field| approval.args.int(field))
             .and_then(|cents| Amount::from_cents(cents).ok());
         let notice = Notice {

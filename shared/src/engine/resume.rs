@@ -4,7 +4,7 @@
 use serde::Serialize;
 use tracing::Instrument;
 
-use super::agent::{RunReport, action_index, entry, executing_event, outcome_event, run_index};
+use super::drive::{RunReport, action_index, entry, executing_event, outcome_event, run_index};
 use super::records::{OutboxEntry, Stored, Tx, keys, outbox_key};
 use super::{CAS_ATTEMPTS, Engine, EngineError};
 use crate::domain::action::{Action, ActionStatus, ToolOutcome};
@@ -156,7 +156,12 @@ impl Engine {
             Err(error) => return Err(error.into()),
         }
         let outcome = if intact {
-            self.call_tool(&action.value).await
+            match self.agent(&run.value.agent) {
+                Ok(agent) => self.call_tool(agent, &action.value).await,
+                Err(error) => ToolOutcome::Failed {
+                    error: format!("not executed: {error}"),
+                },
+            }
         } else {
             ToolOutcome::Failed {
                 error: "the stored arguments no longer match the approved hash; not executed"

@@ -6,7 +6,7 @@ use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 use tracing::Instrument;
 
-use super::agent::{STALE_EXECUTION, entry, reconcile_key, run_index};
+use super::drive::{STALE_EXECUTION, entry, reconcile_key, run_index};
 use super::records::{OutboxEntry, OutboxMessage, Stored, Tx, decode, keys};
 use super::{Delivery, Engine, EngineError, NoticeReport};
 use crate::domain::action::{Action, ActionStatus, ToolOutcome};
@@ -324,7 +324,15 @@ impl Engine {
         report: &mut SweepReport,
     ) -> Result<(), EngineError> {
         let key = action.value.key();
-        let answer = match self.tools.get(&action.value.tool) {
+        let run = self
+            .load_run(&action.value.tenant, &action.value.run_id)
+            .await?;
+        // The run's agent holds the tool that can say what became of the call.
+        let tool = run
+            .as_ref()
+            .and_then(|run| self.agent(&run.value.agent).ok())
+            .and_then(|agent| agent.tools.get(&action.value.tool).cloned());
+        let answer = match tool {
             Some(tool) => {
                 let call = ToolCall {
                     tenant: &action.value.tenant,
@@ -337,9 +345,6 @@ impl Engine {
             None => None,
         };
         let now = self.now();
-        let run = self
-            .load_run(&action.value.tenant, &action.value.run_id)
-            .await?;
         match (answer, run) {
             (
                 Some(outcome @ (ToolOutcome::Succeeded { .. } | ToolOutcome::Failed { .. })),

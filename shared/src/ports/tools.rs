@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use super::model::ToolSpec;
 use crate::domain::action::ToolOutcome;
 use crate::domain::args::Args;
-use crate::domain::ids::{RunId, TenantId};
+use crate::domain::ids::{PersonId, RunId, TenantId};
 use crate::domain::policy::ToolHints;
 
 /// One call as the tool receives it. `idempotency_key` is `action_id:version`: the same key
@@ -28,6 +28,13 @@ pub trait Tool: Send + Sync {
     /// What the tool says about itself (an MCP server's annotations); policy may match these.
     fn hints(&self) -> ToolHints {
         ToolHints::default()
+    }
+
+    /// People a call names who may not approve it (the expense claim's employee), beyond the
+    /// run's requester. Looked up by the tool from its own data, never taken from the model.
+    fn claimants(&self, args: &Args) -> Vec<PersonId> {
+        let _ = args;
+        Vec::new()
     }
 
     async fn call(&self, call: ToolCall<'_>) -> ToolOutcome;

@@ -13,21 +13,14 @@ pub use offline::OfflineExpenseAgent;
 pub use tools::toolbox;
 
 use crate::domain::identity::Directory;
+use crate::domain::ids::AgentName;
 use crate::domain::policy::Policy;
 use crate::engine::{EngineError, StartRun};
 
 /// The shipped data files, compiled in so the binaries run from anywhere.
-pub const POLICY_TOML: &str = include_str!("../../../example/policy.toml");
+pub const POLICY_TOML: &str = include_str!("../../../../agents/expense/policy.toml");
 pub const PEOPLE_TOML: &str = include_str!("../../../example/people.toml");
 pub const CLAIMS_TOML: &str = include_str!("../../../example/claims.toml");
-
-pub const SYSTEM_PROMPT: &str = "You are the expense agent of a company. For the claim named in the task: \
-read it with get_claim, look up the limit for its category with get_policy, and look for duplicates with \
-find_similar_claims. Then propose exactly one call: reimburse (in cents, never more than claimed nor more \
-than the policy limit, times the nights for lodging) or decline (for duplicates or claims the policy does \
-not cover). Before that call, explain your reasoning to the finance reviewer in one or two sentences. \
-A person may have to approve your call. If a call comes back not executed (rejected, expired or \
-cancelled), report what happened in one sentence and do not retry it.";
 
 pub fn default_policy() -> Arc<Policy> {
     Arc::new(Policy::from_toml(POLICY_TOML).expect("the shipped policy is valid"))
@@ -41,6 +34,9 @@ pub fn default_claims() -> Arc<Claims> {
     Arc::new(Claims::from_toml(CLAIMS_TOML).expect("the shipped claims are valid"))
 }
 
+/// The expense agent's name, as its definition (agents/expense/agent.toml) gives it.
+pub const AGENT: &str = "expense";
+
 /// The run that processes one claim, on behalf of the employee who filed it.
 pub fn task_for(claims: &Claims, claim_id: &str) -> Result<StartRun, EngineError> {
     let claim = claims
@@ -48,6 +44,7 @@ pub fn task_for(claims: &Claims, claim_id: &str) -> Result<StartRun, EngineError
         .ok_or_else(|| EngineError::not_found(format!("claim {claim_id}")))?;
     Ok(StartRun {
         tenant: claim.tenant.clone(),
+        agent: AgentName::parse(AGENT).expect("a valid name"),
         requested_by: claim.employee.clone(),
         started_by: None,
         task: format!("Process expense claim {}.", claim.id),

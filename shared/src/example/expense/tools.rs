@@ -9,6 +9,8 @@ use serde_json::{Value, json};
 use super::claims::{Claim, Claims};
 use super::ledger::{KeyState, Ledger, Recorded, Settlement, SettlementOutcome};
 use crate::domain::action::ToolOutcome;
+use crate::domain::args::Args;
+use crate::domain::ids::PersonId;
 use crate::domain::money::Amount;
 use crate::domain::policy::Policy;
 use crate::ports::clock::Clock;
@@ -61,6 +63,14 @@ fn spec(name: &str, description: &str, properties: Value, required: &[&str]) -> 
 }
 
 impl Books {
+    /// The employee whose claim a call settles: they never approve their own claim.
+    fn claimant(&self, args: &Args) -> Vec<PersonId> {
+        args.str("claim_id")
+            .and_then(|id| self.claims.get(id))
+            .map(|claim| vec![claim.employee.clone()])
+            .unwrap_or_default()
+    }
+
     /// The claim named by `claim_id`, if it belongs to the caller's tenant.
     fn claim<'a>(&'a self, call: &ToolCall<'_>) -> Result<&'a Claim, ToolOutcome> {
         let id = call
@@ -273,6 +283,10 @@ impl Tool for FindSimilarClaims {
 
 #[async_trait]
 impl Tool for Reimburse {
+    fn claimants(&self, args: &Args) -> Vec<PersonId> {
+        self.0.claimant(args)
+    }
+
     fn spec(&self) -> ToolSpec {
         let properties = json!({
             "claim_id": {"type": "string"},
@@ -323,6 +337,10 @@ impl Tool for Reimburse {
 
 #[async_trait]
 impl Tool for Decline {
+    fn claimants(&self, args: &Args) -> Vec<PersonId> {
+        self.0.claimant(args)
+    }
+
     fn spec(&self) -> ToolSpec {
         let properties = json!({"claim_id": {"type": "string"}, "reason": {"type": "string", "description": "Why, for the employee"}});
         spec(

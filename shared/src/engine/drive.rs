@@ -8,14 +8,14 @@ use tracing::Instrument;
 
 use super::decide::proposed_event;
 use super::records::{OutboxEntry, Stored, Tx, keys, load};
-use super::{AWAITING_ACTION_VER, Engine, EngineError};
+use super::{AWAITING_ACTION_VER, Agent, Engine, EngineError};
 use crate::domain::action::{Action, ActionStatus, ProposedCall, ToolOutcome};
-use crate::domain::approval::{Approval, ApprovalStatus};
+use crate::domain::approval::{Approval, ApprovalStatus, Asking};
 use crate::domain::args::Args;
 use crate::domain::audit::{AuditEntry, AuditEvent};
 use crate::domain::conversation::{Message, Role, ToolResultText};
 use crate::domain::identity::Actor;
-use crate::domain::ids::{ActionId, ActionVersion, ApprovalId, PersonId, RunId, TenantId};
+use crate::domain::ids::{ActionId, ActionVersion, AgentName, PersonId, RunId, TenantId};
 use crate::domain::notice::NoticeKind;
 use crate::domain::policy::{MAX_TTL, Requirement, Verdict};
 use crate::domain::run::{HeldCall, PausedTurn, Run, RunStatus};
@@ -28,6 +28,8 @@ use crate::ports::tools::ToolCall;
 #[derive(Debug, Clone)]
 pub struct StartRun {
     pub tenant: TenantId,
+    /// The agent to run, by its definition's name.
+    pub agent: AgentName,
     /// The person the agent works for; they may never approve this run's calls.
     pub requested_by: PersonId,
     /// Who started it, when that is someone else (an operator, an API caller).
@@ -42,6 +44,7 @@ pub struct StartRun {
 pub struct RunReport {
     pub run_id: RunId,
     pub tenant: TenantId,
+    pub agent: AgentName,
     pub status: RunStatus,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub answer: Option<String>,
@@ -57,6 +60,7 @@ impl RunReport {
         Self {
             run_id: run.id.clone(),
             tenant: run.tenant.clone(),
+            agent: run.agent.clone(),
             status: run.status,
             answer: run.answer.clone(),
             error: run.error.clone(),
@@ -138,23 +142,33 @@ impl Engine {
                 "a task needs 1 to {MAX_TASK_LEN} characters"
             )));
         }
-        if start.approval_ttl.is_some_and(|ttl| ttl > MAX_TTL) {
-            return Err(EngineError::BadInput(
-                "an approval's time to decide is at most 90 days".into(),
-            ));
+        let agent = self.agent(&start.agent)?;
+        if let Some(ttl) = start.approval_ttl {
+            agent
+                .policy
+                .check_ttl(ttl)
+                .map_err(|e| EngineError::BadInput(e.to_string()))?;
+        }
+        if agent.model.is_none() {
+            return Err(EngineError::Unavailable(format!(
+                "this process has no model to run the agent {}",
+                agent.name
+            )));
         }
         let now = self.now();
         let mut run = Run::start(
             RunId::generate(),
             start.tenant.clone(),
+            start.agent.clone(),
             start.requested_by.clone(),
             start.started_by,
             task,
-            self.policy.version,
+            agent.policy.version,
             now,
         );
         run.approval_ttl = start.approval_ttl;
-        let span = tracing::info_span!("run", tenant = %run.tenant, run = %run.id);
+        let span =
+            tracing::info_span!("run", tenant = %run.tenant, agent = %run.agent, run = %run.id);
         self.start_run(run).instrument(span).await
     }
 
@@ -176,7 +190,7 @@ impl Engine {
         let started = AuditEvent::Started {
             task: run.task.clone(),
             requested_by: run.requested_by.clone(),
-            policy_version: self.policy.version,
+            policy_version: run.policy_version,
         };
         tx.audit(
             &run.tenant,
@@ -195,15 +209,16 @@ impl Engine {
         &self,
         mut run: Stored<Run>,
     ) -> Result<(RunReport, Vec<OutboxEntry>), EngineError> {
-        let Some(model) = self.model.clone() else {
+        let agent = self.agent(&run.value.agent)?.clone();
+        let Some(model) = agent.model.clone() else {
             return Err(EngineError::Unavailable(
                 "this process has no model to continue the run".into(),
             ));
         };
-        let specs = self.tools.specs();
-        for _ in 0..self.limits.max_model_turns {
+        let specs = agent.tools.specs();
+        for _ in 0..agent.limits.max_model_turns {
             let request = ModelRequest {
-                system: &self.system_prompt,
+                system: &agent.system_prompt,
                 tools: &specs,
                 messages: &run.value.messages,
             };
@@ -237,10 +252,10 @@ impl Engine {
                     action_id: ActionId::generate(),
                     result,
                 };
-                if n >= self.limits.max_calls_per_turn {
+                if n >= agent.limits.max_calls_per_turn {
                     let told = format!(
                         "Not executed: at most {} calls per turn.",
-                        self.limits.max_calls_per_turn
+                        agent.limits.max_calls_per_turn
                     );
                     calls.push(held(Some(ToolResultText::error(told))));
                     continue;
@@ -265,12 +280,16 @@ impl Engine {
                     args,
                     explanation: explanation.clone(),
                 };
-                let verdict = self.policy.evaluate(&proposal.tool, &proposal.args);
+                let verdict = agent.evaluate(&proposal.tool, &proposal.args);
                 let result = match verdict {
-                    Verdict::Allow => Some(self.run_allowed(proposal).await?),
-                    Verdict::Deny { reason } => Some(self.record_denied(proposal, reason).await?),
+                    Verdict::Allow => Some(self.run_allowed(&agent, proposal).await?),
+                    Verdict::Deny { reason } => {
+                        Some(self.record_denied(&agent, proposal, reason).await?)
+                    }
                     Verdict::RequireApproval(requirement) => {
-                        approvals.push(self.approval_for(&run.value, proposal, requirement)?);
+                        let approval =
+                            self.approval_for(&agent, &run.value, proposal, requirement)?;
+                        approvals.push(approval);
                         None
                     }
                 };
@@ -286,7 +305,7 @@ impl Engine {
             }
             return self.pause(run, calls, approvals).await;
         }
-        let limit = self.limits.max_model_turns;
+        let limit = agent.limits.max_model_turns;
         self.fail_run(
             run,
             format!("the agent did not finish within {limit} model turns"),
@@ -296,6 +315,7 @@ impl Engine {
 
     fn approval_for(
         &self,
+        agent: &Agent,
         run: &Run,
         proposal: ProposedCall,
         requirement: Requirement,
@@ -303,32 +323,21 @@ impl Engine {
         let now = self.now();
         let ttl = run.approval_ttl.unwrap_or(requirement.ttl);
         let ttl = chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::MAX);
-        let expires_at = deadline(now, ttl)?;
-        Ok(Approval {
-            id: ApprovalId::generate(),
-            tenant: run.tenant.clone(),
-            run_id: run.id.clone(),
-            action_id: proposal.id,
-            action_version: proposal.version,
-            tool_use_id: proposal.tool_use_id,
-            tool: proposal.tool,
-            args_hash: proposal.args.hash(),
-            args: proposal.args,
-            explanation: proposal.explanation,
-            previous: None,
-            reason: requirement.reason,
-            approver_role: requirement.approver_role,
-            quorum: requirement.quorum,
-            requested_by: run.requesters(),
-            policy_version: self.policy.version,
-            created_at: now,
-            expires_at,
-            status: ApprovalStatus::AwaitingApproval,
-            decisions: Vec::new(),
-            superseded_by: None,
-            resolved_at: None,
-            reminded_at: None,
-        })
+        let mut requested_by = run.requesters();
+        for claimant in agent.claimants(&proposal.tool, &proposal.args) {
+            if !requested_by.contains(&claimant) {
+                requested_by.push(claimant);
+            }
+        }
+        let asking = Asking {
+            agent: agent.name.clone(),
+            hints: agent.hints(&proposal.tool),
+            requested_by,
+            policy_version: agent.policy.version,
+            opened_at: now,
+            expires_at: deadline(now, ttl)?,
+        };
+        Ok(Approval::open(proposal, &requirement, asking))
     }
 
     /// Writes an approval and its action version as they open, with the proposal's audit event
@@ -486,11 +495,15 @@ impl Engine {
     }
 
     /// A call policy allows: written as executing, run, recorded. Two writes.
-    async fn run_allowed(&self, proposal: ProposedCall) -> Result<ToolResultText, EngineError> {
+    async fn run_allowed(
+        &self,
+        agent: &Agent,
+        proposal: ProposedCall,
+    ) -> Result<ToolResultText, EngineError> {
         let now = self.now();
         let mut action = Action::propose(proposal, now);
         let policy = Actor::Policy {
-            version: self.policy.version,
+            version: agent.policy.version,
         };
         let authorized = vec![policy.clone()];
         action
@@ -513,7 +526,7 @@ impl Engine {
         );
         self.commit(tx).await?;
 
-        let outcome = self.call_tool(&action).await;
+        let outcome = self.call_tool(agent, &action).await;
         let now = self.now();
         action
             .record(&outcome, now)
@@ -550,6 +563,7 @@ impl Engine {
 
     async fn record_denied(
         &self,
+        agent: &Agent,
         proposal: ProposedCall,
         reason: String,
     ) -> Result<ToolResultText, EngineError> {
@@ -574,7 +588,7 @@ impl Engine {
             entry(
                 &run_id,
                 Actor::Policy {
-                    version: self.policy.version,
+                    version: agent.policy.version,
                 },
                 proposed,
                 now,
@@ -584,8 +598,8 @@ impl Engine {
         Ok(action.result.expect("closed with a result"))
     }
 
-    pub(super) async fn call_tool(&self, action: &Action) -> ToolOutcome {
-        let Some(tool) = self.tools.get(&action.tool) else {
+    pub(super) async fn call_tool(&self, agent: &Agent, action: &Action) -> ToolOutcome {
+        let Some(tool) = agent.tools.get(&action.tool) else {
             return ToolOutcome::Failed {
                 error: format!("there is no tool named {}", action.tool),
             };

@@ -1,0 +1,225 @@
+//! Agent definitions as data: a directory holding `agent.toml` (name, model settings, system
+//! prompt, tools and how each is reached) and the policy it names (`policy.toml`). A process
+//! loads every definition it is given at start-up; a bad one fails at once, naming the file and
+//! the field. [`Definition::build`] binds the tools and the model and yields the engine's
+//! [`Agent`].
+//!
+//! ```toml
+//! name = "refunds"
+//! system_prompt = "You issue refunds for the orders service..."
+//! recovery_owner = "finance_manager"   # who answers "did this take effect?"
+//!
+//! [model]
+//! provider = "anthropic"               # or "scripted": always the offline script
+//! id = "claude-sonnet-4-5"
+//! max_turns = 12
+//! max_tokens = 1024
+//! offline = "script.toml"              # plays the agent without ANTHROPIC_API_KEY
+//!
+//! [tools.issue_refund]
+//! description = "Refund part or all of an order."
+//! input_schema = { type = "object", properties = { ... }, required = [...] }
+//! claimant = "customer"                # an argument naming a person who may not approve
+//! http = { method = "POST", url = "${ORDERS_URL}/orders/{order_id}/refunds" }
+//!
+//! [tools.reimburse]
+//! builtin = "expense.reimburse"        # a tool written in Rust, shipped with Countersign
+//! ```
+
+mod definition;
+mod schema;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub use definition::{Definition, ModelSettings, Offline, Provider, ToolBinding, ToolDefinition};
+
+use crate::adapters::env_template::Lookup;
+use crate::engine::Agent;
+use crate::example::expense::Claims;
+use crate::ports::clock::Clock;
+use crate::ports::store::ItemStore;
+
+/// Why a definition cannot be loaded or built: the file, the field, and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}: {field}{}{message}", if field.is_empty() { "" } else { ": " })]
+pub struct DefinitionError {
+    pub file: String,
+    pub field: String,
+    pub message: String,
+}
+
+impl DefinitionError {
+    pub(crate) fn new(file: &str, field: &str, message: impl Into<String>) -> Self {
+        Self {
+            file: file.to_string(),
+            field: field.to_string(),
+            message: message.into(),
+        }
+    }
+}
+
+/// The file in an agent's directory that defines it.
+pub const DEFINITION_FILE: &str = "agent.toml";
+
+/// Where a definition's files come from: a directory on disk, or files compiled into the binary.
+pub trait Files {
+    /// How errors name the file: a path, or `shipped:<agent>/<file>`.
+    fn label(&self, file: &str) -> String;
+    fn read(&self, file: &str) -> Result<String, DefinitionError>;
+}
+
+/// A definition's directory on disk.
+pub struct Dir(pub PathBuf);
+
+impl Files for Dir {
+    fn label(&self, file: &str) -> String {
+        self.0.join(file).display().to_string()
+    }
+
+    fn read(&self, file: &str) -> Result<String, DefinitionError> {
+        let relative = Path::new(file);
+        // Files a definition names stay inside its directory.
+        if relative.is_absolute() || relative.components().any(|c| c.as_os_str() == "..") {
+            return Err(DefinitionError::new(
+                &self.label(DEFINITION_FILE),
+                "",
+                format!("{file:?} must be a file inside the agent's directory"),
+            ));
+        }
+        std::fs::read_to_string(self.0.join(relative)).map_err(|e| {
+            DefinitionError::new(&self.label(file), "", format!("cannot read it: {e}"))
+        })
+    }
+}
+
+/// The definitions shipped with Countersign, compiled in so the binaries run from anywhere.
+struct Shipped {
+    agent: &'static str,
+    files: &'static [(&'static str, &'static str)],
+}
+
+impl Files for Shipped {
+    fn label(&self, file: &str) -> String {
+        format!("shipped:{}/{file}", self.agent)
+    }
+
+    fn read(&self, file: &str) -> Result<String, DefinitionError> {
+        self.files
+            .iter()
+            .find(|(name, _)| *name == file)
+            .map(|(_, text)| text.to_string())
+            .ok_or_else(|| DefinitionError::new(&self.label(file), "", "no such shipped file"))
+    }
+}
+
+const SHIPPED: &[Shipped] = &[
+    Shipped {
+        agent: "expense",
+        files: &[
+            (
+                "agent.toml",
+                include_str!("../../../agents/expense/agent.toml"),
+            ),
+            (
+                "policy.toml",
+                include_str!("../../../agents/expense/policy.toml"),
+            ),
+        ],
+    },
+    Shipped {
+        agent: "refunds",
+        files: &[
+            (
+                "agent.toml",
+                include_str!("../../../agents/refunds/agent.toml"),
+            ),
+            (
+                "policy.toml",
+                include_str!("../../../agents/refunds/policy.toml"),
+            ),
+            (
+                "script.toml",
+                include_str!("../../../agents/refunds/script.toml"),
+            ),
+        ],
+    },
+];
+
+/// The shipped definitions: the expense agent and the refunds agent.
+pub fn shipped() -> Result<Vec<Definition>, DefinitionError> {
+    SHIPPED
+        .iter()
+        .map(|files| Definition::load(files))
+        .collect()
+}
+
+/// One shipped definition by name.
+pub fn shipped_one(name: &str) -> Result<Definition, DefinitionError> {
+    let files = SHIPPED
+        .iter()
+        .find(|s| s.agent == name)
+        .ok_or_else(|| DefinitionError::new("shipped", "", format!("no shipped agent {name}")))?;
+    Definition::load(files)
+}
+
+/// Loads definitions from paths: each an agent's directory (it holds `agent.toml`) or a
+/// directory of agent directories. Two definitions with one name are refused.
+pub fn load_paths(paths: &[PathBuf]) -> Result<Vec<Definition>, DefinitionError> {
+    let mut definitions: Vec<Definition> = Vec::new();
+    for path in paths {
+        let dirs = if path.join(DEFINITION_FILE).is_file() {
+            vec![path.clone()]
+        } else {
+            let entries = std::fs::read_dir(path).map_err(|e| {
+                DefinitionError::new(
+                    &path.display().to_string(),
+                    "",
+                    format!(
+                        "not an agent directory (no {DEFINITION_FILE}) nor a directory of them: {e}"
+                    ),
+                )
+            })?;
+            let mut dirs: Vec<PathBuf> = entries
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.join(DEFINITION_FILE).is_file())
+                .collect();
+            dirs.sort();
+            dirs
+        };
+        for dir in dirs {
+            let definition = Definition::load(&Dir(dir))?;
+            if let Some(twin) = definitions.iter().find(|d| d.name == definition.name) {
+                return Err(DefinitionError::new(
+                    &definition.file,
+                    "name",
+                    format!("{} is also the name of {}", definition.name, twin.file),
+                ));
+            }
+            definitions.push(definition);
+        }
+    }
+    Ok(definitions)
+}
+
+/// What binding a definition's tools and model needs from the process.
+pub struct Wiring<'a> {
+    pub store: Arc<dyn ItemStore>,
+    pub clock: Arc<dyn Clock>,
+    /// The expense example's claims, for its built-in tools.
+    pub claims: Arc<Claims>,
+    /// One HTTP client for every HTTP tool of the process; built only if one needs it.
+    pub http: std::sync::OnceLock<reqwest::Client>,
+    /// Where `${VAR}` in bindings is read from.
+    pub env: Lookup<'a>,
+    /// Whether this process drives runs (start, resume): only then is a model attached.
+    pub drives: bool,
+}
+
+/// Builds every definition into an agent.
+pub fn build_all(
+    definitions: &[Definition],
+    wiring: &Wiring<'_>,
+) -> Result<Vec<Agent>, DefinitionError> {
+    definitions.iter().map(|d| d.build(wiring)).collect()
+}

@@ -1,0 +1,129 @@
+//! The agents an engine drives: for each, its policy, tools, model, system prompt and limits.
+//! A run names its agent, so a resume, a decision or the sweep uses that agent's rules and tools,
+//! whichever process handles it. Definitions files become agents in [`crate::agents`].
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::error::EngineError;
+use crate::domain::args::Args;
+use crate::domain::ids::{AgentName, PersonId, Role};
+use crate::domain::policy::{Policy, ToolHints, Verdict};
+use crate::ports::model::Model;
+use crate::ports::tools::Toolbox;
+
+/// Bounds that keep one run from running away.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_model_turns: u32,
+    pub max_calls_per_turn: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_model_turns: 16,
+            max_calls_per_turn: 8,
+        }
+    }
+}
+
+/// One agent, ready to run.
+pub struct Agent {
+    pub name: AgentName,
+    pub policy: Arc<Policy>,
+    pub tools: Toolbox,
+    /// Only processes that drive runs (start, resume) have one.
+    pub model: Option<Arc<dyn Model>>,
+    pub system_prompt: String,
+    pub limits: Limits,
+    /// Per tool, the argument that names a person who may not approve the call (a claimant).
+    pub claimant_args: BTreeMap<String, String>,
+    /// Who answers "did this take effect?" when a call's outcome is unknown and its tool cannot
+    /// reconcile it.
+    pub recovery_owner: Option<Role>,
+}
+
+impl Agent {
+    pub fn new(name: AgentName, policy: Arc<Policy>) -> Self {
+        Self {
+            name,
+            policy,
+            tools: Toolbox::new(),
+            model: None,
+            system_prompt: String::new(),
+            limits: Limits::default(),
+            claimant_args: BTreeMap::new(),
+            recovery_owner: None,
+        }
+    }
+
+    pub fn with_tools(mut self, tools: Toolbox) -> Self {
+        self.tools = tools;
+        self
+    }
+
+    pub fn with_model(mut self, model: Arc<dyn Model>) -> Self {
+        self.model = Some(model);
+        self
+    }
+
+    pub fn with_system_prompt(mut self, prompt: impl Into<String>) -> Self {
+        self.system_prompt = prompt.into();
+        self
+    }
+
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// What a tool says about itself, as policy may match it.
+    pub fn hints(&self, tool: &str) -> ToolHints {
+        self.tools.get(tool).map(|t| t.hints()).unwrap_or_default()
+    }
+
+    /// What policy says about one proposed call of this agent.
+    pub fn evaluate(&self, tool: &str, args: &Args) -> Verdict {
+        self.policy.evaluate_with(tool, self.hints(tool), args)
+    }
+
+    /// The people a call names who may not approve it: the tool's own claimants (the expense
+    /// claim's employee) and the person in the argument the definition names, if any.
+    pub fn claimants(&self, tool: &str, args: &Args) -> Vec<PersonId> {
+        let mut people = self
+            .tools
+            .get(tool)
+            .map(|t| t.claimants(args))
+            .unwrap_or_default();
+        let named = self.claimant_args.get(tool).and_then(|arg| args.str(arg));
+        people.extend(named.and_then(|name| PersonId::parse(name).ok()));
+        people.sort();
+        people.dedup();
+        people
+    }
+}
+
+/// The agents of one engine, by name.
+#[derive(Clone, Default)]
+pub struct Agents(BTreeMap<AgentName, Arc<Agent>>);
+
+impl Agents {
+    pub fn insert(&mut self, agent: Agent) {
+        self.0.insert(agent.name.clone(), Arc::new(agent));
+    }
+
+    pub fn get(&self, name: &AgentName) -> Result<&Arc<Agent>, EngineError> {
+        self.0
+            .get(name)
+            .ok_or_else(|| EngineError::not_found(format!("agent {name}")))
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &AgentName> {
+        self.0.keys()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Agent>> {
+        self.0.values()
+    }
+}
