@@ -46,11 +46,26 @@ pub struct Global {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Start the expense agent on a claim.
+    /// Start the expense agent on a claim, for the employee who filed it.
     Agent {
         /// The claim to process, such as c-102.
         claim: String,
         /// Time a reviewer has to decide, overriding the policy (such as 30m, 2h, 0s).
+        #[arg(long, value_parser = parse_duration)]
+        ttl: Option<std::time::Duration>,
+    },
+    /// Start any agent on a task, for a person of the people directory (the run's requester).
+    Run {
+        /// The agent: the name of a loaded definition (expense, refunds, or one of --agents),
+        /// or a definition's directory, loaded for this command.
+        #[arg(long, value_name = "NAME|DIR")]
+        agent: String,
+        /// What the agent is asked to do.
+        task: String,
+        /// Who asks: they may not approve the run's calls.
+        #[arg(long = "as", value_name = "NAME")]
+        person: String,
+        /// Time a reviewer has to decide, shorter than the policy's (such as 30m, 2h, 0s).
         #[arg(long, value_parser = parse_duration)]
         ttl: Option<std::time::Duration>,
     },

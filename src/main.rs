@@ -15,8 +15,9 @@ use std::process::ExitCode;
 use clap::Parser;
 use serde_json::{Value, json};
 use shared::domain::approval::{Choice, DecisionRequest};
-use shared::domain::ids::{ActionVersion, ApprovalId, DecisionId, RunId};
+use shared::domain::ids::{ActionVersion, AgentName, ApprovalId, DecisionId, RunId};
 use shared::domain::run::RunStatus;
+use shared::engine::StartRun;
 use shared::example::expense;
 
 use cli::{Cli, Command, Review};
@@ -72,11 +73,54 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
     if let Command::Bench(args) = &cli.command {
         return bench::run(args).await;
     }
+    let mut cli = cli;
+    // A definition's directory given to `run` is loaded with the others.
+    if let Command::Run { agent, .. } = &cli.command
+        && std::path::Path::new(agent)
+            .join(shared::agents::DEFINITION_FILE)
+            .is_file()
+    {
+        cli.global.agents = Some(match cli.global.agents.take() {
+            Some(paths) => format!("{paths},{agent}"),
+            None => agent.clone(),
+        });
+    }
     let local = Local::connect(&cli.global).await?;
     match cli.command {
         Command::Agent { claim, ttl } => {
             let mut start = expense::task_for(&local.claims, &claim)?;
             start.approval_ttl = ttl;
+            let report = local.engine.start(start).await?;
+            Ok(Output {
+                text: render::run(&report),
+                json: json_of(&report),
+            })
+        }
+        Command::Run {
+            agent,
+            task,
+            person,
+            ttl,
+        } => {
+            let who = local.identify(&person)?;
+            let agent = match std::path::Path::new(&agent).join(shared::agents::DEFINITION_FILE) {
+                file if file.is_file() => {
+                    shared::agents::Definition::load(&shared::agents::Dir(
+                        std::path::PathBuf::from(&agent),
+                    ))
+                    .map_err(|e| Failure::usage(e.to_string()))?
+                    .name
+                }
+                _ => AgentName::parse(&agent)?,
+            };
+            let start = StartRun {
+                tenant: who.tenant.clone(),
+                agent,
+                requested_by: who.person.clone(),
+                started_by: None,
+                task,
+                approval_ttl: ttl,
+            };
             let report = local.engine.start(start).await?;
             Ok(Output {
                 text: render::run(&report),

@@ -11,6 +11,7 @@ use axum::routing::post;
 use serde_json::{Value, json};
 use shared::adapters::anthropic::AnthropicModel;
 use shared::adapters::sqlite::SqliteStore;
+use shared::agents::{self, Wiring};
 use shared::domain::approval::{Choice, DecisionRequest};
 use shared::domain::conversation::{Block, Message, StopReason};
 use shared::domain::ids::{ActionVersion, DecisionId};
@@ -191,22 +192,18 @@ async fn a_run_driven_by_the_api_pauses_then_sends_the_held_and_decided_results_
         rand_suffix()
     ));
     let store = Arc::new(SqliteStore::open_dir(&dir).unwrap());
-    let policy = expense::default_policy();
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let engine = Engine::builder(store.clone(), policy.clone())
-        .model(Arc::new(AnthropicModel::new(
+    let definition = agents::shipped_one(expense::AGENT).unwrap();
+    let wiring = Wiring::new(store.clone(), clock, expense::default_claims());
+    let agent = definition
+        .build(&wiring)
+        .unwrap()
+        .with_model(Arc::new(AnthropicModel::new(
             "sk-test",
             "claude-test",
             &base,
-        )))
-        .tools(expense::toolbox(
-            expense::default_claims(),
-            policy,
-            store.clone(),
-            clock,
-        ))
-        .system_prompt(expense::SYSTEM_PROMPT)
-        .build();
+        )));
+    let engine = Engine::builder(store.clone()).agent(agent).build();
 
     let claims = expense::default_claims();
     let paused = engine
@@ -219,7 +216,10 @@ async fn a_run_driven_by_the_api_pauses_then_sends_the_held_and_decided_results_
         1,
         "the model is not asked again while a person decides"
     );
-    assert_eq!(script.requests()[0].1["system"], expense::SYSTEM_PROMPT);
+    assert_eq!(
+        script.requests()[0].1["system"],
+        definition.system_prompt.as_str()
+    );
 
     let dana = expense::default_directory().identify("dana").unwrap();
     let request = DecisionRequest {

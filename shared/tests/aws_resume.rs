@@ -11,6 +11,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{TimeDelta, Utc};
 use shared::adapters::sqs::SqsQueue;
+use shared::agents::{self, Wiring};
 use shared::domain::approval::{Choice, DecisionRequest};
 use shared::domain::ids::{ActionVersion, DecisionId};
 use shared::domain::run::RunStatus;
@@ -39,16 +40,14 @@ fn engine(
     queue: Arc<dyn ResumeQueue>,
     clock: Arc<ManualClock>,
 ) -> Engine {
-    let policy = expense::default_policy();
     let clock: Arc<dyn Clock> = clock;
-    Engine::builder(store.clone(), policy.clone())
-        .model(Arc::new(OfflineExpenseAgent))
-        .tools(expense::toolbox(
-            expense::default_claims(),
-            policy,
-            store,
-            clock.clone(),
-        ))
+    let wiring = Wiring::new(store.clone(), clock.clone(), expense::default_claims());
+    let agent = agents::shipped_one(expense::AGENT)
+        .and_then(|definition| definition.build(&wiring))
+        .unwrap()
+        .with_model(Arc::new(OfflineExpenseAgent));
+    Engine::builder(store)
+        .agent(agent)
         .clock(clock)
         .delivery(Delivery::Queue(queue))
         .build()

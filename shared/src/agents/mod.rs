@@ -216,6 +216,20 @@ pub struct Wiring<'a> {
     pub drives: bool,
 }
 
+impl<'a> Wiring<'a> {
+    /// Tools over `store` and `clock`, `${VAR}` from the process environment, no model.
+    pub fn new(store: Arc<dyn ItemStore>, clock: Arc<dyn Clock>, claims: Arc<Claims>) -> Self {
+        Self {
+            store,
+            clock,
+            claims,
+            http: Default::default(),
+            env: &crate::adapters::env_template::process_env,
+            drives: false,
+        }
+    }
+}
+
 /// Builds every definition into an agent.
 pub fn build_all(
     definitions: &[Definition],

@@ -14,7 +14,9 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use chrono::{DateTime, TimeZone, Utc};
+use shared::adapters::env_template::process_env;
 use shared::adapters::sqlite::SqliteStore;
+use shared::agents::{self, Wiring};
 use shared::domain::action::ToolOutcome;
 use shared::domain::approval::{Approval, Choice, DecisionRequest};
 use shared::domain::audit::AuditEntry;
@@ -25,10 +27,10 @@ use shared::domain::ids::{ActionVersion, DecisionId, RunId, TenantId};
 use shared::domain::money::Amount;
 use shared::domain::policy::Policy;
 use shared::domain::run::Run;
-use shared::engine::{Delivery, Engine, EngineBuilder, RunReport};
+use shared::engine::{Agent, Delivery, Engine, EngineBuilder, RunReport};
 use shared::example::expense::{
-    Claims, Ledger, OfflineExpenseAgent, SYSTEM_PROMPT, Settlement, default_claims,
-    default_directory, default_policy, task_for, toolbox,
+    self, Claims, Ledger, OfflineExpenseAgent, Settlement, default_claims, default_directory,
+    default_policy, task_for,
 };
 use shared::ports::clock::ManualClock;
 use shared::ports::model::{Model, ModelError, ModelReply, ModelRequest, ToolSpec};
@@ -177,21 +179,37 @@ impl Harness {
         configure: impl FnOnce(EngineBuilder) -> EngineBuilder,
     ) -> Process {
         let store = wrap(self.backend.connect().await);
-        let tools = toolbox(
-            self.claims.clone(),
-            self.policy.clone(),
-            store.clone(),
-            self.clock.clone(),
-        );
-        let builder = Engine::builder(store.clone(), self.policy.clone())
-            .model(model)
-            .tools(tools)
-            .system_prompt(SYSTEM_PROMPT)
+        let agent = self.expense_agent(&store, model, |tools| tools);
+        let builder = Engine::builder(store.clone())
+            .agent(agent)
             .clock(self.clock.clone());
         Process {
             engine: configure(builder).build(),
             store,
         }
+    }
+
+    /// The shipped expense definition over `store`, played by `model`, its tools adjusted.
+    pub fn expense_agent(
+        &self,
+        store: &Arc<dyn ItemStore>,
+        model: Arc<dyn Model>,
+        adjust: impl FnOnce(Toolbox) -> Toolbox,
+    ) -> Agent {
+        let wiring = Wiring {
+            store: store.clone(),
+            clock: self.clock.clone(),
+            claims: self.claims.clone(),
+            http: Default::default(),
+            env: &process_env,
+            drives: false,
+        };
+        let mut agent = agents::shipped_one(expense::AGENT)
+            .and_then(|definition| definition.build(&wiring))
+            .expect("the shipped expense agent builds")
+            .with_model(model);
+        agent.tools = adjust(std::mem::take(&mut agent.tools));
+        agent
     }
 
     pub async fn process_of(
@@ -201,16 +219,9 @@ impl Harness {
         delivery: Delivery,
     ) -> Process {
         let store = self.backend.connect().await;
-        let tools = toolbox(
-            self.claims.clone(),
-            self.policy.clone(),
-            store.clone(),
-            self.clock.clone(),
-        );
-        let engine = Engine::builder(store.clone(), self.policy.clone())
-            .model(model)
-            .tools(adjust(tools))
-            .system_prompt(SYSTEM_PROMPT)
+        let agent = self.expense_agent(&store, model, adjust);
+        let engine = Engine::builder(store.clone())
+            .agent(agent)
             .clock(self.clock.clone())
             .delivery(delivery)
             .build();
@@ -750,6 +761,7 @@ pub fn results_after_turn(run: &Run, turn: usize) -> Vec<(String, ToolResultText
 pub fn scripted_task(requester: &str) -> shared::engine::StartRun {
     shared::engine::StartRun {
         tenant: acme(),
+        agent: shared::domain::ids::AgentName::parse(expense::AGENT).unwrap(),
         requested_by: shared::domain::ids::PersonId::parse(requester).unwrap(),
         started_by: None,
         task: "Settle the claims of the script.".into(),
