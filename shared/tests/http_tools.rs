@@ -69,20 +69,25 @@ impl Orders {
     }
 
     /// Makes the refund once per key, whatever the number of requests.
-    fn refund(&self, order_id: &str, headers: &HeaderMap, body: &Bytes) -> Result<Value, Response> {
+    fn refund(
+        &self,
+        order_id: &str,
+        headers: &HeaderMap,
+        body: &Bytes,
+    ) -> Result<Value, (StatusCode, &'static str)> {
         let authorized = headers
             .get(header::AUTHORIZATION)
             .is_some_and(|v| v.as_bytes() == format!("Bearer {SECRET}").as_bytes());
         if !authorized {
-            return Err((StatusCode::UNAUTHORIZED, "no valid token").into_response());
+            return Err((StatusCode::UNAUTHORIZED, "no valid token"));
         }
         let key = headers
             .get("idempotency-key")
             .and_then(|v| v.to_str().ok())
-            .ok_or_else(|| (StatusCode::BAD_REQUEST, "no Idempotency-Key").into_response())?
+            .ok_or((StatusCode::BAD_REQUEST, "no Idempotency-Key"))?
             .to_string();
         let args: Value = serde_json::from_slice(body)
-            .map_err(|_| (StatusCode::BAD_REQUEST, "the body is not JSON").into_response())?;
+            .map_err(|_| (StatusCode::BAD_REQUEST, "the body is not JSON"))?;
         let mut refunds = self.refunds.lock().unwrap();
         let next = refunds.len() + 1;
         let refund = refunds.entry(key.clone()).or_insert_with(|| {
@@ -108,7 +113,7 @@ async fn refunds(
     orders.hit("refunds");
     match orders.refund(&order_id, &headers, &body) {
         Ok(refund) => (StatusCode::CREATED, axum::Json(refund)).into_response(),
-        Err(refused) => refused,
+        Err(refused) => refused.into_response(),
     }
 }
 
@@ -121,7 +126,7 @@ async fn commit_then_500(
     orders.hit("commit_then_500");
     match orders.refund(&order_id, &headers, &body) {
         Ok(_) => (StatusCode::INTERNAL_SERVER_ERROR, "the database hiccuped").into_response(),
-        Err(refused) => refused,
+        Err(refused) => refused.into_response(),
     }
 }
 
@@ -828,7 +833,7 @@ async fn given_an_approved_refund_whose_endpoint_commits_then_answers_500_when_t
     // The sweep asks the service by key and settles it.
     let key = format!("{}:1", approval.action_id);
     let swept = engine.sweep(100).await.unwrap();
-    assert_eq!(swept.reconciled, [key.clone()]);
+    assert_eq!(swept.reconciled, std::slice::from_ref(&key));
     assert_eq!(orders.hits("by_key"), 1);
 
     let history = engine.history(&acme(), &report.run_id).await.unwrap();
