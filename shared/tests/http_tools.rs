@@ -900,3 +900,38 @@ async fn given_an_approved_refund_when_its_resume_message_is_delivered_twice_the
         "{told:?}"
     );
 }
+
+#[tokio::test]
+async fn given_an_approved_refund_whose_endpoint_times_out_without_effect_when_the_sweep_reconciles_then_it_did_not_take_effect_and_the_model_is_told()
+ {
+    let (orders, addr) = orders_service().await;
+    let tool = tool_at(
+        addr,
+        &REFUND
+            .replace("/orders/{order_id}/refunds", "/hang")
+            .replacen("timeout = \"2s\"", "timeout = \"300ms\"", 1),
+    );
+    let (engine, _store) = refund_engine(tool, Delivery::InProcess).await;
+    let dana = default_directory().identify("dana").unwrap();
+    let report = engine.start(scripted_task("ben")).await.unwrap();
+    let approval = report.approvals[0].clone();
+
+    engine
+        .decide(&dana, &approval.id, approve("d-refund"))
+        .await
+        .unwrap();
+    let history = engine.history(&acme(), &report.run_id).await.unwrap();
+    assert_eq!(history.actions[0].status, ActionStatus::Unknown);
+
+    let swept = engine.sweep(100).await.unwrap();
+
+    let key = format!("{}:1", approval.action_id);
+    assert_eq!(swept.reconciled, std::slice::from_ref(&key));
+    assert_eq!(orders.hits("hang"), 1);
+    assert_eq!(orders.effects(), 0);
+    let history = engine.history(&acme(), &report.run_id).await.unwrap();
+    assert_eq!(history.run.status, RunStatus::Done);
+    assert_eq!(history.actions[0].status, ActionStatus::Failed);
+    let told = told_about(&history.run, "issue_refund");
+    assert!(told.content.contains("did not take effect"), "{told:?}");
+}

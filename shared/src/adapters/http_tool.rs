@@ -26,8 +26,9 @@
 //!   carries `Idempotency-Key: <action_id>:<version>`, `Accept: application/json`,
 //!   `Content-Type: application/json` when it has a body, and the configured headers.
 //! - 2xx: succeeded, with the body as the result (JSON, or a JSON string when it is not JSON,
-//!   `null` when empty). At most `max_response_bytes` are read; a longer body is cut and the
-//!   result says so (`{"body": "<the first bytes>", "cut": "<why>"}`).
+//!   `null` when empty). At most `max_response_bytes` are read, as they stream in; a longer
+//!   body is cut and the result says so (`{"body": "<the first bytes>", "cut": "<why>"}`), as
+//!   does a 2xx body that breaks off (the status already said the call took effect).
 //! - 4xx other than 408, 425 and 429: failed, with the status and the body's error message; the
 //!   model reads it as a plain result.
 //! - 408, 425, 429, 5xx, 3xx (redirects are never followed), a timeout, or a connection lost
@@ -339,6 +340,12 @@ impl Endpoint {
             let header = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
                 BindingError::invalid(&header_field, "is not a valid HTTP header name")
             })?;
+            if headers.contains_key(&header) {
+                return Err(BindingError::invalid(
+                    &header_field,
+                    "is the same header as another one (names ignore case)",
+                ));
+            }
             if RESERVED_HEADERS.contains(&header.as_str()) {
                 return Err(BindingError::invalid(
                     &header_field,
@@ -690,9 +697,9 @@ async fn send(
         Ok(response) => response,
         Err(error) if error.is_builder() => return Ok(Exchange::NotSent(describe(error))),
         Err(error) if error.is_connect() => {
+            // The host stays out of the result: it may have come from the environment.
             return Ok(Exchange::NotSent(format!(
-                "could not connect to {} ({})",
-                endpoint.host,
+                "could not connect to the service ({})",
                 describe(error)
             )));
         }
@@ -1182,6 +1189,16 @@ url = "https://orders.example/x""#,
             error_of(&b),
             "tools.issue_refund.http.headers.Idempotency-Key: Countersign sets this header itself"
         );
+        let mut b = refund();
+        b.headers.insert("authorization".into(), "Basic x".into());
+        let error = b.resolve(FIELD, &env).unwrap_err();
+        assert!(
+            error
+                .field()
+                .starts_with("tools.issue_refund.http.headers."),
+            "{error}"
+        );
+        assert!(error.to_string().contains("same header"), "{error}");
         let mut b = refund();
         b.headers.insert("Bad Name".into(), "x".into());
         assert!(error_of(&b).starts_with("tools.issue_refund.http.headers.Bad Name: "));
