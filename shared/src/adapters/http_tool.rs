@@ -252,6 +252,19 @@ impl ResolvedHttp {
     pub fn has_reconcile(&self) -> bool {
         self.reconcile.is_some()
     }
+
+    /// The arguments the URLs' paths name (the call's and the reconcile's), without
+    /// `idempotency_key`: a definition can check each against the tool's input schema.
+    pub fn path_arguments(&self) -> BTreeSet<&str> {
+        std::iter::once(&self.call)
+            .chain(&self.reconcile)
+            .flat_map(|e| &e.pieces)
+            .filter_map(|p| match p {
+                Piece::Arg(name) if name != KEY_PLACEHOLDER => Some(name.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
 }
 
 impl fmt::Debug for ResolvedHttp {
@@ -274,8 +287,8 @@ enum Piece {
 struct Endpoint {
     method: Method,
     pieces: Vec<Piece>,
-    /// The URL came (in part) from `${VAR}`: it is never shown.
-    url_from_env: bool,
+    /// The URL as the file writes it, `${VAR}` unfilled: what `Debug` shows.
+    written: String,
     headers: HeaderMap,
     timeout: Duration,
     max_response_bytes: usize,
@@ -286,11 +299,6 @@ struct Endpoint {
 
 impl fmt::Debug for Endpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let url = if self.url_from_env {
-            format!("<from the environment, host {}>", self.host)
-        } else {
-            template_text(&self.pieces)
-        };
         let headers: Vec<String> = self
             .headers
             .keys()
@@ -298,22 +306,13 @@ impl fmt::Debug for Endpoint {
             .collect();
         f.debug_struct("Endpoint")
             .field("method", &self.method)
-            .field("url", &url)
+            .field("url", &self.written)
+            .field("host", &self.host)
             .field("headers", &headers)
             .field("timeout", &self.timeout)
             .field("max_response_bytes", &self.max_response_bytes)
             .finish()
     }
-}
-
-fn template_text(pieces: &[Piece]) -> String {
-    pieces
-        .iter()
-        .map(|p| match p {
-            Piece::Text(text) => text.clone(),
-            Piece::Arg(name) => format!("{{{name}}}"),
-        })
-        .collect()
 }
 
 impl Endpoint {
@@ -384,7 +383,7 @@ impl Endpoint {
         Ok(Self {
             method,
             pieces,
-            url_from_env,
+            written: request.url.to_string(),
             headers,
             timeout,
             max_response_bytes,
@@ -1046,6 +1045,7 @@ mod tests {
             resolved.reconcile.as_ref().unwrap().timeout,
             Duration::from_secs(5)
         );
+        assert_eq!(resolved.path_arguments(), BTreeSet::from(["order_id"]));
     }
 
     #[test]
@@ -1297,7 +1297,11 @@ url = "https://orders.example/orders/{order_id}?v=1""#,
         );
         for text in [format!("{resolved:?}"), format!("{tool:?}")] {
             assert!(!text.contains("s3cret"), "{text}");
-            assert!(!text.contains("/orders/"), "{text}");
+            assert!(!text.contains("http://127.0.0.1:8790/"), "{text}");
+            assert!(
+                text.contains("${ORDERS_URL}/orders/{order_id}/refunds"),
+                "{text}"
+            );
             assert!(
                 text.contains("Authorization") || text.contains("authorization"),
                 "{text}"
