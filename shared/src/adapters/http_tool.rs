@@ -363,7 +363,8 @@ impl Endpoint {
         }
         let mut secrets = seen.into_inner();
         secrets.retain(|s| s.len() >= MIN_SCRUBBED_SECRET);
-        secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        // Longest first, so a secret that contains another is scrubbed whole.
+        secrets.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
         secrets.dedup();
 
         let timeout = match request.timeout {
