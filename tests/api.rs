@@ -563,15 +563,16 @@ async fn nobody_approves_their_own_claim() {
 }
 
 #[tokio::test]
-async fn whoever_starts_a_run_for_someone_else_may_not_approve_it_either() {
+async fn the_caller_who_starts_a_run_and_the_claims_employee_may_not_approve_it() {
     let server = Server::start("starter");
+    // erin asks (the token's subject is the requester); the claim is ben's (its claimant).
     let c102 = server.paused_run("erin", "c-102", None).await;
     let before = server.approval(&c102.approval).await;
-    assert_eq!(before["requested_by"], json!(["ben", "erin"]));
-    let reply = server
-        .decide("erin", &c102.approval, approve("erin-1"))
-        .await;
-    assert_refused(&reply, 403, "own_request");
+    assert_eq!(before["requested_by"], json!(["erin", "ben"]));
+    for (who, id) in [("erin", "erin-1"), ("ben", "ben-1")] {
+        let reply = server.decide(who, &c102.approval, approve(id)).await;
+        assert_refused(&reply, 403, "own_request");
+    }
     assert_eq!(server.approval(&c102.approval).await, before);
 }
 

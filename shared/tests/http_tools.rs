@@ -25,7 +25,7 @@ use shared::domain::args::Args;
 use shared::domain::ids::{RunId, TenantId};
 use shared::domain::policy::Policy;
 use shared::domain::run::RunStatus;
-use shared::engine::{Delivery, Engine, ResumeReport};
+use shared::engine::{Agent, Delivery, Engine, ResumeReport};
 use shared::example::expense::default_directory;
 use shared::ports::clock::ManualClock;
 use shared::ports::model::ToolSpec;
@@ -787,10 +787,13 @@ async fn refund_engine(tool: HttpTool, delivery: Delivery) -> (Engine, Embedded)
         "issue_refund",
         json!({"order_id": "ord_55", "amount_cents": 12_500}),
     )]);
-    let engine = Engine::builder(store, policy)
-        .model(Arc::new(script))
-        .tools(Toolbox::new().with(Arc::new(tool)))
-        .system_prompt("You refund orders.")
+    // Named as harness::scripted_task names the agent it starts.
+    let agent = Agent::new(scripted_task("ben").agent, policy)
+        .with_model(Arc::new(script))
+        .with_tools(Toolbox::new().with(Arc::new(tool)))
+        .with_system_prompt("You refund orders.");
+    let engine = Engine::builder(store)
+        .agent(agent)
         .clock(Arc::new(ManualClock::new(start_of_test())))
         .delivery(delivery)
         .build();

@@ -145,7 +145,7 @@ async fn given_c104_with_no_time_to_decide_when_the_sweep_runs_then_it_expires_a
     assert!(again.expired.is_empty(), "expired once: {again:?}");
 }
 
-async fn given_a_time_to_decide_above_90_days_when_a_run_starts_then_it_is_refused_as_bad_input(
+async fn given_a_time_to_decide_longer_than_the_policy_allows_when_a_run_starts_then_it_is_refused_as_bad_input(
     h: &Harness,
 ) {
     let p = h.process().await;
@@ -155,25 +155,28 @@ async fn given_a_time_to_decide_above_90_days_when_a_run_starts_then_it_is_refus
         task
     };
 
+    // The expense policy gives a day to decide and states no longer maximum: a caller may
+    // shorten the day, never lengthen it.
     for too_long in [
-        StdDuration::from_secs(90 * 86_400 + 1),
+        StdDuration::from_secs(86_400 + 1),
+        StdDuration::from_secs(90 * 86_400),
         StdDuration::from_secs(u64::MAX),
     ] {
         let refused = p.start(with_ttl(too_long)).await.unwrap_err();
 
         assert_eq!(refused.code(), "bad_input", "{refused}");
         assert_eq!(refused.kind(), ErrorKind::BadInput);
-        assert!(refused.to_string().contains("90 days"), "{refused}");
+        assert!(refused.to_string().contains("longer than"), "{refused}");
     }
     assert!(p.pending(&acme()).await.unwrap().is_empty());
 
     let longest = p
-        .start(with_ttl(StdDuration::from_secs(90 * 86_400)))
+        .start(with_ttl(StdDuration::from_secs(86_400)))
         .await
         .unwrap();
     assert_eq!(
         longest.approvals[0].expires_at,
-        start_of_test() + Duration::days(90)
+        start_of_test() + Duration::days(1)
     );
 }
 
@@ -1832,7 +1835,7 @@ macro_rules! every_scenario {
                 given_c102_lodging_over_the_limit_when_the_agent_runs_then_it_pauses_on_reimbursing_250,
                 given_c101_was_paid_when_the_agent_runs_c103_then_it_pauses_on_declining_a_duplicate,
                 given_c104_with_no_time_to_decide_when_the_sweep_runs_then_it_expires_and_nothing_is_paid,
-                given_a_time_to_decide_above_90_days_when_a_run_starts_then_it_is_refused_as_bad_input,
+                given_a_time_to_decide_longer_than_the_policy_allows_when_a_run_starts_then_it_is_refused_as_bad_input,
                 given_a_paused_run_when_the_process_restarts_and_a_new_engine_approves_then_the_run_finishes_and_the_claim_is_paid,
                 given_an_approval_when_the_same_decision_id_is_sent_twice_then_it_resumes_once_and_the_second_call_replays_the_outcome,
                 given_a_decision_whose_resume_was_never_delivered_when_its_decision_id_is_replayed_then_the_run_resumes_exactly_once,

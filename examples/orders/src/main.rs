@@ -49,6 +49,9 @@ enum Command {
         /// The SQLite file the service uses.
         #[arg(long)]
         db: PathBuf,
+        /// Only the refunds of this order.
+        #[arg(long, value_name = "ORDER_ID")]
+        order: Option<String>,
         /// Print a JSON array instead of one line per refund.
         #[arg(long)]
         json: bool,
@@ -66,7 +69,7 @@ async fn main() -> ExitCode {
         .init();
     let result = match Cli::parse().command {
         Command::Serve { db, addr, fault } => serve(db, &addr, fault).await,
-        Command::Refunds { db, json } => list_refunds(db, json),
+        Command::Refunds { db, order, json } => list_refunds(db, order.as_deref(), json),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -110,15 +113,16 @@ async fn serve(db: PathBuf, addr: &str, fault: Option<Fault>) -> Result<(), Stri
         .map_err(|e| format!("the server stopped: {e}"))
 }
 
-fn list_refunds(db: PathBuf, json: bool) -> Result<(), String> {
+fn list_refunds(db: PathBuf, order: Option<&str>, json: bool) -> Result<(), String> {
     // Listing must not create an empty database where the service's was expected.
     if !db.is_file() {
         return Err(format!("no orders database at {}", db.display()));
     }
     let store = Store::open(&db).map_err(|e| format!("cannot open {}: {e}", db.display()))?;
-    let refunds = store
+    let mut refunds = store
         .refunds()
         .map_err(|e| format!("cannot read the refunds: {e}"))?;
+    refunds.retain(|refund| order.is_none_or(|order| refund.ask.order_id == order));
     let mut stdout = std::io::stdout().lock();
     let written = if json {
         let all: Vec<_> = refunds.iter().map(http::refund_json).collect();

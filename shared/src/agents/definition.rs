@@ -8,6 +8,7 @@ use serde_json::Value;
 
 use super::{DEFINITION_FILE, DefinitionError, Files, Wiring, schema};
 use crate::adapters::anthropic::AnthropicModel;
+use crate::adapters::http_tool::{HttpBinding, HttpTool, http_client};
 use crate::adapters::scripted::{Script, ScriptedModel};
 use crate::domain::ids::{AgentName, Role};
 use crate::domain::policy::Policy;
@@ -52,8 +53,8 @@ pub struct ModelSettings {
 pub enum ToolBinding {
     /// A tool written in Rust and shipped with Countersign, such as `expense.reimburse`.
     Builtin(String),
-    /// An HTTP endpoint (the binding's table as written; resolved when built).
-    Http(toml::Value),
+    /// An HTTP endpoint; its `${VAR}` are filled when it is built.
+    Http(HttpBinding),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -206,12 +207,24 @@ impl Definition {
                         DefinitionError::new(&self.file, &field, format!("no built-in tool {name}"))
                     })?
                 }
-                ToolBinding::Http(_) => {
-                    return Err(DefinitionError::new(
-                        &self.file,
-                        &format!("{field}.http"),
-                        "HTTP tools are not available in this build",
-                    ));
+                ToolBinding::Http(binding) => {
+                    let resolved = binding
+                        .resolve(&format!("{field}.http"), wiring.env)
+                        .map_err(|e| DefinitionError::new(&self.file, "", e.to_string()))?;
+                    let spec = tool.spec.clone().expect("an HTTP tool has its spec");
+                    if let Some(missing) = resolved
+                        .path_arguments()
+                        .into_iter()
+                        .find(|arg| spec.input_schema["properties"].get(*arg).is_none())
+                    {
+                        return Err(DefinitionError::new(
+                            &self.file,
+                            &format!("{field}.http.url"),
+                            format!("{{{missing}}} is not one of the tool's arguments"),
+                        ));
+                    }
+                    let client = wiring.http.get_or_init(http_client).clone();
+                    Arc::new(HttpTool::new(spec, resolved, client))
                 }
             };
             if bound.spec().name != tool.name {
@@ -349,7 +362,10 @@ fn tool_definition(
             }
             ToolBinding::Builtin(builtin)
         }
-        (None, Some(http)) => ToolBinding::Http(http),
+        (None, Some(http)) => ToolBinding::Http(
+            http.try_into()
+                .map_err(|e: toml::de::Error| err("http", e.message().to_string()))?,
+        ),
         (None, None) => return Err(err("", "needs one binding: builtin or http".into())),
         (Some(_), Some(_)) => return Err(err("", "has two bindings; keep one".into())),
     };
