@@ -1374,6 +1374,44 @@ async fn given_an_overdue_approval_when_someone_approves_it_then_it_is_refused_a
     assert!(h.payments().await.is_empty());
 }
 
+async fn given_an_overdue_approval_when_someone_without_the_approver_role_decides_it_then_it_expires_booked_to_the_deadline_not_to_them(
+    h: &Harness,
+) {
+    let p = h.process().await;
+    let (report, approval) = h.start_paused(&p, "c-102").await;
+    h.clock.advance(Duration::hours(24) + Duration::minutes(1));
+    let ana = h.person("ana");
+    assert!(!ana.has_role(&finance()));
+
+    let refused = p
+        .decide(&ana, &approval.id, approve("d-ana"))
+        .await
+        .unwrap_err();
+
+    assert_eq!(refused.code(), "expired");
+    assert_eq!(refused.kind(), ErrorKind::Conflict);
+    let stored = p.approval(&acme(), &approval.id).await.unwrap();
+    assert_eq!(stored.status, ApprovalStatus::Expired);
+    assert!(stored.decisions.is_empty());
+    let history = p.history(&acme(), &report.run_id).await.unwrap();
+    let expiries: Vec<&Actor> = history
+        .entries
+        .iter()
+        .filter(|e| matches!(e.event, AuditEvent::Expired { .. }))
+        .map(|e| &e.actor)
+        .collect();
+    assert_eq!(expiries, [&Actor::system("deadline")]);
+    assert!(
+        history
+            .entries
+            .iter()
+            .all(|e| e.actor != Actor::person(&ana.person)),
+        "ana appears nowhere in the record: {:?}",
+        event_names(&history.entries)
+    );
+    assert!(h.payments().await.is_empty());
+}
+
 async fn given_a_rejected_payment_when_the_run_resumes_then_the_model_reads_a_plain_not_executed_result_and_finishes(
     h: &Harness,
 ) {
@@ -1859,6 +1897,7 @@ macro_rules! every_scenario {
                 given_an_approver_who_lost_the_finance_role_when_they_approve_then_they_are_forbidden,
                 given_an_approval_of_acme_when_a_globex_approver_decides_it_then_it_is_not_found,
                 given_an_overdue_approval_when_someone_approves_it_then_it_is_refused_as_expired_nothing_is_paid_and_the_model_is_told,
+                given_an_overdue_approval_when_someone_without_the_approver_role_decides_it_then_it_expires_booked_to_the_deadline_not_to_them,
                 given_a_rejected_payment_when_the_run_resumes_then_the_model_reads_a_plain_not_executed_result_and_finishes,
                 given_an_unanswered_payment_when_the_sweep_expires_it_then_the_model_reads_a_plain_not_executed_result_and_finishes,
                 given_a_cancelled_run_when_an_approver_decides_its_approval_then_it_conflicts_as_cancelled,
