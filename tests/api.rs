@@ -1053,6 +1053,16 @@ async fn a_connection_that_stops_mid_headers_or_sits_idle_is_closed() {
     let silent = raw_exchange(&addr, "").await;
     assert!(started.elapsed() < Duration::from_secs(10), "{silent:?}");
 
+    // A keep-alive connection that sits idle after its answer is closed too.
+    let started = std::time::Instant::now();
+    let idle = raw_exchange(
+        &addr,
+        "GET /no/such/route HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+    )
+    .await;
+    assert!(idle.starts_with("HTTP/1.1 404"), "{idle}");
+    assert!(started.elapsed() < Duration::from_secs(10), "{idle:?}");
+
     // A head that arrived, then a body that stops halfway: 408, and the connection ends.
     let started = std::time::Instant::now();
     let half_body = raw_exchange(
