@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::Request;
-use axum::http::StatusCode;
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -177,13 +177,9 @@ async fn accept_until_stopped(listener: TcpListener, app: Router, options: &Opti
 }
 
 /// Reads the request's body (at most the API's limit) within `timeout`, so a client that stops
-/// sending mid-body holds no connection and no handler; a body over the limit goes on to the
-/// router, which refuses it.
-async fn body_within(
-    axum::extract::State(timeout): axum::extract::State<Duration>,
-    request: Request,
-    next: Next,
-) -> Response {
+/// sending mid-body holds no connection and no handler. A body over the limit is refused as the
+/// API refuses it (400 `body_too_large`); one that is late is 408 and ends the connection.
+async fn body_within(State(timeout): State<Duration>, request: Request, next: Next) -> Response {
     let (parts, body) = request.into_parts();
     match tokio::time::timeout(timeout, axum::body::to_bytes(body, api::MAX_BODY_BYTES)).await {
         Ok(Ok(bytes)) => next.run(Request::from_parts(parts, bytes.into())).await,
@@ -202,10 +198,9 @@ async fn body_within(
                 ),
             )
             .into_response();
-            response.headers_mut().insert(
-                axum::http::header::CONNECTION,
-                axum::http::HeaderValue::from_static("close"),
-            );
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
             response
         }
     }
