@@ -420,6 +420,8 @@ mod tests {
             json!(["x,finance"]),
             json!(r#"["x,finance"]"#),
             json!("[employee x,finance]"),
+            // A provider that sends the claim as JSON text keeps a space inside a name intact.
+            json!(r#"["x finance"]"#),
         ] {
             let parsed = parse_roles(&claim);
             assert!(
