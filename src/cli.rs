@@ -89,15 +89,7 @@ pub enum Command {
         id: String,
     },
     /// Serve the HTTP decision API over the state; bearer tokens come from `countersign token`.
-    Serve {
-        /// Where to listen; port 0 picks a free one. The address is printed on stdout.
-        #[arg(long, default_value = "127.0.0.1:8780", value_name = "HOST:PORT")]
-        addr: String,
-        /// How often the server sweeps (expiries, reminders, retries), as the recurring schedule
-        /// does in AWS; 0s turns it off.
-        #[arg(long, default_value = "30s", value_parser = parse_duration)]
-        sweep_every: std::time::Duration,
-    },
+    Serve(crate::serve::Options),
     /// Print a development bearer token for a person of the people directory.
     Token {
         #[arg(long = "as", value_name = "NAME")]
@@ -166,7 +158,7 @@ pub struct Submission {
     pub version: Option<u32>,
 }
 
-fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+pub(crate) fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     humantime::parse_duration(text)
         .map_err(|e| format!("{text:?} is not a duration like 30m, 2h or 0s: {e}"))
 }

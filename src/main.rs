@@ -203,8 +203,8 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
             action: Some(review),
             ..
         } => decide(&local, review).await,
-        Command::Serve { addr, sweep_every } => {
-            serve::run(local, &cli.global.state, &addr, sweep_every).await?;
+        Command::Serve(options) => {
+            serve::run(local, &cli.global.state, options).await?;
             Ok(Output {
                 text: String::new(),
                 json: json!({"stopped": true}),

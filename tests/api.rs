@@ -38,7 +38,28 @@ impl Server {
         Self::start_sweeping(name, "0s")
     }
 
+    /// A server that does not sweep and offers development sign-in.
+    fn start_dev(name: &str) -> Self {
+        Self::start_with(name, &["--sweep-every", "0s", "--dev-sign-in"])
+    }
+
+    /// The state directory's development sign-in secret, as only its owner can read it.
+    fn dev_secret(&self) -> String {
+        std::fs::read_to_string(self.state.join("dev-sign-in.secret"))
+            .expect("--dev-sign-in made the secret")
+    }
+
+    /// The port the server listens on, for requests written by hand.
+    fn addr(&self) -> String {
+        self.base.trim_start_matches("http://").to_string()
+    }
+
     fn start_sweeping(name: &str, every: &str) -> Self {
+        Self::start_with(name, &["--sweep-every", every])
+    }
+
+    /// A server started with `countersign serve --addr 127.0.0.1:0` and `args`.
+    fn start_with(name: &str, args: &[&str]) -> Self {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
@@ -48,7 +69,8 @@ impl Server {
             std::process::id()
         ));
         let mut child = countersign(&state)
-            .args(["serve", "--addr", "127.0.0.1:0", "--sweep-every", every])
+            .args(["serve", "--addr", "127.0.0.1:0"])
+            .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -830,7 +852,7 @@ async fn the_review_page_is_served_without_a_token_under_a_strict_policy() {
 
 #[tokio::test]
 async fn development_sign_in_issues_a_token_for_a_person_of_the_directory() {
-    let server = Server::start("dev-sign-in");
+    let server = Server::start_dev("dev-sign-in");
     let (status, _, people) = get_page(&server, "/dev/people", "content-type").await;
     assert_eq!(status, 200, "{people}");
     let people: Value = serde_json::from_str(&people).unwrap();
@@ -843,13 +865,21 @@ async fn development_sign_in_issues_a_token_for_a_person_of_the_directory() {
     assert_eq!(dana["tenant"], "acme");
     assert_eq!(dana["roles"], json!(["employee", "finance"]));
 
+    let secret = server.dev_secret();
     let issue = |name: &str| {
         server
             .http
             .post(format!("{}/dev/token", server.base))
+            .header("x-countersign-dev-secret", &secret)
             .json(&json!({"as": name}))
     };
-    let issued: Value = issue("dana").send().await.unwrap().json().await.unwrap();
+    let issued = issue("dana").send().await.unwrap();
+    assert_eq!(
+        issued.headers()["cache-control"],
+        "no-store",
+        "a token is kept by no cache"
+    );
+    let issued: Value = issued.json().await.unwrap();
     assert_eq!(issued["person"], "dana");
     assert!(issued["expires_at"].is_string(), "{issued}");
     let token = issued["token"].as_str().unwrap().to_string();
@@ -872,6 +902,209 @@ async fn development_sign_in_issues_a_token_for_a_person_of_the_directory() {
     assert_eq!(rebound.status(), 403);
     let rebound: Value = rebound.json().await.unwrap();
     assert_eq!(rebound["error"]["code"], "not_local");
+}
+
+#[tokio::test]
+async fn development_sign_in_needs_the_secret_only_the_states_owner_can_read() {
+    let server = Server::start_dev("dev-secret");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(server.state.join("dev-sign-in.secret"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+    let secret = server.dev_secret();
+    let wrong = format!("{}0", &secret[..secret.len() - 1]);
+    for shown in [None, Some(""), Some(wrong.as_str())] {
+        let mut request = server
+            .http
+            .post(format!("{}/dev/token", server.base))
+            .json(&json!({"as": "dana"}));
+        if let Some(shown) = shown {
+            request = request.header("x-countersign-dev-secret", shown);
+        }
+        let refused = request.send().await.unwrap();
+        assert_eq!(refused.status(), 403, "{shown:?}");
+        let refused: Value = refused.json().await.unwrap();
+        assert_eq!(refused["error"]["code"], "dev_secret", "{shown:?}");
+        assert!(refused.get("token").is_none());
+    }
+}
+
+#[tokio::test]
+async fn without_dev_sign_in_there_is_no_dev_route() {
+    let server = Server::start("no-dev-sign-in");
+    let (status, _, body) = get_page(&server, "/dev/people", "content-type").await;
+    assert_eq!(status, 404, "{body}");
+    let refused = server
+        .http
+        .post(format!("{}/dev/token", server.base))
+        .json(&json!({"as": "dana"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 404);
+    assert!(
+        !server.state.join("dev-sign-in.secret").exists(),
+        "no secret is made when sign-in is off"
+    );
+}
+
+/// Sends `request` as written on a fresh connection and returns what came back, or what came
+/// back before the server closed it.
+async fn raw_exchange(addr: &str, request: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut answer)).await;
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+#[tokio::test]
+async fn development_sign_in_refuses_two_host_headers_and_anything_after_a_bracketed_host() {
+    let server = Server::start_dev("dev-hosts");
+    let secret = server.dev_secret();
+    let body = r#"{"as":"dana"}"#;
+    let request = |hosts: &[&str]| {
+        let hosts: String = hosts.iter().map(|h| format!("Host: {h}\r\n")).collect();
+        format!(
+            "POST /dev/token HTTP/1.1\r\n{hosts}X-Countersign-Dev-Secret: {secret}\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let addr = server.addr();
+    let port = addr.rsplit_once(':').unwrap().1;
+    let local = format!("127.0.0.1:{port}");
+
+    let one = raw_exchange(&addr, &request(&[&local])).await;
+    assert!(one.starts_with("HTTP/1.1 200"), "{one}");
+    for hosts in [
+        vec![local.as_str(), "attacker.example"],
+        vec!["attacker.example", local.as_str()],
+        vec![local.as_str(), local.as_str()],
+        vec!["[::1]attacker.example"],
+        vec!["[::1].attacker.example:80"],
+        vec!["localhost:80@attacker.example"],
+    ] {
+        let answer = raw_exchange(&addr, &request(&hosts)).await;
+        assert!(
+            answer.starts_with("HTTP/1.1 403") || answer.starts_with("HTTP/1.1 400"),
+            "{hosts:?}: {answer}"
+        );
+        assert!(!answer.contains("\"token\""), "{hosts:?}: {answer}");
+    }
+}
+
+#[tokio::test]
+async fn json_answers_are_never_cached_nor_sniffed() {
+    let server = Server::start("headers");
+    let token = server.token("dana");
+    for (path, bearer, status) in [
+        ("/approvals", Some(token), 200),
+        ("/approvals", None, 401),
+        ("/no/such/route", None, 404),
+    ] {
+        let mut request = server.http.get(format!("{}{path}", server.base));
+        if let Some(token) = bearer {
+            request = request.bearer_auth(token);
+        }
+        let reply = request.send().await.unwrap();
+        assert_eq!(reply.status().as_u16(), status, "{path}");
+        let headers = reply.headers();
+        assert_eq!(headers["cache-control"], "no-store", "{path} {status}");
+        assert_eq!(
+            headers["x-content-type-options"], "nosniff",
+            "{path} {status}"
+        );
+    }
+    let (_, nosniff, _) = get_page(&server, "/", "x-content-type-options").await;
+    assert_eq!(nosniff.as_deref(), Some("nosniff"), "the page too");
+}
+
+#[tokio::test]
+async fn a_connection_that_stops_mid_headers_or_sits_idle_is_closed() {
+    let server = Server::start_with(
+        "slow-client",
+        &[
+            "--sweep-every",
+            "0s",
+            "--header-timeout",
+            "1s",
+            "--body-timeout",
+            "1s",
+        ],
+    );
+    let addr = server.addr();
+    let started = std::time::Instant::now();
+    let stalled = raw_exchange(&addr, "GET /approvals HTTP/1.1\r\nHost: 127.0.0.1\r\n").await;
+    let waited = started.elapsed();
+    assert!(
+        waited < Duration::from_secs(10),
+        "closed after {waited:?}, not left open: {stalled:?}"
+    );
+    assert!(!stalled.contains("200 OK"), "{stalled}");
+
+    // Nothing sent at all is the same as a head that never ends.
+    let started = std::time::Instant::now();
+    let silent = raw_exchange(&addr, "").await;
+    assert!(started.elapsed() < Duration::from_secs(10), "{silent:?}");
+
+    // A keep-alive connection that sits idle after its answer is closed too.
+    let started = std::time::Instant::now();
+    let idle = raw_exchange(
+        &addr,
+        "GET /no/such/route HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+    )
+    .await;
+    assert!(idle.starts_with("HTTP/1.1 404"), "{idle}");
+    assert!(started.elapsed() < Duration::from_secs(10), "{idle:?}");
+
+    // A head that arrived, then a body that stops halfway: 408, and the connection ends.
+    let started = std::time::Instant::now();
+    let half_body = raw_exchange(
+        &addr,
+        "POST /runs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+         Content-Length: 40\r\n\r\n{\"claim",
+    )
+    .await;
+    assert!(started.elapsed() < Duration::from_secs(10), "{half_body:?}");
+    assert!(half_body.starts_with("HTTP/1.1 408"), "{half_body}");
+    assert!(half_body.contains("request_timeout"), "{half_body}");
+}
+
+#[tokio::test]
+async fn connections_beyond_the_cap_wait_until_one_closes() {
+    let server = Server::start_with(
+        "capped",
+        &[
+            "--sweep-every",
+            "0s",
+            "--header-timeout",
+            "2s",
+            "--max-connections",
+            "1",
+        ],
+    );
+    let token = server.token("dana");
+    // One client holds the only connection, saying nothing.
+    let holder = tokio::net::TcpStream::connect(server.addr()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = std::time::Instant::now();
+    let listed = server
+        .send(reqwest::Method::GET, "/approvals", Some(token), None)
+        .await;
+    let waited = started.elapsed();
+    assert_eq!(listed.status, 200, "{}", listed.json);
+    assert!(
+        waited >= Duration::from_millis(1_000),
+        "answered after {waited:?}: it should have waited for the silent connection to close"
+    );
+    drop(holder);
 }
 
 #[tokio::test]

@@ -49,6 +49,8 @@ struct Server {
     base: String,
     state: PathBuf,
     http: reqwest::Client,
+    /// Development sign-in's secret, when the server offers it.
+    dev_secret: Option<String>,
 }
 
 struct Paused {
@@ -57,10 +59,16 @@ struct Paused {
 }
 
 impl Server {
+    /// A server with development sign-in, as a developer runs it for the page's picker.
     fn start(name: &str) -> Self {
+        Self::start_with(name, true)
+    }
+
+    fn start_with(name: &str, dev_sign_in: bool) -> Self {
         let state = std::env::temp_dir().join(unique(&format!("countersign-browser-{name}")));
         let mut child = countersign(&state)
             .args(["serve", "--addr", "127.0.0.1:0"])
+            .args(dev_sign_in.then_some("--dev-sign-in"))
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -75,19 +83,34 @@ impl Server {
             .strip_prefix("listening on ")
             .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
             .to_string();
+        let dev_secret = dev_sign_in.then(|| {
+            std::fs::read_to_string(state.join("dev-sign-in.secret"))
+                .expect("--dev-sign-in made its secret")
+        });
         Self {
             child,
             base,
             state,
             http: reqwest::Client::new(),
+            dev_secret,
         }
     }
 
-    /// A development token, from the same route the page's picker uses.
+    /// A development token: from the same route the page's picker uses, or from
+    /// `countersign token` where the server offers no sign-in.
     async fn token(&self, name: &str) -> String {
+        let Some(secret) = &self.dev_secret else {
+            let output = countersign(&self.state)
+                .args(["token", "--as", name])
+                .output()
+                .unwrap();
+            assert!(output.status.success(), "a token for {name}");
+            return String::from_utf8(output.stdout).unwrap().trim().to_string();
+        };
         let reply = self
             .http
             .post(format!("{}/dev/token", self.base))
+            .header("x-countersign-dev-secret", secret)
             .json(&json!({"as": name}))
             .send()
             .await
@@ -401,11 +424,14 @@ impl Browser {
             .await;
     }
 
+    /// Opens the page as the server's start-up line offers it: with development sign-in, the
+    /// link that carries its secret.
     async fn open(&self, server: &Server) {
-        self.client
-            .goto(&format!("{}/", server.base))
-            .await
-            .unwrap();
+        let link = match &server.dev_secret {
+            Some(secret) => format!("{}/#dev-secret={secret}", server.base),
+            None => format!("{}/", server.base),
+        };
+        self.client.goto(&link).await.unwrap();
     }
 
     /// Signs in with the development picker, as the local server offers it.
@@ -786,7 +812,8 @@ async fn an_overdue_approval_reads_expired_and_approving_it_expires_it() {
 
 #[tokio::test]
 async fn a_pasted_token_signs_in_and_the_audit_trail_is_one_click_away() {
-    let server = Server::start("token-audit");
+    // Without --dev-sign-in: no picker, a pasted token is the way in.
+    let server = Server::start_with("token-audit", false);
     let c102 = server.paused_run("ben", "c-102", None).await;
     let mut driver = Driver::start().await;
     let erin = driver.browser().await;
@@ -796,6 +823,20 @@ async fn a_pasted_token_signs_in_and_the_audit_trail_is_one_click_away() {
     erin.click("#token-sign-in button[type=submit]").await;
     erin.text_containing("#sign-in-error", "Not signed in (invalid_token)")
         .await;
+    // By now the page has asked for /dev/people (a 404): the picker stays hidden.
+    let picker_hidden = erin
+        .client
+        .execute(
+            "return document.getElementById('dev-sign-in').hidden;",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        picker_hidden,
+        json!(true),
+        "no picker without --dev-sign-in"
+    );
 
     let output = countersign(&server.state)
         .args(["token", "--as", "erin"])

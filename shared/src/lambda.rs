@@ -34,23 +34,29 @@ impl LambdaAuth {
         }
     }
 
-    /// `COUNTERSIGN_TENANT_CLAIM` and `COUNTERSIGN_ROLES_CLAIM` rename the claims (default
-    /// `tenant` and `roles`); `COUNTERSIGN_DEV_JWT_KEY_FILE` enables development tokens.
+    /// `COUNTERSIGN_PERSON_CLAIM`, `COUNTERSIGN_TENANT_CLAIM` and `COUNTERSIGN_ROLES_CLAIM`
+    /// name the claims (default `sub`, `tenant` and `roles`); `COUNTERSIGN_DEV_JWT_KEY_FILE`
+    /// enables development tokens.
     pub fn from_env() -> Result<Self, String> {
+        Self::from_settings(|name| std::env::var(name).ok())
+    }
+
+    /// As [`LambdaAuth::from_env`], with the settings read through `setting`.
+    pub fn from_settings(setting: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
         let claim = |name: &str, default: &str| {
-            std::env::var(name)
-                .ok()
+            setting(name)
                 .filter(|v| !v.is_empty())
                 .unwrap_or(default.into())
         };
         let gateway = GatewayClaims::new(
             claim("COUNTERSIGN_TENANT_CLAIM", "tenant"),
             claim("COUNTERSIGN_ROLES_CLAIM", "roles"),
-        );
-        let development = match std::env::var("COUNTERSIGN_DEV_JWT_KEY_FILE")
-            .ok()
-            .filter(|v| !v.is_empty())
-        {
+        )
+        .with_person_claim(claim(
+            "COUNTERSIGN_PERSON_CLAIM",
+            GatewayClaims::PERSON_CLAIM,
+        ));
+        let development = match setting("COUNTERSIGN_DEV_JWT_KEY_FILE").filter(|v| !v.is_empty()) {
             Some(path) => Some(Self::development_key(Path::new(&path))?),
             None => None,
         };
@@ -126,4 +132,49 @@ pub async fn invoke(
 /// A shared authenticator, as the routers take it.
 pub fn auth_from_env() -> Result<Arc<dyn Authenticate>, String> {
     Ok(Arc::new(LambdaAuth::from_env()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::Request;
+
+    fn request_with(claims: VerifiedClaims) -> Parts {
+        let mut request = Request::builder().uri("/approvals").body(()).unwrap();
+        request.extensions_mut().insert(claims);
+        request.into_parts().0
+    }
+
+    #[test]
+    fn a_deployment_that_names_the_person_claim_reads_the_person_from_it_not_from_an_opaque_sub() {
+        let settings = [
+            ("COUNTERSIGN_PERSON_CLAIM", "email"),
+            ("COUNTERSIGN_TENANT_CLAIM", "custom:tenant"),
+            ("COUNTERSIGN_ROLES_CLAIM", "cognito:groups"),
+        ];
+        let auth = LambdaAuth::from_settings(|name| {
+            settings
+                .iter()
+                .find(|(key, _)| *key == name)
+                .map(|(_, value)| value.to_string())
+        })
+        .unwrap();
+        let claims = VerifiedClaims::from_strings([
+            ("sub", "0b6c5f3e-7a21-4a9e-9d2f-58e1c0a4b7d3"),
+            ("email", "ben@acme.example"),
+            ("custom:tenant", "acme"),
+            ("cognito:groups", "[employee]"),
+        ]);
+        let ben = auth.identify(&request_with(claims)).unwrap();
+        assert_eq!(ben.person.as_str(), "ben@acme.example");
+
+        let by_default = LambdaAuth::from_settings(|_| None).unwrap();
+        let claims = VerifiedClaims::from_strings([
+            ("sub", "dana"),
+            ("email", "someone-else"),
+            ("tenant", "acme"),
+        ]);
+        let dana = by_default.identify(&request_with(claims)).unwrap();
+        assert_eq!(dana.person.as_str(), "dana");
+    }
 }

@@ -2,8 +2,8 @@
 //! decide (sometimes from another process, sometimes late), and the approved call runs once.
 //!
 //! Each scenario is a function of the harness, instantiated per backend at the bottom. The race
-//! scenarios run on the embedded store only: the DynamoDB stand-in (moto) is not safe under
-//! concurrency, so it cannot judge them.
+//! scenarios run on both stores too; on DynamoDB they need the local stack's serial mode, since
+//! moto is not safe under concurrency otherwise.
 
 #[macro_use]
 mod harness;
@@ -11,6 +11,7 @@ mod harness;
 mod dynamodb_backend;
 mod support;
 
+use std::future::Future;
 use std::slice::from_ref;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -1377,6 +1378,44 @@ async fn given_an_overdue_approval_when_someone_approves_it_then_it_is_refused_a
     assert!(h.payments().await.is_empty());
 }
 
+async fn given_an_overdue_approval_when_someone_without_the_approver_role_decides_it_then_it_expires_booked_to_the_deadline_not_to_them(
+    h: &Harness,
+) {
+    let p = h.process().await;
+    let (report, approval) = h.start_paused(&p, "c-102").await;
+    h.clock.advance(Duration::hours(24) + Duration::minutes(1));
+    let ana = h.person("ana");
+    assert!(!ana.has_role(&finance()));
+
+    let refused = p
+        .decide(&ana, &approval.id, approve("d-ana"))
+        .await
+        .unwrap_err();
+
+    assert_eq!(refused.code(), "expired");
+    assert_eq!(refused.kind(), ErrorKind::Conflict);
+    let stored = p.approval(&acme(), &approval.id).await.unwrap();
+    assert_eq!(stored.status, ApprovalStatus::Expired);
+    assert!(stored.decisions.is_empty());
+    let history = p.history(&acme(), &report.run_id).await.unwrap();
+    let expiries: Vec<&Actor> = history
+        .entries
+        .iter()
+        .filter(|e| matches!(e.event, AuditEvent::Expired { .. }))
+        .map(|e| &e.actor)
+        .collect();
+    assert_eq!(expiries, [&Actor::system("deadline")]);
+    assert!(
+        history
+            .entries
+            .iter()
+            .all(|e| e.actor != Actor::person(&ana.person)),
+        "ana appears nowhere in the record: {:?}",
+        event_names(&history.entries)
+    );
+    assert!(h.payments().await.is_empty());
+}
+
 async fn given_a_rejected_payment_when_the_run_resumes_then_the_model_reads_a_plain_not_executed_result_and_finishes(
     h: &Harness,
 ) {
@@ -1862,6 +1901,7 @@ macro_rules! every_scenario {
                 given_an_approver_who_lost_the_finance_role_when_they_approve_then_they_are_forbidden,
                 given_an_approval_of_acme_when_a_globex_approver_decides_it_then_it_is_not_found,
                 given_an_overdue_approval_when_someone_approves_it_then_it_is_refused_as_expired_nothing_is_paid_and_the_model_is_told,
+                given_an_overdue_approval_when_someone_without_the_approver_role_decides_it_then_it_expires_booked_to_the_deadline_not_to_them,
                 given_a_rejected_payment_when_the_run_resumes_then_the_model_reads_a_plain_not_executed_result_and_finishes,
                 given_an_unanswered_payment_when_the_sweep_expires_it_then_the_model_reads_a_plain_not_executed_result_and_finishes,
                 given_a_cancelled_run_when_an_approver_decides_its_approval_then_it_conflicts_as_cancelled,
@@ -1879,15 +1919,16 @@ macro_rules! every_scenario {
 }
 
 every_scenario!(embedded, Embedded::fresh());
-// The same scenarios on DynamoDB (moto over HTTP). The races below stay on the embedded store:
-// moto applies conditional writes without isolation, so it cannot judge who won a race.
+// The same scenarios on DynamoDB (moto over HTTP).
 every_scenario!(dynamodb, DynamoDb::fresh("scenario").await);
 
 // ---------------------------------------------------------------------------------------------
-// Races: the embedded store only. Two processes, each with its own connection, many rounds.
+// Races: two processes, each with its own connection, many rounds, on both stores. On DynamoDB
+// the local stack must be in its serial mode (moto behind a lock, one request at a time): its
+// transactions are then judged in a stricter order than DynamoDB's serializable one.
 // ---------------------------------------------------------------------------------------------
 
-mod races_on_embedded {
+mod races {
     use super::*;
     use harness::Process;
     use shared::domain::approval::DecisionRequest;
@@ -1896,14 +1937,15 @@ mod races_on_embedded {
     use shared::engine::{DecisionReport, EngineError};
     use tokio::sync::Barrier;
 
-    const ROUNDS: usize = 20;
-
-    /// Two sweeps recording one unknown outcome at once is a race too: on moto both
-    /// conditional writes can pass, so it is judged on SQLite only.
-    #[tokio::test]
-    async fn given_a_stale_execution_when_two_sweeps_record_its_unknown_outcome_at_once_then_neither_fails_and_it_is_recorded_once()
-     {
-        let h = Harness::new(Embedded::fresh()).await;
+    /// Two sweeps recording one unknown outcome at once is a race too.
+    pub async fn given_a_stale_execution_when_two_sweeps_record_its_unknown_outcome_at_once_then_neither_fails_and_it_is_recorded_once<
+        F: Fn() -> Fut,
+        Fut: Future<Output = Harness>,
+    >(
+        fresh: F,
+        _rounds: usize,
+    ) {
+        let h = fresh().await;
         super::given_a_stale_execution_when_two_sweeps_record_its_unknown_outcome_at_once_then_neither_fails_and_it_is_recorded_once(&h).await;
     }
 
@@ -1936,12 +1978,16 @@ mod races_on_embedded {
         )
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn given_a_paused_run_when_approve_and_reject_race_from_two_processes_then_exactly_one_wins_and_nothing_runs_twice()
-     {
+    pub async fn given_a_paused_run_when_approve_and_reject_race_from_two_processes_then_exactly_one_wins_and_nothing_runs_twice<
+        F: Fn() -> Fut,
+        Fut: Future<Output = Harness>,
+    >(
+        fresh: F,
+        rounds: usize,
+    ) {
         let mut approvals_won = 0;
-        for round in 0..ROUNDS {
-            let h = Harness::new(Embedded::fresh()).await;
+        for round in 0..rounds {
+            let h = fresh().await;
             let calls = Arc::new(AtomicUsize::new(0));
             let (a, b) = (
                 counted_process(&h, &calls).await,
@@ -1981,14 +2027,18 @@ mod races_on_embedded {
             assert_eq!(h.run(&b, &report.run_id).await.status, RunStatus::Done);
         }
         // Either outcome is fine; the count is only printed, so a run shows both sides raced.
-        println!("approve won {approvals_won} of {ROUNDS} rounds");
+        println!("approve won {approvals_won} of {rounds} rounds");
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn given_one_approver_needed_when_two_approve_at_once_from_two_processes_then_the_claim_is_paid_once()
-     {
-        for round in 0..ROUNDS {
-            let h = Harness::new(Embedded::fresh()).await;
+    pub async fn given_one_approver_needed_when_two_approve_at_once_from_two_processes_then_the_claim_is_paid_once<
+        F: Fn() -> Fut,
+        Fut: Future<Output = Harness>,
+    >(
+        fresh: F,
+        rounds: usize,
+    ) {
+        for round in 0..rounds {
+            let h = fresh().await;
             let calls = Arc::new(AtomicUsize::new(0));
             let (a, b) = (
                 counted_process(&h, &calls).await,
@@ -2012,11 +2062,15 @@ mod races_on_embedded {
         }
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn given_an_approved_payment_when_two_processes_receive_its_resume_message_at_once_then_the_tool_runs_once()
-     {
-        for round in 0..ROUNDS {
-            let h = Harness::new(Embedded::fresh()).await;
+    pub async fn given_an_approved_payment_when_two_processes_receive_its_resume_message_at_once_then_the_tool_runs_once<
+        F: Fn() -> Fut,
+        Fut: Future<Output = Harness>,
+    >(
+        fresh: F,
+        rounds: usize,
+    ) {
+        for round in 0..rounds {
+            let h = fresh().await;
             let queue = Arc::new(RecordingQueue::default());
             let decider = h
                 .process_with(|tools| tools, Delivery::Queue(queue.clone()))
@@ -2060,11 +2114,15 @@ mod races_on_embedded {
         }
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn given_two_approvals_in_one_turn_when_both_are_approved_at_once_from_two_processes_then_each_runs_once_and_the_run_resumes_once()
-     {
-        for round in 0..ROUNDS {
-            let h = Harness::new(Embedded::fresh()).await;
+    pub async fn given_two_approvals_in_one_turn_when_both_are_approved_at_once_from_two_processes_then_each_runs_once_and_the_run_resumes_once<
+        F: Fn() -> Fut,
+        Fut: Future<Output = Harness>,
+    >(
+        fresh: F,
+        rounds: usize,
+    ) {
+        for round in 0..rounds {
+            let h = fresh().await;
             let script = Script::default().then_call(&[
                 (
                     "reimburse",
@@ -2120,11 +2178,15 @@ mod races_on_embedded {
         }
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn given_an_overdue_approval_when_the_sweep_and_a_late_approval_race_then_it_expires_once_and_nothing_is_paid()
-     {
-        for round in 0..ROUNDS {
-            let h = Harness::new(Embedded::fresh()).await;
+    pub async fn given_an_overdue_approval_when_the_sweep_and_a_late_approval_race_then_it_expires_once_and_nothing_is_paid<
+        F: Fn() -> Fut,
+        Fut: Future<Output = Harness>,
+    >(
+        fresh: F,
+        rounds: usize,
+    ) {
+        for round in 0..rounds {
+            let h = fresh().await;
             let calls = Arc::new(AtomicUsize::new(0));
             let (a, b) = (
                 counted_process(&h, &calls).await,
@@ -2169,11 +2231,15 @@ mod races_on_embedded {
         }
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn given_a_paused_run_when_its_requester_cancels_as_an_approver_approves_then_a_refused_approval_never_pays()
-     {
-        for round in 0..ROUNDS {
-            let h = Harness::new(Embedded::fresh()).await;
+    pub async fn given_a_paused_run_when_its_requester_cancels_as_an_approver_approves_then_a_refused_approval_never_pays<
+        F: Fn() -> Fut,
+        Fut: Future<Output = Harness>,
+    >(
+        fresh: F,
+        rounds: usize,
+    ) {
+        for round in 0..rounds {
+            let h = fresh().await;
             let calls = Arc::new(AtomicUsize::new(0));
             let (a, b) = (
                 counted_process(&h, &calls).await,
@@ -2242,3 +2308,58 @@ mod races_on_embedded {
         }
     }
 }
+
+/// Every race, on one backend, `$rounds` rounds each on a fresh store; `$check`, if any, runs
+/// first.
+macro_rules! every_race {
+    ($module:ident, $backend:expr, $rounds:expr $(, $check:expr)?) => {
+        mod $module {
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn given_a_stale_execution_when_two_sweeps_record_its_unknown_outcome_at_once_then_neither_fails_and_it_is_recorded_once() {
+                $($check;)?
+                races::given_a_stale_execution_when_two_sweeps_record_its_unknown_outcome_at_once_then_neither_fails_and_it_is_recorded_once(|| async { Harness::new($backend).await }, $rounds).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn given_a_paused_run_when_approve_and_reject_race_from_two_processes_then_exactly_one_wins_and_nothing_runs_twice() {
+                $($check;)?
+                races::given_a_paused_run_when_approve_and_reject_race_from_two_processes_then_exactly_one_wins_and_nothing_runs_twice(|| async { Harness::new($backend).await }, $rounds).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn given_one_approver_needed_when_two_approve_at_once_from_two_processes_then_the_claim_is_paid_once() {
+                $($check;)?
+                races::given_one_approver_needed_when_two_approve_at_once_from_two_processes_then_the_claim_is_paid_once(|| async { Harness::new($backend).await }, $rounds).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn given_an_approved_payment_when_two_processes_receive_its_resume_message_at_once_then_the_tool_runs_once() {
+                $($check;)?
+                races::given_an_approved_payment_when_two_processes_receive_its_resume_message_at_once_then_the_tool_runs_once(|| async { Harness::new($backend).await }, $rounds).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn given_two_approvals_in_one_turn_when_both_are_approved_at_once_from_two_processes_then_each_runs_once_and_the_run_resumes_once() {
+                $($check;)?
+                races::given_two_approvals_in_one_turn_when_both_are_approved_at_once_from_two_processes_then_each_runs_once_and_the_run_resumes_once(|| async { Harness::new($backend).await }, $rounds).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn given_an_overdue_approval_when_the_sweep_and_a_late_approval_race_then_it_expires_once_and_nothing_is_paid() {
+                $($check;)?
+                races::given_an_overdue_approval_when_the_sweep_and_a_late_approval_race_then_it_expires_once_and_nothing_is_paid(|| async { Harness::new($backend).await }, $rounds).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn given_a_paused_run_when_its_requester_cancels_as_an_approver_approves_then_a_refused_approval_never_pays() {
+                $($check;)?
+                races::given_a_paused_run_when_its_requester_cancels_as_an_approver_approves_then_a_refused_approval_never_pays(|| async { Harness::new($backend).await }, $rounds).await;
+            }
+        }
+    };
+}
+
+every_race!(races_on_embedded, Embedded::fresh(), 20);
+// moto judges races only when it takes one request at a time: the local stack's serial mode.
+every_race!(
+    races_on_dynamodb,
+    DynamoDb::fresh("race").await,
+    10,
+    support::aws::assert_serial().await
+);

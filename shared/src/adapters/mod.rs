@@ -8,4 +8,5 @@ pub mod scheduler;
 pub mod scripted;
 pub mod sqlite;
 pub mod sqs;
+pub mod state_dir;
 pub mod webhook;

@@ -8,6 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
+use super::state_dir;
 use crate::ports::store::{
     Condition, IndexKey, Item, ItemStore, Page, StoreError, Write, check_transaction, prefix_end,
 };
@@ -35,15 +36,19 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
-    /// Opens (creating if needed) the store in a state directory.
+    /// Opens (creating if needed) the store in a state directory, private to its owner: the
+    /// directory 0700, the database and its `-wal` and `-shm` files 0600.
     pub fn open_dir(dir: &Path) -> Result<Self, StoreError> {
-        std::fs::create_dir_all(dir).map_err(|e| {
-            StoreError::Unavailable(format!(
-                "cannot create the state directory {}: {e}",
-                dir.display()
-            ))
-        })?;
-        Self::open(&dir.join(FILE_NAME))
+        let path = dir.join(FILE_NAME);
+        state_dir::prepare(dir)
+            .and_then(|()| state_dir::create_private_file(&path))
+            .map_err(|e| {
+                StoreError::Unavailable(format!(
+                    "cannot create the state directory {}: {e}",
+                    dir.display()
+                ))
+            })?;
+        Self::open(&path)
     }
 
     pub fn open(path: &Path) -> Result<Self, StoreError> {

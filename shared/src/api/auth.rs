@@ -31,10 +31,15 @@ pub trait Authenticate: Send + Sync {
 pub enum AuthError {
     #[error("no bearer token: send Authorization: Bearer <token>")]
     Missing,
+    /// The token does not verify; the reason is one of this module's own sentences, never the
+    /// JWT library's words.
     #[error("the bearer token is not valid: {0}")]
-    Invalid(String),
+    Invalid(&'static str),
     #[error("the bearer token has expired")]
     Expired,
+    /// The token's `nbf` (not before) is still in the future.
+    #[error("the bearer token is not valid yet")]
+    NotYetValid,
     /// Authentication succeeded, but its claims do not name a usable person, tenant or roles.
     #[error("the token's claims are not usable: {0}")]
     Claims(String),
@@ -46,6 +51,7 @@ impl AuthError {
             AuthError::Missing => "missing_token",
             AuthError::Invalid(_) => "invalid_token",
             AuthError::Expired => "token_expired",
+            AuthError::NotYetValid => "token_not_yet_valid",
             AuthError::Claims(_) => "invalid_claims",
         }
     }
@@ -120,6 +126,8 @@ impl BearerJwt {
         validation.set_issuer(&[Self::ISSUER]);
         validation.set_required_spec_claims(&["exp", "iss", "sub"]);
         validation.leeway = Self::LEEWAY_SECS;
+        // A token may say when it starts to count; one used before that is refused.
+        validation.validate_nbf = true;
         Ok(Self {
             encoding: EncodingKey::from_secret(key).map_err(|e| KeyError(e.to_string()))?,
             decoding: DecodingKey::from_secret(key).map_err(|e| KeyError(e.to_string()))?,
@@ -166,24 +174,51 @@ impl BearerJwt {
         })
     }
 
-    /// The identity a token names, once its signature, issuer and expiry check out.
+    /// The identity a token names, once its signature, issuer, expiry and start check out.
     pub fn verify(&self, token: &str) -> Result<Identity, AuthError> {
         let data = jsonwebtoken::decode::<TokenClaims>(token, &self.decoding, &self.validation)
-            .map_err(|error| match error.kind() {
-                JwtErrorKind::ExpiredSignature => AuthError::Expired,
-                JwtErrorKind::InvalidSignature => {
-                    AuthError::Invalid("its signature does not match".into())
-                }
-                JwtErrorKind::InvalidIssuer => {
-                    AuthError::Invalid(format!("it was not issued by {}", Self::ISSUER))
-                }
-                _ => AuthError::Invalid(error.to_string()),
+            .map_err(|error| {
+                let refused = refusal(error.kind());
+                // The library's own words stay in the log, where whoever runs the server reads them.
+                tracing::debug!(%error, code = refused.code(), "bearer token refused");
+                refused
             })?;
         let claims = data.claims;
         let roles = roles_of(claims.roles.iter().map(String::as_str))?;
         identity(&claims.sub, &claims.tenant, roles)
     }
 }
+
+/// What a caller is told about a token that does not verify: a stable code and a plain
+/// sentence, whatever the library found.
+fn refusal(kind: &JwtErrorKind) -> AuthError {
+    match kind {
+        JwtErrorKind::ExpiredSignature => AuthError::Expired,
+        JwtErrorKind::ImmatureSignature => AuthError::NotYetValid,
+        JwtErrorKind::InvalidSignature => AuthError::Invalid("its signature does not match"),
+        JwtErrorKind::InvalidIssuer => {
+            AuthError::Invalid("it was not issued by this server (countersign-local)")
+        }
+        JwtErrorKind::InvalidAudience => AuthError::Invalid("it is meant for another audience"),
+        JwtErrorKind::InvalidSubject => AuthError::Invalid("its subject is not accepted"),
+        JwtErrorKind::InvalidAlgorithm
+        | JwtErrorKind::InvalidAlgorithmName
+        | JwtErrorKind::MissingAlgorithm => AuthError::Invalid("it is not signed with HS256"),
+        JwtErrorKind::InvalidClaimFormat(_) => AuthError::Invalid("a claim has the wrong type"),
+        JwtErrorKind::MissingRequiredClaim(_) => {
+            AuthError::Invalid("it lacks a required claim (sub, exp, iss)")
+        }
+        JwtErrorKind::InvalidToken
+        | JwtErrorKind::Base64(_)
+        | JwtErrorKind::Json(_)
+        | JwtErrorKind::Utf8(_) => AuthError::Invalid(
+            "it is not a well-formed Countersign token (a signed JWT with sub, tenant, roles, exp and iss)",
+        ),
+        _ => AuthError::Invalid("it cannot be verified"),
+    }
+}
+
+const BEARER_FORM: &str = "the Authorization header must be `Bearer <token>`";
 
 impl Authenticate for BearerJwt {
     fn identify(&self, request: &Parts) -> Result<Identity, AuthError> {
@@ -193,14 +228,13 @@ impl Authenticate for BearerJwt {
             .ok_or(AuthError::Missing)?;
         let value = value
             .to_str()
-            .map_err(|_| AuthError::Invalid("the Authorization header is not text".into()))?;
-        let (scheme, token) = value.trim().split_once(' ').ok_or_else(|| {
-            AuthError::Invalid("the Authorization header must be `Bearer <token>`".into())
-        })?;
+            .map_err(|_| AuthError::Invalid("the Authorization header is not text"))?;
+        let (scheme, token) = value
+            .trim()
+            .split_once(' ')
+            .ok_or(AuthError::Invalid(BEARER_FORM))?;
         if !scheme.eq_ignore_ascii_case("bearer") {
-            return Err(AuthError::Invalid(
-                "the Authorization header must be `Bearer <token>`".into(),
-            ));
+            return Err(AuthError::Invalid(BEARER_FORM));
         }
         self.verify(token.trim())
     }
@@ -239,11 +273,14 @@ impl VerifiedClaims {
     }
 }
 
-/// Reads the identity from [`VerifiedClaims`]: the subject (`sub`), the tenant and the roles
-/// claims. The claim names of tenant and roles are configurable because identity providers
-/// namespace custom claims (`custom:tenant`, `cognito:groups`).
+/// Reads the identity from [`VerifiedClaims`]: the person, the tenant and the roles claims.
+/// Their names are configurable because identity providers differ: the person may be `sub`
+/// (the default), or `email` or `cognito:username` where `sub` is an opaque id; custom claims
+/// are namespaced (`custom:tenant`, `cognito:groups`). None of them may be writable by the user
+/// the token names (infra/README.md says which, per identity provider).
 #[derive(Debug, Clone)]
 pub struct GatewayClaims {
+    person_claim: String,
     tenant_claim: String,
     roles_claim: String,
 }
@@ -255,11 +292,21 @@ impl Default for GatewayClaims {
 }
 
 impl GatewayClaims {
+    /// The claim naming the person when none is configured: the token's subject.
+    pub const PERSON_CLAIM: &'static str = "sub";
+
     pub fn new(tenant_claim: impl Into<String>, roles_claim: impl Into<String>) -> Self {
         Self {
+            person_claim: Self::PERSON_CLAIM.into(),
             tenant_claim: tenant_claim.into(),
             roles_claim: roles_claim.into(),
         }
+    }
+
+    /// Names the person by another claim than `sub`, such as `email` or `cognito:username`.
+    pub fn with_person_claim(mut self, person_claim: impl Into<String>) -> Self {
+        self.person_claim = person_claim.into();
+        self
     }
 
     pub fn identity_of(&self, claims: &VerifiedClaims) -> Result<Identity, AuthError> {
@@ -267,7 +314,11 @@ impl GatewayClaims {
             Some(value) => parse_roles(value)?,
             None => BTreeSet::new(),
         };
-        identity(claims.text("sub")?, claims.text(&self.tenant_claim)?, roles)
+        identity(
+            claims.text(&self.person_claim)?,
+            claims.text(&self.tenant_claim)?,
+            roles,
+        )
     }
 }
 
@@ -281,8 +332,10 @@ impl Authenticate for GatewayClaims {
     }
 }
 
-/// Roles as a JSON array of strings, or as a string: API Gateway's flattened `"[a b]"`, a JSON
-/// array in text (`"[\"a\",\"b\"]"`), or names separated by spaces or commas.
+/// Roles as a JSON array of strings, or as a string holding one: a JSON array in text
+/// (`"[\"a\",\"b\"]"`) or API Gateway's flattening of an array claim (`"[a b]"`: names
+/// separated by spaces). Nothing else: a bare or comma-separated string is refused, so a group
+/// named `x,finance` is one (invalid) name and never grants `finance`.
 pub fn parse_roles(value: &Value) -> Result<BTreeSet<Role>, AuthError> {
     match value {
         Value::Null => Ok(BTreeSet::new()),
@@ -301,18 +354,18 @@ pub fn parse_roles(value: &Value) -> Result<BTreeSet<Role>, AuthError> {
             if let Ok(names) = serde_json::from_str::<Vec<String>>(text) {
                 return roles_of(names.iter().map(String::as_str));
             }
-            let inner = text
+            let flattened = text
                 .strip_prefix('[')
                 .and_then(|t| t.strip_suffix(']'))
-                .unwrap_or(text);
-            roles_of(
-                inner
-                    .split(|c: char| c.is_whitespace() || c == ',')
-                    .filter(|name| !name.is_empty()),
-            )
+                .ok_or_else(|| {
+                    AuthError::Claims(
+                        "roles must be a JSON array, or API Gateway's flattened `[a b]`".into(),
+                    )
+                })?;
+            roles_of(flattened.split_whitespace())
         }
         _ => Err(AuthError::Claims(
-            "roles must be an array or a string".into(),
+            "roles must be a JSON array, or API Gateway's flattened `[a b]`".into(),
         )),
     }
 }
@@ -355,13 +408,42 @@ mod tests {
     }
 
     #[test]
-    fn roles_arrive_as_json_text_or_separated_names() {
+    fn roles_arrive_as_json_text() {
         let roles = parse_roles(&json!(r#"["employee","finance"]"#)).unwrap();
         assert_eq!(names(&roles), ["employee", "finance"]);
-        let roles = parse_roles(&json!("employee,finance")).unwrap();
-        assert_eq!(names(&roles), ["employee", "finance"]);
-        let roles = parse_roles(&json!("finance")).unwrap();
-        assert_eq!(names(&roles), ["finance"]);
+    }
+
+    #[test]
+    fn a_group_named_with_a_comma_never_grants_the_role_after_it() {
+        for claim in [
+            json!("[x,finance]"),
+            json!(["x,finance"]),
+            json!(r#"["x,finance"]"#),
+            json!("[employee x,finance]"),
+            // A provider that sends the claim as JSON text keeps a space inside a name intact.
+            json!(r#"["x finance"]"#),
+        ] {
+            let parsed = parse_roles(&claim);
+            assert!(
+                matches!(parsed, Err(AuthError::Claims(_))),
+                "{claim}: {parsed:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn roles_as_bare_or_separated_names_are_refused() {
+        for claim in [
+            "finance",
+            "employee,finance",
+            "employee finance",
+            "[finance",
+        ] {
+            assert!(
+                matches!(parse_roles(&json!(claim)), Err(AuthError::Claims(_))),
+                "{claim}"
+            );
+        }
     }
 
     #[test]
@@ -429,6 +511,35 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn a_configured_person_claim_names_the_person_when_sub_is_opaque() {
+        let claims = VerifiedClaims::from_strings([
+            ("sub", "9f1c2a7e-0d4b-4e55-8c1a-3b2f6d7e8a90"),
+            ("cognito:username", "ben"),
+            ("custom:tenant", "acme"),
+            ("cognito:groups", "[employee]"),
+        ]);
+        let gateway = GatewayClaims::new("custom:tenant", "cognito:groups")
+            .with_person_claim("cognito:username");
+        let ben = gateway.identity_of(&claims).unwrap();
+        assert_eq!(ben.person.as_str(), "ben");
+        let by_sub = GatewayClaims::new("custom:tenant", "cognito:groups")
+            .identity_of(&claims)
+            .unwrap();
+        assert_eq!(
+            by_sub.person.as_str(),
+            "9f1c2a7e-0d4b-4e55-8c1a-3b2f6d7e8a90"
+        );
+        let missing = GatewayClaims::default().with_person_claim("email");
+        assert!(matches!(
+            missing.identity_of(&VerifiedClaims::from_strings([
+                ("sub", "dana"),
+                ("tenant", "acme")
+            ])),
+            Err(AuthError::Claims(_))
+        ));
+    }
+
     fn dana() -> Identity {
         identity("dana", "acme", roles_of(["employee", "finance"]).unwrap()).unwrap()
     }
@@ -492,6 +603,76 @@ mod tests {
         .unwrap();
         let jwt = BearerJwt::hs256(&key).unwrap();
         assert!(matches!(jwt.verify(&token), Err(AuthError::Invalid(_))));
+    }
+
+    /// A token signed with `key` whose claims are exactly `claims`.
+    fn signed(key: &[u8], claims: &Value) -> String {
+        jsonwebtoken::encode(
+            &Header::new(Algorithm::HS256),
+            claims,
+            &EncodingKey::from_secret(key).unwrap(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_token_used_before_its_nbf_is_refused_and_one_after_it_counts() {
+        let key = [7; 32];
+        let jwt = BearerJwt::hs256(&key).unwrap();
+        let now = Utc::now().timestamp();
+        let claims = |nbf: i64| {
+            json!({"sub": "dana", "tenant": "acme", "roles": ["employee", "finance"],
+                   "iat": now, "exp": now + 3600, "iss": BearerJwt::ISSUER, "nbf": nbf})
+        };
+        let early = jwt.verify(&signed(&key, &claims(now + 600)));
+        assert_eq!(early, Err(AuthError::NotYetValid));
+        assert_eq!(early.unwrap_err().code(), "token_not_yet_valid");
+        assert_eq!(jwt.verify(&signed(&key, &claims(now - 60))), Ok(dana()));
+    }
+
+    #[test]
+    fn a_refused_token_is_told_in_plain_words_never_the_libraries() {
+        let key = [7; 32];
+        let jwt = BearerJwt::hs256(&key).unwrap();
+        let now = Utc::now().timestamp();
+        let base = json!({"sub": "dana", "tenant": "acme", "roles": ["finance"], "iat": now,
+                          "exp": now + 3600, "iss": BearerJwt::ISSUER});
+        let mut with_audience = base.clone();
+        with_audience["aud"] = json!("someone-else");
+        let mut no_tenant = base.clone();
+        no_tenant.as_object_mut().unwrap().remove("tenant");
+        // `{"alg":"none","typ":"JWT"}` in base64url, over real claims, without a signature.
+        let claims_segment = signed(&key, &base).split('.').nth(1).unwrap().to_string();
+        let alg_none = format!("eyJhbGciOiJub25lIiwidHlwIjoiSldUIn0.{claims_segment}.");
+        let hs512 = jsonwebtoken::encode(
+            &Header::new(Algorithm::HS512),
+            &base,
+            &EncodingKey::from_secret(&key).unwrap(),
+        )
+        .unwrap();
+        for token in [
+            alg_none,
+            hs512,
+            signed(&key, &with_audience),
+            signed(&key, &no_tenant),
+            "%%%.%%%.%%%".to_string(),
+            "a.b".to_string(),
+        ] {
+            let refused = jwt.verify(&token).unwrap_err();
+            let told = refused.to_string();
+            for internal in [
+                "variant",
+                "Base64",
+                "InvalidAudience",
+                "Json",
+                "missing field",
+                "Error",
+                "`",
+            ] {
+                assert!(!told.contains(internal), "{token}: {told}");
+            }
+            assert_eq!(refused.code(), "invalid_token", "{token}: {told}");
+        }
     }
 
     #[test]

@@ -1,15 +1,17 @@
 //! Development sign-in, for the local server only: the people of the directory, and a
 //! development token for one of them. Lambda never hosts these routes; the local server adds
-//! them only when it listens on a loopback address.
+//! them only when started with `--dev-sign-in` on a loopback address.
 //!
 //! - `GET /dev/people`: `{"people": [{"name", "tenant", "roles"}]}`.
-//! - `POST /dev/token` with `{"as": "<name>"}`: the token and whom it names.
+//! - `POST /dev/token` with `{"as": "<name>"}` and the header [`SECRET_HEADER`] holding the
+//!   state directory's sign-in secret: the token and whom it names. Loopback is not a boundary
+//!   between the users of one machine; the secret, readable by the state's owner only, is.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Request, State};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
@@ -22,13 +24,19 @@ use super::extract::JsonBody;
 use crate::domain::identity::{Directory, Person};
 use crate::engine::EngineError;
 
-/// What development sign-in needs: whom it may sign in, and the key it signs with.
+/// The header that carries the development sign-in secret.
+pub const SECRET_HEADER: &str = "x-countersign-dev-secret";
+
+/// What development sign-in needs: whom it may sign in, the key it signs with, and the secret a
+/// caller must show.
 #[derive(Clone)]
 pub struct DevSignIn {
     pub directory: Directory,
     pub issuer: Arc<BearerJwt>,
     /// How long an issued token is valid.
     pub ttl: Duration,
+    /// What [`SECRET_HEADER`] must hold.
+    pub secret: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -60,8 +68,18 @@ async fn people(State(dev): State<Arc<DevSignIn>>) -> Json<People> {
 
 async fn token(
     State(dev): State<Arc<DevSignIn>>,
+    headers: HeaderMap,
     JsonBody(body): JsonBody<TokenBody>,
 ) -> Result<Json<IssuedToken>, ApiError> {
+    let shown = headers.get(SECRET_HEADER).map(|v| v.as_bytes());
+    if !shown.is_some_and(|shown| same_secret(shown, dev.secret.as_bytes())) {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "dev_secret",
+            "development sign-in needs the secret in the state directory's dev-sign-in.secret, \
+             sent as the X-Countersign-Dev-Secret header",
+        ));
+    }
     let who = dev
         .directory
         .identify(&body.person)
@@ -74,34 +92,76 @@ async fn token(
     Ok(Json(issued))
 }
 
-/// Refuses a request whose `Host` is not a loopback name: a web page that rebinds its own DNS
+/// Compares in time that does not depend on where the first difference is.
+fn same_secret(shown: &[u8], secret: &[u8]) -> bool {
+    shown.len() == secret.len()
+        && shown
+            .iter()
+            .zip(secret)
+            .fold(0u8, |differ, (a, b)| differ | (a ^ b))
+            == 0
+}
+
+/// Refuses a request not addressed to a loopback name: a web page that rebinds its own DNS
 /// name to 127.0.0.1 must not be able to mint tokens from the browser of whoever visits it.
+/// There must be exactly one `Host`, and an absolute request target must name a loopback host
+/// too, so no proxy or parser in between can be told one host and act on another.
 async fn loopback_host_only(request: Request, next: Next) -> Result<Response, ApiError> {
-    let host = request
-        .headers()
-        .get(header::HOST)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default();
-    if !is_loopback_host(host) {
+    let mut hosts = request.headers().get_all(header::HOST).iter();
+    let host = match (hosts.next(), hosts.next()) {
+        (Some(host), None) => host.to_str().unwrap_or_default(),
+        _ => "",
+    };
+    let target_is_local = request
+        .uri()
+        .authority()
+        .is_none_or(|authority| is_loopback_host(authority.as_str()));
+    if !is_loopback_host(host) || !target_is_local {
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
             "not_local",
-            "development sign-in answers only requests addressed to localhost",
+            "development sign-in answers only requests addressed to localhost, with one Host header",
         ));
     }
     Ok(next.run(request).await)
 }
 
-/// `localhost`, `127.x.x.x` or `[::1]`, with or without a port.
+/// `localhost`, `127.x.x.x` or `[::1]`, with or without a port, and nothing else: no text after
+/// the bracket of an IPv6 address but a port, no port that is not digits.
 fn is_loopback_host(host: &str) -> bool {
-    let name = match host.strip_prefix('[') {
-        Some(rest) => rest.split(']').next().unwrap_or_default(),
-        None => host.rsplit_once(':').map_or(host, |(name, _port)| name),
+    let (name, port, bracketed) = match host.strip_prefix('[') {
+        Some(rest) => {
+            let Some((name, after)) = rest.split_once(']') else {
+                return false;
+            };
+            let port = match after {
+                "" => None,
+                _ => match after.strip_prefix(':') {
+                    Some(port) => Some(port),
+                    None => return false,
+                },
+            };
+            (name, port, true)
+        }
+        None => match host.rsplit_once(':') {
+            Some((name, port)) => (name, Some(port), false),
+            None => (host, None, false),
+        },
     };
-    name.eq_ignore_ascii_case("localhost")
-        || name
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
+    if port.is_some_and(|p| p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit())) {
+        return false;
+    }
+    match bracketed {
+        true => name
+            .parse::<std::net::Ipv6Addr>()
+            .is_ok_and(|ip| ip.is_loopback()),
+        false => {
+            name.eq_ignore_ascii_case("localhost")
+                || name
+                    .parse::<std::net::Ipv4Addr>()
+                    .is_ok_and(|ip| ip.is_loopback())
+        }
+    }
 }
 
 #[cfg(test)]
@@ -130,8 +190,26 @@ mod tests {
             "10.0.0.1:8780",
             "[::2]:8780",
             "127.0.0.1.evil.example",
+            "[::1]evil.example",
+            "[::1].evil.example:80",
+            "[::1]:80@evil.example",
+            "[::1]:80:81",
+            "[::1",
+            "[127.0.0.1]:80",
+            "localhost:",
+            "localhost:80x",
+            "localhost:80@evil.example",
+            "::1",
         ] {
             assert!(!is_loopback_host(host), "{host}");
         }
+    }
+
+    #[test]
+    fn the_secret_must_match_exactly() {
+        assert!(same_secret(b"abc123", b"abc123"));
+        assert!(!same_secret(b"abc124", b"abc123"));
+        assert!(!same_secret(b"abc12", b"abc123"));
+        assert!(!same_secret(b"", b"abc123"));
     }
 }

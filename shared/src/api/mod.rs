@@ -25,7 +25,7 @@ use std::time::Instant;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, FromRef, Request};
-use axum::http::Method;
+use axum::http::{HeaderValue, Method, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -93,14 +93,32 @@ fn start_part(engine: Arc<Engine>, auth: Arc<dyn Authenticate>, claims: Arc<Clai
         })
 }
 
-/// What every hosted router gets: JSON for unknown routes and methods, the body limit, and a
-/// span per request.
+/// What every hosted router gets: JSON for unknown routes and methods, the body limit, the
+/// response headers every answer carries, and a span per request.
 fn finish(router: Router) -> Router {
     router
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::map_response(protect_response))
         .layer(middleware::from_fn(trace_request))
+}
+
+/// Every answer is read as the type it says it is (`nosniff`); a JSON answer (approvals, audit
+/// trails, tokens) is kept by no cache, shared or the browser's (`no-store`).
+async fn protect_response(mut response: Response) -> Response {
+    let headers = response.headers_mut();
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    let is_json = headers
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if is_json {
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
+    response
 }
 
 /// The decide API: `GET /approvals`, `GET /approvals/{id}`, `POST /approvals/{id}/decisions`,
@@ -210,6 +228,8 @@ mod tests {
             "edit_refused",
             "unavailable",
             "not_local",
+            "dev_secret",
+            "token_not_yet_valid",
         ] {
             assert!(OPENAPI_YAML.contains(code), "{code} is not documented");
         }

@@ -28,6 +28,11 @@ fn random_suffix() -> String {
 }
 
 fn check_chars(kind: &'static str, s: &str, max: usize) -> Result<(), IdError> {
+    check_chars_and(kind, s, max, &[])
+}
+
+/// As [`check_chars`], allowing the `extra` characters too.
+fn check_chars_and(kind: &'static str, s: &str, max: usize, extra: &[char]) -> Result<(), IdError> {
     let error = |why| IdError {
         kind,
         value: s.chars().take(80).collect(),
@@ -41,9 +46,12 @@ fn check_chars(kind: &'static str, s: &str, max: usize) -> Result<(), IdError> {
     }
     if !s
         .chars()
-        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') || extra.contains(&c))
     {
-        return Err(error("only letters, digits, '-', '_' and '.' are allowed"));
+        return Err(error(match extra {
+            [] => "only letters, digits, '-', '_' and '.' are allowed",
+            _ => "only letters, digits, '-', '_', '.', '@', '+' and '|' are allowed",
+        }));
     }
     Ok(())
 }
@@ -102,6 +110,9 @@ macro_rules! generated_id {
 
 macro_rules! named_id {
     ($(#[$meta:meta])* $name:ident, $kind:literal, $max:literal) => {
+        named_id!($(#[$meta])* $name, $kind, $max, []);
+    };
+    ($(#[$meta:meta])* $name:ident, $kind:literal, $max:literal, [$($extra:literal),*]) => {
         $(#[$meta])*
         #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
         #[serde(try_from = "String", into = "String")]
@@ -109,7 +120,7 @@ macro_rules! named_id {
 
         impl $name {
             pub fn parse(s: &str) -> Result<Self, IdError> {
-                check_chars($kind, s, $max)?;
+                check_chars_and($kind, s, $max, &[$($extra),*])?;
                 Ok(Self(s.to_string()))
             }
 
@@ -160,8 +171,9 @@ named_id!(
     TenantId, "tenant id", 64
 );
 named_id!(
-    /// A person, as authentication names them (the subject).
-    PersonId, "person", 128
+    /// A person, as authentication names them: the claim a deployment names (the subject by
+    /// default), so an email address or an Auth0 subject (`auth0|…`) is a valid name too.
+    PersonId, "person", 254, ['@', '+', '|']
 );
 named_id!(
     /// Chosen by whoever submits a decision, so that sending it twice decides once.
@@ -255,6 +267,10 @@ mod tests {
         assert!(DecisionId::parse(&"x".repeat(129)).is_err());
         assert!(ApprovalId::parse("ap-").is_err());
         assert_eq!(PersonId::parse("dana").unwrap().as_str(), "dana");
+        // A deployment may name people by their email address (COUNTERSIGN_PERSON_CLAIM=email).
+        assert!(PersonId::parse("dana+ops@acme.example").is_ok());
+        assert!(PersonId::parse("auth0|64f1c2a7e0d4b4e558c1a3b2").is_ok());
+        assert!(Role::parse("fin@nce").is_err());
     }
 
     #[test]

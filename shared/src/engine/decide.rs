@@ -97,12 +97,14 @@ impl Engine {
                     edited_args,
                 }) => (decision, edited_args),
                 Err(Refusal::Expired { expires_at }) => {
+                    // The deadline expired it, not whoever happened to send a late decision
+                    // (who may not even hold the approver role).
                     let mut tx = Tx::new();
                     self.write_expiry(
                         &mut tx,
                         &approval,
                         stored.ver,
-                        Actor::person(&who.person),
+                        Actor::system("deadline"),
                         now,
                     );
                     match self.commit(tx).await {

@@ -19,6 +19,29 @@ fn required(name: &str) -> String {
     })
 }
 
+/// Fails the test unless the local stack takes one request at a time (its serial mode), as a
+/// test that judges races on it needs.
+pub async fn assert_serial() {
+    let endpoint = required("AWS_ENDPOINT_URL");
+    let mode = async {
+        let client = reqwest::Client::builder().no_proxy().build().ok()?;
+        let answer = client
+            .get(format!("{endpoint}/countersign/local-stack"))
+            .send()
+            .await
+            .ok()?;
+        let body: serde_json::Value = answer.json().await.ok()?;
+        body["mode"].as_str().map(str::to_string)
+    }
+    .await;
+    assert_eq!(
+        mode.as_deref(),
+        Some("serial"),
+        "the race scenarios need the local stack in its serial mode (moto one request at a \
+         time); restart it: infra/local-stack down && {START}"
+    );
+}
+
 /// A table and a queue of this test's own, on the local stack.
 pub struct FreshStack {
     pub config: SdkConfig,

@@ -5,6 +5,7 @@
 // is ever parsed as HTML, and the Content-Security-Policy allows no inline code.
 
 const TOKEN_KEY = "countersign.token";
+const DEV_SECRET_KEY = "countersign.devSecret";
 
 const STATUS_LABELS = {
   awaiting_approval: "Waiting",
@@ -73,8 +74,8 @@ function el(tag, attrs = {}, ...children) {
 // ---------------------------------------------------------------- the API
 
 /** One API call. Resolves to `{ok, status, data}` or `{ok: false, status, code, message}`. */
-async function api(method, path, body) {
-  const headers = { Accept: "application/json" };
+async function api(method, path, body, extraHeaders = {}) {
+  const headers = { Accept: "application/json", ...extraHeaders };
   if (state.token) headers.Authorization = `Bearer ${state.token}`;
   const init = { method, headers, cache: "no-store", credentials: "omit" };
   if (body !== undefined) {
@@ -274,14 +275,31 @@ async function offerDevSignIn() {
       }),
     ),
   );
+  $("dev-secret").value = sessionStorage.getItem(DEV_SECRET_KEY) || "";
   $("dev-sign-in").hidden = people.length === 0;
+}
+
+/**
+ * The link `serve --dev-sign-in` prints carries the sign-in secret in its fragment, which no
+ * request sends: keep it in this tab and take it out of the address bar.
+ */
+function takeDevSecretFromLink() {
+  const fragment = new URLSearchParams(location.hash.replace(/^#/, ""));
+  const secret = fragment.get("dev-secret");
+  if (!secret) return;
+  sessionStorage.setItem(DEV_SECRET_KEY, secret);
+  history.replaceState(null, "", location.pathname + location.search);
 }
 
 async function onDevSignIn(event) {
   event.preventDefault();
   const button = event.target.querySelector("button");
   button.disabled = true;
-  const reply = await api("POST", "dev/token", { as: $("dev-person").value });
+  const secret = $("dev-secret").value.trim();
+  const reply = await api("POST", "dev/token", { as: $("dev-person").value }, {
+    "X-Countersign-Dev-Secret": secret,
+  });
+  if (reply.ok) sessionStorage.setItem(DEV_SECRET_KEY, secret);
   button.disabled = false;
   if (!reply.ok) {
     $("sign-in-error").textContent = describe(reply);
@@ -897,6 +915,7 @@ function entryValue(name, value) {
 // ---------------------------------------------------------------- start
 
 function start() {
+  takeDevSecretFromLink();
   $("dev-sign-in").addEventListener("submit", onDevSignIn);
   $("token-sign-in").addEventListener("submit", onTokenSignIn);
   $("sign-out").addEventListener("click", () => signOut());
