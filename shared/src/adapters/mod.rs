@@ -3,6 +3,7 @@
 pub mod anthropic;
 pub mod dynamodb;
 pub mod env_template;
+pub mod mcp_tool;
 pub mod scheduler;
 pub mod sqlite;
 pub mod sqs;
