@@ -4,6 +4,7 @@
 
 mod harness;
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -12,8 +13,8 @@ use std::time::Duration;
 use rmcp::ServerHandler;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool as McpListing,
-    ToolAnnotations,
+    ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig,
+    Tool as McpListing, ToolAnnotations,
 };
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -41,6 +42,8 @@ struct Seen {
     /// Every `tools/call`: the tool, its key, its arguments.
     calls: Mutex<Vec<(String, Option<String>, Value)>>,
     authorizations: Mutex<Vec<String>>,
+    /// The Streamable HTTP session of each `tools/call`, when there is one.
+    sessions: Mutex<Vec<String>>,
     /// Told when a stalling refund has taken effect.
     committed: Notify,
 }
@@ -63,7 +66,11 @@ impl Seen {
 #[derive(Clone)]
 struct OrdersServer {
     seen: Arc<Seen>,
+    /// Speaks only 2025-11-25, whose Streamable HTTP sessions a restart forgets.
+    sessions: bool,
 }
+
+const WITH_SESSIONS: &[ProtocolVersion] = &[ProtocolVersion::V_2025_11_25];
 
 fn schema(properties: Value) -> Arc<serde_json::Map<String, Value>> {
     let schema = json!({"type": "object", "properties": properties});
@@ -104,6 +111,14 @@ impl ServerHandler for OrdersServer {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
     }
 
+    fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
+        if self.sessions {
+            Cow::Borrowed(WITH_SESSIONS)
+        } else {
+            Cow::Borrowed(ProtocolVersion::KNOWN_VERSIONS)
+        }
+    }
+
     /// Two pages, so the client must follow the cursor.
     async fn list_tools(
         &self,
@@ -130,11 +145,19 @@ impl ServerHandler for OrdersServer {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        if let Some(parts) = context.extensions.get::<axum::http::request::Parts>()
-            && let Some(value) = parts.headers.get("authorization")
-        {
-            let value = value.to_str().unwrap_or_default().to_string();
-            self.seen.authorizations.lock().unwrap().push(value);
+        if let Some(parts) = context.extensions.get::<axum::http::request::Parts>() {
+            let header = |name: &str| {
+                parts
+                    .headers
+                    .get(name)
+                    .map(|value| value.to_str().unwrap_or_default().to_string())
+            };
+            if let Some(value) = header("authorization") {
+                self.seen.authorizations.lock().unwrap().push(value);
+            }
+            if let Some(value) = header("mcp-session-id") {
+                self.seen.sessions.lock().unwrap().push(value);
+            }
         }
         let key = request
             .meta
@@ -186,9 +209,18 @@ struct Server {
 
 impl Server {
     async fn start(seen: Arc<Seen>) -> Self {
+        Self::start_speaking(seen, false).await
+    }
+
+    async fn start_speaking(seen: Arc<Seen>, sessions: bool) -> Self {
         let service: StreamableHttpService<OrdersServer, LocalSessionManager> =
             StreamableHttpService::new(
-                move || Ok(OrdersServer { seen: seen.clone() }),
+                move || {
+                    Ok(OrdersServer {
+                        seen: seen.clone(),
+                        sessions,
+                    })
+                },
                 Default::default(),
                 StreamableHttpServerConfig::default(),
             );
@@ -541,32 +573,39 @@ async fn a_server_gone_mid_call_is_unknown_and_the_next_call_is_not_sent() {
         1,
         "nothing sent after the cut"
     );
+    assert!(matches!(
+        orders.tools().await,
+        Err(McpError::Unreachable { server, .. }) if server == "orders"
+    ));
 }
 
 #[tokio::test]
-async fn a_server_restarted_between_calls_gets_the_next_call_once() {
+async fn a_session_the_restarted_server_forgot_is_renewed_before_the_call_is_sent() {
     let seen = Arc::new(Seen::default());
-    let first = Server::start(seen.clone()).await;
+    let first = Server::start_speaking(seen.clone(), true).await;
     let relay = Relay::start(first.addr).await;
     let orders = connect(relay.addr, "5s").await.unwrap();
     let issue_refund = orders.tool("issue_refund").await.unwrap();
     assert!(matches!(
-        call(&issue_refund, refund(), "act-b1:1").await,
+        call(&issue_refund, refund(), "act-e1:1").await,
         ToolOutcome::Succeeded { .. }
     ));
 
-    let second = Server::start(seen.clone()).await;
+    let second = Server::start_speaking(seen.clone(), true).await;
     relay.restart_on(second.addr);
     drop(first);
-    let outcome = call(&issue_refund, refund(), "act-b2:1").await;
+    let outcome = call(&issue_refund, refund(), "act-e2:1").await;
 
     assert!(
         matches!(outcome, ToolOutcome::Succeeded { .. }),
         "{outcome:?}"
     );
+    let sessions = seen.sessions.lock().unwrap().clone();
+    assert_eq!(sessions.len(), 2, "both calls ran in a session");
+    assert_ne!(sessions[0], sessions[1], "the second in a new one");
     assert_eq!(
         seen.effects(),
-        BTreeMap::from([("act-b1:1".to_string(), 1), ("act-b2:1".to_string(), 1)])
+        BTreeMap::from([("act-e1:1".to_string(), 1), ("act-e2:1".to_string(), 1)])
     );
 }
 

@@ -23,10 +23,12 @@
 //! - Before each call the server is pinged; if that fails (the server restarted, the session
 //!   expired, the connection dropped), the binding reconnects once. If it still cannot reach
 //!   the server the call is **failed** and says that nothing was sent.
-//! - Once `tools/call` is sent, a transport failure (timeout, lost connection, a 5xx) is
-//!   **unknown**: the call may have taken effect, so it is never sent again. MCP has no way to
-//!   ask whether a call took effect, so [`Tool::reconciles`] is false and an unknown outcome
-//!   goes to the agent's recovery owner, a person.
+//! - Once `tools/call` is sent, a transport failure (timeout, lost connection, a 5xx, even a
+//!   404 for a session that expired after the ping) is **unknown**: the call may have taken
+//!   effect, so it is never sent again. Only a connect error on the call's own request (no
+//!   pooled connections, so nothing reached the server) is failed. MCP has no way to ask
+//!   whether a call took effect, so [`Tool::reconciles`] is false and an unknown outcome goes
+//!   to the agent's recovery owner, a person.
 //! - Hints (`readOnlyHint`, `destructiveHint`; absent = false) and the spec (name, description,
 //!   `inputSchema`) are read once, when the tools are listed, and frozen: a server that changes
 //!   its annotations later does not change what policy matched.
@@ -49,7 +51,9 @@ use rmcp::model::{
     ClientRequest, ContentBlock, Implementation, MetaObject, PingRequest, RequestMetaObject,
     ServerResult,
 };
-use rmcp::service::{PeerRequestOptions, RoleClient, RunningService, ServiceError};
+use rmcp::service::{
+    ClientInitializeError, PeerRequestOptions, RoleClient, RunningService, ServiceError,
+};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::{
     StreamableHttpClientTransportConfig, StreamableHttpError,
@@ -441,7 +445,7 @@ impl McpServer {
                 server: config.name.clone(),
                 detail: config.redact(&format!("tools/list: {}", error.message)),
             }),
-            Ok(Err(error)) => Err(self.unreachable(&error.to_string())),
+            Ok(Err(error)) => Err(self.unreachable(&cause(&error))),
             Err(_) => Err(self.unreachable(&format!(
                 "no answer to tools/list within {}",
                 humantime::format_duration(config.timeout)
@@ -519,8 +523,9 @@ impl McpServer {
             Err(error) => {
                 return ToolOutcome::Failed {
                     error: config.redact(&format!(
-                        "the MCP server {} could not be given the call ({error}); it was not sent",
-                        config.name
+                        "the MCP server {} could not be given the call ({}); it was not sent",
+                        config.name,
+                        cause(&error)
                     )),
                 };
             }
@@ -548,17 +553,38 @@ impl McpServer {
             },
             Err(error) if never_connected(&error) => ToolOutcome::Failed {
                 error: config.redact(&format!(
-                    "could not connect to the MCP server {} ({error}); the call was not sent",
-                    config.name
+                    "could not connect to the MCP server {} ({}); the call was not sent",
+                    config.name,
+                    cause(&error)
                 )),
             },
             Err(error) => ToolOutcome::Unknown {
                 detail: config.redact(&format!(
-                    "the connection to the MCP server {} failed after the call was sent ({error}); \
+                    "the connection to the MCP server {} failed after the call was sent ({}); \
                      it may have taken effect",
-                    config.name
+                    config.name,
+                    cause(&error)
                 )),
             },
+        }
+    }
+}
+
+/// The innermost reason of a transport error ("Connection refused", "HTTP 502"), without the
+/// SDK's type names.
+fn cause(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut deepest = error;
+    loop {
+        // The SDK wraps the HTTP client's error without naming it as the source.
+        if let Some(StreamableHttpError::Client(inner)) =
+            deepest.downcast_ref::<StreamableHttpError<reqwest::Error>>()
+        {
+            deepest = inner;
+            continue;
+        }
+        match deepest.source() {
+            Some(next) => deepest = next,
+            None => return deepest.to_string(),
         }
     }
 }
@@ -593,7 +619,10 @@ async fn open(config: &ResolvedMcpServer, http: &reqwest::Client) -> Result<Sess
     };
     match tokio::time::timeout(config.timeout, client.serve(transport)).await {
         Ok(Ok(session)) => Ok(session),
-        Ok(Err(error)) => Err(unreachable(error.to_string())),
+        Ok(Err(ClientInitializeError::TransportError { error, .. })) => {
+            Err(unreachable(cause(error.error.as_ref())))
+        }
+        Ok(Err(error)) => Err(unreachable(cause(&error))),
         Err(_) => Err(unreachable(format!(
             "no answer to initialize within {}",
             humantime::format_duration(config.timeout)
