@@ -66,7 +66,7 @@ impl Seen {
 #[derive(Clone)]
 struct OrdersServer {
     seen: Arc<Seen>,
-    /// Speaks only 2025-11-25, whose Streamable HTTP sessions a restart forgets.
+    /// Speaks only 2025-11-25 (see [`Flavour::SessionsOnly`]).
     sessions: bool,
 }
 
@@ -207,12 +207,24 @@ struct Server {
     task: JoinHandle<()>,
 }
 
+/// How a test's orders server behaves beyond its tools.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Flavour {
+    /// rmcp's server as it comes.
+    Plain,
+    /// Speaks only 2025-11-25, whose Streamable HTTP sessions a restart forgets.
+    SessionsOnly,
+    /// Runs every `tools/call` to the end, then answers it with a 500.
+    FailsAfterCommit,
+}
+
 impl Server {
     async fn start(seen: Arc<Seen>) -> Self {
-        Self::start_speaking(seen, false).await
+        Self::start_as(seen, Flavour::Plain).await
     }
 
-    async fn start_speaking(seen: Arc<Seen>, sessions: bool) -> Self {
+    async fn start_as(seen: Arc<Seen>, flavour: Flavour) -> Self {
+        let sessions = flavour == Flavour::SessionsOnly;
         let service: StreamableHttpService<OrdersServer, LocalSessionManager> =
             StreamableHttpService::new(
                 move || {
@@ -224,7 +236,10 @@ impl Server {
                 Default::default(),
                 StreamableHttpServerConfig::default(),
             );
-        let router = axum::Router::new().nest_service("/mcp", service);
+        let mut router = axum::Router::new().nest_service("/mcp", service);
+        if flavour == Flavour::FailsAfterCommit {
+            router = router.layer(axum::middleware::from_fn(fail_after_commit));
+        }
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let task = tokio::spawn(async move {
@@ -238,6 +253,26 @@ impl Drop for Server {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// Lets a `tools/call` run to its end (its whole answer read), then answers 500 instead.
+async fn fail_after_commit(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let (parts, body) = request.into_parts();
+    let body = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+    let is_call = body
+        .windows(b"tools/call".len())
+        .any(|w| w == b"tools/call");
+    let request = axum::extract::Request::from_parts(parts, axum::body::Body::from(body));
+    let response = next.run(request).await;
+    if !is_call {
+        return response;
+    }
+    let answer = axum::body::to_bytes(response.into_body(), usize::MAX);
+    let _ = tokio::time::timeout(Duration::from_secs(5), answer).await;
+    axum::response::IntoResponse::into_response(axum::http::StatusCode::INTERNAL_SERVER_ERROR)
 }
 
 /// A TCP relay in front of a server, so a test can cut every connection at once (the server
@@ -538,6 +573,26 @@ async fn a_call_past_the_timeout_is_unknown_and_sent_once() {
 }
 
 #[tokio::test]
+async fn a_500_after_the_call_ran_is_unknown_and_sent_once() {
+    let seen = Arc::new(Seen::default());
+    let server = Server::start_as(seen.clone(), Flavour::FailsAfterCommit).await;
+    let orders = connect(server.addr, "5s").await.unwrap();
+    let issue_refund = orders.tool("issue_refund").await.unwrap();
+
+    let outcome = call(&issue_refund, refund(), "act-f1:1").await;
+
+    assert!(
+        matches!(&outcome, ToolOutcome::Unknown { detail } if detail.contains("500")),
+        "{outcome:?}"
+    );
+    assert_eq!(
+        seen.effects(),
+        BTreeMap::from([("act-f1:1".to_string(), 1)])
+    );
+    assert_eq!(seen.calls.lock().unwrap().len(), 1, "never sent again");
+}
+
+#[tokio::test]
 async fn a_server_gone_mid_call_is_unknown_and_the_next_call_is_not_sent() {
     let seen = Arc::new(Seen::default());
     let server = Server::start(seen.clone()).await;
@@ -582,7 +637,7 @@ async fn a_server_gone_mid_call_is_unknown_and_the_next_call_is_not_sent() {
 #[tokio::test]
 async fn a_session_the_restarted_server_forgot_is_renewed_before_the_call_is_sent() {
     let seen = Arc::new(Seen::default());
-    let first = Server::start_speaking(seen.clone(), true).await;
+    let first = Server::start_as(seen.clone(), Flavour::SessionsOnly).await;
     let relay = Relay::start(first.addr).await;
     let orders = connect(relay.addr, "5s").await.unwrap();
     let issue_refund = orders.tool("issue_refund").await.unwrap();
@@ -591,7 +646,7 @@ async fn a_session_the_restarted_server_forgot_is_renewed_before_the_call_is_sen
         ToolOutcome::Succeeded { .. }
     ));
 
-    let second = Server::start_speaking(seen.clone(), true).await;
+    let second = Server::start_as(seen.clone(), Flavour::SessionsOnly).await;
     relay.restart_on(second.addr);
     drop(first);
     let outcome = call(&issue_refund, refund(), "act-e2:1").await;

@@ -35,7 +35,8 @@
 //! - A server that is down at [`McpServer::connect`] or [`McpServer::tools`] is
 //!   [`McpError::Unreachable`]: a run is not started on it.
 //! - Header values and the variables filled from the environment never appear in `Debug`,
-//!   errors or outcomes: they are replaced by their `${NAME}` or by `<redacted>`.
+//!   errors or outcomes: they are replaced by their `${NAME}` or by `<redacted>`. Keep a
+//!   secret in a header rather than the URL: the SDK's own error logs may print the URL.
 //! - Redirects are not followed, and an answer larger than 1 MiB is refused.
 
 use std::collections::{BTreeMap, HashMap};
