@@ -385,12 +385,12 @@ impl McpServer {
 
     /// Every tool the server lists (`tools/list`, all pages), specs and hints frozen now.
     pub async fn tools(&self) -> Result<Vec<McpTool>, McpError> {
-        let listed = match self.list().await {
+        let session = self.current().await;
+        let listed = match self.list(&session).await {
             Err(McpError::Unreachable { .. }) => {
                 // The session may have died since it was opened: one new one, then give up.
-                let stale = self.current().await;
-                self.reconnect(&stale).await?;
-                self.list().await?
+                let fresh = self.reconnect(&session).await?;
+                self.list(&fresh).await?
             }
             other => other?,
         };
@@ -437,8 +437,7 @@ impl McpServer {
         }
     }
 
-    async fn list(&self) -> Result<Vec<rmcp::model::Tool>, McpError> {
-        let session = self.current().await;
+    async fn list(&self, session: &Session) -> Result<Vec<rmcp::model::Tool>, McpError> {
         let config = &self.inner.config;
         match tokio::time::timeout(config.timeout, session.list_all_tools()).await {
             Ok(Ok(tools)) => Ok(tools),
