@@ -21,12 +21,13 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::{Value, json};
 use shared::adapters::mcp_tool::{McpError, McpServer, McpServerBinding, McpTool, ToolSelection};
+use shared::domain::action::ActionStatus;
 use shared::domain::action::ToolOutcome;
 use shared::domain::args::Args;
 use shared::domain::ids::{PersonId, RunId, TenantId};
 use shared::domain::policy::{Policy, ToolHints};
 use shared::domain::run::RunStatus;
-use shared::engine::StartRun;
+use shared::engine::{ResumeReport, StartRun};
 use shared::ports::tools::{Tool, ToolCall, Toolbox};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
@@ -95,6 +96,12 @@ fn listing() -> Vec<McpListing> {
         McpListing::new(
             "cancel_order",
             "Cancels an order.",
+            schema(json!({"order_id": {"type": "string"}})),
+        ),
+        // Listed, but the server no longer serves it: calls get a JSON-RPC error.
+        McpListing::new(
+            "archive_order",
+            "Archives an order.",
             schema(json!({"order_id": {"type": "string"}})),
         ),
         McpListing::new(
@@ -214,7 +221,7 @@ enum Flavour {
     Plain,
     /// Speaks only 2025-11-25, whose Streamable HTTP sessions a restart forgets.
     SessionsOnly,
-    /// Runs every `tools/call` to the end, then answers it with a 500.
+    /// Runs every `issue_refund` call to the end, then answers it with a 500.
     FailsAfterCommit,
 }
 
@@ -255,19 +262,18 @@ impl Drop for Server {
     }
 }
 
-/// Lets a `tools/call` run to its end (its whole answer read), then answers 500 instead.
+/// Lets an `issue_refund` call run to its end (its whole answer read), then answers 500 instead.
 async fn fail_after_commit(
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     let (parts, body) = request.into_parts();
     let body = axum::body::to_bytes(body, usize::MAX).await.unwrap();
-    let is_call = body
-        .windows(b"tools/call".len())
-        .any(|w| w == b"tools/call");
+    let mentions = |text: &[u8]| body.windows(text.len()).any(|w| w == text);
+    let is_refund = mentions(b"tools/call") && mentions(b"issue_refund");
     let request = axum::extract::Request::from_parts(parts, axum::body::Body::from(body));
     let response = next.run(request).await;
-    if !is_call {
+    if !is_refund {
         return response;
     }
     let answer = axum::body::to_bytes(response.into_body(), usize::MAX);
@@ -400,7 +406,13 @@ async fn listing_gives_every_page_of_specs_and_their_hints() {
     let names: Vec<&str> = by_name.keys().map(String::as_str).collect();
     assert_eq!(
         names,
-        ["cancel_order", "get_order", "issue_refund", "stall_refund"]
+        [
+            "archive_order",
+            "cancel_order",
+            "get_order",
+            "issue_refund",
+            "stall_refund"
+        ]
     );
     let read_only = ToolHints {
         read_only: true,
@@ -548,6 +560,22 @@ async fn an_error_result_is_failed_with_its_text() {
         outcome,
         ToolOutcome::Failed {
             error: "order ord_55 has shipped, so it cannot be cancelled".into()
+        }
+    );
+}
+
+#[tokio::test]
+async fn a_protocol_error_answering_the_call_is_failed() {
+    let server = Server::start(Arc::new(Seen::default())).await;
+    let orders = connect(server.addr, "5s").await.unwrap();
+    let archive_order = orders.tool("archive_order").await.unwrap();
+
+    let outcome = call(&archive_order, json!({"order_id": "ord_55"}), "act-a1:1").await;
+
+    assert_eq!(
+        outcome,
+        ToolOutcome::Failed {
+            error: "the MCP server orders refused the call: no such tool".into()
         }
     );
 }
@@ -722,38 +750,44 @@ quorum = 1
 reason = "Every refund needs a finance approver."
 "#;
 
-#[tokio::test]
-async fn the_engine_gates_a_destructive_mcp_tool_until_a_person_approves_then_runs_it_once() {
-    let seen = Arc::new(Seen::default());
-    let server = Server::start(seen.clone()).await;
-    let orders = connect(server.addr, "5s").await.unwrap();
+/// A process running a refunds agent whose script reads the order and then refunds it, over
+/// the orders MCP server, under [`REFUND_POLICY`].
+async fn refunds_process(h: &mut harness::Harness, orders: &McpServer) -> harness::Process {
     let tools = Toolbox::new()
         .with(Arc::new(orders.tool("get_order").await.unwrap()))
         .with(Arc::new(orders.tool("issue_refund").await.unwrap()));
-    let mut h = harness::Harness::new(harness::Embedded::fresh()).await;
     h.policy = Arc::new(Policy::from_toml(REFUND_POLICY).unwrap());
     let script = harness::Script::default().then_call(&[
         ("get_order", json!({"order_id": "ord_55"})),
         ("issue_refund", refund()),
     ]);
-    let p = h
-        .process_configured(
-            Arc::new(script),
-            |store| store,
-            |engine| engine.tools(tools),
-        )
-        .await;
+    h.process_configured(
+        Arc::new(script),
+        |store| store,
+        |engine| engine.tools(tools),
+    )
+    .await
+}
 
-    let report = p
-        .start(StartRun {
-            tenant: harness::acme(),
-            requested_by: PersonId::parse("ben").unwrap(),
-            started_by: None,
-            task: "Refund USD 75 for order ord_55.".into(),
-            approval_ttl: None,
-        })
-        .await
-        .unwrap();
+fn refund_task() -> StartRun {
+    StartRun {
+        tenant: harness::acme(),
+        requested_by: PersonId::parse("ben").unwrap(),
+        started_by: None,
+        task: "Refund USD 75 for order ord_55.".into(),
+        approval_ttl: None,
+    }
+}
+
+#[tokio::test]
+async fn the_engine_gates_a_destructive_mcp_tool_until_a_person_approves_then_runs_it_once() {
+    let seen = Arc::new(Seen::default());
+    let server = Server::start(seen.clone()).await;
+    let orders = connect(server.addr, "5s").await.unwrap();
+    let mut h = harness::Harness::new(harness::Embedded::fresh()).await;
+    let p = refunds_process(&mut h, &orders).await;
+
+    let report = p.start(refund_task()).await.unwrap();
 
     assert_eq!(report.status, RunStatus::AwaitingApproval);
     let [approval] = report.approvals.as_slice() else {
@@ -786,4 +820,45 @@ async fn the_engine_gates_a_destructive_mcp_tool_until_a_person_approves_then_ru
         .collect();
     assert_eq!(called[1], ("issue_refund".to_string(), Some(key)));
     assert_eq!(called.len(), 2);
+}
+
+#[tokio::test]
+async fn the_engine_never_sends_an_mcp_call_again_after_an_unknown_outcome() {
+    let seen = Arc::new(Seen::default());
+    let server = Server::start_as(seen.clone(), Flavour::FailsAfterCommit).await;
+    let orders = connect(server.addr, "5s").await.unwrap();
+    let mut h = harness::Harness::new(harness::Embedded::fresh()).await;
+    let p = refunds_process(&mut h, &orders).await;
+    let report = p.start(refund_task()).await.unwrap();
+    let approval = report.approvals[0].clone();
+
+    p.decide(&h.person("dana"), &approval.id, harness::approve("d-1"))
+        .await
+        .unwrap();
+
+    let history = p.history(&harness::acme(), &report.run_id).await.unwrap();
+    let refund_action = history
+        .actions
+        .iter()
+        .find(|a| a.id == approval.action_id)
+        .unwrap();
+    assert_eq!(refund_action.status, ActionStatus::Unknown);
+    let key = format!("{}:1", approval.action_id);
+    assert_eq!(seen.effects(), BTreeMap::from([(key.clone(), 1)]));
+
+    // The resume message again, then a sweep: an MCP tool cannot reconcile, so neither resends.
+    let again = p.resume(&harness::resume_message(&approval)).await.unwrap();
+    assert!(matches!(again, ResumeReport::Ignored { .. }), "{again:?}");
+    let swept = p.sweep(100).await.unwrap();
+    assert!(swept.reconciled.is_empty(), "{swept:?}");
+    assert_eq!(swept.unknown, std::slice::from_ref(&key));
+    assert_eq!(seen.effects(), BTreeMap::from([(key, 1)]));
+    let refunds = seen
+        .calls
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|c| c.0 == "issue_refund")
+        .count();
+    assert_eq!(refunds, 1);
 }
