@@ -8,6 +8,7 @@
 //! headers = { Authorization = "Bearer ${ORDERS_MCP_TOKEN}" }
 //! timeout = "10s"                                # optional, per request, at most 60s (30s)
 //! tools = "*"                                    # optional: "*" or a list of names
+//!                                                # (absent: only [tools.*] entries bind)
 //!
 //! [tools.issue_refund]                           # one tool of a server, bound by name
 //! mcp = { server = "orders", tool = "issue_refund" }
@@ -37,7 +38,8 @@
 //! - Header values and the variables filled from the environment never appear in `Debug`,
 //!   errors or outcomes: they are replaced by their `${NAME}` or by `<redacted>`. Keep a
 //!   secret in a header rather than the URL: the SDK's own error logs may print the URL.
-//! - Redirects are not followed, and an answer larger than 1 MiB is refused.
+//! - Redirects are not followed. An answer larger than 1 MiB is refused; to a `tools/call`,
+//!   that is unknown like any failure after sending.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
