@@ -4,6 +4,7 @@ pub mod anthropic;
 pub mod dynamodb;
 pub mod env_template;
 pub mod http_tool;
+pub mod mcp_tool;
 pub mod scheduler;
 pub mod scripted;
 pub mod sqlite;

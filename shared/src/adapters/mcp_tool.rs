@@ -1,0 +1,915 @@
+//! Tools from an MCP server over Streamable HTTP, through the official Rust SDK (`rmcp`).
+//!
+//! An agent definition binds a server, then its tools by name or all at once:
+//!
+//! ```toml
+//! [mcp.orders]                                   # a server, by a name the definition chooses
+//! url = "${ORDERS_MCP_URL}"                      # its Streamable HTTP endpoint
+//! headers = { Authorization = "Bearer ${ORDERS_MCP_TOKEN}" }
+//! timeout = "10s"                                # optional, per request, at most 60s (30s)
+//! tools = "*"                                    # optional: "*" or a list of names
+//!                                                # (absent: only [tools.*] entries bind)
+//!
+//! [tools.issue_refund]                           # one tool of a server, bound by name
+//! mcp = { server = "orders", tool = "issue_refund" }
+//! ```
+//!
+//! What a call means:
+//! - `call` sends `tools/call` with the exact approved arguments and the key `action_id:version`
+//!   in the request's `_meta` as `"idempotency_key"`: a server that acts on it once makes the
+//!   call exactly-once across crashes.
+//! - A result with `isError: true` is **failed**, told with its text. A success is **succeeded**
+//!   with its `structuredContent` if present, else its text (parsed as JSON when it is JSON).
+//!   A JSON-RPC error answering the call (unknown tool, invalid arguments) is **failed** too.
+//! - Before each call the server is pinged; if that fails (the server restarted, the session
+//!   expired, the connection dropped), the binding reconnects once. If it still cannot reach
+//!   the server the call is **failed** and says that nothing was sent.
+//! - Once `tools/call` is sent, a transport failure (timeout, lost connection, a 5xx, even a
+//!   404 for a session that expired after the ping) is **unknown**: the call may have taken
+//!   effect, so it is never sent again. Only a connect error on the call's own request (no
+//!   pooled connections, so nothing reached the server) is failed. MCP has no way to ask
+//!   whether a call took effect, so [`Tool::reconciles`] is false and an unknown outcome goes
+//!   to the agent's recovery owner, a person.
+//! - Hints (`readOnlyHint`, `destructiveHint`; absent = false) and the spec (name, description,
+//!   `inputSchema`) are read once, when the tools are listed, and frozen: a server that changes
+//!   its annotations later does not change what policy matched.
+//! - A server that is down at [`McpServer::connect`] or [`McpServer::tools`] is
+//!   [`McpError::Unreachable`]: a run is not started on it.
+//! - Header values and the variables filled from the environment never appear in `Debug`,
+//!   errors or outcomes: they are replaced by their `${NAME}` or by `<redacted>`. Keep a
+//!   secret in a header rather than the URL: the SDK's own error logs may print the URL.
+//! - Redirects are not followed. An answer larger than 1 MiB is refused; to a `tools/call`,
+//!   that is unknown like any failure after sending.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use reqwest::header::{HeaderName, HeaderValue};
+use rmcp::ServiceExt;
+use rmcp::model::{
+    CallToolRequest, CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig,
+    ClientRequest, ContentBlock, Implementation, MetaObject, PingRequest, RequestMetaObject,
+    ServerResult,
+};
+use rmcp::service::{
+    ClientInitializeError, PeerRequestOptions, RoleClient, RunningService, ServiceError,
+};
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::{
+    StreamableHttpClientTransportConfig, StreamableHttpError,
+};
+use serde::Deserialize;
+use serde_json::Value;
+use tokio::sync::Mutex;
+
+use super::env_template::{self, EnvError, Lookup};
+use crate::domain::action::ToolOutcome;
+use crate::domain::policy::ToolHints;
+use crate::ports::model::ToolSpec;
+use crate::ports::tools::{Tool, ToolCall};
+
+/// How long one request may take when the binding does not say.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+/// The longest `timeout` a binding may ask for.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(60);
+/// The largest answer read from a server; a tool result is stored with its action.
+const MAX_RESPONSE_BYTES: usize = 1024 * 1024;
+/// The key under which the idempotency key travels in a `tools/call` request's `_meta`.
+pub const IDEMPOTENCY_META_KEY: &str = "idempotency_key";
+
+/// Headers the transport sets itself; a binding may not override them.
+const RESERVED_HEADERS: &[&str] = &[
+    "accept",
+    "content-type",
+    "content-length",
+    "host",
+    "mcp-session-id",
+    "mcp-protocol-version",
+    "last-event-id",
+];
+
+/// `[mcp.<server>]` as written in an agent definition.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpServerBinding {
+    /// The Streamable HTTP endpoint; may use `${VAR}`.
+    pub url: String,
+    /// Sent with every request; values may use `${VAR}` and are never shown.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Per request, such as `"10s"`; at most 60s, 30s when absent.
+    #[serde(default)]
+    pub timeout: Option<String>,
+    /// Which of the server's tools the agent gets without a `[tools.*]` entry each.
+    #[serde(default)]
+    pub tools: Option<ToolSelection>,
+}
+
+/// `tools = "*"` (every tool the server lists) or `tools = ["a", "b"]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "RawSelection")]
+pub enum ToolSelection {
+    All,
+    Named(Vec<String>),
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawSelection {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl TryFrom<RawSelection> for ToolSelection {
+    type Error = String;
+    fn try_from(raw: RawSelection) -> Result<Self, String> {
+        match raw {
+            RawSelection::One(star) if star == "*" => Ok(Self::All),
+            RawSelection::One(other) => Err(format!(
+                "tools must be \"*\" or a list of tool names, not {other:?}"
+            )),
+            RawSelection::Many(names) => Ok(Self::Named(names)),
+        }
+    }
+}
+
+/// `mcp = { server = "orders", tool = "issue_refund" }` in a `[tools.<name>]` entry.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpToolBinding {
+    /// A server named under `[mcp.*]` in the same definition.
+    pub server: String,
+    /// The tool's name as the server lists it.
+    pub tool: String,
+}
+
+/// Header values are secrets: show their names only.
+impl fmt::Debug for McpServerBinding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("McpServerBinding")
+            .field("url", &self.url)
+            .field("headers", &self.headers.keys().collect::<Vec<_>>())
+            .field("timeout", &self.timeout)
+            .field("tools", &self.tools)
+            .finish()
+    }
+}
+
+/// A binding that cannot be used, naming the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BindingError {
+    #[error(transparent)]
+    Env(#[from] EnvError),
+    #[error("{field}: {reason}")]
+    Invalid { field: String, reason: String },
+}
+
+impl BindingError {
+    fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self::Invalid {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+impl McpServerBinding {
+    /// Fills `${VAR}` from `env` and checks every setting. `field` is where the binding sits,
+    /// such as `mcp.orders`; the server's name is its last segment.
+    pub fn resolve(&self, field: &str, env: Lookup<'_>) -> Result<ResolvedMcpServer, BindingError> {
+        let name = field.rsplit('.').next().unwrap_or(field).to_string();
+        let mut secrets = Vec::new();
+
+        let url_field = format!("{field}.url");
+        let url_text = env_template::expand(&self.url, &url_field, env)?;
+        collect_env_values(&self.url, env, &mut secrets);
+        let url = reqwest::Url::parse(&url_text)
+            .ok()
+            .filter(|url| matches!(url.scheme(), "http" | "https") && url.has_host())
+            .ok_or_else(|| BindingError::invalid(&url_field, "must be an http or https URL"))?;
+        let url_shown = if env_template::mentions_env(&self.url) {
+            self.url.clone()
+        } else {
+            url.to_string()
+        };
+
+        let mut headers = HashMap::new();
+        for (header, template) in &self.headers {
+            let header_field = format!("{field}.headers.{header}");
+            let value = env_template::expand(template, &header_field, env)?;
+            collect_env_values(template, env, &mut secrets);
+            let header_name = HeaderName::from_bytes(header.as_bytes())
+                .map_err(|_| BindingError::invalid(&header_field, "not a valid header name"))?;
+            if RESERVED_HEADERS.contains(&header_name.as_str()) {
+                return Err(BindingError::invalid(
+                    &header_field,
+                    "set by the MCP transport itself; a binding may not send it",
+                ));
+            }
+            let mut header_value = HeaderValue::from_str(&value)
+                .map_err(|_| BindingError::invalid(&header_field, "not a valid header value"))?;
+            header_value.set_sensitive(true);
+            secrets.push((value, "<redacted>".to_string()));
+            headers.insert(header_name, header_value);
+        }
+
+        let timeout_field = format!("{field}.timeout");
+        let timeout = match &self.timeout {
+            None => DEFAULT_TIMEOUT,
+            Some(text) => humantime::parse_duration(text)
+                .map_err(|e| BindingError::invalid(&timeout_field, e.to_string()))?,
+        };
+        if timeout.is_zero() || timeout > MAX_TIMEOUT {
+            return Err(BindingError::invalid(
+                &timeout_field,
+                "must be more than 0s and at most 60s",
+            ));
+        }
+
+        if let Some(ToolSelection::Named(names)) = &self.tools {
+            let tools_field = format!("{field}.tools");
+            for (i, tool) in names.iter().enumerate() {
+                if tool.is_empty() {
+                    return Err(BindingError::invalid(&tools_field, "a tool name is empty"));
+                }
+                if names[..i].contains(tool) {
+                    return Err(BindingError::invalid(
+                        &tools_field,
+                        format!("{tool} is named twice"),
+                    ));
+                }
+            }
+        }
+
+        // Longest first, so a value that contains another is redacted whole.
+        secrets.retain(|(value, _)| !value.is_empty());
+        secrets.sort_by_key(|(value, _)| std::cmp::Reverse(value.len()));
+        Ok(ResolvedMcpServer {
+            name,
+            url,
+            url_shown,
+            headers,
+            timeout,
+            tools: self.tools.clone(),
+            secrets,
+        })
+    }
+}
+
+/// Each `${NAME}` of `template` with its value, to be written back as `${NAME}` wherever it shows.
+fn collect_env_values(template: &str, env: Lookup<'_>, secrets: &mut Vec<(String, String)>) {
+    let mut rest = template;
+    while let Some(start) = rest.find("${") {
+        let after = &rest[start + 2..];
+        let Some(end) = after.find('}') else { break };
+        let name = &after[..end];
+        if let Some(value) = env(name) {
+            secrets.push((value, format!("${{{name}}}")));
+        }
+        rest = &after[end + 1..];
+    }
+}
+
+/// A server binding with its variables filled and its settings checked.
+#[derive(Clone)]
+pub struct ResolvedMcpServer {
+    name: String,
+    url: reqwest::Url,
+    /// The URL as it may be shown: the template when it came from the environment.
+    url_shown: String,
+    headers: HashMap<HeaderName, HeaderValue>,
+    timeout: Duration,
+    tools: Option<ToolSelection>,
+    /// Values that must never show, each with what to write instead.
+    secrets: Vec<(String, String)>,
+}
+
+impl ResolvedMcpServer {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// `None` when the definition binds this server's tools one by one.
+    pub fn tools(&self) -> Option<&ToolSelection> {
+        self.tools.as_ref()
+    }
+
+    /// `text` with every secret replaced by its variable's name or `<redacted>`.
+    fn redact(&self, text: &str) -> String {
+        let mut out = text.to_string();
+        for (value, shown) in &self.secrets {
+            out = out.replace(value.as_str(), shown);
+        }
+        out
+    }
+}
+
+impl fmt::Debug for ResolvedMcpServer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResolvedMcpServer")
+            .field("name", &self.name)
+            .field("url", &self.url_shown)
+            .field("headers", &self.headers.keys().collect::<Vec<_>>())
+            .field("timeout", &self.timeout)
+            .field("tools", &self.tools)
+            .finish()
+    }
+}
+
+/// Why a server or its tools cannot be used. Details never carry a secret.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum McpError {
+    #[error("the MCP server {server} is unreachable: {detail}")]
+    Unreachable { server: String, detail: String },
+    #[error("the MCP server {server} refused: {detail}")]
+    Refused { server: String, detail: String },
+    #[error("the MCP server {server} lists no tool named {tool}")]
+    UnknownTool { server: String, tool: String },
+}
+
+type Session = RunningService<RoleClient, ClientConfig>;
+
+/// A connected MCP server. Cheap to clone: every clone shares one session.
+#[derive(Clone)]
+pub struct McpServer {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: ResolvedMcpServer,
+    http: reqwest::Client,
+    /// The live session; replaced when it is found dead before a call.
+    session: Mutex<Arc<Session>>,
+}
+
+impl fmt::Debug for McpServer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("McpServer")
+            .field("name", &self.inner.config.name)
+            .field("url", &self.inner.config.url_shown)
+            .finish()
+    }
+}
+
+impl McpServer {
+    /// Opens a session (`initialize` over Streamable HTTP).
+    pub async fn connect(config: ResolvedMcpServer) -> Result<Self, McpError> {
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            // A fresh connection per request: a connect error then means nothing was sent.
+            .pool_max_idle_per_host(0)
+            .connect_timeout(config.timeout)
+            .build()
+            .map_err(|e| McpError::Unreachable {
+                server: config.name.clone(),
+                detail: config.redact(&e.to_string()),
+            })?;
+        let session = open(&config, &http).await?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                config,
+                http,
+                session: Mutex::new(Arc::new(session)),
+            }),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.inner.config.name
+    }
+
+    /// Every tool the server lists (`tools/list`, all pages), specs and hints frozen now.
+    pub async fn tools(&self) -> Result<Vec<McpTool>, McpError> {
+        let session = self.current().await;
+        let listed = match self.list(&session).await {
+            Err(McpError::Unreachable { .. }) => {
+                // The session may have died since it was opened: one new one, then give up.
+                let fresh = self.reconnect(&session).await?;
+                self.list(&fresh).await?
+            }
+            other => other?,
+        };
+        Ok(listed
+            .into_iter()
+            .map(|tool| McpTool::from_listing(self.clone(), tool))
+            .collect())
+    }
+
+    /// One tool by the name the server lists it under.
+    pub async fn tool(&self, name: &str) -> Result<McpTool, McpError> {
+        self.tools()
+            .await?
+            .into_iter()
+            .find(|tool| tool.remote_name == name)
+            .ok_or_else(|| McpError::UnknownTool {
+                server: self.name().to_string(),
+                tool: name.to_string(),
+            })
+    }
+
+    /// The tools the binding's `tools` selects: all for `"*"`, each named one (an error if the
+    /// server does not list it), none when absent.
+    pub async fn selected_tools(&self) -> Result<Vec<McpTool>, McpError> {
+        let Some(selection) = self.inner.config.tools.clone() else {
+            return Ok(Vec::new());
+        };
+        let listed = self.tools().await?;
+        match selection {
+            ToolSelection::All => Ok(listed),
+            ToolSelection::Named(names) => names
+                .iter()
+                .map(|name| {
+                    listed
+                        .iter()
+                        .find(|tool| &tool.remote_name == name)
+                        .cloned()
+                        .ok_or_else(|| McpError::UnknownTool {
+                            server: self.name().to_string(),
+                            tool: name.clone(),
+                        })
+                })
+                .collect(),
+        }
+    }
+
+    async fn list(&self, session: &Session) -> Result<Vec<rmcp::model::Tool>, McpError> {
+        let config = &self.inner.config;
+        match tokio::time::timeout(config.timeout, session.list_all_tools()).await {
+            Ok(Ok(tools)) => Ok(tools),
+            Ok(Err(ServiceError::McpError(error))) => Err(McpError::Refused {
+                server: config.name.clone(),
+                detail: config.redact(&format!("tools/list: {}", error.message)),
+            }),
+            Ok(Err(error)) => Err(self.unreachable(&cause(&error))),
+            Err(_) => Err(self.unreachable(&format!(
+                "no answer to tools/list within {}",
+                humantime::format_duration(config.timeout)
+            ))),
+        }
+    }
+
+    async fn current(&self) -> Arc<Session> {
+        self.inner.session.lock().await.clone()
+    }
+
+    /// Replaces `stale` with a new session, unless another caller already did.
+    async fn reconnect(&self, stale: &Arc<Session>) -> Result<Arc<Session>, McpError> {
+        let mut slot = self.inner.session.lock().await;
+        if !Arc::ptr_eq(&slot, stale) {
+            return Ok(slot.clone());
+        }
+        let fresh = Arc::new(open(&self.inner.config, &self.inner.http).await?);
+        *slot = fresh.clone();
+        Ok(fresh)
+    }
+
+    /// A session that answered a ping just now, or a new one. Nothing of a call is sent yet.
+    async fn ready(&self) -> Result<Arc<Session>, McpError> {
+        let session = self.current().await;
+        let ping = ClientRequest::PingRequest(PingRequest::default());
+        let options = PeerRequestOptions::with_timeout(self.inner.config.timeout);
+        let alive = match session.send_request_with_option(ping, options).await {
+            Ok(handle) => matches!(
+                handle.await_response().await,
+                Ok(_) | Err(ServiceError::McpError(_))
+            ),
+            Err(_) => false,
+        };
+        if alive {
+            Ok(session)
+        } else {
+            self.reconnect(&session).await
+        }
+    }
+
+    fn unreachable(&self, detail: &str) -> McpError {
+        McpError::Unreachable {
+            server: self.inner.config.name.clone(),
+            detail: self.inner.config.redact(detail),
+        }
+    }
+
+    /// Sends one `tools/call` and says what came of it; see the module's semantics.
+    async fn call_tool(&self, tool: &str, call: ToolCall<'_>) -> ToolOutcome {
+        let config = &self.inner.config;
+        let session = match self.ready().await {
+            Ok(session) => session,
+            Err(error) => {
+                return ToolOutcome::Failed {
+                    error: format!("{error}; the call was not sent"),
+                };
+            }
+        };
+        let mut meta = MetaObject::new();
+        meta.0.insert(
+            IDEMPOTENCY_META_KEY.to_string(),
+            Value::String(call.idempotency_key.to_string()),
+        );
+        let mut params = CallToolRequestParams::new(tool.to_string());
+        params.arguments = match call.args.as_value() {
+            Value::Object(map) => Some(map),
+            _ => None,
+        };
+        let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
+        let options =
+            PeerRequestOptions::with_timeout(config.timeout).with_meta(RequestMetaObject(meta));
+        let handle = match session.send_request_with_option(request, options).await {
+            Ok(handle) => handle,
+            Err(error) => {
+                return ToolOutcome::Failed {
+                    error: config.redact(&format!(
+                        "the MCP server {} could not be given the call ({}); it was not sent",
+                        config.name,
+                        cause(&error)
+                    )),
+                };
+            }
+        };
+        match handle.await_response().await {
+            Ok(ServerResult::CallToolResult(result)) => outcome_of(result),
+            Ok(_) => ToolOutcome::Unknown {
+                detail: format!(
+                    "the MCP server {} answered tools/call with something other than a result",
+                    config.name
+                ),
+            },
+            Err(ServiceError::McpError(error)) => ToolOutcome::Failed {
+                error: config.redact(&format!(
+                    "the MCP server {} refused the call: {}",
+                    config.name, error.message
+                )),
+            },
+            Err(ServiceError::Timeout { timeout }) => ToolOutcome::Unknown {
+                detail: format!(
+                    "the MCP server {} did not answer within {}; the call may have taken effect",
+                    config.name,
+                    humantime::format_duration(timeout)
+                ),
+            },
+            Err(error) if never_connected(&error) => ToolOutcome::Failed {
+                error: config.redact(&format!(
+                    "could not connect to the MCP server {} ({}); the call was not sent",
+                    config.name,
+                    cause(&error)
+                )),
+            },
+            Err(error) => ToolOutcome::Unknown {
+                detail: config.redact(&format!(
+                    "the connection to the MCP server {} failed after the call was sent ({}); \
+                     it may have taken effect",
+                    config.name,
+                    cause(&error)
+                )),
+            },
+        }
+    }
+}
+
+/// The innermost reason of a transport error ("Connection refused", "HTTP 502"), without the
+/// SDK's type names.
+fn cause(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut deepest = error;
+    loop {
+        // The SDK wraps the HTTP client's error without naming it as the source.
+        if let Some(StreamableHttpError::Client(inner)) =
+            deepest.downcast_ref::<StreamableHttpError<reqwest::Error>>()
+        {
+            deepest = inner;
+            continue;
+        }
+        match deepest.source() {
+            Some(next) => deepest = next,
+            None => return deepest.to_string(),
+        }
+    }
+}
+
+/// Whether the request's own POST failed to connect: with no pooled connections, nothing of
+/// it reached the server.
+fn never_connected(error: &ServiceError) -> bool {
+    let ServiceError::TransportSend(error) = error else {
+        return false;
+    };
+    matches!(
+        error.error.downcast_ref::<StreamableHttpError<reqwest::Error>>(),
+        Some(StreamableHttpError::Client(inner)) if inner.is_connect()
+    )
+}
+
+async fn open(config: &ResolvedMcpServer, http: &reqwest::Client) -> Result<Session, McpError> {
+    let transport_config = StreamableHttpClientTransportConfig::with_uri(config.url.as_str())
+        .custom_headers(config.headers.clone())
+        // Never re-send a request the server refused for its session: this binding decides.
+        .reinit_on_expired_session(false)
+        .max_json_response_size(MAX_RESPONSE_BYTES)
+        .max_sse_event_size(MAX_RESPONSE_BYTES);
+    let transport = StreamableHttpClientTransport::with_client(http.clone(), transport_config);
+    let client = ClientConfig::new(
+        ClientCapabilities::default(),
+        Implementation::new("countersign", env!("CARGO_PKG_VERSION")),
+    );
+    let unreachable = |detail: String| McpError::Unreachable {
+        server: config.name.clone(),
+        detail: config.redact(&detail),
+    };
+    match tokio::time::timeout(config.timeout, client.serve(transport)).await {
+        Ok(Ok(session)) => Ok(session),
+        Ok(Err(ClientInitializeError::TransportError { error, .. })) => {
+            Err(unreachable(cause(error.error.as_ref())))
+        }
+        Ok(Err(error)) => Err(unreachable(cause(&error))),
+        Err(_) => Err(unreachable(format!(
+            "no answer to initialize within {}",
+            humantime::format_duration(config.timeout)
+        ))),
+    }
+}
+
+/// What a `tools/call` result means for the action.
+fn outcome_of(result: CallToolResult) -> ToolOutcome {
+    let text = result
+        .content
+        .iter()
+        .filter_map(ContentBlock::as_text)
+        .map(|block| block.text.as_str())
+        .collect::<Vec<_>>()
+        .join("\n");
+    if result.is_error == Some(true) {
+        let error = if text.is_empty() {
+            "the tool reported an error and said nothing more".to_string()
+        } else {
+            text
+        };
+        return ToolOutcome::Failed { error };
+    }
+    let result = match result.structured_content {
+        Some(structured) => structured,
+        None if text.is_empty() => {
+            serde_json::to_value(&result.content).unwrap_or(Value::Array(Vec::new()))
+        }
+        None => serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    };
+    ToolOutcome::Succeeded { result }
+}
+
+/// One tool of an MCP server, as listed.
+#[derive(Clone)]
+pub struct McpTool {
+    server: McpServer,
+    /// The name the server knows it by.
+    remote_name: String,
+    spec: ToolSpec,
+    hints: ToolHints,
+}
+
+impl fmt::Debug for McpTool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("McpTool")
+            .field("server", &self.server.name())
+            .field("tool", &self.remote_name)
+            .field("name", &self.spec.name)
+            .field("hints", &self.hints)
+            .finish()
+    }
+}
+
+impl McpTool {
+    fn from_listing(server: McpServer, tool: rmcp::model::Tool) -> Self {
+        let annotations = tool.annotations.as_ref();
+        let hints = ToolHints {
+            read_only: annotations.and_then(|a| a.read_only_hint) == Some(true),
+            destructive: annotations.and_then(|a| a.destructive_hint) == Some(true),
+        };
+        let spec = ToolSpec {
+            name: tool.name.to_string(),
+            description: tool
+                .description
+                .as_deref()
+                .or(tool.title.as_deref())
+                .unwrap_or_default()
+                .to_string(),
+            input_schema: Value::Object((*tool.input_schema).clone()),
+        };
+        Self {
+            server,
+            remote_name: tool.name.to_string(),
+            spec,
+            hints,
+        }
+    }
+
+    /// The same tool under another name for the model and policy (`[tools.<name>]`); calls
+    /// still use the server's name.
+    pub fn exposed_as(mut self, name: impl Into<String>) -> Self {
+        self.spec.name = name.into();
+        self
+    }
+
+    /// The name the server lists it under.
+    pub fn remote_name(&self) -> &str {
+        &self.remote_name
+    }
+
+    pub fn server(&self) -> &McpServer {
+        &self.server
+    }
+}
+
+#[async_trait]
+impl Tool for McpTool {
+    fn spec(&self) -> ToolSpec {
+        self.spec.clone()
+    }
+
+    fn hints(&self) -> ToolHints {
+        self.hints
+    }
+
+    async fn call(&self, call: ToolCall<'_>) -> ToolOutcome {
+        self.server.call_tool(&self.remote_name, call).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(name: &str) -> Option<String> {
+        match name {
+            "ORDERS_MCP_URL" => Some("http://127.0.0.1:8791/mcp".into()),
+            "ORDERS_MCP_TOKEN" => Some("tok-s3cret".into()),
+            _ => None,
+        }
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Definition {
+        mcp: BTreeMap<String, McpServerBinding>,
+        #[serde(default)]
+        tools: BTreeMap<String, ToolEntry>,
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct ToolEntry {
+        mcp: McpToolBinding,
+    }
+
+    const DEFINITION: &str = r#"
+        [mcp.orders]
+        url = "${ORDERS_MCP_URL}"
+        headers = { Authorization = "Bearer ${ORDERS_MCP_TOKEN}" }
+        timeout = "10s"
+        tools = "*"
+
+        [tools.issue_refund]
+        mcp = { server = "orders", tool = "issue_refund" }
+    "#;
+
+    fn orders(text: &str) -> McpServerBinding {
+        let definition: Definition = toml::from_str(text).unwrap();
+        definition.mcp["orders"].clone()
+    }
+
+    #[test]
+    fn a_definition_binds_a_server_and_a_tool() {
+        let definition: Definition = toml::from_str(DEFINITION).unwrap();
+        let orders = &definition.mcp["orders"];
+        assert_eq!(orders.tools, Some(ToolSelection::All));
+        assert_eq!(
+            definition.tools["issue_refund"].mcp,
+            McpToolBinding {
+                server: "orders".into(),
+                tool: "issue_refund".into()
+            }
+        );
+        let resolved = orders.resolve("mcp.orders", &env).unwrap();
+        assert_eq!(resolved.name(), "orders");
+        assert_eq!(resolved.timeout(), Duration::from_secs(10));
+        assert_eq!(resolved.url.as_str(), "http://127.0.0.1:8791/mcp");
+    }
+
+    #[test]
+    fn a_list_of_names_selects_those_tools() {
+        let binding = orders("[mcp.orders]\nurl = \"http://x/mcp\"\ntools = [\"a\", \"b\"]\n");
+        assert_eq!(
+            binding.tools,
+            Some(ToolSelection::Named(vec!["a".into(), "b".into()]))
+        );
+        let resolved = binding.resolve("mcp.orders", &env).unwrap();
+        assert_eq!(resolved.timeout(), DEFAULT_TIMEOUT);
+    }
+
+    #[test]
+    fn unknown_fields_and_bad_selections_are_refused() {
+        for text in [
+            "[mcp.orders]\nurl = \"http://x\"\nmethod = \"POST\"\n",
+            "[mcp.orders]\nurl = \"http://x\"\ntools = \"all\"\n",
+            "[mcp.orders]\nurl = \"http://x\"\n[tools.t]\nmcp = { server = \"orders\", tool = \"t\", x = 1 }\n",
+        ] {
+            assert!(toml::from_str::<Definition>(text).is_err(), "{text}");
+        }
+    }
+
+    #[test]
+    fn an_unset_variable_names_the_field_and_the_variable() {
+        let binding = orders(
+            "[mcp.orders]\nurl = \"http://x/mcp\"\nheaders = { Authorization = \"Bearer ${NOPE}\" }\n",
+        );
+        let error = binding.resolve("mcp.orders", &env).unwrap_err().to_string();
+        assert_eq!(
+            error,
+            "mcp.orders.headers.Authorization: the environment variable NOPE is not set"
+        );
+    }
+
+    #[test]
+    fn bad_settings_name_their_field() {
+        let cases = [
+            ("url = \"ftp://x\"", "mcp.orders.url"),
+            (
+                "url = \"http://x\"\ntimeout = \"61s\"",
+                "mcp.orders.timeout",
+            ),
+            ("url = \"http://x\"\ntimeout = \"0s\"", "mcp.orders.timeout"),
+            (
+                "url = \"http://x\"\ntimeout = \"soon\"",
+                "mcp.orders.timeout",
+            ),
+            (
+                "url = \"http://x\"\nheaders = { Accept = \"text/html\" }",
+                "mcp.orders.headers.Accept",
+            ),
+            (
+                "url = \"http://x\"\ntools = [\"a\", \"a\"]",
+                "mcp.orders.tools",
+            ),
+        ];
+        for (body, field) in cases {
+            let binding = orders(&format!("[mcp.orders]\n{body}\n"));
+            let error = binding.resolve("mcp.orders", &env).unwrap_err().to_string();
+            assert!(error.starts_with(&format!("{field}: ")), "{body}: {error}");
+        }
+    }
+
+    #[test]
+    fn secrets_never_show_in_debug_or_redacted_text() {
+        let binding = orders(
+            "[mcp.orders]\nurl = \"http://127.0.0.1:8791/mcp\"\nheaders = { Authorization = \"Bearer ${ORDERS_MCP_TOKEN}\", X-Literal = \"literal-key\" }\n",
+        );
+        let resolved = binding.resolve("mcp.orders", &env).unwrap();
+        let shown = format!("{binding:?} {resolved:?}");
+        assert!(
+            !shown.contains("tok-s3cret") && !shown.contains("literal-key"),
+            "{shown}"
+        );
+        assert_eq!(
+            resolved.redact("sent Bearer tok-s3cret and literal-key"),
+            "sent <redacted> and <redacted>"
+        );
+        assert_eq!(
+            resolved.redact("token tok-s3cret"),
+            "token ${ORDERS_MCP_TOKEN}"
+        );
+    }
+
+    #[test]
+    fn results_become_outcomes() {
+        let structured = CallToolResult::structured(serde_json::json!({"refund_id": "r-1"}));
+        assert_eq!(
+            outcome_of(structured),
+            ToolOutcome::Succeeded {
+                result: serde_json::json!({"refund_id": "r-1"})
+            }
+        );
+        let json_text = CallToolResult::success(vec![ContentBlock::text("{\"ok\":true}")]);
+        assert_eq!(
+            outcome_of(json_text),
+            ToolOutcome::Succeeded {
+                result: serde_json::json!({"ok": true})
+            }
+        );
+        let plain = CallToolResult::success(vec![ContentBlock::text("done")]);
+        assert_eq!(
+            outcome_of(plain),
+            ToolOutcome::Succeeded {
+                result: Value::String("done".into())
+            }
+        );
+        let refused = CallToolResult::error(vec![ContentBlock::text("order is closed")]);
+        assert_eq!(
+            outcome_of(refused),
+            ToolOutcome::Failed {
+                error: "order is closed".into()
+            }
+        );
+    }
+}
