@@ -24,10 +24,10 @@ use shared::adapters::mcp_tool::{McpError, McpServer, McpServerBinding, McpTool,
 use shared::domain::action::ActionStatus;
 use shared::domain::action::ToolOutcome;
 use shared::domain::args::Args;
-use shared::domain::ids::{PersonId, RunId, TenantId};
+use shared::domain::ids::{AgentName, PersonId, RunId, TenantId};
 use shared::domain::policy::{Policy, ToolHints};
 use shared::domain::run::RunStatus;
-use shared::engine::{ResumeReport, StartRun};
+use shared::engine::{Agent, ResumeReport, StartRun};
 use shared::ports::tools::{Tool, ToolCall, Toolbox};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
@@ -752,26 +752,34 @@ reason = "Every refund needs a finance approver."
 
 /// A process running a refunds agent whose script reads the order and then refunds it, over
 /// the orders MCP server, under [`REFUND_POLICY`].
-async fn refunds_process(h: &mut harness::Harness, orders: &McpServer) -> harness::Process {
+async fn refunds_process(h: &harness::Harness, orders: &McpServer) -> harness::Process {
     let tools = Toolbox::new()
         .with(Arc::new(orders.tool("get_order").await.unwrap()))
         .with(Arc::new(orders.tool("issue_refund").await.unwrap()));
-    h.policy = Arc::new(Policy::from_toml(REFUND_POLICY).unwrap());
+    let policy = Arc::new(Policy::from_toml(REFUND_POLICY).unwrap());
     let script = harness::Script::default().then_call(&[
         ("get_order", json!({"order_id": "ord_55"})),
         ("issue_refund", refund()),
     ]);
+    let refunds = Agent::new(refunds_agent(), policy)
+        .with_model(Arc::new(script.clone()))
+        .with_tools(tools);
     h.process_configured(
         Arc::new(script),
         |store| store,
-        |engine| engine.tools(tools),
+        |engine| engine.agent(refunds),
     )
     .await
+}
+
+fn refunds_agent() -> AgentName {
+    AgentName::parse("refunds").unwrap()
 }
 
 fn refund_task() -> StartRun {
     StartRun {
         tenant: harness::acme(),
+        agent: refunds_agent(),
         requested_by: PersonId::parse("ben").unwrap(),
         started_by: None,
         task: "Refund USD 75 for order ord_55.".into(),
@@ -784,8 +792,8 @@ async fn the_engine_gates_a_destructive_mcp_tool_until_a_person_approves_then_ru
     let seen = Arc::new(Seen::default());
     let server = Server::start(seen.clone()).await;
     let orders = connect(server.addr, "5s").await.unwrap();
-    let mut h = harness::Harness::new(harness::Embedded::fresh()).await;
-    let p = refunds_process(&mut h, &orders).await;
+    let h = harness::Harness::new(harness::Embedded::fresh()).await;
+    let p = refunds_process(&h, &orders).await;
 
     let report = p.start(refund_task()).await.unwrap();
 
@@ -827,8 +835,8 @@ async fn the_engine_never_sends_an_mcp_call_again_after_an_unknown_outcome() {
     let seen = Arc::new(Seen::default());
     let server = Server::start_as(seen.clone(), Flavour::FailsAfterCommit).await;
     let orders = connect(server.addr, "5s").await.unwrap();
-    let mut h = harness::Harness::new(harness::Embedded::fresh()).await;
-    let p = refunds_process(&mut h, &orders).await;
+    let h = harness::Harness::new(harness::Embedded::fresh()).await;
+    let p = refunds_process(&h, &orders).await;
     let report = p.start(refund_task()).await.unwrap();
     let approval = report.approvals[0].clone();
 
