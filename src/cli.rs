@@ -144,6 +144,27 @@ pub enum Review {
         #[command(flatten)]
         submission: Submission,
     },
+    /// Answer a recovery: did the call whose outcome is unknown take effect?
+    Answer {
+        approval: String,
+        /// It took effect (the service shows it was made).
+        #[arg(
+            long,
+            conflicts_with = "did_not_take_effect",
+            required_unless_present = "did_not_take_effect"
+        )]
+        took_effect: bool,
+        /// It did not take effect (the service has no trace of it, and never will).
+        #[arg(long)]
+        did_not_take_effect: bool,
+        /// What you checked, for the record.
+        #[arg(long)]
+        note: Option<String>,
+        #[arg(long = "as", value_name = "NAME")]
+        person: String,
+        #[command(flatten)]
+        submission: Submission,
+    },
     /// Expire what nobody decided in time (the sweep), and deliver anything left undelivered.
     Expire,
 }

@@ -298,6 +298,20 @@ async fn decide(local: &Local, review: Review) -> Result<Output, Failure> {
             person,
             submission,
         } => (approval, person, submission, Choice::Reject { reason }),
+        Review::Answer {
+            approval,
+            took_effect,
+            note,
+            person,
+            submission,
+            ..
+        } => {
+            let choice = match took_effect {
+                true => Choice::TookEffect { note },
+                false => Choice::DidNotTakeEffect { note },
+            };
+            (approval, person, submission, choice)
+        }
         Review::Expire => unreachable!("handled by the caller"),
     };
     let approval_id = ApprovalId::parse(&approval)?;

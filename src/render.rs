@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use chrono::{DateTime, Utc};
-use shared::domain::approval::{Approval, Choice, DecisionEffect};
+use shared::domain::approval::{Approval, ApprovalKind, Choice, DecisionEffect};
 use shared::domain::audit::{AuditEntry, AuditEvent};
 use shared::domain::policy::Verdict;
 use shared::domain::run::RunStatus;
@@ -78,14 +78,15 @@ pub fn pending(approvals: &[Approval], now: DateTime<Utc>) -> String {
     }
     let mut out = String::new();
     for a in approvals {
+        let recovery = a.kind == ApprovalKind::Recovery;
+        let when = match recovery {
+            true => "DID IT TAKE EFFECT? (answer: review answer)".to_string(),
+            false => time_left(a.expires_at, now),
+        };
         let _ = writeln!(
             out,
-            "{}  {}  version {}  run {}  {}",
-            a.id,
-            a.tool,
-            a.action_version,
-            a.run_id,
-            time_left(a.expires_at, now)
+            "{}  {}  version {}  run {}  {when}",
+            a.id, a.tool, a.action_version, a.run_id,
         );
         let _ = writeln!(out, "  agent:  {}", a.explanation);
         let _ = writeln!(out, "  call:   {} {}", a.tool, a.args);
@@ -104,6 +105,9 @@ pub fn pending(approvals: &[Approval], now: DateTime<Utc>) -> String {
         let _ = writeln!(out, "  hash:   {}", a.args_hash);
         let _ = writeln!(out, "  why:    {}", a.reason);
         let _ = writeln!(out, "  who:    {}", who_may(a));
+        if recovery {
+            continue;
+        }
         let _ = writeln!(
             out,
             "  due:    {}",
@@ -154,6 +158,18 @@ pub fn decision(report: &DecisionReport) -> String {
             )
         }
         (Choice::Reject { reason }, _) => format!("{} rejected {}: {reason}", d.by, a.id),
+        (_, DecisionEffect::Answered { took_effect }) => format!(
+            "{} answered {}: {} {} {}",
+            d.by,
+            a.id,
+            a.tool,
+            shared::domain::ids::idempotency_key(&a.action_id, a.action_version),
+            if *took_effect {
+                "took effect"
+            } else {
+                "did not take effect"
+            }
+        ),
         (choice, effect) => format!("{} {} {}: {effect:?}", d.by, choice.name(), a.id),
     };
     let _ = writeln!(out, "{what}{replay}");
@@ -218,6 +234,15 @@ fn event_line(entry: &AuditEntry, tools: &std::collections::BTreeMap<String, Str
             )
         }
         AuditEvent::Paused { approvals } => format!("waiting on {}", join(approvals)),
+        AuditEvent::RecoveryRequested {
+            approval_id,
+            action_id,
+            version,
+            owner,
+        } => format!(
+            "{} {action_id}:{version}: did it take effect? asked of {owner} ({approval_id})",
+            tool(action_id)
+        ),
         AuditEvent::Notified {
             approval_id,
             notice,
@@ -251,6 +276,10 @@ fn event_line(entry: &AuditEntry, tools: &std::collections::BTreeMap<String, Str
                         .unwrap_or_default()
                 ),
                 Choice::Reject { reason } => format!("reject: {reason}"),
+                other => match other.text() {
+                    Some(note) => format!("{} ({note})", other.name()),
+                    None => other.name().to_string(),
+                },
             };
             let effect = match effect {
                 DecisionEffect::Counted { still_needed } => {
@@ -259,6 +288,8 @@ fn event_line(entry: &AuditEntry, tools: &std::collections::BTreeMap<String, Str
                 DecisionEffect::Approved => "approved".into(),
                 DecisionEffect::Rejected => "rejected".into(),
                 DecisionEffect::Edited { new_version } => format!("superseded by v{new_version}"),
+                DecisionEffect::Answered { took_effect: true } => "it took effect".into(),
+                DecisionEffect::Answered { took_effect: false } => "it did not take effect".into(),
             };
             format!(
                 "{chose} on {approval_id} v{version} {} → {effect}",

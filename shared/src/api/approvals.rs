@@ -138,6 +138,9 @@ pub enum ChoiceName {
     Approve,
     Edit,
     Reject,
+    /// A recovery's answers: the call whose outcome was unknown took effect, or did not.
+    TookEffect,
+    DidNotTakeEffect,
 }
 
 impl DecisionBody {
@@ -187,6 +190,18 @@ impl DecisionBody {
                     ApiError::bad_request("missing_field", "a rejection needs a reason")
                 })?;
                 Choice::Reject { reason }
+            }
+            ChoiceName::TookEffect | ChoiceName::DidNotTakeEffect => {
+                if self.amount.is_some() {
+                    return Err(stray("amount", "edit"));
+                }
+                if self.reason.is_some() {
+                    return Err(stray("reason", "reject"));
+                }
+                match self.choice {
+                    ChoiceName::TookEffect => Choice::TookEffect { note: self.note },
+                    _ => Choice::DidNotTakeEffect { note: self.note },
+                }
             }
         };
         Ok(DecisionRequest {

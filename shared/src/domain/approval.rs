@@ -21,6 +21,20 @@ pub enum ApprovalStatus {
     Expired,
     Superseded,
     Cancelled,
+    /// A recovery owner said whether the call took effect.
+    Answered,
+}
+
+/// What an approval asks of people.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalKind {
+    /// May this exact call run? Approve, edit or reject.
+    #[default]
+    Action,
+    /// Did this call take effect? Its outcome is unknown and its tool cannot say: the agent's
+    /// recovery owner answers `took_effect` or `did_not_take_effect`. It never expires.
+    Recovery,
 }
 
 impl ApprovalStatus {
@@ -32,6 +46,7 @@ impl ApprovalStatus {
             ApprovalStatus::Expired => "expired",
             ApprovalStatus::Superseded => "superseded",
             ApprovalStatus::Cancelled => "cancelled",
+            ApprovalStatus::Answered => "answered",
         }
     }
 }
@@ -56,6 +71,16 @@ pub enum Choice {
     Reject {
         reason: String,
     },
+    /// A recovery owner's answer: the call took effect.
+    TookEffect {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        note: Option<String>,
+    },
+    /// A recovery owner's answer: the call did not take effect.
+    DidNotTakeEffect {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        note: Option<String>,
+    },
 }
 
 impl Choice {
@@ -64,7 +89,27 @@ impl Choice {
             Choice::Approve => "approve",
             Choice::Edit { .. } => "edit",
             Choice::Reject { .. } => "reject",
+            Choice::TookEffect { .. } => "took_effect",
+            Choice::DidNotTakeEffect { .. } => "did_not_take_effect",
         }
+    }
+
+    /// The text a reviewer wrote with the choice, if any.
+    pub fn text(&self) -> Option<&str> {
+        match self {
+            Choice::Approve => None,
+            Choice::Reject { reason } => Some(reason),
+            Choice::Edit { note, .. }
+            | Choice::TookEffect { note }
+            | Choice::DidNotTakeEffect { note } => note.as_deref(),
+        }
+    }
+
+    fn answers(&self) -> bool {
+        matches!(
+            self,
+            Choice::TookEffect { .. } | Choice::DidNotTakeEffect { .. }
+        )
     }
 }
 
@@ -89,6 +134,10 @@ pub enum DecisionEffect {
     /// This version was superseded by the edited one.
     Edited {
         new_version: ActionVersion,
+    },
+    /// A recovery owner said whether the call took effect.
+    Answered {
+        took_effect: bool,
     },
 }
 
@@ -131,6 +180,11 @@ pub enum Refusal {
     Edit(#[from] EditRefusal),
     #[error("a rejection needs a reason")]
     EmptyReason,
+    #[error("{}", match kind {
+        ApprovalKind::Recovery => "this asks whether a call took effect: answer took_effect or did_not_take_effect",
+        ApprovalKind::Action => "took_effect and did_not_take_effect answer a recovery; approve, edit or reject this approval",
+    })]
+    WrongChoice { kind: ApprovalKind },
 }
 
 /// The previous version, kept so a reviewer sees what an edit changed.
@@ -149,6 +203,8 @@ pub struct Approval {
     pub tenant: TenantId,
     /// The agent whose policy rules on this approval's edits.
     pub agent: AgentName,
+    #[serde(default)]
+    pub kind: ApprovalKind,
     pub run_id: RunId,
     pub action_id: ActionId,
     pub action_version: ActionVersion,
@@ -201,6 +257,7 @@ impl Approval {
             id: ApprovalId::generate(),
             tenant: call.tenant,
             agent: asking.agent,
+            kind: ApprovalKind::Action,
             run_id: call.run_id,
             action_id: call.id,
             action_version: call.version,
@@ -226,6 +283,34 @@ impl Approval {
         }
     }
 
+    /// Asks the agent's recovery owner whether a call whose outcome is unknown took effect.
+    /// Its tool cannot reconcile it, so a person must; it waits until one answers.
+    pub fn recovery(action: &Action, owner: Role, detail: &str, asking: Asking) -> Self {
+        let call = ProposedCall {
+            id: action.id.clone(),
+            version: action.version,
+            tenant: action.tenant.clone(),
+            run_id: action.run_id.clone(),
+            tool_use_id: action.tool_use_id.clone(),
+            tool: action.tool.clone(),
+            args: action.args.clone(),
+            explanation: action.explanation.clone(),
+        };
+        let requirement = Requirement {
+            reason: format!(
+                "Nobody can tell whether {} {} took effect ({detail}), and the tool cannot be asked. Did it?",
+                action.tool,
+                action.key()
+            ),
+            approver_role: owner,
+            quorum: 1,
+            ttl: std::time::Duration::ZERO,
+        };
+        let mut recovery = Self::open(call, &requirement, asking);
+        recovery.kind = ApprovalKind::Recovery;
+        recovery
+    }
+
     /// The distinct people whose approval of this version counts toward the quorum.
     pub fn approvers(&self) -> Vec<&PersonId> {
         let mut people: Vec<&PersonId> = self
@@ -246,8 +331,9 @@ impl Approval {
         self.quorum.saturating_sub(self.approvers().len() as u8)
     }
 
+    /// Past the deadline. A recovery is never overdue: only a person can settle it.
     pub fn is_overdue(&self, now: DateTime<Utc>) -> bool {
-        now >= self.expires_at
+        self.kind == ApprovalKind::Action && now >= self.expires_at
     }
 
     fn resolve(&mut self, status: ApprovalStatus, now: DateTime<Utc>) {
@@ -294,6 +380,9 @@ impl Approval {
                 expires_at: self.expires_at,
             });
         }
+        if request.choice.answers() != (self.kind == ApprovalKind::Recovery) {
+            return Err(Refusal::WrongChoice { kind: self.kind });
+        }
         if request.action_version != self.action_version {
             return Err(Refusal::StaleVersion {
                 sent: request.action_version,
@@ -337,6 +426,8 @@ impl Approval {
                     new_version: self.action_version.next(),
                 }
             }
+            Choice::TookEffect { .. } => DecisionEffect::Answered { took_effect: true },
+            Choice::DidNotTakeEffect { .. } => DecisionEffect::Answered { took_effect: false },
         };
         let decision = Decision {
             decision_id: request.decision_id.clone(),
@@ -352,6 +443,7 @@ impl Approval {
             DecisionEffect::Approved => self.resolve(ApprovalStatus::Approved, now),
             DecisionEffect::Rejected => self.resolve(ApprovalStatus::Rejected, now),
             DecisionEffect::Edited { .. } => self.resolve(ApprovalStatus::Superseded, now),
+            DecisionEffect::Answered { .. } => self.resolve(ApprovalStatus::Answered, now),
             DecisionEffect::Counted { .. } => {}
         }
         Ok(Decided::New {
@@ -372,6 +464,9 @@ impl Approval {
     /// When to remind people of this approval, `lead` before its deadline. `None` when its
     /// whole time to decide fits in the lead: the request itself was that reminder.
     pub fn reminder_at(&self, lead: Duration) -> Option<DateTime<Utc>> {
+        if self.kind == ApprovalKind::Recovery {
+            return None;
+        }
         self.expires_at
             .checked_sub_signed(lead)
             .filter(|at| *at > self.created_at)

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::approval::{Choice, DecisionEffect};
 use super::args::{Args, ArgsHash};
 use super::identity::Actor;
-use super::ids::{ActionId, ActionVersion, ApprovalId, PersonId, RunId};
+use super::ids::{ActionId, ActionVersion, ApprovalId, PersonId, Role, RunId};
 use super::policy::Verdict;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -105,6 +105,13 @@ pub enum AuditEvent {
         succeeded: bool,
         result: String,
     },
+    /// An unknown outcome no tool can settle went to the agent's recovery owner, a person.
+    RecoveryRequested {
+        approval_id: ApprovalId,
+        action_id: ActionId,
+        version: ActionVersion,
+        owner: Role,
+    },
     /// The paused turn is complete and its results went back to the model.
     Resumed {
         results: usize,
@@ -133,6 +140,7 @@ impl AuditEvent {
             AuditEvent::Executed { .. } => "executed",
             AuditEvent::Unknown { .. } => "unknown",
             AuditEvent::Reconciled { .. } => "reconciled",
+            AuditEvent::RecoveryRequested { .. } => "recovery_requested",
             AuditEvent::Resumed { .. } => "resumed",
             AuditEvent::Done { .. } => "done",
             AuditEvent::Failed { .. } => "failed",
@@ -147,7 +155,8 @@ impl AuditEvent {
             | AuditEvent::NotificationFailed { approval_id, .. }
             | AuditEvent::Decision { approval_id, .. }
             | AuditEvent::Superseded { approval_id, .. }
-            | AuditEvent::Expired { approval_id, .. } => Some(approval_id),
+            | AuditEvent::Expired { approval_id, .. }
+            | AuditEvent::RecoveryRequested { approval_id, .. } => Some(approval_id),
             _ => None,
         }
     }
@@ -177,6 +186,9 @@ impl AuditEvent {
                 action_id, version, ..
             }
             | AuditEvent::Reconciled {
+                action_id, version, ..
+            }
+            | AuditEvent::RecoveryRequested {
                 action_id, version, ..
             } => Some((action_id, *version)),
             _ => None,

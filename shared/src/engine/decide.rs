@@ -7,7 +7,7 @@ use tracing::Instrument;
 use super::drive::{RunReport, deadline, entry};
 use super::records::{OutboxMessage, Tx, keys};
 use super::{AWAITING_ACTION_VER, Agent, CAS_ATTEMPTS, Delivery, Engine, EngineError};
-use crate::domain::action::{Action, ActionStatus, ProposedCall};
+use crate::domain::action::{Action, ActionStatus, ProposedCall, ToolOutcome};
 use crate::domain::approval::{
     Approval, ApprovalStatus, Asking, Choice, Decided, Decision, DecisionEffect, DecisionRequest,
     PreviousVersion, Refusal,
@@ -47,11 +47,7 @@ impl Engine {
         approval_id: &ApprovalId,
         request: DecisionRequest,
     ) -> Result<DecisionReport, EngineError> {
-        let too_long = match &request.choice {
-            Choice::Reject { reason } => reason.len() > MAX_TEXT,
-            Choice::Edit { note, .. } => note.as_ref().is_some_and(|n| n.len() > MAX_TEXT),
-            Choice::Approve => false,
-        };
+        let too_long = request.choice.text().is_some_and(|t| t.len() > MAX_TEXT);
         if too_long {
             return Err(EngineError::BadInput(format!(
                 "a reason or note has at most {MAX_TEXT} characters"
@@ -162,6 +158,11 @@ impl Engine {
                     let args = edited_args.expect("an edit brings the new arguments");
                     self.write_edit(&agent, &mut tx, &mut approval, &decision, args, now)?
                 }
+                DecisionEffect::Answered { took_effect } => {
+                    self.write_answer(&mut tx, &approval, &decision, *took_effect, now)
+                        .await?;
+                    None
+                }
             };
             let pending = (approval.status == ApprovalStatus::AwaitingApproval)
                 .then(|| keys::pending(&approval.tenant, approval.expires_at, &approval.id));
@@ -200,6 +201,72 @@ impl Engine {
             }
         }
         Err(EngineError::Contended)
+    }
+
+    /// A recovery owner's answer settles the unknown action as they say, audited as a
+    /// reconciliation by them, and resumes its run with it.
+    async fn write_answer(
+        &self,
+        tx: &mut Tx,
+        recovery: &Approval,
+        decision: &Decision,
+        took_effect: bool,
+        now: DateTime<Utc>,
+    ) -> Result<(), EngineError> {
+        let stored = self
+            .load_action(
+                &recovery.tenant,
+                &recovery.run_id,
+                &recovery.action_id,
+                recovery.action_version,
+            )
+            .await?
+            .ok_or_else(|| EngineError::Corrupt(format!("{} has no action", recovery.id)))?;
+        let mut action = stored.value;
+        let by = &decision.by;
+        let said = decision
+            .choice
+            .text()
+            .map(|note| format!(": {note}"))
+            .unwrap_or_default();
+        let outcome = match took_effect {
+            true => ToolOutcome::Succeeded {
+                result: serde_json::json!({
+                    "took_effect": true,
+                    "confirmed_by": by,
+                    "note": decision.choice.text(),
+                }),
+            },
+            false => ToolOutcome::Failed {
+                error: format!("it did not take effect, as {by} confirmed{said}"),
+            },
+        };
+        action
+            .record(&outcome, now)
+            .map_err(|e| EngineError::Corrupt(e.to_string()))?;
+        tx.update(
+            keys::run_pk(&action.tenant, &action.run_id),
+            keys::action_sk(&action.id, action.version),
+            None,
+            &action,
+            stored.ver,
+        );
+        let event = AuditEvent::Reconciled {
+            action_id: action.id.clone(),
+            version: action.version,
+            succeeded: took_effect,
+            result: action
+                .result
+                .as_ref()
+                .map(|r| r.content.clone())
+                .unwrap_or_default(),
+        };
+        tx.audit(
+            &action.tenant,
+            entry(&action.run_id, Actor::person(by), event, now),
+        );
+        self.resume_later(tx, &action);
+        Ok(())
     }
 
     /// Writes an action that left `awaiting_approval` and, if it is settled or approved, the

@@ -64,7 +64,7 @@ impl EngineError {
             EngineError::Refused(refusal) => match refusal {
                 Refusal::OwnRequest { .. } | Refusal::MissingRole { .. } => ErrorKind::Forbidden,
                 Refusal::Edit(_) => ErrorKind::PolicyRefused,
-                Refusal::EmptyReason => ErrorKind::BadInput,
+                Refusal::EmptyReason | Refusal::WrongChoice { .. } => ErrorKind::BadInput,
                 Refusal::AlreadyResolved { .. }
                 | Refusal::Superseded { .. }
                 | Refusal::StaleVersion { .. }
@@ -106,6 +106,7 @@ impl EngineError {
                 Refusal::DecisionIdReused { .. } => "decision_id_reused",
                 Refusal::Edit(_) => "edit_refused",
                 Refusal::EmptyReason => "reason_required",
+                Refusal::WrongChoice { .. } => "wrong_choice",
             },
             EngineError::RunFinished { .. } => "run_finished",
             EngineError::MayNotCancel { .. } => "may_not_cancel",

@@ -4,12 +4,16 @@
 use serde::Serialize;
 use tracing::Instrument;
 
-use super::drive::{RunReport, action_index, entry, executing_event, outcome_event, run_index};
+use super::drive::{
+    RunReport, action_index, deadline, entry, executing_event, outcome_event, run_index,
+};
 use super::records::{OutboxEntry, Stored, Tx, keys, outbox_key};
 use super::{CAS_ATTEMPTS, Engine, EngineError};
 use crate::domain::action::{Action, ActionStatus, ToolOutcome};
+use crate::domain::approval::{Approval, Asking};
 use crate::domain::audit::AuditEvent;
 use crate::domain::identity::Actor;
+use crate::domain::notice::NoticeKind;
 use crate::domain::run::Run;
 use crate::ports::queue::ResumeMessage;
 use crate::ports::store::{Condition, StoreError};
@@ -207,15 +211,20 @@ impl Engine {
             keys::run_pk(&tenant, &run_id),
             keys::action_sk(&action.value.id, action.value.version),
         );
+        let recovery = match &outcome {
+            ToolOutcome::Unknown { detail } => {
+                self.recovery_for(&run.value, &action.value, detail)?
+            }
+            _ => None,
+        };
         for _ in 0..CAS_ATTEMPTS {
             let mut tx = Tx::new();
-            tx.update(
-                pk.clone(),
-                sk.clone(),
-                action_index(&action.value),
-                &action.value,
-                action.ver,
-            );
+            // An unknown outcome a person will settle is no longer the sweep's to ask about.
+            let index = match recovery {
+                Some(_) => None,
+                None => action_index(&action.value),
+            };
+            tx.update(pk.clone(), sk.clone(), index, &action.value, action.ver);
             tx.audit(
                 &tenant,
                 entry(&run_id, Actor::system("resume"), event.clone(), now),
@@ -224,13 +233,16 @@ impl Engine {
                 || !run.value.is_waiting_on(&action.value.id)
             {
                 // The run waits for reconciliation, or moved on (cancelled): record the action alone.
-                match self.commit(tx).await {
-                    Ok(_) => {}
+                if let Some(recovery) = &recovery {
+                    self.open_recovery(&mut tx, recovery);
+                }
+                let outbox = match self.commit(tx).await {
+                    Ok(outbox) => outbox,
                     Err(StoreError::ConditionFailed { .. }) => {
                         return Ok(ignored("another worker recorded this action"));
                     }
                     Err(error) => return Err(error.into()),
-                }
+                };
                 let report = match action.value.status {
                     ActionStatus::Unknown => ResumeReport::Unknown {
                         key: action.value.key(),
@@ -239,7 +251,7 @@ impl Engine {
                         reason: format!("run is {}", run.value.status),
                     },
                 };
-                return Ok((report, vec![]));
+                return Ok((report, outbox));
             }
             match self.hold_result_in(&mut tx, &mut run, &action.value) {
                 Err(error) => return Err(error),
@@ -351,6 +363,73 @@ impl Engine {
         let (report, more) = self.drive(run).await?;
         outbox.extend(more);
         Ok((ResumeReport::Continued { run: report }, outbox))
+    }
+
+    /// The question for a person when an outcome is unknown and nothing can ask the tool
+    /// again: the run's agent names a recovery owner, and the tool cannot reconcile.
+    fn recovery_for(
+        &self,
+        run: &Run,
+        action: &Action,
+        detail: &str,
+    ) -> Result<Option<Approval>, EngineError> {
+        let Ok(agent) = self.agent(&run.agent) else {
+            return Ok(None);
+        };
+        let reconciles = agent
+            .tools
+            .get(&action.tool)
+            .is_some_and(|t| t.reconciles());
+        let Some(owner) = agent.recovery_owner.clone().filter(|_| !reconciles) else {
+            return Ok(None);
+        };
+        let now = self.now();
+        let mut requested_by = run.requesters();
+        requested_by.extend(agent.claimants(&action.tool, &action.args));
+        requested_by.dedup();
+        let asking = Asking {
+            agent: agent.name.clone(),
+            hints: agent.hints(&action.tool),
+            requested_by,
+            policy_version: agent.policy.version,
+            opened_at: now,
+            // Not a deadline: a recovery never expires. It sorts its pending entry.
+            expires_at: deadline(now, chrono::Duration::days(90))?,
+        };
+        Ok(Some(Approval::recovery(action, owner, detail, asking)))
+    }
+
+    /// Writes a recovery as it opens: the approval, its audit event, and its notices.
+    fn open_recovery(&self, tx: &mut Tx, recovery: &Approval) {
+        let tenant = &recovery.tenant;
+        tx.create(
+            keys::approval_pk(tenant, &recovery.id),
+            keys::APPROVAL_SK.into(),
+            Some(keys::pending(tenant, recovery.expires_at, &recovery.id)),
+            recovery,
+        );
+        let event = AuditEvent::RecoveryRequested {
+            approval_id: recovery.id.clone(),
+            action_id: recovery.action_id.clone(),
+            version: recovery.action_version,
+            owner: recovery.approver_role.clone(),
+        };
+        tx.audit(
+            tenant,
+            entry(
+                &recovery.run_id,
+                Actor::system("resume"),
+                event,
+                recovery.created_at,
+            ),
+        );
+        self.notify_later(
+            tx,
+            recovery,
+            NoticeKind::ApprovalRequested,
+            recovery.created_at,
+        );
+        tracing::warn!(approval = %recovery.id, owner = %recovery.approver_role, "outcome unknown; asked the recovery owner");
     }
 
     async fn reload_run(&self, run: &Run) -> Result<Stored<Run>, EngineError> {

@@ -212,6 +212,23 @@ impl Harness {
         agent
     }
 
+    /// A new process whose expense agent names `owner` as the role that answers "did this
+    /// take effect?" when a call's outcome is unknown and its tool cannot reconcile it.
+    pub async fn process_recovering(
+        &self,
+        adjust: impl FnOnce(Toolbox) -> Toolbox,
+        owner: &str,
+    ) -> Process {
+        let store = self.backend.connect().await;
+        let mut agent = self.expense_agent(&store, Arc::new(OfflineExpenseAgent), adjust);
+        agent.recovery_owner = Some(shared::domain::ids::Role::parse(owner).unwrap());
+        let engine = Engine::builder(store.clone())
+            .agent(agent)
+            .clock(self.clock.clone())
+            .build();
+        Process { engine, store }
+    }
+
     pub async fn process_of(
         &self,
         model: Arc<dyn Model>,

@@ -1,0 +1,262 @@
+//! Recovery owners: a call whose outcome is unknown and whose tool cannot reconcile it goes to a
+//! person of the agent's recovery owner role, who answers "it took effect" or "it did not", with
+//! the identity, tenant and audit rules of every decision; the run resumes with the answer.
+
+#[macro_use]
+mod harness;
+#[path = "harness/dynamodb.rs"]
+mod dynamodb_backend;
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use async_trait::async_trait;
+use chrono::Duration;
+use shared::domain::action::{ActionStatus, ToolOutcome};
+use shared::domain::approval::{Approval, ApprovalKind, ApprovalStatus, Choice};
+use shared::domain::ids::ActionVersion;
+use shared::domain::run::RunStatus;
+use shared::ports::model::ToolSpec;
+use shared::ports::tools::{Tool, ToolCall, Toolbox};
+
+use dynamodb_backend::DynamoDb;
+use harness::{
+    AnswerLost, Embedded, Harness, Process, acme, approve, decision, event_names, paid, told_about,
+};
+
+/// A call whose request never reached the service, though the caller cannot tell: it reports
+/// an unknown outcome and cannot be asked again.
+struct LostBeforeEffect {
+    inner: Arc<dyn Tool>,
+    calls: Arc<AtomicUsize>,
+}
+
+#[async_trait]
+impl Tool for LostBeforeEffect {
+    fn spec(&self) -> ToolSpec {
+        self.inner.spec()
+    }
+
+    async fn call(&self, _: ToolCall<'_>) -> ToolOutcome {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        ToolOutcome::Unknown {
+            detail: "the connection dropped before any answer".into(),
+        }
+    }
+}
+
+fn answer(id: &str, took_effect: bool, note: &str) -> shared::domain::approval::DecisionRequest {
+    let note = Some(note.to_string());
+    let choice = match took_effect {
+        true => Choice::TookEffect { note },
+        false => Choice::DidNotTakeEffect { note },
+    };
+    decision(id, ActionVersion::FIRST, choice)
+}
+
+/// c-102 paused, approved by dana, its payment's outcome lost: the recovery that opens.
+async fn lost_payment(h: &Harness, p: &Process) -> (Approval, Approval) {
+    let (_, approval) = h.start_paused(p, "c-102").await;
+    let decided = p
+        .decide(&h.person("dana"), &approval.id, approve("dana-1"))
+        .await
+        .unwrap();
+    let run = decided.run.expect("resumed in this process");
+    assert_eq!(run.status, RunStatus::AwaitingApproval, "{run:?}");
+    let pending = p.pending(&acme()).await.unwrap();
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    (approval, pending[0].clone())
+}
+
+async fn given_a_payment_whose_answer_was_lost_and_cannot_be_reconciled_when_its_owner_says_it_took_effect_then_the_run_finishes_paid_once(
+    h: &Harness,
+) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    let p = h
+        .process_recovering(
+            move |tools| AnswerLost::wrap(tools, "reimburse", counted),
+            "finance",
+        )
+        .await;
+    let (approval, recovery) = lost_payment(h, &p).await;
+
+    assert_eq!(recovery.kind, ApprovalKind::Recovery);
+    assert_eq!(recovery.approver_role.as_str(), "finance");
+    assert_eq!(
+        (recovery.action_id.clone(), recovery.action_version),
+        (approval.action_id.clone(), approval.action_version)
+    );
+    assert!(recovery.reason.contains("Did it?"), "{}", recovery.reason);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+    // Nobody answering for months does not settle it: a recovery never expires.
+    h.clock.advance(Duration::days(100));
+    let swept = p.sweep(100).await.unwrap();
+    assert!(swept.expired.is_empty(), "{swept:?}");
+    assert_eq!(p.pending(&acme()).await.unwrap(), vec![recovery.clone()]);
+
+    // The same rules as every decision: not the requester, only the role, the right answers.
+    let ben = p
+        .decide(
+            &h.person("ben"),
+            &recovery.id,
+            answer("ben-1", true, "paid"),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(ben.code(), "own_request");
+    let chen = p
+        .decide(
+            &h.person("chen"),
+            &recovery.id,
+            answer("chen-1", true, "paid"),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(chen.code(), "missing_role");
+    let approving = p
+        .decide(&h.person("erin"), &recovery.id, approve("erin-0"))
+        .await
+        .unwrap_err();
+    assert_eq!(approving.code(), "wrong_choice");
+    let zoe = p
+        .decide(
+            &h.person("zoe"),
+            &recovery.id,
+            answer("zoe-1", true, "paid"),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(zoe.code(), "not_found");
+
+    let answered = p
+        .decide(
+            &h.person("erin"),
+            &recovery.id,
+            answer("erin-1", true, "The ledger shows the payment."),
+        )
+        .await
+        .unwrap();
+    assert_eq!(answered.approval.status, ApprovalStatus::Answered);
+    let run = answered.run.expect("resumed in this process");
+    assert_eq!(run.status, RunStatus::Done, "{run:?}");
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "never sent again");
+    assert_eq!(paid(&h.payments().await).len(), 1);
+
+    let history = p.history(&acme(), &run.run_id).await.unwrap();
+    let names = event_names(&history.entries);
+    let at = |name: &str| names.iter().position(|n| *n == name).unwrap();
+    assert!(at("unknown") < at("recovery_requested"), "{names:?}");
+    assert!(at("recovery_requested") < at("reconciled"), "{names:?}");
+    let reconciled = &history.entries[at("reconciled")];
+    assert_eq!(reconciled.actor.to_string(), "erin");
+    let action = &history
+        .actions
+        .iter()
+        .find(|a| a.id == approval.action_id)
+        .unwrap();
+    assert_eq!(action.status, ActionStatus::Succeeded);
+
+    // Answering again with the same decision id replays; another answer conflicts.
+    let again = p
+        .decide(
+            &h.person("erin"),
+            &recovery.id,
+            answer("erin-1", true, "The ledger shows the payment."),
+        )
+        .await
+        .unwrap();
+    assert!(again.replayed);
+    let late = p
+        .decide(
+            &h.person("dana"),
+            &recovery.id,
+            answer("dana-2", false, "no"),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(late.code(), "already_decided");
+}
+
+async fn given_a_payment_that_never_reached_the_ledger_when_its_owner_says_it_did_not_take_effect_then_the_model_is_told_and_nothing_is_paid(
+    h: &Harness,
+) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    let p = h
+        .process_recovering(
+            move |tools: Toolbox| {
+                let inner = tools.get("reimburse").unwrap().clone();
+                tools.with(Arc::new(LostBeforeEffect {
+                    inner,
+                    calls: counted,
+                }))
+            },
+            "finance",
+        )
+        .await;
+    let (_, recovery) = lost_payment(h, &p).await;
+
+    let answered = p
+        .decide(
+            &h.person("erin"),
+            &recovery.id,
+            answer("erin-1", false, "No payment in the ledger."),
+        )
+        .await
+        .unwrap();
+    let run = answered.run.expect("resumed in this process");
+    assert_eq!(run.status, RunStatus::Done, "{run:?}");
+    let told = told_about(&h.run(&p, &run.run_id).await, "reimburse");
+    assert!(told.is_error);
+    assert!(
+        told.content
+            .contains("did not take effect, as erin confirmed"),
+        "{}",
+        told.content
+    );
+    assert!(h.payments().await.is_empty());
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+async fn given_an_agent_without_a_recovery_owner_when_an_outcome_is_unknown_then_nobody_is_asked_and_the_sweep_keeps_asking_the_tool(
+    h: &Harness,
+) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    let p = h
+        .process_with(
+            move |tools| AnswerLost::wrap(tools, "reimburse", counted),
+            shared::engine::Delivery::InProcess,
+        )
+        .await;
+    let (_, approval) = h.start_paused(&p, "c-102").await;
+    p.decide(&h.person("dana"), &approval.id, approve("dana-1"))
+        .await
+        .unwrap();
+
+    assert!(p.pending(&acme()).await.unwrap().is_empty());
+    h.clock.advance(Duration::minutes(6));
+    let swept = p.sweep(100).await.unwrap();
+    assert_eq!(swept.unknown.len(), 1, "{swept:?}");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+macro_rules! every_scenario {
+    ($module:ident, $backend:expr) => {
+        on_backend!(
+            $module,
+            $backend,
+            [
+                given_a_payment_whose_answer_was_lost_and_cannot_be_reconciled_when_its_owner_says_it_took_effect_then_the_run_finishes_paid_once,
+                given_a_payment_that_never_reached_the_ledger_when_its_owner_says_it_did_not_take_effect_then_the_model_is_told_and_nothing_is_paid,
+                given_an_agent_without_a_recovery_owner_when_an_outcome_is_unknown_then_nobody_is_asked_and_the_sweep_keeps_asking_the_tool,
+            ]
+        );
+    };
+}
+
+every_scenario!(embedded, Embedded::fresh());
+every_scenario!(dynamodb, DynamoDb::fresh("recovery").await);
