@@ -15,11 +15,26 @@ use shared::engine::{Engine, EngineError, RunReport, StartRun};
 use shared::example::expense::{self, Claims};
 
 /// A direct invoke: an agent's task for a named requester, or an expense claim.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[derive(Debug)]
 pub enum StartClaim {
     Task(StartTask),
     Claim(StartOneClaim),
+}
+
+impl StartClaim {
+    /// A `claim_id` makes it the expense short form; anything else is an agent's task. Each form
+    /// refuses fields it does not know, naming them.
+    pub fn from_event(event: Value) -> Result<Self, StartError> {
+        let bad = |e: serde_json::Error| StartError::BadEvent(e.to_string());
+        match event.get("claim_id") {
+            Some(_) => serde_json::from_value(event)
+                .map(StartClaim::Claim)
+                .map_err(bad),
+            None => serde_json::from_value(event)
+                .map(StartClaim::Task)
+                .map_err(bad),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -77,8 +92,7 @@ impl Start {
                 .await
                 .map_err(StartError::BadEvent);
         }
-        let start: StartClaim =
-            serde_json::from_value(event).map_err(|e| StartError::BadEvent(e.to_string()))?;
+        let start = StartClaim::from_event(event)?;
         let report = self.start(start).await?;
         Ok(serde_json::to_value(report).expect("reports serialize"))
     }

@@ -14,6 +14,7 @@ const STATUS_LABELS = {
   expired: "Expired",
   superseded: "Superseded by an edit",
   cancelled: "Cancelled",
+  answered: "Answered",
 };
 
 // What each conflict (409) means for the reviewer, by the API's stable error code.
@@ -480,7 +481,11 @@ function buildCard(item) {
   );
 
   const actions = el("div", { class: "actions" });
-  if (awaiting) {
+  if (awaiting && v.kind === "recovery") {
+    // Its outcome is unknown and its tool cannot be asked: the recovery owner says what happened.
+    actions.append(el("button", { type: "button", class: "took-effect", text: "It took effect" }));
+    actions.append(el("button", { type: "button", class: "did-not-take-effect", text: "It did not take effect" }));
+  } else if (awaiting) {
     actions.append(el("button", { type: "button", class: "approve", text: `Approve version ${v.action_version}` }));
     if (v.editable_amount) actions.append(editForm(v));
     actions.append(rejectForm(v));
@@ -741,6 +746,11 @@ function outcomeText(report) {
       }
       break;
     }
+    case "answered":
+      text = d.effect.took_effect
+        ? `You said ${what} took effect; the run goes on with that.`
+        : `You said ${what} did not take effect; the agent is told.`;
+      break;
     default:
       text = `Decision recorded on ${what}.`;
   }
@@ -759,6 +769,10 @@ function onQueueClick(event) {
   const id = card && card.dataset.approvalId;
   if (button.classList.contains("approve")) {
     decide(id, "approve");
+  } else if (button.classList.contains("took-effect")) {
+    decide(id, "took_effect");
+  } else if (button.classList.contains("did-not-take-effect")) {
+    decide(id, "did_not_take_effect");
   } else if (button.classList.contains("audit-link")) {
     showAudit(button.dataset.runId, button);
   } else if (button.classList.contains("dismiss")) {
