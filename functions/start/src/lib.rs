@@ -22,6 +22,19 @@ pub enum StartClaim {
     Claim(StartOneClaim),
 }
 
+impl StartClaim {
+    /// Reads a direct invoke: the expense short form when it names a claim, else an agent's
+    /// task. Chosen by that one field, so a refusal names the field at fault (an untagged
+    /// reading would only say that no form matched).
+    pub fn from_event(event: Value) -> Result<Self, serde_json::Error> {
+        if event.get("claim_id").is_some() {
+            serde_json::from_value(event).map(Self::Claim)
+        } else {
+            serde_json::from_value(event).map(Self::Task)
+        }
+    }
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StartTask {
@@ -77,8 +90,8 @@ impl Start {
                 .await
                 .map_err(StartError::BadEvent);
         }
-        let start: StartClaim =
-            serde_json::from_value(event).map_err(|e| StartError::BadEvent(e.to_string()))?;
+        let start =
+            StartClaim::from_event(event).map_err(|e| StartError::BadEvent(e.to_string()))?;
         let report = self.start(start).await?;
         Ok(serde_json::to_value(report).expect("reports serialize"))
     }
