@@ -110,6 +110,7 @@ async fn an_agent_without_a_task_or_a_task_beside_a_claim_is_400() {
         json!({"task": TASK}),
         json!({"claim_id": "c-102", "task": "Process expense claim c-102."}),
         json!({"agent": "expense", "claim_id": "c-102", "task": "Process expense claim c-102."}),
+        json!({"agent": "refunds", "claim_id": "c-102"}),
         json!({}),
     ] {
         let reply = server.post("/runs", "ben", body.clone()).await;
