@@ -1,6 +1,10 @@
 //! `scripts/walkthrough refunds`, run as real processes: the orders service on a free port, and
-//! every step a separate `countersign --json` over the same state directory.
+//! every step a separate `countersign --json` over the same state, on the embedded store and on
+//! DynamoDB and SQS (the local AWS stack), where `countersign worker --once` resumes the run as
+//! the resume function does.
 
+#[path = "../shared/tests/support/aws.rs"]
+mod aws;
 mod common;
 
 use common::orders::OrdersService;
@@ -9,18 +13,37 @@ use serde_json::Value;
 
 const TASK: &str = "Refund USD 125 for order ord_55: the blender arrived damaged.";
 
-/// The embedded store, reaching the orders service as the refunds definition says.
-fn countersign_for(orders: &OrdersService, name: &str) -> Countersign {
-    let mut env = vec![("COUNTERSIGN_STORE", "embedded".to_string())];
-    env.extend(orders.env());
-    Countersign::fresh(name).with_env(env)
+/// Where the runs are kept, and so who resumes one after a decision.
+#[derive(Clone, Copy)]
+enum Store {
+    /// The deciding process resumes the run itself.
+    Embedded,
+    /// A decision queues the resume message; the worker takes it.
+    DynamoDb,
 }
 
 #[test]
 fn a_finance_manager_lowers_the_refund_to_75_and_only_version_2_is_refunded_once() {
     let orders = OrdersService::start("walkthrough");
-    let cs = countersign_for(&orders, "walkthrough-refunds");
+    let mut env = vec![("COUNTERSIGN_STORE", "embedded".to_string())];
+    env.extend(orders.env());
+    let cs = Countersign::fresh("walkthrough-refunds").with_env(env);
+    walkthrough(&cs, &orders, Store::Embedded);
+}
 
+#[tokio::test(flavor = "multi_thread")]
+async fn the_refunds_walkthrough_on_dynamodb_refunds_version_2_once_through_the_queue() {
+    let stack = aws::FreshStack::new("refunds-walkthrough").await;
+    let orders = OrdersService::start("walkthrough-aws");
+    let mut env = stack.env();
+    env.extend(orders.env());
+    let cs = Countersign::fresh("walkthrough-refunds-aws").with_env(env);
+    tokio::task::spawn_blocking(move || walkthrough(&cs, &orders, Store::DynamoDb))
+        .await
+        .unwrap();
+}
+
+fn walkthrough(cs: &Countersign, orders: &OrdersService, store: Store) {
     // Given sam asks the refunds agent for USD 125, which policy puts before a finance manager.
     let started = cs.ok(&["run", "--agent", "refunds", TASK, "--as", "sam"]);
     assert_eq!(started["status"], "awaiting_approval", "{started}");
@@ -59,7 +82,19 @@ fn a_finance_manager_lowers_the_refund_to_75_and_only_version_2_is_refunded_once
         edited.get("next_approval").is_none(),
         "USD 75 needs nobody: {edited}"
     );
-    assert_eq!(edited["run"]["status"], "done", "{edited}");
+    match store {
+        Store::Embedded => assert_eq!(edited["run"]["status"], "done", "{edited}"),
+        Store::DynamoDb => {
+            assert!(
+                edited["run"].is_null(),
+                "the run waits for the worker: {edited}"
+            );
+            let worked = cs.ok(&["worker", "--once"]);
+            let resumed = worked["resumed"].as_array().unwrap();
+            assert_eq!(resumed.len(), 1, "{worked}");
+            assert_eq!(resumed[0]["report"]["run"]["status"], "done", "{worked}");
+        }
+    }
 
     // When mia's other tab, still on version 1, approves it: a conflict, and nothing runs.
     let stale = cs.run(&[
