@@ -140,3 +140,132 @@ fn a_teams_own_definition_directory_runs_and_its_approval_is_decided_by_a_later_
         format!("{}:1", waiting["action_id"].as_str().unwrap())
     );
 }
+
+/// A team's bonuses agent, written as data: `pay_bonus` names in `employee` a person who may not
+/// approve their own bonus (`claimant`), whoever asked for it.
+fn bonuses_agent(into: &Path) -> PathBuf {
+    let dir = into.join("bonuses");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("agent.toml"),
+        r#"name = "bonuses"
+system_prompt = "You pay the bonuses a manager asks for."
+
+[model]
+provider = "scripted"
+offline = "script.toml"
+
+[tools.pay_bonus]
+description = "Pays an employee a bonus, in cents."
+input_schema = { type = "object", properties = { employee = { type = "string" }, amount_cents = { type = "integer", minimum = 1 } }, required = ["employee", "amount_cents"], additionalProperties = false }
+claimant = "employee"
+
+[tools.pay_bonus.http]
+method = "POST"
+url = "http://127.0.0.1:9/bonuses"
+timeout = "1s"
+"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("policy.toml"),
+        r#"name = "bonuses"
+version = 1
+default_ttl = "1h"
+
+[tools.pay_bonus]
+decision = "approve"
+approver_role = "finance_manager"
+quorum = 1
+reason = "Every bonus needs a finance manager."
+"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("script.toml"),
+        r#"[[turns]]
+say = "Mia's bonus, as asked."
+calls = [{ tool = "pay_bonus", args = { employee = "mia", amount_cents = 50000 } }]
+
+[[turns]]
+say = "The bonus came back: {last_result}"
+"#,
+    )
+    .unwrap();
+    std::fs::write(
+        into.join("people.toml"),
+        r#"[[people]]
+name = "sam"
+tenant = "acme"
+roles = ["employee"]
+
+[[people]]
+name = "mia"
+tenant = "acme"
+roles = ["employee", "finance_manager"]
+
+[[people]]
+name = "max"
+tenant = "acme"
+roles = ["employee", "finance_manager"]
+"#,
+    )
+    .unwrap();
+    dir
+}
+
+#[test]
+fn a_definition_names_the_argument_whose_person_may_not_approve_the_call() {
+    let definitions = TempDir::new("run-claimant");
+    let bonuses = bonuses_agent(&definitions.0);
+    let cs = Countersign::fresh("run-claimant").with_env(vec![
+        ("COUNTERSIGN_STORE", "embedded".to_string()),
+        ("COUNTERSIGN_AGENTS", bonuses.to_str().unwrap().to_string()),
+        (
+            "COUNTERSIGN_PEOPLE",
+            definitions
+                .0
+                .join("people.toml")
+                .to_str()
+                .unwrap()
+                .to_string(),
+        ),
+    ]);
+
+    // Given sam asks for a bonus for mia, a finance manager herself.
+    let started = cs.ok(&[
+        "run",
+        "--agent",
+        "bonuses",
+        "A bonus for mia.",
+        "--as",
+        "sam",
+    ]);
+    let (approval, waiting) = only_approval(&started);
+    assert_eq!(waiting["requested_by"], json!(["sam", "mia"]), "{waiting}");
+
+    // When mia approves her own bonus, she is refused, as sam is; nothing is recorded.
+    for who in ["mia", "sam"] {
+        let own = cs.run(&["review", "approve", &approval, "--as", who]);
+        assert_eq!(own.exit, 1, "{who}: {}", own.stderr);
+        assert_eq!(
+            own.json["error"]["code"], "own_request",
+            "{who}: {}",
+            own.json
+        );
+    }
+    assert_eq!(cs.ok(&["review"])["approvals"][0]["decisions"], json!([]));
+
+    // Then another finance manager decides (a rejection: nothing is paid).
+    let rejected = cs.ok(&[
+        "review",
+        "reject",
+        &approval,
+        "--reason",
+        "Bonuses go through payroll.",
+        "--as",
+        "max",
+    ]);
+    assert_eq!(rejected["approval"]["status"], "rejected", "{rejected}");
+    assert_eq!(rejected["run"]["status"], "done", "{rejected}");
+}
