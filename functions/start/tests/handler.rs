@@ -176,6 +176,14 @@ async fn a_malformed_direct_invoke_is_an_error_that_names_the_field_and_writes_n
         unknown_agent.to_string().contains("payroll"),
         "{unknown_agent}"
     );
+    let too_long = start
+        .handle(with("ttl", json!("30days")), Context::default())
+        .await
+        .unwrap_err();
+    assert!(
+        too_long.to_string().contains("longer than"),
+        "the policy bounds a caller's ttl: {too_long}"
+    );
 
     let reader = h.process().await;
     assert_eq!(reader.pending(&harness::acme()).await.unwrap(), []);
