@@ -57,7 +57,8 @@ pub enum Command {
     /// Start any agent on a task, for a person of the people directory (the run's requester).
     Run {
         /// The agent: the name of a loaded definition (expense, refunds, or one of --agents),
-        /// or a definition's directory, loaded for this command.
+        /// or a definition's directory, loaded for this command (the commands that later
+        /// decide or resume its run need it in --agents too).
         #[arg(long, value_name = "NAME|DIR")]
         agent: String,
         /// What the agent is asked to do.

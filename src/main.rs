@@ -68,17 +68,32 @@ async fn main() -> ExitCode {
     }
 }
 
+/// Whether `--agents` (comma-separated paths) already loads the definition in `dir`: it names
+/// the directory itself or the directory of definitions holding it. Loading it twice would be
+/// refused as two agents of one name.
+fn already_loaded(agents: Option<&str>, dir: &std::path::Path) -> bool {
+    let Ok(dir) = dir.canonicalize() else {
+        return false;
+    };
+    agents
+        .into_iter()
+        .flat_map(|paths| paths.split(','))
+        .filter_map(|path| std::path::Path::new(path.trim()).canonicalize().ok())
+        .any(|path| path == dir || Some(path.as_path()) == dir.parent())
+}
+
 async fn run(cli: Cli) -> Result<Output, Failure> {
     // The bench builds its own store and engine; it never touches --state.
     if let Command::Bench(args) = &cli.command {
         return bench::run(args).await;
     }
     let mut cli = cli;
-    // A definition's directory given to `run` is loaded with the others.
+    // A definition's directory given to `run` is loaded with the others, unless they hold it.
     if let Command::Run { agent, .. } = &cli.command
         && std::path::Path::new(agent)
             .join(shared::agents::DEFINITION_FILE)
             .is_file()
+        && !already_loaded(cli.global.agents.as_deref(), std::path::Path::new(agent))
     {
         cli.global.agents = Some(match cli.global.agents.take() {
             Some(paths) => format!("{paths},{agent}"),

@@ -73,6 +73,8 @@ fn watch(stack: &aws::FreshStack, key_file: &Path) -> Watch {
         .envs(stack.env())
         .env("COUNTERSIGN_DEV_JWT_KEY_FILE", key_file)
         .env_remove("ANTHROPIC_API_KEY")
+        // The shipped definitions: the local stack's exports name the Lambda's packaged path.
+        .env_remove("COUNTERSIGN_AGENTS")
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .process_group(0)

@@ -59,6 +59,7 @@ fn countersign(state: &Path, webhook: &str, args: &[&str]) -> String {
         .arg("--state")
         .arg(state)
         .env_remove("ANTHROPIC_API_KEY")
+        .env_remove("COUNTERSIGN_AGENTS")
         .env("COUNTERSIGN_STORE", "embedded")
         .env("COUNTERSIGN_WEBHOOKS", webhook)
         .output()

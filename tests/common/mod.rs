@@ -2,6 +2,9 @@
 
 #![allow(dead_code)]
 
+pub mod orders;
+pub mod server;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -16,6 +19,7 @@ pub fn countersign(state: &Path) -> Command {
         .arg(state)
         .env_remove("ANTHROPIC_API_KEY")
         .env_remove("COUNTERSIGN_STORE")
+        .env_remove("COUNTERSIGN_AGENTS")
         .env_remove("COUNTERSIGN_POLICY")
         .env_remove("COUNTERSIGN_PEOPLE")
         .env_remove("COUNTERSIGN_CLAIMS");
@@ -61,6 +65,7 @@ impl Countersign {
             .arg("--state")
             .arg(&self.state)
             .env_remove("ANTHROPIC_API_KEY")
+            .env_remove("COUNTERSIGN_AGENTS")
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .output()
             .expect("countersign runs");

@@ -15,24 +15,22 @@ use shared::engine::{Engine, EngineError, RunReport, StartRun};
 use shared::example::expense::{self, Claims};
 
 /// A direct invoke: an agent's task for a named requester, or an expense claim.
-#[derive(Debug)]
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
 pub enum StartClaim {
     Task(StartTask),
     Claim(StartOneClaim),
 }
 
 impl StartClaim {
-    /// A `claim_id` makes it the expense short form; anything else is an agent's task. Each form
-    /// refuses fields it does not know, naming them.
-    pub fn from_event(event: Value) -> Result<Self, StartError> {
-        let bad = |e: serde_json::Error| StartError::BadEvent(e.to_string());
-        match event.get("claim_id") {
-            Some(_) => serde_json::from_value(event)
-                .map(StartClaim::Claim)
-                .map_err(bad),
-            None => serde_json::from_value(event)
-                .map(StartClaim::Task)
-                .map_err(bad),
+    /// Reads a direct invoke: the expense short form when it names a claim, else an agent's
+    /// task. Chosen by that one field, so a refusal names the field at fault (an untagged
+    /// reading would only say that no form matched).
+    pub fn from_event(event: Value) -> Result<Self, serde_json::Error> {
+        if event.get("claim_id").is_some() {
+            serde_json::from_value(event).map(Self::Claim)
+        } else {
+            serde_json::from_value(event).map(Self::Task)
         }
     }
 }
@@ -92,7 +90,8 @@ impl Start {
                 .await
                 .map_err(StartError::BadEvent);
         }
-        let start = StartClaim::from_event(event)?;
+        let start =
+            StartClaim::from_event(event).map_err(|e| StartError::BadEvent(e.to_string()))?;
         let report = self.start(start).await?;
         Ok(serde_json::to_value(report).expect("reports serialize"))
     }

@@ -91,3 +91,203 @@ async fn post_runs_through_api_gateway_starts_the_run_for_the_claim() {
     assert_eq!(run.status, RunStatus::Done);
     assert_eq!(h.payments().await.len(), 1);
 }
+
+#[tokio::test]
+async fn a_direct_invoke_of_an_agents_task_starts_the_run_for_the_requester_it_names() {
+    let h = Harness::new(Embedded::fresh()).await;
+    let start = start(&h).await;
+    let event = json!({
+        "agent": "expense",
+        "task": "Process expense claim c-102.",
+        "tenant": "acme",
+        "requested_by": "erin",
+        "ttl": "1h",
+    });
+
+    let report = start.handle(event, Context::default()).await.unwrap();
+
+    assert_eq!(report["status"], "awaiting_approval", "{report}");
+    let approval = &report["approvals"][0];
+    assert_eq!(approval["tool"], "reimburse");
+    assert_eq!(
+        approval["requested_by"],
+        json!(["erin", "ben"]),
+        "the requester it names, and the claim's employee the definition names"
+    );
+    let reader = h.process().await;
+    let run = h
+        .run(
+            &reader,
+            &serde_json::from_value(report["run_id"].clone()).unwrap(),
+        )
+        .await;
+    assert_eq!(run.requested_by.as_str(), "erin");
+    assert_eq!(run.status, RunStatus::AwaitingApproval);
+}
+
+#[tokio::test]
+async fn a_malformed_direct_invoke_is_an_error_that_names_the_field_and_writes_nothing() {
+    let h = Harness::new(Embedded::fresh()).await;
+    let start = start(&h).await;
+    let task = || {
+        json!({
+            "agent": "expense",
+            "task": "Process expense claim c-102.",
+            "tenant": "acme",
+            "requested_by": "erin",
+        })
+    };
+    let with = |field: &str, value: serde_json::Value| {
+        let mut event = task();
+        event[field] = value;
+        event
+    };
+    let without = |field: &str| {
+        let mut event = task();
+        event.as_object_mut().unwrap().remove(field);
+        event
+    };
+    for (event, named) in [
+        (with("tenant", json!("acme/globex")), "tenant"),
+        (with("tenant", json!("")), "tenant"),
+        (with("requested_by", json!("erin dana")), "requested_by"),
+        (with("agent", json!("../expense")), "agent"),
+        (with("roles", json!(["finance"])), "roles"),
+        (with("ttl", json!("soon")), "ttl"),
+        (without("requested_by"), "requested_by"),
+        (without("tenant"), "tenant"),
+        (with("claim_id", json!("c-102")), "agent"),
+    ] {
+        let refused = start
+            .handle(event.clone(), Context::default())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(refused, start::StartError::BadEvent(_)),
+            "{event}: {refused}"
+        );
+        assert!(refused.to_string().contains(named), "{event}: {refused}");
+    }
+    let unknown_agent = start
+        .handle(with("agent", json!("payroll")), Context::default())
+        .await
+        .unwrap_err();
+    assert!(
+        unknown_agent.to_string().contains("payroll"),
+        "{unknown_agent}"
+    );
+    let too_long = start
+        .handle(with("ttl", json!("30days")), Context::default())
+        .await
+        .unwrap_err();
+    assert!(
+        too_long.to_string().contains("longer than"),
+        "the policy bounds a caller's ttl: {too_long}"
+    );
+
+    let reader = h.process().await;
+    assert_eq!(reader.pending(&harness::acme()).await.unwrap(), []);
+    assert!(h.payments().await.is_empty());
+}
+
+/// An API Gateway event whose token's subject is an opaque id and whose `email` names the person.
+fn event_with_email(
+    method: &str,
+    path: &str,
+    body: Option<serde_json::Value>,
+    opaque_sub: &str,
+    email: &str,
+    roles: &[&str],
+) -> serde_json::Value {
+    let mut event = http_event(method, path, body, opaque_sub, "acme", roles);
+    event["requestContext"]["authorizer"]["jwt"]["claims"]["email"] = json!(email);
+    event
+}
+
+#[tokio::test]
+async fn with_the_person_claim_set_to_email_an_opaque_sub_still_cannot_approve_its_own_run() {
+    let h = Harness::new(Embedded::fresh()).await;
+    // The deployment names people by email, as an identity provider with opaque subjects needs.
+    let auth: Arc<dyn shared::api::Authenticate> = Arc::new(
+        shared::lambda::LambdaAuth::from_settings(|name| {
+            (name == "COUNTERSIGN_PERSON_CLAIM").then(|| "email".to_string())
+        })
+        .unwrap(),
+    );
+    let start = start::Start::new(
+        Arc::new(h.process().await.engine),
+        auth.clone(),
+        h.claims.clone(),
+    );
+    // The decide function, as another process over the same store.
+    let decide = shared::lambda::with_gateway_claims(shared::api::router(
+        Arc::new(h.process().await.engine),
+        auth,
+    ));
+    let decide_as = |sub: &str, email: &str, approval: &str, id: &str| {
+        let event = event_with_email(
+            "POST",
+            &format!("/approvals/{approval}/decisions"),
+            Some(json!({"decision_id": id, "action_version": 1, "choice": "approve"})),
+            sub,
+            email,
+            &["employee", "finance"],
+        );
+        let decide = decide.clone();
+        async move {
+            let response = shared::lambda::invoke(decide, event, Context::default())
+                .await
+                .unwrap();
+            status_and_body(&response)
+        }
+    };
+
+    // Given ben, signed in as an opaque subject, starts a run.
+    let started = start
+        .handle(
+            event_with_email(
+                "POST",
+                "/runs",
+                Some(json!({"agent": "expense", "task": "Process expense claim c-102."})),
+                "0b6c5f3e-7a21-4a9e-9d2f-58e1c0a4b7d3",
+                "ben@acme.example",
+                &["employee"],
+            ),
+            Context::default(),
+        )
+        .await
+        .unwrap();
+    let (status, report) = status_and_body(&started);
+    assert_eq!(status, 201, "{report}");
+    let approval = report["approvals"][0]["id"].as_str().unwrap().to_string();
+    assert_eq!(
+        report["approvals"][0]["requested_by"][0], "ben@acme.example",
+        "the requester is the person claim, not the opaque sub: {report}"
+    );
+
+    // When a token with another opaque sub but ben's email decides: refused as his own request.
+    let (status, own) = decide_as(
+        "5d2e8a10-3c4b-4f6e-8a9d-0e1f2a3b4c5d",
+        "ben@acme.example",
+        &approval,
+        "d-ben",
+    )
+    .await;
+    assert_eq!(
+        (status, own["error"]["code"].as_str()),
+        (403, Some("own_request")),
+        "{own}"
+    );
+
+    // Then a finance reviewer, named by email too, decides.
+    let (status, decided) = decide_as(
+        "7a9b0c1d-2e3f-4a5b-8c6d-7e8f9a0b1c2d",
+        "dana@acme.example",
+        &approval,
+        "d-dana",
+    )
+    .await;
+    assert_eq!(status, 200, "{decided}");
+    assert_eq!(decided["decision"]["by"], "dana@acme.example");
+    assert_eq!(decided["approval"]["status"], "approved");
+}

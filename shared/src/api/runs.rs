@@ -52,6 +52,12 @@ pub(super) async fn start(
     let (agent, task) = match (body.agent, body.task, body.claim_id) {
         (agent, None, Some(claim_id)) => {
             let agent = agent.unwrap_or_else(|| expense::AGENT.into());
+            if agent != expense::AGENT {
+                return Err(ApiError::bad_request(
+                    "invalid_field",
+                    format!("a claim_id is the {} agent's short form", expense::AGENT),
+                ));
+            }
             let shown: String = claim_id.chars().take(64).collect();
             match state.claims.get(&claim_id) {
                 Some(claim) if claim.tenant == who.tenant => {}

@@ -1,0 +1,115 @@
+//! The refunds example's orders service as a real process: `orders serve` on a free port over a
+//! SQLite file of its own, killed and removed when dropped.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+/// The bearer token the service demands and the refunds definition sends from `ORDERS_TOKEN`.
+pub const TOKEN: &str = "orders-test-token";
+
+pub struct OrdersService {
+    child: Child,
+    dir: PathBuf,
+    /// `http://127.0.0.1:PORT`, for `ORDERS_URL`.
+    pub url: String,
+}
+
+/// The `orders` binary, built beside `countersign` by `cargo test --workspace`.
+fn orders_binary() -> PathBuf {
+    let binary = Path::new(env!("CARGO_BIN_EXE_countersign"))
+        .with_file_name(format!("orders{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        binary.is_file(),
+        "the orders service's binary is missing at {}: `cargo build -p orders` provides it \
+         (`cargo test --workspace` builds it too)",
+        binary.display()
+    );
+    binary
+}
+
+impl OrdersService {
+    /// A fresh service, seeded with the example's orders (ord_55 among them).
+    pub fn start(name: &str) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let dir = std::env::temp_dir().join(format!(
+            "countersign-orders-{name}-{}-{nanos}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut child = Command::new(orders_binary())
+            .arg("serve")
+            .arg("--db")
+            .arg(dir.join("orders.db"))
+            .args(["--addr", "127.0.0.1:0"])
+            .env("ORDERS_TOKEN", TOKEN)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("orders serve starts");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(line) => line,
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("orders serve printed no address within 30 s");
+            }
+        };
+        let url = match line.trim().strip_prefix("listening on ") {
+            Some(url) => url.to_string(),
+            None => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("orders serve: unexpected first line {line:?}");
+            }
+        };
+        Self { child, dir, url }
+    }
+
+    /// What a `countersign` process needs to reach the service as the refunds agent.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("ORDERS_URL", self.url.clone()),
+            ("ORDERS_TOKEN", TOKEN.into()),
+        ]
+    }
+
+    /// `orders refunds --order ORDER --json`: the refunds made for one order, oldest first.
+    pub fn refunds(&self, order: &str) -> Vec<Value> {
+        let output = Command::new(orders_binary())
+            .arg("refunds")
+            .arg("--db")
+            .arg(self.dir.join("orders.db"))
+            .args(["--order", order, "--json"])
+            .output()
+            .expect("orders refunds runs");
+        assert!(
+            output.status.success(),
+            "orders refunds: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        serde_json::from_slice(&output.stdout).expect("orders refunds --json prints an array")
+    }
+}
+
+impl Drop for OrdersService {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -1,0 +1,275 @@
+//! `countersign serve` as a real process on a free port, with tokens from `countersign token`
+//! and plain HTTP: the harness of the HTTP API's tests.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Stdio};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use shared::api::BearerJwt;
+use shared::domain::identity::Identity;
+
+use super::countersign;
+
+/// One `countersign serve` over a fresh state directory; killed and removed when dropped.
+pub struct Server {
+    child: Child,
+    pub base: String,
+    pub state: PathBuf,
+    pub http: reqwest::Client,
+    tokens: Mutex<HashMap<String, String>>,
+}
+
+pub struct Reply {
+    pub status: u16,
+    pub json: Value,
+    pub www_authenticate: Option<String>,
+}
+
+impl Server {
+    /// A server that does not sweep, so what a test sees is only what it did.
+    pub fn start(name: &str) -> Self {
+        Self::start_sweeping(name, "0s")
+    }
+
+    /// A server that does not sweep and offers development sign-in.
+    pub fn start_dev(name: &str) -> Self {
+        Self::start_with(name, &["--sweep-every", "0s", "--dev-sign-in"])
+    }
+
+    /// The state directory's development sign-in secret, as only its owner can read it.
+    pub fn dev_secret(&self) -> String {
+        std::fs::read_to_string(self.state.join("dev-sign-in.secret"))
+            .expect("--dev-sign-in made the secret")
+    }
+
+    /// The port the server listens on, for requests written by hand.
+    pub fn addr(&self) -> String {
+        self.base.trim_start_matches("http://").to_string()
+    }
+
+    pub fn start_sweeping(name: &str, every: &str) -> Self {
+        Self::start_with(name, &["--sweep-every", every])
+    }
+
+    /// A server started with `countersign serve --addr 127.0.0.1:0` and `args`.
+    pub fn start_with(name: &str, args: &[&str]) -> Self {
+        Self::start_with_env(name, args, &[])
+    }
+
+    /// As [`Server::start_with`], the server also getting the variables `env` (an agent's
+    /// endpoint and token, say).
+    pub fn start_with_env(name: &str, args: &[&str], env: &[(&str, String)]) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let state = std::env::temp_dir().join(format!(
+            "countersign-api-{name}-{}-{nanos}",
+            std::process::id()
+        ));
+        let mut child = countersign(&state)
+            .args(["serve", "--addr", "127.0.0.1:0"])
+            .args(args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("countersign serve starts");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(line) => line,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("countersign serve printed no address within 60 s");
+            }
+        };
+        let base = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_string();
+        assert!(base.starts_with("http://127.0.0.1:"), "{base}");
+        Self {
+            child,
+            base,
+            state,
+            http: reqwest::Client::new(),
+            tokens: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A token from `countersign token --as NAME`, made once per person.
+    pub fn token(&self, name: &str) -> String {
+        let mut tokens = self.tokens.lock().unwrap();
+        if let Some(token) = tokens.get(name) {
+            return token.clone();
+        }
+        let output = countersign(&self.state)
+            .args(["token", "--as", name])
+            .output()
+            .expect("countersign token runs");
+        assert!(
+            output.status.success(),
+            "token --as {name}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let token = String::from_utf8(output.stdout).unwrap().trim().to_string();
+        tokens.insert(name.to_string(), token.clone());
+        token
+    }
+
+    /// A token the server never issued, signed with its own key.
+    pub fn forged_token(
+        &self,
+        who: Identity,
+        issued_ago: chrono::Duration,
+        ttl: Duration,
+    ) -> String {
+        let key = std::fs::read(self.state.join("dev-jwt.key")).expect("the dev key exists");
+        BearerJwt::hs256(&key)
+            .unwrap()
+            .issue(&who, chrono::Utc::now() - issued_ago, ttl)
+            .unwrap()
+    }
+
+    pub async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        bearer: Option<String>,
+        body: Option<(&str, Vec<u8>)>,
+    ) -> Reply {
+        let mut request = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(token) = bearer {
+            request = request.bearer_auth(token);
+        }
+        if let Some((content_type, bytes)) = body {
+            request = request.header("content-type", content_type).body(bytes);
+        }
+        let response = request.send().await.expect("the server answers");
+        let status = response.status().as_u16();
+        let www_authenticate = response
+            .headers()
+            .get("www-authenticate")
+            .map(|v| v.to_str().unwrap().to_string());
+        let text = response.text().await.unwrap();
+        let json = serde_json::from_str(&text)
+            .unwrap_or_else(|_| panic!("{status} with a body that is not JSON: {text:?}"));
+        Reply {
+            status,
+            json,
+            www_authenticate,
+        }
+    }
+
+    pub async fn get(&self, path: &str, name: &str) -> Reply {
+        let token = self.token(name);
+        self.send(reqwest::Method::GET, path, Some(token), None)
+            .await
+    }
+
+    pub async fn post(&self, path: &str, name: &str, body: Value) -> Reply {
+        let token = self.token(name);
+        self.send(
+            reqwest::Method::POST,
+            path,
+            Some(token),
+            Some(("application/json", body.to_string().into_bytes())),
+        )
+        .await
+    }
+
+    pub async fn post_raw(&self, path: &str, name: &str, body: &str) -> Reply {
+        let token = self.token(name);
+        self.send(
+            reqwest::Method::POST,
+            path,
+            Some(token),
+            Some(("application/json", body.as_bytes().to_vec())),
+        )
+        .await
+    }
+
+    /// `POST /runs` as `name`; the run must pause on exactly one approval.
+    pub async fn paused_run(&self, name: &str, claim: &str, ttl: Option<&str>) -> Paused {
+        let mut body = json!({"claim_id": claim});
+        if let Some(ttl) = ttl {
+            body["ttl"] = json!(ttl);
+        }
+        let reply = self.post("/runs", name, body).await;
+        assert_eq!(reply.status, 201, "{}", reply.json);
+        assert_eq!(reply.json["status"], "awaiting_approval", "{}", reply.json);
+        let approvals = reply.json["approvals"].as_array().unwrap();
+        assert_eq!(approvals.len(), 1, "{}", reply.json);
+        Paused {
+            run: reply.json["run_id"].as_str().unwrap().to_string(),
+            approval: approvals[0]["id"].as_str().unwrap().to_string(),
+        }
+    }
+
+    /// The approval as a finance reviewer of acme reads it.
+    pub async fn approval(&self, id: &str) -> Value {
+        let reply = self.get(&format!("/approvals/{id}"), "dana").await;
+        assert_eq!(reply.status, 200, "{}", reply.json);
+        reply.json
+    }
+
+    pub async fn decide(&self, name: &str, approval: &str, body: Value) -> Reply {
+        self.post(&format!("/approvals/{approval}/decisions"), name, body)
+            .await
+    }
+
+    /// The audit log's events about one action (every version), oldest first.
+    pub async fn events_of_action(&self, run: &str, action: &Value) -> Vec<String> {
+        let reply = self.get(&format!("/runs/{run}/audit"), "dana").await;
+        assert_eq!(reply.status, 200, "{}", reply.json);
+        reply.json["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["action_id"] == *action)
+            .map(|e| e["event"].as_str().unwrap().to_string())
+            .collect()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.state);
+    }
+}
+
+pub struct Paused {
+    pub run: String,
+    pub approval: String,
+}
+
+pub fn approve(decision_id: &str) -> Value {
+    json!({"decision_id": decision_id, "action_version": 1, "choice": "approve"})
+}
+
+#[track_caller]
+pub fn assert_refused(reply: &Reply, status: u16, code: &str) {
+    assert_eq!(reply.status, status, "{}", reply.json);
+    assert_eq!(reply.json["error"]["code"], code, "{}", reply.json);
+    assert!(
+        !reply.json["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .is_empty(),
+        "{}",
+        reply.json
+    );
+}

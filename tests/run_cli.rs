@@ -1,0 +1,271 @@
+//! `countersign run --agent <name|dir> "<task>" --as <person>` as real processes: any agent, for
+//! the person who asks, and a refusal that writes nothing.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::orders::OrdersService;
+use common::{Countersign, only_approval};
+use serde_json::json;
+
+const TASK: &str = "Refund USD 125 for order ord_55: the blender arrived damaged.";
+
+/// A directory removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let dir =
+            std::env::temp_dir().join(format!("countersign-{name}-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The shipped refunds definition copied into `into/returns`, renamed "returns": a team's own
+/// agent, two files and no Rust.
+fn returns_agent(into: &Path) -> PathBuf {
+    let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("agents/refunds");
+    let dir = into.join("returns");
+    std::fs::create_dir_all(&dir).unwrap();
+    for file in ["agent.toml", "policy.toml", "script.toml"] {
+        let text = std::fs::read_to_string(shipped.join(file)).unwrap();
+        let text = match file {
+            "agent.toml" => text.replacen("name = \"refunds\"", "name = \"returns\"", 1),
+            _ => text,
+        };
+        std::fs::write(dir.join(file), text).unwrap();
+    }
+    dir
+}
+
+#[test]
+fn a_run_that_cannot_start_is_refused_with_its_code_and_writes_nothing() {
+    let cs = Countersign::fresh("run-refused");
+
+    let unknown_agent = cs.run(&["run", "--agent", "payroll", "Pay everyone.", "--as", "sam"]);
+    assert_eq!(unknown_agent.exit, 1, "{}", unknown_agent.stderr);
+    assert_eq!(unknown_agent.json["error"]["code"], "not_found");
+    assert!(
+        unknown_agent.stderr.contains("payroll"),
+        "{}",
+        unknown_agent.stderr
+    );
+
+    let stranger = cs.run(&["run", "--agent", "refunds", TASK, "--as", "mallory"]);
+    assert_eq!(stranger.exit, 1, "{}", stranger.stderr);
+    assert_eq!(stranger.json["error"]["code"], "unknown_person");
+
+    let too_long = cs.run(&[
+        "run", "--agent", "refunds", TASK, "--as", "sam", "--ttl", "2h",
+    ]);
+    assert_eq!(too_long.exit, 2, "{}", too_long.stderr);
+    assert_eq!(too_long.json["error"]["code"], "bad_input");
+    assert!(too_long.stderr.contains("30m"), "{}", too_long.stderr);
+
+    let blank = cs.run(&["run", "--agent", "refunds", " ", "--as", "sam"]);
+    assert_eq!(blank.exit, 2, "{}", blank.stderr);
+    assert_eq!(blank.json["error"]["code"], "bad_input");
+
+    let nobody = cs.run(&["run", "--agent", "refunds", TASK]);
+    assert_eq!(nobody.exit, 2, "a run needs --as: {}", nobody.stderr);
+    let bad_name = cs.run(&["run", "--agent", "../refunds", TASK, "--as", "sam"]);
+    assert_eq!(bad_name.exit, 2, "{}", bad_name.stderr);
+
+    assert_eq!(cs.ok(&["review"])["approvals"], json!([]));
+}
+
+#[test]
+fn a_shorter_ttl_gives_the_reviewer_less_time() {
+    let orders = OrdersService::start("run-ttl");
+    let mut env = vec![("COUNTERSIGN_STORE", "embedded".to_string())];
+    env.extend(orders.env());
+    let cs = Countersign::fresh("run-ttl").with_env(env);
+
+    let started = cs.ok(&[
+        "run", "--agent", "refunds", TASK, "--as", "sam", "--ttl", "10m",
+    ]);
+
+    let (_, approval) = only_approval(&started);
+    let at = |field: &str| {
+        chrono::DateTime::parse_from_rfc3339(approval[field].as_str().unwrap()).unwrap()
+    };
+    assert_eq!(
+        at("expires_at") - at("created_at"),
+        chrono::TimeDelta::minutes(10)
+    );
+}
+
+#[test]
+fn a_teams_own_definition_directory_runs_and_its_approval_is_decided_by_a_later_process() {
+    let orders = OrdersService::start("run-dir");
+    let definitions = TempDir::new("run-dir-agents");
+    let returns = returns_agent(&definitions.0);
+    let returns = returns.to_str().unwrap();
+    // Every process loads the team's definition; `run` names it by its directory too.
+    let mut env = vec![
+        ("COUNTERSIGN_STORE", "embedded".to_string()),
+        ("COUNTERSIGN_AGENTS", returns.to_string()),
+    ];
+    env.extend(orders.env());
+    let cs = Countersign::fresh("run-dir").with_env(env);
+
+    let started = cs.ok(&["run", "--agent", returns, TASK, "--as", "sam"]);
+
+    assert_eq!(started["agent"], "returns", "{started}");
+    let (approval, waiting) = only_approval(&started);
+    assert_eq!(waiting["approver_role"], "finance_manager");
+    assert_eq!(waiting["requested_by"], json!(["sam"]));
+    let own = cs.run(&["review", "approve", &approval, "--as", "sam"]);
+    assert_eq!(own.json["error"]["code"], "own_request", "{}", own.stderr);
+
+    let approved = cs.ok(&["review", "approve", &approval, "--as", "mia"]);
+    assert_eq!(approved["run"]["status"], "done", "{approved}");
+    let refunds = orders.refunds("ord_55");
+    assert_eq!(refunds.len(), 1, "{refunds:?}");
+    assert_eq!(refunds[0]["amount_cents"], 12_500);
+    assert_eq!(
+        refunds[0]["idempotency_key"],
+        format!("{}:1", waiting["action_id"].as_str().unwrap())
+    );
+}
+
+/// A team's bonuses agent, written as data: `pay_bonus` names in `employee` a person who may not
+/// approve their own bonus (`claimant`), whoever asked for it.
+fn bonuses_agent(into: &Path) -> PathBuf {
+    let dir = into.join("bonuses");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("agent.toml"),
+        r#"name = "bonuses"
+system_prompt = "You pay the bonuses a manager asks for."
+
+[model]
+provider = "scripted"
+offline = "script.toml"
+
+[tools.pay_bonus]
+description = "Pays an employee a bonus, in cents."
+input_schema = { type = "object", properties = { employee = { type = "string" }, amount_cents = { type = "integer", minimum = 1 } }, required = ["employee", "amount_cents"], additionalProperties = false }
+claimant = "employee"
+
+[tools.pay_bonus.http]
+method = "POST"
+url = "http://127.0.0.1:9/bonuses"
+timeout = "1s"
+"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("policy.toml"),
+        r#"name = "bonuses"
+version = 1
+default_ttl = "1h"
+
+[tools.pay_bonus]
+decision = "approve"
+approver_role = "finance_manager"
+quorum = 1
+reason = "Every bonus needs a finance manager."
+"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("script.toml"),
+        r#"[[turns]]
+say = "Mia's bonus, as asked."
+calls = [{ tool = "pay_bonus", args = { employee = "mia", amount_cents = 50000 } }]
+
+[[turns]]
+say = "The bonus came back: {last_result}"
+"#,
+    )
+    .unwrap();
+    std::fs::write(
+        into.join("people.toml"),
+        r#"[[people]]
+name = "sam"
+tenant = "acme"
+roles = ["employee"]
+
+[[people]]
+name = "mia"
+tenant = "acme"
+roles = ["employee", "finance_manager"]
+
+[[people]]
+name = "max"
+tenant = "acme"
+roles = ["employee", "finance_manager"]
+"#,
+    )
+    .unwrap();
+    dir
+}
+
+#[test]
+fn a_definition_names_the_argument_whose_person_may_not_approve_the_call() {
+    let definitions = TempDir::new("run-claimant");
+    let bonuses = bonuses_agent(&definitions.0);
+    let cs = Countersign::fresh("run-claimant").with_env(vec![
+        ("COUNTERSIGN_STORE", "embedded".to_string()),
+        ("COUNTERSIGN_AGENTS", bonuses.to_str().unwrap().to_string()),
+        (
+            "COUNTERSIGN_PEOPLE",
+            definitions
+                .0
+                .join("people.toml")
+                .to_str()
+                .unwrap()
+                .to_string(),
+        ),
+    ]);
+
+    // Given sam asks for a bonus for mia, a finance manager herself.
+    let started = cs.ok(&[
+        "run",
+        "--agent",
+        "bonuses",
+        "A bonus for mia.",
+        "--as",
+        "sam",
+    ]);
+    let (approval, waiting) = only_approval(&started);
+    assert_eq!(waiting["requested_by"], json!(["sam", "mia"]), "{waiting}");
+
+    // When mia approves her own bonus, she is refused, as sam is; nothing is recorded.
+    for who in ["mia", "sam"] {
+        let own = cs.run(&["review", "approve", &approval, "--as", who]);
+        assert_eq!(own.exit, 1, "{who}: {}", own.stderr);
+        assert_eq!(
+            own.json["error"]["code"], "own_request",
+            "{who}: {}",
+            own.json
+        );
+    }
+    assert_eq!(cs.ok(&["review"])["approvals"][0]["decisions"], json!([]));
+
+    // Then another finance manager decides (a rejection: nothing is paid).
+    let rejected = cs.ok(&[
+        "review",
+        "reject",
+        &approval,
+        "--reason",
+        "Bonuses go through payroll.",
+        "--as",
+        "max",
+    ]);
+    assert_eq!(rejected["approval"]["status"], "rejected", "{rejected}");
+    assert_eq!(rejected["run"]["status"], "done", "{rejected}");
+}
