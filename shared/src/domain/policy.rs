@@ -198,15 +198,15 @@ impl Policy {
     }
 
     /// Whether a caller may ask for this time to decide when starting a run.
-    pub fn check_ttl(&self, ttl: Duration) -> Result<(), PolicyError> {
+    pub fn check_ttl(&self, ttl: Duration) -> Result<(), String> {
         if ttl > self.max_ttl {
-            return Err(PolicyError(format!(
+            return Err(format!(
                 "a time to decide of {} is longer than the {} policy v{} allows ({})",
                 humantime::format_duration(ttl),
                 self.name,
                 self.version,
                 humantime::format_duration(self.max_ttl)
-            )));
+            ));
         }
         Ok(())
     }

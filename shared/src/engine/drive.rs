@@ -144,10 +144,7 @@ impl Engine {
         }
         let agent = self.agent(&start.agent)?;
         if let Some(ttl) = start.approval_ttl {
-            agent
-                .policy
-                .check_ttl(ttl)
-                .map_err(|e| EngineError::BadInput(e.to_string()))?;
+            agent.policy.check_ttl(ttl).map_err(EngineError::BadInput)?;
         }
         if agent.model.is_none() {
             return Err(EngineError::Unavailable(format!(
