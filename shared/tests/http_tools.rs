@@ -21,8 +21,9 @@ use axum::routing::{get, post};
 use serde_json::{Value, json};
 use shared::adapters::http_tool::{HttpBinding, HttpTool, http_client};
 use shared::domain::action::{ActionStatus, ToolOutcome};
+use shared::domain::approval::{ApprovalKind, Choice, DecisionRequest};
 use shared::domain::args::Args;
-use shared::domain::ids::{RunId, TenantId};
+use shared::domain::ids::{ActionVersion, DecisionId, Role, RunId, TenantId};
 use shared::domain::policy::Policy;
 use shared::domain::run::RunStatus;
 use shared::engine::{Agent, Delivery, Engine, ResumeReport};
@@ -780,6 +781,15 @@ reason = "Every refund needs a finance approver."
 
 /// An engine over a fresh embedded store whose model proposes one refund of order ord_55.
 async fn refund_engine(tool: HttpTool, delivery: Delivery) -> (Engine, Embedded) {
+    refund_engine_recovering(tool, delivery, None).await
+}
+
+/// [`refund_engine`], whose agent names `owner` as its recovery owner.
+async fn refund_engine_recovering(
+    tool: HttpTool,
+    delivery: Delivery,
+    owner: Option<&str>,
+) -> (Engine, Embedded) {
     let backend = Embedded::fresh();
     let store = backend.connect().await;
     let policy = Arc::new(Policy::from_toml(REFUND_POLICY).expect("the policy parses"));
@@ -792,6 +802,8 @@ async fn refund_engine(tool: HttpTool, delivery: Delivery) -> (Engine, Embedded)
         .with_model(Arc::new(script))
         .with_tools(Toolbox::new().with(Arc::new(tool)))
         .with_system_prompt("You refund orders.");
+    let mut agent = agent;
+    agent.recovery_owner = owner.map(|role| Role::parse(role).unwrap());
     let engine = Engine::builder(store)
         .agent(agent)
         .clock(Arc::new(ManualClock::new(start_of_test())))
@@ -862,6 +874,56 @@ async fn given_an_approved_refund_whose_endpoint_commits_then_answers_500_when_t
     for entry in &history.entries {
         assert_no_secret(entry);
     }
+}
+
+#[tokio::test]
+async fn given_a_refund_without_a_reconcile_request_whose_endpoint_commits_then_answers_500_when_the_recovery_owner_says_it_took_effect_then_the_run_finishes_with_one_effect()
+ {
+    let (orders, addr) = orders_service().await;
+    let no_reconcile = REFUND[..REFUND.find("[reconcile]").unwrap()]
+        .replace("/orders/{order_id}", "/commit-then-500/orders/{order_id}");
+    let tool = tool_at(addr, &no_reconcile);
+    assert!(!tool.reconciles());
+    let (engine, _store) =
+        refund_engine_recovering(tool, Delivery::InProcess, Some("finance")).await;
+    let directory = default_directory();
+    let (dana, erin) = (
+        directory.identify("dana").unwrap(),
+        directory.identify("erin").unwrap(),
+    );
+    let report = engine.start(scripted_task("ben")).await.unwrap();
+    let approval = report.approvals[0].clone();
+    engine
+        .decide(&dana, &approval.id, approve("d-refund"))
+        .await
+        .unwrap();
+    assert_eq!(orders.effects(), 1);
+
+    // Nothing can ask the service, so a person of the recovery owner's role is asked.
+    let pending = engine.pending(&acme()).await.unwrap();
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    let recovery = &pending[0];
+    assert_eq!(recovery.kind, ApprovalKind::Recovery);
+    assert_eq!(recovery.action_id, approval.action_id);
+    assert!(engine.sweep(100).await.unwrap().unknown.is_empty());
+
+    let answer = DecisionRequest {
+        decision_id: DecisionId::parse("erin-1").unwrap(),
+        action_version: ActionVersion::FIRST,
+        choice: Choice::TookEffect {
+            note: Some("The orders service shows the refund.".into()),
+        },
+    };
+    let answered = engine.decide(&erin, &recovery.id, answer).await.unwrap();
+    assert_eq!(answered.run.expect("resumed here").status, RunStatus::Done);
+    assert_eq!(orders.hits("commit_then_500"), 1);
+    assert_eq!(orders.effects(), 1);
+    let history = engine.history(&acme(), &report.run_id).await.unwrap();
+    let names = event_names(&history.entries);
+    let at = |name: &str| names.iter().position(|n| *n == name).unwrap();
+    assert!(at("unknown") < at("recovery_requested"), "{names:?}");
+    assert!(at("recovery_requested") < at("reconciled"), "{names:?}");
+    assert_eq!(history.entries[at("reconciled")].actor.to_string(), "erin");
 }
 
 #[tokio::test]
