@@ -27,6 +27,7 @@
 //! ```
 
 mod definition;
+mod mcp;
 mod schema;
 
 use std::path::{Path, PathBuf};
@@ -35,7 +36,8 @@ use std::sync::Arc;
 pub use definition::{Definition, ModelSettings, Offline, Provider, ToolBinding, ToolDefinition};
 
 use crate::adapters::env_template::Lookup;
-use crate::engine::Agent;
+use crate::domain::ids::AgentName;
+use crate::engine::{Agent, Engine, EngineError};
 use crate::example::expense::Claims;
 use crate::ports::clock::Clock;
 use crate::ports::store::ItemStore;
@@ -236,4 +238,17 @@ pub fn build_all(
     wiring: &Wiring<'_>,
 ) -> Result<Vec<Agent>, DefinitionError> {
     definitions.iter().map(|d| d.build(wiring)).collect()
+}
+
+/// Makes an agent's tools ready before a run of it is driven: connects to and lists every MCP
+/// server of its definition not yet listed in this process. A server that is down refuses the
+/// run as unavailable (HTTP 503) before anything is written; the next attempt tries again.
+/// Call it before [`Engine::start`] and before a resume: it returns at once once listed.
+pub async fn prepare(engine: &Engine, agent: &AgentName) -> Result<(), EngineError> {
+    engine
+        .agent(agent)?
+        .tools
+        .prepare()
+        .await
+        .map_err(|e| EngineError::Unavailable(e.to_string()))
 }
