@@ -90,6 +90,7 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
         Command::Agent { claim, ttl } => {
             let mut start = expense::task_for(&local.claims, &claim)?;
             start.approval_ttl = ttl;
+            shared::agents::prepare(&local.engine, &start.agent).await?;
             let report = local.engine.start(start).await?;
             Ok(Output {
                 text: render::run(&report),
@@ -121,6 +122,7 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
                 task,
                 approval_ttl: ttl,
             };
+            shared::agents::prepare(&local.engine, &start.agent).await?;
             let report = local.engine.start(start).await?;
             Ok(Output {
                 text: render::run(&report),

@@ -40,6 +40,7 @@ use crate::domain::ids::AgentName;
 use crate::engine::{Agent, Engine, EngineError};
 use crate::example::expense::Claims;
 use crate::ports::clock::Clock;
+use crate::ports::queue::ResumeMessage;
 use crate::ports::store::ItemStore;
 
 /// Why a definition cannot be loaded or built: the file, the field, and what is wrong.
@@ -251,4 +252,13 @@ pub async fn prepare(engine: &Engine, agent: &AgentName) -> Result<(), EngineErr
         .prepare()
         .await
         .map_err(|e| EngineError::Unavailable(e.to_string()))
+}
+
+/// [`prepare`] for the agent of the run a resume message wakes, so the approved call and the
+/// model's next turn see every tool. A run that cannot be read is left to the resume to report.
+pub async fn prepare_resume(engine: &Engine, message: &ResumeMessage) -> Result<(), EngineError> {
+    match engine.run(&message.tenant, &message.run_id).await {
+        Ok(run) => prepare(engine, &run.agent).await,
+        Err(_) => Ok(()),
+    }
 }

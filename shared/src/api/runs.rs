@@ -78,6 +78,7 @@ pub(super) async fn start(
         task,
         approval_ttl,
     };
+    crate::agents::prepare(&state.engine, &start.agent).await?;
     let report = state.engine.start(start).await?;
     tracing::Span::current().record("run", tracing::field::display(&report.run_id));
     tracing::info!(status = %report.status, "started");
