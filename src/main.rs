@@ -152,6 +152,7 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
             action: Some(Review::Expire),
             ..
         } => {
+            shared::agents::prepare_all(&local.engine).await;
             let report = local.engine.sweep(1_000).await?;
             let mut text = String::new();
             let mut runs = Vec::new();
@@ -221,6 +222,7 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
         }
         Command::Cancel { run, person } => {
             let who = local.identify(&person)?;
+            shared::agents::prepare_all(&local.engine).await;
             let report = local.engine.cancel(&who, &RunId::parse(&run)?).await?;
             let text = format!("[{}] cancelled by {}\n", report.run_id, who.person);
             Ok(Output {
@@ -327,6 +329,7 @@ async fn decide(local: &Local, review: Review) -> Result<Output, Failure> {
         action_version,
         choice,
     };
+    shared::agents::prepare_all(&local.engine).await;
     let report = local.engine.decide(&who, &approval_id, request).await?;
     Ok(Output {
         text: render::decision(&report),

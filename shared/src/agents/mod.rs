@@ -262,3 +262,15 @@ pub async fn prepare_resume(engine: &Engine, message: &ResumeMessage) -> Result<
         Err(_) => Ok(()),
     }
 }
+
+/// [`prepare`] for every agent, as far as their servers answer: a process that resumes runs in
+/// place (a decision, a cancellation or an expiry in the embedded mode) calls it first, so a
+/// resumed run sees every tool. A server that is down is logged and tried again next time; a
+/// named MCP tool still connects by itself when called, a listed one is "no such tool" then.
+pub async fn prepare_all(engine: &Engine) {
+    for agent in engine.agents().iter() {
+        if let Err(error) = agent.tools.prepare().await {
+            tracing::warn!(agent = %agent.name, %error, "its MCP tools are not listed yet");
+        }
+    }
+}
