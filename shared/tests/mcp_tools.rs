@@ -1218,4 +1218,27 @@ async fn a_bad_mcp_definition_names_its_file_and_field() {
         said.starts_with("agents/orders/policy.toml: tools.refund_everything: the policy has a rule for refund_everything"),
         "{said}"
     );
+
+    // So is an offline script's call of a tool that nothing provides.
+    let agent =
+        format!("{ORDERS_AGENT}\n[model]\nprovider = \"scripted\"\noffline = \"script.toml\"\n");
+    let script_file =
+        "[[turns]]\nsay = \"Wiping.\"\ncalls = [{ tool = \"wipe_orders\", args = {} }]\n";
+    let definition = Definition::load(&Texts(vec![
+        ("agent.toml", agent),
+        ("policy.toml", BY_HINTS.to_string()),
+        ("script.toml", script_file.to_string()),
+    ]))
+    .unwrap();
+    let p = defined_process(&h, &definition, &env, script.clone())
+        .await
+        .unwrap();
+    let said = shared::agents::prepare(&p, &orders_name())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        said.starts_with("agents/orders/agent.toml: model.offline: the script calls wipe_orders"),
+        "{said}"
+    );
 }

@@ -354,10 +354,23 @@ impl Definition {
                 claimants: self
                     .tools
                     .iter()
-                    .filter(|tool| matches!(tool.binding, ToolBinding::Mcp { .. }))
+                    // An entry's own schema was checked at load.
+                    .filter(|tool| {
+                        matches!(
+                            tool.binding,
+                            ToolBinding::Mcp {
+                                input_schema: None,
+                                ..
+                            }
+                        )
+                    })
                     .filter_map(|tool| Some((tool.name.clone(), tool.claimant.clone()?)))
                     .collect(),
                 policy: self.policy.clone(),
+                script_tools: match &self.model.offline {
+                    Some(Offline::Script(script)) => script.tools().map(str::to_string).collect(),
+                    _ => Vec::new(),
+                },
                 listed: Default::default(),
             }));
         }

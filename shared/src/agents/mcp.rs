@@ -134,6 +134,8 @@ pub(super) struct McpTools {
     /// Per tool entry, the argument naming a claimant, checked against the listed schema.
     pub claimants: BTreeMap<String, String>,
     pub policy: Arc<Policy>,
+    /// The tools the offline script calls.
+    pub script_tools: Vec<String>,
     /// The tools the servers' selections add, once listed.
     pub listed: OnceLock<BTreeMap<String, Arc<dyn Tool>>>,
 }
@@ -225,6 +227,20 @@ impl McpTools {
                     ),
                 ));
             }
+        }
+        if let Some(unknown) = self
+            .script_tools
+            .iter()
+            .find(|t| !self.entries.contains_key(*t) && !listed.contains_key(*t))
+        {
+            return Err(DefinitionError::new(
+                &self.file,
+                "model.offline",
+                format!(
+                    "the script calls {unknown}, which the definition does not define and its \
+                     MCP servers do not list"
+                ),
+            ));
         }
         Ok(listed
             .into_iter()

@@ -24,7 +24,26 @@
 //!
 //! [tools.reimburse]
 //! builtin = "expense.reimburse"        # a tool written in Rust, shipped with Countersign
+//!
+//! [mcp.orders]                         # a Streamable HTTP MCP server, named as you choose
+//! url = "${ORDERS_MCP_URL}"
+//! headers = { Authorization = "Bearer ${ORDERS_MCP_TOKEN}" }   # never shown, never logged
+//! timeout = "10s"                      # per request, at most 60s (30s)
+//! tools = "*"                          # optional: "*" or ["get_order", ...] adds the tools
+//!                                      # the server lists, named as it names them
+//!
+//! [tools.refund]                       # one tool of a server, under a name of your own
+//! mcp = { server = "orders", tool = "issue_refund" }
+//! description = "..."                  # optional: else the server's; so is input_schema
 //! ```
+//!
+//! MCP tools are reached lazily (see `mcp.rs`): building an agent never touches a server, so a
+//! server that is down stops no process. A process drives a run only after [`prepare`] has
+//! listed the agent's servers (specs and hints then fixed for the process); if one is down the
+//! run is refused as unavailable (HTTP 503) and nothing is written. What needs the listing is
+//! checked then, with the same file-and-field errors: a bound tool the server does not list, a
+//! listed name that is another tool's, and, for a definition with a `tools = "*"` server, a
+//! policy rule for a tool neither defined nor listed. Everything else is checked at load.
 
 mod definition;
 mod mcp;
