@@ -28,7 +28,7 @@ use shared::domain::args::Args;
 use shared::domain::ids::{AgentName, PersonId, RunId, TenantId};
 use shared::domain::policy::{Policy, ToolHints};
 use shared::domain::run::RunStatus;
-use shared::engine::{Agent, ErrorKind, ResumeReport, StartRun};
+use shared::engine::{Agent, Delivery, ErrorKind, ResumeReport, StartRun};
 use shared::ports::tools::{Tool, ToolCall, Toolbox};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
@@ -951,6 +951,17 @@ async fn defined_process(
     env: &dyn Fn(&str) -> Option<String>,
     script: harness::Script,
 ) -> Result<harness::Process, DefinitionError> {
+    defined_process_delivering(h, definition, env, script, Delivery::InProcess).await
+}
+
+/// [`defined_process`], its resume messages delivered as told.
+async fn defined_process_delivering(
+    h: &harness::Harness,
+    definition: &Definition,
+    env: &dyn Fn(&str) -> Option<String>,
+    script: harness::Script,
+    delivery: Delivery,
+) -> Result<harness::Process, DefinitionError> {
     let store = Arc::new(Mutex::new(None));
     let built = Arc::new(Mutex::new(None));
     let p = h
@@ -970,7 +981,9 @@ async fn defined_process(
                     )
                 };
                 match definition.build(&wiring) {
-                    Ok(agent) => engine.agent(agent.with_model(Arc::new(script))),
+                    Ok(agent) => engine
+                        .agent(agent.with_model(Arc::new(script)))
+                        .delivery(delivery),
                     Err(error) => {
                         *built.lock().unwrap() = Some(error);
                         engine
@@ -1092,6 +1105,66 @@ mcp = { server = "orders", tool = "issue_refund" }
         .await
         .unwrap();
 
+    let key = format!("{}:1", approval.action_id);
+    assert_eq!(seen.effects(), BTreeMap::from([(key, 1)]));
+}
+
+#[tokio::test]
+async fn another_process_lists_the_tools_before_it_resumes_and_runs_the_approved_call_once() {
+    let seen = Arc::new(Seen::default());
+    let server = Server::start(seen.clone()).await;
+    let h = harness::Harness::new(harness::Embedded::fresh()).await;
+    let definition = orders_definition(ORDERS_AGENT, BY_HINTS).unwrap();
+    let env = env_for(server.addr);
+    let script = harness::Script::default().then_call(&[
+        ("get_order", json!({"order_id": "ord_55"})),
+        ("issue_refund", refund()),
+    ]);
+    let queue = Arc::new(harness::RecordingQueue::default());
+    let starter = defined_process_delivering(
+        &h,
+        &definition,
+        &env,
+        script.clone(),
+        Delivery::Queue(queue.clone()),
+    )
+    .await
+    .unwrap();
+    shared::agents::prepare(&starter, &orders_name())
+        .await
+        .unwrap();
+    let report = starter.start(orders_task()).await.unwrap();
+    let approval = report.approvals[0].clone();
+    starter
+        .decide(&h.person("dana"), &approval.id, harness::approve("d-1"))
+        .await
+        .unwrap();
+    let message = queue
+        .published()
+        .pop()
+        .expect("the decision queued a resume");
+
+    let resumer = defined_process(&h, &definition, &env, script)
+        .await
+        .unwrap();
+    let tools = &resumer.agent(&orders_name()).unwrap().tools;
+    assert!(
+        tools.get("issue_refund").is_none(),
+        "nothing listed yet here"
+    );
+    shared::agents::prepare_resume(&resumer, &message)
+        .await
+        .unwrap();
+    let resumed = resumer.resume(&message).await.unwrap();
+
+    assert!(
+        matches!(resumed, ResumeReport::Continued { .. }),
+        "{resumed:?}"
+    );
+    assert_eq!(
+        h.run(&resumer, &report.run_id).await.status,
+        RunStatus::Done
+    );
     let key = format!("{}:1", approval.action_id);
     assert_eq!(seen.effects(), BTreeMap::from([(key, 1)]));
 }
