@@ -1212,6 +1212,65 @@ async fn a_run_whose_mcp_server_is_down_is_refused_before_anything_is_written() 
     );
 }
 
+/// Every request comes from one person.
+struct SignedIn(shared::domain::identity::Identity);
+
+impl shared::api::Authenticate for SignedIn {
+    fn identify(
+        &self,
+        _: &axum::http::request::Parts,
+    ) -> Result<shared::domain::identity::Identity, shared::api::AuthError> {
+        Ok(self.0.clone())
+    }
+}
+
+#[tokio::test]
+async fn post_runs_for_an_agent_whose_mcp_server_is_down_is_503_unavailable() {
+    let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let nowhere = closed.local_addr().unwrap();
+    drop(closed);
+    let h = harness::Harness::new(harness::Embedded::fresh()).await;
+    let definition = orders_definition(ORDERS_AGENT, BY_HINTS).unwrap();
+    let p = defined_process(
+        &h,
+        &definition,
+        &env_for(nowhere),
+        harness::Script::default(),
+    )
+    .await
+    .unwrap();
+    let harness::Process { engine, .. } = p;
+    let engine = Arc::new(engine);
+    let router = shared::api::start_routes(
+        engine.clone(),
+        Arc::new(SignedIn(h.person("ben"))),
+        h.claims.clone(),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let api = listener.local_addr().unwrap();
+    let serving = tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+
+    let response = reqwest::Client::new()
+        .post(format!("http://{api}/runs"))
+        .json(&json!({"agent": "orders", "task": "Refund USD 75 for order ord_55."}))
+        .send()
+        .await
+        .unwrap();
+
+    assert_eq!(response.status(), 503);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "unavailable", "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("the orders agent cannot reach its tools now; nothing was started"),
+        "{body}"
+    );
+    assert!(engine.pending(&harness::acme()).await.unwrap().is_empty());
+    serving.abort();
+}
+
 /// Each bad definition, and where its error points.
 #[tokio::test]
 async fn a_bad_mcp_definition_names_its_file_and_field() {
