@@ -304,7 +304,8 @@ pub(super) fn named_selections<'a>(
     names
 }
 
-/// Whether a `tools.<entry>` name set and the servers leave a gap only a listing can fill.
+/// Whether a server takes every tool it lists (`tools = "*"`): then only its listing says which
+/// names the agent has.
 pub(super) fn lists_everything<'a>(
     mut selections: impl Iterator<Item = Option<&'a ToolSelection>>,
 ) -> bool {
