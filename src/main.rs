@@ -105,6 +105,7 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
         Command::Agent { claim, ttl } => {
             let mut start = expense::task_for(&local.claims, &claim)?;
             start.approval_ttl = ttl;
+            shared::agents::prepare(&local.engine, &start.agent).await?;
             let report = local.engine.start(start).await?;
             Ok(Output {
                 text: render::run(&report),
@@ -136,6 +137,7 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
                 task,
                 approval_ttl: ttl,
             };
+            shared::agents::prepare(&local.engine, &start.agent).await?;
             let report = local.engine.start(start).await?;
             Ok(Output {
                 text: render::run(&report),
@@ -165,6 +167,7 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
             action: Some(Review::Expire),
             ..
         } => {
+            shared::agents::prepare_all(&local.engine).await;
             let report = local.engine.sweep(1_000).await?;
             let mut text = String::new();
             let mut runs = Vec::new();
@@ -234,6 +237,7 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
         }
         Command::Cancel { run, person } => {
             let who = local.identify(&person)?;
+            shared::agents::prepare_all(&local.engine).await;
             let report = local.engine.cancel(&who, &RunId::parse(&run)?).await?;
             let text = format!("[{}] cancelled by {}\n", report.run_id, who.person);
             Ok(Output {
@@ -354,6 +358,7 @@ async fn decide(local: &Local, review: Review) -> Result<Output, Failure> {
         action_version,
         choice,
     };
+    shared::agents::prepare_all(&local.engine).await;
     let report = local.engine.decide(&who, &approval_id, request).await?;
     Ok(Output {
         text: render::decision(&report),

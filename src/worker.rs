@@ -49,7 +49,13 @@ pub async fn run(local: &Local, once: bool) -> Result<Output, Failure> {
             if stalled.contains(message.group()) {
                 continue;
             }
-            match local.engine.resume(&message).await {
+            let prepared = shared::agents::prepare_resume(&local.engine, &message).await;
+            match async {
+                prepared?;
+                local.engine.resume(&message).await
+            }
+            .await
+            {
                 Ok(report) => {
                     if let Err(error) = aws.queue.delete(&received.receipt_handle).await {
                         tracing::warn!(%error, "resumed, but the message stays; the next delivery changes nothing");

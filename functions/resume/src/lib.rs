@@ -16,7 +16,10 @@ pub async fn handle(engine: &Engine, event: SqsEvent) -> SqsBatchResponse {
             continue;
         }
         let outcome = match sqs::parse(record.body.as_deref().unwrap_or_default()) {
-            Ok(message) => engine.resume(&message).await.map_err(|e| e.to_string()),
+            Ok(message) => match shared::agents::prepare_resume(engine, &message).await {
+                Ok(()) => engine.resume(&message).await.map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            },
             Err(why) => Err(why),
         };
         match outcome {

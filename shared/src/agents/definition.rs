@@ -6,9 +6,11 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::mcp::{self, BoundMcpTool, LazyServer, McpTools};
 use super::{DEFINITION_FILE, DefinitionError, Files, Wiring, schema};
 use crate::adapters::anthropic::AnthropicModel;
 use crate::adapters::http_tool::{HttpBinding, HttpTool, http_client};
+use crate::adapters::mcp_tool::{BindingError, McpServerBinding, McpToolBinding};
 use crate::adapters::scripted::{Script, ScriptedModel};
 use crate::domain::ids::{AgentName, Role};
 use crate::domain::policy::Policy;
@@ -55,12 +57,19 @@ pub enum ToolBinding {
     Builtin(String),
     /// An HTTP endpoint; its `${VAR}` are filled when it is built.
     Http(HttpBinding),
+    /// A tool of a server under `[mcp.*]`; the entry's description and schema, if given, stand
+    /// in for the listed ones.
+    Mcp {
+        binding: McpToolBinding,
+        description: Option<String>,
+        input_schema: Option<Value>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolDefinition {
     pub name: String,
-    /// What the model reads; a built-in tool describes itself.
+    /// What the model reads; a built-in tool describes itself, an MCP server lists its own.
     pub spec: Option<ToolSpec>,
     pub binding: ToolBinding,
     /// The argument naming a person who may not approve the call.
@@ -73,10 +82,14 @@ pub struct Definition {
     pub description: Option<String>,
     /// Where it was loaded from, as errors name it.
     pub file: String,
+    /// Where its policy was loaded from.
+    pub policy_file: String,
     pub policy: Arc<Policy>,
     pub system_prompt: String,
     pub model: ModelSettings,
     pub tools: Vec<ToolDefinition>,
+    /// `[mcp.<server>]`: the MCP servers its tools come from, by the name it gives them.
+    pub mcp: BTreeMap<String, McpServerBinding>,
     pub recovery_owner: Option<Role>,
 }
 
@@ -95,6 +108,8 @@ struct RawDefinition {
     model: RawModel,
     #[serde(default)]
     tools: BTreeMap<String, RawTool>,
+    #[serde(default)]
+    mcp: BTreeMap<String, toml::Value>,
 }
 
 fn default_policy_file() -> String {
@@ -119,6 +134,7 @@ struct RawTool {
     claimant: Option<String>,
     builtin: Option<String>,
     http: Option<toml::Value>,
+    mcp: Option<toml::Value>,
 }
 
 /// The built-in tools a definition may bind, by name.
@@ -154,12 +170,69 @@ impl Definition {
 
         let model = model_settings(raw.model, files, &file)?;
 
+        let mut servers = BTreeMap::new();
+        for (server, value) in raw.mcp {
+            let field = format!("mcp.{server}");
+            if !valid_name(&server) {
+                return Err(err(
+                    &field,
+                    "a server name has 1 to 64 letters, digits, '_' or '-'".into(),
+                ));
+            }
+            let binding: McpServerBinding = value
+                .try_into()
+                .map_err(|e: toml::de::Error| err(&field, e.message().to_string()))?;
+            servers.insert(server, binding);
+        }
+
         let mut tools = Vec::new();
         for (tool, raw_tool) in raw.tools {
             tools.push(tool_definition(&tool, raw_tool, &file)?);
         }
+        for tool in &tools {
+            if let ToolBinding::Mcp { binding, .. } = &tool.binding
+                && !servers.contains_key(&binding.server)
+            {
+                return Err(err(
+                    &format!("tools.{}.mcp.server", tool.name),
+                    format!(
+                        "no MCP server named {}: define it under [mcp.{}]",
+                        binding.server, binding.server
+                    ),
+                ));
+            }
+        }
+        let selections = servers.iter().map(|(name, s)| (name, s.tools.as_ref()));
+        let mut known: Vec<String> = tools.iter().map(|t| t.name.clone()).collect();
+        for (name, server_field) in mcp::named_selections(selections) {
+            let same_tool = |t: &ToolDefinition| match &t.binding {
+                ToolBinding::Mcp { binding, .. } => {
+                    format!("mcp.{}", binding.server) == server_field && binding.tool == name
+                }
+                _ => false,
+            };
+            if let Some(entry) = tools.iter().find(|t| t.name == name) {
+                if !same_tool(entry) {
+                    return Err(err(
+                        &format!("{server_field}.tools"),
+                        format!(
+                            "{server_field} lists {name}, which is also the name of tools.{name}"
+                        ),
+                    ));
+                }
+            } else if known.contains(&name) {
+                return Err(err(
+                    &format!("{server_field}.tools"),
+                    format!("{server_field} lists {name}, which another MCP server lists too"),
+                ));
+            } else {
+                known.push(name);
+            }
+        }
+        // With `tools = "*"`, a name only the listing can provide is checked once listed.
+        let listing_decides = mcp::lists_everything(servers.values().map(|s| s.tools.as_ref()));
         for tool in policy.tools.keys() {
-            if !tools.iter().any(|t| t.name == *tool) {
+            if !listing_decides && !known.contains(tool) {
                 return Err(DefinitionError::new(
                     &policy_file,
                     &format!("tools.{tool}"),
@@ -168,7 +241,8 @@ impl Definition {
             }
         }
         if let Some(Offline::Script(script)) = &model.offline
-            && let Some(unknown) = script.tools().find(|t| !tools.iter().any(|d| d.name == *t))
+            && !listing_decides
+            && let Some(unknown) = script.tools().find(|t| !known.iter().any(|k| k == t))
         {
             return Err(err(
                 "model.offline",
@@ -179,10 +253,12 @@ impl Definition {
             name,
             description: raw.description,
             file,
+            policy_file,
             policy: Arc::new(policy),
             system_prompt: raw.system_prompt,
             model,
             tools,
+            mcp: servers,
             recovery_owner,
         })
     }
@@ -198,6 +274,13 @@ impl Definition {
             wiring.store.clone(),
             wiring.clock.clone(),
         );
+        let mut servers = BTreeMap::new();
+        for (name, binding) in &self.mcp {
+            let resolved = binding
+                .resolve(&format!("mcp.{name}"), wiring.env)
+                .map_err(|e| binding_error(&self.file, e))?;
+            servers.insert(name.clone(), LazyServer::new(resolved));
+        }
         for tool in &self.tools {
             let field = format!("tools.{}", tool.name);
             let bound: Arc<dyn Tool> = match &tool.binding {
@@ -226,6 +309,17 @@ impl Definition {
                     let client = wiring.http.get_or_init(http_client).clone();
                     Arc::new(HttpTool::new(spec, resolved, client))
                 }
+                ToolBinding::Mcp {
+                    binding,
+                    description,
+                    input_schema,
+                } => Arc::new(BoundMcpTool {
+                    name: tool.name.clone(),
+                    server: servers[&binding.server].clone(),
+                    remote: binding.tool.clone(),
+                    description: description.clone(),
+                    input_schema: input_schema.clone(),
+                }),
             };
             if bound.spec().name != tool.name {
                 return Err(DefinitionError::new(
@@ -238,6 +332,47 @@ impl Definition {
             if let Some(arg) = &tool.claimant {
                 claimant_args.insert(tool.name.clone(), arg.clone());
             }
+        }
+        if !servers.is_empty() {
+            toolbox = toolbox.with_source(Arc::new(McpTools {
+                file: self.file.clone(),
+                policy_file: self.policy_file.clone(),
+                servers,
+                entries: self
+                    .tools
+                    .iter()
+                    .map(|tool| {
+                        let remote = match &tool.binding {
+                            ToolBinding::Mcp { binding, .. } => {
+                                Some((binding.server.clone(), binding.tool.clone()))
+                            }
+                            _ => None,
+                        };
+                        (tool.name.clone(), remote)
+                    })
+                    .collect(),
+                claimants: self
+                    .tools
+                    .iter()
+                    // An entry's own schema was checked at load.
+                    .filter(|tool| {
+                        matches!(
+                            tool.binding,
+                            ToolBinding::Mcp {
+                                input_schema: None,
+                                ..
+                            }
+                        )
+                    })
+                    .filter_map(|tool| Some((tool.name.clone(), tool.claimant.clone()?)))
+                    .collect(),
+                policy: self.policy.clone(),
+                script_tools: match &self.model.offline {
+                    Some(Offline::Script(script)) => script.tools().map(str::to_string).collect(),
+                    _ => Vec::new(),
+                },
+                listed: Default::default(),
+            }));
         }
         let mut agent = Agent::new(self.name.clone(), self.policy.clone())
             .with_tools(toolbox)
@@ -332,19 +467,14 @@ fn tool_definition(
         };
         DefinitionError::new(file, &at, message)
     };
-    let valid_name = !name.is_empty()
-        && name.len() <= 64
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
-    if !valid_name {
+    if !valid_name(name) {
         return Err(err(
             "",
             "a tool name has 1 to 64 letters, digits, '_' or '-'".into(),
         ));
     }
-    let binding = match (raw.builtin, raw.http) {
-        (Some(builtin), None) => {
+    let binding = match (raw.builtin, raw.http, raw.mcp) {
+        (Some(builtin), None, None) => {
             if !BUILTINS.contains(&builtin.as_str()) {
                 return Err(err(
                     "builtin",
@@ -362,12 +492,55 @@ fn tool_definition(
             }
             ToolBinding::Builtin(builtin)
         }
-        (None, Some(http)) => ToolBinding::Http(
+        (None, Some(http), None) => ToolBinding::Http(
             http.try_into()
                 .map_err(|e: toml::de::Error| err("http", e.message().to_string()))?,
         ),
-        (None, None) => return Err(err("", "needs one binding: builtin or http".into())),
-        (Some(_), Some(_)) => return Err(err("", "has two bindings; keep one".into())),
+        (None, None, Some(mcp)) => {
+            let binding: McpToolBinding = mcp
+                .try_into()
+                .map_err(|e: toml::de::Error| err("mcp", e.message().to_string()))?;
+            let description = match raw.description {
+                Some(d) if d.trim().is_empty() => {
+                    return Err(err(
+                        "description",
+                        "leave it out or say what it does".into(),
+                    ));
+                }
+                other => other,
+            };
+            let input_schema = raw
+                .input_schema
+                .map(|schema| {
+                    let schema: Value = serde_json::to_value(schema)
+                        .map_err(|e| err("input_schema", e.to_string()))?;
+                    schema::check(&schema).map_err(|why| err("input_schema", why))?;
+                    Ok(schema)
+                })
+                .transpose()?;
+            if let (Some(claimant), Some(schema)) = (&raw.claimant, &input_schema)
+                && schema["properties"].get(claimant).is_none()
+            {
+                return Err(err(
+                    "claimant",
+                    format!("{claimant} is not one of the tool's arguments"),
+                ));
+            }
+            return Ok(ToolDefinition {
+                name: name.to_string(),
+                spec: None,
+                binding: ToolBinding::Mcp {
+                    binding,
+                    description,
+                    input_schema,
+                },
+                claimant: raw.claimant,
+            });
+        }
+        (None, None, None) => {
+            return Err(err("", "needs one binding: builtin, http or mcp".into()));
+        }
+        _ => return Err(err("", "has more than one binding; keep one".into())),
     };
     let spec = match binding {
         ToolBinding::Builtin(_) => None,
@@ -406,4 +579,275 @@ fn tool_definition(
         binding,
         claimant: raw.claimant,
     })
+}
+
+/// 1 to 64 letters, digits, '_' or '-': a tool's or a server's name.
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+/// A binding's error as the definition's, naming the field it sits at.
+fn binding_error(file: &str, error: BindingError) -> DefinitionError {
+    use crate::adapters::env_template::EnvError;
+    match error {
+        BindingError::Env(EnvError::Unset { field, var }) => DefinitionError::new(
+            file,
+            &field,
+            format!("the environment variable {var} is not set"),
+        ),
+        BindingError::Env(EnvError::Malformed { field }) => DefinitionError::new(
+            file,
+            &field,
+            "`${` must close with `}` around a variable name (A-Z, 0-9, _)",
+        ),
+        BindingError::Invalid { field, reason } => DefinitionError::new(file, &field, reason),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A definition's files, in memory.
+    struct Texts(Vec<(&'static str, String)>);
+
+    impl Files for Texts {
+        fn label(&self, file: &str) -> String {
+            format!("test/{file}")
+        }
+
+        fn read(&self, file: &str) -> Result<String, DefinitionError> {
+            self.0
+                .iter()
+                .find(|(name, _)| *name == file)
+                .map(|(_, text)| text.clone())
+                .ok_or_else(|| DefinitionError::new(&self.label(file), "", "no such file"))
+        }
+    }
+
+    const POLICY: &str = r#"
+name = "orders"
+version = 1
+default_ttl = "1h"
+
+[tools.issue_refund]
+decision = "approve"
+approver_role = "finance"
+quorum = 1
+reason = "Refunds need finance."
+
+[hints.read_only]
+decision = "allow"
+"#;
+
+    fn load(agent: &str, policy: &str) -> Result<Definition, DefinitionError> {
+        let agent = format!("name = \"orders\"\nsystem_prompt = \"Refund orders.\"\n{agent}");
+        Definition::load(&Texts(vec![
+            ("agent.toml", agent),
+            ("policy.toml", policy.to_string()),
+        ]))
+    }
+
+    fn refused(agent: &str, policy: &str) -> DefinitionError {
+        load(agent, policy).expect_err("the definition is refused")
+    }
+
+    #[test]
+    fn an_mcp_tool_binds_a_server_of_the_definition_and_needs_no_spec() {
+        let definition = load(
+            r#"
+[mcp.orders]
+url = "${ORDERS_MCP_URL}"
+headers = { Authorization = "Bearer ${ORDERS_MCP_TOKEN}" }
+tools = "*"
+
+[tools.issue_refund]
+mcp = { server = "orders", tool = "issue_refund" }
+"#,
+            POLICY,
+        )
+        .unwrap();
+
+        assert_eq!(definition.mcp["orders"].url, "${ORDERS_MCP_URL}");
+        let [tool] = definition.tools.as_slice() else {
+            panic!("one tool: {:?}", definition.tools);
+        };
+        assert_eq!(
+            tool.binding,
+            ToolBinding::Mcp {
+                binding: McpToolBinding {
+                    server: "orders".into(),
+                    tool: "issue_refund".into()
+                },
+                description: None,
+                input_schema: None,
+            }
+        );
+    }
+
+    #[test]
+    fn an_mcp_tool_may_give_its_own_description_and_schema() {
+        let definition = load(
+            r#"
+[mcp.orders]
+url = "http://127.0.0.1:1/mcp"
+
+[tools.issue_refund]
+description = "Refund an order, in cents."
+input_schema = { type = "object", properties = { order_id = { type = "string" } } }
+mcp = { server = "orders", tool = "refund" }
+"#,
+            POLICY,
+        )
+        .unwrap();
+
+        let ToolBinding::Mcp {
+            description,
+            input_schema,
+            ..
+        } = &definition.tools[0].binding
+        else {
+            panic!("{:?}", definition.tools[0]);
+        };
+        assert_eq!(description.as_deref(), Some("Refund an order, in cents."));
+        assert_eq!(
+            input_schema.as_ref().unwrap()["properties"]["order_id"]["type"],
+            "string"
+        );
+    }
+
+    #[test]
+    fn a_tool_naming_an_undefined_server_is_refused() {
+        let error = refused(
+            r#"
+[tools.issue_refund]
+mcp = { server = "orderz", tool = "issue_refund" }
+"#,
+            POLICY,
+        );
+        assert_eq!(error.file, "test/agent.toml");
+        assert_eq!(error.field, "tools.issue_refund.mcp.server");
+        assert!(
+            error.message.contains("no MCP server named orderz"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_bad_server_table_names_the_server() {
+        for (body, says) in [
+            ("method = \"POST\"\nurl = \"http://x\"", "unknown field"),
+            ("url = \"http://x\"\ntools = \"all\"", "tools must be"),
+            ("headers = {}", "url"),
+        ] {
+            let error = refused(
+                &format!("[mcp.orders]\n{body}\n"),
+                "name = \"o\"\nversion = 1\ndefault_ttl = \"1h\"\n",
+            );
+            assert_eq!(error.field, "mcp.orders", "{body}: {error}");
+            assert!(error.message.contains(says), "{body}: {error}");
+        }
+    }
+
+    #[test]
+    fn a_bad_mcp_binding_or_two_bindings_are_refused() {
+        let server = "[mcp.orders]\nurl = \"http://x\"\n";
+        let cases = [
+            (
+                "[tools.issue_refund]\nmcp = { server = \"orders\" }\n",
+                "tools.issue_refund.mcp",
+            ),
+            (
+                "[tools.issue_refund]\nmcp = { server = \"orders\", tool = \"t\" }\nbuiltin = \"expense.decline\"\n",
+                "tools.issue_refund",
+            ),
+            (
+                "[tools.issue_refund]\nmcp = { server = \"orders\", tool = \"t\" }\ndescription = \" \"\n",
+                "tools.issue_refund.description",
+            ),
+            (
+                "[tools.issue_refund]\nmcp = { server = \"orders\", tool = \"t\" }\ninput_schema = { type = \"string\" }\n",
+                "tools.issue_refund.input_schema",
+            ),
+            (
+                "[tools.issue_refund]\nmcp = { server = \"orders\", tool = \"t\" }\nclaimant = \"customer\"\ninput_schema = { type = \"object\", properties = {} }\n",
+                "tools.issue_refund.claimant",
+            ),
+        ];
+        for (tool, field) in cases {
+            let error = refused(&format!("{server}{tool}"), POLICY);
+            assert_eq!(error.field, field, "{tool}: {error}");
+            assert_eq!(error.file, "test/agent.toml");
+        }
+    }
+
+    #[test]
+    fn a_listed_name_that_is_another_tools_name_is_refused_naming_both() {
+        let error = refused(
+            r#"
+[mcp.orders]
+url = "http://x/mcp"
+tools = ["get_order", "issue_refund"]
+
+[tools.issue_refund]
+builtin = "expense.decline"
+"#,
+            POLICY,
+        );
+        assert_eq!(error.field, "mcp.orders.tools");
+        assert!(
+            error.message.contains("mcp.orders lists issue_refund")
+                && error.message.contains("tools.issue_refund"),
+            "{error}"
+        );
+
+        let error = refused(
+            r#"
+[mcp.orders]
+url = "http://x/mcp"
+tools = ["issue_refund"]
+
+[mcp.billing]
+url = "http://y/mcp"
+tools = ["issue_refund"]
+"#,
+            POLICY,
+        );
+        assert!(error.message.contains("another MCP server"), "{error}");
+    }
+
+    #[test]
+    fn an_entry_binding_the_listed_tool_itself_is_no_collision() {
+        load(
+            r#"
+[mcp.orders]
+url = "http://x/mcp"
+tools = ["get_order", "issue_refund"]
+
+[tools.issue_refund]
+mcp = { server = "orders", tool = "issue_refund" }
+description = "Refund an order."
+"#,
+            POLICY,
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn a_policy_rule_for_a_tool_only_a_full_listing_may_provide_waits_for_the_listing() {
+        let everything = "[mcp.orders]\nurl = \"http://x/mcp\"\ntools = \"*\"\n";
+        assert!(load(everything, POLICY).is_ok());
+
+        let some = "[mcp.orders]\nurl = \"http://x/mcp\"\ntools = [\"get_order\"]\n";
+        let error = refused(some, POLICY);
+        assert_eq!(error.file, "test/policy.toml");
+        assert_eq!(error.field, "tools.issue_refund");
+
+        let named = "[mcp.orders]\nurl = \"http://x/mcp\"\ntools = [\"issue_refund\"]\n";
+        assert!(load(named, POLICY).is_ok());
+    }
 }

@@ -24,9 +24,29 @@
 //!
 //! [tools.reimburse]
 //! builtin = "expense.reimburse"        # a tool written in Rust, shipped with Countersign
+//!
+//! [mcp.orders]                         # a Streamable HTTP MCP server, named as you choose
+//! url = "${ORDERS_MCP_URL}"
+//! headers = { Authorization = "Bearer ${ORDERS_MCP_TOKEN}" }   # never shown, never logged
+//! timeout = "10s"                      # per request, at most 60s (30s)
+//! tools = "*"                          # optional: "*" or ["get_order", ...] adds the tools
+//!                                      # the server lists, named as it names them
+//!
+//! [tools.refund]                       # one tool of a server, under a name of your own
+//! mcp = { server = "orders", tool = "issue_refund" }
+//! description = "..."                  # optional: else the server's; so is input_schema
 //! ```
+//!
+//! MCP tools are reached lazily (see `mcp.rs`): building an agent never touches a server, so a
+//! server that is down stops no process. A process drives a run only after [`prepare`] has
+//! listed the agent's servers (specs and hints then fixed for the process); if one is down the
+//! run is refused as unavailable (HTTP 503) and nothing is written. What needs the listing is
+//! checked then, with the same file-and-field errors: a bound tool the server does not list, a
+//! listed name that is another tool's, and, for a definition with a `tools = "*"` server, a
+//! policy rule for a tool neither defined nor listed. Everything else is checked at load.
 
 mod definition;
+mod mcp;
 mod schema;
 
 use std::path::{Path, PathBuf};
@@ -35,9 +55,11 @@ use std::sync::Arc;
 pub use definition::{Definition, ModelSettings, Offline, Provider, ToolBinding, ToolDefinition};
 
 use crate::adapters::env_template::Lookup;
-use crate::engine::Agent;
+use crate::domain::ids::AgentName;
+use crate::engine::{Agent, Engine, EngineError};
 use crate::example::expense::Claims;
 use crate::ports::clock::Clock;
+use crate::ports::queue::ResumeMessage;
 use crate::ports::store::ItemStore;
 
 /// Why a definition cannot be loaded or built: the file, the field, and what is wrong.
@@ -236,4 +258,38 @@ pub fn build_all(
     wiring: &Wiring<'_>,
 ) -> Result<Vec<Agent>, DefinitionError> {
     definitions.iter().map(|d| d.build(wiring)).collect()
+}
+
+/// Makes an agent's tools ready before a run of it is driven: connects to and lists every MCP
+/// server of its definition not yet listed in this process. A server that is down refuses the
+/// run as unavailable (HTTP 503) before anything is written; the next attempt tries again.
+/// Call it before [`Engine::start`] and before a resume: it returns at once once listed.
+pub async fn prepare(engine: &Engine, agent: &AgentName) -> Result<(), EngineError> {
+    engine
+        .agent(agent)?
+        .tools
+        .prepare()
+        .await
+        .map_err(|e| EngineError::Unavailable(e.to_string()))
+}
+
+/// [`prepare`] for the agent of the run a resume message wakes, so the approved call and the
+/// model's next turn see every tool. A run that cannot be read is left to the resume to report.
+pub async fn prepare_resume(engine: &Engine, message: &ResumeMessage) -> Result<(), EngineError> {
+    match engine.run(&message.tenant, &message.run_id).await {
+        Ok(run) => prepare(engine, &run.agent).await,
+        Err(_) => Ok(()),
+    }
+}
+
+/// [`prepare`] for every agent, as far as their servers answer: a process that resumes runs in
+/// place (a decision, a cancellation or an expiry in the embedded mode) calls it first, so a
+/// resumed run sees every tool. A server that is down is logged and tried again next time; a
+/// named MCP tool still connects by itself when called, a listed one is "no such tool" then.
+pub async fn prepare_all(engine: &Engine) {
+    for agent in engine.agents().iter() {
+        if let Err(error) = agent.tools.prepare().await {
+            tracing::warn!(agent = %agent.name, %error, "its MCP tools are not listed yet");
+        }
+    }
 }

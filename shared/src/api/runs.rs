@@ -84,6 +84,21 @@ pub(super) async fn start(
         task,
         approval_ttl,
     };
+    match crate::agents::prepare(&state.engine, &start.agent).await {
+        Err(error @ EngineError::Unavailable(_)) => {
+            // Logged in full (a server's address, the definition's file); told in general terms.
+            tracing::error!(%error, agent = %start.agent, "its tools cannot be reached");
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                format!(
+                    "the {} agent cannot reach its tools now; nothing was started, try again later",
+                    start.agent
+                ),
+            ));
+        }
+        other => other?,
+    }
     let report = state.engine.start(start).await?;
     tracing::Span::current().record("run", tracing::field::display(&report.run_id));
     tracing::info!(status = %report.status, "started");

@@ -53,10 +53,31 @@ pub trait Tool: Send + Sync {
     }
 }
 
+/// Tools an agent gets only once something lists them, such as every tool an MCP server
+/// lists: none until [`ToolSource::prepare`] succeeds, then fixed for the life of the process.
+#[async_trait]
+pub trait ToolSource: Send + Sync {
+    /// Lists the tools, once; after a success, later calls return at once.
+    async fn prepare(&self) -> Result<(), Unprepared>;
+
+    /// A listed tool; `None` before a successful [`ToolSource::prepare`].
+    fn get(&self, name: &str) -> Option<&Arc<dyn Tool>>;
+
+    /// The listed tools' specs; none before a successful [`ToolSource::prepare`].
+    fn specs(&self) -> Vec<ToolSpec>;
+}
+
+/// Why an agent's tools cannot be made ready now (a server they come from is down).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Unprepared(pub String);
+
 /// The tools an agent may call, by name.
 #[derive(Clone, Default)]
 pub struct Toolbox {
     tools: BTreeMap<String, Arc<dyn Tool>>,
+    /// Tools known once listed; a name bound in `tools` comes first.
+    sources: Vec<Arc<dyn ToolSource>>,
 }
 
 impl Toolbox {
@@ -69,11 +90,32 @@ impl Toolbox {
         self
     }
 
+    /// Adds tools that exist once `source` has listed them.
+    pub fn with_source(mut self, source: Arc<dyn ToolSource>) -> Self {
+        self.sources.push(source);
+        self
+    }
+
     pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
-        self.tools.get(name)
+        self.tools
+            .get(name)
+            .or_else(|| self.sources.iter().find_map(|source| source.get(name)))
     }
 
     pub fn specs(&self) -> Vec<ToolSpec> {
-        self.tools.values().map(|t| t.spec()).collect()
+        let mut specs: Vec<ToolSpec> = self.tools.values().map(|t| t.spec()).collect();
+        for source in &self.sources {
+            specs.extend(source.specs());
+        }
+        specs
+    }
+
+    /// Lists every source's tools (once per process); a process that drives runs calls it
+    /// before it lets the model see the tools or calls one.
+    pub async fn prepare(&self) -> Result<(), Unprepared> {
+        for source in &self.sources {
+            source.prepare().await?;
+        }
+        Ok(())
     }
 }
