@@ -4,6 +4,7 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use super::action::{Action, ActionStatus, ToolOutcome};
 use super::approval::{Choice, DecisionEffect};
 use super::args::{Args, ArgsHash};
 use super::identity::Actor;
@@ -124,7 +125,65 @@ pub enum AuditEvent {
     },
 }
 
+impl AuditEntry {
+    pub fn new(run: &RunId, actor: Actor, event: AuditEvent, at: DateTime<Utc>) -> Self {
+        Self {
+            at,
+            run_id: run.clone(),
+            actor,
+            event,
+        }
+    }
+}
+
 impl AuditEvent {
+    /// An action version proposed (by the agent, or by an edit) and what policy said of it.
+    pub fn proposed(action: &Action, verdict: Verdict, approval_id: Option<ApprovalId>) -> Self {
+        AuditEvent::Proposed {
+            action_id: action.id.clone(),
+            version: action.version,
+            tool: action.tool.clone(),
+            args: action.args.clone(),
+            args_hash: action.args_hash.clone(),
+            explanation: action.explanation.clone(),
+            verdict,
+            approval_id,
+        }
+    }
+
+    /// An action version claimed to run, and who let it.
+    pub fn executing(action: &Action, authorized_by: &[Actor]) -> Self {
+        AuditEvent::Executing {
+            action_id: action.id.clone(),
+            version: action.version,
+            args_hash: action.args_hash.clone(),
+            authorized_by: authorized_by.to_vec(),
+        }
+    }
+
+    /// What a call came back with, as recorded on its action.
+    pub fn outcome(action: &Action, outcome: &ToolOutcome) -> Self {
+        let result = action
+            .result
+            .as_ref()
+            .map(|r| r.content.clone())
+            .unwrap_or_default();
+        match outcome {
+            ToolOutcome::Unknown { detail } => AuditEvent::Unknown {
+                action_id: action.id.clone(),
+                version: action.version,
+                detail: detail.clone(),
+            },
+            _ => AuditEvent::Executed {
+                action_id: action.id.clone(),
+                version: action.version,
+                authorized_by: action.authorized_by.clone(),
+                succeeded: action.status == ActionStatus::Succeeded,
+                result,
+            },
+        }
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             AuditEvent::Started { .. } => "started",

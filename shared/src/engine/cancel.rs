@@ -2,11 +2,11 @@
 
 use tracing::Instrument;
 
-use super::drive::{RunReport, entry, run_index};
-use super::records::{Tx, keys};
+use super::RunReport;
+use super::records::{Tx, keys, run_index};
 use super::{AWAITING_ACTION_VER, CAS_ATTEMPTS, Engine, EngineError};
 use crate::domain::action::ActionStatus;
-use crate::domain::audit::AuditEvent;
+use crate::domain::audit::{AuditEntry, AuditEvent};
 use crate::domain::identity::{Actor, Identity};
 use crate::domain::ids::RunId;
 use crate::ports::store::StoreError;
@@ -76,7 +76,7 @@ impl Engine {
             };
             tx.audit(
                 &tenant,
-                entry(run_id, Actor::person(&who.person), event, now),
+                AuditEntry::new(run_id, Actor::person(&who.person), event, now),
             );
             tx.update(
                 keys::run_pk(&tenant, run_id),

@@ -4,16 +4,16 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use tracing::Instrument;
 
-use super::drive::{RunReport, deadline, entry};
 use super::records::{OutboxMessage, Tx, keys};
 use super::{AWAITING_ACTION_VER, Agent, CAS_ATTEMPTS, Delivery, Engine, EngineError};
+use super::{RunReport, deadline};
 use crate::domain::action::{Action, ActionStatus, ProposedCall, ToolOutcome};
 use crate::domain::approval::{
     Approval, ApprovalStatus, Asking, Choice, Decided, Decision, DecisionEffect, DecisionRequest,
     PreviousVersion, Refusal,
 };
 use crate::domain::args::Args;
-use crate::domain::audit::AuditEvent;
+use crate::domain::audit::{AuditEntry, AuditEvent};
 use crate::domain::identity::{Actor, Identity};
 use crate::domain::ids::ApprovalId;
 use crate::domain::policy::{Requirement, Verdict};
@@ -127,7 +127,7 @@ impl Engine {
             };
             tx.audit(
                 &approval.tenant,
-                entry(&approval.run_id, Actor::person(&who.person), event, now),
+                AuditEntry::new(&approval.run_id, Actor::person(&who.person), event, now),
             );
             let next_approval = match &decision.effect {
                 DecisionEffect::Counted { .. } => None,
@@ -263,7 +263,7 @@ impl Engine {
         };
         tx.audit(
             &action.tenant,
-            entry(&action.run_id, Actor::person(by), event, now),
+            AuditEntry::new(&action.run_id, Actor::person(by), event, now),
         );
         self.resume_later(tx, &action);
         Ok(())
@@ -322,7 +322,10 @@ impl Engine {
             action_id: approval.action_id.clone(),
             version: approval.action_version,
         };
-        tx.audit(&approval.tenant, entry(&approval.run_id, actor, event, now));
+        tx.audit(
+            &approval.tenant,
+            AuditEntry::new(&approval.run_id, actor, event, now),
+        );
         tx.update(
             keys::approval_pk(&approval.tenant, &approval.id),
             keys::APPROVAL_SK.into(),
@@ -391,10 +394,10 @@ impl Engine {
                     )
                     .expect("a new version can be approved");
                 self.write_superseded(tx, approval, version, None, now, editor);
-                let event = proposed_event(&action, verdict.clone(), None);
+                let event = AuditEvent::proposed(&action, verdict.clone(), None);
                 tx.audit(
                     &action.tenant,
-                    entry(&action.run_id, Actor::person(editor), event, now),
+                    AuditEntry::new(&action.run_id, Actor::person(editor), event, now),
                 );
                 tx.create(
                     keys::run_pk(&action.tenant, &action.run_id),
@@ -421,7 +424,7 @@ impl Engine {
                 };
                 tx.audit(
                     &next.tenant,
-                    entry(&next.run_id, Actor::person(editor), event, now),
+                    AuditEntry::new(&next.run_id, Actor::person(editor), event, now),
                 );
                 if next.status == ApprovalStatus::Approved {
                     let mut action = next.awaiting_action();
@@ -455,7 +458,7 @@ impl Engine {
         };
         tx.audit(
             &approval.tenant,
-            entry(&approval.run_id, Actor::person(editor), event, now),
+            AuditEntry::new(&approval.run_id, Actor::person(editor), event, now),
         );
     }
 
@@ -554,22 +557,5 @@ impl Engine {
             vec![]
         };
         Ok(Some(RunReport::of(&run.value, waiting)))
-    }
-}
-
-pub(super) fn proposed_event(
-    action: &Action,
-    verdict: Verdict,
-    approval_id: Option<ApprovalId>,
-) -> AuditEvent {
-    AuditEvent::Proposed {
-        action_id: action.id.clone(),
-        version: action.version,
-        tool: action.tool.clone(),
-        args: action.args.clone(),
-        args_hash: action.args_hash.clone(),
-        explanation: action.explanation.clone(),
-        verdict,
-        approval_id,
     }
 }

@@ -3,12 +3,10 @@
 
 use std::time::Duration;
 
-use serde::Serialize;
 use tracing::Instrument;
 
-use super::decide::proposed_event;
-use super::records::{OutboxEntry, Stored, Tx, keys, load};
-use super::{AWAITING_ACTION_VER, Agent, Engine, EngineError};
+use super::records::{OutboxEntry, Stored, Tx, action_index, keys, load, run_index};
+use super::{AWAITING_ACTION_VER, Agent, Engine, EngineError, RunReport, deadline};
 use crate::domain::action::{Action, ActionStatus, ProposedCall, ToolOutcome};
 use crate::domain::approval::{Approval, ApprovalStatus, Asking};
 use crate::domain::args::Args;
@@ -17,11 +15,11 @@ use crate::domain::conversation::{Message, Role, ToolResultText};
 use crate::domain::identity::Actor;
 use crate::domain::ids::{ActionId, ActionVersion, AgentName, PersonId, RunId, TenantId};
 use crate::domain::notice::NoticeKind;
-use crate::domain::policy::{MAX_TTL, Requirement, Verdict};
-use crate::domain::run::{HeldCall, PausedTurn, Run, RunStatus};
+use crate::domain::policy::{Requirement, Verdict};
+use crate::domain::run::{HeldCall, PausedTurn, Run};
 use crate::ports::model::ModelRequest;
 use crate::ports::scheduler::Wake;
-use crate::ports::store::{IndexKey, StoreError};
+use crate::ports::store::StoreError;
 use crate::ports::tools::ToolCall;
 
 /// A request to start a run.
@@ -39,99 +37,7 @@ pub struct StartRun {
     pub approval_ttl: Option<Duration>,
 }
 
-/// Where a run stands after a call into the engine.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct RunReport {
-    pub run_id: RunId,
-    pub tenant: TenantId,
-    pub agent: AgentName,
-    pub status: RunStatus,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub answer: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    /// The approvals the run now waits on.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub approvals: Vec<Approval>,
-}
-
-impl RunReport {
-    pub(super) fn of(run: &Run, approvals: Vec<Approval>) -> Self {
-        Self {
-            run_id: run.id.clone(),
-            tenant: run.tenant.clone(),
-            agent: run.agent.clone(),
-            status: run.status,
-            answer: run.answer.clone(),
-            error: run.error.clone(),
-            approvals,
-        }
-    }
-}
-
 const MAX_TASK_LEN: usize = 4_000;
-
-/// How long an action may sit in `executing` before the sweep asks its tool what happened.
-pub(super) const STALE_EXECUTION: chrono::Duration = chrono::Duration::minutes(15);
-
-/// The index entry that brings an unsettled action back to the sweep at `due`.
-pub(super) fn reconcile_key(action: &Action, due: chrono::DateTime<chrono::Utc>) -> IndexKey {
-    IndexKey {
-        pk: keys::RECONCILE_INDEX.into(),
-        sk: format!("{}#{}", keys::sortable(due), action.key()),
-    }
-}
-
-/// How long a run may stay `running` without its record being written before the sweep takes
-/// the process driving it for dead.
-pub(super) const RUN_LEASE: chrono::Duration = chrono::Duration::minutes(15);
-
-/// The index entry of a run in its current state: a running run holds a lease until
-/// `updated_at + RUN_LEASE`, renewed each time it is written running (started or resumed).
-pub(super) fn run_index(run: &Run) -> Option<IndexKey> {
-    (run.status == RunStatus::Running)
-        .then(|| keys::lease(&run.tenant, &run.id, run.updated_at + RUN_LEASE))
-}
-
-/// The index entry of an action in its current state, if it has one.
-pub(super) fn action_index(action: &Action) -> Option<IndexKey> {
-    match action.status {
-        ActionStatus::Executing => Some(reconcile_key(action, action.updated_at + STALE_EXECUTION)),
-        ActionStatus::Unknown => Some(reconcile_key(action, action.updated_at)),
-        _ => None,
-    }
-}
-
-/// When an approval opened at `now` with this time to decide expires. Policy and `start` keep
-/// times to decide within [`MAX_TTL`]; anything else is refused rather than overflowing.
-pub(super) fn deadline(
-    now: chrono::DateTime<chrono::Utc>,
-    ttl: chrono::Duration,
-) -> Result<chrono::DateTime<chrono::Utc>, EngineError> {
-    let bounded = chrono::Duration::from_std(MAX_TTL).is_ok_and(|max| ttl <= max);
-    now.checked_add_signed(ttl)
-        .filter(|_| bounded)
-        .ok_or_else(|| {
-            EngineError::BadInput(format!(
-                "a time to decide of {}s is longer than 90 days",
-                ttl.num_seconds()
-            ))
-        })
-}
-
-pub(super) fn entry(
-    run: &RunId,
-    actor: Actor,
-    event: AuditEvent,
-    at: chrono::DateTime<chrono::Utc>,
-) -> AuditEntry {
-    AuditEntry {
-        at,
-        run_id: run.clone(),
-        actor,
-        event,
-    }
-}
 
 impl Engine {
     /// Starts a run and drives it until it is done, failed or paused for a person.
@@ -191,7 +97,7 @@ impl Engine {
         };
         tx.audit(
             &run.tenant,
-            entry(&run.id, Actor::person(&run.requested_by), started, now),
+            AuditEntry::new(&run.id, Actor::person(&run.requested_by), started, now),
         );
         self.commit(tx).await?;
 
@@ -370,10 +276,10 @@ impl Engine {
                 approval.created_at,
             );
         }
-        let event = proposed_event(&action, verdict, Some(approval.id.clone()));
+        let event = AuditEvent::proposed(&action, verdict, Some(approval.id.clone()));
         tx.audit(
             tenant,
-            entry(&approval.run_id, proposer, event, approval.created_at),
+            AuditEntry::new(&approval.run_id, proposer, event, approval.created_at),
         );
         debug_assert_eq!(AWAITING_ACTION_VER, 1, "created actions start at version 1");
         tx.create(
@@ -410,7 +316,7 @@ impl Engine {
         let ids = approvals.iter().map(|a| a.id.clone()).collect();
         tx.audit(
             &run.value.tenant,
-            entry(
+            AuditEntry::new(
                 &run.value.id,
                 Actor::Agent,
                 AuditEvent::Paused { approvals: ids },
@@ -515,11 +421,19 @@ impl Engine {
 
         let mut tx = Tx::new();
         tx.create(pk.clone(), sk.clone(), action_index(&action), &action);
-        let proposed = proposed_event(&action, Verdict::Allow, None);
-        tx.audit(&tenant, entry(&run_id, Actor::Agent, proposed, now));
+        let proposed = AuditEvent::proposed(&action, Verdict::Allow, None);
         tx.audit(
             &tenant,
-            entry(&run_id, policy, executing_event(&action, &authorized), now),
+            AuditEntry::new(&run_id, Actor::Agent, proposed, now),
+        );
+        tx.audit(
+            &tenant,
+            AuditEntry::new(
+                &run_id,
+                policy,
+                AuditEvent::executing(&action, &authorized),
+                now,
+            ),
         );
         self.commit(tx).await?;
 
@@ -532,10 +446,10 @@ impl Engine {
         tx.update(pk.clone(), sk.clone(), action_index(&action), &action, 1);
         tx.audit(
             &tenant,
-            entry(
+            AuditEntry::new(
                 &run_id,
                 Actor::system("engine"),
-                outcome_event(&action, &outcome),
+                AuditEvent::outcome(&action, &outcome),
                 now,
             ),
         );
@@ -579,10 +493,10 @@ impl Engine {
             None,
             &action,
         );
-        let proposed = proposed_event(&action, Verdict::Deny { reason }, None);
+        let proposed = AuditEvent::proposed(&action, Verdict::Deny { reason }, None);
         tx.audit(
             &tenant,
-            entry(
+            AuditEntry::new(
                 &run_id,
                 Actor::Policy {
                     version: agent.policy.version,
@@ -635,7 +549,7 @@ impl Engine {
         );
         tx.audit(
             &run.value.tenant,
-            entry(
+            AuditEntry::new(
                 &run.value.id,
                 Actor::Agent,
                 AuditEvent::Done { answer },
@@ -665,7 +579,7 @@ impl Engine {
         );
         tx.audit(
             &run.value.tenant,
-            entry(
+            AuditEntry::new(
                 &run.value.id,
                 Actor::system("engine"),
                 AuditEvent::Failed { error },
@@ -674,36 +588,5 @@ impl Engine {
         );
         let outbox = self.commit_run(tx, &run.value).await?;
         Ok((RunReport::of(&run.value, vec![]), outbox))
-    }
-}
-
-pub(super) fn executing_event(action: &Action, authorized_by: &[Actor]) -> AuditEvent {
-    AuditEvent::Executing {
-        action_id: action.id.clone(),
-        version: action.version,
-        args_hash: action.args_hash.clone(),
-        authorized_by: authorized_by.to_vec(),
-    }
-}
-
-pub(super) fn outcome_event(action: &Action, outcome: &ToolOutcome) -> AuditEvent {
-    let result = action
-        .result
-        .as_ref()
-        .map(|r| r.content.clone())
-        .unwrap_or_default();
-    match outcome {
-        ToolOutcome::Unknown { detail } => AuditEvent::Unknown {
-            action_id: action.id.clone(),
-            version: action.version,
-            detail: detail.clone(),
-        },
-        _ => AuditEvent::Executed {
-            action_id: action.id.clone(),
-            version: action.version,
-            authorized_by: action.authorized_by.clone(),
-            succeeded: action.status == ActionStatus::Succeeded,
-            result,
-        },
     }
 }

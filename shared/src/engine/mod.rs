@@ -16,10 +16,11 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
+use serde::Serialize;
 
 pub use agents::{Agent, Agents, Limits};
 pub use decide::DecisionReport;
-pub use drive::{RunReport, StartRun};
+pub use drive::StartRun;
 pub use error::{EngineError, ErrorKind};
 pub use history::History;
 pub use notify::{DEFAULT_REMIND_BEFORE, MAX_NOTICE_ATTEMPTS, NoticeReport};
@@ -28,8 +29,9 @@ pub use sweep::SweepReport;
 
 use crate::domain::approval::Approval;
 use crate::domain::ids::{ActionId, ActionVersion, AgentName, ApprovalId, RunId, TenantId};
+use crate::domain::policy::MAX_TTL;
 use crate::domain::policy::Policy;
-use crate::domain::run::Run;
+use crate::domain::run::{Run, RunStatus};
 use crate::ports::clock::{Clock, SystemClock};
 use crate::ports::notifier::Notifier;
 use crate::ports::queue::ResumeQueue;
@@ -275,6 +277,53 @@ impl Engine {
         )
         .await
     }
+}
+
+/// Where a run stands after a call into the engine.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunReport {
+    pub run_id: RunId,
+    pub tenant: TenantId,
+    pub agent: AgentName,
+    pub status: RunStatus,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub answer: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The approvals the run now waits on.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub approvals: Vec<Approval>,
+}
+
+impl RunReport {
+    pub(crate) fn of(run: &Run, approvals: Vec<Approval>) -> Self {
+        Self {
+            run_id: run.id.clone(),
+            tenant: run.tenant.clone(),
+            agent: run.agent.clone(),
+            status: run.status,
+            answer: run.answer.clone(),
+            error: run.error.clone(),
+            approvals,
+        }
+    }
+}
+
+/// When an approval opened at `now` with this time to decide expires. Policy and `start` keep
+/// times to decide within [`MAX_TTL`]; anything else is refused rather than overflowing.
+pub(crate) fn deadline(
+    now: chrono::DateTime<chrono::Utc>,
+    ttl: chrono::Duration,
+) -> Result<chrono::DateTime<chrono::Utc>, EngineError> {
+    let bounded = chrono::Duration::from_std(MAX_TTL).is_ok_and(|max| ttl <= max);
+    now.checked_add_signed(ttl)
+        .filter(|_| bounded)
+        .ok_or_else(|| {
+            EngineError::BadInput(format!(
+                "a time to decide of {}s is longer than 90 days",
+                ttl.num_seconds()
+            ))
+        })
 }
 
 /// An approval's action item is written once when the approval opens and first changes when the

@@ -11,11 +11,10 @@ use serde::Serialize;
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
-use super::drive::entry;
 use super::records::{NotifyMessage, OutboxEntry, OutboxMessage, Stored, Tx, keys};
 use super::{Engine, EngineError};
 use crate::domain::approval::{Approval, ApprovalStatus};
-use crate::domain::audit::AuditEvent;
+use crate::domain::audit::{AuditEntry, AuditEvent};
 use crate::domain::identity::Actor;
 use crate::domain::money::Amount;
 use crate::domain::notice::{Notice, NoticeKind};
@@ -299,7 +298,10 @@ impl Engine {
                     notice: message.notice.as_str().into(),
                     destination: message.label.clone(),
                 };
-                tx.audit(&outbox.tenant, entry(&outbox.run_id, notifier, event, now));
+                tx.audit(
+                    &outbox.tenant,
+                    AuditEntry::new(&outbox.run_id, notifier, event, now),
+                );
                 Settled::Sent
             }
             Err(error) => {
@@ -315,7 +317,10 @@ impl Engine {
                         attempts: message.attempts,
                         error: error.to_string(),
                     };
-                    tx.audit(&outbox.tenant, entry(&outbox.run_id, notifier, event, now));
+                    tx.audit(
+                        &outbox.tenant,
+                        AuditEntry::new(&outbox.run_id, notifier, event, now),
+                    );
                     Settled::Failed
                 } else {
                     let next = now + retry_delay(message.attempts);

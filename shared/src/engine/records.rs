@@ -8,9 +8,11 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::error::EngineError;
+use crate::domain::action::{Action, ActionStatus};
 use crate::domain::audit::AuditEntry;
 use crate::domain::ids::{ActionId, ActionVersion, ApprovalId, OutboxId, RunId, TenantId};
 use crate::domain::notice::NoticeKind;
+use crate::domain::run::{Run, RunStatus};
 use crate::ports::queue::ResumeMessage;
 use crate::ports::store::{Condition, IndexKey, Item, ItemStore, Write};
 
@@ -87,6 +89,39 @@ pub mod keys {
     /// The upper bound of index keys due at `at`.
     pub fn due_until(at: DateTime<Utc>) -> String {
         format!("{}#\u{10FFFF}", sortable(at))
+    }
+}
+
+// ---------------------------------------------------------------- index rules
+
+/// How long an action may sit in `executing` before the sweep asks its tool what happened.
+pub(crate) const STALE_EXECUTION: chrono::Duration = chrono::Duration::minutes(15);
+
+/// The index entry that brings an unsettled action back to the sweep at `due`.
+pub(crate) fn reconcile_key(action: &Action, due: chrono::DateTime<chrono::Utc>) -> IndexKey {
+    IndexKey {
+        pk: keys::RECONCILE_INDEX.into(),
+        sk: format!("{}#{}", keys::sortable(due), action.key()),
+    }
+}
+
+/// How long a run may stay `running` without its record being written before the sweep takes
+/// the process driving it for dead.
+pub(crate) const RUN_LEASE: chrono::Duration = chrono::Duration::minutes(15);
+
+/// The index entry of a run in its current state: a running run holds a lease until
+/// `updated_at + RUN_LEASE`, renewed each time it is written running (started or resumed).
+pub(crate) fn run_index(run: &Run) -> Option<IndexKey> {
+    (run.status == RunStatus::Running)
+        .then(|| keys::lease(&run.tenant, &run.id, run.updated_at + RUN_LEASE))
+}
+
+/// The index entry of an action in its current state, if it has one.
+pub(crate) fn action_index(action: &Action) -> Option<IndexKey> {
+    match action.status {
+        ActionStatus::Executing => Some(reconcile_key(action, action.updated_at + STALE_EXECUTION)),
+        ActionStatus::Unknown => Some(reconcile_key(action, action.updated_at)),
+        _ => None,
     }
 }
 

@@ -4,14 +4,12 @@
 use serde::Serialize;
 use tracing::Instrument;
 
-use super::drive::{
-    RunReport, action_index, deadline, entry, executing_event, outcome_event, run_index,
-};
-use super::records::{OutboxEntry, Stored, Tx, keys, outbox_key};
+use super::records::{OutboxEntry, Stored, Tx, action_index, keys, outbox_key, run_index};
 use super::{CAS_ATTEMPTS, Engine, EngineError};
+use super::{RunReport, deadline};
 use crate::domain::action::{Action, ActionStatus, ToolOutcome};
 use crate::domain::approval::{Approval, Asking};
-use crate::domain::audit::AuditEvent;
+use crate::domain::audit::{AuditEntry, AuditEvent};
 use crate::domain::identity::Actor;
 use crate::domain::notice::NoticeKind;
 use crate::domain::run::Run;
@@ -144,10 +142,10 @@ impl Engine {
         let authorized = action.value.authorized_by.clone();
         tx.audit(
             &tenant,
-            entry(
+            AuditEntry::new(
                 &run_id,
                 Actor::system("resume"),
-                executing_event(&action.value, &authorized),
+                AuditEvent::executing(&action.value, &authorized),
                 now,
             ),
         );
@@ -190,7 +188,9 @@ impl Engine {
             .record(&outcome, now)
             .map_err(|e| EngineError::Corrupt(e.to_string()))?;
         let event = match (&outcome, reconciling) {
-            (ToolOutcome::Unknown { .. }, _) | (_, false) => outcome_event(&action.value, &outcome),
+            (ToolOutcome::Unknown { .. }, _) | (_, false) => {
+                AuditEvent::outcome(&action.value, &outcome)
+            }
             (_, true) => AuditEvent::Reconciled {
                 action_id: action.value.id.clone(),
                 version: action.value.version,
@@ -227,7 +227,7 @@ impl Engine {
             tx.update(pk.clone(), sk.clone(), index, &action.value, action.ver);
             tx.audit(
                 &tenant,
-                entry(&run_id, Actor::system("resume"), event.clone(), now),
+                AuditEntry::new(&run_id, Actor::system("resume"), event.clone(), now),
             );
             if action.value.status == ActionStatus::Unknown
                 || !run.value.is_waiting_on(&action.value.id)
@@ -322,7 +322,7 @@ impl Engine {
                 .map_err(|e| EngineError::Corrupt(e.to_string()))?;
             tx.audit(
                 &updated.tenant,
-                entry(
+                AuditEntry::new(
                     &updated.id,
                     Actor::system("resume"),
                     AuditEvent::Resumed { results },
@@ -416,7 +416,7 @@ impl Engine {
         };
         tx.audit(
             tenant,
-            entry(
+            AuditEntry::new(
                 &recovery.run_id,
                 Actor::system("resume"),
                 event,

@@ -6,12 +6,13 @@ use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 use tracing::Instrument;
 
-use super::drive::{STALE_EXECUTION, entry, reconcile_key, run_index};
-use super::records::{OutboxEntry, OutboxMessage, Stored, Tx, decode, keys};
+use super::records::{
+    OutboxEntry, OutboxMessage, STALE_EXECUTION, Stored, Tx, decode, keys, reconcile_key, run_index,
+};
 use super::{Delivery, Engine, EngineError, NoticeReport};
 use crate::domain::action::{Action, ActionStatus, ToolOutcome};
 use crate::domain::approval::Approval;
-use crate::domain::audit::AuditEvent;
+use crate::domain::audit::{AuditEntry, AuditEvent};
 use crate::domain::identity::Actor;
 use crate::domain::ids::{ApprovalId, RunId, TenantId};
 use crate::domain::notice::NoticeKind;
@@ -306,7 +307,10 @@ impl Engine {
             run.ver,
         );
         let event = AuditEvent::Failed { error };
-        tx.audit(&tenant, entry(&run_id, Actor::system("sweep"), event, now));
+        tx.audit(
+            &tenant,
+            AuditEntry::new(&run_id, Actor::system("sweep"), event, now),
+        );
         match self.commit(tx).await {
             Ok(_) => {
                 tracing::warn!("failed a run whose lease ran out");
