@@ -64,6 +64,72 @@ pub enum ToolOutcome {
     },
 }
 
+/// Why a proposed call did not run, as the model reads it: a plain answer, never an error to
+/// work around. The one place these words are written, and read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotExecuted<'a> {
+    /// More calls in one turn than the agent's limit.
+    OverTurnLimit {
+        limit: usize,
+    },
+    /// The arguments are not a JSON object the engine can hash.
+    BadArguments {
+        why: &'a str,
+    },
+    Denied {
+        reason: &'a str,
+    },
+    Rejected {
+        by: &'a str,
+        reason: &'a str,
+    },
+    Expired {
+        deadline: &'a str,
+    },
+    Cancelled {
+        by: &'a str,
+    },
+}
+
+impl NotExecuted<'_> {
+    pub const PREFIX: &'static str = "Not executed: ";
+    pub const DO_NOT_RETRY: &'static str = " Do not retry it.";
+
+    /// What the model is told.
+    pub fn told(&self) -> String {
+        let (why, final_word) = match self {
+            NotExecuted::OverTurnLimit { limit } => {
+                (format!("at most {limit} calls per turn."), false)
+            }
+            NotExecuted::BadArguments { why } => (format!("{why}."), false),
+            NotExecuted::Denied { reason } => {
+                (format!("policy denies this call ({reason})."), true)
+            }
+            NotExecuted::Rejected { by, reason } => {
+                (format!("{by} rejected this call: {reason}."), true)
+            }
+            NotExecuted::Expired { deadline } => (
+                format!(
+                    "nobody decided before the deadline ({deadline}), so the approval expired."
+                ),
+                true,
+            ),
+            NotExecuted::Cancelled { by } => (format!("{by} cancelled the run."), false),
+        };
+        let tail = if final_word { Self::DO_NOT_RETRY } else { "" };
+        format!("{}{why}{tail}", Self::PREFIX)
+    }
+
+    /// The reason inside a told text, without its framing; `None` if the call ran.
+    pub fn reason_in(told: &str) -> Option<&str> {
+        let why = told.strip_prefix(Self::PREFIX)?;
+        Some(
+            why.trim_end_matches(Self::DO_NOT_RETRY)
+                .trim_end_matches('.'),
+        )
+    }
+}
+
 /// A transition the state machine does not have.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("action {action}:{version} is {from}, so it cannot become {to}")]

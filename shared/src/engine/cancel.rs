@@ -5,7 +5,7 @@ use tracing::Instrument;
 use super::RunReport;
 use super::records::{Tx, keys, run_index};
 use super::{AWAITING_ACTION_VER, CAS_ATTEMPTS, Engine, EngineError};
-use crate::domain::action::ActionStatus;
+use crate::domain::action::{ActionStatus, NotExecuted};
 use crate::domain::audit::{AuditEntry, AuditEvent};
 use crate::domain::identity::{Actor, Identity};
 use crate::domain::ids::RunId;
@@ -51,7 +51,10 @@ impl Engine {
             for mut approval in open {
                 approval.value.cancel(now);
                 let mut action = approval.value.awaiting_action();
-                let told = format!("Not executed: {} cancelled the run.", who.person);
+                let told = NotExecuted::Cancelled {
+                    by: who.person.as_str(),
+                }
+                .told();
                 action
                     .close(ActionStatus::Cancelled, told, now)
                     .expect("a waiting action can be cancelled");

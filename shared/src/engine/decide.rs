@@ -7,7 +7,7 @@ use tracing::Instrument;
 use super::records::{OutboxMessage, Tx, keys};
 use super::{AWAITING_ACTION_VER, Agent, CAS_ATTEMPTS, Delivery, Engine, EngineError};
 use super::{RunReport, deadline};
-use crate::domain::action::{Action, ActionStatus, ProposedCall, ToolOutcome};
+use crate::domain::action::{Action, ActionStatus, NotExecuted, ProposedCall, ToolOutcome};
 use crate::domain::approval::{
     Approval, ApprovalStatus, Asking, Choice, Decided, Decision, DecisionEffect, DecisionRequest,
     PreviousVersion, Refusal,
@@ -143,10 +143,11 @@ impl Engine {
                     let Choice::Reject { reason } = &decision.choice else {
                         unreachable!("a rejection has a reason")
                     };
-                    let told = format!(
-                        "Not executed: {} rejected this call: {reason}. Do not retry it.",
-                        who.person
-                    );
+                    let told = NotExecuted::Rejected {
+                        by: who.person.as_str(),
+                        reason,
+                    }
+                    .told();
                     let mut action = approval.awaiting_action();
                     action
                         .close(ActionStatus::Rejected, told, now)
@@ -309,10 +310,11 @@ impl Engine {
         now: DateTime<Utc>,
     ) {
         debug_assert_eq!(approval.status, ApprovalStatus::Expired);
-        let told = format!(
-            "Not executed: nobody decided before the deadline ({}), so the approval expired. Do not retry it.",
-            keys::sortable(approval.expires_at)
-        );
+        let deadline = keys::sortable(approval.expires_at);
+        let told = NotExecuted::Expired {
+            deadline: &deadline,
+        }
+        .told();
         let mut action = approval.awaiting_action();
         action
             .close(ActionStatus::Expired, told, now)

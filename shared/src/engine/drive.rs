@@ -7,7 +7,7 @@ use tracing::Instrument;
 
 use super::records::{OutboxEntry, Stored, Tx, action_index, keys, load, run_index};
 use super::{AWAITING_ACTION_VER, Agent, Engine, EngineError, RunReport, deadline};
-use crate::domain::action::{Action, ActionStatus, ProposedCall, ToolOutcome};
+use crate::domain::action::{Action, ActionStatus, NotExecuted, ProposedCall, ToolOutcome};
 use crate::domain::approval::{Approval, ApprovalStatus, Asking};
 use crate::domain::args::Args;
 use crate::domain::audit::{AuditEntry, AuditEvent};
@@ -156,19 +156,19 @@ impl Engine {
                     result,
                 };
                 if n >= agent.limits.max_calls_per_turn {
-                    let told = format!(
-                        "Not executed: at most {} calls per turn.",
-                        agent.limits.max_calls_per_turn
-                    );
+                    let told = NotExecuted::OverTurnLimit {
+                        limit: agent.limits.max_calls_per_turn,
+                    }
+                    .told();
                     calls.push(held(Some(ToolResultText::error(told))));
                     continue;
                 }
                 let args = match Args::new(input) {
                     Ok(args) => args,
                     Err(error) => {
-                        calls.push(held(Some(ToolResultText::error(format!(
-                            "Not executed: {error}."
-                        )))));
+                        let why = error.to_string();
+                        let told = NotExecuted::BadArguments { why: &why }.told();
+                        calls.push(held(Some(ToolResultText::error(told))));
                         continue;
                     }
                 };
@@ -480,7 +480,7 @@ impl Engine {
     ) -> Result<ToolResultText, EngineError> {
         let now = self.now();
         let mut action = Action::propose(proposal, now);
-        let told = format!("Not executed: policy denies this call ({reason}). Do not retry it.");
+        let told = NotExecuted::Denied { reason: &reason }.told();
         action
             .close(ActionStatus::Rejected, told, now)
             .expect("a new action can be refused");

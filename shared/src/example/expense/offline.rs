@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 use serde_json::{Value, json};
 
+use crate::domain::action::NotExecuted;
 use crate::domain::conversation::{Block, Role, StopReason};
 use crate::domain::money::Amount;
 use crate::ports::model::{Model, ModelError, ModelReply, ModelRequest};
@@ -174,10 +175,7 @@ fn decide(turn: usize, claim: &Value, limit: Option<&Value>, similar: &Value) ->
 /// The last word, once the proposal came back.
 fn report(turn: usize, id: &str, tool: &str, seen: &Seen) -> ModelReply {
     let (_, content, is_error) = seen.raw(tool).expect("the decision came back");
-    let text = if let Some(told) = content.strip_prefix("Not executed: ") {
-        let told = told
-            .trim_end_matches(" Do not retry it.")
-            .trim_end_matches('.');
+    let text = if let Some(told) = NotExecuted::reason_in(content) {
         format!("Nothing was settled for claim {id}: {told}.")
     } else if *is_error {
         format!("Claim {id} could not be settled: {content}")
