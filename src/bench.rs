@@ -230,6 +230,10 @@ async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
         steps.push(("resume after expiry", &resume_after_expiry));
     }
     text.push_str(&report::step_table(&steps, !in_process));
+    text.push_str(
+        "\nthe condition each write carries (must be new: the item must not exist; version is: compare-and-set on the stored version; no check: written whatever is there), and the transactions of one write, which DynamoDB takes as a plain conditional PutItem or DeleteItem:\n",
+    );
+    text.push_str(&report::condition_table(&steps));
     if let Some(cost) = &cost {
         text.push('\n');
         text.push_str(&cost::table(cost));
