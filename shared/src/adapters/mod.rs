@@ -5,4 +5,5 @@ pub mod dynamodb;
 pub mod scheduler;
 pub mod sqlite;
 pub mod sqs;
+pub mod trust;
 pub mod webhook;
