@@ -114,6 +114,7 @@ struct SweepFigures {
 
 async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
     let (runs, concurrency) = (args.runs, args.concurrency.max(1));
+    let load_before = report::load_average();
     let rig = Arc::new(Rig::new(args.store, 2 * runs).await?);
     let in_process = rig.queue.is_none();
     rig.meter.take();
@@ -128,6 +129,7 @@ async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
     let resumed = lifecycle::drain(&rig, swept.expired, concurrency).await?;
     let after_expiry = rig.meter.take();
     let ledger = lifecycle::check_ledger(&rig, 0..runs).await?;
+    let load_after = report::load_average();
 
     let start = StepCost::of(&lived, Phase::Start, runs);
     let decision = StepCost::of(&lived, Phase::Decide, runs);
@@ -169,6 +171,7 @@ async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
             "resume_after_expiry": resume_after_expiry,
         },
         "schedules": rig.schedules,
+        "load_average": { "before": load_before, "after": load_after },
         "cost_per_million_approvals": cost,
     });
 
@@ -176,6 +179,11 @@ async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
         "countersign bench: {runs} lifecycles on the {} store, {concurrency} at a time\n",
         args.store.name()
     );
+    if let (Some(before), Some(after)) = (load_before, load_after) {
+        text.push_str(&format!(
+            "  load       average {before:.2} before, {after:.2} after (the other work on this machine; a timing taken under load is noisy)\n"
+        ));
+    }
     text.push_str(&format!(
         "  lifecycle  {runs} runs started, approved, resumed and done in {seconds:.2} s: {:.1} runs/s\n",
         runs as f64 / seconds
