@@ -112,6 +112,15 @@ struct SweepFigures {
     resumed_ms: Option<f64>,
 }
 
+/// On the embedded store, how the lifecycles' transactions shared the writer's commits.
+#[derive(Debug, Serialize)]
+struct GroupCommits {
+    commits: u64,
+    transactions: u64,
+    per_commit: f64,
+    per_lifecycle: f64,
+}
+
 async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
     let (runs, concurrency) = (args.runs, args.concurrency.max(1));
     let load_before = report::load_average();
@@ -119,8 +128,18 @@ async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
     let in_process = rig.queue.is_none();
     rig.meter.take();
 
+    let commits_before = rig.commits();
     let (elapsed, samples) = lifecycle::lifecycles(&rig, 0..runs, concurrency).await?;
     let lived = rig.meter.take();
+    let commits = rig
+        .commits()
+        .zip(commits_before)
+        .map(|((groups, txns), (groups0, txns0))| GroupCommits {
+            commits: groups - groups0,
+            transactions: txns - txns0,
+            per_commit: (txns - txns0) as f64 / (groups - groups0).max(1) as f64,
+            per_lifecycle: (groups - groups0) as f64 / runs as f64,
+        });
 
     lifecycle::leave_overdue(&rig, runs..2 * runs, concurrency).await?;
     rig.meter.take();
@@ -171,6 +190,7 @@ async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
             "resume_after_expiry": resume_after_expiry,
         },
         "schedules": rig.schedules,
+        "group_commits": commits,
         "load_average": { "before": load_before, "after": load_after },
         "cost_per_million_approvals": cost,
     });
@@ -188,6 +208,12 @@ async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
         "  lifecycle  {runs} runs started, approved, resumed and done in {seconds:.2} s: {:.1} runs/s\n",
         runs as f64 / seconds
     ));
+    if let Some(c) = &commits {
+        text.push_str(&format!(
+            "  commits    {} SQL commits (one fsync each) for {} transactions: {:.2} transactions per commit, {:.2} commits per lifecycle\n",
+            c.commits, c.transactions, c.per_commit, c.per_lifecycle
+        ));
+    }
     let line = |name: &str, samples: &[std::time::Duration], note: &str| match Latency::of(samples)
     {
         Some(latency) => format!("  {name:<10} {}{note}\n", latency.line()),

@@ -9,6 +9,7 @@
 //! beside the writer.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
@@ -47,7 +48,25 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct SqliteStore {
     writer: mpsc::Sender<Pending>,
     readers: Arc<Readers>,
+    commits: Arc<Commits>,
     path: PathBuf,
+}
+
+/// How many SQL commits (each one fsync) the writer made, and for how many transactions.
+#[derive(Debug, Default)]
+pub struct Commits {
+    groups: AtomicU64,
+    transactions: AtomicU64,
+}
+
+impl Commits {
+    /// (SQL commits, transactions they held) since the store was opened.
+    pub fn counts(&self) -> (u64, u64) {
+        (
+            self.groups.load(Ordering::Relaxed),
+            self.transactions.load(Ordering::Relaxed),
+        )
+    }
 }
 
 /// A transaction waiting for the writer, and where its outcome goes.
@@ -82,14 +101,17 @@ impl SqliteStore {
             .map_err(unavailable)?;
         conn.execute_batch(SCHEMA).map_err(unavailable)?;
         let (writer, queue) = mpsc::channel();
+        let commits = Arc::new(Commits::default());
+        let counted = commits.clone();
         std::thread::Builder::new()
             .name("countersign-store-writer".into())
-            .spawn(move || write_groups(conn, queue))
+            .spawn(move || write_groups(conn, queue, &counted))
             .map_err(|e| {
                 StoreError::Unavailable(format!("cannot start the store's writer: {e}"))
             })?;
         Ok(Self {
             writer,
+            commits,
             readers: Arc::new(Readers {
                 path: path.to_path_buf(),
                 idle: Mutex::new(Vec::new()),
@@ -100,6 +122,11 @@ impl SqliteStore {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// What the writer has committed so far: how well transactions share a commit.
+    pub fn commits(&self) -> &Commits {
+        &self.commits
     }
 
     /// Runs a read on a connection of the pool, off the async threads.
@@ -149,7 +176,7 @@ impl Readers {
 
 /// The writer thread: takes every transaction waiting, commits them as one group, answers each,
 /// and waits for the next. It ends when the last handle on the store is dropped.
-fn write_groups(mut conn: Connection, queue: mpsc::Receiver<Pending>) {
+fn write_groups(mut conn: Connection, queue: mpsc::Receiver<Pending>, commits: &Commits) {
     while let Ok(first) = queue.recv() {
         let mut group = vec![first];
         while group.len() < MAX_GROUP {
@@ -159,6 +186,10 @@ fn write_groups(mut conn: Connection, queue: mpsc::Receiver<Pending>) {
             }
         }
         let outcomes = commit_group(&mut conn, group.iter().map(|p| p.writes.as_slice()));
+        commits.groups.fetch_add(1, Ordering::Relaxed);
+        commits
+            .transactions
+            .fetch_add(group.len() as u64, Ordering::Relaxed);
         for (pending, outcome) in group.into_iter().zip(outcomes) {
             // The caller may have gone (its task was cancelled); the outcome stands either way.
             let _ = pending.done.send(outcome);
