@@ -123,15 +123,19 @@ fn sdk_https_client(pem: &[u8]) -> aws_sdk_dynamodb::config::SharedHttpClient {
         .build()
         .expect("a TLS context of PEM roots");
     Builder::new().build_with_connector_fn(move |settings, components| {
+        // Each client built on the configuration probes its HTTP client once (no settings, no
+        // runtime components) and drops what it gets: a plain connector will do, so the roots
+        // are decoded once, for the connector the clients' requests share.
+        let Some(components) = components else {
+            return ConnectorBuilder::default().build_http();
+        };
         let mut connector = ConnectorBuilder::default()
             .tls_provider(tls::Provider::Rustls(
                 tls::rustls_provider::CryptoMode::AwsLc,
             ))
             .tls_context(context.clone());
         connector.set_connector_settings(settings.cloned());
-        if let Some(components) = components {
-            connector.set_sleep_impl(components.sleep_impl());
-        }
+        connector.set_sleep_impl(components.sleep_impl());
         connector.set_proxy_config(Some(ProxyConfig::from_env()));
         connector.build()
     })

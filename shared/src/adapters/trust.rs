@@ -21,25 +21,23 @@ const BUNDLES: &[&str] = &[
     "/etc/ssl/cert.pem",
 ];
 
-/// The roots of one bundle file, as PEM and as reqwest takes them.
+/// The roots of one bundle file, as PEM and, decoded when a reqwest client first needs them,
+/// as reqwest takes them (decoding is most of the cost: each is done once per process).
 pub struct Roots {
     pub path: PathBuf,
     pub pem: Vec<u8>,
-    certificates: Vec<reqwest::Certificate>,
+    certificates: OnceLock<Vec<reqwest::Certificate>>,
 }
 
 impl Roots {
-    pub fn len(&self) -> usize {
-        self.certificates.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.certificates.is_empty()
+    fn certificates(&self) -> &[reqwest::Certificate] {
+        self.certificates
+            .get_or_init(|| reqwest::Certificate::from_pem_bundle(&self.pem).unwrap_or_default())
     }
 }
 
 /// The system's roots, read on first use; `None` when the clients should load the platform's
-/// roots themselves (`SSL_CERT_DIR` set, or no readable bundle with a certificate in it).
+/// roots themselves (`SSL_CERT_DIR` set, or no readable bundle that holds a certificate).
 pub fn roots() -> Option<&'static Roots> {
     static ROOTS: OnceLock<Option<Roots>> = OnceLock::new();
     ROOTS
@@ -58,20 +56,26 @@ pub fn roots() -> Option<&'static Roots> {
 
 fn read(path: &Path) -> Option<Roots> {
     let pem = std::fs::read(path).ok()?;
-    let certificates = reqwest::Certificate::from_pem_bundle(&pem).ok()?;
-    (!certificates.is_empty()).then(|| Roots {
+    let holds_one = pem
+        .windows(CERTIFICATE.len())
+        .any(|w| w == CERTIFICATE.as_bytes());
+    holds_one.then(|| Roots {
         path: path.to_path_buf(),
         pem,
-        certificates,
+        certificates: OnceLock::new(),
     })
 }
+
+const CERTIFICATE: &str = "-----BEGIN CERTIFICATE-----";
 
 /// A reqwest client builder that trusts the bundle's roots, read once for every client.
 pub fn client_builder() -> reqwest::ClientBuilder {
     let builder = reqwest::Client::builder();
     match roots() {
-        Some(roots) => builder.tls_certs_only(roots.certificates.iter().cloned()),
-        None => builder,
+        Some(roots) if !roots.certificates().is_empty() => {
+            builder.tls_certs_only(roots.certificates().iter().cloned())
+        }
+        _ => builder,
     }
 }
 
@@ -88,7 +92,7 @@ mod tests {
         assert!(read(&empty).is_none());
         assert!(read(&dir.join("missing.pem")).is_none());
         if let Some(system) = BUNDLES.iter().find_map(|p| read(Path::new(p))) {
-            assert!(!system.is_empty());
+            assert!(!system.certificates().is_empty());
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
