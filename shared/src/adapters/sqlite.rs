@@ -99,6 +99,9 @@ impl SqliteStore {
         let conn = connect(path).map_err(unavailable)?;
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(unavailable)?;
+        // A savepoint's undo records are needed only until its group commits: memory will do.
+        conn.pragma_update(None, "temp_store", "MEMORY")
+            .map_err(unavailable)?;
         conn.execute_batch(SCHEMA).map_err(unavailable)?;
         let (writer, queue) = mpsc::channel();
         let commits = Arc::new(Commits::default());
@@ -209,13 +212,18 @@ fn commit_group<'a>(
         Ok(tx) => tx,
         Err(e) => return vec![Err(sql_error(e)); n],
     };
-    let mut outcomes: Vec<Result<(), StoreError>> = group
-        .map(|writes| {
-            let savepoint = tx.savepoint().map_err(sql_error)?;
-            apply(&savepoint, writes)?;
-            savepoint.commit().map_err(sql_error)
-        })
-        .collect();
+    let mut outcomes: Vec<Result<(), StoreError>> = match n {
+        // Alone in its group (always, one lifecycle at a time): the SQL transaction is its own
+        // and rolls back whole if it fails, so it needs no savepoint.
+        1 => group.map(|writes| apply(&tx, writes)).collect(),
+        _ => group
+            .map(|writes| {
+                let savepoint = tx.savepoint().map_err(sql_error)?;
+                apply(&savepoint, writes)?;
+                savepoint.commit().map_err(sql_error)
+            })
+            .collect(),
+    };
     if outcomes.iter().any(Result::is_ok)
         && let Err(e) = tx.commit()
     {
