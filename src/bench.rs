@@ -112,14 +112,34 @@ struct SweepFigures {
     resumed_ms: Option<f64>,
 }
 
+/// On the embedded store, how the lifecycles' transactions shared the writer's commits.
+#[derive(Debug, Serialize)]
+struct GroupCommits {
+    commits: u64,
+    transactions: u64,
+    per_commit: f64,
+    per_lifecycle: f64,
+}
+
 async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
     let (runs, concurrency) = (args.runs, args.concurrency.max(1));
+    let load_before = report::load_average();
     let rig = Arc::new(Rig::new(args.store, 2 * runs).await?);
     let in_process = rig.queue.is_none();
     rig.meter.take();
 
+    let commits_before = rig.commits();
     let (elapsed, samples) = lifecycle::lifecycles(&rig, 0..runs, concurrency).await?;
     let lived = rig.meter.take();
+    let commits = rig
+        .commits()
+        .zip(commits_before)
+        .map(|((groups, txns), (groups0, txns0))| GroupCommits {
+            commits: groups - groups0,
+            transactions: txns - txns0,
+            per_commit: (txns - txns0) as f64 / (groups - groups0).max(1) as f64,
+            per_lifecycle: (groups - groups0) as f64 / runs as f64,
+        });
 
     lifecycle::leave_overdue(&rig, runs..2 * runs, concurrency).await?;
     rig.meter.take();
@@ -128,6 +148,7 @@ async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
     let resumed = lifecycle::drain(&rig, swept.expired, concurrency).await?;
     let after_expiry = rig.meter.take();
     let ledger = lifecycle::check_ledger(&rig, 0..runs).await?;
+    let load_after = report::load_average();
 
     let start = StepCost::of(&lived, Phase::Start, runs);
     let decision = StepCost::of(&lived, Phase::Decide, runs);
@@ -169,6 +190,8 @@ async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
             "resume_after_expiry": resume_after_expiry,
         },
         "schedules": rig.schedules,
+        "group_commits": commits,
+        "load_average": { "before": load_before, "after": load_after },
         "cost_per_million_approvals": cost,
     });
 
@@ -176,10 +199,21 @@ async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
         "countersign bench: {runs} lifecycles on the {} store, {concurrency} at a time\n",
         args.store.name()
     );
+    if let (Some(before), Some(after)) = (load_before, load_after) {
+        text.push_str(&format!(
+            "  load       average {before:.2} before, {after:.2} after (the other work on this machine; a timing taken under load is noisy)\n"
+        ));
+    }
     text.push_str(&format!(
         "  lifecycle  {runs} runs started, approved, resumed and done in {seconds:.2} s: {:.1} runs/s\n",
         runs as f64 / seconds
     ));
+    if let Some(c) = &commits {
+        text.push_str(&format!(
+            "  commits    {} SQL commits (one fsync each) for {} transactions: {:.2} transactions per commit, {:.2} commits per lifecycle\n",
+            c.commits, c.transactions, c.per_commit, c.per_lifecycle
+        ));
+    }
     let line = |name: &str, samples: &[std::time::Duration], note: &str| match Latency::of(samples)
     {
         Some(latency) => format!("  {name:<10} {}{note}\n", latency.line()),
@@ -230,6 +264,10 @@ async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
         steps.push(("resume after expiry", &resume_after_expiry));
     }
     text.push_str(&report::step_table(&steps, !in_process));
+    text.push_str(
+        "\nthe condition each write carries (must be new: the item must not exist; version is: compare-and-set on the stored version; no check: written whatever is there), and the transactions of one write, which DynamoDB takes as a plain conditional PutItem or DeleteItem:\n",
+    );
+    text.push_str(&report::condition_table(&steps));
     if let Some(cost) = &cost {
         text.push('\n');
         text.push_str(&cost::table(cost));

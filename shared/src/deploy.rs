@@ -12,6 +12,7 @@ use aws_config::{BehaviorVersion, SdkConfig};
 use crate::adapters::dynamodb::DynamoStore;
 use crate::adapters::scheduler::{EventBridgeScheduler, ScheduleTarget};
 use crate::adapters::sqs::SqsQueue;
+use crate::adapters::trust;
 use crate::adapters::webhook::{self, Webhooks};
 use crate::agents::{self, Definition, Wiring};
 use crate::engine::{DEFAULT_REMIND_BEFORE, Delivery, Engine, EngineBuilder};
@@ -99,8 +100,45 @@ pub struct Aws {
 }
 
 /// The SDK configuration from the environment: region, credentials and `AWS_ENDPOINT_URL`.
+/// Its HTTPS client trusts the system bundle's roots, read once (see `adapters::trust`).
 pub async fn sdk_config() -> SdkConfig {
-    aws_config::defaults(BehaviorVersion::latest()).load().await
+    let loader = aws_config::defaults(BehaviorVersion::latest());
+    match trust::roots() {
+        Some(roots) => loader.http_client(sdk_https_client(&roots.pem)),
+        None => loader,
+    }
+    .load()
+    .await
+}
+
+/// The SDK's default HTTPS client (hyper with rustls on aws-lc, its proxy settings from the
+/// environment), with the given roots instead of the platform loader's.
+fn sdk_https_client(pem: &[u8]) -> aws_sdk_dynamodb::config::SharedHttpClient {
+    use aws_smithy_http_client::tls::{self, TlsContext, TrustStore};
+    use aws_smithy_http_client::{Builder, ConnectorBuilder, proxy::ProxyConfig};
+
+    let roots = TrustStore::empty().with_pem_certificate(pem);
+    let context = TlsContext::builder()
+        .with_trust_store(roots)
+        .build()
+        .expect("a TLS context of PEM roots");
+    Builder::new().build_with_connector_fn(move |settings, components| {
+        // Each client built on the configuration probes its HTTP client once (no settings, no
+        // runtime components) and drops what it gets: a plain connector will do, so the roots
+        // are decoded once, for the connector the clients' requests share.
+        let Some(components) = components else {
+            return ConnectorBuilder::default().build_http();
+        };
+        let mut connector = ConnectorBuilder::default()
+            .tls_provider(tls::Provider::Rustls(
+                tls::rustls_provider::CryptoMode::AwsLc,
+            ))
+            .tls_context(context.clone());
+        connector.set_connector_settings(settings.cloned());
+        connector.set_sleep_impl(components.sleep_impl());
+        connector.set_proxy_config(Some(ProxyConfig::from_env()));
+        connector.build()
+    })
 }
 
 impl Aws {

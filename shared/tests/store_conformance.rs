@@ -180,6 +180,74 @@ async fn deletes_take_conditions_too(store: Arc<dyn ItemStore>) {
     store.transact(vec![absent]).await.unwrap();
 }
 
+async fn a_one_write_transaction_keeps_every_condition(store: Arc<dyn ItemStore>) {
+    // One write alone may go out as a plain conditional write: the same conditions hold, and a
+    // refusal names write 0 and changes nothing.
+    let first = indexed("P", "one", "IDX", "2026-01-01#one");
+    store.transact(vec![create(first.clone())]).await.unwrap();
+    assert_eq!(
+        store
+            .transact(vec![create(item("P", "one", 1, "again"))])
+            .await,
+        Err(StoreError::ConditionFailed { failed: vec![0] })
+    );
+    assert_eq!(
+        store
+            .transact(vec![update(item("P", "one", 3, "stale"), 2)])
+            .await,
+        Err(StoreError::ConditionFailed { failed: vec![0] })
+    );
+    assert_eq!(store.get("P", "one").await.unwrap(), Some(first));
+    store
+        .transact(vec![update(
+            item("P", "one", 2, "moved out of the index"),
+            1,
+        )])
+        .await
+        .unwrap();
+    assert!(
+        store
+            .query_index("IDX", "", "2026-12-31", None, 10)
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    let delete = |condition| Write::Delete {
+        pk: "P".into(),
+        sk: "one".into(),
+        condition,
+    };
+    assert_eq!(
+        store.transact(vec![delete(Condition::VersionIs(1))]).await,
+        Err(StoreError::ConditionFailed { failed: vec![0] })
+    );
+    assert_eq!(
+        store.transact(vec![delete(Condition::NotExists)]).await,
+        Err(StoreError::ConditionFailed { failed: vec![0] }),
+        "a delete that must not find its item is refused when it does"
+    );
+    assert!(store.get("P", "one").await.unwrap().is_some());
+    store
+        .transact(vec![delete(Condition::VersionIs(2))])
+        .await
+        .unwrap();
+    assert_eq!(store.get("P", "one").await.unwrap(), None);
+    assert_eq!(
+        store.transact(vec![delete(Condition::VersionIs(2))]).await,
+        Err(StoreError::ConditionFailed { failed: vec![0] }),
+        "a version of a deleted item never matches"
+    );
+    store
+        .transact(vec![Write::Put {
+            item: item("P", "one", 7, "blind"),
+            condition: Condition::Always,
+        }])
+        .await
+        .unwrap();
+    assert_eq!(store.get("P", "one").await.unwrap().unwrap().ver, 7);
+}
+
 async fn a_query_returns_one_partition_by_prefix_in_key_order(store: Arc<dyn ItemStore>) {
     let writes = ["AUDIT#2", "ACTION#b", "RUN", "ACTION#a", "AUDIT#1"]
         .iter()
@@ -370,6 +438,7 @@ both!(
     a_failed_transaction_writes_nothing,
     every_failed_condition_is_named,
     deletes_take_conditions_too,
+    a_one_write_transaction_keeps_every_condition,
     a_query_returns_one_partition_by_prefix_in_key_order,
     pages_resume_where_the_last_one_ended,
     a_query_reads_past_one_megabyte_pages,

@@ -11,7 +11,9 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
+use aws_sdk_dynamodb::operation::delete_item::{DeleteItemInput, DeleteItemOutput};
 use aws_sdk_dynamodb::operation::get_item::{GetItemInput, GetItemOutput};
+use aws_sdk_dynamodb::operation::put_item::{PutItemInput, PutItemOutput};
 use aws_sdk_dynamodb::operation::query::{QueryInput, QueryOutput};
 use aws_sdk_dynamodb::operation::transact_write_items::{
     TransactWriteItemsInput, TransactWriteItemsOutput,
@@ -27,7 +29,7 @@ use aws_smithy_runtime_api::client::orchestrator::Metadata;
 use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
 use aws_smithy_types::config_bag::{ConfigBag, Storable, StoreReplace};
 use serde::Serialize;
-use shared::ports::store::{Item, ItemStore, Page, StoreError, Write};
+use shared::ports::store::{Condition, Item, ItemStore, Page, StoreError, Write};
 
 /// The step of the lifecycle an engine call belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -63,6 +65,12 @@ pub struct StoreCounts {
     pub items_read: f64,
     pub transactions: f64,
     pub writes: f64,
+    /// Transactions of one write: on DynamoDB a plain conditional PutItem or DeleteItem.
+    pub single_writes: f64,
+    /// Writes by the condition they carry.
+    pub must_not_exist: f64,
+    pub version_is: f64,
+    pub unconditional: f64,
 }
 
 impl StoreCounts {
@@ -75,6 +83,10 @@ impl StoreCounts {
             items_read: self.items_read / n,
             transactions: self.transactions / n,
             writes: self.writes / n,
+            single_writes: self.single_writes / n,
+            must_not_exist: self.must_not_exist / n,
+            version_is: self.version_is / n,
+            unconditional: self.unconditional / n,
         }
     }
 
@@ -91,7 +103,8 @@ pub struct AwsCounts {
     pub reported_capacity: f64,
     /// Read request units by DynamoDB's sizing rules, from the items read.
     pub estimated_rru: f64,
-    /// Write request units on the table (transactional: 2 per KB per item).
+    /// Write request units on the table (transactional: 2 per KB per item; a plain PutItem or
+    /// DeleteItem: 1 per KB).
     pub estimated_wru: f64,
     /// Write request units on the sparse index (an item entering, changing or leaving it).
     pub estimated_index_wru: f64,
@@ -248,9 +261,17 @@ impl ItemStore for MeteredStore {
 
     async fn transact(&self, writes: Vec<Write>) -> Result<(), StoreError> {
         let n = writes.len() as f64;
+        let count = |condition: Condition| {
+            writes.iter().filter(|w| w.condition() == condition).count() as f64
+        };
+        let (new, unconditional) = (count(Condition::NotExists), count(Condition::Always));
         self.meter.store(|c| {
             c.transactions += 1.0;
             c.writes += n;
+            c.single_writes += (writes.len() == 1) as u8 as f64;
+            c.must_not_exist += new;
+            c.unconditional += unconditional;
+            c.version_is += n - new - unconditional;
         });
         self.inner.transact(writes).await
     }
@@ -322,47 +343,77 @@ fn reported(capacity: Option<&ConsumedCapacity>) -> f64 {
     capacity.and_then(|c| c.capacity_units()).unwrap_or(0.0)
 }
 
+/// The key of an item's attributes.
+fn key_of(item: &HashMap<String, AttributeValue>) -> (String, String) {
+    (text(item, "pk").to_string(), text(item, "sk").to_string())
+}
+
 impl Meter {
     /// What a transaction will cost, from its items and what was last written under their keys.
     /// Charged when the request is made: a cancelled transaction is charged too.
     fn estimate_transaction(&self, input: &TransactWriteItemsInput) -> (f64, f64) {
-        let mut shadows = self.shadows.lock().expect("meter lock");
         let (mut table, mut index) = (0.0, 0.0);
         for write in input.transact_items() {
-            let (key, next) = if let Some(put) = write.put() {
-                let item = put.item();
-                let key = (text(item, "pk").to_string(), text(item, "sk").to_string());
-                let next = Shadow {
-                    bytes: item_size(item),
-                    index_key: index_key(item),
-                };
-                (key, Some(next))
+            let (t, i) = if let Some(put) = write.put() {
+                self.estimate_write(key_of(put.item()), Some(put.item()), 2.0)
             } else if let Some(delete) = write.delete() {
-                let item = delete.key();
-                let key = (text(item, "pk").to_string(), text(item, "sk").to_string());
-                (key, None)
+                self.estimate_write(key_of(delete.key()), None, 2.0)
             } else {
                 continue;
             };
-            let before = match &next {
-                Some(next) => shadows.insert(key, next.clone()),
-                None => shadows.remove(&key),
-            };
-            let (old_bytes, old_index) =
-                before.map(|s| (s.bytes, s.index_key)).unwrap_or((0, None));
-            let new_bytes = next.as_ref().map_or(0, |s| s.bytes);
-            // A transactional write costs twice a standard one, on the larger image.
-            table += 2.0 * write_units(old_bytes.max(new_bytes));
-            let new_index = next.and_then(|s| s.index_key);
-            index += match (old_index, new_index) {
-                (None, None) => 0.0,
-                (None, Some(_)) => write_units(new_bytes),
-                (Some(_), None) => write_units(old_bytes),
-                (Some(a), Some(b)) if a == b => write_units(old_bytes.max(new_bytes)),
-                (Some(_), Some(_)) => write_units(old_bytes) + write_units(new_bytes),
-            };
+            table += t;
+            index += i;
         }
         (table, index)
+    }
+
+    /// One write of `item` (a put) or of nothing (a delete) under `key`: `factor` write units
+    /// per KB on the table, on the larger of the old and new image (2 in a transaction, 1 for a
+    /// plain PutItem or DeleteItem), and 1 per KB on the sparse index for each image in it.
+    fn estimate_write(
+        &self,
+        key: (String, String),
+        item: Option<&HashMap<String, AttributeValue>>,
+        factor: f64,
+    ) -> (f64, f64) {
+        let mut shadows = self.shadows.lock().expect("meter lock");
+        let next = item.map(|item| Shadow {
+            bytes: item_size(item),
+            index_key: index_key(item),
+        });
+        let before = match &next {
+            Some(next) => shadows.insert(key, next.clone()),
+            None => shadows.remove(&key),
+        };
+        let (old_bytes, old_index) = before.map(|s| (s.bytes, s.index_key)).unwrap_or((0, None));
+        let new_bytes = next.as_ref().map_or(0, |s| s.bytes);
+        let table = factor * write_units(old_bytes.max(new_bytes));
+        let new_index = next.and_then(|s| s.index_key);
+        let index = match (old_index, new_index) {
+            (None, None) => 0.0,
+            (None, Some(_)) => write_units(new_bytes),
+            (Some(_), None) => write_units(old_bytes),
+            (Some(a), Some(b)) if a == b => write_units(old_bytes.max(new_bytes)),
+            (Some(_), Some(_)) => write_units(old_bytes) + write_units(new_bytes),
+        };
+        (table, index)
+    }
+}
+
+impl Meter {
+    /// The write units a request will use, if it writes.
+    fn estimate_request(
+        &self,
+        input: &aws_smithy_runtime_api::client::interceptors::context::Input,
+    ) -> Option<(f64, f64)> {
+        if let Some(transaction) = input.downcast_ref::<TransactWriteItemsInput>() {
+            return Some(self.estimate_transaction(transaction));
+        }
+        if let Some(item) = input.downcast_ref::<PutItemInput>().and_then(|p| p.item()) {
+            return Some(self.estimate_write(key_of(item), Some(item), 1.0));
+        }
+        let key = input.downcast_ref::<DeleteItemInput>()?.key()?;
+        Some(self.estimate_write(key_of(key), None, 1.0))
     }
 }
 
@@ -378,10 +429,9 @@ impl Intercept for AwsMeter {
         cfg: &mut ConfigBag,
     ) -> Result<(), BoxError> {
         let input = context.input();
-        if let Some(transaction) = input.downcast_ref::<TransactWriteItemsInput>() {
-            let (table, index) = self.0.estimate_transaction(transaction);
-            let operation = operation(cfg);
-            self.0.aws(&operation, |c| {
+        let written = self.0.estimate_request(input);
+        if let Some((table, index)) = written {
+            self.0.aws(&operation(cfg), |c| {
                 c.estimated_wru += table;
                 c.estimated_index_wru += index;
             });
@@ -439,6 +489,10 @@ impl Intercept for AwsMeter {
                 .map(|c| reported(Some(c)))
                 .sum();
             (0.0, capacity)
+        } else if let Some(put) = output.downcast_ref::<PutItemOutput>() {
+            (0.0, reported(put.consumed_capacity()))
+        } else if let Some(delete) = output.downcast_ref::<DeleteItemOutput>() {
+            (0.0, reported(delete.consumed_capacity()))
         } else {
             return Ok(());
         };

@@ -132,3 +132,30 @@ pub fn step_table(steps: &[(&str, &StepCost)], with_aws: bool) -> String {
     }
     text
 }
+
+/// Each step's writes by the condition they carry, and its one-write transactions, which go to
+/// DynamoDB as a plain conditional PutItem or DeleteItem (1 WRU per KB instead of 2).
+pub fn condition_table(steps: &[(&str, &StepCost)]) -> String {
+    let mut text = format!(
+        "  {:<22} {:>7} {:>12} {:>12} {:>9} {:>14}\n",
+        "per", "writes", "must be new", "version is", "no check", "one-write txn"
+    );
+    for (name, step) in steps {
+        let s = &step.store;
+        text.push_str(&format!(
+            "  {:<22} {:>7.2} {:>12.2} {:>12.2} {:>9.2} {:>14.2}\n",
+            name, s.writes, s.must_not_exist, s.version_is, s.unconditional, s.single_writes
+        ));
+    }
+    text
+}
+
+/// The one-minute load average (Linux), to print beside the timings it makes noisy.
+pub fn load_average() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}

@@ -41,6 +41,8 @@ pub struct Rig {
     pub queue: Option<Arc<SqsQueue>>,
     /// Whether decisions schedule and unschedule deadline wake-ups on EventBridge Scheduler.
     pub schedules: bool,
+    /// The embedded store itself, to read how many commits its writer made.
+    embedded: Option<SqliteStore>,
     scratch: Option<PathBuf>,
 }
 
@@ -85,7 +87,7 @@ impl Rig {
                 let sqlite = SqliteStore::open_dir(&dir)
                     .map_err(|e| BenchError::Setup(format!("the embedded store: {e}")))?;
                 let store: Arc<dyn ItemStore> =
-                    Arc::new(MeteredStore::new(Arc::new(sqlite), meter.clone()));
+                    Arc::new(MeteredStore::new(Arc::new(sqlite.clone()), meter.clone()));
                 let claims = script::claims(&tenant, claims);
                 let engine = engine(
                     store.clone(),
@@ -103,6 +105,7 @@ impl Rig {
                     tenant,
                     queue: None,
                     schedules: false,
+                    embedded: Some(sqlite),
                     scratch: Some(dir),
                 })
             }
@@ -168,10 +171,18 @@ impl Rig {
                     tenant,
                     queue: Some(queue),
                     schedules: settings.schedule.is_some(),
+                    embedded: None,
                     scratch: None,
                 })
             }
         }
+    }
+}
+
+impl Rig {
+    /// On the embedded store: (SQL commits, transactions they held) so far.
+    pub fn commits(&self) -> Option<(u64, u64)> {
+        self.embedded.as_ref().map(|s| s.commits().counts())
     }
 }
 

@@ -24,7 +24,7 @@ pub struct AnthropicModel {
 
 impl AnthropicModel {
     pub fn new(api_key: &str, model: &str, base_url: &str) -> Self {
-        let client = reqwest::Client::builder()
+        let client = super::trust::client_builder()
             .connect_timeout(Duration::from_secs(10))
             .timeout(Duration::from_secs(120))
             .build()

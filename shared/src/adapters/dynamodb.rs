@@ -1,11 +1,14 @@
 //! The conditional item store on DynamoDB: one table (`pk`, `sk`, sparse `gsi1pk`/`gsi1sk`),
-//! conditions as ConditionExpressions, a transaction as one TransactWriteItems call.
+//! conditions as ConditionExpressions, a transaction as one TransactWriteItems call, or as one
+//! conditional PutItem / DeleteItem when it holds a single write (half the write units).
 
 use std::collections::HashMap;
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::error::{DisplayErrorContext, SdkError};
+use aws_sdk_dynamodb::operation::delete_item::DeleteItemError;
+use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{
     AttributeValue, Delete, Put, ReturnConsumedCapacity, TransactWriteItem,
@@ -147,7 +150,88 @@ fn condition(cond: Condition) -> (Option<String>, Option<Attributes>) {
     }
 }
 
+/// What a refused single write means: its condition failed, or it met a transaction in flight
+/// on the same item (`TransactionConflict`), as a one-write transaction would have.
+enum SingleRefusal {
+    ConditionFailed,
+    Conflict,
+}
+
+fn single_write_error<E, R>(
+    error: SdkError<E, R>,
+    refusal: impl FnOnce(&E) -> Option<SingleRefusal>,
+) -> StoreError
+where
+    E: std::error::Error + 'static,
+    R: std::fmt::Debug,
+{
+    let refused = match &error {
+        SdkError::ServiceError(context) => refusal(context.err()),
+        _ => None,
+    };
+    match refused {
+        Some(SingleRefusal::ConditionFailed) => StoreError::ConditionFailed { failed: vec![0] },
+        Some(SingleRefusal::Conflict) => StoreError::Contended,
+        None => unavailable(error),
+    }
+}
+
 impl DynamoStore {
+    /// One write alone: a plain conditional PutItem or DeleteItem, atomic on its item and billed
+    /// as a standard write (1 WRU per KB) where a transaction bills 2.
+    async fn write_one(&self, write: &Write) -> Result<(), StoreError> {
+        let (expression, values) = condition(write.condition());
+        match write {
+            Write::Put { item, .. } => self
+                .client
+                .put_item()
+                .table_name(&self.table)
+                .set_item(Some(to_attributes(item)))
+                .set_condition_expression(expression)
+                .set_expression_attribute_values(values)
+                .set_return_consumed_capacity(self.consumed_capacity.clone())
+                .send()
+                .await
+                .map(|_| ())
+                .map_err(|e| {
+                    single_write_error(e, |e| match e {
+                        PutItemError::ConditionalCheckFailedException(_) => {
+                            Some(SingleRefusal::ConditionFailed)
+                        }
+                        PutItemError::TransactionConflictException(_)
+                        | PutItemError::ReplicatedWriteConflictException(_) => {
+                            Some(SingleRefusal::Conflict)
+                        }
+                        _ => None,
+                    })
+                }),
+            Write::Delete { pk, sk, .. } => self
+                .client
+                .delete_item()
+                .table_name(&self.table)
+                .key("pk", s(pk))
+                .key("sk", s(sk))
+                .set_condition_expression(expression)
+                .set_expression_attribute_values(values)
+                .set_return_consumed_capacity(self.consumed_capacity.clone())
+                .send()
+                .await
+                .map(|_| ())
+                .map_err(|e| {
+                    single_write_error(e, |e| match e {
+                        DeleteItemError::ConditionalCheckFailedException(_) => {
+                            Some(SingleRefusal::ConditionFailed)
+                        }
+                        DeleteItemError::TransactionConflictException(_)
+                        | DeleteItemError::ReplicatedWriteConflictException(_) => {
+                            Some(SingleRefusal::Conflict)
+                        }
+                        _ => None,
+                    })
+                }),
+        }
+    }
+
     fn transact_item(&self, write: &Write) -> Result<TransactWriteItem, StoreError> {
         let invalid = |e: aws_sdk_dynamodb::error::BuildError| StoreError::Invalid(e.to_string());
         let (expression, values) = condition(write.condition());
@@ -267,6 +351,9 @@ impl ItemStore for DynamoStore {
 
     async fn transact(&self, writes: Vec<Write>) -> Result<(), StoreError> {
         check_transaction(&writes)?;
+        if let [write] = writes.as_slice() {
+            return self.write_one(write).await;
+        }
         let items = writes
             .iter()
             .map(|w| self.transact_item(w))

@@ -10,4 +10,5 @@ pub mod scripted;
 pub mod sqlite;
 pub mod sqs;
 pub mod state_dir;
+pub mod trust;
 pub mod webhook;

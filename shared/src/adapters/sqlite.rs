@@ -1,12 +1,21 @@
 //! The embedded item store: one SQLite file (WAL), one table with the same columns as the
-//! DynamoDB table, each transaction one `BEGIN IMMEDIATE` SQL transaction.
+//! DynamoDB table.
+//!
+//! Writes go to one writer thread that commits them in groups: the transactions waiting when
+//! it is free are applied in one `BEGIN IMMEDIATE` SQL transaction, each inside a savepoint of
+//! its own so that it checks its own conditions against what the ones before it wrote and fails
+//! alone, and the group reaches the disk with one commit (one fsync, `synchronous=FULL`) before
+//! any of them is answered. Reads run on a pool of other connections, which WAL lets read
+//! beside the writer.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use tokio::sync::oneshot;
 
 use super::state_dir;
 use crate::ports::store::{
@@ -29,10 +38,48 @@ CREATE INDEX IF NOT EXISTS gsi1 ON items (gsi1pk, gsi1sk, pk, sk) WHERE gsi1pk I
 /// The store file's name inside the state directory.
 pub const FILE_NAME: &str = "countersign.db";
 
+/// The most transactions one group commit applies.
+const MAX_GROUP: usize = 64;
+/// Idle read connections kept open for the next reads.
+const MAX_IDLE_READERS: usize = 16;
+/// How long a connection waits for another process's lock before the store reports contention.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
 #[derive(Clone)]
 pub struct SqliteStore {
-    conn: Arc<Mutex<Connection>>,
+    writer: mpsc::Sender<Pending>,
+    readers: Arc<Readers>,
+    commits: Arc<Commits>,
     path: PathBuf,
+}
+
+/// How many SQL commits (each one fsync) the writer made, and for how many transactions.
+#[derive(Debug, Default)]
+pub struct Commits {
+    groups: AtomicU64,
+    transactions: AtomicU64,
+}
+
+impl Commits {
+    /// (SQL commits, transactions they held) since the store was opened.
+    pub fn counts(&self) -> (u64, u64) {
+        (
+            self.groups.load(Ordering::Relaxed),
+            self.transactions.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// A transaction waiting for the writer, and where its outcome goes.
+struct Pending {
+    writes: Vec<Write>,
+    done: oneshot::Sender<Result<(), StoreError>>,
+}
+
+/// Read connections, opened when needed and kept for reuse.
+struct Readers {
+    path: PathBuf,
+    idle: Mutex<Vec<Connection>>,
 }
 
 impl SqliteStore {
@@ -54,17 +101,29 @@ impl SqliteStore {
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         let unavailable =
             |e: rusqlite::Error| StoreError::Unavailable(format!("{}: {e}", path.display()));
-        let conn = Connection::open(path).map_err(unavailable)?;
-        conn.busy_timeout(Duration::from_secs(10))
-            .map_err(unavailable)?;
+        let conn = connect(path).map_err(unavailable)?;
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(unavailable)?;
-        // Money moves on these commits: every commit reaches the disk before it returns.
-        conn.pragma_update(None, "synchronous", "FULL")
+        // A savepoint's undo records are needed only until its group commits: memory will do.
+        conn.pragma_update(None, "temp_store", "MEMORY")
             .map_err(unavailable)?;
         conn.execute_batch(SCHEMA).map_err(unavailable)?;
+        let (writer, queue) = mpsc::channel();
+        let commits = Arc::new(Commits::default());
+        let counted = commits.clone();
+        std::thread::Builder::new()
+            .name("countersign-store-writer".into())
+            .spawn(move || write_groups(conn, queue, &counted))
+            .map_err(|e| {
+                StoreError::Unavailable(format!("cannot start the store's writer: {e}"))
+            })?;
         Ok(Self {
-            conn: Arc::new(Mutex::new(conn)),
+            writer,
+            commits,
+            readers: Arc::new(Readers {
+                path: path.to_path_buf(),
+                idle: Mutex::new(Vec::new()),
+            }),
             path: path.to_path_buf(),
         })
     }
@@ -73,20 +132,158 @@ impl SqliteStore {
         &self.path
     }
 
-    async fn with_conn<T: Send + 'static>(
+    /// What the writer has committed so far: how well transactions share a commit.
+    pub fn commits(&self) -> &Commits {
+        &self.commits
+    }
+
+    /// Runs a read on a connection of the pool, off the async threads.
+    async fn read<T: Send + 'static>(
         &self,
-        work: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+        work: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
-        let conn = self.conn.clone();
+        let readers = self.readers.clone();
         tokio::task::spawn_blocking(move || {
-            let mut conn = conn
-                .lock()
-                .map_err(|_| StoreError::Unavailable("the store's lock was poisoned".into()))?;
-            work(&mut conn)
+            let conn = readers.take()?;
+            let result = work(&conn);
+            readers.give_back(conn);
+            result
         })
         .await
-        .map_err(|e| StoreError::Unavailable(format!("the store's worker stopped: {e}")))?
+        .map_err(|e| StoreError::Unavailable(format!("the store's reader stopped: {e}")))?
     }
+}
+
+/// A connection as every one of the store's is set up.
+fn connect(path: &Path) -> rusqlite::Result<Connection> {
+    let conn = Connection::open(path)?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    // Money moves on these commits: every commit reaches the disk before it returns.
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    Ok(conn)
+}
+
+impl Readers {
+    fn take(&self) -> Result<Connection, StoreError> {
+        let idle = self.idle.lock().ok().and_then(|mut idle| idle.pop());
+        match idle {
+            Some(conn) => Ok(conn),
+            None => connect(&self.path)
+                .map_err(|e| StoreError::Unavailable(format!("{}: {e}", self.path.display()))),
+        }
+    }
+
+    fn give_back(&self, conn: Connection) {
+        if let Ok(mut idle) = self.idle.lock()
+            && idle.len() < MAX_IDLE_READERS
+        {
+            idle.push(conn);
+        }
+    }
+}
+
+/// The writer thread: takes every transaction waiting, commits them as one group, answers each,
+/// and waits for the next. It ends when the last handle on the store is dropped.
+fn write_groups(mut conn: Connection, queue: mpsc::Receiver<Pending>, commits: &Commits) {
+    while let Ok(first) = queue.recv() {
+        let mut group = vec![first];
+        while group.len() < MAX_GROUP {
+            match queue.try_recv() {
+                Ok(next) => group.push(next),
+                Err(_) => break,
+            }
+        }
+        let outcomes = commit_group(&mut conn, group.iter().map(|p| p.writes.as_slice()));
+        commits.groups.fetch_add(1, Ordering::Relaxed);
+        commits
+            .transactions
+            .fetch_add(group.len() as u64, Ordering::Relaxed);
+        for (pending, outcome) in group.into_iter().zip(outcomes) {
+            // The caller may have gone (its task was cancelled); the outcome stands either way.
+            let _ = pending.done.send(outcome);
+        }
+    }
+}
+
+/// Applies each transaction of a group in a savepoint of its own, then commits those that held
+/// in one SQL transaction. A transaction whose condition fails, or whose statements fail, is
+/// rolled back to its savepoint alone; if the commit fails, none of them was written.
+fn commit_group<'a>(
+    conn: &mut Connection,
+    group: impl ExactSizeIterator<Item = &'a [Write]>,
+) -> Vec<Result<(), StoreError>> {
+    let n = group.len();
+    let mut tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
+        Ok(tx) => tx,
+        Err(e) => return vec![Err(sql_error(e)); n],
+    };
+    let mut outcomes: Vec<Result<(), StoreError>> = match n {
+        // Alone in its group (always, one lifecycle at a time): the SQL transaction is its own
+        // and rolls back whole if it fails, so it needs no savepoint.
+        1 => group.map(|writes| apply(&tx, writes)).collect(),
+        _ => group
+            .map(|writes| {
+                let savepoint = tx.savepoint().map_err(sql_error)?;
+                apply(&savepoint, writes)?;
+                savepoint.commit().map_err(sql_error)
+            })
+            .collect(),
+    };
+    if outcomes.iter().any(Result::is_ok)
+        && let Err(e) = tx.commit()
+    {
+        let failed = sql_error(e);
+        for outcome in outcomes.iter_mut().filter(|o| o.is_ok()) {
+            *outcome = Err(failed.clone());
+        }
+    }
+    outcomes
+}
+
+/// Checks every write's condition against the store as it stands, then applies them all.
+fn apply(tx: &Connection, writes: &[Write]) -> Result<(), StoreError> {
+    let mut failed = Vec::new();
+    for (i, write) in writes.iter().enumerate() {
+        let (pk, sk) = write.key();
+        let current: Option<i64> = tx
+            .prepare_cached("SELECT ver FROM items WHERE pk = ?1 AND sk = ?2")
+            .and_then(|mut stmt| stmt.query_row(params![pk, sk], |r| r.get(0)).optional())
+            .map_err(sql_error)?;
+        let holds = match write.condition() {
+            Condition::Always => true,
+            Condition::NotExists => current.is_none(),
+            Condition::VersionIs(v) => current == Some(v as i64),
+        };
+        if !holds {
+            failed.push(i);
+        }
+    }
+    if !failed.is_empty() {
+        return Err(StoreError::ConditionFailed { failed });
+    }
+    for write in writes {
+        match write {
+            Write::Put { item, .. } => {
+                let (gpk, gsk) = match &item.gsi1 {
+                    Some(g) => (Some(g.pk.as_str()), Some(g.sk.as_str())),
+                    None => (None, None),
+                };
+                tx.prepare_cached(
+                    "INSERT OR REPLACE INTO items (pk, sk, gsi1pk, gsi1sk, ver, body) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                )
+                .and_then(|mut stmt| {
+                    stmt.execute(params![item.pk, item.sk, gpk, gsk, item.ver as i64, item.body])
+                })
+                .map_err(sql_error)?;
+            }
+            Write::Delete { pk, sk, .. } => {
+                tx.prepare_cached("DELETE FROM items WHERE pk = ?1 AND sk = ?2")
+                    .and_then(|mut stmt| stmt.execute(params![pk, sk]))
+                    .map_err(sql_error)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 fn sql_error(e: rusqlite::Error) -> StoreError {
@@ -143,7 +340,7 @@ fn page(mut items: Vec<Item>, limit: usize, cursor: impl Fn(&Item) -> String) ->
 impl ItemStore for SqliteStore {
     async fn get(&self, pk: &str, sk: &str) -> Result<Option<Item>, StoreError> {
         let (pk, sk) = (pk.to_string(), sk.to_string());
-        self.with_conn(move |conn| {
+        self.read(move |conn| {
             conn.prepare_cached(
                 "SELECT pk, sk, gsi1pk, gsi1sk, ver, body FROM items WHERE pk = ?1 AND sk = ?2",
             )
@@ -168,7 +365,7 @@ impl ItemStore for SqliteStore {
             prefix_end(sk_prefix),
         );
         let limit = limit.max(1);
-        self.with_conn(move |conn| {
+        self.read(move |conn| {
             let sql = if exclusive {
                 "SELECT pk, sk, gsi1pk, gsi1sk, ver, body FROM items WHERE pk = ?1 AND sk > ?2 AND sk < ?3 ORDER BY sk LIMIT ?4"
             } else {
@@ -195,7 +392,7 @@ impl ItemStore for SqliteStore {
         let (pk, from, to) = (pk.to_string(), from.to_string(), to.to_string());
         let after = after.map(read_index_cursor).transpose()?;
         let limit = limit.max(1);
-        self.with_conn(move |conn| {
+        self.read(move |conn| {
             let (a_gsi, a_pk, a_sk) = after.unwrap_or_default();
             let mut stmt = conn
                 .prepare_cached(
@@ -215,49 +412,128 @@ impl ItemStore for SqliteStore {
 
     async fn transact(&self, writes: Vec<Write>) -> Result<(), StoreError> {
         check_transaction(&writes)?;
-        self.with_conn(move |conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(sql_error)?;
-            let mut failed = Vec::new();
-            for (i, write) in writes.iter().enumerate() {
-                let (pk, sk) = write.key();
-                let current: Option<i64> = tx
-                    .prepare_cached("SELECT ver FROM items WHERE pk = ?1 AND sk = ?2")
-                    .and_then(|mut stmt| stmt.query_row(params![pk, sk], |r| r.get(0)).optional())
-                    .map_err(sql_error)?;
-                let holds = match write.condition() {
-                    Condition::Always => true,
-                    Condition::NotExists => current.is_none(),
-                    Condition::VersionIs(v) => current == Some(v as i64),
-                };
-                if !holds {
-                    failed.push(i);
-                }
-            }
-            if !failed.is_empty() {
-                return Err(StoreError::ConditionFailed { failed });
-            }
-            for write in &writes {
-                match write {
-                    Write::Put { item, .. } => {
-                        let (gpk, gsk) = match &item.gsi1 {
-                            Some(g) => (Some(g.pk.as_str()), Some(g.sk.as_str())),
-                            None => (None, None),
-                        };
-                        tx.prepare_cached(
-                            "INSERT OR REPLACE INTO items (pk, sk, gsi1pk, gsi1sk, ver, body) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                        )
-                        .and_then(|mut stmt| stmt.execute(params![item.pk, item.sk, gpk, gsk, item.ver as i64, item.body]))
-                        .map_err(sql_error)?;
-                    }
-                    Write::Delete { pk, sk, .. } => {
-                        tx.prepare_cached("DELETE FROM items WHERE pk = ?1 AND sk = ?2")
-                            .and_then(|mut stmt| stmt.execute(params![pk, sk]))
-                            .map_err(sql_error)?;
-                    }
-                }
-            }
-            tx.commit().map_err(sql_error)
-        })
-        .await
+        let stopped = || StoreError::Unavailable("the store's writer stopped".into());
+        let (done, outcome) = oneshot::channel();
+        self.writer
+            .send(Pending { writes, done })
+            .map_err(|_| stopped())?;
+        outcome.await.map_err(|_| stopped())?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let dir = std::env::temp_dir().join(format!(
+            "countersign-sqlite-{name}-{}-{nanos}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir.join(FILE_NAME)
+    }
+
+    fn put(pk: &str, ver: u64, condition: Condition) -> Write {
+        Write::Put {
+            item: Item {
+                pk: pk.into(),
+                sk: "s".into(),
+                gsi1: None,
+                ver,
+                body: format!("\"{pk} v{ver}\""),
+            },
+            condition,
+        }
+    }
+
+    #[tokio::test]
+    async fn in_one_group_each_transaction_checks_what_the_earlier_ones_wrote_and_fails_alone() {
+        let path = scratch("group");
+        let store = SqliteStore::open(&path).unwrap();
+        store
+            .transact(vec![put("B", 1, Condition::NotExists)])
+            .await
+            .unwrap();
+        let mut conn = connect(&path).unwrap();
+        let group = [
+            vec![put("A", 1, Condition::NotExists)],
+            vec![put("A", 1, Condition::NotExists)],
+            vec![
+                put("C", 1, Condition::NotExists),
+                put("B", 3, Condition::VersionIs(2)),
+            ],
+            vec![
+                put("B", 2, Condition::VersionIs(1)),
+                put("D", 1, Condition::NotExists),
+            ],
+            vec![put("B", 3, Condition::VersionIs(2))],
+        ];
+        let outcomes = commit_group(&mut conn, group.iter().map(Vec::as_slice));
+        assert_eq!(
+            outcomes,
+            [
+                Ok(()),
+                Err(StoreError::ConditionFailed { failed: vec![0] }),
+                Err(StoreError::ConditionFailed { failed: vec![1] }),
+                Ok(()),
+                Ok(()),
+            ]
+        );
+        let ver = |pk: &'static str| {
+            let store = store.clone();
+            async move { store.get(pk, "s").await.unwrap().map(|i| i.ver) }
+        };
+        assert_eq!(ver("A").await, Some(1));
+        assert_eq!(ver("B").await, Some(3));
+        assert_eq!(ver("C").await, None, "a failed transaction writes nothing");
+        assert_eq!(ver("D").await, Some(1));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn of_many_concurrent_compare_and_sets_on_one_version_exactly_one_wins() {
+        let store = SqliteStore::open(&scratch("race")).unwrap();
+        store
+            .transact(vec![put("A", 1, Condition::NotExists)])
+            .await
+            .unwrap();
+        let mut racers = tokio::task::JoinSet::new();
+        for n in 0..32 {
+            let store = store.clone();
+            racers.spawn(async move {
+                let own = put(&format!("own-{n}"), 1, Condition::NotExists);
+                store
+                    .transact(vec![own, put("A", 2, Condition::VersionIs(1))])
+                    .await
+            });
+        }
+        let outcomes = racers.join_all().await;
+        let won = outcomes.iter().filter(|o| o.is_ok()).count();
+        assert_eq!(won, 1, "{outcomes:?}");
+        assert!(
+            outcomes
+                .iter()
+                .filter(|o| o.is_err())
+                .all(|o| *o == Err(StoreError::ConditionFailed { failed: vec![1] }))
+        );
+        let written = query_count(&store).await;
+        assert_eq!(
+            written, 2,
+            "the winner's own item and A, nothing of the losers"
+        );
+    }
+
+    async fn query_count(store: &SqliteStore) -> usize {
+        store
+            .read(|conn| {
+                conn.query_row("SELECT count(*) FROM items", [], |r| r.get::<_, i64>(0))
+                    .map_err(sql_error)
+            })
+            .await
+            .unwrap() as usize
     }
 }

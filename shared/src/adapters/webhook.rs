@@ -90,7 +90,7 @@ impl Webhooks {
                 url,
             });
         }
-        let client = reqwest::Client::builder()
+        let client = super::trust::client_builder()
             .connect_timeout(CONNECT_TIMEOUT.min(timeout))
             .timeout(timeout)
             // A webhook that redirects is misconfigured; following it could post elsewhere.
