@@ -10,7 +10,8 @@ use clap::{Args, Parser, Subcommand};
     version,
     about = "Durable human sign-off for an AI agent's risky tool calls",
     after_help = "The state lives in one SQLite file under --state (default ./state). \
-                  Set ANTHROPIC_API_KEY to drive the agent with Claude; without it an offline model plays the expense agent."
+                  Agents are the definitions --agents names (the shipped expense and refunds ones by default). \
+                  Set ANTHROPIC_API_KEY to drive them with Claude; without it each agent's offline model plays it."
 )]
 pub struct Cli {
     #[command(flatten)]

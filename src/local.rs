@@ -1,5 +1,5 @@
 //! The engine a `countersign` process works with: the embedded SQLite store by default, or
-//! AWS when `COUNTERSIGN_STORE=dynamodb`; the expense example; the model named by the environment.
+//! AWS when `COUNTERSIGN_STORE=dynamodb`; every agent its definitions name, each with its model.
 
 use std::path::Path;
 use std::sync::Arc;
