@@ -5,8 +5,10 @@
 pub mod orders;
 pub mod server;
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command};
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -24,6 +26,28 @@ pub fn countersign(state: &Path) -> Command {
         .env_remove("COUNTERSIGN_PEOPLE")
         .env_remove("COUNTERSIGN_CLAIMS");
     command
+}
+
+/// The address a server just spawned with a piped stdout prints on its first line
+/// (`listening on <url>`). The child is stopped, and the test fails, if that line does not come
+/// within `within` or says something else.
+pub fn listening_url(child: &mut Child, what: &str, within: Duration) -> String {
+    let stdout = child.stdout.take().expect("the server's stdout is piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = rx.recv_timeout(within).unwrap_or_default();
+    match line.trim().strip_prefix("listening on ") {
+        Some(url) => url.to_string(),
+        None => {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} printed no address within {within:?}: first line {line:?}");
+        }
+    }
 }
 
 pub struct Countersign {

@@ -1,7 +1,6 @@
 //! The refunds example's orders service as a real process: `orders serve` on a free port over a
 //! SQLite file of its own, killed and removed when dropped.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -54,29 +53,7 @@ impl OrdersService {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("orders serve starts");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let line = match rx.recv_timeout(Duration::from_secs(30)) {
-            Ok(line) => line,
-            Err(_) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("orders serve printed no address within 30 s");
-            }
-        };
-        let url = match line.trim().strip_prefix("listening on ") {
-            Some(url) => url.to_string(),
-            None => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("orders serve: unexpected first line {line:?}");
-            }
-        };
+        let url = super::listening_url(&mut child, "orders serve", Duration::from_secs(30));
         Self { child, dir, url }
     }
 

@@ -2,7 +2,6 @@
 //! and plain HTTP: the harness of the HTTP API's tests.
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::sync::Mutex;
@@ -79,25 +78,7 @@ impl Server {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("countersign serve starts");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let line = match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(line) => line,
-            Err(_) => {
-                let _ = child.kill();
-                panic!("countersign serve printed no address within 60 s");
-            }
-        };
-        let base = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_string();
+        let base = super::listening_url(&mut child, "countersign serve", Duration::from_secs(60));
         assert!(base.starts_with("http://127.0.0.1:"), "{base}");
         Self {
             child,
