@@ -317,12 +317,12 @@ pub struct Backing {
 /// configured, over the given store.
 pub fn engine(backing: Backing, setup: &Setup, drives: bool) -> Result<Engine, ConfigError> {
     let wiring = Wiring {
-        store: backing.store.clone(),
-        clock: backing.clock.clone(),
-        claims: setup.claims.clone(),
-        http: Default::default(),
-        env: &crate::adapters::env_template::process_env,
         drives,
+        ..Wiring::new(
+            backing.store.clone(),
+            backing.clock.clone(),
+            setup.claims.clone(),
+        )
     };
     let agents =
         agents::build_all(&setup.definitions, &wiring).map_err(|e| ConfigError(e.to_string()))?;

@@ -8,7 +8,6 @@ use std::sync::Arc;
 
 use aws_smithy_types::retry::RetryConfig;
 use shared::adapters::dynamodb::DynamoStore;
-use shared::adapters::env_template::process_env;
 use shared::adapters::scheduler::{EventBridgeScheduler, ScheduleTarget};
 use shared::adapters::sqlite::SqliteStore;
 use shared::adapters::sqs::SqsQueue;
@@ -194,14 +193,7 @@ fn engine(
     scheduler: Arc<dyn Scheduler>,
 ) -> Engine {
     let clock: Arc<dyn Clock> = clock;
-    let wiring = Wiring {
-        store: store.clone(),
-        clock: clock.clone(),
-        claims,
-        http: Default::default(),
-        env: &process_env,
-        drives: false,
-    };
+    let wiring = Wiring::new(store.clone(), clock.clone(), claims);
     // The shipped expense definition, played by the bench's own scripted model.
     let agent = agents::shipped_one(expense::AGENT)
         .and_then(|definition| definition.build(&wiring))

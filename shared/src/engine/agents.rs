@@ -5,10 +5,14 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use chrono::{DateTime, Utc};
+
 use super::error::EngineError;
+use crate::domain::approval::Asking;
 use crate::domain::args::Args;
 use crate::domain::ids::{AgentName, PersonId, Role};
 use crate::domain::policy::{Policy, ToolHints, Verdict};
+use crate::domain::run::Run;
 use crate::ports::model::Model;
 use crate::ports::tools::Toolbox;
 
@@ -86,6 +90,32 @@ impl Agent {
     /// What policy says about one proposed call of this agent.
     pub fn evaluate(&self, tool: &str, args: &Args) -> Verdict {
         self.policy.evaluate_with(tool, self.hints(tool), args)
+    }
+
+    /// Who asks a person about one call of `run`, under this agent's rules: the requester and
+    /// the call's claimants may never decide it.
+    pub fn asking(
+        &self,
+        run: &Run,
+        tool: &str,
+        args: &Args,
+        opened_at: DateTime<Utc>,
+        expires_at: DateTime<Utc>,
+    ) -> Asking {
+        let mut requested_by = run.requesters();
+        for claimant in self.claimants(tool, args) {
+            if !requested_by.contains(&claimant) {
+                requested_by.push(claimant);
+            }
+        }
+        Asking {
+            agent: self.name.clone(),
+            hints: self.hints(tool),
+            requested_by,
+            policy_version: self.policy.version,
+            opened_at,
+            expires_at,
+        }
     }
 
     /// The people a call names who may not approve it: the tool's own claimants (the expense

@@ -8,7 +8,7 @@ use tracing::Instrument;
 use super::records::{OutboxEntry, Stored, Tx, action_index, keys, load, run_index};
 use super::{AWAITING_ACTION_VER, Agent, Engine, EngineError, RunReport, deadline};
 use crate::domain::action::{Action, ActionStatus, NotExecuted, ProposedCall, ToolOutcome};
-use crate::domain::approval::{Approval, ApprovalStatus, Asking};
+use crate::domain::approval::{Approval, ApprovalStatus};
 use crate::domain::args::Args;
 use crate::domain::audit::{AuditEntry, AuditEvent};
 use crate::domain::conversation::{Message, Role, ToolResultText};
@@ -226,20 +226,8 @@ impl Engine {
         let now = self.now();
         let ttl = run.approval_ttl.unwrap_or(requirement.ttl);
         let ttl = chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::MAX);
-        let mut requested_by = run.requesters();
-        for claimant in agent.claimants(&proposal.tool, &proposal.args) {
-            if !requested_by.contains(&claimant) {
-                requested_by.push(claimant);
-            }
-        }
-        let asking = Asking {
-            agent: agent.name.clone(),
-            hints: agent.hints(&proposal.tool),
-            requested_by,
-            policy_version: agent.policy.version,
-            opened_at: now,
-            expires_at: deadline(now, ttl)?,
-        };
+        let expires_at = deadline(now, ttl)?;
+        let asking = agent.asking(run, &proposal.tool, &proposal.args, now, expires_at);
         Ok(Approval::open(proposal, &requirement, asking))
     }
 

@@ -8,10 +8,11 @@ use super::records::{OutboxEntry, Stored, Tx, action_index, keys, outbox_key, ru
 use super::{CAS_ATTEMPTS, Engine, EngineError};
 use super::{RunReport, deadline};
 use crate::domain::action::{Action, ActionStatus, ToolOutcome};
-use crate::domain::approval::{Approval, Asking};
+use crate::domain::approval::Approval;
 use crate::domain::audit::{AuditEntry, AuditEvent};
 use crate::domain::identity::Actor;
 use crate::domain::notice::NoticeKind;
+use crate::domain::policy::MAX_TTL;
 use crate::domain::run::Run;
 use crate::ports::queue::ResumeMessage;
 use crate::ports::store::{Condition, StoreError};
@@ -384,18 +385,15 @@ impl Engine {
             return Ok(None);
         };
         let now = self.now();
-        let mut requested_by = run.requesters();
-        requested_by.extend(agent.claimants(&action.tool, &action.args));
-        requested_by.dedup();
-        let asking = Asking {
-            agent: agent.name.clone(),
-            hints: agent.hints(&action.tool),
-            requested_by,
-            policy_version: agent.policy.version,
-            opened_at: now,
-            // Not a deadline: a recovery never expires. It sorts its pending entry.
-            expires_at: deadline(now, chrono::Duration::days(90))?,
-        };
+        // Not a deadline: a recovery never expires. It sorts its pending entry.
+        let longest = chrono::Duration::from_std(MAX_TTL).expect("90 days fit");
+        let asking = agent.asking(
+            run,
+            &action.tool,
+            &action.args,
+            now,
+            deadline(now, longest)?,
+        );
         Ok(Some(Approval::recovery(action, owner, detail, asking)))
     }
 

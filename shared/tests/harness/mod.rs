@@ -14,7 +14,6 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use chrono::{DateTime, TimeZone, Utc};
-use shared::adapters::env_template::process_env;
 use shared::adapters::sqlite::SqliteStore;
 use shared::agents::{self, Wiring};
 use shared::domain::action::ToolOutcome;
@@ -196,14 +195,7 @@ impl Harness {
         model: Arc<dyn Model>,
         adjust: impl FnOnce(Toolbox) -> Toolbox,
     ) -> Agent {
-        let wiring = Wiring {
-            store: store.clone(),
-            clock: self.clock.clone(),
-            claims: self.claims.clone(),
-            http: Default::default(),
-            env: &process_env,
-            drives: false,
-        };
+        let wiring = Wiring::new(store.clone(), self.clock.clone(), self.claims.clone());
         let mut agent = agents::shipped_one(expense::AGENT)
             .and_then(|definition| definition.build(&wiring))
             .expect("the shipped expense agent builds")
