@@ -63,26 +63,24 @@ async fn a_claim_started_over_http_is_paid_once_a_finance_reviewer_approves() {
     assert_eq!(approved.json["approval"]["status"], "approved");
     assert_eq!(approved.json["run"]["status"], "done", "{}", approved.json);
 
-    let audit = server
-        .get(&format!("/runs/{}/audit", c102.run), "dana")
-        .await;
-    assert_eq!(audit.status, 200, "{}", audit.json);
-    let executed: Vec<&Value> = audit.json["entries"]
+    let audit = server.audit(&c102.run).await;
+    let executed: Vec<&Value> = audit["entries"]
         .as_array()
         .unwrap()
         .iter()
         .filter(|e| e["event"] == "executed" && e["action_id"] == approval["action_id"])
         .collect();
-    assert_eq!(executed.len(), 1, "{}", audit.json["entries"]);
+    assert_eq!(executed.len(), 1, "{}", audit["entries"]);
     assert_eq!(executed[0]["succeeded"], true);
-    assert_eq!(audit.json["run"]["status"], "done");
-    let reimburse = audit.json["actions"]
+    assert_eq!(audit["run"]["status"], "done");
+    let reimburse = audit["actions"]
         .as_array()
         .unwrap()
         .iter()
         .find(|a| a["tool"] == "reimburse")
         .unwrap();
     assert_eq!(reimburse["status"], "succeeded");
+    assert_eq!(server.payments(), [("c-102".to_string(), 25_000)]);
 
     let after = server.get("/approvals", "dana").await;
     assert_eq!(after.json["approvals"], json!([]));
