@@ -282,6 +282,63 @@ pub struct Paused {
     pub approval: String,
 }
 
+/// A server with one run paused on one approval, and that approval as it was then: a refused
+/// request must leave it so.
+pub struct Pending {
+    pub server: Server,
+    pub run: String,
+    pub approval: String,
+    before: Value,
+}
+
+impl Pending {
+    /// ben's c-102 ($250 of lodging) waiting on a finance reviewer.
+    pub async fn c102(name: &str) -> Self {
+        let server = Server::start(name);
+        let Paused { run, approval } = server.paused_run("ben", "c-102", None).await;
+        let before = server.approval(&approval).await;
+        Self {
+            server,
+            run,
+            approval,
+            before,
+        }
+    }
+
+    /// Asserts the approval is as it was when the run paused.
+    #[track_caller]
+    pub async fn unchanged(&self) {
+        assert_eq!(self.server.approval(&self.approval).await, self.before);
+    }
+
+    /// `name`'s decision `body` is refused with `status` and `code`, and changes nothing.
+    #[track_caller]
+    pub async fn refuses(&self, name: &str, body: Value, status: u16, code: &str) {
+        let reply = self.server.decide(name, &self.approval, body).await;
+        assert_refused(&reply, status, code);
+        self.unchanged().await;
+    }
+
+    /// A decision sent as written: with this bearer token, if any, and content type.
+    pub async fn send_decision(
+        &self,
+        bearer: Option<String>,
+        content_type: &str,
+        body: Value,
+    ) -> Reply {
+        let path = format!("/approvals/{}/decisions", self.approval);
+        let bytes = body.to_string().into_bytes();
+        self.server
+            .send(
+                reqwest::Method::POST,
+                &path,
+                bearer,
+                Some((content_type, bytes)),
+            )
+            .await
+    }
+}
+
 pub fn approve(decision_id: &str) -> Value {
     json!({"decision_id": decision_id, "action_version": 1, "choice": "approve"})
 }
