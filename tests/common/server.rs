@@ -306,13 +306,11 @@ impl Pending {
     }
 
     /// Asserts the approval is as it was when the run paused.
-    #[track_caller]
     pub async fn unchanged(&self) {
         assert_eq!(self.server.approval(&self.approval).await, self.before);
     }
 
     /// `name`'s decision `body` is refused with `status` and `code`, and changes nothing.
-    #[track_caller]
     pub async fn refuses(&self, name: &str, body: Value, status: u16, code: &str) {
         let reply = self.server.decide(name, &self.approval, body).await;
         assert_refused(&reply, status, code);
