@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde_json::json;
 
-use crate::domain::conversation::{Block, Role, StopReason};
+use crate::domain::conversation::{Block, Speaker, StopReason};
 use crate::ports::clock::Clock;
 use crate::ports::model::{Model, ModelError, ModelReply, ModelRequest};
 
@@ -44,7 +44,7 @@ impl Model for Script {
         let turn = request
             .messages
             .iter()
-            .filter(|m| m.role == Role::Assistant)
+            .filter(|m| m.role == Speaker::Assistant)
             .count();
         let Some(calls) = self.turns.get(turn) else {
             return Ok(ModelReply {
@@ -88,7 +88,7 @@ impl Model for ScriptedAgent {
         let turn = request
             .messages
             .iter()
-            .filter(|m| m.role == Role::Assistant)
+            .filter(|m| m.role == Speaker::Assistant)
             .count();
         if turn == 0 {
             let task = request

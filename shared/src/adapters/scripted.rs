@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::domain::conversation::{Block, Role, StopReason};
+use crate::domain::conversation::{Block, Speaker, StopReason};
 use crate::ports::model::{Model, ModelError, ModelReply, ModelRequest};
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -110,7 +110,7 @@ impl Model for ScriptedModel {
         let turn = request
             .messages
             .iter()
-            .filter(|m| m.role == Role::Assistant)
+            .filter(|m| m.role == Speaker::Assistant)
             .count();
         // Past its end, the script repeats its last words and proposes nothing more.
         let last = self.script.turns.len() - 1;
@@ -177,11 +177,11 @@ mod tests {
         );
         let id = id.clone();
         messages.push(Message {
-            role: Role::Assistant,
+            role: Speaker::Assistant,
             content: first.content,
         });
         messages.push(Message {
-            role: Role::User,
+            role: Speaker::User,
             content: vec![ToolResultText::ok("75.00 USD").into_block(&id)],
         });
         let last = model.respond(request(&messages)).await.unwrap();

@@ -19,7 +19,7 @@ use shared::agents::{self, Wiring};
 use shared::domain::action::ToolOutcome;
 use shared::domain::approval::{Approval, Choice, DecisionRequest};
 use shared::domain::audit::AuditEntry;
-use shared::domain::conversation::Role as Speaker;
+use shared::domain::conversation::Speaker;
 use shared::domain::conversation::{Block, ToolResultText};
 use shared::domain::identity::{Directory, Identity};
 use shared::domain::ids::{ActionVersion, DecisionId, RunId, TenantId};
