@@ -297,7 +297,7 @@ pub fn reject(id: &str, reason: &str) -> DecisionRequest {
     )
 }
 
-pub fn edit(id: &str, dollars: i64) -> DecisionRequest {
+pub fn edit(id: &str, dollars: u32) -> DecisionRequest {
     decision(
         id,
         ActionVersion::FIRST,
