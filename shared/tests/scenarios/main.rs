@@ -27,6 +27,7 @@ mod decisions;
 mod edits;
 mod expiry;
 mod races;
+mod recovery;
 mod resume;
 mod turns;
 
