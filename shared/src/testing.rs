@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde_json::json;
 
-use crate::domain::conversation::{Block, Speaker, StopReason};
+use crate::domain::conversation::{Block, StopReason};
 use crate::ports::clock::Clock;
 use crate::ports::model::{Model, ModelError, ModelReply, ModelRequest};
 
@@ -41,11 +41,7 @@ impl Model for Script {
     }
 
     async fn respond(&self, request: ModelRequest<'_>) -> Result<ModelReply, ModelError> {
-        let turn = request
-            .messages
-            .iter()
-            .filter(|m| m.role == Speaker::Assistant)
-            .count();
+        let turn = request.turn();
         let Some(calls) = self.turns.get(turn) else {
             return Ok(ModelReply {
                 content: vec![Block::Text {
@@ -85,11 +81,7 @@ impl Model for ScriptedAgent {
     }
 
     async fn respond(&self, request: ModelRequest<'_>) -> Result<ModelReply, ModelError> {
-        let turn = request
-            .messages
-            .iter()
-            .filter(|m| m.role == Speaker::Assistant)
-            .count();
+        let turn = request.turn();
         if turn == 0 {
             let task = request
                 .messages

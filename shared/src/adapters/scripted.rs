@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::domain::conversation::{Block, Speaker, StopReason};
+use crate::domain::conversation::{Block, StopReason};
 use crate::ports::model::{Model, ModelError, ModelReply, ModelRequest};
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -107,11 +107,7 @@ impl Model for ScriptedModel {
     }
 
     async fn respond(&self, request: ModelRequest<'_>) -> Result<ModelReply, ModelError> {
-        let turn = request
-            .messages
-            .iter()
-            .filter(|m| m.role == Speaker::Assistant)
-            .count();
+        let turn = request.turn();
         // Past its end, the script repeats its last words and proposes nothing more.
         let last = self.script.turns.len() - 1;
         let (step, calls) = match self.script.turns.get(turn) {
@@ -142,6 +138,7 @@ impl Model for ScriptedModel {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::conversation::Speaker;
     use crate::domain::conversation::{Message, ToolResultText};
     use serde_json::json;
 

@@ -520,11 +520,7 @@ impl Model for Stalls {
     }
 
     async fn respond(&self, request: ModelRequest<'_>) -> Result<ModelReply, ModelError> {
-        let turn = request
-            .messages
-            .iter()
-            .filter(|m| m.role == Speaker::Assistant)
-            .count();
+        let turn = request.turn();
         if turn < self.after_turns {
             return self.script.respond(request).await;
         }
