@@ -40,6 +40,24 @@ async fn race(
     [a.await.unwrap(), b.await.unwrap()]
 }
 
+/// One round of a race: a fresh store, and two processes over it whose `reimburse` calls are
+/// counted together.
+struct Round {
+    h: Harness,
+    calls: Arc<AtomicUsize>,
+    a: Arc<Process>,
+    b: Arc<Process>,
+}
+
+impl Round {
+    async fn of(h: Harness) -> Self {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let a = counted_process(&h, &calls).await;
+        let b = counted_process(&h, &calls).await;
+        Self { h, calls, a, b }
+    }
+}
+
 async fn counted_process(h: &Harness, calls: &Arc<AtomicUsize>) -> Arc<Process> {
     let calls = calls.clone();
     Arc::new(
@@ -60,12 +78,7 @@ pub async fn given_a_paused_run_when_approve_and_reject_race_from_two_processes_
 ) {
     let mut approvals_won = 0;
     for round in 0..rounds {
-        let h = fresh().await;
-        let calls = Arc::new(AtomicUsize::new(0));
-        let (a, b) = (
-            counted_process(&h, &calls).await,
-            counted_process(&h, &calls).await,
-        );
+        let Round { h, calls, a, b } = Round::of(fresh().await).await;
         let (report, approval) = h.start_paused(&a, "c-102").await;
 
         let results = race(
@@ -110,12 +123,7 @@ pub async fn given_one_approver_needed_when_two_approve_at_once_from_two_process
     rounds: usize,
 ) {
     for round in 0..rounds {
-        let h = fresh().await;
-        let calls = Arc::new(AtomicUsize::new(0));
-        let (a, b) = (
-            counted_process(&h, &calls).await,
-            counted_process(&h, &calls).await,
-        );
+        let Round { h, calls, a, b } = Round::of(fresh().await).await;
         let (_, approval) = h.start_paused(&a, "c-102").await;
 
         let results = race(
@@ -258,12 +266,7 @@ pub async fn given_an_overdue_approval_when_the_sweep_and_a_late_approval_race_t
     rounds: usize,
 ) {
     for round in 0..rounds {
-        let h = fresh().await;
-        let calls = Arc::new(AtomicUsize::new(0));
-        let (a, b) = (
-            counted_process(&h, &calls).await,
-            counted_process(&h, &calls).await,
-        );
+        let Round { h, calls, a, b } = Round::of(fresh().await).await;
         let (report, approval) = h.start_paused(&a, "c-102").await;
         h.clock.advance(Duration::hours(25));
 
@@ -311,12 +314,7 @@ pub async fn given_a_paused_run_when_its_requester_cancels_as_an_approver_approv
     rounds: usize,
 ) {
     for round in 0..rounds {
-        let h = fresh().await;
-        let calls = Arc::new(AtomicUsize::new(0));
-        let (a, b) = (
-            counted_process(&h, &calls).await,
-            counted_process(&h, &calls).await,
-        );
+        let Round { h, calls, a, b } = Round::of(fresh().await).await;
         let (report, approval) = h.start_paused(&a, "c-102").await;
 
         let barrier = Arc::new(Barrier::new(2));
