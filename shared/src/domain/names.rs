@@ -153,6 +153,30 @@ macro_rules! refuse {
     };
 }
 
+/// What neither serializer takes: numbers, booleans, bytes, nothing.
+macro_rules! refuse_scalars {
+    () => {
+        refuse!(
+            serialize_bool(bool),
+            serialize_i8(i8),
+            serialize_i16(i16),
+            serialize_i32(i32),
+            serialize_i64(i64),
+            serialize_u8(u8),
+            serialize_u16(u16),
+            serialize_u32(u32),
+            serialize_u64(u64),
+            serialize_f32(f32),
+            serialize_f64(f64),
+            serialize_char(char),
+            serialize_bytes(&[u8]),
+            serialize_none(),
+            serialize_unit(),
+            serialize_unit_struct(&'static str),
+        );
+    };
+}
+
 impl ser::Serializer for Name {
     type Ok = &'static str;
     type Error = NotNamed;
@@ -164,25 +188,8 @@ impl ser::Serializer for Name {
     type SerializeStruct = Tagged;
     type SerializeStructVariant = Variant;
 
-    refuse!(
-        serialize_bool(bool),
-        serialize_i8(i8),
-        serialize_i16(i16),
-        serialize_i32(i32),
-        serialize_i64(i64),
-        serialize_u8(u8),
-        serialize_u16(u16),
-        serialize_u32(u32),
-        serialize_u64(u64),
-        serialize_f32(f32),
-        serialize_f64(f64),
-        serialize_char(char),
-        serialize_str(&str),
-        serialize_bytes(&[u8]),
-        serialize_none(),
-        serialize_unit(),
-        serialize_unit_struct(&'static str),
-    );
+    refuse_scalars!();
+    refuse!(serialize_str(&str));
 
     fn serialize_some<T: Serialize + ?Sized>(self, _: &T) -> Result<&'static str, NotNamed> {
         not_named("option")
@@ -278,25 +285,8 @@ impl ser::Serializer for Text {
         Ok(interned(text))
     }
 
-    refuse!(
-        serialize_bool(bool),
-        serialize_i8(i8),
-        serialize_i16(i16),
-        serialize_i32(i32),
-        serialize_i64(i64),
-        serialize_u8(u8),
-        serialize_u16(u16),
-        serialize_u32(u32),
-        serialize_u64(u64),
-        serialize_f32(f32),
-        serialize_f64(f64),
-        serialize_char(char),
-        serialize_bytes(&[u8]),
-        serialize_none(),
-        serialize_unit(),
-        serialize_unit_struct(&'static str),
-        serialize_unit_variant(&'static str, u32, &'static str),
-    );
+    refuse_scalars!();
+    refuse!(serialize_unit_variant(&'static str, u32, &'static str));
 
     fn serialize_some<T: Serialize + ?Sized>(self, _: &T) -> Result<&'static str, NotNamed> {
         not_named("option")
