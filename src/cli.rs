@@ -108,8 +108,6 @@ pub enum Command {
         #[arg(long)]
         once: bool,
     },
-    /// Benchmark the approval lifecycle, the sweep and, on DynamoDB, AWS requests per step.
-    Bench(crate::bench::BenchArgs),
 }
 
 #[derive(Debug, Subcommand)]

@@ -1,6 +1,5 @@
 //! `countersign`: the embedded local mode's command line.
 
-mod bench;
 mod cli;
 mod fail;
 mod local;
@@ -83,10 +82,6 @@ fn already_loaded(agents: Option<&str>, dir: &std::path::Path) -> bool {
 }
 
 async fn run(cli: Cli) -> Result<Output, Failure> {
-    // The bench builds its own store and engine; it never touches --state.
-    if let Command::Bench(args) = &cli.command {
-        return bench::run(args).await;
-    }
     let mut cli = cli;
     // A definition's directory given to `run` is loaded with the others, unless they hold it.
     if let Command::Run { agent, .. } = &cli.command
@@ -273,7 +268,6 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
             })
         }
         Command::Worker { once } => worker::run(&local, once).await,
-        Command::Bench(_) => unreachable!("the bench runs before the store is opened"),
         Command::Ledger => {
             let mut settlements = Vec::new();
             for tenant in local.tenants().await? {

@@ -10,7 +10,7 @@ use shared::api::BearerJwt;
 mod common;
 
 use common::countersign;
-use common::server::{Server, approve, assert_refused};
+use common::server::{Pending, Server, approve, assert_refused};
 
 #[tokio::test]
 async fn a_claim_started_over_http_is_paid_once_a_finance_reviewer_approves() {
@@ -63,26 +63,24 @@ async fn a_claim_started_over_http_is_paid_once_a_finance_reviewer_approves() {
     assert_eq!(approved.json["approval"]["status"], "approved");
     assert_eq!(approved.json["run"]["status"], "done", "{}", approved.json);
 
-    let audit = server
-        .get(&format!("/runs/{}/audit", c102.run), "dana")
-        .await;
-    assert_eq!(audit.status, 200, "{}", audit.json);
-    let executed: Vec<&Value> = audit.json["entries"]
+    let audit = server.audit(&c102.run).await;
+    let executed: Vec<&Value> = audit["entries"]
         .as_array()
         .unwrap()
         .iter()
         .filter(|e| e["event"] == "executed" && e["action_id"] == approval["action_id"])
         .collect();
-    assert_eq!(executed.len(), 1, "{}", audit.json["entries"]);
+    assert_eq!(executed.len(), 1, "{}", audit["entries"]);
     assert_eq!(executed[0]["succeeded"], true);
-    assert_eq!(audit.json["run"]["status"], "done");
-    let reimburse = audit.json["actions"]
+    assert_eq!(audit["run"]["status"], "done");
+    let reimburse = audit["actions"]
         .as_array()
         .unwrap()
         .iter()
         .find(|a| a["tool"] == "reimburse")
         .unwrap();
     assert_eq!(reimburse["status"], "succeeded");
+    assert_eq!(server.payments(), [("c-102".to_string(), 25_000)]);
 
     let after = server.get("/approvals", "dana").await;
     assert_eq!(after.json["approvals"], json!([]));
@@ -111,9 +109,8 @@ async fn an_edit_that_lowers_the_amount_pays_the_lower_amount() {
 
 #[tokio::test]
 async fn malformed_json_is_400_and_changes_nothing() {
-    let server = Server::start("malformed");
-    let c102 = server.paused_run("ben", "c-102", None).await;
-    let before = server.approval(&c102.approval).await;
+    let c102 = Pending::c102("malformed").await;
+    let server = &c102.server;
     let path = format!("/approvals/{}/decisions", c102.approval);
     let cut = r#"{"decision_id": "d1", "action_version": 1, "choice": "approve""#;
     assert_refused(
@@ -126,26 +123,21 @@ async fn malformed_json_is_400_and_changes_nothing() {
         400,
         "malformed_json",
     );
-    assert_eq!(server.approval(&c102.approval).await, before);
+    c102.unchanged().await;
 }
 
 #[tokio::test]
 async fn an_unknown_field_is_400_and_cannot_name_the_decider() {
-    let server = Server::start("unknown-field");
-    let c102 = server.paused_run("ben", "c-102", None).await;
-    let before = server.approval(&c102.approval).await;
+    let c102 = Pending::c102("unknown-field").await;
     let mut body = approve("d1");
     body["by"] = json!("dana");
-    let reply = server.decide("erin", &c102.approval, body).await;
-    assert_refused(&reply, 400, "unknown_field");
-    assert_eq!(server.approval(&c102.approval).await, before);
+    c102.refuses("erin", body, 400, "unknown_field").await;
 }
 
 #[tokio::test]
 async fn a_missing_field_or_an_amount_as_a_number_is_400() {
-    let server = Server::start("missing-field");
-    let c102 = server.paused_run("ben", "c-102", None).await;
-    let before = server.approval(&c102.approval).await;
+    let c102 = Pending::c102("missing-field").await;
+    let server = &c102.server;
     let no_version = json!({"decision_id": "d1", "choice": "approve"});
     assert_refused(
         &server.decide("dana", &c102.approval, no_version).await,
@@ -159,47 +151,36 @@ async fn a_missing_field_or_an_amount_as_a_number_is_400() {
         400,
         "bad_amount",
     );
-    assert_eq!(server.approval(&c102.approval).await, before);
+    c102.unchanged().await;
 }
 
 #[tokio::test]
 async fn a_body_over_16_kib_is_400_and_changes_nothing() {
-    let server = Server::start("too-large");
-    let c102 = server.paused_run("ben", "c-102", None).await;
-    let before = server.approval(&c102.approval).await;
+    let c102 = Pending::c102("too-large").await;
     let body = json!({
         "decision_id": "d1",
         "action_version": 1,
         "choice": "reject",
         "reason": "x".repeat(17 * 1024)
     });
-    let reply = server.decide("dana", &c102.approval, body).await;
-    assert_refused(&reply, 400, "body_too_large");
-    assert_eq!(server.approval(&c102.approval).await, before);
+    c102.refuses("dana", body, 400, "body_too_large").await;
 }
 
 #[tokio::test]
 async fn a_body_that_is_not_declared_json_is_400() {
-    let server = Server::start("content-type");
-    let c102 = server.paused_run("ben", "c-102", None).await;
-    let before = server.approval(&c102.approval).await;
-    let reply = server
-        .send(
-            reqwest::Method::POST,
-            &format!("/approvals/{}/decisions", c102.approval),
-            Some(server.token("dana")),
-            Some(("text/plain", approve("d1").to_string().into_bytes())),
-        )
+    let c102 = Pending::c102("content-type").await;
+    let server = &c102.server;
+    let reply = c102
+        .send_decision(Some(server.token("dana")), "text/plain", approve("d1"))
         .await;
     assert_refused(&reply, 400, "bad_content_type");
-    assert_eq!(server.approval(&c102.approval).await, before);
+    c102.unchanged().await;
 }
 
 #[tokio::test]
 async fn a_bad_approval_id_is_400() {
-    let server = Server::start("bad-id");
-    let c102 = server.paused_run("ben", "c-102", None).await;
-    let before = server.approval(&c102.approval).await;
+    let c102 = Pending::c102("bad-id").await;
+    let server = &c102.server;
     assert_refused(
         &server.get("/approvals/not-an-approval", "dana").await,
         400,
@@ -216,7 +197,7 @@ async fn a_bad_approval_id_is_400() {
         400,
         "bad_id",
     );
-    assert_eq!(server.approval(&c102.approval).await, before);
+    c102.unchanged().await;
 }
 
 #[tokio::test]
@@ -236,16 +217,10 @@ async fn an_unknown_route_or_method_answers_in_json() {
 
 #[tokio::test]
 async fn a_request_without_a_token_is_401() {
-    let server = Server::start("no-token");
-    let c102 = server.paused_run("ben", "c-102", None).await;
-    let before = server.approval(&c102.approval).await;
-    let reply = server
-        .send(
-            reqwest::Method::POST,
-            &format!("/approvals/{}/decisions", c102.approval),
-            None,
-            Some(("application/json", approve("d1").to_string().into_bytes())),
-        )
+    let c102 = Pending::c102("no-token").await;
+    let server = &c102.server;
+    let reply = c102
+        .send_decision(None, "application/json", approve("d1"))
         .await;
     assert_refused(&reply, 401, "missing_token");
     assert_eq!(reply.www_authenticate.as_deref(), Some("Bearer"));
@@ -253,14 +228,13 @@ async fn a_request_without_a_token_is_401() {
         .send(reqwest::Method::GET, "/approvals", None, None)
         .await;
     assert_refused(&list, 401, "missing_token");
-    assert_eq!(server.approval(&c102.approval).await, before);
+    c102.unchanged().await;
 }
 
 #[tokio::test]
 async fn an_invalid_or_expired_token_is_401() {
-    let server = Server::start("bad-token");
-    let c102 = server.paused_run("ben", "c-102", None).await;
-    let before = server.approval(&c102.approval).await;
+    let c102 = Pending::c102("bad-token").await;
+    let server = &c102.server;
     let path = format!("/approvals/{}/decisions", c102.approval);
     let body = || Some(("application/json", approve("d1").to_string().into_bytes()));
 
@@ -282,14 +256,12 @@ async fn an_invalid_or_expired_token_is_401() {
         .send(reqwest::Method::POST, &path, Some(expired), body())
         .await;
     assert_refused(&late, 401, "token_expired");
-    assert_eq!(server.approval(&c102.approval).await, before);
+    c102.unchanged().await;
 }
 
 #[tokio::test]
 async fn a_token_signed_with_another_key_is_401() {
-    let server = Server::start("other-key");
-    let c102 = server.paused_run("ben", "c-102", None).await;
-    let before = server.approval(&c102.approval).await;
+    let c102 = Pending::c102("other-key").await;
     let dana = shared::example::expense::default_directory()
         .identify("dana")
         .unwrap();
@@ -297,38 +269,25 @@ async fn a_token_signed_with_another_key_is_401() {
         .unwrap()
         .issue(&dana, chrono::Utc::now(), Duration::from_secs(600))
         .unwrap();
-    let reply = server
-        .send(
-            reqwest::Method::POST,
-            &format!("/approvals/{}/decisions", c102.approval),
-            Some(foreign),
-            Some(("application/json", approve("d1").to_string().into_bytes())),
-        )
+    let reply = c102
+        .send_decision(Some(foreign), "application/json", approve("d1"))
         .await;
     assert_refused(&reply, 401, "invalid_token");
-    assert_eq!(server.approval(&c102.approval).await, before);
+    c102.unchanged().await;
 }
 
 #[tokio::test]
 async fn a_reviewer_without_the_approver_role_is_403() {
-    let server = Server::start("no-role");
-    let c102 = server.paused_run("ben", "c-102", None).await;
-    let before = server.approval(&c102.approval).await;
-    let reply = server
-        .decide("chen", &c102.approval, approve("chen-1"))
+    let c102 = Pending::c102("no-role").await;
+    c102.refuses("chen", approve("chen-1"), 403, "missing_role")
         .await;
-    assert_refused(&reply, 403, "missing_role");
-    assert_eq!(server.approval(&c102.approval).await, before);
 }
 
 #[tokio::test]
 async fn nobody_approves_their_own_claim() {
-    let server = Server::start("own-claim");
-    let c102 = server.paused_run("ben", "c-102", None).await;
-    let before = server.approval(&c102.approval).await;
-    let reply = server.decide("ben", &c102.approval, approve("ben-1")).await;
-    assert_refused(&reply, 403, "own_request");
-    assert_eq!(server.approval(&c102.approval).await, before);
+    let c102 = Pending::c102("own-claim").await;
+    c102.refuses("ben", approve("ben-1"), 403, "own_request")
+        .await;
 }
 
 #[tokio::test]
@@ -347,9 +306,8 @@ async fn the_caller_who_starts_a_run_and_the_claims_employee_may_not_approve_it(
 
 #[tokio::test]
 async fn another_tenants_approval_is_404() {
-    let server = Server::start("tenant");
-    let c102 = server.paused_run("ben", "c-102", None).await;
-    let before = server.approval(&c102.approval).await;
+    let c102 = Pending::c102("tenant").await;
+    let server = &c102.server;
     assert_refused(
         &server
             .get(&format!("/approvals/{}", c102.approval), "zoe")
@@ -386,18 +344,14 @@ async fn another_tenants_approval_is_404() {
     let zoes = server.get("/approvals", "zoe").await;
     assert_eq!(zoes.status, 200);
     assert_eq!(zoes.json["approvals"], json!([]));
-    assert_eq!(server.approval(&c102.approval).await, before);
+    c102.unchanged().await;
 }
 
 #[tokio::test]
 async fn a_stale_version_is_409() {
-    let server = Server::start("stale");
-    let c102 = server.paused_run("ben", "c-102", None).await;
-    let before = server.approval(&c102.approval).await;
+    let c102 = Pending::c102("stale").await;
     let stale = json!({"decision_id": "d1", "action_version": 2, "choice": "approve"});
-    let reply = server.decide("dana", &c102.approval, stale).await;
-    assert_refused(&reply, 409, "stale_version");
-    assert_eq!(server.approval(&c102.approval).await, before);
+    c102.refuses("dana", stale, 409, "stale_version").await;
 }
 
 #[tokio::test]
@@ -409,10 +363,10 @@ async fn a_second_decision_on_a_resolved_approval_is_409() {
         .await;
     assert_eq!(first.status, 200, "{}", first.json);
     let before = server.approval(&c102.approval).await;
-    let late = server
+    let reply = server
         .decide("erin", &c102.approval, approve("erin-1"))
         .await;
-    assert_refused(&late, 409, "already_decided");
+    assert_refused(&reply, 409, "already_decided");
     assert_eq!(server.approval(&c102.approval).await, before);
 }
 
@@ -468,18 +422,14 @@ async fn a_decision_on_a_cancelled_run_is_409() {
 
 #[tokio::test]
 async fn an_edit_that_raises_the_amount_is_422() {
-    let server = Server::start("edit-raise");
-    let c102 = server.paused_run("ben", "c-102", None).await;
-    let before = server.approval(&c102.approval).await;
+    let c102 = Pending::c102("edit-raise").await;
     let raise = json!({
         "decision_id": "dana-edit",
         "action_version": 1,
         "choice": "edit",
         "amount": "300.00"
     });
-    let reply = server.decide("dana", &c102.approval, raise).await;
-    assert_refused(&reply, 422, "edit_refused");
-    assert_eq!(server.approval(&c102.approval).await, before);
+    c102.refuses("dana", raise, 422, "edit_refused").await;
 }
 
 #[tokio::test]

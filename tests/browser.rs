@@ -6,7 +6,6 @@
 //! Needs Debian's `chromium` and `chromium-driver` (`scripts/test-all` installs them).
 //! `CHROMEDRIVER` and `CHROMIUM` name other binaries. Without them every test here fails.
 
-use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -20,6 +19,7 @@ use serde_json::{Value, json};
 mod common;
 
 use common::countersign;
+use common::server::Server;
 /// How long the page may take to show what a test waits for.
 const PATIENCE: Duration = Duration::from_secs(20);
 
@@ -29,197 +29,6 @@ fn unique(name: &str) -> String {
         .unwrap()
         .as_nanos();
     format!("{name}-{}-{nanos}", std::process::id())
-}
-
-/// Reads the first line a child prints, or gives up after `timeout`.
-fn first_line(stdout: impl std::io::Read + Send + 'static, timeout: Duration) -> Option<String> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = BufReader::new(stdout).read_line(&mut line);
-        let _ = tx.send(line);
-    });
-    rx.recv_timeout(timeout).ok()
-}
-
-/// One `countersign serve --addr 127.0.0.1:0` over a fresh state directory; stopped and removed
-/// when dropped.
-struct Server {
-    child: Child,
-    base: String,
-    state: PathBuf,
-    http: reqwest::Client,
-    /// Development sign-in's secret, when the server offers it.
-    dev_secret: Option<String>,
-}
-
-struct Paused {
-    run: String,
-    approval: String,
-}
-
-impl Server {
-    /// A server with development sign-in, as a developer runs it for the page's picker.
-    fn start(name: &str) -> Self {
-        Self::start_with(name, true)
-    }
-
-    fn start_with(name: &str, dev_sign_in: bool) -> Self {
-        let state = std::env::temp_dir().join(unique(&format!("countersign-browser-{name}")));
-        let mut child = countersign(&state)
-            .args(["serve", "--addr", "127.0.0.1:0"])
-            .args(dev_sign_in.then_some("--dev-sign-in"))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("countersign serve starts");
-        let stdout = child.stdout.take().unwrap();
-        let Some(line) = first_line(stdout, Duration::from_secs(60)) else {
-            let _ = child.kill();
-            panic!("countersign serve printed no address within 60 s");
-        };
-        let base = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_string();
-        let dev_secret = dev_sign_in.then(|| {
-            std::fs::read_to_string(state.join("dev-sign-in.secret"))
-                .expect("--dev-sign-in made its secret")
-        });
-        Self {
-            child,
-            base,
-            state,
-            http: reqwest::Client::new(),
-            dev_secret,
-        }
-    }
-
-    /// A development token: from the same route the page's picker uses, or from
-    /// `countersign token` where the server offers no sign-in.
-    async fn token(&self, name: &str) -> String {
-        let Some(secret) = &self.dev_secret else {
-            let output = countersign(&self.state)
-                .args(["token", "--as", name])
-                .output()
-                .unwrap();
-            assert!(output.status.success(), "a token for {name}");
-            return String::from_utf8(output.stdout).unwrap().trim().to_string();
-        };
-        let reply = self
-            .http
-            .post(format!("{}/dev/token", self.base))
-            .header("x-countersign-dev-secret", secret)
-            .json(&json!({"as": name}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(reply.status(), 200, "a token for {name}");
-        let body: Value = reply.json().await.unwrap();
-        body["token"].as_str().unwrap().to_string()
-    }
-
-    async fn call(
-        &self,
-        method: reqwest::Method,
-        path: &str,
-        name: &str,
-        body: Option<Value>,
-    ) -> Value {
-        let mut request = self
-            .http
-            .request(method, format!("{}{path}", self.base))
-            .bearer_auth(self.token(name).await);
-        if let Some(body) = body {
-            request = request.json(&body);
-        }
-        let reply = request.send().await.unwrap();
-        let status = reply.status();
-        let body: Value = reply.json().await.unwrap();
-        assert!(status.is_success(), "{path}: {status} {body}");
-        body
-    }
-
-    /// `POST /runs` as `name`: the run pauses on one approval.
-    async fn paused_run(&self, name: &str, claim: &str, ttl: Option<&str>) -> Paused {
-        let mut body = json!({"claim_id": claim});
-        if let Some(ttl) = ttl {
-            body["ttl"] = json!(ttl);
-        }
-        let run = self
-            .call(reqwest::Method::POST, "/runs", name, Some(body))
-            .await;
-        assert_eq!(run["status"], "awaiting_approval", "{run}");
-        Paused {
-            run: run["run_id"].as_str().unwrap().to_string(),
-            approval: run["approvals"][0]["id"].as_str().unwrap().to_string(),
-        }
-    }
-
-    async fn approval(&self, id: &str) -> Value {
-        self.call(
-            reqwest::Method::GET,
-            &format!("/approvals/{id}"),
-            "dana",
-            None,
-        )
-        .await
-    }
-
-    async fn audit(&self, run: &str) -> Value {
-        self.call(
-            reqwest::Method::GET,
-            &format!("/runs/{run}/audit"),
-            "dana",
-            None,
-        )
-        .await
-    }
-
-    /// The decisions recorded in a run's audit log.
-    async fn decisions(&self, run: &str) -> Vec<Value> {
-        self.audit(run).await["entries"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|e| e["event"] == "decision")
-            .cloned()
-            .collect()
-    }
-
-    /// `countersign ledger --json` over the server's state: claim and cents of every payment.
-    fn payments(&self) -> Vec<(String, i64)> {
-        let output = countersign(&self.state)
-            .args(["--json", "ledger"])
-            .output()
-            .expect("countersign ledger runs");
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let ledger: Value = serde_json::from_slice(&output.stdout).unwrap();
-        ledger["payments"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|p| {
-                (
-                    p["claim_id"].as_str().unwrap().to_string(),
-                    p["amount"].as_i64().unwrap(),
-                )
-            })
-            .collect()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.state);
-    }
 }
 
 const INSTALL: &str = "the browser tests need Debian's chromium and chromium-driver: \
@@ -427,7 +236,7 @@ impl Browser {
     /// Opens the page as the server's start-up line offers it: with development sign-in, the
     /// link that carries its secret.
     async fn open(&self, server: &Server) {
-        let link = match &server.dev_secret {
+        let link = match server.offered_dev_secret() {
             Some(secret) => format!("{}/#dev-secret={secret}", server.base),
             None => format!("{}/", server.base),
         };
@@ -457,7 +266,7 @@ impl Browser {
 
 #[tokio::test]
 async fn dana_approves_a_claim_in_the_page_and_it_leaves_the_queue() {
-    let server = Server::start("approve");
+    let server = Server::start_dev("approve");
     let c102 = server.paused_run("ben", "c-102", None).await;
     let mut driver = Driver::start().await;
     let dana = driver.browser().await;
@@ -508,7 +317,7 @@ async fn dana_approves_a_claim_in_the_page_and_it_leaves_the_queue() {
 
 #[tokio::test]
 async fn a_double_click_on_approve_decides_once() {
-    let server = Server::start("double-click");
+    let server = Server::start_dev("double-click");
     let c102 = server.paused_run("ben", "c-102", None).await;
     let mut driver = Driver::start().await;
     let dana = driver.browser().await;
@@ -548,7 +357,7 @@ async fn a_double_click_on_approve_decides_once() {
 
 #[tokio::test]
 async fn dana_lowers_the_amount_and_the_ledger_pays_the_lower_amount() {
-    let server = Server::start("edit");
+    let server = Server::start_dev("edit");
     let c102 = server.paused_run("ben", "c-102", None).await;
     let mut driver = Driver::start().await;
     let dana = driver.browser().await;
@@ -600,7 +409,7 @@ async fn dana_lowers_the_amount_and_the_ledger_pays_the_lower_amount() {
 
 #[tokio::test]
 async fn an_edit_that_still_needs_a_second_approver_shows_what_changed() {
-    let server = Server::start("edit-waits");
+    let server = Server::start_dev("edit-waits");
     let c105 = server.paused_run("ana", "c-105", None).await;
     let mut driver = Driver::start().await;
     let browser = driver.browser().await;
@@ -663,7 +472,7 @@ async fn an_edit_that_still_needs_a_second_approver_shows_what_changed() {
 
 #[tokio::test]
 async fn dana_rejects_with_a_reason_and_nothing_is_paid() {
-    let server = Server::start("reject");
+    let server = Server::start_dev("reject");
     let c102 = server.paused_run("ben", "c-102", None).await;
     let mut driver = Driver::start().await;
     let dana = driver.browser().await;
@@ -701,7 +510,7 @@ async fn dana_rejects_with_a_reason_and_nothing_is_paid() {
 
 #[tokio::test]
 async fn ben_is_refused_when_he_approves_his_own_claim() {
-    let server = Server::start("own-claim");
+    let server = Server::start_dev("own-claim");
     let c102 = server.paused_run("ben", "c-102", None).await;
     let before = server.approval(&c102.approval).await;
     let mut driver = Driver::start().await;
@@ -733,7 +542,7 @@ async fn ben_is_refused_when_he_approves_his_own_claim() {
 
 #[tokio::test]
 async fn a_stale_tab_shows_the_conflict_and_the_approval_as_it_now_stands() {
-    let server = Server::start("stale-tab");
+    let server = Server::start_dev("stale-tab");
     let c102 = server.paused_run("ben", "c-102", None).await;
     let mut driver = Driver::start().await;
     let erin = driver.browser().await;
@@ -782,7 +591,7 @@ async fn a_stale_tab_shows_the_conflict_and_the_approval_as_it_now_stands() {
 
 #[tokio::test]
 async fn an_overdue_approval_reads_expired_and_approving_it_expires_it() {
-    let server = Server::start("expired");
+    let server = Server::start_dev("expired");
     let c104 = server.paused_run("chen", "c-104", Some("0s")).await;
     let mut driver = Driver::start().await;
     let dana = driver.browser().await;
@@ -813,7 +622,7 @@ async fn an_overdue_approval_reads_expired_and_approving_it_expires_it() {
 #[tokio::test]
 async fn a_pasted_token_signs_in_and_the_audit_trail_is_one_click_away() {
     // Without --dev-sign-in: no picker, a pasted token is the way in.
-    let server = Server::start_with("token-audit", false);
+    let server = Server::start("token-audit");
     let c102 = server.paused_run("ben", "c-102", None).await;
     let mut driver = Driver::start().await;
     let erin = driver.browser().await;

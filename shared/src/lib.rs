@@ -6,6 +6,7 @@
 //! - [`adapters`]: the ports on real things (SQLite, the Anthropic API, AWS).
 //! - [`api`]: the HTTP decision API, one axum router for Lambda and the local server.
 //! - [`example`]: the expense agent shipped with Countersign.
+//! - `testing` (feature `testing`): test doubles for the test suites and the bench.
 
 pub mod adapters;
 pub mod agents;
@@ -16,3 +17,5 @@ pub mod engine;
 pub mod example;
 pub mod lambda;
 pub mod ports;
+#[cfg(feature = "testing")]
+pub mod testing;

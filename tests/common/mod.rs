@@ -4,6 +4,7 @@
 
 pub mod orders;
 pub mod server;
+pub mod walkthrough;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

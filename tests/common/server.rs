@@ -41,8 +41,13 @@ impl Server {
 
     /// The state directory's development sign-in secret, as only its owner can read it.
     pub fn dev_secret(&self) -> String {
-        std::fs::read_to_string(self.state.join("dev-sign-in.secret"))
+        self.offered_dev_secret()
             .expect("--dev-sign-in made the secret")
+    }
+
+    /// The development sign-in secret, if the server offers development sign-in.
+    pub fn offered_dev_secret(&self) -> Option<String> {
+        std::fs::read_to_string(self.state.join("dev-sign-in.secret")).ok()
     }
 
     /// The port the server listens on, for requests written by hand.
@@ -210,16 +215,56 @@ impl Server {
             .await
     }
 
-    /// The audit log's events about one action (every version), oldest first.
-    pub async fn events_of_action(&self, run: &str, action: &Value) -> Vec<String> {
+    /// A run's audit log as a finance reviewer of acme reads it.
+    pub async fn audit(&self, run: &str) -> Value {
         let reply = self.get(&format!("/runs/{run}/audit"), "dana").await;
         assert_eq!(reply.status, 200, "{}", reply.json);
-        reply.json["entries"]
+        reply.json
+    }
+
+    /// The audit log's entries that `keep` selects, oldest first.
+    async fn entries(&self, run: &str, keep: impl Fn(&Value) -> bool) -> Vec<Value> {
+        let audit = self.audit(run).await;
+        let entries = audit["entries"].as_array().unwrap();
+        entries.iter().filter(|e| keep(e)).cloned().collect()
+    }
+
+    /// The audit log's events about one action (every version), oldest first.
+    pub async fn events_of_action(&self, run: &str, action: &Value) -> Vec<String> {
+        let entries = self.entries(run, |e| e["action_id"] == *action).await;
+        entries
+            .iter()
+            .map(|e| e["event"].as_str().unwrap().to_string())
+            .collect()
+    }
+
+    /// The decisions recorded in a run's audit log, oldest first.
+    pub async fn decisions(&self, run: &str) -> Vec<Value> {
+        self.entries(run, |e| e["event"] == "decision").await
+    }
+
+    /// `countersign ledger --json` over the server's state: claim and cents of every payment.
+    pub fn payments(&self) -> Vec<(String, i64)> {
+        let output = countersign(&self.state)
+            .args(["--json", "ledger"])
+            .output()
+            .expect("countersign ledger runs");
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let ledger: Value = serde_json::from_slice(&output.stdout).unwrap();
+        ledger["payments"]
             .as_array()
             .unwrap()
             .iter()
-            .filter(|e| e["action_id"] == *action)
-            .map(|e| e["event"].as_str().unwrap().to_string())
+            .map(|p| {
+                (
+                    p["claim_id"].as_str().unwrap().to_string(),
+                    p["amount"].as_i64().unwrap(),
+                )
+            })
             .collect()
     }
 }
@@ -235,6 +280,61 @@ impl Drop for Server {
 pub struct Paused {
     pub run: String,
     pub approval: String,
+}
+
+/// A server with one run paused on one approval, and that approval as it was then: a refused
+/// request must leave it so.
+pub struct Pending {
+    pub server: Server,
+    pub run: String,
+    pub approval: String,
+    before: Value,
+}
+
+impl Pending {
+    /// ben's c-102 ($250 of lodging) waiting on a finance reviewer.
+    pub async fn c102(name: &str) -> Self {
+        let server = Server::start(name);
+        let Paused { run, approval } = server.paused_run("ben", "c-102", None).await;
+        let before = server.approval(&approval).await;
+        Self {
+            server,
+            run,
+            approval,
+            before,
+        }
+    }
+
+    /// Asserts the approval is as it was when the run paused.
+    pub async fn unchanged(&self) {
+        assert_eq!(self.server.approval(&self.approval).await, self.before);
+    }
+
+    /// `name`'s decision `body` is refused with `status` and `code`, and changes nothing.
+    pub async fn refuses(&self, name: &str, body: Value, status: u16, code: &str) {
+        let reply = self.server.decide(name, &self.approval, body).await;
+        assert_refused(&reply, status, code);
+        self.unchanged().await;
+    }
+
+    /// A decision sent as written: with this bearer token, if any, and content type.
+    pub async fn send_decision(
+        &self,
+        bearer: Option<String>,
+        content_type: &str,
+        body: Value,
+    ) -> Reply {
+        let path = format!("/approvals/{}/decisions", self.approval);
+        let bytes = body.to_string().into_bytes();
+        self.server
+            .send(
+                reqwest::Method::POST,
+                &path,
+                bearer,
+                Some((content_type, bytes)),
+            )
+            .await
+    }
 }
 
 pub fn approve(decision_id: &str) -> Value {

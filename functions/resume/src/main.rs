@@ -1,6 +1,6 @@
 //! The resume function's entry point: clients built once, then one engine call per batch.
 
-use lambda_runtime::{Error, LambdaEvent, run, service_fn};
+use lambda_runtime::{Diagnostic, Error, LambdaEvent, run, service_fn};
 use shared::deploy::{Aws, Setup, aws_engine};
 
 #[tokio::main]
@@ -12,7 +12,9 @@ async fn main() -> Result<(), Error> {
     run(service_fn(
         |event: LambdaEvent<aws_lambda_events::event::sqs::SqsEvent>| {
             let engine = &engine;
-            async move { Ok::<_, Error>(resume::handle(engine, event.payload).await) }
+            // A batch never fails as a whole: each message that did not resume is reported back
+            // for SQS to deliver again.
+            async move { Ok::<_, Diagnostic>(resume::handle(engine, event.payload).await) }
         },
     ))
     .await

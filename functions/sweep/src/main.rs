@@ -1,8 +1,9 @@
 //! The sweep function's entry point: clients built once, then one bounded sweep per invocation.
 
-use lambda_runtime::{Error, LambdaEvent, run, service_fn};
+use lambda_runtime::{Diagnostic, Error, LambdaEvent, run, service_fn};
 use serde_json::Value;
 use shared::deploy::{Aws, Setup, aws_engine};
+use shared::engine::EngineError;
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
@@ -14,7 +15,32 @@ async fn main() -> Result<(), Error> {
     let budget = sweep::budget_from_env();
     run(service_fn(|event: LambdaEvent<Value>| {
         let engine = &engine;
-        async move { Ok::<_, Error>(sweep::handle(engine, event.payload, budget).await?) }
+        async move {
+            sweep::handle(engine, event.payload, budget)
+                .await
+                .map_err(diagnostic)
+        }
     }))
     .await
+}
+
+/// What Lambda records of a failed sweep: the error's stable code as its type (a boxed error
+/// would read as the box's type), and its sentence.
+fn diagnostic(error: EngineError) -> Diagnostic {
+    Diagnostic {
+        error_type: error.code().into(),
+        error_message: error.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_sweep_is_recorded_under_its_code() {
+        let diagnostic = diagnostic(EngineError::Unavailable("the table is down".into()));
+        assert_eq!(diagnostic.error_type, "unavailable");
+        assert!(diagnostic.error_message.contains("the table is down"));
+    }
 }

@@ -46,10 +46,6 @@ impl DynamoStore {
         self.consumed_capacity = Some(ReturnConsumedCapacity::Indexes);
         self
     }
-
-    pub fn table(&self) -> &str {
-        &self.table
-    }
 }
 
 fn s(value: &str) -> AttributeValue {

@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::domain::conversation::{Block, Role, StopReason};
+use crate::domain::conversation::{Block, StopReason};
 use crate::ports::model::{Model, ModelError, ModelReply, ModelRequest};
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -107,11 +107,7 @@ impl Model for ScriptedModel {
     }
 
     async fn respond(&self, request: ModelRequest<'_>) -> Result<ModelReply, ModelError> {
-        let turn = request
-            .messages
-            .iter()
-            .filter(|m| m.role == Role::Assistant)
-            .count();
+        let turn = request.turn();
         // Past its end, the script repeats its last words and proposes nothing more.
         let last = self.script.turns.len() - 1;
         let (step, calls) = match self.script.turns.get(turn) {
@@ -142,6 +138,7 @@ impl Model for ScriptedModel {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::conversation::Speaker;
     use crate::domain::conversation::{Message, ToolResultText};
     use serde_json::json;
 
@@ -177,11 +174,11 @@ mod tests {
         );
         let id = id.clone();
         messages.push(Message {
-            role: Role::Assistant,
+            role: Speaker::Assistant,
             content: first.content,
         });
         messages.push(Message {
-            role: Role::User,
+            role: Speaker::User,
             content: vec![ToolResultText::ok("75.00 USD").into_block(&id)],
         });
         let last = model.respond(request(&messages)).await.unwrap();

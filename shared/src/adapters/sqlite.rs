@@ -50,7 +50,6 @@ pub struct SqliteStore {
     writer: mpsc::Sender<Pending>,
     readers: Arc<Readers>,
     commits: Arc<Commits>,
-    path: PathBuf,
 }
 
 /// How many SQL commits (each one fsync) the writer made, and for how many transactions.
@@ -124,12 +123,7 @@ impl SqliteStore {
                 path: path.to_path_buf(),
                 idle: Mutex::new(Vec::new()),
             }),
-            path: path.to_path_buf(),
         })
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 
     /// What the writer has committed so far: how well transactions share a commit.

@@ -229,4 +229,189 @@ mod tests {
         assert_eq!(body["error"]["code"], "missing_token");
         assert!(body["error"]["message"].as_str().unwrap().contains("token"));
     }
+
+    /// One engine error of each kind. The match names every variant without a wildcard, so a
+    /// new variant does not compile until it has a sample here, and so a code in the document.
+    fn every_engine_error() -> Vec<EngineError> {
+        use crate::domain::approval::ApprovalKind;
+        use crate::domain::ids::DecisionId;
+        use crate::domain::run::RunStatus;
+
+        let ben = PersonId::parse("ben").unwrap();
+        let refusals = vec![
+            Refusal::OwnRequest {
+                person: ben.clone(),
+            },
+            Refusal::MissingRole {
+                person: ben.clone(),
+                role: Role::parse("finance").unwrap(),
+            },
+            Refusal::AlreadyResolved {
+                status: ApprovalStatus::Approved,
+            },
+            Refusal::AlreadyResolved {
+                status: ApprovalStatus::Cancelled,
+            },
+            Refusal::AlreadyResolved {
+                status: ApprovalStatus::Expired,
+            },
+            Refusal::Superseded { current: None },
+            Refusal::StaleVersion {
+                sent: ActionVersion::FIRST.next(),
+                current: ActionVersion::FIRST,
+            },
+            Refusal::Expired {
+                expires_at: chrono::Utc::now(),
+            },
+            Refusal::AlreadyApprovedBy { person: ben },
+            Refusal::DecisionIdReused {
+                decision_id: DecisionId::parse("d-1").unwrap(),
+            },
+            Refusal::Edit(EditRefusal::ToZero),
+            Refusal::EmptyReason,
+            Refusal::WrongChoice {
+                kind: ApprovalKind::Recovery,
+            },
+        ];
+        let mut errors: Vec<EngineError> = refusals.into_iter().map(Into::into).collect();
+        errors.extend([
+            EngineError::BadInput("bad".into()),
+            EngineError::not_found("approval ap-x"),
+            EngineError::RunFinished {
+                run: "run-1".into(),
+                status: RunStatus::Done,
+            },
+            EngineError::MayNotCancel {
+                who: "zoe".into(),
+                run: "run-1".into(),
+            },
+            EngineError::PolicyRefused("denied".into()),
+            DirectoryError::UnknownPerson("mallory".into()).into(),
+            DirectoryError::Invalid("no people".into()).into(),
+            EngineError::Contended,
+            StoreError::Invalid("too large".into()).into(),
+            StoreError::Unavailable("down".into()).into(),
+            StoreError::Contended.into(),
+            StoreError::ConditionFailed { failed: vec![0] }.into(),
+            EngineError::Corrupt("unreadable".into()),
+            EngineError::Unavailable("down".into()),
+        ]);
+        for error in &errors {
+            match error {
+                EngineError::BadInput(_)
+                | EngineError::NotFound { .. }
+                | EngineError::RunFinished { .. }
+                | EngineError::MayNotCancel { .. }
+                | EngineError::PolicyRefused(_)
+                | EngineError::Contended
+                | EngineError::Corrupt(_)
+                | EngineError::Unavailable(_)
+                | EngineError::Directory(DirectoryError::UnknownPerson(_))
+                | EngineError::Directory(DirectoryError::Invalid(_))
+                | EngineError::Store(StoreError::ConditionFailed { .. })
+                | EngineError::Store(StoreError::Contended)
+                | EngineError::Store(StoreError::Invalid(_))
+                | EngineError::Store(StoreError::Unavailable(_)) => {}
+                EngineError::Refused(refusal) => match refusal {
+                    Refusal::OwnRequest { .. }
+                    | Refusal::MissingRole { .. }
+                    | Refusal::AlreadyResolved { .. }
+                    | Refusal::Superseded { .. }
+                    | Refusal::StaleVersion { .. }
+                    | Refusal::Expired { .. }
+                    | Refusal::AlreadyApprovedBy { .. }
+                    | Refusal::DecisionIdReused { .. }
+                    | Refusal::Edit(_)
+                    | Refusal::EmptyReason
+                    | Refusal::WrongChoice { .. } => {}
+                },
+            }
+        }
+        errors
+    }
+
+    /// Every authentication failure, named the same way.
+    fn every_auth_error() -> Vec<AuthError> {
+        let errors = vec![
+            AuthError::Missing,
+            AuthError::Invalid("signature"),
+            AuthError::Expired,
+            AuthError::NotYetValid,
+            AuthError::Claims("no tenant".into()),
+        ];
+        for error in &errors {
+            match error {
+                AuthError::Missing
+                | AuthError::Invalid(_)
+                | AuthError::Expired
+                | AuthError::NotYetValid
+                | AuthError::Claims(_) => {}
+            }
+        }
+        errors
+    }
+
+    /// The codes the API layer writes itself: the literal first argument of `bad_request`, the
+    /// literal code given to `new`, and the codes `parse_json` maps serde's errors to (match
+    /// arms giving a text with an underscore).
+    fn codes_written_in(source: &'static str) -> Vec<&'static str> {
+        let is_code = |text: &str| {
+            !text.is_empty() && text.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+        };
+        let quoted = |text: &'static str| {
+            let code = text.trim().strip_prefix('"')?.strip_suffix('"')?;
+            is_code(code).then_some(code)
+        };
+        let mut codes = Vec::new();
+        for (call, argument) in [("bad_request(", 0), ("::new(", 1)] {
+            for (at, _) in source.match_indices(call) {
+                let arguments = &source[at + call.len()..];
+                codes.extend(arguments.split([',', ')']).nth(argument).and_then(quoted));
+            }
+        }
+        for (at, arm) in source.match_indices("=> \"") {
+            let text = &source[at + arm.len()..];
+            let code = &text[..text.find('"').unwrap_or(0)];
+            if is_code(code) && code.contains('_') {
+                codes.push(code);
+            }
+        }
+        codes
+    }
+
+    #[test]
+    fn every_code_the_api_answers_is_in_the_openapi_document() {
+        let mut codes: Vec<&'static str> = every_engine_error()
+            .into_iter()
+            .map(|e| ApiError::from(e).code)
+            .collect();
+        codes.extend(every_auth_error().iter().map(AuthError::code));
+        for source in [
+            include_str!("error.rs"),
+            include_str!("extract.rs"),
+            include_str!("approvals.rs"),
+            include_str!("runs.rs"),
+            include_str!("dev.rs"),
+        ] {
+            codes.extend(codes_written_in(source));
+        }
+        for expected in [
+            "malformed_json",
+            "no_route",
+            "method_not_allowed",
+            "dev_secret",
+        ] {
+            assert!(
+                codes.contains(&expected),
+                "{expected} was not read: {codes:?}"
+            );
+        }
+        codes.sort();
+        codes.dedup();
+        let missing: Vec<_> = codes
+            .iter()
+            .filter(|code| !crate::api::OPENAPI_YAML.contains(&format!("`{code}`")))
+            .collect();
+        assert!(missing.is_empty(), "openapi.yaml does not name {missing:?}");
+    }
 }

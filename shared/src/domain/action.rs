@@ -8,6 +8,7 @@ use super::args::{Args, ArgsHash};
 use super::conversation::ToolResultText;
 use super::identity::Actor;
 use super::ids::{ActionId, ActionVersion, ApprovalId, RunId, TenantId, idempotency_key};
+use super::names::serde_name;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -27,18 +28,7 @@ pub enum ActionStatus {
 
 impl ActionStatus {
     pub fn as_str(self) -> &'static str {
-        match self {
-            ActionStatus::AwaitingApproval => "awaiting_approval",
-            ActionStatus::Approved => "approved",
-            ActionStatus::Executing => "executing",
-            ActionStatus::Succeeded => "succeeded",
-            ActionStatus::Failed => "failed",
-            ActionStatus::Unknown => "unknown",
-            ActionStatus::Rejected => "rejected",
-            ActionStatus::Expired => "expired",
-            ActionStatus::Superseded => "superseded",
-            ActionStatus::Cancelled => "cancelled",
-        }
+        serde_name(&self)
     }
 }
 

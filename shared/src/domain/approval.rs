@@ -10,6 +10,7 @@ use super::ids::{
     ActionId, ActionVersion, AgentName, ApprovalId, DecisionId, PersonId, Role, RunId, TenantId,
 };
 use super::money::Amount;
+use super::names::serde_name;
 use super::policy::{EditRefusal, Policy, Requirement, ToolHints};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -39,15 +40,7 @@ pub enum ApprovalKind {
 
 impl ApprovalStatus {
     pub fn as_str(self) -> &'static str {
-        match self {
-            ApprovalStatus::AwaitingApproval => "awaiting_approval",
-            ApprovalStatus::Approved => "approved",
-            ApprovalStatus::Rejected => "rejected",
-            ApprovalStatus::Expired => "expired",
-            ApprovalStatus::Superseded => "superseded",
-            ApprovalStatus::Cancelled => "cancelled",
-            ApprovalStatus::Answered => "answered",
-        }
+        serde_name(&self)
     }
 }
 
@@ -85,13 +78,7 @@ pub enum Choice {
 
 impl Choice {
     pub fn name(&self) -> &'static str {
-        match self {
-            Choice::Approve => "approve",
-            Choice::Edit { .. } => "edit",
-            Choice::Reject { .. } => "reject",
-            Choice::TookEffect { .. } => "took_effect",
-            Choice::DidNotTakeEffect { .. } => "did_not_take_effect",
-        }
+        serde_name(self)
     }
 
     /// The text a reviewer wrote with the choice, if any.

@@ -9,6 +9,7 @@ use super::approval::{Choice, DecisionEffect};
 use super::args::{Args, ArgsHash};
 use super::identity::Actor;
 use super::ids::{ActionId, ActionVersion, ApprovalId, PersonId, Role, RunId};
+use super::names::serde_name;
 use super::policy::Verdict;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -185,25 +186,7 @@ impl AuditEvent {
     }
 
     pub fn name(&self) -> &'static str {
-        match self {
-            AuditEvent::Started { .. } => "started",
-            AuditEvent::Proposed { .. } => "proposed",
-            AuditEvent::Paused { .. } => "paused",
-            AuditEvent::Notified { .. } => "notified",
-            AuditEvent::NotificationFailed { .. } => "notification_failed",
-            AuditEvent::Decision { .. } => "decision",
-            AuditEvent::Superseded { .. } => "superseded",
-            AuditEvent::Expired { .. } => "expired",
-            AuditEvent::Cancelled { .. } => "cancelled",
-            AuditEvent::Executing { .. } => "executing",
-            AuditEvent::Executed { .. } => "executed",
-            AuditEvent::Unknown { .. } => "unknown",
-            AuditEvent::Reconciled { .. } => "reconciled",
-            AuditEvent::RecoveryRequested { .. } => "recovery_requested",
-            AuditEvent::Resumed { .. } => "resumed",
-            AuditEvent::Done { .. } => "done",
-            AuditEvent::Failed { .. } => "failed",
-        }
+        serde_name(self)
     }
 
     /// The approval this event is about, if any: how one approval is traced through the log.

@@ -3,9 +3,11 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+/// Who says a message: the person side (the task, tool results) or the model; serialized as
+/// the Messages API's `role`. Not a person's role ([`crate::domain::ids::Role`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Role {
+pub enum Speaker {
     User,
     Assistant,
 }
@@ -31,14 +33,14 @@ pub enum Block {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Message {
-    pub role: Role,
+    pub role: Speaker,
     pub content: Vec<Block>,
 }
 
 impl Message {
     pub fn user_text(text: impl Into<String>) -> Self {
         Self {
-            role: Role::User,
+            role: Speaker::User,
             content: vec![Block::Text { text: text.into() }],
         }
     }

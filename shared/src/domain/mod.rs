@@ -8,6 +8,7 @@ pub mod conversation;
 pub mod identity;
 pub mod ids;
 pub mod money;
+pub mod names;
 pub mod notice;
 pub mod policy;
 pub mod run;

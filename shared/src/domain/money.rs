@@ -24,16 +24,13 @@ impl Amount {
         Ok(Self(cents))
     }
 
-    pub fn from_dollars(dollars: i64) -> Self {
-        Self(dollars * 100)
+    /// Whole dollars: never negative, and never past what cents can hold.
+    pub fn from_dollars(dollars: u32) -> Self {
+        Self(i64::from(dollars) * 100)
     }
 
     pub fn cents(self) -> i64 {
         self.0
-    }
-
-    pub fn times(self, n: u32) -> Self {
-        Self(self.0 * i64::from(n))
     }
 }
 
@@ -117,6 +114,6 @@ mod tests {
     fn displays_as_dollars() {
         assert_eq!(Amount::from_cents(25_000).unwrap().to_string(), "$250.00");
         assert_eq!(Amount::from_cents(4_207).unwrap().to_string(), "$42.07");
-        assert_eq!(Amount::from_dollars(250).times(2).to_string(), "$500.00");
+        assert_eq!(Amount::from_dollars(500).to_string(), "$500.00");
     }
 }

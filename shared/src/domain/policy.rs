@@ -36,7 +36,7 @@ pub struct Requirement {
     pub reason: String,
     pub approver_role: Role,
     pub quorum: u8,
-    #[serde(with = "humantime_serde_secs")]
+    #[serde(with = "duration_as_secs")]
     pub ttl: Duration,
 }
 
@@ -453,7 +453,7 @@ fn amount_from_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Amount, D:
 }
 
 /// Durations in stored records: whole seconds, so every adapter reads them the same way.
-pub mod humantime_serde_secs {
+pub mod duration_as_secs {
     use std::time::Duration;
 
     use serde::{Deserialize, Deserializer, Serializer};

@@ -5,8 +5,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::conversation::{Block, Message, Role, ToolResultText};
+use super::conversation::{Block, Message, Speaker, ToolResultText};
 use super::ids::{ActionId, AgentName, PersonId, RunId, TenantId};
+use super::names::serde_name;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -20,13 +21,7 @@ pub enum RunStatus {
 
 impl RunStatus {
     pub fn as_str(self) -> &'static str {
-        match self {
-            RunStatus::Running => "running",
-            RunStatus::AwaitingApproval => "awaiting_approval",
-            RunStatus::Done => "done",
-            RunStatus::Failed => "failed",
-            RunStatus::Cancelled => "cancelled",
-        }
+        serde_name(&self)
     }
 
     pub fn is_finished(self) -> bool {
@@ -215,7 +210,7 @@ impl Run {
             .map(|c| c.result.expect("checked above").into_block(&c.tool_use_id))
             .collect();
         self.messages.push(Message {
-            role: Role::User,
+            role: Speaker::User,
             content: results,
         });
         self.status = RunStatus::Running;
@@ -225,7 +220,7 @@ impl Run {
 
     pub fn push_results(&mut self, results: Vec<Block>) {
         self.messages.push(Message {
-            role: Role::User,
+            role: Speaker::User,
             content: results,
         });
     }
@@ -330,7 +325,7 @@ mod tests {
         r.resume(Utc::now()).unwrap();
         assert_eq!(r.status, RunStatus::Running);
         let last = r.messages.last().unwrap();
-        assert_eq!(last.role, Role::User);
+        assert_eq!(last.role, Speaker::User);
         let ids: Vec<&str> = last
             .content
             .iter()

@@ -11,7 +11,7 @@ use crate::domain::action::{Action, ActionStatus, NotExecuted, ProposedCall, Too
 use crate::domain::approval::{Approval, ApprovalStatus};
 use crate::domain::args::Args;
 use crate::domain::audit::{AuditEntry, AuditEvent};
-use crate::domain::conversation::{Message, Role, ToolResultText};
+use crate::domain::conversation::{Message, Speaker, ToolResultText};
 use crate::domain::identity::Actor;
 use crate::domain::ids::{ActionId, ActionVersion, AgentName, PersonId, RunId, TenantId};
 use crate::domain::notice::NoticeKind;
@@ -134,7 +134,7 @@ impl Engine {
                 }
             };
             let assistant = Message {
-                role: Role::Assistant,
+                role: Speaker::Assistant,
                 content: reply.content,
             };
             let explanation = assistant.text();

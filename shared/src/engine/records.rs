@@ -314,14 +314,6 @@ impl Tx {
         self.outbox.push(entry);
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.writes.is_empty()
-    }
-
-    pub fn len(&self) -> usize {
-        self.writes.len()
-    }
-
     pub fn into_parts(self) -> (Vec<Write>, Vec<OutboxEntry>) {
         (self.writes, self.outbox)
     }

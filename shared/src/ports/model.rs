@@ -4,7 +4,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::domain::conversation::{Block, Message, StopReason};
+use crate::domain::conversation::{Block, Message, Speaker, StopReason};
 
 /// A tool as the model sees it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -19,6 +19,16 @@ pub struct ModelRequest<'a> {
     pub system: &'a str,
     pub tools: &'a [ToolSpec],
     pub messages: &'a [Message],
+}
+
+impl ModelRequest<'_> {
+    /// How many times the model has answered so far: 0 on the run's first turn.
+    pub fn turn(&self) -> usize {
+        self.messages
+            .iter()
+            .filter(|m| m.role == Speaker::Assistant)
+            .count()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -6,6 +6,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::domain::ids::{ApprovalId, TenantId};
+use crate::domain::names::serde_name;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -16,10 +17,7 @@ pub enum Wake {
 
 impl Wake {
     pub fn as_str(self) -> &'static str {
-        match self {
-            Wake::Reminder => "reminder",
-            Wake::Deadline => "deadline",
-        }
+        serde_name(&self)
     }
 }
 

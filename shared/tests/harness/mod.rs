@@ -19,8 +19,8 @@ use shared::agents::{self, Wiring};
 use shared::domain::action::ToolOutcome;
 use shared::domain::approval::{Approval, Choice, DecisionRequest};
 use shared::domain::audit::AuditEntry;
+use shared::domain::conversation::Speaker;
 use shared::domain::conversation::{Block, ToolResultText};
-use shared::domain::conversation::{Role as Speaker, StopReason};
 use shared::domain::identity::{Directory, Identity};
 use shared::domain::ids::{ActionVersion, DecisionId, RunId, TenantId};
 use shared::domain::money::Amount;
@@ -36,6 +36,7 @@ use shared::ports::model::{Model, ModelError, ModelReply, ModelRequest, ToolSpec
 use shared::ports::queue::{QueueError, ResumeMessage, ResumeQueue};
 use shared::ports::store::ItemStore;
 use shared::ports::tools::{Tool, ToolCall, Toolbox};
+pub use shared::testing::Script;
 
 /// Where one test's store lives. `connect` opens it again, as another process would: a new
 /// connection to the same data, never a handle shared with the first.
@@ -296,7 +297,7 @@ pub fn reject(id: &str, reason: &str) -> DecisionRequest {
     )
 }
 
-pub fn edit(id: &str, dollars: i64) -> DecisionRequest {
+pub fn edit(id: &str, dollars: u32) -> DecisionRequest {
     decision(
         id,
         ActionVersion::FIRST,
@@ -481,65 +482,6 @@ impl ResumeQueue for RecordingQueue {
     }
 }
 
-/// A model that plays a fixed script: its nth reply is the nth turn, whatever it was told. Past
-/// the script it ends the run, quoting what it was last told.
-#[derive(Clone, Default)]
-pub struct Script {
-    turns: Vec<Vec<(String, serde_json::Value)>>,
-}
-
-impl Script {
-    /// The next turn proposes these calls, named `toolu_<turn>_<n>`.
-    pub fn then_call(mut self, calls: &[(&str, serde_json::Value)]) -> Self {
-        let calls = calls
-            .iter()
-            .map(|(name, input)| (name.to_string(), input.clone()))
-            .collect();
-        self.turns.push(calls);
-        self
-    }
-}
-
-#[async_trait]
-impl Model for Script {
-    fn name(&self) -> &str {
-        "scripted"
-    }
-
-    async fn respond(&self, request: ModelRequest<'_>) -> Result<ModelReply, ModelError> {
-        let turn = request
-            .messages
-            .iter()
-            .filter(|m| m.role == Speaker::Assistant)
-            .count();
-        let Some(calls) = self.turns.get(turn) else {
-            return Ok(ModelReply {
-                content: vec![Block::Text {
-                    text: "The script is over.".into(),
-                }],
-                stop_reason: StopReason::EndTurn,
-            });
-        };
-        let mut content = vec![Block::Text {
-            text: format!("Turn {turn} of the script."),
-        }];
-        content.extend(
-            calls
-                .iter()
-                .enumerate()
-                .map(|(n, (name, input))| Block::ToolUse {
-                    id: format!("toolu_{turn}_{n}"),
-                    name: name.clone(),
-                    input: input.clone(),
-                }),
-        );
-        Ok(ModelReply {
-            content,
-            stop_reason: StopReason::ToolUse,
-        })
-    }
-}
-
 /// A model that plays a script for its first turns and then never answers, as a process that
 /// stops (hangs or dies) while it drives the run.
 pub struct Stalls {
@@ -578,11 +520,7 @@ impl Model for Stalls {
     }
 
     async fn respond(&self, request: ModelRequest<'_>) -> Result<ModelReply, ModelError> {
-        let turn = request
-            .messages
-            .iter()
-            .filter(|m| m.role == Speaker::Assistant)
-            .count();
+        let turn = request.turn();
         if turn < self.after_turns {
             return self.script.respond(request).await;
         }

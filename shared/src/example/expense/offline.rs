@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 
 use crate::domain::action::NotExecuted;
-use crate::domain::conversation::{Block, Role, StopReason};
+use crate::domain::conversation::{Block, Speaker, StopReason};
 use crate::domain::money::Amount;
 use crate::ports::model::{Model, ModelError, ModelReply, ModelRequest};
 
@@ -26,7 +26,7 @@ impl Seen {
         let mut results = BTreeMap::new();
         let mut turn = 0;
         for message in request.messages {
-            if message.role == Role::Assistant {
+            if message.role == Speaker::Assistant {
                 turn += 1;
             }
             for block in &message.content {

@@ -2,26 +2,20 @@
 //! person of the agent's recovery owner role, who answers "it took effect" or "it did not", with
 //! the identity, tenant and audit rules of every decision; the run resumes with the answer.
 
-#[macro_use]
-mod harness;
-#[path = "harness/dynamodb.rs"]
-mod dynamodb_backend;
-mod support;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use async_trait::async_trait;
 use chrono::Duration;
 use shared::domain::action::{ActionStatus, ToolOutcome};
-use shared::domain::approval::{Approval, ApprovalKind, ApprovalStatus, Choice};
-use shared::domain::ids::ActionVersion;
+use shared::domain::approval::{Approval, ApprovalKind, ApprovalStatus, Choice, DecisionRequest};
+use shared::domain::ids::{ActionVersion, ApprovalId};
 use shared::domain::run::RunStatus;
 use shared::ports::model::ToolSpec;
 use shared::ports::tools::{Tool, ToolCall, Toolbox};
 
-use dynamodb_backend::DynamoDb;
-use harness::{
+use crate::dynamodb_backend::DynamoDb;
+use crate::harness::{
     AnswerLost, Embedded, Harness, Process, acme, approve, decision, event_names, paid, told_about,
 };
 
@@ -46,13 +40,27 @@ impl Tool for LostBeforeEffect {
     }
 }
 
-fn answer(id: &str, took_effect: bool, note: &str) -> shared::domain::approval::DecisionRequest {
+fn answer(id: &str, took_effect: bool, note: &str) -> DecisionRequest {
     let note = Some(note.to_string());
     let choice = match took_effect {
         true => Choice::TookEffect { note },
         false => Choice::DidNotTakeEffect { note },
     };
     decision(id, ActionVersion::FIRST, choice)
+}
+
+/// The code `who`'s decision `request` on `id` is refused with.
+async fn refusal(
+    h: &Harness,
+    p: &Process,
+    who: &str,
+    id: &ApprovalId,
+    request: DecisionRequest,
+) -> &'static str {
+    p.decide(&h.person(who), id, request)
+        .await
+        .unwrap_err()
+        .code()
 }
 
 /// c-102 paused, approved by dana, its payment's outcome lost: the recovery that opens.
@@ -98,38 +106,18 @@ async fn given_a_payment_whose_answer_was_lost_and_cannot_be_reconciled_when_its
     assert_eq!(p.pending(&acme()).await.unwrap(), vec![recovery.clone()]);
 
     // The same rules as every decision: not the requester, only the role, the right answers.
-    let ben = p
-        .decide(
-            &h.person("ben"),
-            &recovery.id,
-            answer("ben-1", true, "paid"),
-        )
-        .await
-        .unwrap_err();
-    assert_eq!(ben.code(), "own_request");
-    let chen = p
-        .decide(
-            &h.person("chen"),
-            &recovery.id,
-            answer("chen-1", true, "paid"),
-        )
-        .await
-        .unwrap_err();
-    assert_eq!(chen.code(), "missing_role");
-    let approving = p
-        .decide(&h.person("erin"), &recovery.id, approve("erin-0"))
-        .await
-        .unwrap_err();
-    assert_eq!(approving.code(), "wrong_choice");
-    let zoe = p
-        .decide(
-            &h.person("zoe"),
-            &recovery.id,
-            answer("zoe-1", true, "paid"),
-        )
-        .await
-        .unwrap_err();
-    assert_eq!(zoe.code(), "not_found");
+    for (who, request, code) in [
+        ("ben", answer("ben-1", true, "paid"), "own_request"),
+        ("chen", answer("chen-1", true, "paid"), "missing_role"),
+        ("erin", approve("erin-0"), "wrong_choice"),
+        ("zoe", answer("zoe-1", true, "paid"), "not_found"),
+    ] {
+        assert_eq!(
+            refusal(h, &p, who, &recovery.id, request).await,
+            code,
+            "{who}"
+        );
+    }
 
     let answered = p
         .decide(
@@ -169,15 +157,8 @@ async fn given_a_payment_whose_answer_was_lost_and_cannot_be_reconciled_when_its
         .await
         .unwrap();
     assert!(again.replayed);
-    let late = p
-        .decide(
-            &h.person("dana"),
-            &recovery.id,
-            answer("dana-2", false, "no"),
-        )
-        .await
-        .unwrap_err();
-    assert_eq!(late.code(), "already_decided");
+    let late = refusal(h, &p, "dana", &recovery.id, answer("dana-2", false, "no")).await;
+    assert_eq!(late, "already_decided");
 }
 
 async fn given_a_payment_that_never_reached_the_ledger_when_its_owner_says_it_did_not_take_effect_then_the_model_is_told_and_nothing_is_paid(
@@ -244,19 +225,9 @@ async fn given_an_agent_without_a_recovery_owner_when_an_outcome_is_unknown_then
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
-macro_rules! every_scenario {
-    ($module:ident, $backend:expr) => {
-        on_backend!(
-            $module,
-            $backend,
-            [
-                given_a_payment_whose_answer_was_lost_and_cannot_be_reconciled_when_its_owner_says_it_took_effect_then_the_run_finishes_paid_once,
-                given_a_payment_that_never_reached_the_ledger_when_its_owner_says_it_did_not_take_effect_then_the_model_is_told_and_nothing_is_paid,
-                given_an_agent_without_a_recovery_owner_when_an_outcome_is_unknown_then_nobody_is_asked_and_the_sweep_keeps_asking_the_tool,
-            ]
-        );
-    };
-}
-
-every_scenario!(embedded, Embedded::fresh());
-every_scenario!(dynamodb, DynamoDb::fresh("recovery").await);
+// Each scenario on the embedded store and on DynamoDB (moto over HTTP).
+on_both_stores!([
+    given_a_payment_whose_answer_was_lost_and_cannot_be_reconciled_when_its_owner_says_it_took_effect_then_the_run_finishes_paid_once,
+    given_a_payment_that_never_reached_the_ledger_when_its_owner_says_it_did_not_take_effect_then_the_model_is_told_and_nothing_is_paid,
+    given_an_agent_without_a_recovery_owner_when_an_outcome_is_unknown_then_nobody_is_asked_and_the_sweep_keeps_asking_the_tool,
+]);

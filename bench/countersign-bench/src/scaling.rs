@@ -7,12 +7,11 @@ use std::sync::Arc;
 use serde::Serialize;
 use serde_json::json;
 
-use super::lifecycle::{self, SWEEP_BUDGET};
-use super::meter::{Phase, StoreCounts};
-use super::report::ms;
-use super::rig::Rig;
-use super::{BenchArgs, BenchError};
-use crate::Output;
+use crate::lifecycle::{self, SWEEP_BUDGET};
+use crate::meter::{Phase, StoreCounts};
+use crate::report::ms;
+use crate::rig::Rig;
+use crate::{BenchArgs, BenchError, Output};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
@@ -74,7 +73,7 @@ pub async fn run(args: &BenchArgs) -> Result<Output, BenchError> {
     let ledger = lifecycle::check_ledger(&rig, 0..most).await?;
     let in_process = rig.queue.is_none();
     let mut text = format!(
-        "countersign bench --sweep-scaling: {overdue} overdue approvals among a growing number of finished runs, {} store, sweep budget {SWEEP_BUDGET}\n",
+        "countersign-bench --sweep-scaling: {overdue} overdue approvals among a growing number of finished runs, {} store, sweep budget {SWEEP_BUDGET}\n",
         args.store.name()
     );
     if in_process {

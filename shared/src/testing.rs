@@ -1,64 +1,76 @@
-//! What the bench runs on: generated lodging claims, a scripted model, and a clock the bench
-//! can move forward.
+//! Test doubles shared by the test suites and the bench (`countersign-bench`): scripted models
+//! and a clock that can be moved forward. Built only with the `testing` feature, so nothing here
+//! ships in the functions or the CLI.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde_json::json;
-use shared::domain::conversation::{Block, Role, StopReason};
-use shared::domain::ids::{AgentName, PersonId, TenantId};
-use shared::domain::money::Amount;
-use shared::engine::StartRun;
-use shared::example::expense::{self, Claim, Claims};
-use shared::ports::clock::Clock;
-use shared::ports::model::{Model, ModelError, ModelReply, ModelRequest};
 
-/// What every generated claim asks for: one night of lodging at $480.
-pub const CLAIMED_CENTS: i64 = 48_000;
-/// What the scripted model proposes to pay: the lodging limit, $250.
+use crate::domain::conversation::{Block, StopReason};
+use crate::ports::clock::Clock;
+use crate::ports::model::{Model, ModelError, ModelReply, ModelRequest};
+
+/// What [`ScriptedAgent`] proposes to pay: the lodging limit, $250.
 pub const PROPOSED_CENTS: i64 = 25_000;
 
-pub fn claim_id(n: usize) -> String {
-    format!("b-{n:06}")
+/// A model that plays a fixed script: its nth reply is the nth turn, whatever it was told. Past
+/// the script it ends the run.
+#[derive(Clone, Default)]
+pub struct Script {
+    turns: Vec<Vec<(String, serde_json::Value)>>,
 }
 
-fn employee(n: usize) -> PersonId {
-    PersonId::parse(&format!("emp-{n:06}")).expect("a well-formed person id")
-}
-
-/// `count` lodging claims of $480, each by a different employee of `tenant`.
-pub fn claims(tenant: &TenantId, count: usize) -> Arc<Claims> {
-    let claims = (0..count)
-        .map(|n| Claim {
-            id: claim_id(n),
-            tenant: tenant.clone(),
-            employee: employee(n),
-            category: "lodging".into(),
-            amount: Amount::from_cents(CLAIMED_CENTS).expect("a valid amount"),
-            nights: Some(1),
-            date: "2026-11-03".into(),
-            merchant: "Harbor Hotel".into(),
-            description: "One night at the conference hotel".into(),
-        })
-        .collect();
-    Arc::new(Claims::new(claims).expect("generated claims are distinct"))
-}
-
-/// The run that processes claim `n`, on behalf of the employee who filed it.
-pub fn task(tenant: &TenantId, n: usize) -> StartRun {
-    StartRun {
-        tenant: tenant.clone(),
-        agent: AgentName::parse(expense::AGENT).expect("a valid name"),
-        requested_by: employee(n),
-        started_by: None,
-        task: format!("Process expense claim {}.", claim_id(n)),
-        approval_ttl: None,
+impl Script {
+    /// The next turn proposes these calls, named `toolu_<turn>_<n>`.
+    pub fn then_call(mut self, calls: &[(&str, serde_json::Value)]) -> Self {
+        let calls = calls
+            .iter()
+            .map(|(name, input)| (name.to_string(), input.clone()))
+            .collect();
+        self.turns.push(calls);
+        self
     }
 }
 
-/// A model that proposes `reimburse` of $250 on the claim named in the task, then reports what
+#[async_trait]
+impl Model for Script {
+    fn name(&self) -> &str {
+        "scripted"
+    }
+
+    async fn respond(&self, request: ModelRequest<'_>) -> Result<ModelReply, ModelError> {
+        let turn = request.turn();
+        let Some(calls) = self.turns.get(turn) else {
+            return Ok(ModelReply {
+                content: vec![Block::Text {
+                    text: "The script is over.".into(),
+                }],
+                stop_reason: StopReason::EndTurn,
+            });
+        };
+        let mut content = vec![Block::Text {
+            text: format!("Turn {turn} of the script."),
+        }];
+        content.extend(
+            calls
+                .iter()
+                .enumerate()
+                .map(|(n, (name, input))| Block::ToolUse {
+                    id: format!("toolu_{turn}_{n}"),
+                    name: name.clone(),
+                    input: input.clone(),
+                }),
+        );
+        Ok(ModelReply {
+            content,
+            stop_reason: StopReason::ToolUse,
+        })
+    }
+}
+
+/// A model that proposes `reimburse` of $250 on the claim (`b-…`) named in the task, then reports what
 /// came of it. No network, no reading: the engine's cost, not the model's, is what is measured.
 pub struct ScriptedAgent;
 
@@ -69,11 +81,7 @@ impl Model for ScriptedAgent {
     }
 
     async fn respond(&self, request: ModelRequest<'_>) -> Result<ModelReply, ModelError> {
-        let turn = request
-            .messages
-            .iter()
-            .filter(|m| m.role == Role::Assistant)
-            .count();
+        let turn = request.turn();
         if turn == 0 {
             let task = request
                 .messages

@@ -1,4 +1,4 @@
-//! `countersign bench`: the approval lifecycle end to end in one process over the engine, with a
+//! `countersign-bench`: the approval lifecycle end to end in one process over the engine, with a
 //! scripted model, timed and counted; then a sweep over as many overdue approvals; then the
 //! ledger is checked. A wrong ledger fails the command, however fast it was.
 //! BENCHMARKS.md says how to read the figures and what limits them.
@@ -11,13 +11,14 @@ mod rig;
 mod scaling;
 mod script;
 
+use std::io::Write as _;
+use std::process::ExitCode;
 use std::sync::Arc;
 
+use clap::Parser;
 use serde::Serialize;
-use serde_json::json;
+use serde_json::{Value, json};
 
-use crate::Output;
-use crate::fail::Failure;
 use lifecycle::SWEEP_BUDGET;
 use meter::Phase;
 use report::{Latency, StepCost};
@@ -41,8 +42,19 @@ impl BenchStore {
     }
 }
 
-#[derive(Debug, clap::Args)]
+/// What the bench prints: text for people, one JSON object for `--json`.
+pub struct Output {
+    text: String,
+    json: Value,
+}
+
+/// Benchmark the approval lifecycle, the sweep and, on DynamoDB, AWS requests per step.
+#[derive(Debug, Parser)]
+#[command(name = "countersign-bench", version)]
 pub struct BenchArgs {
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
     /// Lifecycles to run; as many approvals are then left to expire for the sweep.
     #[arg(long, default_value_t = 200)]
     pub runs: usize,
@@ -73,30 +85,59 @@ pub enum BenchError {
     Ledger(String),
 }
 
-impl From<BenchError> for Failure {
-    fn from(error: BenchError) -> Self {
-        let (code, exit) = match &error {
+impl BenchError {
+    /// The stable code and the exit status: 2 for bad usage, 1 for a bench that failed.
+    fn code(&self) -> (&'static str, u8) {
+        match self {
             BenchError::Setup(_) => ("bad_usage", 2),
             BenchError::Run(_) => ("bench_failed", 1),
             BenchError::Ledger(_) => ("ledger_wrong", 1),
-        };
-        Failure {
-            code,
-            message: error.to_string(),
-            exit,
         }
     }
 }
 
-pub async fn run(args: &BenchArgs) -> Result<Output, Failure> {
-    if args.runs == 0 {
-        return Err(Failure::usage("--runs must be at least 1"));
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = BenchArgs::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+
+    match run(&args).await {
+        Ok(output) => {
+            let mut stdout = std::io::stdout().lock();
+            let _ = match args.json {
+                true => writeln!(stdout, "{}", output.json),
+                false => write!(stdout, "{}", output.text),
+            };
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            let (code, exit) = error.code();
+            if args.json {
+                println!(
+                    "{}",
+                    json!({"error": {"code": code, "message": error.to_string()}})
+                );
+            }
+            eprintln!("error: {error}");
+            ExitCode::from(exit)
+        }
     }
-    let output = match args.sweep_scaling {
-        true => scaling::run(args).await?,
-        false => lifecycle_bench(args).await?,
-    };
-    Ok(output)
+}
+
+async fn run(args: &BenchArgs) -> Result<Output, BenchError> {
+    if args.runs == 0 {
+        return Err(BenchError::Setup("--runs must be at least 1".into()));
+    }
+    match args.sweep_scaling {
+        true => scaling::run(args).await,
+        false => lifecycle_bench(args).await,
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -196,7 +237,7 @@ async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
     });
 
     let mut text = format!(
-        "countersign bench: {runs} lifecycles on the {} store, {concurrency} at a time\n",
+        "countersign-bench: {runs} lifecycles on the {} store, {concurrency} at a time\n",
         args.store.name()
     );
     if let (Some(before), Some(after)) = (load_before, load_after) {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::{Serialize, Serializer};
 
-use super::meter::{AwsCounts, Counts, OperationName, Phase, StoreCounts};
+use crate::meter::{AwsCounts, Counts, OperationName, Phase, StoreCounts};
 
 fn round(x: f64, places: i32) -> f64 {
     let scale = 10f64.powi(places);

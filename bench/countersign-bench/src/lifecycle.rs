@@ -17,10 +17,10 @@ use shared::engine::{ResumeReport, RunReport};
 use shared::example::expense::{Ledger, SettlementOutcome};
 use tokio::task::JoinSet;
 
-use super::BenchError;
-use super::meter::{Phase, within};
-use super::rig::Rig;
-use super::script::{self, PROPOSED_CENTS, claim_id};
+use crate::BenchError;
+use crate::meter::{Phase, within};
+use crate::rig::Rig;
+use crate::script::{self, PROPOSED_CENTS, claim_id};
 
 /// Items of each kind one sweep touches at most: the sweep function's default budget.
 pub const SWEEP_BUDGET: usize = 200;
@@ -228,7 +228,7 @@ pub async fn leave_overdue(
 pub struct Swept {
     pub expired: usize,
     pub calls: usize,
-    #[serde(serialize_with = "super::report::as_ms")]
+    #[serde(serialize_with = "crate::report::as_ms")]
     pub elapsed: Duration,
 }
 

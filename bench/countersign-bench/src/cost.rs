@@ -6,7 +6,7 @@
 
 use serde::Serialize;
 
-use super::report::StepCost;
+use crate::report::StepCost;
 
 /// DynamoDB on-demand, per write request unit.
 const WRU_USD: f64 = 0.625 / 1e6;

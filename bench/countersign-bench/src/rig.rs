@@ -20,10 +20,11 @@ use shared::example::expense::{self, Claims};
 use shared::ports::clock::Clock;
 use shared::ports::scheduler::{Scheduler, SweepOnly};
 use shared::ports::store::ItemStore;
+use shared::testing::{ScriptedAgent, SkewedClock};
 
-use super::meter::{AwsMeter, Meter, MeteredStore};
-use super::script::{self, ScriptedAgent, SkewedClock};
-use super::{BenchError, BenchStore};
+use crate::meter::{AwsMeter, Meter, MeteredStore};
+use crate::script;
+use crate::{BenchError, BenchStore};
 
 /// Attempts per AWS request (the SDK's default is 3).
 const MOTO_ATTEMPTS: u32 = 10;

@@ -1,0 +1,412 @@
+//! Processes that die: a payment in flight, a run mid-turn; the sweep settles stale executions
+//! and expired leases, and never pays blindly.
+
+use super::*;
+
+/// Starts c-102, has dana approve it on a process whose reimburse hangs, and kills that process
+/// once the call is in flight. The action is left `executing`.
+async fn approve_on_a_process_that_dies_while_paying(
+    h: &Harness,
+    hang: fn(
+        shared::ports::tools::Toolbox,
+        &str,
+        Arc<AtomicUsize>,
+    ) -> shared::ports::tools::Toolbox,
+) -> (
+    shared::engine::RunReport,
+    shared::domain::approval::Approval,
+) {
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let dying = {
+        let in_flight = in_flight.clone();
+        Arc::new(
+            h.process_with(
+                move |tools| hang(tools, "reimburse", in_flight),
+                Delivery::InProcess,
+            )
+            .await,
+        )
+    };
+    let (report, approval) = h.start_paused(&dying, "c-102").await;
+    let decide = {
+        let (dying, dana, id) = (dying.clone(), h.person("dana"), approval.id.clone());
+        tokio::spawn(async move { dying.decide(&dana, &id, approve("d-1")).await })
+    };
+    while in_flight.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(StdDuration::from_millis(5)).await;
+    }
+    decide.abort();
+    let _ = decide.await;
+    let history = h
+        .process()
+        .await
+        .history(&acme(), &report.run_id)
+        .await
+        .unwrap();
+    let status = history
+        .actions
+        .iter()
+        .find(|a| a.id == approval.action_id)
+        .map(|a| a.status);
+    assert_eq!(status, Some(ActionStatus::Executing));
+    (report, approval)
+}
+
+async fn given_a_process_that_died_before_paying_when_the_sweep_finds_the_stale_execution_then_it_asks_the_tool_and_never_pays_blindly(
+    h: &Harness,
+) {
+    let (report, approval) =
+        approve_on_a_process_that_dies_while_paying(h, Hangs::before_effect).await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let sweeper = {
+        let calls = calls.clone();
+        h.process_with(
+            move |tools| Counted::wrap(tools, "reimburse", calls),
+            Delivery::InProcess,
+        )
+        .await
+    };
+    let early = sweeper.sweep(100).await.unwrap();
+    assert!(
+        early.reconciled.is_empty() && early.unknown.is_empty(),
+        "{early:?}"
+    );
+    h.clock.advance(Duration::minutes(16));
+
+    let swept = sweeper.sweep(100).await.unwrap();
+
+    assert_eq!(swept.reconciled, [format!("{}:1", approval.action_id)]);
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        0,
+        "the sweep asks, it never calls"
+    );
+    assert!(h.payments().await.is_empty());
+    let history = sweeper.history(&acme(), &report.run_id).await.unwrap();
+    let action = history
+        .actions
+        .iter()
+        .find(|a| a.id == approval.action_id)
+        .unwrap();
+    assert_eq!(action.status, ActionStatus::Failed);
+    assert_eq!(history.run.status, RunStatus::Done);
+    let told = told_about(&history.run, "reimburse");
+    assert!(told.is_error);
+    assert!(
+        told.content.contains("nothing was recorded"),
+        "{}",
+        told.content
+    );
+}
+
+async fn given_a_process_that_died_after_paying_when_the_sweep_finds_the_stale_execution_then_it_records_the_payment_it_finds(
+    h: &Harness,
+) {
+    let (report, approval) =
+        approve_on_a_process_that_dies_while_paying(h, Hangs::after_effect).await;
+    let key = format!("{}:1", approval.action_id);
+    assert_eq!(
+        paid(&h.payments().await),
+        [("c-102".to_string(), 25_000, key.clone())]
+    );
+    let calls = Arc::new(AtomicUsize::new(0));
+    let sweeper = {
+        let calls = calls.clone();
+        h.process_with(
+            move |tools| Counted::wrap(tools, "reimburse", calls),
+            Delivery::InProcess,
+        )
+        .await
+    };
+    h.clock.advance(Duration::minutes(16));
+
+    let swept = sweeper.sweep(100).await.unwrap();
+
+    assert_eq!(swept.reconciled, from_ref(&key));
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    assert_eq!(
+        paid(&h.payments().await),
+        [("c-102".to_string(), 25_000, key)]
+    );
+    let run = h.run(&sweeper, &report.run_id).await;
+    assert_eq!(run.status, RunStatus::Done);
+    assert_eq!(
+        run.answer.as_deref(),
+        Some("Reimbursed $250.00 for claim c-102.")
+    );
+}
+
+pub(crate) async fn given_a_stale_execution_when_two_sweeps_record_its_unknown_outcome_at_once_then_neither_fails_and_it_is_recorded_once(
+    h: &Harness,
+) {
+    let (report, approval) =
+        approve_on_a_process_that_dies_while_paying(h, Hangs::before_effect).await;
+    let together = Arc::new(tokio::sync::Barrier::new(2));
+    let sweeper = || {
+        let together = together.clone();
+        h.process_with(
+            move |tools| ReconcilesTogether::wrap(tools, "reimburse", together),
+            Delivery::InProcess,
+        )
+    };
+    let (a, b) = (sweeper().await, sweeper().await);
+    h.clock.advance(Duration::minutes(16));
+
+    let (one, other) = tokio::join!(a.sweep(100), b.sweep(100));
+
+    let key = format!("{}:1", approval.action_id);
+    for swept in [one, other] {
+        let swept = swept.unwrap_or_else(|e| panic!("{}: {e}", e.code()));
+        assert_eq!(swept.unknown, from_ref(&key));
+    }
+    let history = a.history(&acme(), &report.run_id).await.unwrap();
+    let action = history
+        .actions
+        .iter()
+        .find(|x| x.id == approval.action_id)
+        .unwrap();
+    assert_eq!(action.status, ActionStatus::Unknown);
+    let names = event_names(&history.entries);
+    assert_eq!(names.iter().filter(|n| **n == "unknown").count(), 1);
+    assert_eq!(history.run.status, RunStatus::AwaitingApproval);
+}
+
+async fn given_a_slow_payment_the_sweep_reconciled_as_not_paid_when_the_call_lands_afterwards_then_it_does_not_pay(
+    h: &Harness,
+) {
+    let gate = Gate::new();
+    let slow = {
+        let gate = gate.clone();
+        Arc::new(
+            h.process_with(
+                move |tools| Slow::wrap(tools, "reimburse", gate),
+                Delivery::InProcess,
+            )
+            .await,
+        )
+    };
+    let (report, approval) = h.start_paused(&slow, "c-102").await;
+    let decide = {
+        let (slow, dana, id) = (slow.clone(), h.person("dana"), approval.id.clone());
+        tokio::spawn(async move { slow.decide(&dana, &id, approve("d-1")).await })
+    };
+    gate.call_in_flight().await;
+    h.clock.advance(Duration::minutes(16));
+    let sweeper = h.process().await;
+    let key = format!("{}:1", approval.action_id);
+    let swept = sweeper.sweep(100).await.unwrap();
+    assert_eq!(swept.reconciled, from_ref(&key));
+    let run = h.run(&sweeper, &report.run_id).await;
+    assert_eq!(run.status, RunStatus::Done);
+    assert!(told_about(&run, "reimburse").is_error);
+
+    // The slow call lands after the sweep told the model nothing was paid.
+    gate.open();
+    decide.await.unwrap().unwrap();
+
+    let late = gate.outcomes();
+    assert!(
+        matches!(late.as_slice(), [ToolOutcome::Failed { .. }]),
+        "{late:?}"
+    );
+    assert!(h.payments().await.is_empty(), "a voided call never pays");
+    let history = sweeper.history(&acme(), &report.run_id).await.unwrap();
+    let action = history
+        .actions
+        .iter()
+        .find(|a| a.id == approval.action_id)
+        .unwrap();
+    assert_eq!(action.status, ActionStatus::Failed);
+    let about_payment: Vec<&str> = history
+        .entries
+        .iter()
+        .filter(|e| {
+            e.event
+                .action()
+                .is_some_and(|(id, _)| *id == approval.action_id)
+        })
+        .map(|e| e.event.name())
+        .collect();
+    assert_eq!(
+        about_payment,
+        ["proposed", "decision", "executing", "reconciled"]
+    );
+}
+
+async fn given_an_allowed_payment_slower_than_the_lease_when_the_sweep_settles_it_and_fails_the_run_then_the_late_call_pays_nothing_and_its_process_reports_a_conflict(
+    h: &Harness,
+) {
+    let gate = Gate::new();
+    let script = Script::default().then_call(&[(
+        "reimburse",
+        json!({"claim_id": "c-101", "amount_cents": 4_200}),
+    )]);
+    let slow = {
+        let gate = gate.clone();
+        Arc::new(
+            h.process_of(
+                Arc::new(script),
+                move |tools| Slow::wrap(tools, "reimburse", gate),
+                Delivery::InProcess,
+            )
+            .await,
+        )
+    };
+    let start = {
+        let slow = slow.clone();
+        tokio::spawn(async move { slow.start(scripted_task("ana")).await })
+    };
+    gate.call_in_flight().await;
+    h.clock.advance(Duration::minutes(16));
+    let swept = h.process().await.sweep(100).await.unwrap();
+    assert_eq!(swept.reconciled.len(), 1, "{swept:?}");
+    assert_eq!(swept.abandoned.len(), 1, "{swept:?}");
+
+    gate.open();
+    let started = start.await.unwrap();
+
+    // The process reads the sweep's record of its call, then finds its run failed: a conflict.
+    let refused = started.unwrap_err();
+    assert_eq!(refused.code(), "run_finished", "{refused}");
+    assert_eq!(refused.kind(), ErrorKind::Conflict);
+    assert!(refused.to_string().ends_with("is failed"), "{refused}");
+    let late = gate.outcomes();
+    assert!(
+        matches!(late.as_slice(), [ToolOutcome::Failed { .. }]),
+        "{late:?}"
+    );
+    assert!(h.payments().await.is_empty());
+    let history = slow.history(&acme(), &swept.abandoned[0]).await.unwrap();
+    assert_eq!(history.run.status, RunStatus::Failed);
+    let payment = &history.actions[0];
+    assert_eq!(payment.status, ActionStatus::Failed);
+    let told = payment.result.as_ref().unwrap();
+    assert!(
+        told.content.contains("nothing was recorded"),
+        "{}",
+        told.content
+    );
+}
+
+/// Starts a run on a process whose model never answers, and kills that process mid-turn.
+async fn start_on_a_process_that_dies_while_driving(h: &Harness) {
+    let model = Stalls::at_once();
+    let dying = Arc::new(
+        h.process_of(model.clone(), |tools| tools, Delivery::InProcess)
+            .await,
+    );
+    let start = tokio::spawn(async move { dying.start(scripted_task("ana")).await });
+    model.until_stalled(1).await;
+    start.abort();
+    let _ = start.await;
+}
+
+async fn given_a_process_that_died_while_driving_a_run_when_its_lease_runs_out_then_the_sweep_fails_it_and_a_run_within_its_lease_is_left_alone(
+    h: &Harness,
+) {
+    let sweeper = h.process().await;
+    start_on_a_process_that_dies_while_driving(h).await;
+    h.clock.advance(Duration::minutes(14));
+    assert!(sweeper.sweep(100).await.unwrap().abandoned.is_empty());
+    h.clock.advance(Duration::minutes(2));
+    // A second run starts now and dies the same way; its lease has 15 minutes to go.
+    start_on_a_process_that_dies_while_driving(h).await;
+
+    let swept = sweeper.sweep(100).await.unwrap();
+
+    assert_eq!(swept.abandoned.len(), 1, "{swept:?}");
+    let history = sweeper.history(&acme(), &swept.abandoned[0]).await.unwrap();
+    assert_eq!(history.run.created_at, start_of_test(), "the first run");
+    assert_eq!(history.run.status, RunStatus::Failed);
+    let last = history.entries.last().unwrap();
+    assert_eq!(last.actor, Actor::system("sweep"));
+    let AuditEvent::Failed { error } = &last.event else {
+        panic!("{:?}", last.event)
+    };
+    assert!(
+        error.contains("the process driving this run stopped before it finished"),
+        "{error}"
+    );
+    assert_eq!(history.run.error.as_ref(), Some(error));
+    let again = sweeper.sweep(100).await.unwrap();
+    assert!(
+        again.abandoned.is_empty(),
+        "the second run is within its lease"
+    );
+
+    h.clock.advance(Duration::minutes(16));
+    let later = sweeper.sweep(100).await.unwrap();
+    assert_eq!(later.abandoned.len(), 1, "{later:?}");
+    assert_ne!(later.abandoned, swept.abandoned);
+    assert_eq!(
+        h.run(&sweeper, &later.abandoned[0]).await.status,
+        RunStatus::Failed
+    );
+}
+
+async fn given_a_run_that_resumed_on_a_process_that_died_when_its_lease_runs_out_then_the_sweep_fails_it_but_never_while_it_waited_on_a_person(
+    h: &Harness,
+) {
+    let script = Script::default().then_call(&[(
+        "reimburse",
+        json!({"claim_id": "c-102", "amount_cents": 25_000}),
+    )]);
+    let model = Stalls::after(script, 1);
+    let dying = Arc::new(
+        h.process_of(model.clone(), |tools| tools, Delivery::InProcess)
+            .await,
+    );
+    let report = dying.start(scripted_task("ben")).await.unwrap();
+    assert_eq!(report.status, RunStatus::AwaitingApproval);
+    let sweeper = h.process().await;
+    h.clock.advance(Duration::hours(2));
+    assert!(
+        sweeper.sweep(100).await.unwrap().abandoned.is_empty(),
+        "a run waiting on a person holds no lease"
+    );
+
+    let decide = {
+        let (dying, dana, id) = (
+            dying.clone(),
+            h.person("dana"),
+            report.approvals[0].id.clone(),
+        );
+        tokio::spawn(async move { dying.decide(&dana, &id, approve("d-1")).await })
+    };
+    model.until_stalled(1).await;
+    decide.abort();
+    let _ = decide.await;
+    assert_eq!(
+        h.run(&sweeper, &report.run_id).await.status,
+        RunStatus::Running
+    );
+    h.clock.advance(Duration::minutes(14));
+    assert!(
+        sweeper.sweep(100).await.unwrap().abandoned.is_empty(),
+        "resuming renewed the lease"
+    );
+    h.clock.advance(Duration::minutes(2));
+
+    let swept = sweeper.sweep(100).await.unwrap();
+
+    assert_eq!(swept.abandoned, from_ref(&report.run_id));
+    let history = sweeper.history(&acme(), &report.run_id).await.unwrap();
+    assert_eq!(history.run.status, RunStatus::Failed);
+    assert_eq!(event_names(&history.entries).last(), Some(&"failed"));
+    assert_eq!(
+        h.payments().await.len(),
+        1,
+        "the approved payment ran before"
+    );
+}
+
+// Each scenario on the embedded store and on DynamoDB (moto over HTTP).
+on_both_stores!([
+    given_a_process_that_died_before_paying_when_the_sweep_finds_the_stale_execution_then_it_asks_the_tool_and_never_pays_blindly,
+    given_a_process_that_died_after_paying_when_the_sweep_finds_the_stale_execution_then_it_records_the_payment_it_finds,
+    given_a_stale_execution_when_two_sweeps_record_its_unknown_outcome_at_once_then_neither_fails_and_it_is_recorded_once,
+    given_a_slow_payment_the_sweep_reconciled_as_not_paid_when_the_call_lands_afterwards_then_it_does_not_pay,
+    given_an_allowed_payment_slower_than_the_lease_when_the_sweep_settles_it_and_fails_the_run_then_the_late_call_pays_nothing_and_its_process_reports_a_conflict,
+    given_a_process_that_died_while_driving_a_run_when_its_lease_runs_out_then_the_sweep_fails_it_and_a_run_within_its_lease_is_left_alone,
+    given_a_run_that_resumed_on_a_process_that_died_when_its_lease_runs_out_then_the_sweep_fails_it_but_never_while_it_waited_on_a_person,
+]);

@@ -1,0 +1,374 @@
+//! Deciding: the walkthrough's claims, a decision from another process, decision ids replayed,
+//! and who may decide.
+
+use super::*;
+
+// ---------------------------------------------------------------------------------------------
+// The walkthrough claims
+// ---------------------------------------------------------------------------------------------
+
+async fn given_c101_a_small_taxi_when_the_agent_runs_then_it_is_paid_42_without_a_person(
+    h: &Harness,
+) {
+    let p = h.process().await;
+
+    let report = h.start(&p, "c-101").await;
+
+    assert_eq!(report.status, RunStatus::Done);
+    assert!(report.approvals.is_empty());
+    let payments = paid(&h.payments().await);
+    assert_eq!(payments.len(), 1);
+    assert_eq!((payments[0].0.as_str(), payments[0].1), ("c-101", 4_200));
+    let history = p.history(&acme(), &report.run_id).await.unwrap();
+    let pay = history
+        .actions
+        .iter()
+        .find(|a| a.tool == "reimburse")
+        .expect("a reimburse action");
+    assert_eq!(pay.status, ActionStatus::Succeeded);
+    assert_eq!(pay.authorized_by, [Actor::Policy { version: 1 }]);
+    assert_eq!(payments[0].2, pay.key());
+    assert!(p.pending(&acme()).await.unwrap().is_empty());
+}
+
+async fn given_c102_lodging_over_the_limit_when_the_agent_runs_then_it_pauses_on_reimbursing_250(
+    h: &Harness,
+) {
+    let p = h.process().await;
+
+    let (report, approval) = h.start_paused(&p, "c-102").await;
+
+    assert_eq!(report.status, RunStatus::AwaitingApproval);
+    assert_eq!(approval.tool, "reimburse");
+    assert_eq!(approval.args.str("claim_id"), Some("c-102"));
+    assert_eq!(approval.args.int("amount_cents"), Some(25_000));
+    assert_eq!(approval.args_hash, approval.args.hash());
+    assert_eq!(approval.action_version, ActionVersion::FIRST);
+    assert_eq!(approval.quorum, 1);
+    assert_eq!(approval.approver_role, finance());
+    assert_eq!(approval.requested_by, [person("ben")]);
+    assert_eq!(approval.policy_version, 1);
+    assert_eq!(approval.expires_at, start_of_test() + Duration::hours(24));
+    let pending: Vec<_> = p.pending(&acme()).await.unwrap();
+    assert_eq!(pending, from_ref(&approval));
+    let run = h.run(&p, &report.run_id).await;
+    assert_eq!(run.status, RunStatus::AwaitingApproval);
+    assert!(h.payments().await.is_empty());
+}
+
+async fn given_c101_was_paid_when_the_agent_runs_c103_then_it_pauses_on_declining_a_duplicate(
+    h: &Harness,
+) {
+    let p = h.process().await;
+    assert_eq!(h.start(&p, "c-101").await.status, RunStatus::Done);
+
+    let (report, approval) = h.start_paused(&p, "c-103").await;
+
+    assert_eq!(report.status, RunStatus::AwaitingApproval);
+    assert_eq!(approval.tool, "decline");
+    assert_eq!(approval.args.str("claim_id"), Some("c-103"));
+    let reason = approval.args.str("reason").unwrap();
+    assert!(reason.contains("c-101"), "{reason}");
+    assert!(approval.explanation.contains("duplicate"));
+    assert_eq!(approval.quorum, 1);
+    let payments = paid(&h.payments().await);
+    assert_eq!(payments.len(), 1, "only c-101 is paid: {payments:?}");
+}
+
+async fn given_c104_with_no_time_to_decide_when_the_sweep_runs_then_it_expires_and_nothing_is_paid(
+    h: &Harness,
+) {
+    let p = h.process().await;
+    let mut task = task_for(&h.claims, "c-104").unwrap();
+    task.approval_ttl = Some(StdDuration::ZERO);
+    let report = p.start(task).await.unwrap();
+    assert_eq!(report.status, RunStatus::AwaitingApproval);
+    let approval = report.approvals[0].clone();
+    assert_eq!(approval.args.int("amount_cents"), Some(39_000));
+    assert_eq!(approval.expires_at, approval.created_at);
+
+    let swept = h.process().await.sweep(100).await.unwrap();
+
+    assert_eq!(swept.expired, from_ref(&approval.id));
+    let stored = p.approval(&acme(), &approval.id).await.unwrap();
+    assert_eq!(stored.status, ApprovalStatus::Expired);
+    let run = h.run(&p, &report.run_id).await;
+    assert_eq!(run.status, RunStatus::Done);
+    assert!(h.payments().await.is_empty());
+    assert!(p.pending(&acme()).await.unwrap().is_empty());
+    let again = p.sweep(100).await.unwrap();
+    assert!(again.expired.is_empty(), "expired once: {again:?}");
+}
+
+async fn given_a_time_to_decide_longer_than_the_policy_allows_when_a_run_starts_then_it_is_refused_as_bad_input(
+    h: &Harness,
+) {
+    let p = h.process().await;
+    let with_ttl = |ttl: StdDuration| {
+        let mut task = task_for(&h.claims, "c-102").unwrap();
+        task.approval_ttl = Some(ttl);
+        task
+    };
+
+    // The expense policy gives a day to decide and states no longer maximum: a caller may
+    // shorten the day, never lengthen it.
+    for too_long in [
+        StdDuration::from_secs(86_400 + 1),
+        StdDuration::from_secs(90 * 86_400),
+        StdDuration::from_secs(u64::MAX),
+    ] {
+        let refused = p.start(with_ttl(too_long)).await.unwrap_err();
+
+        assert_eq!(refused.code(), "bad_input", "{refused}");
+        assert_eq!(refused.kind(), ErrorKind::BadInput);
+        assert!(refused.to_string().contains("longer than"), "{refused}");
+    }
+    assert!(p.pending(&acme()).await.unwrap().is_empty());
+
+    let longest = p
+        .start(with_ttl(StdDuration::from_secs(86_400)))
+        .await
+        .unwrap();
+    assert_eq!(
+        longest.approvals[0].expires_at,
+        start_of_test() + Duration::days(1)
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Deciding
+// ---------------------------------------------------------------------------------------------
+
+async fn given_a_paused_run_when_the_process_restarts_and_a_new_engine_approves_then_the_run_finishes_and_the_claim_is_paid(
+    h: &Harness,
+) {
+    let first = h.process().await;
+    let (report, approval) = h.start_paused(&first, "c-102").await;
+    drop(first);
+
+    let second = h.process().await;
+    let pending = second.pending(&acme()).await.unwrap();
+    assert_eq!(pending.len(), 1);
+    let decided = second
+        .decide(&h.person("dana"), &pending[0].id, approve("d-1"))
+        .await
+        .unwrap();
+
+    assert_eq!(decided.approval.status, ApprovalStatus::Approved);
+    assert!(!decided.replayed);
+    assert_eq!(decided.run.map(|r| r.status), Some(RunStatus::Done));
+    let run = h.run(&second, &report.run_id).await;
+    assert_eq!(run.status, RunStatus::Done);
+    assert_eq!(
+        run.answer.as_deref(),
+        Some("Reimbursed $250.00 for claim c-102.")
+    );
+    assert_eq!(
+        paid(&h.payments().await),
+        [(
+            "c-102".to_string(),
+            25_000,
+            format!("{}:1", approval.action_id)
+        )]
+    );
+    assert!(second.pending(&acme()).await.unwrap().is_empty());
+}
+
+async fn given_an_approval_when_the_same_decision_id_is_sent_twice_then_it_resumes_once_and_the_second_call_replays_the_outcome(
+    h: &Harness,
+) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = |calls: &Arc<AtomicUsize>| {
+        let calls = calls.clone();
+        move |tools| Counted::wrap(tools, "reimburse", calls)
+    };
+    let first = h.process_with(counted(&calls), Delivery::InProcess).await;
+    let (report, approval) = h.start_paused(&first, "c-102").await;
+    let dana = h.person("dana");
+
+    let once = first
+        .decide(&dana, &approval.id, approve("d-1"))
+        .await
+        .unwrap();
+    // The same submission again, as a retried request that lands on another process.
+    let second = h.process_with(counted(&calls), Delivery::InProcess).await;
+    let twice = second
+        .decide(&dana, &approval.id, approve("d-1"))
+        .await
+        .unwrap();
+
+    assert!(!once.replayed);
+    assert!(twice.replayed);
+    assert_eq!(twice.decision, once.decision);
+    assert_eq!(twice.approval.status, ApprovalStatus::Approved);
+    assert_eq!(twice.approval.decisions.len(), 1);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(h.payments().await.len(), 1);
+    let history = second.history(&acme(), &report.run_id).await.unwrap();
+    let names = event_names(&history.entries);
+    assert_eq!(names.iter().filter(|n| **n == "decision").count(), 1);
+    let executed_payments = history
+        .entries
+        .iter()
+        .filter(|e| matches!(&e.event, AuditEvent::Executed { action_id, .. } if *action_id == approval.action_id))
+        .count();
+    assert_eq!(executed_payments, 1);
+}
+
+async fn given_a_decision_whose_resume_was_never_delivered_when_its_decision_id_is_replayed_then_the_run_resumes_exactly_once(
+    h: &Harness,
+) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = |calls: &Arc<AtomicUsize>| {
+        let calls = calls.clone();
+        move |tools| Counted::wrap(tools, "reimburse", calls)
+    };
+    // The first attempt commits the decision, then cannot deliver its resume message.
+    let first = h
+        .process_with(counted(&calls), Delivery::Queue(Arc::new(QueueDown)))
+        .await;
+    let (report, approval) = h.start_paused(&first, "c-102").await;
+    let dana = h.person("dana");
+    let committed = first
+        .decide(&dana, &approval.id, approve("d-1"))
+        .await
+        .unwrap();
+    assert!(!committed.replayed);
+    assert_eq!(
+        h.run(&first, &report.run_id).await.status,
+        RunStatus::AwaitingApproval
+    );
+
+    // The client retries the same submission against a process that can deliver.
+    let working = h.process_with(counted(&calls), Delivery::InProcess).await;
+    let replayed = working
+        .decide(&dana, &approval.id, approve("d-1"))
+        .await
+        .unwrap();
+
+    assert!(replayed.replayed);
+    assert_eq!(replayed.run.map(|r| r.status), Some(RunStatus::Done));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(h.payments().await.len(), 1);
+    let again = working
+        .decide(&dana, &approval.id, approve("d-1"))
+        .await
+        .unwrap();
+    assert!(again.replayed);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(working.sweep(100).await.unwrap().redelivered, 0);
+    let history = working.history(&acme(), &report.run_id).await.unwrap();
+    let names = event_names(&history.entries);
+    assert_eq!(names.iter().filter(|n| **n == "resumed").count(), 1);
+    assert_eq!(names.iter().filter(|n| **n == "decision").count(), 1);
+}
+
+async fn given_a_recorded_decision_when_its_decision_id_comes_with_another_choice_then_it_conflicts(
+    h: &Harness,
+) {
+    let p = h.process().await;
+    let (_, approval) = h.start_paused(&p, "c-102").await;
+    let dana = h.person("dana");
+    p.decide(&dana, &approval.id, approve("d-1")).await.unwrap();
+
+    let refused = p
+        .decide(&dana, &approval.id, reject("d-1", "changed my mind"))
+        .await
+        .unwrap_err();
+
+    assert_eq!(refused.code(), "decision_id_reused");
+    assert_eq!(refused.kind(), ErrorKind::Conflict);
+    assert_eq!(h.payments().await.len(), 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Who may decide
+// ---------------------------------------------------------------------------------------------
+
+async fn given_bens_own_claim_when_ben_approves_it_then_he_is_refused_as_own_request(h: &Harness) {
+    let p = h.process().await;
+    let (_, approval) = h.start_paused(&p, "c-102").await;
+    let mut ben = h.person("ben");
+    // Even holding the approver role, the claimant never approves his own claim.
+    ben.roles.insert(finance());
+
+    let refused = p
+        .decide(&ben, &approval.id, approve("d-ben"))
+        .await
+        .unwrap_err();
+
+    assert_eq!(refused.code(), "own_request");
+    assert_eq!(refused.kind(), ErrorKind::Forbidden);
+    let stored = p.approval(&acme(), &approval.id).await.unwrap();
+    assert_eq!(stored.status, ApprovalStatus::AwaitingApproval);
+    assert!(stored.decisions.is_empty());
+    assert!(h.payments().await.is_empty());
+}
+
+async fn given_an_approver_who_lost_the_finance_role_when_they_approve_then_they_are_forbidden(
+    h: &Harness,
+) {
+    let p = h.process().await;
+    let (_, approval) = h.start_paused(&p, "c-102").await;
+    assert!(h.person("dana").has_role(&finance()));
+    // Authentication now says dana is no longer in finance.
+    let mut dana = h.person("dana");
+    dana.roles.remove(&finance());
+
+    let refused = p
+        .decide(&dana, &approval.id, approve("d-1"))
+        .await
+        .unwrap_err();
+
+    assert_eq!(refused.code(), "missing_role");
+    assert_eq!(refused.kind(), ErrorKind::Forbidden);
+    let stored = p.approval(&acme(), &approval.id).await.unwrap();
+    assert_eq!(stored.status, ApprovalStatus::AwaitingApproval);
+    assert!(stored.decisions.is_empty());
+    assert!(h.payments().await.is_empty());
+}
+
+async fn given_an_approval_of_acme_when_a_globex_approver_decides_it_then_it_is_not_found(
+    h: &Harness,
+) {
+    let p = h.process().await;
+    let (_, approval) = h.start_paused(&p, "c-102").await;
+    let zoe = h.person("zoe");
+    assert_eq!(zoe.tenant, TenantId::parse("globex").unwrap());
+    assert!(zoe.has_role(&finance()));
+
+    let refused = p
+        .decide(&zoe, &approval.id, approve("d-zoe"))
+        .await
+        .unwrap_err();
+
+    assert_eq!(refused.code(), "not_found");
+    assert_eq!(refused.kind(), ErrorKind::NotFound);
+    assert!(p.pending(&zoe.tenant).await.unwrap().is_empty());
+    assert_eq!(
+        p.approval(&zoe.tenant, &approval.id)
+            .await
+            .unwrap_err()
+            .code(),
+        "not_found"
+    );
+    let stored = p.approval(&acme(), &approval.id).await.unwrap();
+    assert_eq!(stored.status, ApprovalStatus::AwaitingApproval);
+    assert!(h.payments().await.is_empty());
+}
+
+// Each scenario on the embedded store and on DynamoDB (moto over HTTP).
+on_both_stores!([
+    given_c101_a_small_taxi_when_the_agent_runs_then_it_is_paid_42_without_a_person,
+    given_c102_lodging_over_the_limit_when_the_agent_runs_then_it_pauses_on_reimbursing_250,
+    given_c101_was_paid_when_the_agent_runs_c103_then_it_pauses_on_declining_a_duplicate,
+    given_c104_with_no_time_to_decide_when_the_sweep_runs_then_it_expires_and_nothing_is_paid,
+    given_a_time_to_decide_longer_than_the_policy_allows_when_a_run_starts_then_it_is_refused_as_bad_input,
+    given_a_paused_run_when_the_process_restarts_and_a_new_engine_approves_then_the_run_finishes_and_the_claim_is_paid,
+    given_an_approval_when_the_same_decision_id_is_sent_twice_then_it_resumes_once_and_the_second_call_replays_the_outcome,
+    given_a_decision_whose_resume_was_never_delivered_when_its_decision_id_is_replayed_then_the_run_resumes_exactly_once,
+    given_a_recorded_decision_when_its_decision_id_comes_with_another_choice_then_it_conflicts,
+    given_bens_own_claim_when_ben_approves_it_then_he_is_refused_as_own_request,
+    given_an_approver_who_lost_the_finance_role_when_they_approve_then_they_are_forbidden,
+    given_an_approval_of_acme_when_a_globex_approver_decides_it_then_it_is_not_found,
+]);

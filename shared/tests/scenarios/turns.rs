@@ -1,0 +1,313 @@
+//! Turns: several calls in one turn, calls the policy does not name, a second pause, a tool's
+//! own refusal, the turn limit, the order of calls.
+
+use super::*;
+
+// ---------------------------------------------------------------------------------------------
+// A turn with several calls (a scripted model)
+// ---------------------------------------------------------------------------------------------
+
+async fn given_a_turn_with_a_read_and_a_payment_when_the_payment_is_approved_then_both_results_go_back_together_after_the_pause(
+    h: &Harness,
+) {
+    let script = Script::default().then_call(&[
+        ("get_claim", json!({"claim_id": "c-102"})),
+        (
+            "reimburse",
+            json!({"claim_id": "c-102", "amount_cents": 25_000}),
+        ),
+    ]);
+    let p = h.scripted_process(script).await;
+    let report = p.start(scripted_task("ben")).await.unwrap();
+    assert_eq!(report.status, RunStatus::AwaitingApproval);
+    let paused = h.run(&p, &report.run_id).await;
+    let held: Vec<bool> = paused
+        .paused
+        .as_ref()
+        .unwrap()
+        .calls
+        .iter()
+        .map(|c| c.result.is_some())
+        .collect();
+    assert_eq!(held, [true, false], "the read ran and is held");
+    assert_eq!(
+        paused.messages.len(),
+        2,
+        "nothing went back to the model yet"
+    );
+
+    p.decide(&h.person("dana"), &report.approvals[0].id, approve("d-1"))
+        .await
+        .unwrap();
+
+    let run = h.run(&p, &report.run_id).await;
+    assert_eq!(run.status, RunStatus::Done);
+    assert_eq!(run.messages.len(), 4, "task, calls, results, answer");
+    let results = results_after_turn(&run, 0);
+    let ids: Vec<&str> = results.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(ids, ["toolu_0_0", "toolu_0_1"]);
+    assert!(results[0].1.content.contains("\"id\":\"c-102\""));
+    assert!(results[1].1.content.contains("\"paid_cents\":25000"));
+    assert!(results.iter().all(|(_, r)| !r.is_error));
+}
+
+async fn given_two_approvals_in_one_turn_when_the_first_is_decided_then_the_run_waits_for_the_second_and_resumes_once_with_both(
+    h: &Harness,
+) {
+    let script = Script::default().then_call(&[
+        (
+            "reimburse",
+            json!({"claim_id": "c-102", "amount_cents": 25_000}),
+        ),
+        (
+            "decline",
+            json!({"claim_id": "c-106", "reason": "no itemised receipt"}),
+        ),
+    ]);
+    let p = h.scripted_process(script).await;
+    let report = p.start(scripted_task("ben")).await.unwrap();
+    assert_eq!(report.approvals.len(), 2);
+    let pay = report
+        .approvals
+        .iter()
+        .find(|a| a.tool == "reimburse")
+        .unwrap();
+    let decline = report
+        .approvals
+        .iter()
+        .find(|a| a.tool == "decline")
+        .unwrap();
+
+    let first = p
+        .decide(&h.person("dana"), &pay.id, approve("d-pay"))
+        .await
+        .unwrap();
+
+    let waiting = first.run.expect("the run, resumed in process");
+    assert_eq!(waiting.status, RunStatus::AwaitingApproval);
+    let still: Vec<_> = waiting.approvals.iter().map(|a| a.id.clone()).collect();
+    assert_eq!(still, from_ref(&decline.id));
+    assert_eq!(h.payments().await.len(), 1);
+    assert_eq!(h.run(&p, &report.run_id).await.messages.len(), 2);
+
+    p.decide(
+        &h.person("erin"),
+        &decline.id,
+        reject("d-decline", "the receipt came in"),
+    )
+    .await
+    .unwrap();
+
+    let run = h.run(&p, &report.run_id).await;
+    assert_eq!(run.status, RunStatus::Done);
+    let results = results_after_turn(&run, 0);
+    assert_eq!(results.len(), 2);
+    assert!(results[0].1.content.contains("\"paid_cents\":25000"));
+    assert!(results[1].1.content.starts_with("Not executed:"));
+    let history = p.history(&acme(), &report.run_id).await.unwrap();
+    let resumed = event_names(&history.entries)
+        .into_iter()
+        .filter(|n| *n == "resumed")
+        .count();
+    assert_eq!(resumed, 1);
+}
+
+async fn given_the_agent_calls_a_tool_the_policy_does_not_name_when_the_turn_runs_then_it_is_not_executed_and_the_model_is_told(
+    h: &Harness,
+) {
+    let script = Script::default().then_call(&[
+        ("wire_money", json!({"to": "ben", "amount_cents": 100})),
+        ("get_claim", json!({"claim_id": "c-102"})),
+    ]);
+    let p = h.scripted_process(script).await;
+
+    let report = p.start(scripted_task("ben")).await.unwrap();
+
+    assert_eq!(report.status, RunStatus::Done);
+    let run = h.run(&p, &report.run_id).await;
+    let results = results_after_turn(&run, 0);
+    assert_eq!(results.len(), 2);
+    assert!(
+        results[0]
+            .1
+            .content
+            .starts_with("Not executed: policy denies"),
+        "{}",
+        results[0].1.content
+    );
+    assert!(!results[0].1.is_error);
+    assert!(results[1].1.content.contains("\"id\":\"c-102\""));
+    let history = p.history(&acme(), &report.run_id).await.unwrap();
+    let wire = history
+        .actions
+        .iter()
+        .find(|a| a.tool == "wire_money")
+        .unwrap();
+    assert_eq!(wire.status, ActionStatus::Rejected);
+    assert!(history.entries.iter().all(
+        |e| !matches!(&e.event, AuditEvent::Executing { action_id, .. } if *action_id == wire.id)
+    ));
+}
+
+async fn given_a_run_that_needs_a_second_decision_after_the_first_when_both_are_decided_then_it_pauses_twice_and_finishes(
+    h: &Harness,
+) {
+    let script = Script::default()
+        .then_call(&[(
+            "reimburse",
+            json!({"claim_id": "c-102", "amount_cents": 25_000}),
+        )])
+        .then_call(&[(
+            "decline",
+            json!({"claim_id": "c-106", "reason": "no itemised receipt"}),
+        )]);
+    let p = h.scripted_process(script).await;
+    let report = p.start(scripted_task("ben")).await.unwrap();
+    let pay = report.approvals[0].clone();
+
+    let first = p
+        .decide(&h.person("dana"), &pay.id, approve("d-pay"))
+        .await
+        .unwrap();
+
+    let waiting = first.run.expect("the run, resumed in process");
+    assert_eq!(waiting.status, RunStatus::AwaitingApproval);
+    assert_eq!(waiting.approvals.len(), 1);
+    let decline = waiting.approvals[0].clone();
+    assert_eq!(decline.tool, "decline");
+    assert_eq!(p.pending(&acme()).await.unwrap(), from_ref(&decline));
+
+    h.process()
+        .await
+        .decide(&h.person("erin"), &decline.id, approve("d-decline"))
+        .await
+        .unwrap();
+
+    let run = h.run(&p, &report.run_id).await;
+    assert_eq!(run.status, RunStatus::Done);
+    let settled = shared::example::expense::Ledger::new(p.store.clone())
+        .all(&acme())
+        .await
+        .unwrap();
+    let claims: Vec<&str> = settled.iter().map(|s| s.claim_id.as_str()).collect();
+    assert_eq!(claims, ["c-102", "c-106"]);
+    let history = p.history(&acme(), &report.run_id).await.unwrap();
+    let names = event_names(&history.entries);
+    assert_eq!(names.iter().filter(|n| **n == "paused").count(), 2);
+    assert_eq!(names.iter().filter(|n| **n == "resumed").count(), 2);
+}
+
+async fn given_two_approvers_approve_paying_more_than_was_claimed_when_it_runs_then_the_tool_refuses_and_the_model_is_told(
+    h: &Harness,
+) {
+    let script = Script::default().then_call(&[(
+        "reimburse",
+        json!({"claim_id": "c-102", "amount_cents": 60_000}),
+    )]);
+    let p = h.scripted_process(script).await;
+    let report = p.start(scripted_task("ben")).await.unwrap();
+    let approval = report.approvals[0].clone();
+    assert_eq!(approval.quorum, 2);
+
+    p.decide(&h.person("dana"), &approval.id, approve("d-dana"))
+        .await
+        .unwrap();
+    p.decide(&h.person("erin"), &approval.id, approve("d-erin"))
+        .await
+        .unwrap();
+
+    assert!(
+        h.payments().await.is_empty(),
+        "no approval skips a hard limit"
+    );
+    let history = p.history(&acme(), &report.run_id).await.unwrap();
+    assert_eq!(history.run.status, RunStatus::Done);
+    let action = history
+        .actions
+        .iter()
+        .find(|a| a.id == approval.action_id)
+        .unwrap();
+    assert_eq!(action.status, ActionStatus::Failed);
+    let told = told_about(&history.run, "reimburse");
+    assert!(told.is_error);
+    assert!(
+        told.content.contains("never pay more than claimed"),
+        "{}",
+        told.content
+    );
+}
+
+async fn given_an_agent_that_never_stops_calling_tools_when_it_reaches_the_turn_limit_then_the_run_fails(
+    h: &Harness,
+) {
+    let script = (0..20).fold(Script::default(), |script, _| {
+        script.then_call(&[("get_claim", json!({"claim_id": "c-101"}))])
+    });
+    let p = h.scripted_process(script).await;
+
+    let report = p.start(scripted_task("ana")).await.unwrap();
+
+    assert_eq!(report.status, RunStatus::Failed);
+    let error = report.error.unwrap();
+    assert!(error.contains("16 model turns"), "{error}");
+    let history = p.history(&acme(), &report.run_id).await.unwrap();
+    assert_eq!(history.run.status, RunStatus::Failed);
+    assert_eq!(event_names(&history.entries).last(), Some(&"failed"));
+}
+
+async fn given_many_calls_proposed_in_the_same_millisecond_when_the_history_is_read_then_actions_come_in_the_order_proposed_each_version_after_its_predecessor(
+    h: &Harness,
+) {
+    let reads = [
+        ("get_claim", json!({"claim_id": "c-101"})),
+        ("get_claim", json!({"claim_id": "c-102"})),
+        ("get_claim", json!({"claim_id": "c-103"})),
+        ("get_policy", json!({"category": "taxi"})),
+        ("get_policy", json!({"category": "lodging"})),
+        ("find_similar_claims", json!({"claim_id": "c-103"})),
+        ("get_claim", json!({"claim_id": "c-104"})),
+        ("get_claim", json!({"claim_id": "c-105"})),
+    ];
+    let script = Script::default().then_call(&reads).then_call(&[(
+        "reimburse",
+        json!({"claim_id": "c-102", "amount_cents": 25_000}),
+    )]);
+    let p = h.scripted_process(script).await;
+    // The clock never moves: every action is proposed at the same instant.
+    let report = p.start(scripted_task("ben")).await.unwrap();
+    let approval = report.approvals[0].clone();
+    p.decide(&h.person("dana"), &approval.id, edit("d-edit", 200))
+        .await
+        .unwrap();
+
+    let history = p.history(&acme(), &report.run_id).await.unwrap();
+
+    assert!(
+        history
+            .actions
+            .iter()
+            .all(|a| a.proposed_at == start_of_test())
+    );
+    let order: Vec<(String, u32)> = history
+        .actions
+        .iter()
+        .map(|a| (a.tool_use_id.clone(), a.version.get()))
+        .collect();
+    let mut expected: Vec<(String, u32)> = (0..reads.len())
+        .map(|n| (format!("toolu_0_{n}"), 1))
+        .collect();
+    expected.extend([("toolu_1_0".to_string(), 1), ("toolu_1_0".to_string(), 2)]);
+    assert_eq!(order, expected);
+    assert_eq!(history.run.status, RunStatus::Done);
+}
+
+// Each scenario on the embedded store and on DynamoDB (moto over HTTP).
+on_both_stores!([
+    given_a_turn_with_a_read_and_a_payment_when_the_payment_is_approved_then_both_results_go_back_together_after_the_pause,
+    given_two_approvals_in_one_turn_when_the_first_is_decided_then_the_run_waits_for_the_second_and_resumes_once_with_both,
+    given_the_agent_calls_a_tool_the_policy_does_not_name_when_the_turn_runs_then_it_is_not_executed_and_the_model_is_told,
+    given_a_run_that_needs_a_second_decision_after_the_first_when_both_are_decided_then_it_pauses_twice_and_finishes,
+    given_two_approvers_approve_paying_more_than_was_claimed_when_it_runs_then_the_tool_refuses_and_the_model_is_told,
+    given_an_agent_that_never_stops_calling_tools_when_it_reaches_the_turn_limit_then_the_run_fails,
+    given_many_calls_proposed_in_the_same_millisecond_when_the_history_is_read_then_actions_come_in_the_order_proposed_each_version_after_its_predecessor,
+]);
