@@ -895,3 +895,61 @@ async fn a_pasted_token_signs_in_and_the_audit_trail_is_one_click_away() {
     erin.find(&format!("#queue:not([hidden]) {item}")).await;
     erin.close().await;
 }
+
+#[tokio::test]
+async fn a_notice_link_opens_the_page_on_its_approval_after_sign_in() {
+    let server = Server::start("deep-link");
+    let c102 = server.paused_run("ben", "c-102", None).await;
+    let c104 = server.paused_run("chen", "c-104", None).await;
+    let mut driver = Driver::start().await;
+    let dana = driver.browser().await;
+
+    // The link a notice carries (`<public URL>/#approval=<id>`), opened before signing in.
+    let link = format!("{}/#approval={}", server.base, c104.approval);
+    dana.client.goto(&link).await.unwrap();
+    let picker = dana.find("#dev-sign-in:not([hidden]) #dev-person").await;
+    picker.select_by_value("dana").await.unwrap();
+    dana.type_into("#dev-secret", server.dev_secret.as_deref().unwrap())
+        .await;
+    dana.click("#dev-sign-in button[type=submit]").await;
+
+    let linked = format!("{}.linked[aria-current=true]", card(&c104.approval));
+    dana.text_containing(&linked, "The approval your link opened")
+        .await;
+    let script = format!(
+        "return document.querySelectorAll('.linked').length === 1 \
+         && document.activeElement.dataset.approvalId === {};",
+        json!(c104.approval)
+    );
+    dana.until(
+        "the linked approval alone to be selected and focused",
+        &script,
+    )
+    .await;
+    let other = dana.find(&card(&c102.approval)).await;
+    assert_eq!(other.attr("aria-current").await.unwrap(), None);
+    let address = dana.client.current_url().await.unwrap();
+    assert_eq!(
+        address.fragment(),
+        Some(format!("approval={}", c104.approval).as_str()),
+        "the link stays in the address bar, so a reload selects it again"
+    );
+
+    // Decided elsewhere: the link still shows the approval, as it now stands.
+    server
+        .call(
+            reqwest::Method::POST,
+            &format!("/approvals/{}/decisions", c104.approval),
+            "erin",
+            Some(json!({"decision_id": "d-link", "action_version": 1, "choice": "approve"})),
+        )
+        .await;
+    dana.client.refresh().await.unwrap();
+    let shown = dana
+        .text_containing(&linked, "it no longer waits for a decision")
+        .await;
+    assert!(shown.contains("Approved"), "{shown}");
+    dana.find(&format!("{} button.dismiss", card(&c104.approval)))
+        .await;
+    dana.close().await;
+}

@@ -183,6 +183,8 @@ pub struct Notifications {
     /// Where notices go; `None` writes none (no outbox entry, no audit event).
     pub notifier: Option<Arc<dyn Notifier>>,
     pub remind_before: Duration,
+    /// The review page's public address (`COUNTERSIGN_PUBLIC_URL`): notices link there.
+    pub public_url: Option<reqwest::Url>,
 }
 
 impl Default for Notifications {
@@ -190,6 +192,7 @@ impl Default for Notifications {
         Self {
             notifier: None,
             remind_before: DEFAULT_REMIND_BEFORE,
+            public_url: None,
         }
     }
 }
@@ -210,8 +213,13 @@ impl Notifications {
     /// `COUNTERSIGN_WEBHOOKS`: comma-separated http(s) URLs, each posted every notice (none:
     /// no notices). `COUNTERSIGN_REMIND_BEFORE`: how long before a deadline the reminder goes
     /// out (default 1h; 0s: no reminders). `COUNTERSIGN_WEBHOOK_TIMEOUT`: how long one post
-    /// may take (default 5s).
+    /// may take (default 5s). `COUNTERSIGN_PUBLIC_URL`: the review page's public address, which
+    /// every notice links to (none: no link).
     pub fn from_env() -> Result<Self, ConfigError> {
+        let public_url = var("COUNTERSIGN_PUBLIC_URL")
+            .map(|text| webhook::public_url(&text))
+            .transpose()
+            .map_err(|e| ConfigError(format!("COUNTERSIGN_PUBLIC_URL: {e}")))?;
         let remind_before =
             duration_var("COUNTERSIGN_REMIND_BEFORE")?.unwrap_or(DEFAULT_REMIND_BEFORE);
         let timeout =
@@ -227,12 +235,14 @@ impl Notifications {
             None
         } else {
             let webhooks = Webhooks::new(&urls, timeout)
-                .map_err(|e| ConfigError(format!("COUNTERSIGN_WEBHOOKS: {e}")))?;
+                .map_err(|e| ConfigError(format!("COUNTERSIGN_WEBHOOKS: {e}")))?
+                .with_public_url(public_url.clone());
             Some(Arc::new(webhooks))
         };
         Ok(Self {
             notifier,
             remind_before,
+            public_url,
         })
     }
 

@@ -11,6 +11,7 @@ use reqwest::Url;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
+use crate::domain::ids::ApprovalId;
 use crate::domain::notice::{Notice, NoticeKind};
 use crate::ports::notifier::{Destination, Notifier, NotifyError};
 
@@ -35,6 +36,30 @@ struct Webhook {
 pub struct Webhooks {
     client: reqwest::Client,
     hooks: Vec<Webhook>,
+    /// The review page's public address: each notice links to its approval there.
+    public_url: Option<Url>,
+}
+
+/// The review page's public address, as `COUNTERSIGN_PUBLIC_URL` gives it: http(s), a host, no
+/// query or fragment (the link adds its own fragment).
+pub fn public_url(text: &str) -> Result<Url, WebhookConfigError> {
+    let bad =
+        |why: &str| WebhookConfigError(format!("the public URL {:?} {why}", clip(text.trim(), 80)));
+    let url = Url::parse(text.trim()).map_err(|e| bad(&format!("is not a URL: {e}")))?;
+    if !matches!(url.scheme(), "https" | "http") || url.host_str().is_none() {
+        return Err(bad("must be http(s) with a host"));
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(bad("must have no query or fragment"));
+    }
+    Ok(url)
+}
+
+/// The review page opened on one approval: `<public URL>/#approval=<id>`. The fragment never
+/// leaves the browser; the page selects the approval, after sign-in if it needs one.
+pub fn review_link(public_url: &Url, approval: &ApprovalId) -> String {
+    let base = public_url.as_str().trim_end_matches('/');
+    format!("{base}/#approval={approval}")
 }
 
 /// The URLs of a comma-separated list, such as `COUNTERSIGN_WEBHOOKS`.
@@ -98,7 +123,17 @@ impl Webhooks {
             .user_agent(concat!("countersign/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| WebhookConfigError(format!("no HTTP client: {e}")))?;
-        Ok(Self { client, hooks })
+        Ok(Self {
+            client,
+            hooks,
+            public_url: None,
+        })
+    }
+
+    /// Every notice links to its approval on the review page at this address.
+    pub fn with_public_url(mut self, public_url: Option<Url>) -> Self {
+        self.public_url = public_url;
+        self
     }
 }
 
@@ -118,7 +153,7 @@ impl Notifier for Webhooks {
             .client
             .post(hook.url.clone())
             .header("Idempotency-Key", &notice.key)
-            .json(&body(notice))
+            .json(&body(notice, self.public_url.as_ref()))
             .send()
             .await
             .map_err(|e| {
@@ -168,9 +203,10 @@ fn code(text: &str) -> String {
     escape(text).replace("```", "`\u{200b}``")
 }
 
-/// The JSON a notice is posted as.
-pub fn body(notice: &Notice) -> Value {
+/// The JSON a notice is posted as; with the review page's public address, it links there.
+pub fn body(notice: &Notice, public_url: Option<&Url>) -> Value {
     let a = &notice.approval;
+    let link = public_url.map(|url| review_link(url, &a.id));
     let deadline = a
         .expires_at
         .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
@@ -224,6 +260,15 @@ pub fn body(notice: &Notice) -> Value {
         a.args_hash.short()
     );
 
+    if let Some(link) = &link {
+        // A URL inside <…> needs only its own `&`, `<`, `>` escaped; `|` would end it early.
+        let _ = write!(
+            details,
+            "\n*Review:* <{}|Open it on the review page>",
+            escape(link).replace('|', "%7C")
+        );
+    }
+
     let mut blocks = vec![
         json!({"type": "header", "text": {"type": "plain_text", "text": clip(&headline, 140)}}),
         json!({"type": "section", "text": {"type": "mrkdwn", "text": details}}),
@@ -264,6 +309,7 @@ pub fn body(notice: &Notice) -> Value {
             "still_needed": a.still_needed(),
             "not_by": a.requested_by,
             "expires_at": deadline,
+            "review_url": link,
         },
     })
 }
@@ -316,6 +362,31 @@ mod tests {
         }
         let many = vec!["https://a.example/x".to_string(); MAX_WEBHOOKS + 1];
         assert!(Webhooks::new(&many, DEFAULT_TIMEOUT).is_err());
+    }
+
+    #[test]
+    fn a_review_link_opens_the_page_on_the_approval() {
+        let id = ApprovalId::parse("ap-abc123").unwrap();
+        for base in ["https://review.example", "https://review.example/"] {
+            let url = public_url(base).unwrap();
+            assert_eq!(
+                review_link(&url, &id),
+                "https://review.example/#approval=ap-abc123"
+            );
+        }
+        let staged = public_url("https://x.execute-api.example/prod/").unwrap();
+        assert_eq!(
+            review_link(&staged, &id),
+            "https://x.execute-api.example/prod/#approval=ap-abc123"
+        );
+        for bad in [
+            "review.example",
+            "ftp://review.example",
+            "https://review.example/?a=1",
+            "https://review.example/#x",
+        ] {
+            assert!(public_url(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

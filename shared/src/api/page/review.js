@@ -53,6 +53,10 @@ const state = {
   busy: new Set(),
   /** A submission's decision_id, kept until the server answers it, so a retry is the same decision. */
   submissions: new Map(),
+  /** The approval a notice's link opened the page on (`#approval=ID`): selected once shown. */
+  linked: null,
+  /** Whether the linked approval was already scrolled to and focused. */
+  linkedShown: false,
 };
 
 const $ = (id) => document.getElementById(id);
@@ -281,15 +285,53 @@ async function offerDevSignIn() {
 }
 
 /**
- * The link `serve --dev-sign-in` prints carries the sign-in secret in its fragment, which no
- * request sends: keep it in this tab and take it out of the address bar.
+ * Reads the fragment, which no request sends. The link `serve --dev-sign-in` prints carries the
+ * sign-in secret: keep it in this tab and take it out of the address bar. A notice's link
+ * (`#approval=ID`) names the approval to select once signed in; that part stays, so a reload
+ * selects it again.
  */
-function takeDevSecretFromLink() {
+function takeLinkFragment() {
   const fragment = new URLSearchParams(location.hash.replace(/^#/, ""));
   const secret = fragment.get("dev-secret");
+  const approval = fragment.get("approval");
+  if (approval && /^ap-[A-Za-z0-9_-]{1,61}$/.test(approval)) {
+    state.linked = approval;
+    state.linkedShown = false;
+  }
   if (!secret) return;
   sessionStorage.setItem(DEV_SECRET_KEY, secret);
-  history.replaceState(null, "", location.pathname + location.search);
+  const kept = state.linked ? `#approval=${state.linked}` : "";
+  history.replaceState(null, "", location.pathname + location.search + kept);
+}
+
+/** The linked approval, read on its own when it no longer waits (decided, expired, cancelled). */
+async function addLinked(items, order) {
+  const id = state.linked;
+  if (!id || items.has(id)) return;
+  const reply = await api("GET", `approvals/${encodeURIComponent(id)}`);
+  if (!reply.ok) {
+    announce(`The linked approval ${id} cannot be shown: ${describe(reply)}`);
+    state.linked = null;
+    return;
+  }
+  const old = state.items.get(id);
+  items.set(id, {
+    view: reply.data,
+    notice: old && old.notice ? old.notice : "You opened this approval from a link; it no longer waits for a decision.",
+    pinned: true,
+  });
+  order.unshift(id);
+}
+
+/** Scrolls to the linked approval's card and focuses it, once per link. */
+function showLinked() {
+  if (!state.linked || state.linkedShown) return;
+  const item = state.items.get(state.linked);
+  if (!item || !item.element) return;
+  state.linkedShown = true;
+  const article = item.element.querySelector("article");
+  article.scrollIntoView({ block: "start" });
+  article.focus();
 }
 
 async function onDevSignIn(event) {
@@ -350,6 +392,7 @@ async function loadQueue() {
       order.splice(Math.min(index, order.length), 0, id);
     }
   });
+  await addLinked(items, order);
   for (const [id, item] of items) {
     const old = state.items.get(id);
     if (old && old !== item) Object.assign(item, { element: old.element, key: old.key });
@@ -357,6 +400,7 @@ async function loadQueue() {
   state.items = items;
   state.order = order;
   renderQueue();
+  showLinked();
 }
 
 /** Reads one approval again, after the server said it moved on. */
@@ -379,7 +423,7 @@ function renderQueue() {
 }
 
 function cardFor(item) {
-  const key = JSON.stringify([item.view, item.notice, item.pinned]);
+  const key = JSON.stringify([item.view, item.notice, item.pinned, item.view.id === state.linked]);
   if (item.element && item.key === key) return item.element;
   item.key = key;
   item.element = buildCard(item);
@@ -396,13 +440,15 @@ function buildCard(item) {
     : [...new Set((v.decisions || []).filter((d) => d.choice !== "reject").map((d) => d.by))];
   const me = signedInPerson();
 
+  const linked = id === state.linked;
   const article = el(
     "article",
     {
-      class: awaiting ? "approval" : "approval resolved",
+      class: `approval${awaiting ? "" : " resolved"}${linked ? " linked" : ""}`,
       "data-approval-id": id,
       "data-status": v.status,
       "aria-labelledby": `title-${id}`,
+      ...(linked ? { "aria-current": "true", tabindex: "-1" } : {}),
     },
     el(
       "h3",
@@ -413,6 +459,9 @@ function buildCard(item) {
     ),
   );
 
+  if (linked) {
+    article.append(el("p", { class: "linked-note", text: "The approval your link opened." }));
+  }
   if (item.notice) {
     article.append(el("p", { class: "notice", role: "alert", tabindex: "-1", text: item.notice }));
   }
@@ -929,7 +978,11 @@ function entryValue(name, value) {
 // ---------------------------------------------------------------- start
 
 function start() {
-  takeDevSecretFromLink();
+  takeLinkFragment();
+  window.addEventListener("hashchange", () => {
+    takeLinkFragment();
+    if (state.token) loadQueue();
+  });
   $("dev-sign-in").addEventListener("submit", onDevSignIn);
   $("token-sign-in").addEventListener("submit", onTokenSignIn);
   $("sign-out").addEventListener("click", () => signOut());
