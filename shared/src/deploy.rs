@@ -11,10 +11,12 @@ use aws_config::{BehaviorVersion, SdkConfig};
 
 use crate::adapters::dynamodb::DynamoStore;
 use crate::adapters::scheduler::{EventBridgeScheduler, ScheduleTarget};
+use crate::adapters::slack::{self, SigningSecret, SlackApp};
 use crate::adapters::sqs::SqsQueue;
 use crate::adapters::trust;
 use crate::adapters::webhook::{self, Webhooks};
 use crate::agents::{self, Definition, Wiring};
+use crate::domain::identity::Directory;
 use crate::engine::{DEFAULT_REMIND_BEFORE, Delivery, Engine, EngineBuilder};
 use crate::example::expense::{self, Claims};
 use crate::ports::clock::{Clock, SystemClock};
@@ -236,7 +238,8 @@ impl Notifications {
         } else {
             let webhooks = Webhooks::new(&urls, timeout)
                 .map_err(|e| ConfigError(format!("COUNTERSIGN_WEBHOOKS: {e}")))?
-                .with_public_url(public_url.clone());
+                .with_public_url(public_url.clone())
+                .with_buttons(var(SLACK_SIGNING_SECRET).is_some());
             Some(Arc::new(webhooks))
         };
         Ok(Self {
@@ -254,6 +257,40 @@ impl Notifications {
             None => builder,
         }
     }
+}
+
+const SLACK_SIGNING_SECRET: &str = "COUNTERSIGN_SLACK_SIGNING_SECRET";
+
+/// The Slack app that takes clicks on the notices' buttons, when
+/// `COUNTERSIGN_SLACK_SIGNING_SECRET` is set (then notices carry Approve and Reject buttons).
+/// Slack users are people by the `slack` ids of `COUNTERSIGN_SLACK_PEOPLE` (a people directory
+/// file), or else of `directory` (the local server's people directory). Answers go only to
+/// `response_url`s under `COUNTERSIGN_SLACK_HOOKS_URL` (default Slack's own, `https://hooks.slack.com/`).
+pub fn slack_from_env(directory: Option<&Directory>) -> Result<Option<Arc<SlackApp>>, ConfigError> {
+    let Some(secret) = var(SLACK_SIGNING_SECRET) else {
+        return Ok(None);
+    };
+    let secret = SigningSecret::new(&secret)
+        .map_err(|e| ConfigError(format!("{SLACK_SIGNING_SECRET}: {e}")))?;
+    let people = match var("COUNTERSIGN_SLACK_PEOPLE") {
+        Some(path) => {
+            let text = std::fs::read_to_string(&path).map_err(|e| {
+                ConfigError(format!("COUNTERSIGN_SLACK_PEOPLE: cannot read {path}: {e}"))
+            })?;
+            Directory::from_toml(&text)
+                .map_err(|e| ConfigError(format!("COUNTERSIGN_SLACK_PEOPLE {path}: {e}")))?
+        }
+        None => directory.cloned().ok_or_else(|| {
+            ConfigError(format!(
+                "{SLACK_SIGNING_SECRET} is set: COUNTERSIGN_SLACK_PEOPLE must name the file that \
+                 maps Slack users to people"
+            ))
+        })?,
+    };
+    let hooks = var("COUNTERSIGN_SLACK_HOOKS_URL").unwrap_or(slack::SLACK_HOOKS_URL.into());
+    let app = SlackApp::new(secret, people, &hooks)
+        .map_err(|e| ConfigError(format!("COUNTERSIGN_SLACK_HOOKS_URL: {e}")))?;
+    Ok(Some(Arc::new(app)))
 }
 
 /// The agent definitions a process runs: `paths` comma-separated (each an agent's directory or

@@ -38,6 +38,8 @@ pub struct Webhooks {
     hooks: Vec<Webhook>,
     /// The review page's public address: each notice links to its approval there.
     public_url: Option<Url>,
+    /// A Slack app takes clicks: notices carry Approve and Reject buttons.
+    buttons: bool,
 }
 
 /// The review page's public address, as `COUNTERSIGN_PUBLIC_URL` gives it: http(s), a host, no
@@ -127,12 +129,19 @@ impl Webhooks {
             client,
             hooks,
             public_url: None,
+            buttons: false,
         })
     }
 
     /// Every notice links to its approval on the review page at this address.
     pub fn with_public_url(mut self, public_url: Option<Url>) -> Self {
         self.public_url = public_url;
+        self
+    }
+
+    /// Notices carry Approve and Reject buttons, for a Slack app to take the clicks.
+    pub fn with_buttons(mut self, buttons: bool) -> Self {
+        self.buttons = buttons;
         self
     }
 }
@@ -153,7 +162,7 @@ impl Notifier for Webhooks {
             .client
             .post(hook.url.clone())
             .header("Idempotency-Key", &notice.key)
-            .json(&body(notice, self.public_url.as_ref()))
+            .json(&body(notice, self.public_url.as_ref(), self.buttons))
             .send()
             .await
             .map_err(|e| {
@@ -203,8 +212,9 @@ fn code(text: &str) -> String {
     escape(text).replace("```", "`\u{200b}``")
 }
 
-/// The JSON a notice is posted as; with the review page's public address, it links there.
-pub fn body(notice: &Notice, public_url: Option<&Url>) -> Value {
+/// The JSON a notice is posted as; with the review page's public address, it links there, and
+/// with `buttons`, it carries Approve and Reject buttons for a Slack app.
+pub fn body(notice: &Notice, public_url: Option<&Url>, buttons: bool) -> Value {
     let a = &notice.approval;
     let link = public_url.map(|url| review_link(url, &a.id));
     let deadline = a
@@ -278,6 +288,9 @@ pub fn body(notice: &Notice, public_url: Option<&Url>) -> Value {
             "type": "context",
             "elements": [{"type": "mrkdwn", "text": format!("The agent: {}", escape(&clip(&a.explanation, MAX_PROSE)))}],
         }));
+    }
+    if let Some(actions) = buttons.then(|| super::slack::buttons(a)).flatten() {
+        blocks.push(actions);
     }
     let text = format!(
         "{headline} {}{} by {deadline} ({})",
