@@ -11,7 +11,7 @@ use aws_config::{BehaviorVersion, SdkConfig};
 
 use crate::adapters::dynamodb::DynamoStore;
 use crate::adapters::scheduler::{EventBridgeScheduler, ScheduleTarget};
-use crate::adapters::slack::{self, SigningSecret, SlackApp};
+use crate::adapters::slack::{self, SigningSecret, SlackApp, SlackChannel};
 use crate::adapters::sqs::SqsQueue;
 use crate::adapters::trust;
 use crate::adapters::webhook::{self, Webhooks};
@@ -20,7 +20,7 @@ use crate::domain::identity::Directory;
 use crate::engine::{DEFAULT_REMIND_BEFORE, Delivery, Engine, EngineBuilder};
 use crate::example::expense::{self, Claims};
 use crate::ports::clock::{Clock, SystemClock};
-use crate::ports::notifier::Notifier;
+use crate::ports::notifier::{Notifier, Several};
 use crate::ports::scheduler::{Scheduler, SweepOnly};
 use crate::ports::store::ItemStore;
 
@@ -232,15 +232,39 @@ impl Notifications {
                 "COUNTERSIGN_WEBHOOK_TIMEOUT must be above zero and at most 1m".into(),
             ));
         }
+        let buttons = var(SLACK_SIGNING_SECRET).is_some();
         let urls = webhook::split_list(&var("COUNTERSIGN_WEBHOOKS").unwrap_or_default());
-        let notifier: Option<Arc<dyn Notifier>> = if urls.is_empty() {
-            None
-        } else {
+        let mut notifiers: Vec<Arc<dyn Notifier>> = Vec::new();
+        if !urls.is_empty() {
             let webhooks = Webhooks::new(&urls, timeout)
                 .map_err(|e| ConfigError(format!("COUNTERSIGN_WEBHOOKS: {e}")))?
                 .with_public_url(public_url.clone())
-                .with_buttons(var(SLACK_SIGNING_SECRET).is_some());
-            Some(Arc::new(webhooks))
+                .with_buttons(buttons);
+            notifiers.push(Arc::new(webhooks));
+        }
+        match (
+            var("COUNTERSIGN_SLACK_BOT_TOKEN"),
+            var("COUNTERSIGN_SLACK_CHANNEL"),
+        ) {
+            (Some(token), Some(channel)) => {
+                let api = var("COUNTERSIGN_SLACK_API_URL").unwrap_or(slack::SLACK_API_URL.into());
+                let channel = SlackChannel::new(&api, &token, &channel, timeout)
+                    .map_err(|e| ConfigError(format!("COUNTERSIGN_SLACK_CHANNEL: {e}")))?
+                    .with_public_url(public_url.clone())
+                    .with_buttons(buttons);
+                notifiers.push(Arc::new(channel));
+            }
+            (None, None) => {}
+            _ => {
+                return Err(ConfigError(
+                    "COUNTERSIGN_SLACK_BOT_TOKEN and COUNTERSIGN_SLACK_CHANNEL go together".into(),
+                ));
+            }
+        }
+        let notifier: Option<Arc<dyn Notifier>> = match notifiers.len() {
+            0 => None,
+            1 => notifiers.pop(),
+            _ => Some(Arc::new(Several(notifiers))),
         };
         Ok(Self {
             notifier,

@@ -16,7 +16,7 @@ use std::time::Duration as StdDuration;
 
 use chrono::Duration;
 use serde_json::{Value, json};
-use shared::adapters::slack::{SigningSecret, SlackApp, sign};
+use shared::adapters::slack::{SigningSecret, SlackApp, SlackChannel, sign};
 use shared::adapters::webhook::{Webhooks, public_url};
 use shared::api::{Authenticate, BearerJwt};
 use shared::domain::approval::{Approval, ApprovalStatus, Choice};
@@ -25,7 +25,7 @@ use shared::domain::money::Amount;
 use shared::engine::Engine;
 use shared::example::expense::OfflineExpenseAgent;
 use shared::ports::clock::Clock;
-use shared::ports::notifier::Notifier;
+use shared::ports::notifier::{Notifier, Several};
 
 use harness::{Embedded, Harness, Process, acme, approve, decision};
 use notices::{Received, Receiver};
@@ -461,4 +461,291 @@ async fn a_decision_in_the_api_is_the_same_as_in_slack() {
     let stored = s.stored(&approval).await;
     assert_eq!(stored.decisions.len(), 1);
     assert_eq!(stored.decisions[0].by.as_str(), "erin");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The outcome back in the thread
+// ---------------------------------------------------------------------------------------------
+
+/// One call the Web API stand-in got: the method, its JSON body and the bearer token.
+#[derive(Debug, Clone)]
+struct Call {
+    method: String,
+    body: Value,
+    token: String,
+}
+
+#[derive(Default)]
+struct WebApiScript {
+    calls: std::sync::Mutex<Vec<Call>>,
+    /// chat.update calls still to fail (a 503) before the first succeeds.
+    failing_updates: std::sync::Mutex<usize>,
+}
+
+/// A loopback stand-in for Slack's Web API: `chat.postMessage` answers with the channel and a
+/// fresh `ts`, as Slack documents; `chat.update` fails as scripted, then answers `ok`.
+struct WebApi {
+    url: String,
+    script: Arc<WebApiScript>,
+}
+
+async fn web_api_call(
+    axum::extract::State(script): axum::extract::State<Arc<WebApiScript>>,
+    axum::extract::Path(method): axum::extract::Path<String>,
+    headers: axum::http::HeaderMap,
+    body: axum::Json<Value>,
+) -> (axum::http::StatusCode, axum::Json<Value>) {
+    let token = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let n = {
+        let mut calls = script.calls.lock().unwrap();
+        calls.push(Call {
+            method: method.clone(),
+            body: body.0.clone(),
+            token,
+        });
+        calls.len()
+    };
+    let ok = axum::http::StatusCode::OK;
+    match method.as_str() {
+        "chat.postMessage" => (
+            ok,
+            axum::Json(json!({
+                "ok": true,
+                "channel": "C0REVIEW1",
+                "ts": format!("1700000000.{n:06}"),
+                "message": {"text": body.0["text"]},
+            })),
+        ),
+        "chat.update" => {
+            let mut failing = script.failing_updates.lock().unwrap();
+            if *failing > 0 {
+                *failing -= 1;
+                return (
+                    axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                    axum::Json(json!({"ok": false, "error": "service_unavailable"})),
+                );
+            }
+            (
+                ok,
+                axum::Json(json!({"ok": true, "channel": body.0["channel"], "ts": body.0["ts"]})),
+            )
+        }
+        _ => (
+            ok,
+            axum::Json(json!({"ok": false, "error": "unknown_method"})),
+        ),
+    }
+}
+
+impl WebApi {
+    async fn start(failing_updates: usize) -> Self {
+        let script = Arc::new(WebApiScript {
+            failing_updates: std::sync::Mutex::new(failing_updates),
+            ..WebApiScript::default()
+        });
+        let app = axum::Router::new()
+            .route("/api/{method}", axum::routing::post(web_api_call))
+            .with_state(script.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/api/", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        Self { url, script }
+    }
+
+    fn calls(&self, method: &str) -> Vec<Call> {
+        let calls = self.script.calls.lock().unwrap();
+        calls
+            .iter()
+            .filter(|c| c.method == method)
+            .cloned()
+            .collect()
+    }
+
+    fn channel(&self) -> Arc<SlackChannel> {
+        Arc::new(
+            SlackChannel::new(&self.url, "xoxb-countersign-test", "C0REVIEW1", QUICK)
+                .unwrap()
+                .with_buttons(true),
+        )
+    }
+}
+
+fn has_buttons(message: &Value) -> bool {
+    message["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|b| b["type"] == "actions")
+}
+
+fn all_text(message: &Value) -> String {
+    message["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["text"]["text"].as_str().unwrap_or_default().to_string())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+async fn posting_to_slack(h: &Harness, notifier: Arc<dyn Notifier>) -> Process {
+    h.process_configured(
+        Arc::new(OfflineExpenseAgent),
+        |store| store,
+        |b| b.notifier(notifier),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn the_outcome_updates_the_posted_message_in_place_through_the_outbox_when_slack_fails_first()
+{
+    let h = Harness::new(Embedded::fresh()).await;
+    let api = WebApi::start(2).await;
+    let p = posting_to_slack(&h, api.channel()).await;
+    let (report, approval) = h.start_paused(&p, "c-102").await;
+
+    let posted = api.calls("chat.postMessage");
+    assert_eq!(posted.len(), 1);
+    assert_eq!(posted[0].token, "Bearer xoxb-countersign-test");
+    assert_eq!(posted[0].body["channel"], "C0REVIEW1");
+    assert!(has_buttons(&posted[0].body), "the notice carries buttons");
+    assert!(api.calls("chat.update").is_empty());
+
+    h.clock.set(harness::start_of_test() + Duration::minutes(5));
+    p.decide(&h.person("dana"), &approval.id, approve("d-1"))
+        .await
+        .unwrap();
+    // The decision and the action's result each call for an update; Slack failed both.
+    assert_eq!(api.calls("chat.update").len(), 2);
+    let stored = p.approval(&acme(), &approval.id).await.unwrap();
+    assert_eq!(
+        stored.status,
+        ApprovalStatus::Approved,
+        "the decision stands"
+    );
+    let history = p.history(&acme(), &report.run_id).await.unwrap();
+    assert!(
+        !history.entries.iter().any(|e| e.event.name() == "notified"
+            && serde_json::to_value(&e.event).unwrap()["notice"] == "outcome"),
+        "no outcome is recorded as sent yet"
+    );
+
+    // The sweep tries again a minute later: the message is updated in place.
+    h.clock.set(harness::start_of_test() + Duration::minutes(6));
+    let swept = p.sweep(100).await.unwrap();
+    assert_eq!(swept.notices.sent, 2, "{swept:?}");
+    let updates = api.calls("chat.update");
+    assert_eq!(updates.len(), 4);
+    let last = &updates[3].body;
+    assert_eq!(last["channel"], "C0REVIEW1");
+    assert_eq!(
+        last["ts"], "1700000000.000001",
+        "the message chat.postMessage returned"
+    );
+    assert!(!has_buttons(last), "the buttons are gone: {last}");
+    let text = all_text(last);
+    for expected in [
+        "Approved: reimburse",
+        "*dana* approved version 1",
+        "*Outcome:* Approved.",
+        "*The call:* succeeded: {\"claim_id\":\"c-102\"",
+        "\"paid\":\"$250.00\"",
+    ] {
+        assert!(text.contains(expected), "{expected:?} in {text}");
+    }
+    assert_eq!(
+        api.calls("chat.postMessage").len(),
+        1,
+        "nothing posted anew"
+    );
+
+    let history = p.history(&acme(), &report.run_id).await.unwrap();
+    let outcomes = history
+        .entries
+        .iter()
+        .filter(|e| serde_json::to_value(&e.event).unwrap()["notice"] == "outcome")
+        .count();
+    assert_eq!(outcomes, 2, "each update is in the audit log");
+    // Nothing more is due.
+    h.clock.set(harness::start_of_test() + Duration::hours(2));
+    p.sweep(100).await.unwrap();
+    assert_eq!(api.calls("chat.update").len(), 4);
+}
+
+#[tokio::test]
+async fn expiry_cancellation_and_an_edit_update_the_message_and_webhooks_get_no_updates() {
+    let h = Harness::new(Embedded::fresh()).await;
+    let api = WebApi::start(0).await;
+    let hook = Receiver::ok().await;
+    let webhooks = Arc::new(Webhooks::new(&[hook.url().to_string()], QUICK).unwrap());
+    let both: Arc<dyn Notifier> = Arc::new(Several(vec![webhooks, api.channel()]));
+    let p = posting_to_slack(&h, both).await;
+
+    let (_, c104) = h.start_paused(&p, "c-104").await;
+    let (c102_run, _) = h.start_paused(&p, "c-102").await;
+    let (_, c105) = h.start_paused(&p, "c-105").await;
+    assert_eq!(api.calls("chat.postMessage").len(), 3);
+    assert_eq!(hook.requests().len(), 3);
+
+    p.cancel(&h.person("ben"), &c102_run.run_id).await.unwrap();
+    let edit = Choice::Edit {
+        amount: Amount::from_dollars(600),
+        note: None,
+    };
+    p.decide(
+        &h.person("dana"),
+        &c105.id,
+        decision("d-edit", ActionVersion::FIRST, edit),
+    )
+    .await
+    .unwrap();
+    h.clock.set(c104.expires_at + Duration::minutes(1));
+    p.sweep(100).await.unwrap();
+
+    let updates = api.calls("chat.update");
+    let text_of = |ts: &str| {
+        updates
+            .iter()
+            .filter(|u| u.body["ts"] == ts)
+            .map(|u| all_text(&u.body))
+            .next_back()
+            .unwrap_or_else(|| panic!("no update of {ts}"))
+    };
+    let expired = text_of("1700000000.000001");
+    assert!(
+        expired.contains("*Outcome:* Expired: nobody decided by the deadline."),
+        "{expired}"
+    );
+    let cancelled = text_of("1700000000.000002");
+    assert!(
+        cancelled.contains("*Outcome:* Cancelled with its run."),
+        "{cancelled}"
+    );
+    let replaced = text_of("1700000000.000003");
+    assert!(
+        replaced.contains("*dana* edited version 1 to $600.00"),
+        "{replaced}"
+    );
+    assert!(
+        replaced.contains("Replaced by an edit: decide the new version"),
+        "{replaced}"
+    );
+    assert!(updates.iter().all(|u| !has_buttons(&u.body)));
+    // Version 2 of the edited call is a new approval: posted anew, with its buttons.
+    let posts = api.calls("chat.postMessage");
+    assert_eq!(posts.len(), 4);
+    assert!(has_buttons(&posts[3].body));
+
+    // The webhook got the notices and nothing else: it cannot update a message.
+    let kinds: Vec<String> = hook
+        .requests()
+        .iter()
+        .map(|r| r.notice().to_string())
+        .collect();
+    assert!(kinds.iter().all(|k| k == "approval_requested"), "{kinds:?}");
 }

@@ -14,6 +14,8 @@ use sha2::{Digest, Sha256};
 
 use crate::domain::approval::{Approval, ApprovalKind};
 use crate::domain::identity::{Directory, Identity};
+use crate::domain::notice::{Notice, NoticeKind};
+use crate::ports::notifier::{Notifier, NotifyError, Posted};
 
 /// How far a request's timestamp may be from now, either way.
 pub const MAX_REQUEST_AGE_SECS: i64 = 5 * 60;
@@ -328,6 +330,250 @@ impl SlackApp {
                 )
             }
         }
+    }
+}
+
+/// Slack's Web API, unless configured otherwise.
+pub const SLACK_API_URL: &str = "https://slack.com/api/";
+
+/// Slack `error`s worth trying again later; any other is a refusal that will not change.
+const TRANSIENT_ERRORS: &[&str] = &[
+    "ratelimited",
+    "rate_limited",
+    "internal_error",
+    "fatal_error",
+    "service_unavailable",
+    "request_timeout",
+];
+/// `chat.update` errors that mean the message is gone: nothing to update, not a failure.
+const GONE: &[&str] = &[
+    "message_not_found",
+    "cant_update_message",
+    "channel_not_found",
+];
+
+/// A bot token. `Debug` never shows it.
+#[derive(Clone)]
+struct BotToken(String);
+
+impl std::fmt::Debug for BotToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BotToken(…)")
+    }
+}
+
+/// Notices posted to one Slack channel through the Web API (`chat.postMessage`, which answers
+/// with the message's channel and `ts`), and updated in place (`chat.update`) with the
+/// approval's outcome: the buttons go, who decided what and what the call did appear.
+pub struct SlackChannel {
+    client: reqwest::Client,
+    api: Url,
+    token: BotToken,
+    channel: String,
+    destination: crate::ports::notifier::Destination,
+    public_url: Option<Url>,
+    buttons: bool,
+}
+
+impl SlackChannel {
+    /// Posts to `channel` (an id such as `C0123456789`, or `#name`) with a bot token that has
+    /// `chat:write`, through the Web API at `api_url` (Slack's own, [`SLACK_API_URL`], outside
+    /// tests), each call bounded by `timeout`.
+    pub fn new(
+        api_url: &str,
+        token: &str,
+        channel: &str,
+        timeout: Duration,
+    ) -> Result<Self, SlackConfigError> {
+        let mut api = Url::parse(api_url)
+            .ok()
+            .filter(|u| matches!(u.scheme(), "https" | "http") && u.host_str().is_some())
+            .ok_or_else(|| {
+                SlackConfigError(format!(
+                    "the Slack API URL {:?} is not an http(s) URL",
+                    clip(api_url)
+                ))
+            })?;
+        if !api.path().ends_with('/') {
+            api.set_path(&format!("{}/", api.path()));
+        }
+        let token = token.trim();
+        if token.is_empty() {
+            return Err(SlackConfigError("the Slack bot token is empty".into()));
+        }
+        let channel = channel.trim();
+        let well_formed = !channel.is_empty()
+            && channel.len() <= 80
+            && channel
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '#' | '-' | '_' | '.'));
+        if !well_formed {
+            return Err(SlackConfigError(format!(
+                "the Slack channel {:?} is not a channel id or #name",
+                clip(channel)
+            )));
+        }
+        let host = match api.port() {
+            Some(port) => format!("{}:{port}", api.host_str().unwrap_or_default()),
+            None => api.host_str().unwrap_or_default().to_string(),
+        };
+        let client = super::trust::client_builder()
+            .connect_timeout(Duration::from_secs(2).min(timeout))
+            .timeout(timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .user_agent(concat!("countersign/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| SlackConfigError(format!("no HTTP client: {e}")))?;
+        Ok(Self {
+            client,
+            destination: crate::ports::notifier::Destination {
+                id: format!("slack-api:{channel}"),
+                label: format!("{host} {channel}"),
+                follows_up: true,
+            },
+            api,
+            token: BotToken(token.to_string()),
+            channel: channel.to_string(),
+            public_url: None,
+            buttons: false,
+        })
+    }
+
+    /// Every notice links to its approval on the review page at this address.
+    pub fn with_public_url(mut self, public_url: Option<Url>) -> Self {
+        self.public_url = public_url;
+        self
+    }
+
+    /// Notices carry Approve and Reject buttons, for the Slack app to take the clicks.
+    pub fn with_buttons(mut self, buttons: bool) -> Self {
+        self.buttons = buttons;
+        self
+    }
+
+    /// One Web API call: the answer's JSON when Slack says `ok`, else why not.
+    async fn call(&self, method: &str, body: &Value) -> Result<Value, CallError> {
+        let url = self.api.join(method).expect("a Web API method name joins");
+        let response = self
+            .client
+            .post(url)
+            .bearer_auth(&self.token.0)
+            .json(body)
+            .send()
+            .await
+            .map_err(|e| {
+                let what = if e.is_timeout() {
+                    "timed out"
+                } else if e.is_connect() {
+                    "could not connect"
+                } else {
+                    "the request failed"
+                };
+                CallError::Transient(format!("{method}: {what}"))
+            })?;
+        let status = response.status();
+        if status.as_u16() == 429 || status.is_server_error() {
+            return Err(CallError::Transient(format!(
+                "{method}: Slack answered {status}"
+            )));
+        }
+        if !status.is_success() {
+            return Err(CallError::Refused(
+                format!("{method}: Slack answered {status}"),
+                String::new(),
+            ));
+        }
+        let answer: Value = response
+            .json()
+            .await
+            .map_err(|_| CallError::Transient(format!("{method}: the answer is not JSON")))?;
+        if answer["ok"] == true {
+            return Ok(answer);
+        }
+        let error = answer["error"]
+            .as_str()
+            .unwrap_or("unknown_error")
+            .to_string();
+        let message = format!("{method}: Slack said {}", clip(&error));
+        match TRANSIENT_ERRORS.contains(&error.as_str()) {
+            true => Err(CallError::Transient(message)),
+            false => Err(CallError::Refused(message, error)),
+        }
+    }
+
+    fn message(&self, notice: &Notice) -> Value {
+        let mut body = super::webhook::body(notice, self.public_url.as_ref(), self.buttons);
+        json!({
+            "channel": self.channel,
+            "text": body["text"].take(),
+            "blocks": body["blocks"].take(),
+            "unfurl_links": false,
+            "unfurl_media": false,
+        })
+    }
+}
+
+enum CallError {
+    Transient(String),
+    /// Slack refused the call; the `error` code it gave.
+    Refused(String, String),
+}
+
+impl From<CallError> for NotifyError {
+    fn from(error: CallError) -> Self {
+        match error {
+            CallError::Transient(message) => NotifyError::Transient(message),
+            CallError::Refused(message, _) => NotifyError::Permanent(message),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Notifier for SlackChannel {
+    fn destinations(&self) -> Vec<crate::ports::notifier::Destination> {
+        vec![self.destination.clone()]
+    }
+
+    async fn send(
+        &self,
+        destination: &str,
+        notice: &Notice,
+    ) -> Result<Option<Posted>, NotifyError> {
+        if destination != self.destination.id {
+            return Err(NotifyError::Permanent(format!(
+                "no Slack channel {destination} is configured any more"
+            )));
+        }
+        let message = self.message(notice);
+        if notice.kind != NoticeKind::Outcome {
+            let answer = self.call("chat.postMessage", &message).await?;
+            let (Some(channel), Some(ts)) = (answer["channel"].as_str(), answer["ts"].as_str())
+            else {
+                return Err(NotifyError::Permanent(
+                    "chat.postMessage answered ok without the message's channel and ts".into(),
+                ));
+            };
+            return Ok(Some(Posted {
+                destination: self.destination.id.clone(),
+                channel: channel.to_string(),
+                ts: ts.to_string(),
+            }));
+        }
+        // Every message posted about the approval, in place. Updates are idempotent: after a
+        // failure, all are sent again.
+        for posted in &notice.posted {
+            let mut update = message.clone();
+            update["channel"] = json!(posted.channel);
+            update["ts"] = json!(posted.ts);
+            match self.call("chat.update", &update).await {
+                Ok(_) => {}
+                Err(CallError::Refused(message, error)) if GONE.contains(&error.as_str()) => {
+                    tracing::info!(%message, "the message to update is gone");
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
+        Ok(None)
     }
 }
 

@@ -11,9 +11,11 @@ use reqwest::Url;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
+use crate::domain::action::ActionStatus;
+use crate::domain::approval::{ApprovalStatus, Choice};
 use crate::domain::ids::ApprovalId;
 use crate::domain::notice::{Notice, NoticeKind};
-use crate::ports::notifier::{Destination, Notifier, NotifyError};
+use crate::ports::notifier::{Destination, Notifier, NotifyError, Posted};
 
 /// At most this many URLs: each adds one outbox item per approval to the pause transaction.
 pub const MAX_WEBHOOKS: usize = 5;
@@ -113,7 +115,11 @@ impl Webhooks {
                 continue;
             }
             hooks.push(Webhook {
-                destination: Destination { id, label },
+                destination: Destination {
+                    id,
+                    label,
+                    follows_up: false,
+                },
                 url,
             });
         }
@@ -152,7 +158,11 @@ impl Notifier for Webhooks {
         self.hooks.iter().map(|h| h.destination.clone()).collect()
     }
 
-    async fn send(&self, destination: &str, notice: &Notice) -> Result<(), NotifyError> {
+    async fn send(
+        &self,
+        destination: &str,
+        notice: &Notice,
+    ) -> Result<Option<Posted>, NotifyError> {
         let Some(hook) = self.hooks.iter().find(|h| h.destination.id == destination) else {
             return Err(NotifyError::Permanent(format!(
                 "no webhook {destination} is configured any more"
@@ -178,7 +188,7 @@ impl Notifier for Webhooks {
             })?;
         let status = response.status();
         if status.is_success() {
-            return Ok(());
+            return Ok(None);
         }
         let text = response.text().await.unwrap_or_default();
         let error = format!(
@@ -193,11 +203,66 @@ impl Notifier for Webhooks {
     }
 }
 
-fn clip(text: &str, max: usize) -> String {
+pub(super) fn clip(text: &str, max: usize) -> String {
     match text.char_indices().nth(max) {
         Some((cut, _)) => format!("{}…", &text[..cut]),
         None => text.to_string(),
     }
+}
+
+/// Who decided what, how the approval ended, and what its action did: an outcome notice's part.
+fn outcome(notice: &Notice) -> String {
+    let a = &notice.approval;
+    let mut text = String::new();
+    for d in &a.decisions {
+        let what = match &d.choice {
+            Choice::Approve => format!("approved version {}", d.action_version),
+            Choice::Reject { reason } => format!(
+                "rejected version {}: {}",
+                d.action_version,
+                escape(&clip(reason, MAX_PROSE))
+            ),
+            Choice::Edit { amount, .. } => {
+                format!("edited version {} to {amount}", d.action_version)
+            }
+            Choice::TookEffect { .. } => "said the call took effect".into(),
+            Choice::DidNotTakeEffect { .. } => "said the call did not take effect".into(),
+        };
+        let _ = writeln!(text, "*{}* {what}", escape(d.by.as_str()));
+    }
+    let status = match a.status {
+        ApprovalStatus::AwaitingApproval => format!(
+            "Still waiting: {} more approval{} needed.",
+            a.still_needed(),
+            if a.still_needed() == 1 { "" } else { "s" }
+        ),
+        ApprovalStatus::Approved => "Approved.".into(),
+        ApprovalStatus::Rejected => "Rejected: the agent is told not to retry it.".into(),
+        ApprovalStatus::Expired => "Expired: nobody decided by the deadline.".into(),
+        ApprovalStatus::Superseded => match &a.superseded_by {
+            Some(next) => format!("Replaced by an edit: decide the new version (`{next}`)."),
+            None => "Replaced by an edit.".into(),
+        },
+        ApprovalStatus::Cancelled => "Cancelled with its run.".into(),
+        ApprovalStatus::Answered => "Answered.".into(),
+    };
+    let _ = write!(text, "*Outcome:* {status}");
+    if let Some(action) = &notice.action {
+        let ran = match action.status {
+            ActionStatus::Executing => Some("running"),
+            ActionStatus::Succeeded => Some("succeeded"),
+            ActionStatus::Failed => Some("failed"),
+            ActionStatus::Unknown => Some("unknown (being reconciled; never sent again)"),
+            _ => None,
+        };
+        if let Some(ran) = ran {
+            let _ = write!(text, "\n*The call:* {ran}");
+            if let Some(result) = action.result.as_deref().filter(|r| !r.trim().is_empty()) {
+                let _ = write!(text, ": {}", escape(&clip(result, MAX_PROSE)));
+            }
+        }
+    }
+    text
 }
 
 /// Slack's mrkdwn treats `&`, `<` and `>` as control characters.
@@ -220,9 +285,16 @@ pub fn body(notice: &Notice, public_url: Option<&Url>, buttons: bool) -> Value {
     let deadline = a
         .expires_at
         .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-    let headline = match notice.kind {
-        NoticeKind::ApprovalRequested => format!("Approval needed: {}", a.tool),
-        NoticeKind::Reminder => format!("Reminder: {} still needs a decision", a.tool),
+    let waits = a.status == ApprovalStatus::AwaitingApproval;
+    let headline = match (notice.kind, a.status) {
+        (NoticeKind::Reminder, _) => format!("Reminder: {} still needs a decision", a.tool),
+        (_, ApprovalStatus::AwaitingApproval) => format!("Approval needed: {}", a.tool),
+        (_, ApprovalStatus::Approved) => format!("Approved: {}", a.tool),
+        (_, ApprovalStatus::Rejected) => format!("Rejected: {}", a.tool),
+        (_, ApprovalStatus::Expired) => format!("Expired: {}", a.tool),
+        (_, ApprovalStatus::Superseded) => format!("Replaced by an edit: {}", a.tool),
+        (_, ApprovalStatus::Cancelled) => format!("Cancelled: {}", a.tool),
+        (_, ApprovalStatus::Answered) => format!("Answered: {}", a.tool),
     };
     let args = a.args.canonical();
     let amount = notice.amount.map(|amount| amount.to_string());
@@ -289,7 +361,15 @@ pub fn body(notice: &Notice, public_url: Option<&Url>, buttons: bool) -> Value {
             "elements": [{"type": "mrkdwn", "text": format!("The agent: {}", escape(&clip(&a.explanation, MAX_PROSE)))}],
         }));
     }
-    if let Some(actions) = buttons.then(|| super::slack::buttons(a)).flatten() {
+    if notice.kind == NoticeKind::Outcome {
+        blocks
+            .push(json!({"type": "section", "text": {"type": "mrkdwn", "text": outcome(notice)}}));
+    }
+    // Once nobody can decide it, the buttons go.
+    if let Some(actions) = (buttons && waits)
+        .then(|| super::slack::buttons(a))
+        .flatten()
+    {
         blocks.push(actions);
     }
     let text = format!(
@@ -322,6 +402,8 @@ pub fn body(notice: &Notice, public_url: Option<&Url>, buttons: bool) -> Value {
             "still_needed": a.still_needed(),
             "not_by": a.requested_by,
             "expires_at": deadline,
+            "status": a.status,
+            "action_status": notice.action.as_ref().map(|o| o.status),
             "review_url": link,
         },
     })

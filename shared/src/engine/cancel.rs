@@ -72,6 +72,7 @@ impl Engine {
                     &approval.value,
                     approval.ver,
                 );
+                self.follow_up_later(&mut tx, (&tenant, run_id, &approval.value.id), now);
                 cancelled.push(approval.value);
             }
             let event = AuditEvent::Cancelled {
