@@ -317,6 +317,7 @@ fn event_line(entry: &AuditEntry, tools: &std::collections::BTreeMap<String, Str
         AuditEvent::Cancelled { approvals } => {
             format!("run cancelled; approvals cancelled: {}", join(approvals))
         }
+        AuditEvent::Commented { approval_id, text } => format!("on {approval_id}: {text}"),
         AuditEvent::Executing {
             action_id,
             version,

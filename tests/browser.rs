@@ -953,3 +953,102 @@ async fn a_notice_link_opens_the_page_on_its_approval_after_sign_in() {
         .await;
     dana.close().await;
 }
+
+#[tokio::test]
+async fn a_comment_round_trip_asks_the_requester_and_decides_nothing() {
+    let server = Server::start("comment");
+    let c102 = server.paused_run("ben", "c-102", None).await;
+    let mut driver = Driver::start().await;
+    let browser = driver.browser().await;
+    let item = card(&c102.approval);
+
+    browser.sign_in_as(&server, "dana").await;
+    browser
+        .click(&format!("{item} details.comment summary"))
+        .await;
+    // An empty comment is refused in the page, before any request.
+    browser.click(&format!("{item} .comment-submit")).await;
+    browser
+        .text_containing(
+            &format!("{item} .comment-form .field-error"),
+            "Write the comment first.",
+        )
+        .await;
+    browser
+        .type_into(
+            &format!("{item} .comment-form textarea"),
+            "Is the hotel receipt attached?",
+        )
+        .await;
+    browser.click(&format!("{item} .comment-submit")).await;
+    browser
+        .text_containing(
+            "#queue-status",
+            "Your comment on reimburse version 1 is added.",
+        )
+        .await;
+    let shown = browser
+        .text_containing(
+            &format!("{item} .comments"),
+            "Is the hotel receipt attached?",
+        )
+        .await;
+    assert!(shown.contains("dana"), "{shown}");
+    browser.sign_out().await;
+
+    // The requester reads it and answers in a comment of his own; still nobody decided.
+    browser.sign_in_as(&server, "ben").await;
+    browser
+        .text_containing(
+            &format!("{item} .comments"),
+            "Is the hotel receipt attached?",
+        )
+        .await;
+    browser
+        .click(&format!("{item} details.comment summary"))
+        .await;
+    browser
+        .type_into(&format!("{item} .comment-form textarea"), "Yes, page 2.")
+        .await;
+    browser.click(&format!("{item} .comment-submit")).await;
+    browser
+        .text_containing(&format!("{item} .comments"), "Yes, page 2.")
+        .await;
+
+    let stored = server.approval(&c102.approval).await;
+    assert_eq!(stored["status"], "awaiting_approval");
+    assert_eq!(stored["decisions"], json!([]));
+    let comments: Vec<(&str, &str)> = stored["comments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["by"].as_str().unwrap(), c["text"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        comments,
+        [
+            ("dana", "Is the hotel receipt attached?"),
+            ("ben", "Yes, page 2.")
+        ]
+    );
+
+    // Both are in the audit trail, in order.
+    browser.click(&format!("{item} button.audit-link")).await;
+    browser.text_containing("#audit-body", "Yes, page 2.").await;
+    let events = browser
+        .client
+        .execute(
+            "return [...document.querySelectorAll('#audit-body li[data-event=commented]')].map(li => li.innerText);",
+            vec![],
+        )
+        .await
+        .unwrap();
+    let events = events.as_array().unwrap();
+    assert_eq!(events.len(), 2, "{events:?}");
+    assert!(
+        events[0].as_str().unwrap().contains("by dana"),
+        "{events:?}"
+    );
+    assert!(events[1].as_str().unwrap().contains("by ben"), "{events:?}");
+    browser.close().await;
+}

@@ -83,6 +83,7 @@ fn decide_part(
         .route("/approvals", get(approvals::list))
         .route("/approvals/{id}", get(approvals::read))
         .route("/approvals/{id}/decisions", post(approvals::decide))
+        .route("/approvals/{id}/comments", post(approvals::comment))
         .route("/runs/{id}/cancel", post(runs::cancel))
         .route("/runs/{id}/audit", get(runs::audit))
         .with_state(DecideState {
@@ -231,6 +232,7 @@ mod tests {
             "/runs/{id}/cancel:",
             "/runs/{id}/audit:",
             "/slack/interactions:",
+            "/approvals/{id}/comments:",
         ] {
             assert!(OPENAPI_YAML.contains(path), "{path} is not documented");
         }

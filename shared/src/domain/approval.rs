@@ -236,6 +236,17 @@ pub struct Approval {
     pub resolved_at: Option<DateTime<Utc>>,
     #[serde(default)]
     pub reminded_at: Option<DateTime<Utc>>,
+    /// What people of the organisation said about it without deciding it, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub comments: Vec<Comment>,
+}
+
+/// A remark on an approval that decides nothing, such as a question to the requester.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Comment {
+    pub by: PersonId,
+    pub text: String,
+    pub at: DateTime<Utc>,
 }
 
 /// Who asks, under which rules, and until when: what an approval adds to the call it is for.
@@ -280,6 +291,7 @@ impl Approval {
             superseded_by: None,
             resolved_at: None,
             reminded_at: None,
+            comments: Vec::new(),
         }
     }
 

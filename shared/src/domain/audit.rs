@@ -82,6 +82,11 @@ pub enum AuditEvent {
     Cancelled {
         approvals: Vec<ApprovalId>,
     },
+    /// A person commented on an approval without deciding it.
+    Commented {
+        approval_id: ApprovalId,
+        text: String,
+    },
     Executing {
         action_id: ActionId,
         version: ActionVersion,
@@ -195,6 +200,7 @@ impl AuditEvent {
             AuditEvent::Superseded { .. } => "superseded",
             AuditEvent::Expired { .. } => "expired",
             AuditEvent::Cancelled { .. } => "cancelled",
+            AuditEvent::Commented { .. } => "commented",
             AuditEvent::Executing { .. } => "executing",
             AuditEvent::Executed { .. } => "executed",
             AuditEvent::Unknown { .. } => "unknown",
@@ -215,6 +221,7 @@ impl AuditEvent {
             | AuditEvent::Decision { approval_id, .. }
             | AuditEvent::Superseded { approval_id, .. }
             | AuditEvent::Expired { approval_id, .. }
+            | AuditEvent::Commented { approval_id, .. }
             | AuditEvent::RecoveryRequested { approval_id, .. } => Some(approval_id),
             _ => None,
         }

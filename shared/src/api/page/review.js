@@ -509,6 +509,19 @@ function buildCard(item) {
       ),
     );
   }
+  if ((v.comments || []).length) {
+    fact(
+      "Comments",
+      "comments",
+      el(
+        "ul",
+        {},
+        v.comments.map((c) =>
+          el("li", {}, el("strong", { text: c.by }), ` (${new Date(c.at).toLocaleString()}): `, el("span", { class: "comment-text", text: c.text })),
+        ),
+      ),
+    );
+  }
   article.append(facts);
 
   article.append(
@@ -539,6 +552,7 @@ function buildCard(item) {
     if (v.editable_amount) actions.append(editForm(v));
     actions.append(rejectForm(v));
   }
+  actions.append(commentForm(v));
   actions.append(
     el("button", {
       type: "button",
@@ -688,6 +702,47 @@ function rejectForm(v) {
       el("button", { type: "submit", class: "reject-submit", text: `Reject version ${v.action_version}` }),
     ),
   );
+}
+
+/** A comment decides nothing: a question to the requester, say. Open on any approval. */
+function commentForm(v) {
+  const id = v.id;
+  return el(
+    "details",
+    { class: "comment" },
+    el("summary", { text: "Comment" }),
+    el(
+      "form",
+      { class: "comment-form", novalidate: true },
+      el("label", { for: `comment-${id}`, text: "Comment (decides nothing; the organisation can read it)" }),
+      el("textarea", {
+        id: `comment-${id}`,
+        name: "text",
+        rows: "2",
+        maxlength: "2000",
+        required: true,
+        "aria-describedby": `comment-error-${id}`,
+      }),
+      el("p", { id: `comment-error-${id}`, class: "field-error", hidden: true }),
+      el("button", { type: "submit", class: "comment-submit", text: "Add comment" }),
+    ),
+  );
+}
+
+async function addComment(id, input) {
+  const item = state.items.get(id);
+  if (!item || state.busy.has(id)) return;
+  setBusy(id, true);
+  const reply = await api("POST", `approvals/${encodeURIComponent(id)}/comments`, { text: input.value.trim() });
+  setBusy(id, false);
+  if (reply.status === 401) return signOut(describe(reply));
+  if (!reply.ok) {
+    fieldError(input, describe(reply));
+    return;
+  }
+  item.view = reply.data;
+  renderQueue();
+  announce(`Your comment on ${reply.data.tool} version ${reply.data.action_version} is added.`);
 }
 
 function fieldError(input, message) {
@@ -851,6 +906,10 @@ function onQueueSubmit(event) {
     if (!fieldError(input, problem)) return;
     const note = form.elements.note.value.trim();
     decide(item.view.id, "edit", { amount: input.value.trim(), ...(note ? { note } : {}) });
+  } else if (form.classList.contains("comment-form")) {
+    const input = form.elements.text;
+    if (!fieldError(input, input.value.trim() ? null : "Write the comment first.")) return;
+    addComment(item.view.id, input);
   } else if (form.classList.contains("reject-form")) {
     const input = form.elements.reason;
     const reason = input.value.trim();
