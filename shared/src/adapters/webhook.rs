@@ -288,6 +288,7 @@ pub fn body(notice: &Notice, public_url: Option<&Url>, buttons: bool) -> Value {
     let waits = a.status == ApprovalStatus::AwaitingApproval;
     let headline = match (notice.kind, a.status) {
         (NoticeKind::Reminder, _) => format!("Reminder: {} still needs a decision", a.tool),
+        (NoticeKind::Escalated, _) => format!("Escalated: {} still needs a decision", a.tool),
         (_, ApprovalStatus::AwaitingApproval) => format!("Approval needed: {}", a.tool),
         (_, ApprovalStatus::Approved) => format!("Approved: {}", a.tool),
         (_, ApprovalStatus::Rejected) => format!("Rejected: {}", a.tool),
@@ -299,9 +300,13 @@ pub fn body(notice: &Notice, public_url: Option<&Url>, buttons: bool) -> Value {
     let args = a.args.canonical();
     let amount = notice.amount.map(|amount| amount.to_string());
     let not_by: Vec<String> = a.requested_by.iter().map(|p| p.to_string()).collect();
+    let roles: Vec<String> = a
+        .deciding_roles()
+        .map(|role| format!("`{}`", escape(role.as_str())))
+        .collect();
     let who = format!(
-        "a person with the `{}` role, not {}; {} of {} approval{} still needed",
-        escape(a.approver_role.as_str()),
+        "a person with the {} role, not {}; {} of {} approval{} still needed",
+        roles.join(" or "),
         escape(&not_by.join(", ")),
         a.still_needed(),
         a.quorum,

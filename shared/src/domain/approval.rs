@@ -10,7 +10,7 @@ use super::ids::{
     ActionId, ActionVersion, AgentName, ApprovalId, DecisionId, PersonId, Role, RunId, TenantId,
 };
 use super::money::Amount;
-use super::policy::{EditRefusal, Policy, Requirement, ToolHints};
+use super::policy::{EditRefusal, Escalation, Policy, Requirement, ToolHints};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -239,6 +239,12 @@ pub struct Approval {
     /// What people of the organisation said about it without deciding it, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub comments: Vec<Comment>,
+    /// Policy's escalation steps, as they stood when the approval opened.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub escalate: Vec<Escalation>,
+    /// The roles it was escalated to so far, in order: their people may decide it too.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub escalated_to: Vec<Role>,
 }
 
 /// A remark on an approval that decides nothing, such as a question to the requester.
@@ -292,6 +298,8 @@ impl Approval {
             resolved_at: None,
             reminded_at: None,
             comments: Vec::new(),
+            escalate: requirement.escalate.clone(),
+            escalated_to: Vec::new(),
         }
     }
 
@@ -317,6 +325,7 @@ impl Approval {
             approver_role: owner,
             quorum: 1,
             ttl: std::time::Duration::ZERO,
+            escalate: Vec::new(),
         };
         let mut recovery = Self::open(call, &requirement, asking);
         recovery.kind = ApprovalKind::Recovery;
@@ -406,7 +415,7 @@ impl Approval {
                 person: who.person.clone(),
             });
         }
-        if !who.has_role(&self.approver_role) {
+        if !self.deciding_roles().any(|role| who.has_role(role)) {
             return Err(Refusal::MissingRole {
                 person: who.person.clone(),
                 role: self.approver_role.clone(),
@@ -475,6 +484,35 @@ impl Approval {
 
     /// When to remind people of this approval, `lead` before its deadline. `None` when its
     /// whole time to decide fits in the lead: the request itself was that reminder.
+    /// The roles whose people may decide it: the approver role, and those it was escalated to.
+    pub fn deciding_roles(&self) -> impl Iterator<Item = &Role> {
+        std::iter::once(&self.approver_role).chain(self.escalated_to.iter())
+    }
+
+    /// The next escalation step and when it is due, while the approval waits.
+    pub fn next_escalation(&self) -> Option<(DateTime<Utc>, &Escalation)> {
+        if self.status != ApprovalStatus::AwaitingApproval || self.kind != ApprovalKind::Action {
+            return None;
+        }
+        let step = self.escalate.get(self.escalated_to.len())?;
+        let at = self
+            .created_at
+            .checked_add_signed(Duration::from_std(step.after).ok()?)?;
+        (at < self.expires_at).then_some((at, step))
+    }
+
+    /// The sweep's escalation: widens who may decide to the next step's role if it is due and
+    /// the approval still waits, not overdue. Expiry stays the final word.
+    pub fn escalate(&mut self, now: DateTime<Utc>) -> Option<Role> {
+        let (at, step) = self.next_escalation()?;
+        if at > now || self.is_overdue(now) {
+            return None;
+        }
+        let role = step.to.clone();
+        self.escalated_to.push(role.clone());
+        Some(role)
+    }
+
     pub fn reminder_at(&self, lead: Duration) -> Option<DateTime<Utc>> {
         if self.kind == ApprovalKind::Recovery {
             return None;
@@ -603,6 +641,7 @@ mod tests {
             approver_role: Role::parse("finance").unwrap(),
             quorum,
             ttl: std::time::Duration::from_secs(24 * 3600),
+            escalate: Vec::new(),
         };
         let asking = Asking {
             agent: AgentName::parse("expense").unwrap(),

@@ -82,6 +82,11 @@ pub enum AuditEvent {
     Cancelled {
         approvals: Vec<ApprovalId>,
     },
+    /// Nobody decided in time: people of one more role may decide the approval now.
+    Escalated {
+        approval_id: ApprovalId,
+        to: Role,
+    },
     /// A person commented on an approval without deciding it.
     Commented {
         approval_id: ApprovalId,
@@ -201,6 +206,7 @@ impl AuditEvent {
             AuditEvent::Expired { .. } => "expired",
             AuditEvent::Cancelled { .. } => "cancelled",
             AuditEvent::Commented { .. } => "commented",
+            AuditEvent::Escalated { .. } => "escalated",
             AuditEvent::Executing { .. } => "executing",
             AuditEvent::Executed { .. } => "executed",
             AuditEvent::Unknown { .. } => "unknown",
@@ -222,6 +228,7 @@ impl AuditEvent {
             | AuditEvent::Superseded { approval_id, .. }
             | AuditEvent::Expired { approval_id, .. }
             | AuditEvent::Commented { approval_id, .. }
+            | AuditEvent::Escalated { approval_id, .. }
             | AuditEvent::RecoveryRequested { approval_id, .. } => Some(approval_id),
             _ => None,
         }

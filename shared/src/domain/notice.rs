@@ -15,6 +15,8 @@ pub enum NoticeKind {
     ApprovalRequested,
     /// The approval still waits and its deadline is near.
     Reminder,
+    /// Nobody decided in time: the approval went to one more role.
+    Escalated,
     /// The approval was decided, expired, superseded or cancelled, or its action ran: the
     /// messages posted about it are updated in place (only where a destination follows up).
     Outcome,
@@ -26,6 +28,7 @@ impl NoticeKind {
         match self {
             NoticeKind::ApprovalRequested => "approval_requested",
             NoticeKind::Reminder => "reminder",
+            NoticeKind::Escalated => "escalated",
             NoticeKind::Outcome => "outcome",
         }
     }

@@ -476,10 +476,11 @@ function buildCard(item) {
   fact("The agent says", "explanation", el("blockquote", { text: v.explanation }));
   fact("Why a person decides", "reason", `${v.reason} (policy version ${v.policy_version})`);
   const excluded = (v.requested_by || []).join(" and ");
+  const escalated = (v.escalated_to || []).length ? ` (escalated: or the ${v.escalated_to.join(" or ")} role)` : "";
   fact(
     "Who may approve",
     "who",
-    `Anyone with the ${v.approver_role} role`,
+    `Anyone with the ${v.approver_role} role${escalated}`,
     excluded ? `, except ${excluded}, who asked for this` : "",
   );
   fact(
