@@ -11,7 +11,7 @@ use aws_config::{BehaviorVersion, SdkConfig};
 
 use crate::adapters::dynamodb::DynamoStore;
 use crate::adapters::scheduler::{EventBridgeScheduler, ScheduleTarget};
-use crate::adapters::slack::{self, SigningSecret, SlackApp, SlackChannel};
+use crate::adapters::slack::{self, SigningSecret, SlackApp, SlackChannel, WebApi};
 use crate::adapters::sqs::SqsQueue;
 use crate::adapters::trust;
 use crate::adapters::webhook::{self, Webhooks};
@@ -312,8 +312,17 @@ pub fn slack_from_env(directory: Option<&Directory>) -> Result<Option<Arc<SlackA
         })?,
     };
     let hooks = var("COUNTERSIGN_SLACK_HOOKS_URL").unwrap_or(slack::SLACK_HOOKS_URL.into());
+    // With the bot token, Edit opens its form through the Web API; Slack's trigger lasts 3 s.
+    let web = var("COUNTERSIGN_SLACK_BOT_TOKEN")
+        .map(|token| {
+            let api = var("COUNTERSIGN_SLACK_API_URL").unwrap_or(slack::SLACK_API_URL.into());
+            WebApi::new(&api, &token, Duration::from_secs(2))
+                .map_err(|e| ConfigError(format!("COUNTERSIGN_SLACK_BOT_TOKEN: {e}")))
+        })
+        .transpose()?;
     let app = SlackApp::new(secret, people, &hooks)
-        .map_err(|e| ConfigError(format!("COUNTERSIGN_SLACK_HOOKS_URL: {e}")))?;
+        .map_err(|e| ConfigError(format!("COUNTERSIGN_SLACK_HOOKS_URL: {e}")))?
+        .with_web_api(web);
     Ok(Some(Arc::new(app)))
 }
 

@@ -16,7 +16,7 @@ use std::time::Duration as StdDuration;
 
 use chrono::Duration;
 use serde_json::{Value, json};
-use shared::adapters::slack::{SigningSecret, SlackApp, SlackChannel, sign};
+use shared::adapters::slack::{SigningSecret, SlackApp, SlackChannel, WebApi as SlackWebApi, sign};
 use shared::adapters::webhook::{Webhooks, public_url};
 use shared::api::{Authenticate, BearerJwt};
 use shared::domain::approval::{Approval, ApprovalStatus, Choice};
@@ -109,6 +109,8 @@ struct SlackSetup {
     api: String,
     notices: Receiver,
     slack: Receiver,
+    /// The Web API stand-in the app opens edit forms with.
+    web: WebApi,
     http: reqwest::Client,
 }
 
@@ -130,12 +132,16 @@ impl SlackSetup {
             .await;
         let engine = Arc::new(engine);
         let hooks = format!("http://{}/", slack.host());
+        let web = WebApi::start(0).await;
         let app = SlackApp::new(
             SigningSecret::new(SECRET).unwrap(),
             h.directory.clone(),
             &hooks,
         )
-        .unwrap();
+        .unwrap()
+        .with_web_api(Some(
+            SlackWebApi::new(&web.url, "xoxb-countersign-test", QUICK).unwrap(),
+        ));
         let auth: Arc<dyn Authenticate> = Arc::new(BearerJwt::hs256(&[7; 32]).unwrap());
         let router = shared::api::router_with_slack(engine.clone(), auth, Some(Arc::new(app)));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -147,6 +153,7 @@ impl SlackSetup {
             api,
             notices,
             slack,
+            web,
             http: reqwest::Client::new(),
         }
     }
@@ -215,6 +222,10 @@ impl SlackSetup {
             .unwrap();
         let status = reply.status().as_u16();
         (status, reply.json().await.unwrap())
+    }
+
+    async fn signed_owned(&self, body: String) -> (u16, Value) {
+        self.signed(&body).await
     }
 
     /// `body` signed now, as Slack signs it.
@@ -534,6 +545,10 @@ async fn web_api_call(
                 axum::Json(json!({"ok": true, "channel": body.0["channel"], "ts": body.0["ts"]})),
             )
         }
+        "views.open" => (
+            ok,
+            axum::Json(json!({"ok": true, "view": {"id": "V0EDIT0001"}})),
+        ),
         _ => (
             ok,
             axum::Json(json!({"ok": false, "error": "unknown_method"})),
@@ -748,4 +763,113 @@ async fn expiry_cancellation_and_an_edit_update_the_message_and_webhooks_get_no_
         .map(|r| r.notice().to_string())
         .collect();
     assert!(kinds.iter().all(|k| k == "approval_requested"), "{kinds:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Edit from Slack, in a form
+// ---------------------------------------------------------------------------------------------
+
+/// The form Slack posts when `user` submits the edit form `view` with `amount` and `note`, as its
+/// view_submission payload documents.
+fn submission_body(view: &Value, user: &str, amount: &str, note: &str) -> String {
+    let payload = json!({
+        "type": "view_submission",
+        "team": {"id": "T0ACME001", "domain": "acme"},
+        "user": {"id": user, "username": user.to_lowercase(), "team_id": "T0ACME001"},
+        "api_app_id": "A0COUNTER1",
+        "trigger_id": "1234567890.0987654321.fedcba",
+        "view": {
+            "id": "V0EDIT0001",
+            "type": "modal",
+            "callback_id": view["callback_id"],
+            "private_metadata": view["private_metadata"],
+            "state": {"values": {
+                "amount": {"value": {"type": "plain_text_input", "value": amount}},
+                "note": {"value": {"type": "plain_text_input", "value": note}},
+            }},
+        },
+    });
+    serde_urlencoded::to_string([("payload", payload.to_string())]).unwrap()
+}
+
+#[tokio::test]
+async fn edit_opens_a_form_whose_submission_edits_as_the_person_once() {
+    let s = SlackSetup::new().await;
+    let (_, approval) = s.h.start_paused(&s.engine, "c-102").await;
+    let edit = s.button(&approval, "Edit");
+    assert_eq!(
+        edit["action_id"],
+        format!("countersign.edit.{}.v1", approval.id)
+    );
+
+    // Whoever may not edit is told so, and no form opens.
+    let body = s.click_body(&edit, "U0BEN0001");
+    let (_, answer) = s.signed(&body).await;
+    let told = answer["text"].as_str().unwrap();
+    assert!(told.starts_with("Not decided (own_request): "), "{told}");
+    assert!(s.web.calls("views.open").is_empty());
+
+    let (status, answer) = s.signed(&s.click_body(&edit, "U0DANA001")).await;
+    assert_eq!(
+        (status, answer),
+        (200, json!({})),
+        "the form opened, nothing to tell"
+    );
+    let opened = s.web.calls("views.open");
+    assert_eq!(opened.len(), 1);
+    assert_eq!(opened[0].token, "Bearer xoxb-countersign-test");
+    assert_eq!(opened[0].body["trigger_id"], "1234567890.0987654321.abcdef");
+    let view = opened[0].body["view"].clone();
+    assert_eq!(view["type"], "modal");
+    assert_eq!(view["callback_id"], "countersign.edit");
+    assert_eq!(view["blocks"][1]["element"]["initial_value"], "250.00");
+
+    let submit = |user: &str, amount: &str| {
+        s.signed_owned(submission_body(&view, user, amount, "one night"))
+    };
+    let (_, answer) = submit("U0DANA001", "a lot").await;
+    assert_eq!(answer["response_action"], "errors");
+    let why = answer["errors"]["amount"].as_str().unwrap();
+    assert!(why.starts_with("Write the amount"), "{why}");
+    let (_, answer) = submit("U0DANA001", "300").await;
+    assert_eq!(answer["response_action"], "errors");
+    let why = answer["errors"]["amount"].as_str().unwrap();
+    assert!(why.starts_with("Not decided (edit_refused): "), "{why}");
+    assert!(
+        s.stored(&approval).await.decisions.is_empty(),
+        "nothing changed"
+    );
+
+    let (status, answer) = submit("U0DANA001", "200").await;
+    assert_eq!((status, answer), (200, json!({"response_action": "clear"})));
+    // Submitted twice (a double click, a retry): one edit.
+    let (_, again) = submit("U0DANA001", "200").await;
+    assert_eq!(again, json!({"response_action": "clear"}));
+    let first = s.stored(&approval).await;
+    assert_eq!(first.status, ApprovalStatus::Superseded);
+    assert_eq!(first.decisions.len(), 1);
+    assert_eq!(first.decisions[0].by.as_str(), "dana");
+    assert_eq!(
+        first.decisions[0].choice,
+        Choice::Edit {
+            amount: Amount::from_dollars(200),
+            note: Some("one night".into())
+        }
+    );
+    let next = s
+        .engine
+        .approval(&acme(), first.superseded_by.as_ref().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(next.args.int("amount_cents"), Some(20_000));
+    assert_eq!(
+        next.status,
+        ApprovalStatus::Approved,
+        "the editor's approval meets the quorum"
+    );
+
+    // The form of version 1, submitted by someone else after the edit: refused as superseded.
+    let (_, late) = submit("U0ERIN001", "150").await;
+    let why = late["errors"]["amount"].as_str().unwrap();
+    assert!(why.starts_with("Not decided (superseded): "), "{why}");
 }

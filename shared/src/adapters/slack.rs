@@ -134,6 +134,8 @@ pub fn verify(
 pub enum ButtonChoice {
     Approve,
     Reject,
+    /// Opens a form for a lower amount; its submission is the edit.
+    Edit,
 }
 
 impl ButtonChoice {
@@ -141,6 +143,7 @@ impl ButtonChoice {
         match self {
             ButtonChoice::Approve => "approve",
             ButtonChoice::Reject => "reject",
+            ButtonChoice::Edit => "edit",
         }
     }
 }
@@ -178,12 +181,28 @@ impl Button {
         let choice = match rest.split('.').next() {
             Some("approve") => ButtonChoice::Approve,
             Some("reject") => ButtonChoice::Reject,
+            Some("edit") => ButtonChoice::Edit,
             _ => return Err(format!("action {:?} names no choice", clip(action_id))),
         };
         let value: Value = action["value"]
             .as_str()
             .and_then(|v| serde_json::from_str(v).ok())
             .ok_or("the button carries no value")?;
+        Self::of_value(action_id, choice, &value)
+    }
+
+    /// The button an edit form was opened from, as its `private_metadata` keeps it.
+    pub fn of_metadata(metadata: &str) -> Result<Self, String> {
+        let value: Value =
+            serde_json::from_str(metadata).map_err(|_| "the form's metadata is not JSON")?;
+        let action_id = value["action_id"].as_str().unwrap_or_default();
+        if !action_id.starts_with(&format!("{ACTION_PREFIX}edit.")) {
+            return Err("the form is not an edit of Countersign's".into());
+        }
+        Self::of_value(action_id, ButtonChoice::Edit, &value)
+    }
+
+    fn of_value(action_id: &str, choice: ButtonChoice, value: &Value) -> Result<Self, String> {
         let approval = value["approval"]
             .as_str()
             .ok_or("the button names no approval")?;
@@ -211,9 +230,10 @@ fn clip(text: &str) -> String {
     text.chars().take(80).collect()
 }
 
-/// The Approve and Reject buttons of a notice, bound to the version and args hash shown. A
-/// recovery (did a call take effect?) gets none: it is answered on the review page.
-pub fn buttons(approval: &Approval) -> Option<Value> {
+/// The Approve and Reject buttons of a notice (and Edit, where policy lets a reviewer lower the
+/// amount), bound to the version and args hash shown. A recovery (did a call take effect?)
+/// gets none: it is answered on the review page.
+pub fn buttons(approval: &Approval, editable: bool) -> Option<Value> {
     if approval.kind != ApprovalKind::Action {
         return None;
     }
@@ -224,7 +244,15 @@ pub fn buttons(approval: &Approval) -> Option<Value> {
     })
     .to_string();
     let version = approval.action_version;
-    Some(json!({
+    let edit = editable.then(|| {
+        json!({
+            "type": "button",
+            "action_id": action_id(ButtonChoice::Edit, approval),
+            "text": {"type": "plain_text", "text": format!("Edit version {version}")},
+            "value": value,
+        })
+    });
+    let mut block = json!({
         "type": "actions",
         "block_id": "countersign.decide",
         "elements": [
@@ -249,8 +277,46 @@ pub fn buttons(approval: &Approval) -> Option<Value> {
                 },
             },
         ],
-    }))
+    });
+    if let (Some(edit), Some(elements)) = (edit, block["elements"].as_array_mut()) {
+        elements.insert(1, edit);
+    }
+    Some(block)
 }
+
+/// The edit form (a modal) for one approval version: the new amount, lower than `cents`, and a
+/// note. `private_metadata` keeps the button it was opened from.
+pub fn edit_modal(approval: &Approval, button: &Button, cents: i64) -> Value {
+    let metadata = json!({
+        "action_id": button.action_id,
+        "approval": approval.id,
+        "version": approval.action_version,
+        "args_hash": approval.args_hash,
+    })
+    .to_string();
+    let now = format!("{}.{:02}", cents / 100, cents % 100);
+    json!({
+        "type": "modal",
+        "callback_id": EDIT_CALLBACK,
+        "private_metadata": metadata,
+        "title": {"type": "plain_text", "text": format!("Edit version {}", approval.action_version)},
+        "submit": {"type": "plain_text", "text": "Approve the lower amount"},
+        "close": {"type": "plain_text", "text": "Cancel"},
+        "blocks": [
+            {"type": "section", "text": {"type": "mrkdwn", "text": format!(
+                "`{}` asks ${now} now. An edit may only lower it, and counts as your approval of the new version.",
+                approval.tool
+            )}},
+            {"type": "input", "block_id": "amount", "label": {"type": "plain_text", "text": "New amount in dollars"},
+             "element": {"type": "plain_text_input", "action_id": "value", "initial_value": now}},
+            {"type": "input", "block_id": "note", "optional": true, "label": {"type": "plain_text", "text": "Why (for the record)"},
+             "element": {"type": "plain_text_input", "action_id": "value", "multiline": true, "max_length": 2000}},
+        ],
+    })
+}
+
+/// The `callback_id` of the edit form.
+pub const EDIT_CALLBACK: &str = "countersign.edit";
 
 /// The Slack app as the decision API uses it: the signing secret, who each Slack user is, and
 /// where answers to interactions may go.
@@ -259,6 +325,8 @@ pub struct SlackApp {
     people: Directory,
     hooks_url: Url,
     client: reqwest::Client,
+    /// With a bot token: the Web API, to open the edit form.
+    web: Option<WebApi>,
 }
 
 impl SlackApp {
@@ -289,7 +357,26 @@ impl SlackApp {
             people,
             hooks_url,
             client,
+            web: None,
         })
+    }
+
+    /// The Web API with the app's bot token: Edit opens its form (`views.open`).
+    pub fn with_web_api(mut self, web: Option<WebApi>) -> Self {
+        self.web = web;
+        self
+    }
+
+    /// Opens `view` for the person whose click gave `trigger_id`; why not, if it fails.
+    pub async fn open_view(&self, trigger_id: &str, view: &Value) -> Result<(), String> {
+        let Some(web) = &self.web else {
+            return Err("this Slack app has no bot token to open a form with".into());
+        };
+        let body = json!({"trigger_id": trigger_id, "view": view});
+        match web.call("views.open", &body).await {
+            Ok(_) => Ok(()),
+            Err(CallError::Transient(why) | CallError::Refused(why, _)) => Err(why),
+        }
     }
 
     pub fn verify(
@@ -362,29 +449,16 @@ impl std::fmt::Debug for BotToken {
     }
 }
 
-/// Notices posted to one Slack channel through the Web API (`chat.postMessage`, which answers
-/// with the message's channel and `ts`), and updated in place (`chat.update`) with the
-/// approval's outcome: the buttons go, who decided what and what the call did appear.
-pub struct SlackChannel {
+/// Slack's Web API with a bot token: `POST {api}/{method}`, JSON in and out.
+#[derive(Clone)]
+pub struct WebApi {
     client: reqwest::Client,
     api: Url,
     token: BotToken,
-    channel: String,
-    destination: crate::ports::notifier::Destination,
-    public_url: Option<Url>,
-    buttons: bool,
 }
 
-impl SlackChannel {
-    /// Posts to `channel` (an id such as `C0123456789`, or `#name`) with a bot token that has
-    /// `chat:write`, through the Web API at `api_url` (Slack's own, [`SLACK_API_URL`], outside
-    /// tests), each call bounded by `timeout`.
-    pub fn new(
-        api_url: &str,
-        token: &str,
-        channel: &str,
-        timeout: Duration,
-    ) -> Result<Self, SlackConfigError> {
+impl WebApi {
+    pub fn new(api_url: &str, token: &str, timeout: Duration) -> Result<Self, SlackConfigError> {
         let mut api = Url::parse(api_url)
             .ok()
             .filter(|u| matches!(u.scheme(), "https" | "http") && u.host_str().is_some())
@@ -401,22 +475,6 @@ impl SlackChannel {
         if token.is_empty() {
             return Err(SlackConfigError("the Slack bot token is empty".into()));
         }
-        let channel = channel.trim();
-        let well_formed = !channel.is_empty()
-            && channel.len() <= 80
-            && channel
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '#' | '-' | '_' | '.'));
-        if !well_formed {
-            return Err(SlackConfigError(format!(
-                "the Slack channel {:?} is not a channel id or #name",
-                clip(channel)
-            )));
-        }
-        let host = match api.port() {
-            Some(port) => format!("{}:{port}", api.host_str().unwrap_or_default()),
-            None => api.host_str().unwrap_or_default().to_string(),
-        };
         let client = super::trust::client_builder()
             .connect_timeout(Duration::from_secs(2).min(timeout))
             .timeout(timeout)
@@ -426,29 +484,9 @@ impl SlackChannel {
             .map_err(|e| SlackConfigError(format!("no HTTP client: {e}")))?;
         Ok(Self {
             client,
-            destination: crate::ports::notifier::Destination {
-                id: format!("slack-api:{channel}"),
-                label: format!("{host} {channel}"),
-                follows_up: true,
-            },
             api,
             token: BotToken(token.to_string()),
-            channel: channel.to_string(),
-            public_url: None,
-            buttons: false,
         })
-    }
-
-    /// Every notice links to its approval on the review page at this address.
-    pub fn with_public_url(mut self, public_url: Option<Url>) -> Self {
-        self.public_url = public_url;
-        self
-    }
-
-    /// Notices carry Approve and Reject buttons, for the Slack app to take the clicks.
-    pub fn with_buttons(mut self, buttons: bool) -> Self {
-        self.buttons = buttons;
-        self
     }
 
     /// One Web API call: the answer's JSON when Slack says `ok`, else why not.
@@ -501,6 +539,74 @@ impl SlackChannel {
         }
     }
 
+    fn host(&self) -> String {
+        match self.api.port() {
+            Some(port) => format!("{}:{port}", self.api.host_str().unwrap_or_default()),
+            None => self.api.host_str().unwrap_or_default().to_string(),
+        }
+    }
+}
+
+/// Notices posted to one Slack channel through the Web API (`chat.postMessage`, which answers
+/// with the message's channel and `ts`), and updated in place (`chat.update`) with the
+/// approval's outcome: the buttons go, who decided what and what the call did appear.
+pub struct SlackChannel {
+    web: WebApi,
+    channel: String,
+    destination: crate::ports::notifier::Destination,
+    public_url: Option<Url>,
+    buttons: bool,
+}
+
+impl SlackChannel {
+    /// Posts to `channel` (an id such as `C0123456789`, or `#name`) with a bot token that has
+    /// `chat:write`, through the Web API at `api_url` (Slack's own, [`SLACK_API_URL`], outside
+    /// tests), each call bounded by `timeout`.
+    pub fn new(
+        api_url: &str,
+        token: &str,
+        channel: &str,
+        timeout: Duration,
+    ) -> Result<Self, SlackConfigError> {
+        let web = WebApi::new(api_url, token, timeout)?;
+        let channel = channel.trim();
+        let well_formed = !channel.is_empty()
+            && channel.len() <= 80
+            && channel
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '#' | '-' | '_' | '.'));
+        if !well_formed {
+            return Err(SlackConfigError(format!(
+                "the Slack channel {:?} is not a channel id or #name",
+                clip(channel)
+            )));
+        }
+        let host = web.host();
+        Ok(Self {
+            destination: crate::ports::notifier::Destination {
+                id: format!("slack-api:{channel}"),
+                label: format!("{host} {channel}"),
+                follows_up: true,
+            },
+            web,
+            channel: channel.to_string(),
+            public_url: None,
+            buttons: false,
+        })
+    }
+
+    /// Every notice links to its approval on the review page at this address.
+    pub fn with_public_url(mut self, public_url: Option<Url>) -> Self {
+        self.public_url = public_url;
+        self
+    }
+
+    /// Notices carry Approve and Reject buttons, for the Slack app to take the clicks.
+    pub fn with_buttons(mut self, buttons: bool) -> Self {
+        self.buttons = buttons;
+        self
+    }
+
     fn message(&self, notice: &Notice) -> Value {
         let mut body = super::webhook::body(notice, self.public_url.as_ref(), self.buttons);
         json!({
@@ -546,7 +652,7 @@ impl Notifier for SlackChannel {
         }
         let message = self.message(notice);
         if notice.kind != NoticeKind::Outcome {
-            let answer = self.call("chat.postMessage", &message).await?;
+            let answer = self.web.call("chat.postMessage", &message).await?;
             let (Some(channel), Some(ts)) = (answer["channel"].as_str(), answer["ts"].as_str())
             else {
                 return Err(NotifyError::Permanent(
@@ -565,7 +671,7 @@ impl Notifier for SlackChannel {
             let mut update = message.clone();
             update["channel"] = json!(posted.channel);
             update["ts"] = json!(posted.ts);
-            match self.call("chat.update", &update).await {
+            match self.web.call("chat.update", &update).await {
                 Ok(_) => {}
                 Err(CallError::Refused(message, error)) if GONE.contains(&error.as_str()) => {
                     tracing::info!(%message, "the message to update is gone");

@@ -372,7 +372,7 @@ pub fn body(notice: &Notice, public_url: Option<&Url>, buttons: bool) -> Value {
     }
     // Once nobody can decide it, the buttons go.
     if let Some(actions) = (buttons && waits)
-        .then(|| super::slack::buttons(a))
+        .then(|| super::slack::buttons(a, notice.editable))
         .flatten()
     {
         blocks.push(actions);

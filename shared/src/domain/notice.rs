@@ -50,6 +50,9 @@ pub struct Notice {
     /// The amount policy gates this tool by, when it has one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub amount: Option<Amount>,
+    /// Policy lets a reviewer lower the amount with an edit.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub editable: bool,
     /// An outcome notice: the messages to update in place.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub posted: Vec<Posted>,

@@ -240,6 +240,15 @@ impl Policy {
         }
     }
 
+    /// The amount field a reviewer may lower with an edit, if policy lets them edit this tool.
+    pub fn lowerable_field(&self, tool: &str) -> Option<&str> {
+        let field = self.amount_field(tool)?;
+        let Some(ToolRule::Approve { editable, .. }) = self.tools.get(tool) else {
+            return None;
+        };
+        (editable.get(field) == Some(&EditDirection::Lower)).then_some(field)
+    }
+
     /// Applies a reviewer's new amount to a call's arguments, if policy lets them.
     pub fn edit_amount(&self, tool: &str, args: &Args, new: Amount) -> Result<Args, EditRefusal> {
         let not_editable = || EditRefusal::NotEditable {

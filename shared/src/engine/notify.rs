@@ -292,12 +292,14 @@ impl Engine {
             Err(StoreError::ConditionFailed { .. }) => return Ok(None),
             Err(error) => return Err(error.into()),
         }
-        let amount = self
-            .policy_of(&approval.agent)
-            .ok()
+        let policy = self.policy_of(&approval.agent).ok();
+        let amount = policy
             .and_then(|policy| policy.amount_field(&approval.tool))
             .and_then(|field| approval.args.int(field))
             .and_then(|cents| Amount::from_cents(cents).ok());
+        let editable = policy
+            .and_then(|policy| policy.lowerable_field(&approval.tool))
+            .is_some();
         let action = match outcome {
             true => self
                 .load_action(
@@ -318,6 +320,7 @@ impl Engine {
             kind: message.notice,
             approval,
             amount,
+            editable,
             posted,
             action,
         };
