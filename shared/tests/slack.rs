@@ -6,6 +6,9 @@
 
 #[macro_use]
 mod harness;
+#[path = "harness/dynamodb.rs"]
+mod dynamodb_backend;
+mod support;
 // Only the receiver of the shared notification helpers is used here.
 #[allow(dead_code)]
 #[path = "harness/notices.rs"]
@@ -616,12 +619,11 @@ async fn posting_to_slack(h: &Harness, notifier: Arc<dyn Notifier>) -> Process {
     .await
 }
 
-#[tokio::test]
-async fn the_outcome_updates_the_posted_message_in_place_through_the_outbox_when_slack_fails_first()
-{
-    let h = Harness::new(Embedded::fresh()).await;
+async fn the_outcome_updates_the_posted_message_in_place_through_the_outbox_when_slack_fails_first(
+    h: &Harness,
+) {
     let api = WebApi::start(2).await;
-    let p = posting_to_slack(&h, api.channel()).await;
+    let p = posting_to_slack(h, api.channel()).await;
     let (report, approval) = h.start_paused(&p, "c-102").await;
 
     let posted = api.calls("chat.postMessage");
@@ -692,14 +694,14 @@ async fn the_outcome_updates_the_posted_message_in_place_through_the_outbox_when
     assert_eq!(api.calls("chat.update").len(), 4);
 }
 
-#[tokio::test]
-async fn expiry_cancellation_and_an_edit_update_the_message_and_webhooks_get_no_updates() {
-    let h = Harness::new(Embedded::fresh()).await;
+async fn expiry_cancellation_and_an_edit_update_the_message_and_webhooks_get_no_updates(
+    h: &Harness,
+) {
     let api = WebApi::start(0).await;
     let hook = Receiver::ok().await;
     let webhooks = Arc::new(Webhooks::new(&[hook.url().to_string()], QUICK).unwrap());
     let both: Arc<dyn Notifier> = Arc::new(Several(vec![webhooks, api.channel()]));
-    let p = posting_to_slack(&h, both).await;
+    let p = posting_to_slack(h, both).await;
 
     let (_, c104) = h.start_paused(&p, "c-104").await;
     let (c102_run, _) = h.start_paused(&p, "c-102").await;
@@ -873,3 +875,20 @@ async fn edit_opens_a_form_whose_submission_edits_as_the_person_once() {
     let why = late["errors"]["amount"].as_str().unwrap();
     assert!(why.starts_with("Not decided (superseded): "), "{why}");
 }
+
+/// The thread updates keep each message's channel and ts with its approval: on both stores.
+macro_rules! outcome_scenarios {
+    ($module:ident, $backend:expr) => {
+        on_backend!(
+            $module,
+            $backend,
+            [
+                the_outcome_updates_the_posted_message_in_place_through_the_outbox_when_slack_fails_first,
+                expiry_cancellation_and_an_edit_update_the_message_and_webhooks_get_no_updates,
+            ]
+        );
+    };
+}
+
+outcome_scenarios!(embedded, Embedded::fresh());
+outcome_scenarios!(dynamodb, dynamodb_backend::DynamoDb::fresh("slack").await);
