@@ -317,6 +317,10 @@ fn event_line(entry: &AuditEntry, tools: &std::collections::BTreeMap<String, Str
         AuditEvent::Cancelled { approvals } => {
             format!("run cancelled; approvals cancelled: {}", join(approvals))
         }
+        AuditEvent::Commented { approval_id, text } => format!("on {approval_id}: {text}"),
+        AuditEvent::Escalated { approval_id, to } => {
+            format!("{approval_id} escalated: {to} may decide it too")
+        }
         AuditEvent::Executing {
             action_id,
             version,

@@ -78,6 +78,8 @@ pub async fn run(local: Local, state: &Path, options: Options) -> Result<(), Fai
     let bound = listener
         .local_addr()
         .map_err(|e| failure(format!("no local address: {e}")))?;
+    let slack = shared::deploy::slack_from_env(Some(&local.directory))
+        .map_err(|e| Failure::usage(e.to_string()))?;
     let dev = match options.dev_sign_in {
         false => None,
         // Anyone who reaches development sign-in can act as anyone: only this machine may.
@@ -113,7 +115,7 @@ pub async fn run(local: Local, state: &Path, options: Options) -> Result<(), Fai
     if !options.sweep_every.is_zero() {
         tokio::spawn(sweep_forever(engine.clone(), options.sweep_every));
     }
-    let app = api::local_router(engine, auth, local.claims, dev).layer(
+    let app = api::local_router(engine, auth, local.claims, dev, slack).layer(
         middleware::from_fn_with_state(options.body_timeout, body_within),
     );
     // One flushed line: scripts and tests read the address from it (port 0 picks a free one).

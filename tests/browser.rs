@@ -704,3 +704,159 @@ async fn a_pasted_token_signs_in_and_the_audit_trail_is_one_click_away() {
     erin.find(&format!("#queue:not([hidden]) {item}")).await;
     erin.close().await;
 }
+
+#[tokio::test]
+async fn a_notice_link_opens_the_page_on_its_approval_after_sign_in() {
+    let server = Server::start_dev("deep-link");
+    let c102 = server.paused_run("ben", "c-102", None).await;
+    let c104 = server.paused_run("chen", "c-104", None).await;
+    let mut driver = Driver::start().await;
+    let dana = driver.browser().await;
+
+    // The link a notice carries (`<public URL>/#approval=<id>`), opened before signing in.
+    let link = format!("{}/#approval={}", server.base, c104.approval);
+    dana.client.goto(&link).await.unwrap();
+    let picker = dana.find("#dev-sign-in:not([hidden]) #dev-person").await;
+    picker.select_by_value("dana").await.unwrap();
+    dana.type_into("#dev-secret", &server.dev_secret()).await;
+    dana.click("#dev-sign-in button[type=submit]").await;
+
+    let linked = format!("{}.linked[aria-current=true]", card(&c104.approval));
+    dana.text_containing(&linked, "The approval your link opened")
+        .await;
+    let script = format!(
+        "return document.querySelectorAll('.linked').length === 1 \
+         && document.activeElement.dataset.approvalId === {};",
+        json!(c104.approval)
+    );
+    dana.until(
+        "the linked approval alone to be selected and focused",
+        &script,
+    )
+    .await;
+    let other = dana.find(&card(&c102.approval)).await;
+    assert_eq!(other.attr("aria-current").await.unwrap(), None);
+    let address = dana.client.current_url().await.unwrap();
+    assert_eq!(
+        address.fragment(),
+        Some(format!("approval={}", c104.approval).as_str()),
+        "the link stays in the address bar, so a reload selects it again"
+    );
+
+    // Decided elsewhere: the link still shows the approval, as it now stands.
+    let reply = server
+        .decide(
+            "erin",
+            &c104.approval,
+            json!({"decision_id": "d-link", "action_version": 1, "choice": "approve"}),
+        )
+        .await;
+    assert_eq!(reply.status, 200, "{:?}", reply.json);
+    dana.client.refresh().await.unwrap();
+    let shown = dana
+        .text_containing(&linked, "it no longer waits for a decision")
+        .await;
+    assert!(shown.contains("Approved"), "{shown}");
+    dana.find(&format!("{} button.dismiss", card(&c104.approval)))
+        .await;
+    dana.close().await;
+}
+
+#[tokio::test]
+async fn a_comment_round_trip_asks_the_requester_and_decides_nothing() {
+    let server = Server::start_dev("comment");
+    let c102 = server.paused_run("ben", "c-102", None).await;
+    let mut driver = Driver::start().await;
+    let browser = driver.browser().await;
+    let item = card(&c102.approval);
+
+    browser.sign_in_as(&server, "dana").await;
+    browser
+        .click(&format!("{item} details.comment summary"))
+        .await;
+    // An empty comment is refused in the page, before any request.
+    browser.click(&format!("{item} .comment-submit")).await;
+    browser
+        .text_containing(
+            &format!("{item} .comment-form .field-error"),
+            "Write the comment first.",
+        )
+        .await;
+    browser
+        .type_into(
+            &format!("{item} .comment-form textarea"),
+            "Is the hotel receipt attached?",
+        )
+        .await;
+    browser.click(&format!("{item} .comment-submit")).await;
+    browser
+        .text_containing(
+            "#queue-status",
+            "Your comment on reimburse version 1 is added.",
+        )
+        .await;
+    let shown = browser
+        .text_containing(
+            &format!("{item} .comments"),
+            "Is the hotel receipt attached?",
+        )
+        .await;
+    assert!(shown.contains("dana"), "{shown}");
+    browser.sign_out().await;
+
+    // The requester reads it and answers in a comment of his own; still nobody decided.
+    browser.sign_in_as(&server, "ben").await;
+    browser
+        .text_containing(
+            &format!("{item} .comments"),
+            "Is the hotel receipt attached?",
+        )
+        .await;
+    browser
+        .click(&format!("{item} details.comment summary"))
+        .await;
+    browser
+        .type_into(&format!("{item} .comment-form textarea"), "Yes, page 2.")
+        .await;
+    browser.click(&format!("{item} .comment-submit")).await;
+    browser
+        .text_containing(&format!("{item} .comments"), "Yes, page 2.")
+        .await;
+
+    let stored = server.approval(&c102.approval).await;
+    assert_eq!(stored["status"], "awaiting_approval");
+    assert_eq!(stored["decisions"], json!([]));
+    let comments: Vec<(&str, &str)> = stored["comments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["by"].as_str().unwrap(), c["text"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        comments,
+        [
+            ("dana", "Is the hotel receipt attached?"),
+            ("ben", "Yes, page 2.")
+        ]
+    );
+
+    // Both are in the audit trail, in order.
+    browser.click(&format!("{item} button.audit-link")).await;
+    browser.text_containing("#audit-body", "Yes, page 2.").await;
+    let events = browser
+        .client
+        .execute(
+            "return [...document.querySelectorAll('#audit-body li[data-event=commented]')].map(li => li.innerText);",
+            vec![],
+        )
+        .await
+        .unwrap();
+    let events = events.as_array().unwrap();
+    assert_eq!(events.len(), 2, "{events:?}");
+    assert!(
+        events[0].as_str().unwrap().contains("by dana"),
+        "{events:?}"
+    );
+    assert!(events[1].as_str().unwrap().contains("by ben"), "{events:?}");
+    browser.close().await;
+}

@@ -11,14 +11,16 @@ use aws_config::{BehaviorVersion, SdkConfig};
 
 use crate::adapters::dynamodb::DynamoStore;
 use crate::adapters::scheduler::{EventBridgeScheduler, ScheduleTarget};
+use crate::adapters::slack::{self, SigningSecret, SlackApp, SlackChannel, WebApi};
 use crate::adapters::sqs::SqsQueue;
 use crate::adapters::trust;
 use crate::adapters::webhook::{self, Webhooks};
 use crate::agents::{self, Definition, Wiring};
+use crate::domain::identity::Directory;
 use crate::engine::{DEFAULT_REMIND_BEFORE, Delivery, Engine, EngineBuilder};
 use crate::example::expense::{self, Claims};
 use crate::ports::clock::{Clock, SystemClock};
-use crate::ports::notifier::Notifier;
+use crate::ports::notifier::{Notifier, Several};
 use crate::ports::scheduler::{Scheduler, SweepOnly};
 use crate::ports::store::ItemStore;
 
@@ -183,6 +185,8 @@ pub struct Notifications {
     /// Where notices go; `None` writes none (no outbox entry, no audit event).
     pub notifier: Option<Arc<dyn Notifier>>,
     pub remind_before: Duration,
+    /// The review page's public address (`COUNTERSIGN_PUBLIC_URL`): notices link there.
+    pub public_url: Option<reqwest::Url>,
 }
 
 impl Default for Notifications {
@@ -190,6 +194,7 @@ impl Default for Notifications {
         Self {
             notifier: None,
             remind_before: DEFAULT_REMIND_BEFORE,
+            public_url: None,
         }
     }
 }
@@ -210,8 +215,13 @@ impl Notifications {
     /// `COUNTERSIGN_WEBHOOKS`: comma-separated http(s) URLs, each posted every notice (none:
     /// no notices). `COUNTERSIGN_REMIND_BEFORE`: how long before a deadline the reminder goes
     /// out (default 1h; 0s: no reminders). `COUNTERSIGN_WEBHOOK_TIMEOUT`: how long one post
-    /// may take (default 5s).
+    /// may take (default 5s). `COUNTERSIGN_PUBLIC_URL`: the review page's public address, which
+    /// every notice links to (none: no link).
     pub fn from_env() -> Result<Self, ConfigError> {
+        let public_url = var("COUNTERSIGN_PUBLIC_URL")
+            .map(|text| webhook::public_url(&text))
+            .transpose()
+            .map_err(|e| ConfigError(format!("COUNTERSIGN_PUBLIC_URL: {e}")))?;
         let remind_before =
             duration_var("COUNTERSIGN_REMIND_BEFORE")?.unwrap_or(DEFAULT_REMIND_BEFORE);
         let timeout =
@@ -222,17 +232,44 @@ impl Notifications {
                 "COUNTERSIGN_WEBHOOK_TIMEOUT must be above zero and at most 1m".into(),
             ));
         }
+        let buttons = var(SLACK_SIGNING_SECRET).is_some();
         let urls = webhook::split_list(&var("COUNTERSIGN_WEBHOOKS").unwrap_or_default());
-        let notifier: Option<Arc<dyn Notifier>> = if urls.is_empty() {
-            None
-        } else {
+        let mut notifiers: Vec<Arc<dyn Notifier>> = Vec::new();
+        if !urls.is_empty() {
             let webhooks = Webhooks::new(&urls, timeout)
-                .map_err(|e| ConfigError(format!("COUNTERSIGN_WEBHOOKS: {e}")))?;
-            Some(Arc::new(webhooks))
+                .map_err(|e| ConfigError(format!("COUNTERSIGN_WEBHOOKS: {e}")))?
+                .with_public_url(public_url.clone())
+                .with_buttons(buttons);
+            notifiers.push(Arc::new(webhooks));
+        }
+        match (
+            var("COUNTERSIGN_SLACK_BOT_TOKEN"),
+            var("COUNTERSIGN_SLACK_CHANNEL"),
+        ) {
+            (Some(token), Some(channel)) => {
+                let api = var("COUNTERSIGN_SLACK_API_URL").unwrap_or(slack::SLACK_API_URL.into());
+                let channel = SlackChannel::new(&api, &token, &channel, timeout)
+                    .map_err(|e| ConfigError(format!("COUNTERSIGN_SLACK_CHANNEL: {e}")))?
+                    .with_public_url(public_url.clone())
+                    .with_buttons(buttons);
+                notifiers.push(Arc::new(channel));
+            }
+            (None, None) => {}
+            _ => {
+                return Err(ConfigError(
+                    "COUNTERSIGN_SLACK_BOT_TOKEN and COUNTERSIGN_SLACK_CHANNEL go together".into(),
+                ));
+            }
+        }
+        let notifier: Option<Arc<dyn Notifier>> = match notifiers.len() {
+            0 => None,
+            1 => notifiers.pop(),
+            _ => Some(Arc::new(Several(notifiers))),
         };
         Ok(Self {
             notifier,
             remind_before,
+            public_url,
         })
     }
 
@@ -244,6 +281,49 @@ impl Notifications {
             None => builder,
         }
     }
+}
+
+const SLACK_SIGNING_SECRET: &str = "COUNTERSIGN_SLACK_SIGNING_SECRET";
+
+/// The Slack app that takes clicks on the notices' buttons, when
+/// `COUNTERSIGN_SLACK_SIGNING_SECRET` is set (then notices carry Approve and Reject buttons).
+/// Slack users are people by the `slack` ids of `COUNTERSIGN_SLACK_PEOPLE` (a people directory
+/// file), or else of `directory` (the local server's people directory). Answers go only to
+/// `response_url`s under `COUNTERSIGN_SLACK_HOOKS_URL` (default Slack's own, `https://hooks.slack.com/`).
+pub fn slack_from_env(directory: Option<&Directory>) -> Result<Option<Arc<SlackApp>>, ConfigError> {
+    let Some(secret) = var(SLACK_SIGNING_SECRET) else {
+        return Ok(None);
+    };
+    let secret = SigningSecret::new(&secret)
+        .map_err(|e| ConfigError(format!("{SLACK_SIGNING_SECRET}: {e}")))?;
+    let people = match var("COUNTERSIGN_SLACK_PEOPLE") {
+        Some(path) => {
+            let text = std::fs::read_to_string(&path).map_err(|e| {
+                ConfigError(format!("COUNTERSIGN_SLACK_PEOPLE: cannot read {path}: {e}"))
+            })?;
+            Directory::from_toml(&text)
+                .map_err(|e| ConfigError(format!("COUNTERSIGN_SLACK_PEOPLE {path}: {e}")))?
+        }
+        None => directory.cloned().ok_or_else(|| {
+            ConfigError(format!(
+                "{SLACK_SIGNING_SECRET} is set: COUNTERSIGN_SLACK_PEOPLE must name the file that \
+                 maps Slack users to people"
+            ))
+        })?,
+    };
+    let hooks = var("COUNTERSIGN_SLACK_HOOKS_URL").unwrap_or(slack::SLACK_HOOKS_URL.into());
+    // With the bot token, Edit opens its form through the Web API; Slack's trigger lasts 3 s.
+    let web = var("COUNTERSIGN_SLACK_BOT_TOKEN")
+        .map(|token| {
+            let api = var("COUNTERSIGN_SLACK_API_URL").unwrap_or(slack::SLACK_API_URL.into());
+            WebApi::new(&api, &token, Duration::from_secs(2))
+                .map_err(|e| ConfigError(format!("COUNTERSIGN_SLACK_BOT_TOKEN: {e}")))
+        })
+        .transpose()?;
+    let app = SlackApp::new(secret, people, &hooks)
+        .map_err(|e| ConfigError(format!("COUNTERSIGN_SLACK_HOOKS_URL: {e}")))?
+        .with_web_api(web);
+    Ok(Some(Arc::new(app)))
 }
 
 /// The agent definitions a process runs: `paths` comma-separated (each an agent's directory or

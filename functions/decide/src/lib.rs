@@ -3,9 +3,20 @@
 
 use std::sync::Arc;
 
+use shared::adapters::slack::SlackApp;
 use shared::api::{self, Authenticate};
 use shared::engine::Engine;
 
 pub fn app(engine: Arc<Engine>, auth: Arc<dyn Authenticate>) -> axum::Router {
-    shared::lambda::with_gateway_claims(api::router(engine, auth))
+    app_with_slack(engine, auth, None)
+}
+
+/// With a Slack app, also `POST /slack/interactions` (routed without the JWT authorizer: Slack
+/// signs its requests instead).
+pub fn app_with_slack(
+    engine: Arc<Engine>,
+    auth: Arc<dyn Authenticate>,
+    slack: Option<Arc<SlackApp>>,
+) -> axum::Router {
+    shared::lambda::with_gateway_claims(api::router_with_slack(engine, auth, slack))
 }

@@ -13,5 +13,7 @@ async fn main() -> Result<(), Error> {
     // a new version's approval posts its notices.
     let engine = Arc::new(aws_engine(&aws, &Setup::from_env()?, false)?);
     let auth = shared::lambda::auth_from_env()?;
-    lambda_http::run(decide::app(engine, auth)).await
+    // Slack users are people by COUNTERSIGN_SLACK_PEOPLE, a file of the agents layer.
+    let slack = shared::deploy::slack_from_env(None)?;
+    lambda_http::run(decide::app_with_slack(engine, auth, slack)).await
 }

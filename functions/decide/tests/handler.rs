@@ -130,3 +130,114 @@ async fn without_an_authorizer_and_without_a_development_key_every_request_is_40
         (401, Some("missing_token"))
     );
 }
+
+/// Standard base64, as API Gateway encodes a form body (`isBase64Encoded`).
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | (u32::from(*b) << (16 - 8 * i)));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+fn form_encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_slack_click_arrives_without_an_authorizer_signed_by_slack_and_decides() {
+    use shared::adapters::slack::{SigningSecret, SlackApp, sign};
+    use shared::ports::clock::Clock;
+
+    assert_eq!(base64(b"any carnal pleas"), "YW55IGNhcm5hbCBwbGVhcw==");
+    let h = Harness::new(Embedded::fresh()).await;
+    let queue = Arc::new(RecordingQueue::default());
+    let process = h.process_with(|t| t, Delivery::Queue(queue.clone())).await;
+    let (_, approval) = h.start_paused(&process, "c-102").await;
+    let secret = "0123456789abcdef0123456789abcdef";
+    let slack = SlackApp::new(
+        SigningSecret::new(secret).unwrap(),
+        h.directory.clone(),
+        "https://hooks.slack.com/",
+    )
+    .unwrap();
+    let auth = shared::lambda::LambdaAuth::new(shared::api::GatewayClaims::default(), None);
+    let app = decide::app_with_slack(
+        Arc::new(process.engine),
+        Arc::new(auth),
+        Some(Arc::new(slack)),
+    );
+
+    let value = json!({
+        "approval": approval.id,
+        "version": 1,
+        "args_hash": approval.args_hash,
+    })
+    .to_string();
+    let payload = json!({
+        "type": "block_actions",
+        "user": {"id": "U0DANA001"},
+        "actions": [{
+            "type": "button",
+            "action_id": format!("countersign.approve.{}.v1", approval.id),
+            "value": value,
+        }],
+    });
+    let body = format!("payload={}", form_encode(&payload.to_string()));
+    let slack_event = |timestamp: i64, signature: &str| {
+        let mut event = without_authorizer(http_event(
+            "POST",
+            "/slack/interactions",
+            None,
+            "nobody",
+            "acme",
+            &[],
+        ));
+        event["body"] = json!(base64(body.as_bytes()));
+        event["isBase64Encoded"] = json!(true);
+        event["headers"]["content-type"] = json!("application/x-www-form-urlencoded");
+        event["headers"]["x-slack-request-timestamp"] = json!(timestamp.to_string());
+        event["headers"]["x-slack-signature"] = json!(signature);
+        event
+    };
+    let now = h.clock.now().timestamp();
+    let signature = sign(
+        &SigningSecret::new(secret).unwrap(),
+        &now.to_string(),
+        body.as_bytes(),
+    );
+
+    let (status, refused) = invoke(&app, slack_event(now, "v0=0000")).await;
+    assert_eq!(
+        (status, refused["error"]["code"].as_str()),
+        (401, Some("slack_signature"))
+    );
+    assert!(queue.published().is_empty());
+
+    let (status, answer) = invoke(&app, slack_event(now, &signature)).await;
+    assert_eq!(status, 200, "{answer}");
+    let text = answer["text"].as_str().unwrap();
+    assert!(
+        text.starts_with("You approved reimburse version 1"),
+        "{text}"
+    );
+    assert_eq!(queue.published().len(), 1, "the decision queued the resume");
+}

@@ -7,6 +7,7 @@ pub mod http_tool;
 pub mod mcp_tool;
 pub mod scheduler;
 pub mod scripted;
+pub mod slack;
 pub mod sqlite;
 pub mod sqs;
 pub mod state_dir;

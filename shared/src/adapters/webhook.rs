@@ -11,8 +11,11 @@ use reqwest::Url;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
+use crate::domain::action::ActionStatus;
+use crate::domain::approval::{ApprovalStatus, Choice};
+use crate::domain::ids::ApprovalId;
 use crate::domain::notice::{Notice, NoticeKind};
-use crate::ports::notifier::{Destination, Notifier, NotifyError};
+use crate::ports::notifier::{Destination, Notifier, NotifyError, Posted};
 
 /// At most this many URLs: each adds one outbox item per approval to the pause transaction.
 pub const MAX_WEBHOOKS: usize = 5;
@@ -35,6 +38,32 @@ struct Webhook {
 pub struct Webhooks {
     client: reqwest::Client,
     hooks: Vec<Webhook>,
+    /// The review page's public address: each notice links to its approval there.
+    public_url: Option<Url>,
+    /// A Slack app takes clicks: notices carry Approve and Reject buttons.
+    buttons: bool,
+}
+
+/// The review page's public address, as `COUNTERSIGN_PUBLIC_URL` gives it: http(s), a host, no
+/// query or fragment (the link adds its own fragment).
+pub fn public_url(text: &str) -> Result<Url, WebhookConfigError> {
+    let bad =
+        |why: &str| WebhookConfigError(format!("the public URL {:?} {why}", clip(text.trim(), 80)));
+    let url = Url::parse(text.trim()).map_err(|e| bad(&format!("is not a URL: {e}")))?;
+    if !matches!(url.scheme(), "https" | "http") || url.host_str().is_none() {
+        return Err(bad("must be http(s) with a host"));
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(bad("must have no query or fragment"));
+    }
+    Ok(url)
+}
+
+/// The review page opened on one approval: `<public URL>/#approval=<id>`. The fragment never
+/// leaves the browser; the page selects the approval, after sign-in if it needs one.
+pub fn review_link(public_url: &Url, approval: &ApprovalId) -> String {
+    let base = public_url.as_str().trim_end_matches('/');
+    format!("{base}/#approval={approval}")
 }
 
 /// The URLs of a comma-separated list, such as `COUNTERSIGN_WEBHOOKS`.
@@ -86,7 +115,11 @@ impl Webhooks {
                 continue;
             }
             hooks.push(Webhook {
-                destination: Destination { id, label },
+                destination: Destination {
+                    id,
+                    label,
+                    follows_up: false,
+                },
                 url,
             });
         }
@@ -98,7 +131,24 @@ impl Webhooks {
             .user_agent(concat!("countersign/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| WebhookConfigError(format!("no HTTP client: {e}")))?;
-        Ok(Self { client, hooks })
+        Ok(Self {
+            client,
+            hooks,
+            public_url: None,
+            buttons: false,
+        })
+    }
+
+    /// Every notice links to its approval on the review page at this address.
+    pub fn with_public_url(mut self, public_url: Option<Url>) -> Self {
+        self.public_url = public_url;
+        self
+    }
+
+    /// Notices carry Approve and Reject buttons, for a Slack app to take the clicks.
+    pub fn with_buttons(mut self, buttons: bool) -> Self {
+        self.buttons = buttons;
+        self
     }
 }
 
@@ -108,7 +158,11 @@ impl Notifier for Webhooks {
         self.hooks.iter().map(|h| h.destination.clone()).collect()
     }
 
-    async fn send(&self, destination: &str, notice: &Notice) -> Result<(), NotifyError> {
+    async fn send(
+        &self,
+        destination: &str,
+        notice: &Notice,
+    ) -> Result<Option<Posted>, NotifyError> {
         let Some(hook) = self.hooks.iter().find(|h| h.destination.id == destination) else {
             return Err(NotifyError::Permanent(format!(
                 "no webhook {destination} is configured any more"
@@ -118,7 +172,7 @@ impl Notifier for Webhooks {
             .client
             .post(hook.url.clone())
             .header("Idempotency-Key", &notice.key)
-            .json(&body(notice))
+            .json(&body(notice, self.public_url.as_ref(), self.buttons))
             .send()
             .await
             .map_err(|e| {
@@ -134,7 +188,7 @@ impl Notifier for Webhooks {
             })?;
         let status = response.status();
         if status.is_success() {
-            return Ok(());
+            return Ok(None);
         }
         let text = response.text().await.unwrap_or_default();
         let error = format!(
@@ -149,11 +203,66 @@ impl Notifier for Webhooks {
     }
 }
 
-fn clip(text: &str, max: usize) -> String {
+pub(super) fn clip(text: &str, max: usize) -> String {
     match text.char_indices().nth(max) {
         Some((cut, _)) => format!("{}…", &text[..cut]),
         None => text.to_string(),
     }
+}
+
+/// Who decided what, how the approval ended, and what its action did: an outcome notice's part.
+fn outcome(notice: &Notice) -> String {
+    let a = &notice.approval;
+    let mut text = String::new();
+    for d in &a.decisions {
+        let what = match &d.choice {
+            Choice::Approve => format!("approved version {}", d.action_version),
+            Choice::Reject { reason } => format!(
+                "rejected version {}: {}",
+                d.action_version,
+                escape(&clip(reason, MAX_PROSE))
+            ),
+            Choice::Edit { amount, .. } => {
+                format!("edited version {} to {amount}", d.action_version)
+            }
+            Choice::TookEffect { .. } => "said the call took effect".into(),
+            Choice::DidNotTakeEffect { .. } => "said the call did not take effect".into(),
+        };
+        let _ = writeln!(text, "*{}* {what}", escape(d.by.as_str()));
+    }
+    let status = match a.status {
+        ApprovalStatus::AwaitingApproval => format!(
+            "Still waiting: {} more approval{} needed.",
+            a.still_needed(),
+            if a.still_needed() == 1 { "" } else { "s" }
+        ),
+        ApprovalStatus::Approved => "Approved.".into(),
+        ApprovalStatus::Rejected => "Rejected: the agent is told not to retry it.".into(),
+        ApprovalStatus::Expired => "Expired: nobody decided by the deadline.".into(),
+        ApprovalStatus::Superseded => match &a.superseded_by {
+            Some(next) => format!("Replaced by an edit: decide the new version (`{next}`)."),
+            None => "Replaced by an edit.".into(),
+        },
+        ApprovalStatus::Cancelled => "Cancelled with its run.".into(),
+        ApprovalStatus::Answered => "Answered.".into(),
+    };
+    let _ = write!(text, "*Outcome:* {status}");
+    if let Some(action) = &notice.action {
+        let ran = match action.status {
+            ActionStatus::Executing => Some("running"),
+            ActionStatus::Succeeded => Some("succeeded"),
+            ActionStatus::Failed => Some("failed"),
+            ActionStatus::Unknown => Some("unknown (being reconciled; never sent again)"),
+            _ => None,
+        };
+        if let Some(ran) = ran {
+            let _ = write!(text, "\n*The call:* {ran}");
+            if let Some(result) = action.result.as_deref().filter(|r| !r.trim().is_empty()) {
+                let _ = write!(text, ": {}", escape(&clip(result, MAX_PROSE)));
+            }
+        }
+    }
+    text
 }
 
 /// Slack's mrkdwn treats `&`, `<` and `>` as control characters.
@@ -168,22 +277,36 @@ fn code(text: &str) -> String {
     escape(text).replace("```", "`\u{200b}``")
 }
 
-/// The JSON a notice is posted as.
-pub fn body(notice: &Notice) -> Value {
+/// The JSON a notice is posted as; with the review page's public address, it links there, and
+/// with `buttons`, it carries Approve and Reject buttons for a Slack app.
+pub fn body(notice: &Notice, public_url: Option<&Url>, buttons: bool) -> Value {
     let a = &notice.approval;
+    let link = public_url.map(|url| review_link(url, &a.id));
     let deadline = a
         .expires_at
         .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-    let headline = match notice.kind {
-        NoticeKind::ApprovalRequested => format!("Approval needed: {}", a.tool),
-        NoticeKind::Reminder => format!("Reminder: {} still needs a decision", a.tool),
+    let waits = a.status == ApprovalStatus::AwaitingApproval;
+    let headline = match (notice.kind, a.status) {
+        (NoticeKind::Reminder, _) => format!("Reminder: {} still needs a decision", a.tool),
+        (NoticeKind::Escalated, _) => format!("Escalated: {} still needs a decision", a.tool),
+        (_, ApprovalStatus::AwaitingApproval) => format!("Approval needed: {}", a.tool),
+        (_, ApprovalStatus::Approved) => format!("Approved: {}", a.tool),
+        (_, ApprovalStatus::Rejected) => format!("Rejected: {}", a.tool),
+        (_, ApprovalStatus::Expired) => format!("Expired: {}", a.tool),
+        (_, ApprovalStatus::Superseded) => format!("Replaced by an edit: {}", a.tool),
+        (_, ApprovalStatus::Cancelled) => format!("Cancelled: {}", a.tool),
+        (_, ApprovalStatus::Answered) => format!("Answered: {}", a.tool),
     };
     let args = a.args.canonical();
     let amount = notice.amount.map(|amount| amount.to_string());
     let not_by: Vec<String> = a.requested_by.iter().map(|p| p.to_string()).collect();
+    let roles: Vec<String> = a
+        .deciding_roles()
+        .map(|role| format!("`{}`", escape(role.as_str())))
+        .collect();
     let who = format!(
-        "a person with the `{}` role, not {}; {} of {} approval{} still needed",
-        escape(a.approver_role.as_str()),
+        "a person with the {} role, not {}; {} of {} approval{} still needed",
+        roles.join(" or "),
         escape(&not_by.join(", ")),
         a.still_needed(),
         a.quorum,
@@ -224,6 +347,15 @@ pub fn body(notice: &Notice) -> Value {
         a.args_hash.short()
     );
 
+    if let Some(link) = &link {
+        // A URL inside <…> needs only its own `&`, `<`, `>` escaped; `|` would end it early.
+        let _ = write!(
+            details,
+            "\n*Review:* <{}|Open it on the review page>",
+            escape(link).replace('|', "%7C")
+        );
+    }
+
     let mut blocks = vec![
         json!({"type": "header", "text": {"type": "plain_text", "text": clip(&headline, 140)}}),
         json!({"type": "section", "text": {"type": "mrkdwn", "text": details}}),
@@ -233,6 +365,17 @@ pub fn body(notice: &Notice) -> Value {
             "type": "context",
             "elements": [{"type": "mrkdwn", "text": format!("The agent: {}", escape(&clip(&a.explanation, MAX_PROSE)))}],
         }));
+    }
+    if notice.kind == NoticeKind::Outcome {
+        blocks
+            .push(json!({"type": "section", "text": {"type": "mrkdwn", "text": outcome(notice)}}));
+    }
+    // Once nobody can decide it, the buttons go.
+    if let Some(actions) = (buttons && waits)
+        .then(|| super::slack::buttons(a, notice.editable))
+        .flatten()
+    {
+        blocks.push(actions);
     }
     let text = format!(
         "{headline} {}{} by {deadline} ({})",
@@ -264,6 +407,9 @@ pub fn body(notice: &Notice) -> Value {
             "still_needed": a.still_needed(),
             "not_by": a.requested_by,
             "expires_at": deadline,
+            "status": a.status,
+            "action_status": notice.action.as_ref().map(|o| o.status),
+            "review_url": link,
         },
     })
 }
@@ -316,6 +462,31 @@ mod tests {
         }
         let many = vec!["https://a.example/x".to_string(); MAX_WEBHOOKS + 1];
         assert!(Webhooks::new(&many, DEFAULT_TIMEOUT).is_err());
+    }
+
+    #[test]
+    fn a_review_link_opens_the_page_on_the_approval() {
+        let id = ApprovalId::parse("ap-abc123").unwrap();
+        for base in ["https://review.example", "https://review.example/"] {
+            let url = public_url(base).unwrap();
+            assert_eq!(
+                review_link(&url, &id),
+                "https://review.example/#approval=ap-abc123"
+            );
+        }
+        let staged = public_url("https://x.execute-api.example/prod/").unwrap();
+        assert_eq!(
+            review_link(&staged, &id),
+            "https://x.execute-api.example/prod/#approval=ap-abc123"
+        );
+        for bad in [
+            "review.example",
+            "ftp://review.example",
+            "https://review.example/?a=1",
+            "https://review.example/#x",
+        ] {
+            assert!(public_url(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -226,6 +226,33 @@ fn dollars(value: &Value) -> Result<Amount, ApiError> {
     }
 }
 
+/// The body of `POST /approvals/{id}/comments`. The author is the authenticated caller.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CommentBody {
+    pub text: String,
+}
+
+/// `POST /approvals/{id}/comments`: a comment that decides nothing; 201 with the approval.
+pub(super) async fn comment(
+    State(state): State<DecideState>,
+    Caller(who): Caller,
+    IdPath(id): IdPath<ApprovalId>,
+    JsonBody(body): JsonBody<CommentBody>,
+) -> Result<(axum::http::StatusCode, Json<ApprovalView>), ApiError> {
+    let approval = state.engine.comment(&who, &id, &body.text).await?;
+    record_run(&approval);
+    tracing::info!("commented");
+    Ok((
+        axum::http::StatusCode::CREATED,
+        Json(ApprovalView::of(
+            approval,
+            &state.engine,
+            state.engine.now(),
+        )),
+    ))
+}
+
 /// `POST /approvals/{id}/decisions`: approve, edit (a lower amount) or reject one version.
 pub(super) async fn decide(
     State(state): State<DecideState>,

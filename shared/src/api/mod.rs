@@ -19,6 +19,7 @@ pub mod error;
 pub mod extract;
 mod page;
 mod runs;
+mod slack;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -38,6 +39,7 @@ pub use auth::{
 pub use dev::DevSignIn;
 pub use error::ApiError;
 
+use crate::adapters::slack::SlackApp;
 use crate::engine::Engine;
 use crate::example::expense::Claims;
 
@@ -72,15 +74,32 @@ impl FromRef<StartState> for Arc<dyn Authenticate> {
     }
 }
 
-fn decide_part(engine: Arc<Engine>, auth: Arc<dyn Authenticate>) -> Router {
-    Router::new()
+fn decide_part(
+    engine: Arc<Engine>,
+    auth: Arc<dyn Authenticate>,
+    slack: Option<Arc<SlackApp>>,
+) -> Router {
+    let mut router = Router::new()
         .route("/approvals", get(approvals::list))
         .route("/approvals/{id}", get(approvals::read))
         .route("/approvals/{id}/decisions", post(approvals::decide))
+        .route("/approvals/{id}/comments", post(approvals::comment))
         .route("/runs/{id}/cancel", post(runs::cancel))
         .route("/runs/{id}/audit", get(runs::audit))
-        .with_state(DecideState { engine, auth })
-        .merge(page::routes())
+        .with_state(DecideState {
+            engine: engine.clone(),
+            auth,
+        })
+        .merge(page::routes());
+    if let Some(slack) = slack {
+        router = router.merge(
+            Router::new()
+                .route("/slack/interactions", post(slack::interactions))
+                .layer(DefaultBodyLimit::max(slack::MAX_INTERACTION_BYTES))
+                .with_state(slack::SlackState { engine, slack }),
+        );
+    }
+    router
 }
 
 fn start_part(engine: Arc<Engine>, auth: Arc<dyn Authenticate>, claims: Arc<Claims>) -> Router {
@@ -125,7 +144,17 @@ async fn protect_response(mut response: Response) -> Response {
 /// `POST /runs/{id}/cancel`, `GET /runs/{id}/audit`; and the review page, `GET /` and
 /// `GET /review/{file}`.
 pub fn router(engine: Arc<Engine>, auth: Arc<dyn Authenticate>) -> Router {
-    finish(decide_part(engine, auth))
+    finish(decide_part(engine, auth, None))
+}
+
+/// As [`router`], and with a Slack app, `POST /slack/interactions`: its buttons' clicks,
+/// authenticated by Slack's request signature instead of a bearer token.
+pub fn router_with_slack(
+    engine: Arc<Engine>,
+    auth: Arc<dyn Authenticate>,
+    slack: Option<Arc<SlackApp>>,
+) -> Router {
+    finish(decide_part(engine, auth, slack))
 }
 
 /// `POST /runs`: starts the expense agent on one of `claims`.
@@ -137,16 +166,18 @@ pub fn start_routes(
     finish(start_part(engine, auth, claims))
 }
 
-/// Every route, for one process that hosts them all (the local server), and with `dev`, the
-/// development sign-in: `GET /dev/people` and `POST /dev/token`.
+/// Every route, for one process that hosts them all (the local server); with `dev`, the
+/// development sign-in (`GET /dev/people` and `POST /dev/token`); with `slack`, the Slack app's
+/// `POST /slack/interactions`.
 pub fn local_router(
     engine: Arc<Engine>,
     auth: Arc<dyn Authenticate>,
     claims: Arc<Claims>,
     dev: Option<DevSignIn>,
+    slack: Option<Arc<SlackApp>>,
 ) -> Router {
     let mut router =
-        decide_part(engine.clone(), auth.clone()).merge(start_part(engine, auth, claims));
+        decide_part(engine.clone(), auth.clone(), slack).merge(start_part(engine, auth, claims));
     if let Some(dev) = dev {
         router = router.merge(dev::routes(dev));
     }
@@ -200,6 +231,8 @@ mod tests {
             "/runs:",
             "/runs/{id}/cancel:",
             "/runs/{id}/audit:",
+            "/slack/interactions:",
+            "/approvals/{id}/comments:",
         ] {
             assert!(OPENAPI_YAML.contains(path), "{path} is not documented");
         }
@@ -230,6 +263,8 @@ mod tests {
             "not_local",
             "dev_secret",
             "token_not_yet_valid",
+            "slack_signature",
+            "slack_payload",
         ] {
             assert!(OPENAPI_YAML.contains(code), "{code} is not documented");
         }

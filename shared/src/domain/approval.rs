@@ -11,7 +11,7 @@ use super::ids::{
 };
 use super::money::Amount;
 use super::names::serde_name;
-use super::policy::{EditRefusal, Policy, Requirement, ToolHints};
+use super::policy::{EditRefusal, Escalation, Policy, Requirement, ToolHints};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -223,6 +223,23 @@ pub struct Approval {
     pub resolved_at: Option<DateTime<Utc>>,
     #[serde(default)]
     pub reminded_at: Option<DateTime<Utc>>,
+    /// What people of the organisation said about it without deciding it, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub comments: Vec<Comment>,
+    /// Policy's escalation steps, as they stood when the approval opened.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub escalate: Vec<Escalation>,
+    /// The roles it was escalated to so far, in order: their people may decide it too.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub escalated_to: Vec<Role>,
+}
+
+/// A remark on an approval that decides nothing, such as a question to the requester.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Comment {
+    pub by: PersonId,
+    pub text: String,
+    pub at: DateTime<Utc>,
 }
 
 /// Who asks, under which rules, and until when: what an approval adds to the call it is for.
@@ -267,6 +284,9 @@ impl Approval {
             superseded_by: None,
             resolved_at: None,
             reminded_at: None,
+            comments: Vec::new(),
+            escalate: requirement.escalate.clone(),
+            escalated_to: Vec::new(),
         }
     }
 
@@ -292,6 +312,7 @@ impl Approval {
             approver_role: owner,
             quorum: 1,
             ttl: std::time::Duration::ZERO,
+            escalate: Vec::new(),
         };
         let mut recovery = Self::open(call, &requirement, asking);
         recovery.kind = ApprovalKind::Recovery;
@@ -381,7 +402,7 @@ impl Approval {
                 person: who.person.clone(),
             });
         }
-        if !who.has_role(&self.approver_role) {
+        if !self.deciding_roles().any(|role| who.has_role(role)) {
             return Err(Refusal::MissingRole {
                 person: who.person.clone(),
                 role: self.approver_role.clone(),
@@ -450,6 +471,35 @@ impl Approval {
 
     /// When to remind people of this approval, `lead` before its deadline. `None` when its
     /// whole time to decide fits in the lead: the request itself was that reminder.
+    /// The roles whose people may decide it: the approver role, and those it was escalated to.
+    pub fn deciding_roles(&self) -> impl Iterator<Item = &Role> {
+        std::iter::once(&self.approver_role).chain(self.escalated_to.iter())
+    }
+
+    /// The next escalation step and when it is due, while the approval waits.
+    pub fn next_escalation(&self) -> Option<(DateTime<Utc>, &Escalation)> {
+        if self.status != ApprovalStatus::AwaitingApproval || self.kind != ApprovalKind::Action {
+            return None;
+        }
+        let step = self.escalate.get(self.escalated_to.len())?;
+        let at = self
+            .created_at
+            .checked_add_signed(Duration::from_std(step.after).ok()?)?;
+        (at < self.expires_at).then_some((at, step))
+    }
+
+    /// The sweep's escalation: widens who may decide to the next step's role if it is due and
+    /// the approval still waits, not overdue. Expiry stays the final word.
+    pub fn escalate(&mut self, now: DateTime<Utc>) -> Option<Role> {
+        let (at, step) = self.next_escalation()?;
+        if at > now || self.is_overdue(now) {
+            return None;
+        }
+        let role = step.to.clone();
+        self.escalated_to.push(role.clone());
+        Some(role)
+    }
+
     pub fn reminder_at(&self, lead: Duration) -> Option<DateTime<Utc>> {
         if self.kind == ApprovalKind::Recovery {
             return None;
@@ -578,6 +628,7 @@ mod tests {
             approver_role: Role::parse("finance").unwrap(),
             quorum,
             ttl: std::time::Duration::from_secs(24 * 3600),
+            escalate: Vec::new(),
         };
         let asking = Asking {
             agent: AgentName::parse("expense").unwrap(),

@@ -83,6 +83,16 @@ pub enum AuditEvent {
     Cancelled {
         approvals: Vec<ApprovalId>,
     },
+    /// Nobody decided in time: people of one more role may decide the approval now.
+    Escalated {
+        approval_id: ApprovalId,
+        to: Role,
+    },
+    /// A person commented on an approval without deciding it.
+    Commented {
+        approval_id: ApprovalId,
+        text: String,
+    },
     Executing {
         action_id: ActionId,
         version: ActionVersion,
@@ -198,6 +208,8 @@ impl AuditEvent {
             | AuditEvent::Decision { approval_id, .. }
             | AuditEvent::Superseded { approval_id, .. }
             | AuditEvent::Expired { approval_id, .. }
+            | AuditEvent::Commented { approval_id, .. }
+            | AuditEvent::Escalated { approval_id, .. }
             | AuditEvent::RecoveryRequested { approval_id, .. } => Some(approval_id),
             _ => None,
         }

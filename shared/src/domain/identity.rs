@@ -77,6 +77,10 @@ pub struct Person {
     pub tenant: TenantId,
     #[serde(default)]
     pub roles: BTreeSet<Role>,
+    /// The person's Slack user id (such as `U024BE7LH`): a click on a notice's button in Slack
+    /// acts as this person.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slack: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -92,6 +96,7 @@ impl Directory {
         let directory: Directory =
             toml::from_str(text).map_err(|e| DirectoryError::Invalid(e.to_string()))?;
         let mut names = BTreeSet::new();
+        let mut slack_users = BTreeSet::new();
         for person in &directory.people {
             if !names.insert(&person.name) {
                 return Err(DirectoryError::Invalid(format!(
@@ -99,8 +104,37 @@ impl Directory {
                     person.name
                 )));
             }
+            if let Some(user) = &person.slack {
+                let well_formed = !user.is_empty()
+                    && user.len() <= 32
+                    && user.chars().all(|c| c.is_ascii_alphanumeric());
+                if !well_formed {
+                    return Err(DirectoryError::Invalid(format!(
+                        "{}'s slack user id {:?} is not a Slack user id such as U024BE7LH",
+                        person.name,
+                        user.chars().take(40).collect::<String>()
+                    )));
+                }
+                if !slack_users.insert(user) {
+                    return Err(DirectoryError::Invalid(format!(
+                        "slack user {user} is given to two people"
+                    )));
+                }
+            }
         }
         Ok(directory)
+    }
+
+    /// The person a Slack user id belongs to, as an identity with their tenant and roles.
+    pub fn by_slack_user(&self, user: &str) -> Option<Identity> {
+        self.people
+            .iter()
+            .find(|p| p.slack.as_deref() == Some(user))
+            .map(|p| Identity {
+                tenant: p.tenant.clone(),
+                person: p.name.clone(),
+                roles: p.roles.clone(),
+            })
     }
 
     pub fn identify(&self, name: &str) -> Result<Identity, DirectoryError> {

@@ -2,8 +2,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::action::ActionStatus;
 use super::approval::Approval;
 use super::money::Amount;
+use crate::ports::notifier::Posted;
 
 /// Why a notice goes out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -13,6 +15,11 @@ pub enum NoticeKind {
     ApprovalRequested,
     /// The approval still waits and its deadline is near.
     Reminder,
+    /// Nobody decided in time: the approval went to one more role.
+    Escalated,
+    /// The approval was decided, expired, superseded or cancelled, or its action ran: the
+    /// messages posted about it are updated in place (only where a destination follows up).
+    Outcome,
 }
 
 impl NoticeKind {
@@ -21,6 +28,8 @@ impl NoticeKind {
         match self {
             NoticeKind::ApprovalRequested => "approval_requested",
             NoticeKind::Reminder => "reminder",
+            NoticeKind::Escalated => "escalated",
+            NoticeKind::Outcome => "outcome",
         }
     }
 }
@@ -41,4 +50,21 @@ pub struct Notice {
     /// The amount policy gates this tool by, when it has one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub amount: Option<Amount>,
+    /// Policy lets a reviewer lower the amount with an edit.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub editable: bool,
+    /// An outcome notice: the messages to update in place.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub posted: Vec<Posted>,
+    /// An outcome notice: where the approval's action version stands, and what it returned.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub action: Option<ActionOutcome>,
+}
+
+/// The approved action's state when an outcome notice is sent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ActionOutcome {
+    pub status: ActionStatus,
+    /// What the agent was told of the call (the tool's result, or why it did not run).
+    pub result: Option<String>,
 }

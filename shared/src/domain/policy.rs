@@ -38,7 +38,22 @@ pub struct Requirement {
     pub quorum: u8,
     #[serde(with = "duration_as_secs")]
     pub ttl: Duration,
+    /// Whom the approval goes to as well when nobody decided it in time, step by step.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub escalate: Vec<Escalation>,
 }
+
+/// One step of escalation: an approval nobody decided `after` its opening goes to the role
+/// `to` as well; people of either role may then decide it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Escalation {
+    #[serde(with = "duration_as_secs")]
+    pub after: Duration,
+    pub to: Role,
+}
+
+/// Escalation steps one rule may have at most.
+pub const MAX_ESCALATIONS: usize = 5;
 
 /// A parsed, checked policy.
 #[derive(Debug, Clone, PartialEq)]
@@ -76,6 +91,7 @@ pub enum ToolRule {
         approver_role: Role,
         ttl: Option<Duration>,
         editable: BTreeMap<String, EditDirection>,
+        escalate: Vec<Escalation>,
     },
 }
 
@@ -168,6 +184,7 @@ impl Policy {
                 gate,
                 approver_role,
                 ttl,
+                escalate,
                 ..
             } => {
                 let require = |quorum: u8, reason: &str| {
@@ -176,6 +193,7 @@ impl Policy {
                         approver_role: approver_role.clone(),
                         quorum,
                         ttl: ttl.unwrap_or(self.default_ttl),
+                        escalate: escalate.clone(),
                     })
                 };
                 match gate {
@@ -220,6 +238,15 @@ impl Policy {
             } => Some(field),
             _ => None,
         }
+    }
+
+    /// The amount field a reviewer may lower with an edit, if policy lets them edit this tool.
+    pub fn lowerable_field(&self, tool: &str) -> Option<&str> {
+        let field = self.amount_field(tool)?;
+        let Some(ToolRule::Approve { editable, .. }) = self.tools.get(tool) else {
+            return None;
+        };
+        (editable.get(field) == Some(&EditDirection::Lower)).then_some(field)
     }
 
     /// Applies a reviewer's new amount to a call's arguments, if policy lets them.
@@ -284,6 +311,15 @@ struct RawRule {
     ttl: Option<String>,
     #[serde(default)]
     editable: BTreeMap<String, EditDirection>,
+    #[serde(default)]
+    escalate: Vec<RawEscalation>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEscalation {
+    after: String,
+    to: Role,
 }
 
 #[derive(Deserialize, Clone, Copy)]
@@ -374,10 +410,11 @@ impl RawRule {
             || self.amount_field.is_some()
             || !self.thresholds.is_empty()
             || self.ttl.is_some()
-            || !self.editable.is_empty();
+            || !self.editable.is_empty()
+            || !self.escalate.is_empty();
         match self.decision {
             RawDecision::Allow | RawDecision::Deny if approve_only => fail(
-                "only decision = \"approve\" takes approver_role, quorum, amount_field, thresholds, ttl or editable",
+                "only decision = \"approve\" takes approver_role, quorum, amount_field, thresholds, ttl, editable or escalate",
             ),
             RawDecision::Allow if self.reason.is_some() => fail("allow takes no reason"),
             RawDecision::Allow => Ok(ToolRule::Allow),
@@ -436,15 +473,47 @@ impl RawRule {
                         "only the amount field can be editable, not {field}"
                     )));
                 }
+                let escalate = check_escalation(self.escalate, &approver_role)?;
                 Ok(ToolRule::Approve {
                     gate,
                     approver_role,
                     ttl,
                     editable: self.editable,
+                    escalate,
                 })
             }
         }
     }
+}
+
+/// Steps later than the one before, each to a role not asked yet, at most five.
+fn check_escalation(
+    raw: Vec<RawEscalation>,
+    approver_role: &Role,
+) -> Result<Vec<Escalation>, PolicyError> {
+    if raw.len() > MAX_ESCALATIONS {
+        return Err(PolicyError(format!(
+            "escalate has at most {MAX_ESCALATIONS} steps"
+        )));
+    }
+    let mut steps: Vec<Escalation> = Vec::new();
+    for step in raw {
+        let after = parse_ttl(&step.after, "escalate after")?;
+        if after.is_zero() {
+            return Err(PolicyError("escalate after must be above zero".into()));
+        }
+        if steps.last().is_some_and(|last| last.after >= after) {
+            return Err(PolicyError("escalate steps must come later each".into()));
+        }
+        if &step.to == approver_role || steps.iter().any(|s| s.to == step.to) {
+            return Err(PolicyError(format!(
+                "escalate to {} asks a role already asked",
+                step.to
+            )));
+        }
+        steps.push(Escalation { after, to: step.to });
+    }
+    Ok(steps)
 }
 
 fn amount_from_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Amount, D::Error> {
@@ -752,5 +821,50 @@ mod tests {
             let err = Policy::from_toml(text).unwrap_err().to_string();
             assert!(err.contains(expected), "{err} should mention {expected}");
         }
+    }
+
+    #[test]
+    fn escalation_steps_come_later_each_and_ask_new_roles() {
+        let with = |escalate: &str| {
+            Policy::from_toml(&POLICY.replacen(
+                "[tools.decline]\n",
+                &format!("[tools.decline]\nescalate = {escalate}\n"),
+                1,
+            ))
+        };
+        let policy =
+            with(r#"[{ after = "4h", to = "finance_manager" }, { after = "8h", to = "cfo" }]"#)
+                .unwrap();
+        let Verdict::RequireApproval(requirement) =
+            policy.evaluate("decline", &Args::new(json!({"claim_id": "c-1"})).unwrap())
+        else {
+            panic!("decline needs a person")
+        };
+        let steps: Vec<(u64, &str)> = requirement
+            .escalate
+            .iter()
+            .map(|s| (s.after.as_secs(), s.to.as_str()))
+            .collect();
+        assert_eq!(steps, [(4 * 3600, "finance_manager"), (8 * 3600, "cfo")]);
+        for bad in [
+            r#"[{ after = "8h", to = "cfo" }, { after = "4h", to = "finance_manager" }]"#,
+            r#"[{ after = "4h", to = "finance" }]"#,
+            r#"[{ after = "4h", to = "cfo" }, { after = "5h", to = "cfo" }]"#,
+            r#"[{ after = "0s", to = "cfo" }]"#,
+            r#"[{ after = "soon", to = "cfo" }]"#,
+            r#"[{ after = "4h", to = "cfo", also = "x" }]"#,
+        ] {
+            assert!(with(bad).is_err(), "{bad}");
+        }
+        let allow = POLICY.replacen(
+            "[tools.get_claim]\n",
+            "[tools.get_claim]\nescalate = [{ after = \"4h\", to = \"cfo\" }]\n",
+            1,
+        );
+        assert_ne!(allow, POLICY);
+        assert!(
+            Policy::from_toml(&allow).is_err(),
+            "allow takes no escalation"
+        );
     }
 }

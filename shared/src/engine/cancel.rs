@@ -33,7 +33,9 @@ impl Engine {
             }
             let open = self.open_approvals_of(&run.value).await?;
             let may = run.value.requesters().contains(&who.person)
-                || open.iter().any(|a| who.has_role(&a.value.approver_role));
+                || open
+                    .iter()
+                    .any(|a| a.value.deciding_roles().any(|role| who.has_role(role)));
             if !may {
                 return Err(EngineError::MayNotCancel {
                     who: who.person.to_string(),
@@ -72,6 +74,7 @@ impl Engine {
                     &approval.value,
                     approval.ver,
                 );
+                self.follow_up_later(&mut tx, (&tenant, run_id, &approval.value.id), now);
                 cancelled.push(approval.value);
             }
             let event = AuditEvent::Cancelled {

@@ -174,6 +174,11 @@ impl Engine {
                 &approval,
                 stored.ver,
             );
+            self.follow_up_later(
+                &mut tx,
+                (&approval.tenant, &approval.run_id, &approval.id),
+                now,
+            );
 
             match self.commit(tx).await {
                 Ok(outbox) => {
@@ -335,6 +340,7 @@ impl Engine {
             approval,
             ver,
         );
+        self.follow_up_later(tx, (&approval.tenant, &approval.run_id, &approval.id), now);
         self.settle_action(tx, &action);
     }
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tracing::Instrument;
 
-use super::records::{OutboxEntry, Stored, Tx, action_index, keys, load, run_index};
+use super::records::{EscalationDue, OutboxEntry, Stored, Tx, action_index, keys, load, run_index};
 use super::{AWAITING_ACTION_VER, Agent, Engine, EngineError, RunReport, deadline};
 use crate::domain::action::{Action, ActionStatus, NotExecuted, ProposedCall, ToolOutcome};
 use crate::domain::approval::{Approval, ApprovalStatus};
@@ -264,6 +264,17 @@ impl Engine {
                 approval.created_at,
             );
         }
+        if let Some((at, _)) = approval.next_escalation() {
+            tx.create(
+                keys::approval_pk(tenant, &approval.id),
+                keys::ESCALATION_SK.into(),
+                Some(keys::escalation(at, tenant, &approval.id)),
+                &EscalationDue {
+                    tenant: tenant.clone(),
+                    approval_id: approval.id.clone(),
+                },
+            );
+        }
         let event = AuditEvent::proposed(&action, verdict, Some(approval.id.clone()));
         tx.audit(
             tenant,
@@ -298,6 +309,7 @@ impl Engine {
                 ttl: (approval.expires_at - approval.created_at)
                     .to_std()
                     .unwrap_or_default(),
+                escalate: approval.escalate.clone(),
             });
             self.open_approval(&mut tx, approval, verdict, Actor::Agent);
         }

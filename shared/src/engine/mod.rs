@@ -3,6 +3,7 @@
 
 mod agents;
 mod cancel;
+mod comment;
 mod decide;
 mod drive;
 pub mod error;

@@ -16,10 +16,14 @@ use super::{Engine, EngineError};
 use crate::domain::approval::{Approval, ApprovalStatus};
 use crate::domain::audit::{AuditEntry, AuditEvent};
 use crate::domain::identity::Actor;
+use crate::domain::ids::{ApprovalId, RunId, TenantId};
 use crate::domain::money::Amount;
-use crate::domain::notice::{Notice, NoticeKind};
-use crate::ports::notifier::{Notifier, NotifyError};
+use crate::domain::notice::{ActionOutcome, Notice, NoticeKind};
+use crate::ports::notifier::{Notifier, NotifyError, Posted};
 use crate::ports::store::{Condition, StoreError};
+
+/// Where the messages a notice posted are kept, with the approval: `POSTED#<outbox id>`.
+const POSTED_PREFIX: &str = "POSTED#";
 
 /// How long before an approval's deadline its reminder goes out, unless configured otherwise.
 pub const DEFAULT_REMIND_BEFORE: std::time::Duration = std::time::Duration::from_secs(3600);
@@ -108,24 +112,49 @@ impl Engine {
         notice: NoticeKind,
         now: DateTime<Utc>,
     ) {
+        self.notice_later(
+            tx,
+            (&approval.tenant, &approval.run_id, &approval.id),
+            notice,
+            now,
+        );
+    }
+
+    /// Writes an outcome notice for each destination that updates its messages in place, into
+    /// the transaction that decides, expires, supersedes or cancels an approval, or records
+    /// what its action did: the update is never lost and never sent before the change is stored.
+    pub(super) fn follow_up_later(
+        &self,
+        tx: &mut Tx,
+        of: (&TenantId, &RunId, &ApprovalId),
+        now: DateTime<Utc>,
+    ) {
+        self.notice_later(tx, of, NoticeKind::Outcome, now);
+    }
+
+    fn notice_later(
+        &self,
+        tx: &mut Tx,
+        (tenant, run_id, approval_id): (&TenantId, &RunId, &ApprovalId),
+        notice: NoticeKind,
+        now: DateTime<Utc>,
+    ) {
         let Some(notifier) = &self.notifier else {
             return;
         };
         for destination in notifier.destinations() {
+            if notice == NoticeKind::Outcome && !destination.follows_up {
+                continue;
+            }
             let message = NotifyMessage {
-                approval_id: approval.id.clone(),
+                approval_id: approval_id.clone(),
                 notice,
                 destination: destination.id,
                 label: destination.label,
                 attempts: 0,
                 last_error: None,
             };
-            tx.outbox(
-                &approval.tenant,
-                &approval.run_id,
-                OutboxMessage::Notify(message),
-                now,
-            );
+            tx.outbox(tenant, run_id, OutboxMessage::Notify(message), now);
         }
     }
 
@@ -185,7 +214,8 @@ impl Engine {
                 async move { (n, notifier.send(&destination, &notice).await) }.instrument(span),
             );
         }
-        let mut results: Vec<Option<Result<(), NotifyError>>> = vec![None; claimed.len()];
+        let mut results: Vec<Option<Result<Option<Posted>, NotifyError>>> =
+            vec![None; claimed.len()];
         while let Some(joined) = sends.join_next().await {
             match joined {
                 Ok((n, result)) => results[n] = Some(result),
@@ -226,17 +256,27 @@ impl Engine {
         let outbox = &stored.value;
         let (pk, sk) = outbox.key();
         let now = self.now();
+        let outcome = message.notice == NoticeKind::Outcome;
         let approval = self
             .load_approval(&outbox.tenant, &message.approval_id)
             .await?
             .map(|stored| stored.value)
-            .filter(|a| a.status == ApprovalStatus::AwaitingApproval && !a.is_overdue(now));
+            .filter(|a| {
+                outcome || (a.status == ApprovalStatus::AwaitingApproval && !a.is_overdue(now))
+            });
+        // An outcome updates the messages posted about the approval; with none, there is
+        // nothing to update.
+        let posted = match (&approval, outcome) {
+            (Some(a), true) => self.posted_about(a, &message.destination).await?,
+            _ => Vec::new(),
+        };
+        let approval = approval.filter(|_| !outcome || !posted.is_empty());
         let Some(approval) = approval else {
             let mut tx = Tx::new();
             tx.delete(pk, sk, Condition::VersionIs(stored.ver));
             match self.commit(tx).await {
                 Ok(_) => {
-                    tracing::info!(outbox = %outbox.id, approval = %message.approval_id, notice = %message.notice, "dropped: the approval no longer waits")
+                    tracing::info!(outbox = %outbox.id, approval = %message.approval_id, notice = %message.notice, "dropped: the approval no longer waits, or no message of it was posted")
                 }
                 Err(StoreError::ConditionFailed { .. }) => {}
                 Err(error) => return Err(error.into()),
@@ -252,17 +292,37 @@ impl Engine {
             Err(StoreError::ConditionFailed { .. }) => return Ok(None),
             Err(error) => return Err(error.into()),
         }
-        let amount = self
-            .policy_of(&approval.agent)
-            .ok()
+        let policy = self.policy_of(&approval.agent).ok();
+        let amount = policy
             .and_then(|policy| policy.amount_field(&approval.tool))
             .and_then(|field| approval.args.int(field))
             .and_then(|cents| Amount::from_cents(cents).ok());
+        let editable = policy
+            .and_then(|policy| policy.lowerable_field(&approval.tool))
+            .is_some();
+        let action = match outcome {
+            true => self
+                .load_action(
+                    &approval.tenant,
+                    &approval.run_id,
+                    &approval.action_id,
+                    approval.action_version,
+                )
+                .await?
+                .map(|stored| ActionOutcome {
+                    status: stored.value.status,
+                    result: stored.value.result.map(|r| r.content),
+                }),
+            false => None,
+        };
         let notice = Notice {
             key: outbox.id.to_string(),
             kind: message.notice,
             approval,
             amount,
+            editable,
+            posted,
+            action,
         };
         Ok(Some(Claimed {
             outbox: outbox.clone(),
@@ -272,13 +332,31 @@ impl Engine {
         }))
     }
 
+    /// The messages `destination` posted about an approval, oldest first.
+    async fn posted_about(
+        &self,
+        approval: &Approval,
+        destination: &str,
+    ) -> Result<Vec<Posted>, EngineError> {
+        let pk = keys::approval_pk(&approval.tenant, &approval.id);
+        let page = self.store.query(&pk, POSTED_PREFIX, None, 100).await?;
+        let mut posted = Vec::new();
+        for item in &page.items {
+            let message: Posted = super::records::decode(item)?.value;
+            if message.destination == destination {
+                posted.push(message);
+            }
+        }
+        Ok(posted)
+    }
+
     /// Records a post: sent (the entry goes, `notified` is written, in one transaction), to be
     /// tried again later, or given up on (`notification_failed`). Each compare-and-set on the
     /// claim, so a process whose claim lapsed records nothing.
     async fn settle_notice(
         &self,
         claim: Claimed,
-        result: Result<(), NotifyError>,
+        result: Result<Option<Posted>, NotifyError>,
     ) -> Result<Settled, EngineError> {
         let Claimed {
             mut outbox,
@@ -291,8 +369,16 @@ impl Engine {
         let notifier = Actor::system("notifier");
         let mut tx = Tx::new();
         let settled = match result {
-            Ok(()) => {
+            Ok(posted) => {
                 tx.delete(pk, sk, Condition::VersionIs(ver));
+                // A message an outcome will update: kept with the approval.
+                if let Some(posted) = posted.filter(|_| message.notice != NoticeKind::Outcome) {
+                    tx.upsert(
+                        keys::approval_pk(&outbox.tenant, &message.approval_id),
+                        format!("{POSTED_PREFIX}{}", outbox.id),
+                        &posted,
+                    );
+                }
                 let event = AuditEvent::Notified {
                     approval_id: message.approval_id.clone(),
                     notice: message.notice.as_str().into(),

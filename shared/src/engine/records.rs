@@ -31,6 +31,10 @@ pub mod keys {
     pub const OUTBOX_INDEX: &str = "OUTBOX";
     pub const RECONCILE_INDEX: &str = "RECONCILE";
     pub const RUNNING_INDEX: &str = "RUNNING";
+    /// Approvals with an escalation step to come, by when it is due.
+    pub const ESCALATE_INDEX: &str = "ESCALATE";
+    /// The marker item, with its approval, that puts it in the escalation index.
+    pub const ESCALATION_SK: &str = "ESCALATION";
 
     pub fn run_pk(tenant: &TenantId, run: &RunId) -> String {
         format!("TENANT#{tenant}#RUN#{run}")
@@ -61,6 +65,14 @@ pub mod keys {
         IndexKey {
             pk: pending_index(tenant),
             sk: format!("{}#{approval}", sortable(expires_at)),
+        }
+    }
+
+    /// An approval's next escalation step, by when it is due.
+    pub fn escalation(at: DateTime<Utc>, tenant: &TenantId, approval: &ApprovalId) -> IndexKey {
+        IndexKey {
+            pk: ESCALATE_INDEX.into(),
+            sk: format!("{}#{}", sortable(at), approval_pk(tenant, approval)),
         }
     }
 
@@ -150,6 +162,13 @@ pub async fn load<T: DeserializeOwned>(
         Some(item) => decode(&item).map(Some),
         None => Ok(None),
     }
+}
+
+/// The marker of an approval whose next escalation step is to come.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EscalationDue {
+    pub tenant: TenantId,
+    pub approval_id: ApprovalId,
 }
 
 /// What waits in the outbox until it is delivered.

@@ -230,6 +230,10 @@ impl Engine {
                 &tenant,
                 AuditEntry::new(&run_id, Actor::system("resume"), event.clone(), now),
             );
+            // What the approved call did, told where its approval was posted.
+            if let Some(approval) = &action.value.approval_id {
+                self.follow_up_later(&mut tx, (&tenant, &run_id, approval), now);
+            }
             if action.value.status == ActionStatus::Unknown
                 || !run.value.is_waiting_on(&action.value.id)
             {

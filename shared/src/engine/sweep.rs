@@ -7,7 +7,8 @@ use serde::Serialize;
 use tracing::Instrument;
 
 use super::records::{
-    OutboxEntry, OutboxMessage, STALE_EXECUTION, Stored, Tx, decode, keys, reconcile_key, run_index,
+    EscalationDue, OutboxEntry, OutboxMessage, STALE_EXECUTION, Stored, Tx, decode, keys,
+    reconcile_key, run_index,
 };
 use super::{Delivery, Engine, EngineError, NoticeReport};
 use crate::domain::action::{Action, ActionStatus, ToolOutcome};
@@ -17,7 +18,7 @@ use crate::domain::identity::Actor;
 use crate::domain::ids::{ApprovalId, RunId, TenantId};
 use crate::domain::notice::NoticeKind;
 use crate::domain::run::{Run, RunStatus};
-use crate::ports::store::{StoreError, query_all};
+use crate::ports::store::{Condition, StoreError, query_all};
 use crate::ports::tools::ToolCall;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -25,6 +26,8 @@ pub struct SweepReport {
     pub expired: Vec<ApprovalId>,
     /// Approvals whose deadline is near, now with a reminder on its way.
     pub reminded: Vec<ApprovalId>,
+    /// Approvals nobody decided in time, now open to one more role.
+    pub escalated: Vec<ApprovalId>,
     /// Resume messages found undelivered and delivered again.
     pub redelivered: usize,
     /// The notices this sweep posted: new reminders, retries, and ones their writer left.
@@ -70,6 +73,8 @@ impl Engine {
             self.due_approvals(&tenant, left, &mut report, &mut outbox)
                 .await?;
         }
+        self.due_escalations(budget, &mut report, &mut outbox)
+            .await?;
         let posted = self.deliver(outbox).await;
         report.notices.add(posted);
 
@@ -131,6 +136,7 @@ impl Engine {
 
         let worked = !report.expired.is_empty()
             || !report.reminded.is_empty()
+            || !report.escalated.is_empty()
             || !report.notices.is_empty()
             || report.redelivered > 0
             || !report.reconciled.is_empty()
@@ -139,6 +145,7 @@ impl Engine {
             tracing::info!(
                 expired = report.expired.len(),
                 reminded = report.reminded.len(),
+                escalated = report.escalated.len(),
                 notices_sent = report.notices.sent,
                 notices_retrying = report.notices.retrying,
                 notices_failed = report.notices.failed,
@@ -221,6 +228,110 @@ impl Engine {
                 Some(next) if done < budget && pages < DUE_PAGES => after = Some(next),
                 _ => return Ok(()),
             }
+        }
+    }
+
+    /// The approvals whose next escalation step is due: each goes to its next role, with its
+    /// audit event and notices, in one transaction.
+    async fn due_escalations(
+        &self,
+        budget: usize,
+        report: &mut SweepReport,
+        outbox: &mut Vec<OutboxEntry>,
+    ) -> Result<(), EngineError> {
+        let now = self.now();
+        let page = self
+            .store
+            .query_index(
+                keys::ESCALATE_INDEX,
+                "",
+                &keys::due_until(now),
+                None,
+                budget,
+            )
+            .await?;
+        for item in &page.items {
+            let marker: Stored<EscalationDue> = decode(item)?;
+            let span = tracing::info_span!(
+                "escalate",
+                tenant = %marker.value.tenant,
+                approval = %marker.value.approval_id
+            );
+            if let Some((escalated, entries)) = self.escalate(marker, now).instrument(span).await? {
+                report.escalated.push(escalated);
+                outbox.extend(entries);
+            }
+        }
+        Ok(())
+    }
+
+    /// Escalates one approval whose step is due; drops the marker of one that no longer waits
+    /// or has no step left. `None` when nothing was escalated.
+    async fn escalate(
+        &self,
+        marker: Stored<EscalationDue>,
+        now: DateTime<Utc>,
+    ) -> Result<Option<(ApprovalId, Vec<OutboxEntry>)>, EngineError> {
+        let EscalationDue {
+            tenant,
+            approval_id,
+        } = &marker.value;
+        let (pk, sk) = (
+            keys::approval_pk(tenant, approval_id),
+            keys::ESCALATION_SK.to_string(),
+        );
+        let stored = self.load_approval(tenant, approval_id).await?;
+        let mut tx = Tx::new();
+        let Some(mut approval) = stored else {
+            tx.delete(pk, sk, Condition::VersionIs(marker.ver));
+            let _ = self.commit(tx).await;
+            return Ok(None);
+        };
+        let Some(role) = approval.value.escalate(now) else {
+            // Decided, expired or overdue: nobody needs asking any more.
+            if approval.value.next_escalation().is_none() || approval.value.is_overdue(now) {
+                tx.delete(pk, sk, Condition::VersionIs(marker.ver));
+                match self.commit(tx).await {
+                    Ok(_) | Err(StoreError::ConditionFailed { .. }) => {}
+                    Err(error) => return Err(error.into()),
+                }
+            }
+            return Ok(None);
+        };
+        let a = &approval.value;
+        tx.update(
+            pk.clone(),
+            keys::APPROVAL_SK.into(),
+            Some(keys::pending(&a.tenant, a.expires_at, &a.id)),
+            a,
+            approval.ver,
+        );
+        let event = AuditEvent::Escalated {
+            approval_id: a.id.clone(),
+            to: role.clone(),
+        };
+        tx.audit(
+            &a.tenant,
+            AuditEntry::new(&a.run_id, Actor::system("sweep"), event, now),
+        );
+        self.notify_later(&mut tx, a, NoticeKind::Escalated, now);
+        match a.next_escalation() {
+            Some((at, _)) => tx.update(
+                pk,
+                sk,
+                Some(keys::escalation(at, tenant, approval_id)),
+                &marker.value,
+                marker.ver,
+            ),
+            None => tx.delete(pk, sk, Condition::VersionIs(marker.ver)),
+        }
+        match self.commit(tx).await {
+            Ok(entries) => {
+                tracing::info!(to = %role, "escalated");
+                Ok(Some((approval.value.id, entries)))
+            }
+            Err(StoreError::ConditionFailed { .. }) => Ok(None),
+            Err(error) => Err(error.into()),
         }
     }
 

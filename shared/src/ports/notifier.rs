@@ -3,6 +3,7 @@
 //! that calls for it is stored; a notifier may still receive one twice, with the same key.
 
 use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
 
 use crate::domain::notice::Notice;
 
@@ -14,6 +15,18 @@ pub struct Destination {
     pub id: String,
     /// What the audit log names it by, such as the receiver's host.
     pub label: String,
+    /// Whether the messages posted here are updated in place with the approval's outcome
+    /// (decided, expired, cancelled, the action's result): it gets `outcome` notices too.
+    pub follows_up: bool,
+}
+
+/// A message a notifier posted and can update later: Slack's channel and message `ts`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Posted {
+    /// The destination that posted it.
+    pub destination: String,
+    pub channel: String,
+    pub ts: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -32,6 +45,34 @@ pub trait Notifier: Send + Sync {
     /// The destinations configured now: a notice is written for each.
     fn destinations(&self) -> Vec<Destination>;
 
-    /// Sends one notice to one destination, by its id. Bounded in time.
-    async fn send(&self, destination: &str, notice: &Notice) -> Result<(), NotifyError>;
+    /// Sends one notice to one destination, by its id. Bounded in time. A destination that
+    /// follows up returns the message it posted, which later `outcome` notices update.
+    async fn send(&self, destination: &str, notice: &Notice)
+    -> Result<Option<Posted>, NotifyError>;
+}
+
+/// Several notifiers as one: every destination of each, and each notice sent by the notifier
+/// whose destination it is (webhooks and a Slack channel together).
+pub struct Several(pub Vec<std::sync::Arc<dyn Notifier>>);
+
+#[async_trait]
+impl Notifier for Several {
+    fn destinations(&self) -> Vec<Destination> {
+        self.0.iter().flat_map(|n| n.destinations()).collect()
+    }
+
+    async fn send(
+        &self,
+        destination: &str,
+        notice: &Notice,
+    ) -> Result<Option<Posted>, NotifyError> {
+        for notifier in &self.0 {
+            if notifier.destinations().iter().any(|d| d.id == destination) {
+                return notifier.send(destination, notice).await;
+            }
+        }
+        Err(NotifyError::Permanent(format!(
+            "no destination {destination} is configured any more"
+        )))
+    }
 }

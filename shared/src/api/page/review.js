@@ -53,6 +53,10 @@ const state = {
   busy: new Set(),
   /** A submission's decision_id, kept until the server answers it, so a retry is the same decision. */
   submissions: new Map(),
+  /** The approval a notice's link opened the page on (`#approval=ID`): selected once shown. */
+  linked: null,
+  /** Whether the linked approval was already scrolled to and focused. */
+  linkedShown: false,
 };
 
 const $ = (id) => document.getElementById(id);
@@ -281,15 +285,53 @@ async function offerDevSignIn() {
 }
 
 /**
- * The link `serve --dev-sign-in` prints carries the sign-in secret in its fragment, which no
- * request sends: keep it in this tab and take it out of the address bar.
+ * Reads the fragment, which no request sends. The link `serve --dev-sign-in` prints carries the
+ * sign-in secret: keep it in this tab and take it out of the address bar. A notice's link
+ * (`#approval=ID`) names the approval to select once signed in; that part stays, so a reload
+ * selects it again.
  */
-function takeDevSecretFromLink() {
+function takeLinkFragment() {
   const fragment = new URLSearchParams(location.hash.replace(/^#/, ""));
   const secret = fragment.get("dev-secret");
+  const approval = fragment.get("approval");
+  if (approval && /^ap-[A-Za-z0-9_-]{1,61}$/.test(approval)) {
+    state.linked = approval;
+    state.linkedShown = false;
+  }
   if (!secret) return;
   sessionStorage.setItem(DEV_SECRET_KEY, secret);
-  history.replaceState(null, "", location.pathname + location.search);
+  const kept = state.linked ? `#approval=${state.linked}` : "";
+  history.replaceState(null, "", location.pathname + location.search + kept);
+}
+
+/** The linked approval, read on its own when it no longer waits (decided, expired, cancelled). */
+async function addLinked(items, order) {
+  const id = state.linked;
+  if (!id || items.has(id)) return;
+  const reply = await api("GET", `approvals/${encodeURIComponent(id)}`);
+  if (!reply.ok) {
+    announce(`The linked approval ${id} cannot be shown: ${describe(reply)}`);
+    state.linked = null;
+    return;
+  }
+  const old = state.items.get(id);
+  items.set(id, {
+    view: reply.data,
+    notice: old && old.notice ? old.notice : "You opened this approval from a link; it no longer waits for a decision.",
+    pinned: true,
+  });
+  order.unshift(id);
+}
+
+/** Scrolls to the linked approval's card and focuses it, once per link. */
+function showLinked() {
+  if (!state.linked || state.linkedShown) return;
+  const item = state.items.get(state.linked);
+  if (!item || !item.element) return;
+  state.linkedShown = true;
+  const article = item.element.querySelector("article");
+  article.scrollIntoView({ block: "start" });
+  article.focus();
 }
 
 async function onDevSignIn(event) {
@@ -350,6 +392,7 @@ async function loadQueue() {
       order.splice(Math.min(index, order.length), 0, id);
     }
   });
+  await addLinked(items, order);
   for (const [id, item] of items) {
     const old = state.items.get(id);
     if (old && old !== item) Object.assign(item, { element: old.element, key: old.key });
@@ -357,6 +400,7 @@ async function loadQueue() {
   state.items = items;
   state.order = order;
   renderQueue();
+  showLinked();
 }
 
 /** Reads one approval again, after the server said it moved on. */
@@ -379,7 +423,7 @@ function renderQueue() {
 }
 
 function cardFor(item) {
-  const key = JSON.stringify([item.view, item.notice, item.pinned]);
+  const key = JSON.stringify([item.view, item.notice, item.pinned, item.view.id === state.linked]);
   if (item.element && item.key === key) return item.element;
   item.key = key;
   item.element = buildCard(item);
@@ -396,13 +440,15 @@ function buildCard(item) {
     : [...new Set((v.decisions || []).filter((d) => d.choice !== "reject").map((d) => d.by))];
   const me = signedInPerson();
 
+  const linked = id === state.linked;
   const article = el(
     "article",
     {
-      class: awaiting ? "approval" : "approval resolved",
+      class: `approval${awaiting ? "" : " resolved"}${linked ? " linked" : ""}`,
       "data-approval-id": id,
       "data-status": v.status,
       "aria-labelledby": `title-${id}`,
+      ...(linked ? { "aria-current": "true", tabindex: "-1" } : {}),
     },
     el(
       "h3",
@@ -413,6 +459,9 @@ function buildCard(item) {
     ),
   );
 
+  if (linked) {
+    article.append(el("p", { class: "linked-note", text: "The approval your link opened." }));
+  }
   if (item.notice) {
     article.append(el("p", { class: "notice", role: "alert", tabindex: "-1", text: item.notice }));
   }
@@ -427,10 +476,11 @@ function buildCard(item) {
   fact("The agent says", "explanation", el("blockquote", { text: v.explanation }));
   fact("Why a person decides", "reason", `${v.reason} (policy version ${v.policy_version})`);
   const excluded = (v.requested_by || []).join(" and ");
+  const escalated = (v.escalated_to || []).length ? ` (escalated: or the ${v.escalated_to.join(" or ")} role)` : "";
   fact(
     "Who may approve",
     "who",
-    `Anyone with the ${v.approver_role} role`,
+    `Anyone with the ${v.approver_role} role${escalated}`,
     excluded ? `, except ${excluded}, who asked for this` : "",
   );
   fact(
@@ -457,6 +507,19 @@ function buildCard(item) {
         "ul",
         {},
         v.decisions.map((d) => el("li", { text: decisionText(d) })),
+      ),
+    );
+  }
+  if ((v.comments || []).length) {
+    fact(
+      "Comments",
+      "comments",
+      el(
+        "ul",
+        {},
+        v.comments.map((c) =>
+          el("li", {}, el("strong", { text: c.by }), ` (${new Date(c.at).toLocaleString()}): `, el("span", { class: "comment-text", text: c.text })),
+        ),
       ),
     );
   }
@@ -490,6 +553,7 @@ function buildCard(item) {
     if (v.editable_amount) actions.append(editForm(v));
     actions.append(rejectForm(v));
   }
+  actions.append(commentForm(v));
   actions.append(
     el("button", {
       type: "button",
@@ -639,6 +703,47 @@ function rejectForm(v) {
       el("button", { type: "submit", class: "reject-submit", text: `Reject version ${v.action_version}` }),
     ),
   );
+}
+
+/** A comment decides nothing: a question to the requester, say. Open on any approval. */
+function commentForm(v) {
+  const id = v.id;
+  return el(
+    "details",
+    { class: "comment" },
+    el("summary", { text: "Comment" }),
+    el(
+      "form",
+      { class: "comment-form", novalidate: true },
+      el("label", { for: `comment-${id}`, text: "Comment (decides nothing; the organisation can read it)" }),
+      el("textarea", {
+        id: `comment-${id}`,
+        name: "text",
+        rows: "2",
+        maxlength: "2000",
+        required: true,
+        "aria-describedby": `comment-error-${id}`,
+      }),
+      el("p", { id: `comment-error-${id}`, class: "field-error", hidden: true }),
+      el("button", { type: "submit", class: "comment-submit", text: "Add comment" }),
+    ),
+  );
+}
+
+async function addComment(id, input) {
+  const item = state.items.get(id);
+  if (!item || state.busy.has(id)) return;
+  setBusy(id, true);
+  const reply = await api("POST", `approvals/${encodeURIComponent(id)}/comments`, { text: input.value.trim() });
+  setBusy(id, false);
+  if (reply.status === 401) return signOut(describe(reply));
+  if (!reply.ok) {
+    fieldError(input, describe(reply));
+    return;
+  }
+  item.view = reply.data;
+  renderQueue();
+  announce(`Your comment on ${reply.data.tool} version ${reply.data.action_version} is added.`);
 }
 
 function fieldError(input, message) {
@@ -802,6 +907,10 @@ function onQueueSubmit(event) {
     if (!fieldError(input, problem)) return;
     const note = form.elements.note.value.trim();
     decide(item.view.id, "edit", { amount: input.value.trim(), ...(note ? { note } : {}) });
+  } else if (form.classList.contains("comment-form")) {
+    const input = form.elements.text;
+    if (!fieldError(input, input.value.trim() ? null : "Write the comment first.")) return;
+    addComment(item.view.id, input);
   } else if (form.classList.contains("reject-form")) {
     const input = form.elements.reason;
     const reason = input.value.trim();
@@ -929,7 +1038,11 @@ function entryValue(name, value) {
 // ---------------------------------------------------------------- start
 
 function start() {
-  takeDevSecretFromLink();
+  takeLinkFragment();
+  window.addEventListener("hashchange", () => {
+    takeLinkFragment();
+    if (state.token) loadQueue();
+  });
   $("dev-sign-in").addEventListener("submit", onDevSignIn);
   $("token-sign-in").addEventListener("submit", onTokenSignIn);
   $("sign-out").addEventListener("click", () => signOut());

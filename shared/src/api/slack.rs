@@ -1,0 +1,338 @@
+//! `POST /slack/interactions`: the clicks on a notice's Approve and Reject buttons, as Slack's
+//! app sends them (a form-encoded `payload` holding a `block_actions` JSON object).
+//!
+//! Nothing is read before the request's Slack signature verifies (fresh timestamp, constant-time
+//! compare); a request that does not is refused with a 401 and changes nothing. The Slack user
+//! is mapped to a person by the people directory's `slack` ids. The decision goes through the
+//! same engine call as the page, bound to the version and args hash the button was rendered
+//! for, with the button's action id and the Slack user as its decision id: a double click or
+//! Slack's retry is one decision. The outcome, or why it was refused, is told to the person who
+//! clicked as an ephemeral message through the interaction's `response_url`; the same message
+//! is the HTTP answer's body.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::error::ApiError;
+use crate::adapters::slack::{
+    Button, ButtonChoice, EDIT_CALLBACK, SlackApp, edit_modal, ephemeral,
+};
+use crate::domain::approval::{Approval, ApprovalStatus, Choice, DecisionEffect, DecisionRequest};
+use crate::domain::identity::Identity;
+use crate::domain::ids::{ActionVersion, ApprovalId, DecisionId};
+use crate::domain::money::Amount;
+use crate::engine::{DecisionReport, Engine};
+
+/// Slack's interaction payloads carry the whole message clicked on: more than the API's usual
+/// body limit.
+pub const MAX_INTERACTION_BYTES: usize = 64 * 1024;
+
+#[derive(Clone)]
+pub(super) struct SlackState {
+    pub engine: Arc<Engine>,
+    pub slack: Arc<SlackApp>,
+}
+
+#[derive(Deserialize)]
+struct Form {
+    payload: String,
+}
+
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+fn bad_payload(message: impl Into<String>) -> Response {
+    ApiError::bad_request("slack_payload", message).into_response()
+}
+
+pub(super) async fn interactions(
+    State(state): State<SlackState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let now = state.engine.now().timestamp();
+    if let Err(error) = state.slack.verify(
+        header(&headers, "x-slack-request-timestamp"),
+        header(&headers, "x-slack-signature"),
+        &body,
+        now,
+    ) {
+        tracing::warn!(%error, "a Slack interaction refused");
+        return ApiError::new(
+            axum::http::StatusCode::UNAUTHORIZED,
+            "slack_signature",
+            error.to_string(),
+        )
+        .into_response();
+    }
+    let Ok(form) = serde_urlencoded::from_bytes::<Form>(&body) else {
+        return bad_payload("the body is not a form with a payload field");
+    };
+    let Ok(payload) = serde_json::from_str::<Value>(&form.payload) else {
+        return bad_payload("the payload is not JSON");
+    };
+    match payload["type"].as_str() {
+        Some("block_actions") => click(&state, &payload).await,
+        Some("view_submission") => submission(&state, &payload).await,
+        _ => bad_payload("only block_actions and view_submission interactions are taken"),
+    }
+}
+
+/// A click on one of a notice's buttons.
+async fn click(state: &SlackState, payload: &Value) -> Response {
+    let Some(action) = payload["actions"].as_array().and_then(|a| a.first()) else {
+        return bad_payload("the interaction has no action");
+    };
+    let button = match Button::of_action(action) {
+        Ok(button) => button,
+        Err(why) => return bad_payload(why),
+    };
+    let user = payload["user"]["id"].as_str().unwrap_or_default();
+    let message = match button.choice {
+        ButtonChoice::Edit => {
+            let trigger = payload["trigger_id"].as_str().unwrap_or_default();
+            open_edit(state, &button, user, trigger).await
+        }
+        _ => Some(decide(state, &button, user).await),
+    };
+    let Some(message) = message else {
+        // The edit form opened: nothing to tell.
+        return Json(json!({})).into_response();
+    };
+    if let Some(url) = payload["response_url"].as_str() {
+        state.slack.respond(url, &message).await;
+    }
+    Json(message).into_response()
+}
+
+fn refusal(error: &ApiError, user: &str, button: &Button) -> String {
+    tracing::info!(code = error.code, user, approval = %button.approval, "a Slack decision refused");
+    format!("Not decided ({}): {}", error.code, sentence(&error.message))
+}
+
+/// What a decision from Slack is about: the person, the approval as the button was rendered
+/// for it (bound to its args hash), and the version; or why there is none.
+async fn bind(
+    state: &SlackState,
+    button: &Button,
+    user: &str,
+) -> Result<(Identity, Approval, ActionVersion), ApiError> {
+    let Some(who) = state.slack.person(user) else {
+        return Err(ApiError::new(
+            axum::http::StatusCode::FORBIDDEN,
+            "unknown_person",
+            format!(
+                "your Slack user {} is not mapped to a person of Countersign's directory",
+                user.chars().take(32).collect::<String>()
+            ),
+        ));
+    };
+    let invalid = |e: String| ApiError::bad_request("invalid_field", e);
+    let approval_id = ApprovalId::parse(&button.approval).map_err(|e| invalid(e.to_string()))?;
+    let version = ActionVersion::new(button.version).map_err(|e| invalid(e.to_string()))?;
+    // Bound to the arguments the button showed: a button of other arguments is stale.
+    let approval = state.engine.approval(&who.tenant, &approval_id).await?;
+    if approval.args_hash.as_str() != button.args_hash {
+        return Err(ApiError::new(
+            axum::http::StatusCode::CONFLICT,
+            "stale_version",
+            "the arguments this button was shown with are no longer the ones waiting",
+        ));
+    }
+    Ok((who, approval, version))
+}
+
+/// Decides the button's choice as the Slack user's person, and says what came of it.
+async fn decide(state: &SlackState, button: &Button, user: &str) -> Value {
+    let refused = |error: ApiError| ephemeral(&refusal(&error, user, button));
+    let (who, approval, version) = match bind(state, button, user).await {
+        Ok(bound) => bound,
+        Err(error) => return refused(error),
+    };
+    let approval_id = approval.id;
+    let decision_id = match DecisionId::parse(&format!("{}.{user}", button.action_id)) {
+        Ok(id) => id,
+        Err(e) => return refused(ApiError::bad_request("invalid_field", e.to_string())),
+    };
+    let choice = match button.choice {
+        ButtonChoice::Reject => Choice::Reject {
+            reason: format!("Rejected in Slack by {}, without a reason.", who.person),
+        },
+        _ => Choice::Approve,
+    };
+    let request = DecisionRequest {
+        decision_id,
+        action_version: version,
+        choice,
+    };
+    match state.engine.decide(&who, &approval_id, request).await {
+        Ok(report) => {
+            tracing::info!(user, person = %who.person, approval = %approval_id, replayed = report.replayed, "decided in Slack");
+            ephemeral(&outcome(&report))
+        }
+        Err(error) => refused(error.into()),
+    }
+}
+
+/// Opens the edit form for a person who could edit the approval; `None` once it is open, else
+/// the ephemeral message that says why not.
+async fn open_edit(
+    state: &SlackState,
+    button: &Button,
+    user: &str,
+    trigger: &str,
+) -> Option<Value> {
+    let refused = |error: ApiError| Some(ephemeral(&refusal(&error, user, button)));
+    let (who, approval, version) = match bind(state, button, user).await {
+        Ok(bound) => bound,
+        Err(error) => return refused(error),
+    };
+    // The engine checks all of this again when the form comes back; here it spares a person a
+    // form they could not submit.
+    let conflict =
+        |code, message: String| ApiError::new(axum::http::StatusCode::CONFLICT, code, message);
+    if approval.status != ApprovalStatus::AwaitingApproval {
+        return refused(conflict(
+            "already_decided",
+            format!("this approval is already {}", approval.status.as_str()),
+        ));
+    }
+    if approval.action_version != version {
+        return refused(conflict("stale_version", "a newer version waits".into()));
+    }
+    if approval.requested_by.contains(&who.person) {
+        return refused(ApiError::new(
+            axum::http::StatusCode::FORBIDDEN,
+            "own_request",
+            format!(
+                "nobody approves their own request: {} asked for this",
+                who.person
+            ),
+        ));
+    }
+    if !approval.deciding_roles().any(|role| who.has_role(role)) {
+        return refused(ApiError::new(
+            axum::http::StatusCode::FORBIDDEN,
+            "missing_role",
+            format!(
+                "{} does not have the {} role",
+                who.person, approval.approver_role
+            ),
+        ));
+    }
+    let cents = state
+        .engine
+        .policy_of(&approval.agent)
+        .ok()
+        .and_then(|policy| policy.lowerable_field(&approval.tool))
+        .and_then(|field| approval.args.int(field));
+    let Some(cents) = cents else {
+        return refused(ApiError::new(
+            axum::http::StatusCode::UNPROCESSABLE_ENTITY,
+            "edit_refused",
+            "policy lets nobody edit this call",
+        ));
+    };
+    match state
+        .slack
+        .open_view(trigger, &edit_modal(&approval, button, cents))
+        .await
+    {
+        Ok(()) => None,
+        Err(why) => Some(ephemeral(&format!(
+            "The edit form did not open ({}); edit on the review page instead.",
+            sentence(&why).trim_end_matches('.')
+        ))),
+    }
+}
+
+/// The edit form, submitted: the edit is decided as the person who submitted it, bound to the
+/// version and args hash the form was opened for. Success closes the form; a refusal shows
+/// under the amount (`response_action: errors`), as Slack documents.
+async fn submission(state: &SlackState, payload: &Value) -> Response {
+    let view = &payload["view"];
+    if view["callback_id"] != EDIT_CALLBACK {
+        return bad_payload("the form is not Countersign's");
+    }
+    let button = match Button::of_metadata(view["private_metadata"].as_str().unwrap_or_default()) {
+        Ok(button) => button,
+        Err(why) => return bad_payload(why),
+    };
+    let user = payload["user"]["id"].as_str().unwrap_or_default();
+    let values = &view["state"]["values"];
+    let errors = |text: String| {
+        Json(json!({"response_action": "errors", "errors": {"amount": text}})).into_response()
+    };
+    let Ok(amount) = values["amount"]["value"]["value"]
+        .as_str()
+        .unwrap_or_default()
+        .parse::<Amount>()
+    else {
+        return errors("Write the amount in dollars, such as 200.00.".into());
+    };
+    let note = values["note"]["value"]["value"]
+        .as_str()
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(str::to_string);
+    let (who, approval, version) = match bind(state, &button, user).await {
+        Ok(bound) => bound,
+        Err(error) => return errors(refusal(&error, user, &button)),
+    };
+    let decision_id =
+        match DecisionId::parse(&format!("{}.{user}.{}", button.action_id, amount.cents())) {
+            Ok(id) => id,
+            Err(e) => return errors(e.to_string()),
+        };
+    let request = DecisionRequest {
+        decision_id,
+        action_version: version,
+        choice: Choice::Edit { amount, note },
+    };
+    match state.engine.decide(&who, &approval.id, request).await {
+        Ok(report) => {
+            tracing::info!(user, person = %who.person, approval = %approval.id, replayed = report.replayed, "edited in Slack");
+            Json(json!({"response_action": "clear"})).into_response()
+        }
+        Err(error) => errors(refusal(&error.into(), user, &button)),
+    }
+}
+
+fn sentence(text: &str) -> String {
+    let mut text = text.to_string();
+    if !text.ends_with('.') {
+        text.push('.');
+    }
+    text
+}
+
+/// What the person who clicked is told of their decision.
+fn outcome(report: &DecisionReport) -> String {
+    let d = &report.decision;
+    let what = format!(
+        "{} version {} ({})",
+        report.approval.tool, d.action_version, report.approval.id
+    );
+    let text = match &d.effect {
+        DecisionEffect::Approved => format!("You approved {what}."),
+        DecisionEffect::Counted { still_needed } => {
+            format!("Your approval of {what} is recorded; {still_needed} more needed.")
+        }
+        DecisionEffect::Rejected => {
+            format!("You rejected {what}. The agent is told not to retry it.")
+        }
+        _ => format!("Your decision on {what} is recorded."),
+    };
+    match report.replayed {
+        true => format!("Already recorded: {text}"),
+        false => text,
+    }
+}

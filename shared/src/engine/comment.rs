@@ -1,0 +1,78 @@
+//! Comments: a person of the organisation remarks on an approval without deciding it (a
+//! question to the requester, say). The comment is kept on the approval, so the page shows it,
+//! and recorded in the audit log, in one transaction.
+
+use super::records::{Tx, keys};
+use super::{CAS_ATTEMPTS, Engine, EngineError};
+use crate::domain::approval::{Approval, ApprovalStatus, Comment};
+use crate::domain::audit::{AuditEntry, AuditEvent};
+use crate::domain::identity::{Actor, Identity};
+use crate::domain::ids::ApprovalId;
+use crate::ports::store::StoreError;
+
+/// The longest comment, in characters.
+pub const MAX_COMMENT: usize = 2_000;
+/// Comments one approval holds at most: they travel with it on every read.
+pub const MAX_COMMENTS: usize = 100;
+
+impl Engine {
+    /// Adds `text` as `who`'s comment on an approval of their tenant, whatever its status.
+    /// Anyone who may read the approval may comment; a comment decides nothing.
+    pub async fn comment(
+        &self,
+        who: &Identity,
+        approval_id: &ApprovalId,
+        text: &str,
+    ) -> Result<Approval, EngineError> {
+        let text = text.trim();
+        if text.is_empty() {
+            return Err(EngineError::BadInput("a comment needs some text".into()));
+        }
+        if text.chars().count() > MAX_COMMENT {
+            return Err(EngineError::BadInput(format!(
+                "a comment has at most {MAX_COMMENT} characters"
+            )));
+        }
+        for _ in 0..CAS_ATTEMPTS {
+            let Some(stored) = self.load_approval(&who.tenant, approval_id).await? else {
+                return Err(EngineError::not_found(format!("approval {approval_id}")));
+            };
+            let mut approval = stored.value;
+            if approval.comments.len() >= MAX_COMMENTS {
+                return Err(EngineError::BadInput(format!(
+                    "approval {approval_id} already has {MAX_COMMENTS} comments"
+                )));
+            }
+            let now = self.now();
+            approval.comments.push(Comment {
+                by: who.person.clone(),
+                text: text.to_string(),
+                at: now,
+            });
+            let mut tx = Tx::new();
+            let pending = (approval.status == ApprovalStatus::AwaitingApproval)
+                .then(|| keys::pending(&approval.tenant, approval.expires_at, &approval.id));
+            tx.update(
+                keys::approval_pk(&approval.tenant, &approval.id),
+                keys::APPROVAL_SK.into(),
+                pending,
+                &approval,
+                stored.ver,
+            );
+            let event = AuditEvent::Commented {
+                approval_id: approval.id.clone(),
+                text: text.to_string(),
+            };
+            tx.audit(
+                &approval.tenant,
+                AuditEntry::new(&approval.run_id, Actor::person(&who.person), event, now),
+            );
+            match self.commit(tx).await {
+                Ok(_) => return Ok(approval),
+                Err(StoreError::ConditionFailed { .. }) => continue,
+                Err(error) => return Err(error.into()),
+            }
+        }
+        Err(EngineError::Contended)
+    }
+}

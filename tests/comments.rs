@@ -1,0 +1,113 @@
+//! Comments over the HTTP API of a real `countersign serve`: a comment decides nothing, is kept
+//! on the approval and in the audit log, and every bad request is refused and changes nothing.
+
+use serde_json::json;
+
+mod common;
+
+use common::server::{Server, approve, assert_refused};
+
+#[tokio::test]
+async fn a_comment_is_kept_and_audited_and_bad_ones_are_refused() {
+    let server = Server::start("comments");
+    let paused = server.paused_run("ben", "c-102", None).await;
+    let path = format!("/approvals/{}/comments", paused.approval);
+
+    // Anyone of the organisation may comment, the requester included; nobody decides by it.
+    let asked = server
+        .post(
+            &path,
+            "chen",
+            json!({"text": "  Is the receipt attached?  "}),
+        )
+        .await;
+    assert_eq!(asked.status, 201, "{}", asked.json);
+    assert_eq!(asked.json["status"], "awaiting_approval");
+    assert_eq!(asked.json["comments"][0]["by"], "chen");
+    assert_eq!(
+        asked.json["comments"][0]["text"],
+        "Is the receipt attached?"
+    );
+    let answered = server.post(&path, "ben", json!({"text": "Yes."})).await;
+    assert_eq!(answered.status, 201, "{}", answered.json);
+
+    let refusals = [
+        (
+            server.post(&path, "dana", json!({"text": "   "})).await,
+            400,
+            "bad_input",
+        ),
+        (
+            server
+                .post(&path, "dana", json!({"text": "x".repeat(2_001)}))
+                .await,
+            400,
+            "bad_input",
+        ),
+        (
+            server
+                .post(&path, "dana", json!({"text": "hi", "by": "erin"}))
+                .await,
+            400,
+            "unknown_field",
+        ),
+        (
+            server.post(&path, "dana", json!({})).await,
+            400,
+            "missing_field",
+        ),
+        (
+            server.post(&path, "zoe", json!({"text": "hi"})).await,
+            404,
+            "not_found",
+        ),
+        (
+            server
+                .send(
+                    reqwest::Method::POST,
+                    &path,
+                    None,
+                    Some(("application/json", br#"{"text":"hi"}"#.to_vec())),
+                )
+                .await,
+            401,
+            "missing_token",
+        ),
+    ];
+    for (reply, status, code) in &refusals {
+        assert_refused(reply, *status, code);
+    }
+
+    let stored = server.approval(&paused.approval).await;
+    let texts: Vec<&str> = stored["comments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(texts, ["Is the receipt attached?", "Yes."]);
+
+    // Comments do not stand in a decision's way.
+    let decided = server
+        .decide("dana", &paused.approval, approve("d-1"))
+        .await;
+    assert_eq!(decided.status, 200, "{}", decided.json);
+    let audit = server
+        .get(&format!("/runs/{}/audit", paused.run), "dana")
+        .await;
+    let events: Vec<&str> = audit.json["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["event"].as_str().unwrap())
+        .collect();
+    let commented: Vec<usize> = events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| **e == "commented")
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(commented.len(), 2, "{events:?}");
+    let decision = events.iter().position(|e| *e == "decision").unwrap();
+    assert!(commented[1] < decision, "{events:?}");
+}
