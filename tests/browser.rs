@@ -860,3 +860,112 @@ async fn a_comment_round_trip_asks_the_requester_and_decides_nothing() {
     assert!(events[1].as_str().unwrap().contains("by ben"), "{events:?}");
     browser.close().await;
 }
+
+/// The refunds agent without its reconcile request, in a directory of the test's own: an
+/// unknown outcome of its refund can only be settled by its recovery owner.
+fn refunds_without_reconcile(name: &str) -> PathBuf {
+    let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/agents/refunds");
+    let dir = std::env::temp_dir().join(unique(name)).join("refunds");
+    std::fs::create_dir_all(&dir).unwrap();
+    for file in ["policy.toml", "script.toml"] {
+        std::fs::copy(format!("{shipped}/{file}"), dir.join(file)).unwrap();
+    }
+    let agent = std::fs::read_to_string(format!("{shipped}/agent.toml")).unwrap();
+    let cut = agent
+        .find("[tools.issue_refund.http.reconcile]")
+        .expect("the shipped refunds agent has a reconcile request");
+    let without = agent[..cut].trim_end().to_string();
+    assert!(!without.contains("reconcile]"), "{without}");
+    std::fs::write(dir.join("agent.toml"), without + "\n").unwrap();
+    dir
+}
+
+#[tokio::test]
+async fn a_recovery_owner_answers_an_unknown_refund_in_the_page_and_the_run_ends_with_one_refund() {
+    // The orders service commits the refund, then answers 500: nobody can tell it took effect.
+    let orders = common::orders::OrdersService::start_with(
+        "browser-recovery",
+        &["--fault", "commit-then-500"],
+    );
+    let agent = refunds_without_reconcile("browser-recovery-agent");
+    let server = Server::start_with_env(
+        "recovery",
+        &[
+            "--sweep-every",
+            "0s",
+            "--dev-sign-in",
+            "--agents",
+            agent.to_str().unwrap(),
+        ],
+        &orders.env(),
+    );
+    let started = server
+        .post(
+            "/runs",
+            "ben",
+            json!({"agent": "refunds", "task": "Refund ord_55: the blender arrived damaged."}),
+        )
+        .await;
+    assert_eq!(started.status, 201, "{}", started.json);
+    let run = started.json["run_id"].as_str().unwrap().to_string();
+    let approval = started.json["approvals"][0]["id"].as_str().unwrap();
+    let approved = server
+        .decide(
+            "mia",
+            approval,
+            json!({"decision_id": "d-refund", "action_version": 1, "choice": "approve"}),
+        )
+        .await;
+    assert_eq!(approved.status, 200, "{}", approved.json);
+    assert_eq!(
+        orders.refunds("ord_55").len(),
+        1,
+        "the refund was committed"
+    );
+
+    let mut driver = Driver::start().await;
+    let mia = driver.browser().await;
+    mia.sign_in_as(&server, "mia").await;
+    let listed = server.get("/approvals", "mia").await;
+    let recovery = listed.json["approvals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["kind"] == "recovery")
+        .unwrap_or_else(|| panic!("a recovery waits for mia: {}", listed.json))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let item = card(&recovery);
+    // A recovery is answered, not approved, edited or rejected.
+    mia.find(&format!("{item} button.took-effect")).await;
+    mia.find(&format!("{item} button.did-not-take-effect"))
+        .await;
+    for absent in ["button.approve", "details.edit", "details.reject"] {
+        let found = mia
+            .client
+            .find_all(Locator::Css(&format!("{item} {absent}")))
+            .await
+            .unwrap();
+        assert!(found.is_empty(), "a recovery card offers no {absent}");
+    }
+
+    mia.click(&format!("{item} button.took-effect")).await;
+    mia.gone(&item).await;
+    let said = mia
+        .text_containing("#queue-status", "took effect; the run goes on")
+        .await;
+    assert!(said.contains("The run is done"), "{said}");
+
+    // The answer is mia's, in the audit, and the refund was made once.
+    assert_eq!(orders.refunds("ord_55").len(), 1);
+    let audit = server.audit(&run).await;
+    let entries = audit["entries"].as_array().unwrap();
+    let reconciled = entries
+        .iter()
+        .find(|e| e["event"] == "reconciled")
+        .unwrap_or_else(|| panic!("a reconciled entry: {audit}"));
+    assert_eq!(reconciled["actor"]["id"], "mia", "{reconciled}");
+    assert_eq!(audit["run"]["status"], "done", "{audit}");
+    mia.close().await;
+}

@@ -33,6 +33,11 @@ fn orders_binary() -> PathBuf {
 impl OrdersService {
     /// A fresh service, seeded with the example's orders (ord_55 among them).
     pub fn start(name: &str) -> Self {
+        Self::start_with(name, &[])
+    }
+
+    /// A fresh service started with more `orders serve` arguments (`--fault commit-then-500`).
+    pub fn start_with(name: &str, args: &[&str]) -> Self {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
@@ -47,6 +52,7 @@ impl OrdersService {
             .arg("--db")
             .arg(dir.join("orders.db"))
             .args(["--addr", "127.0.0.1:0"])
+            .args(args)
             .env("ORDERS_TOKEN", TOKEN)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
