@@ -43,7 +43,15 @@ pub struct Global {
     /// A claims file to use instead of the shipped example claims.
     #[arg(long, global = true, env = "COUNTERSIGN_CLAIMS")]
     pub claims: Option<PathBuf>,
+    /// Testing aid, in debug builds only: this process's clock runs this far ahead (such as 2d),
+    /// so the sweep finds every deadline and lease past. A release build has no such option.
+    #[cfg(debug_assertions)]
+    #[arg(long, global = true, env = CLOCK_OFFSET_ENV, value_parser = parse_duration, value_name = "DURATION")]
+    pub clock_offset: Option<std::time::Duration>,
 }
+
+/// The variable that moves a debug build's clock ahead (`--clock-offset`).
+pub const CLOCK_OFFSET_ENV: &str = "COUNTERSIGN_CLOCK_OFFSET";
 
 #[derive(Debug, Subcommand)]
 pub enum Command {

@@ -2,6 +2,9 @@
 //! AWS when `COUNTERSIGN_STORE=dynamodb`; every agent its definitions name, each with its model.
 
 use std::path::Path;
+
+#[cfg(debug_assertions)]
+use chrono::{DateTime, Utc};
 use std::sync::Arc;
 
 use shared::adapters::sqlite::SqliteStore;
@@ -10,7 +13,7 @@ use shared::domain::identity::{Directory, Identity};
 use shared::engine::records::{decode, keys};
 use shared::engine::{Delivery, Engine, EngineError};
 use shared::example::expense::{self, Claims, Ledger};
-use shared::ports::clock::SystemClock;
+use shared::ports::clock::{Clock, SystemClock};
 use shared::ports::scheduler::SweepOnly;
 use shared::ports::store::{ItemStore, query_all};
 
@@ -49,6 +52,44 @@ fn load(global: &Global) -> Result<(Setup, Directory), Failure> {
     Ok((setup, directory))
 }
 
+/// The system's time, moved ahead by `--clock-offset` in a debug build: a testing aid that lets
+/// the sweep act as if every deadline and lease had passed (the fault campaign uses it).
+#[cfg(debug_assertions)]
+fn clock(global: &Global) -> Result<Arc<dyn Clock>, Failure> {
+    let Some(offset) = global.clock_offset else {
+        return Ok(Arc::new(SystemClock));
+    };
+    let offset = chrono::Duration::from_std(offset)
+        .ok()
+        .filter(|o| Utc::now().checked_add_signed(*o).is_some())
+        .ok_or_else(|| Failure::usage("--clock-offset is too far ahead"))?;
+    Ok(Arc::new(AheadClock(offset)))
+}
+
+/// A release build keeps the system's time, and says so rather than ignore the variable: it
+/// cannot be told to expire things early.
+#[cfg(not(debug_assertions))]
+fn clock(_: &Global) -> Result<Arc<dyn Clock>, Failure> {
+    if std::env::var_os(crate::cli::CLOCK_OFFSET_ENV).is_some() {
+        return Err(Failure::usage(format!(
+            "{} is a testing aid of debug builds; a release build keeps the system's time",
+            crate::cli::CLOCK_OFFSET_ENV
+        )));
+    }
+    Ok(Arc::new(SystemClock))
+}
+
+/// The system's time plus a fixed offset.
+#[cfg(debug_assertions)]
+struct AheadClock(chrono::Duration);
+
+#[cfg(debug_assertions)]
+impl Clock for AheadClock {
+    fn now(&self) -> DateTime<Utc> {
+        Utc::now() + self.0
+    }
+}
+
 impl Local {
     /// The embedded mode: the store is a SQLite file in the state directory, and a decision
     /// resumes its run in this process.
@@ -59,7 +100,7 @@ impl Local {
             store,
             delivery: Delivery::InProcess,
             scheduler: Arc::new(SweepOnly),
-            clock: Arc::new(SystemClock),
+            clock: clock(global)?,
         };
         Self::assemble(global, backing, None)
     }
@@ -77,7 +118,7 @@ impl Local {
                     store: aws.store.clone(),
                     delivery: Delivery::Queue(aws.queue.clone()),
                     scheduler: aws.scheduler.clone(),
-                    clock: Arc::new(SystemClock),
+                    clock: clock(global)?,
                 };
                 Self::assemble(global, backing, Some(aws))
             }
