@@ -101,12 +101,9 @@ pub struct HttpBinding {
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
     /// A duration such as `10s` or `500ms`.
-    #[serde(default)]
     pub timeout: Option<String>,
-    #[serde(default)]
     pub max_response_bytes: Option<u64>,
     /// How to ask, with the same key, whether a call whose outcome is unknown took effect.
-    #[serde(default)]
     pub reconcile: Option<ReconcileBinding>,
 }
 
@@ -118,9 +115,7 @@ pub struct ReconcileBinding {
     pub url: String,
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
-    #[serde(default)]
     pub timeout: Option<String>,
-    #[serde(default)]
     pub max_response_bytes: Option<u64>,
 }
 

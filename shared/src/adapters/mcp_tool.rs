@@ -101,10 +101,8 @@ pub struct McpServerBinding {
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
     /// Per request, such as `"10s"`; at most 60s, 30s when absent.
-    #[serde(default)]
     pub timeout: Option<String>,
     /// Which of the server's tools the agent gets without a `[tools.*]` entry each.
-    #[serde(default)]
     pub tools: Option<ToolSelection>,
 }
 

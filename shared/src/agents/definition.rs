@@ -97,12 +97,10 @@ pub struct Definition {
 #[serde(deny_unknown_fields)]
 struct RawDefinition {
     name: String,
-    #[serde(default)]
     description: Option<String>,
     #[serde(default = "default_policy_file")]
     policy: String,
     system_prompt: String,
-    #[serde(default)]
     recovery_owner: Option<String>,
     #[serde(default)]
     model: RawModel,

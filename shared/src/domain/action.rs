@@ -158,9 +158,7 @@ pub struct Action {
     pub explanation: String,
     pub status: ActionStatus,
     /// Who let it run: a policy version, or the people who approved this exact version.
-    #[serde(default)]
     pub authorized_by: Vec<Actor>,
-    #[serde(default)]
     pub approval_id: Option<ApprovalId>,
     /// What the model will be told about this call, once there is something to tell.
     #[serde(default)]

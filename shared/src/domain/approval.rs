@@ -180,7 +180,6 @@ pub struct PreviousVersion {
     pub version: ActionVersion,
     pub args: Args,
     pub edited_by: PersonId,
-    #[serde(default)]
     pub note: Option<String>,
 }
 
@@ -190,7 +189,6 @@ pub struct Approval {
     pub tenant: TenantId,
     /// The agent whose policy rules on this approval's edits.
     pub agent: AgentName,
-    #[serde(default)]
     pub kind: ApprovalKind,
     pub run_id: RunId,
     pub action_id: ActionId,
@@ -204,7 +202,6 @@ pub struct Approval {
     pub args: Args,
     pub args_hash: ArgsHash,
     pub explanation: String,
-    #[serde(default)]
     pub previous: Option<PreviousVersion>,
     pub reason: String,
     pub approver_role: Role,
@@ -215,9 +212,7 @@ pub struct Approval {
     pub created_at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
     pub status: ApprovalStatus,
-    #[serde(default)]
     pub decisions: Vec<Decision>,
-    #[serde(default)]
     pub superseded_by: Option<ApprovalId>,
     #[serde(default)]
     pub resolved_at: Option<DateTime<Utc>>,
