@@ -8,7 +8,7 @@ use super::args::{Args, ArgsHash};
 use super::conversation::ToolResultText;
 use super::identity::Actor;
 use super::ids::{ActionId, ActionVersion, ApprovalId, RunId, TenantId, idempotency_key};
-use super::names::serde_name;
+use super::names::shown_by_serde_name;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -26,17 +26,7 @@ pub enum ActionStatus {
     Cancelled,
 }
 
-impl ActionStatus {
-    pub fn as_str(self) -> &'static str {
-        serde_name(&self)
-    }
-}
-
-impl std::fmt::Display for ActionStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+shown_by_serde_name!(ActionStatus);
 
 /// What a tool reported for one call.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -158,10 +148,10 @@ pub struct Action {
     pub explanation: String,
     pub status: ActionStatus,
     /// Who let it run: a policy version, or the people who approved this exact version.
+    #[serde(default)]
     pub authorized_by: Vec<Actor>,
     pub approval_id: Option<ApprovalId>,
     /// What the model will be told about this call, once there is something to tell.
-    #[serde(default)]
     pub result: Option<ToolResultText>,
     pub proposed_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,

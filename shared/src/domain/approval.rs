@@ -10,7 +10,7 @@ use super::ids::{
     ActionId, ActionVersion, AgentName, ApprovalId, DecisionId, PersonId, Role, RunId, TenantId,
 };
 use super::money::Amount;
-use super::names::serde_name;
+use super::names::{serde_name, shown_by_serde_name};
 use super::policy::{EditRefusal, Escalation, Policy, Requirement, ToolHints};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -38,17 +38,7 @@ pub enum ApprovalKind {
     Recovery,
 }
 
-impl ApprovalStatus {
-    pub fn as_str(self) -> &'static str {
-        serde_name(&self)
-    }
-}
-
-impl std::fmt::Display for ApprovalStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+shown_by_serde_name!(ApprovalStatus);
 
 /// What a reviewer chose.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -189,6 +179,7 @@ pub struct Approval {
     pub tenant: TenantId,
     /// The agent whose policy rules on this approval's edits.
     pub agent: AgentName,
+    #[serde(default)]
     pub kind: ApprovalKind,
     pub run_id: RunId,
     pub action_id: ActionId,
@@ -212,11 +203,10 @@ pub struct Approval {
     pub created_at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
     pub status: ApprovalStatus,
+    #[serde(default)]
     pub decisions: Vec<Decision>,
     pub superseded_by: Option<ApprovalId>,
-    #[serde(default)]
     pub resolved_at: Option<DateTime<Utc>>,
-    #[serde(default)]
     pub reminded_at: Option<DateTime<Utc>>,
     /// What people of the organisation said about it without deciding it, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
