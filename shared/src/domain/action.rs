@@ -291,12 +291,13 @@ fn result_text(result: &Value) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use serde_json::json;
 
-    fn action() -> Action {
-        let call = ProposedCall {
+    /// The call the domain's unit tests propose: reimburse claim c-102, USD 250, for acme.
+    pub(crate) fn proposed_call(explanation: &str) -> ProposedCall {
+        ProposedCall {
             id: ActionId::parse("act-1").unwrap(),
             version: ActionVersion::FIRST,
             tenant: TenantId::parse("acme").unwrap(),
@@ -304,9 +305,12 @@ mod tests {
             tool_use_id: "toolu_1".into(),
             tool: "reimburse".into(),
             args: Args::new(json!({"claim_id": "c-102", "amount_cents": 25000})).unwrap(),
-            explanation: "capped at the limit".into(),
-        };
-        Action::propose(call, Utc::now())
+            explanation: explanation.into(),
+        }
+    }
+
+    fn action() -> Action {
+        Action::propose(proposed_call("capped at the limit"), Utc::now())
     }
 
     #[test]

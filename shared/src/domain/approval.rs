@@ -598,16 +598,7 @@ mod tests {
     }
 
     fn approval(quorum: u8, now: DateTime<Utc>) -> Approval {
-        let call = ProposedCall {
-            id: ActionId::parse("act-1").unwrap(),
-            version: ActionVersion::FIRST,
-            tenant: TenantId::parse("acme").unwrap(),
-            run_id: RunId::parse("run-1").unwrap(),
-            tool_use_id: "toolu_1".into(),
-            tool: "reimburse".into(),
-            args: Args::new(json!({"claim_id": "c-102", "amount_cents": 25000})).unwrap(),
-            explanation: "capped".into(),
-        };
+        let call = crate::domain::action::tests::proposed_call("capped");
         let requirement = Requirement {
             reason: "r".into(),
             approver_role: Role::parse("finance").unwrap(),
