@@ -565,7 +565,6 @@ mod tests {
 
     use super::*;
     use chrono::Duration;
-    use serde_json::json;
 
     const POLICY: &str = r#"
         name = "t"
