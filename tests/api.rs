@@ -10,7 +10,7 @@ use shared::api::BearerJwt;
 mod common;
 
 use common::countersign;
-use common::server::{Pending, Server, approve, assert_refused};
+use common::server::{Pending, Server, approve, assert_refused, texts};
 
 #[tokio::test]
 async fn a_claim_started_over_http_is_paid_once_a_finance_reviewer_approves() {
@@ -19,12 +19,7 @@ async fn a_claim_started_over_http_is_paid_once_a_finance_reviewer_approves() {
 
     let waiting = server.get("/approvals", "dana").await;
     assert_eq!(waiting.status, 200, "{}", waiting.json);
-    let listed: Vec<&str> = waiting.json["approvals"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a["id"].as_str().unwrap())
-        .collect();
+    let listed = texts(&waiting.json["approvals"], "id");
     assert_eq!(listed, [c102.approval.as_str()]);
 
     let approval = server.approval(&c102.approval).await;

@@ -338,6 +338,16 @@ pub fn stdout_of(command: &mut Command, what: &str) -> Vec<u8> {
     output.stdout
 }
 
+/// The text `field` of every item of the JSON array `list`, in order.
+#[track_caller]
+pub fn texts<'a>(list: &'a Value, field: &str) -> Vec<&'a str> {
+    list.as_array()
+        .unwrap_or_else(|| panic!("not an array: {list}"))
+        .iter()
+        .map(|item| item[field].as_str().unwrap())
+        .collect()
+}
+
 pub fn approve(decision_id: &str) -> Value {
     json!({"decision_id": decision_id, "action_version": 1, "choice": "approve"})
 }
