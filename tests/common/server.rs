@@ -348,6 +348,16 @@ pub fn texts<'a>(list: &'a Value, field: &str) -> Vec<&'a str> {
         .collect()
 }
 
+/// The first item of the JSON array `list` whose `field` is `value`.
+#[track_caller]
+pub fn item_where<'a>(list: &'a Value, field: &str, value: &str) -> &'a Value {
+    list.as_array()
+        .unwrap_or_else(|| panic!("not an array: {list}"))
+        .iter()
+        .find(|item| item[field] == value)
+        .unwrap_or_else(|| panic!("no item whose {field} is {value} in {list}"))
+}
+
 pub fn approve(decision_id: &str) -> Value {
     json!({"decision_id": decision_id, "action_version": 1, "choice": "approve"})
 }
