@@ -10,7 +10,7 @@ use shared::api::BearerJwt;
 mod common;
 
 use common::countersign;
-use common::server::{Pending, Server, approve, assert_refused};
+use common::server::{Pending, Server, approve, assert_refused, item_where, texts};
 
 #[tokio::test]
 async fn a_claim_started_over_http_is_paid_once_a_finance_reviewer_approves() {
@@ -19,12 +19,7 @@ async fn a_claim_started_over_http_is_paid_once_a_finance_reviewer_approves() {
 
     let waiting = server.get("/approvals", "dana").await;
     assert_eq!(waiting.status, 200, "{}", waiting.json);
-    let listed: Vec<&str> = waiting.json["approvals"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a["id"].as_str().unwrap())
-        .collect();
+    let listed = texts(&waiting.json["approvals"], "id");
     assert_eq!(listed, [c102.approval.as_str()]);
 
     let approval = server.approval(&c102.approval).await;
@@ -73,12 +68,7 @@ async fn a_claim_started_over_http_is_paid_once_a_finance_reviewer_approves() {
     assert_eq!(executed.len(), 1, "{}", audit["entries"]);
     assert_eq!(executed[0]["succeeded"], true);
     assert_eq!(audit["run"]["status"], "done");
-    let reimburse = audit["actions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|a| a["tool"] == "reimburse")
-        .unwrap();
+    let reimburse = item_where(&audit["actions"], "tool", "reimburse");
     assert_eq!(reimburse["status"], "succeeded");
     assert_eq!(server.payments(), [("c-102".to_string(), 25_000)]);
 
@@ -553,12 +543,7 @@ async fn development_sign_in_issues_a_token_for_a_person_of_the_directory() {
     let (status, _, people) = get_page(&server, "/dev/people", "content-type").await;
     assert_eq!(status, 200, "{people}");
     let people: Value = serde_json::from_str(&people).unwrap();
-    let dana = people["people"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["name"] == "dana")
-        .expect("dana is listed");
+    let dana = item_where(&people["people"], "name", "dana");
     assert_eq!(dana["tenant"], "acme");
     assert_eq!(dana["roles"], json!(["employee", "finance"]));
 

@@ -5,7 +5,7 @@ use serde_json::json;
 
 mod common;
 
-use common::server::{Server, approve, assert_refused};
+use common::server::{Server, approve, assert_refused, texts};
 
 #[tokio::test]
 async fn a_comment_is_kept_and_audited_and_bad_ones_are_refused() {
@@ -79,13 +79,8 @@ async fn a_comment_is_kept_and_audited_and_bad_ones_are_refused() {
     }
 
     let stored = server.approval(&paused.approval).await;
-    let texts: Vec<&str> = stored["comments"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["text"].as_str().unwrap())
-        .collect();
-    assert_eq!(texts, ["Is the receipt attached?", "Yes."]);
+    let said = texts(&stored["comments"], "text");
+    assert_eq!(said, ["Is the receipt attached?", "Yes."]);
 
     // Comments do not stand in a decision's way.
     let decided = server
@@ -95,12 +90,7 @@ async fn a_comment_is_kept_and_audited_and_bad_ones_are_refused() {
     let audit = server
         .get(&format!("/runs/{}/audit", paused.run), "dana")
         .await;
-    let events: Vec<&str> = audit.json["entries"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["event"].as_str().unwrap())
-        .collect();
+    let events = texts(&audit.json["entries"], "event");
     let commented: Vec<usize> = events
         .iter()
         .enumerate()

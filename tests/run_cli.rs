@@ -6,6 +6,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::orders::OrdersService;
+use common::server::fresh_path;
 use common::{Countersign, only_approval};
 use serde_json::json;
 
@@ -16,12 +17,7 @@ struct TempDir(PathBuf);
 
 impl TempDir {
     fn new(name: &str) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        let dir =
-            std::env::temp_dir().join(format!("countersign-{name}-{}-{nanos}", std::process::id()));
+        let dir = fresh_path(&format!("countersign-{name}"));
         std::fs::create_dir_all(&dir).unwrap();
         Self(dir)
     }
@@ -89,9 +85,7 @@ fn a_run_that_cannot_start_is_refused_with_its_code_and_writes_nothing() {
 #[test]
 fn a_shorter_ttl_gives_the_reviewer_less_time() {
     let orders = OrdersService::start("run-ttl");
-    let mut env = vec![("COUNTERSIGN_STORE", "embedded".to_string())];
-    env.extend(orders.env());
-    let cs = Countersign::fresh("run-ttl").with_env(env);
+    let cs = Countersign::fresh("run-ttl").with_env(orders.embedded_env());
 
     let started = cs.ok(&[
         "run", "--agent", "refunds", TASK, "--as", "sam", "--ttl", "10m",
@@ -132,23 +126,11 @@ fn a_teams_own_definition_directory_runs_and_its_approval_is_decided_by_a_later_
 
     let approved = cs.ok(&["review", "approve", &approval, "--as", "mia"]);
     assert_eq!(approved["run"]["status"], "done", "{approved}");
-    let refunds = orders.refunds("ord_55");
-    assert_eq!(refunds.len(), 1, "{refunds:?}");
-    assert_eq!(refunds[0]["amount_cents"], 12_500);
-    assert_eq!(
-        refunds[0]["idempotency_key"],
-        format!("{}:1", waiting["action_id"].as_str().unwrap())
-    );
+    let key = format!("{}:1", waiting["action_id"].as_str().unwrap());
+    orders.only_refund("ord_55", 12_500, &key);
 }
 
-/// A team's bonuses agent, written as data: `pay_bonus` names in `employee` a person who may not
-/// approve their own bonus (`claimant`), whoever asked for it.
-fn bonuses_agent(into: &Path) -> PathBuf {
-    let dir = into.join("bonuses");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("agent.toml"),
-        r#"name = "bonuses"
+const BONUSES_AGENT: &str = r#"name = "bonuses"
 system_prompt = "You pay the bonuses a manager asks for."
 
 [model]
@@ -164,12 +146,9 @@ claimant = "employee"
 method = "POST"
 url = "http://127.0.0.1:9/bonuses"
 timeout = "1s"
-"#,
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("policy.toml"),
-        r#"name = "bonuses"
+"#;
+
+const BONUSES_POLICY: &str = r#"name = "bonuses"
 version = 1
 default_ttl = "1h"
 
@@ -178,23 +157,17 @@ decision = "approve"
 approver_role = "finance_manager"
 quorum = 1
 reason = "Every bonus needs a finance manager."
-"#,
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("script.toml"),
-        r#"[[turns]]
+"#;
+
+const BONUSES_SCRIPT: &str = r#"[[turns]]
 say = "Mia's bonus, as asked."
 calls = [{ tool = "pay_bonus", args = { employee = "mia", amount_cents = 50000 } }]
 
 [[turns]]
 say = "The bonus came back: {last_result}"
-"#,
-    )
-    .unwrap();
-    std::fs::write(
-        into.join("people.toml"),
-        r#"[[people]]
+"#;
+
+const BONUSES_PEOPLE: &str = r#"[[people]]
 name = "sam"
 tenant = "acme"
 roles = ["employee"]
@@ -208,9 +181,21 @@ roles = ["employee", "finance_manager"]
 name = "max"
 tenant = "acme"
 roles = ["employee", "finance_manager"]
-"#,
-    )
-    .unwrap();
+"#;
+
+/// A team's bonuses agent, written as data: `pay_bonus` names in `employee` a person who may not
+/// approve their own bonus (`claimant`), whoever asked for it.
+fn bonuses_agent(into: &Path) -> PathBuf {
+    let dir = into.join("bonuses");
+    std::fs::create_dir_all(&dir).unwrap();
+    for (path, text) in [
+        (dir.join("agent.toml"), BONUSES_AGENT),
+        (dir.join("policy.toml"), BONUSES_POLICY),
+        (dir.join("script.toml"), BONUSES_SCRIPT),
+        (into.join("people.toml"), BONUSES_PEOPLE),
+    ] {
+        std::fs::write(path, text).unwrap();
+    }
     dir
 }
 

@@ -5,7 +5,7 @@
 mod common;
 
 use common::orders::OrdersService;
-use common::server::{Server, approve, assert_refused};
+use common::server::{Server, approve, assert_refused, assert_refused_naming};
 use serde_json::{Value, json};
 
 const TASK: &str = "Refund USD 125 for order ord_55: the blender arrived damaged.";
@@ -58,13 +58,8 @@ async fn a_refund_started_over_http_pauses_for_a_finance_manager_with_the_caller
     let decided = server.decide("mia", id, approve("mia-1")).await;
     assert_eq!(decided.status, 200, "{}", decided.json);
     assert_eq!(decided.json["run"]["status"], "done", "{}", decided.json);
-    let refunds = orders.refunds("ord_55");
-    assert_eq!(refunds.len(), 1, "{refunds:?}");
-    assert_eq!(refunds[0]["amount_cents"], 12_500);
-    assert_eq!(
-        refunds[0]["idempotency_key"],
-        format!("{}:1", approval["action_id"].as_str().unwrap())
-    );
+    let key = format!("{}:1", approval["action_id"].as_str().unwrap());
+    orders.only_refund("ord_55", 12_500, &key);
 }
 
 #[tokio::test]
@@ -90,15 +85,7 @@ async fn an_unknown_agent_is_404_and_starts_nothing() {
             json!({"agent": "payroll", "task": "Pay everyone twice."}),
         )
         .await;
-    assert_refused(&reply, 404, "not_found");
-    assert!(
-        reply.json["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("payroll"),
-        "{}",
-        reply.json
-    );
+    assert_refused_naming(&reply, 404, "not_found", "payroll");
     assert_eq!(waiting(&server).await, json!([]));
 }
 
@@ -145,15 +132,7 @@ async fn a_ttl_beyond_the_policys_longest_is_400_and_nothing_is_written() {
             json!({"agent": "refunds", "task": TASK, "ttl": "2h"}),
         )
         .await;
-    assert_refused(&reply, 400, "bad_input");
-    assert!(
-        reply.json["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("30m"),
-        "{}",
-        reply.json
-    );
+    assert_refused_naming(&reply, 400, "bad_input", "30m");
     assert_eq!(waiting(&server).await, json!([]));
     assert!(orders.refunds("ord_55").is_empty());
 

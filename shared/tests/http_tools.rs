@@ -767,17 +767,7 @@ async fn given_a_secret_token_from_the_environment_then_no_outcome_or_debug_text
 // Behind the engine
 // ---------------------------------------------------------------------------------------------
 
-const REFUND_POLICY: &str = r#"
-name = "refunds"
-version = 1
-default_ttl = "24h"
-
-[tools.issue_refund]
-decision = "approve"
-approver_role = "finance"
-quorum = 1
-reason = "Every refund needs a finance approver."
-"#;
+const REFUND_POLICY: &str = include_str!("fixtures/refund-policy.toml");
 
 /// An engine over a fresh embedded store whose model proposes one refund of order ord_55.
 async fn refund_engine(tool: HttpTool, delivery: Delivery) -> (Engine, Embedded) {

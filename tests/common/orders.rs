@@ -38,14 +38,7 @@ impl OrdersService {
 
     /// A fresh service started with more `orders serve` arguments (`--fault commit-then-500`).
     pub fn start_with(name: &str, args: &[&str]) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        let dir = std::env::temp_dir().join(format!(
-            "countersign-orders-{name}-{}-{nanos}",
-            std::process::id()
-        ));
+        let dir = super::server::fresh_path(&format!("countersign-orders-{name}"));
         std::fs::create_dir_all(&dir).unwrap();
         let mut child = Command::new(orders_binary())
             .arg("serve")
@@ -71,21 +64,34 @@ impl OrdersService {
         ]
     }
 
+    /// [`Self::env`] for a `countersign` process on the embedded store.
+    pub fn embedded_env(&self) -> Vec<(&'static str, String)> {
+        let mut env = vec![("COUNTERSIGN_STORE", "embedded".to_string())];
+        env.extend(self.env());
+        env
+    }
+
+    /// The one refund made for `order`, checked to be of `amount_cents` under `key`.
+    #[track_caller]
+    pub fn only_refund(&self, order: &str, amount_cents: i64, key: &str) -> Value {
+        let refunds = self.refunds(order);
+        assert_eq!(refunds.len(), 1, "{refunds:?}");
+        assert_eq!(refunds[0]["amount_cents"], amount_cents);
+        assert_eq!(refunds[0]["idempotency_key"], key);
+        refunds[0].clone()
+    }
+
     /// `orders refunds --order ORDER --json`: the refunds made for one order, oldest first.
     pub fn refunds(&self, order: &str) -> Vec<Value> {
-        let output = Command::new(orders_binary())
-            .arg("refunds")
-            .arg("--db")
-            .arg(self.dir.join("orders.db"))
-            .args(["--order", order, "--json"])
-            .output()
-            .expect("orders refunds runs");
-        assert!(
-            output.status.success(),
-            "orders refunds: {}",
-            String::from_utf8_lossy(&output.stderr)
+        let stdout = super::server::stdout_of(
+            Command::new(orders_binary())
+                .arg("refunds")
+                .arg("--db")
+                .arg(self.dir.join("orders.db"))
+                .args(["--order", order, "--json"]),
+            "orders refunds",
         );
-        serde_json::from_slice(&output.stdout).expect("orders refunds --json prints an array")
+        serde_json::from_slice(&stdout).expect("orders refunds --json prints an array")
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::process::{Child, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -67,14 +67,7 @@ impl Server {
     /// As [`Server::start_with`], the server also getting the variables `env` (an agent's
     /// endpoint and token, say).
     pub fn start_with_env(name: &str, args: &[&str], env: &[(&str, String)]) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        let state = std::env::temp_dir().join(format!(
-            "countersign-api-{name}-{}-{nanos}",
-            std::process::id()
-        ));
+        let state = fresh_path(&format!("countersign-api-{name}"));
         let mut child = countersign(&state)
             .args(["serve", "--addr", "127.0.0.1:0"])
             .args(args)
@@ -100,16 +93,8 @@ impl Server {
         if let Some(token) = tokens.get(name) {
             return token.clone();
         }
-        let output = countersign(&self.state)
-            .args(["token", "--as", name])
-            .output()
-            .expect("countersign token runs");
-        assert!(
-            output.status.success(),
-            "token --as {name}: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let token = String::from_utf8(output.stdout).unwrap().trim().to_string();
+        let output = self.countersign_stdout(&["token", "--as", name]);
+        let token = String::from_utf8(output).unwrap().trim().to_string();
         tokens.insert(name.to_string(), token.clone());
         token
     }
@@ -165,14 +150,7 @@ impl Server {
     }
 
     pub async fn post(&self, path: &str, name: &str, body: Value) -> Reply {
-        let token = self.token(name);
-        self.send(
-            reqwest::Method::POST,
-            path,
-            Some(token),
-            Some(("application/json", body.to_string().into_bytes())),
-        )
-        .await
+        self.post_raw(path, name, &body.to_string()).await
     }
 
     pub async fn post_raw(&self, path: &str, name: &str, body: &str) -> Reply {
@@ -243,18 +221,18 @@ impl Server {
         self.entries(run, |e| e["event"] == "decision").await
     }
 
+    /// `countersign ARGS` over the server's state: what it printed, once it succeeded.
+    fn countersign_stdout(&self, args: &[&str]) -> Vec<u8> {
+        stdout_of(
+            countersign(&self.state).args(args),
+            &format!("countersign {args:?}"),
+        )
+    }
+
     /// `countersign ledger --json` over the server's state: claim and cents of every payment.
     pub fn payments(&self) -> Vec<(String, i64)> {
-        let output = countersign(&self.state)
-            .args(["--json", "ledger"])
-            .output()
-            .expect("countersign ledger runs");
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let ledger: Value = serde_json::from_slice(&output.stdout).unwrap();
+        let ledger: Value =
+            serde_json::from_slice(&self.countersign_stdout(&["--json", "ledger"])).unwrap();
         ledger["payments"]
             .as_array()
             .unwrap()
@@ -337,19 +315,66 @@ impl Pending {
     }
 }
 
+/// A path in the temporary directory that no other test, process or run uses: `prefix`, this
+/// process's id and the time in nanoseconds.
+pub fn fresh_path(prefix: &str) -> PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    std::env::temp_dir().join(format!("{prefix}-{}-{nanos}", std::process::id()))
+}
+
+/// Runs `command` (`what`, in messages) and checks it succeeded: what it printed.
+pub fn stdout_of(command: &mut Command, what: &str) -> Vec<u8> {
+    let output = command
+        .output()
+        .unwrap_or_else(|e| panic!("{what} does not run: {e}"));
+    assert!(
+        output.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output.stdout
+}
+
+/// The text `field` of every item of the JSON array `list`, in order.
+#[track_caller]
+pub fn texts<'a>(list: &'a Value, field: &str) -> Vec<&'a str> {
+    list.as_array()
+        .unwrap_or_else(|| panic!("not an array: {list}"))
+        .iter()
+        .map(|item| item[field].as_str().unwrap())
+        .collect()
+}
+
+/// The first item of the JSON array `list` whose `field` is `value`.
+#[track_caller]
+pub fn item_where<'a>(list: &'a Value, field: &str, value: &str) -> &'a Value {
+    list.as_array()
+        .unwrap_or_else(|| panic!("not an array: {list}"))
+        .iter()
+        .find(|item| item[field] == value)
+        .unwrap_or_else(|| panic!("no item whose {field} is {value} in {list}"))
+}
+
 pub fn approve(decision_id: &str) -> Value {
     json!({"decision_id": decision_id, "action_version": 1, "choice": "approve"})
 }
 
 #[track_caller]
 pub fn assert_refused(reply: &Reply, status: u16, code: &str) {
+    assert_refused_naming(reply, status, code, "");
+}
+
+/// [`assert_refused`], and the message names `mention`.
+#[track_caller]
+pub fn assert_refused_naming(reply: &Reply, status: u16, code: &str, mention: &str) {
     assert_eq!(reply.status, status, "{}", reply.json);
     assert_eq!(reply.json["error"]["code"], code, "{}", reply.json);
+    let message = reply.json["error"]["message"].as_str().unwrap_or_default();
     assert!(
-        !reply.json["error"]["message"]
-            .as_str()
-            .unwrap_or_default()
-            .is_empty(),
+        !message.is_empty() && message.contains(mention),
         "{}",
         reply.json
     );

@@ -4,6 +4,7 @@
 
 use serde_json::{Value, json};
 
+use super::server::texts;
 use super::{Countersign, only_approval};
 
 /// Where a run goes on after a decision or the sweep.
@@ -72,12 +73,7 @@ pub fn expense(cs: &Countersign, resumes: Resumes) {
     let c104 = cs.ok(&["agent", "c-104", "--ttl", "0s"]);
     let (ap104, _) = only_approval(&c104);
     let review = cs.ok(&["review"]);
-    let listed: Vec<&str> = review["approvals"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a["id"].as_str().unwrap())
-        .collect();
+    let listed = texts(&review["approvals"], "id");
     assert_eq!(listed.len(), 3);
     assert_eq!(listed[0], ap104, "the overdue approval is listed first");
 

@@ -110,7 +110,6 @@ impl Order {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RefundBody {
-    #[serde(default)]
     pub order_id: Option<String>,
     pub amount_cents: i64,
     pub currency: String,

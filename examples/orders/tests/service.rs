@@ -94,6 +94,24 @@ impl Orders {
         Self::send(self.refund_request(order, key, &body)).await
     }
 
+    /// A refund that is made: 201 and the refund.
+    async fn refund_made(&self, order: &str, key: &str, body: Value) -> Value {
+        let (status, made) = self.refund(order, key, body).await;
+        assert_eq!(status, StatusCode::CREATED, "{made}");
+        made
+    }
+
+    /// Asks for the edited refund and gets no answer: the client gives up after a second.
+    async fn refund_unanswered(&self, order: &str, key: &str) {
+        let timed_out = self
+            .refund_request(order, key, &edited_refund())
+            .timeout(Duration::from_secs(1))
+            .send()
+            .await
+            .expect_err("no answer");
+        assert!(timed_out.is_timeout(), "{timed_out}");
+    }
+
     /// Every refund the service holds, the seeded one included.
     async fn refunds(&self) -> Vec<Value> {
         let (status, refunds) = self.get("/refunds").await;
@@ -138,6 +156,13 @@ fn error_code(body: &Value) -> &str {
     body["error"]["code"].as_str().unwrap_or("")
 }
 
+/// The answer is a refusal with this status and error code.
+#[track_caller]
+fn assert_refused((status, body): &(StatusCode, Value), expected: StatusCode, code: &str) {
+    assert_eq!(*status, expected, "{body}");
+    assert_eq!(error_code(body), code, "{body}");
+}
+
 /// The seeded store already holds one refund, ord_42's.
 const SEEDED_REFUNDS: usize = 1;
 
@@ -161,8 +186,9 @@ async fn the_seeded_blender_order_is_there_to_refund() {
 async fn a_refund_and_its_replay_make_one_refund() {
     let orders = Orders::start("replay");
 
-    let (status, made) = orders.refund("ord_55", "act_7k2:2", edited_refund()).await;
-    assert_eq!(status, StatusCode::CREATED, "{made}");
+    let made = orders
+        .refund_made("ord_55", "act_7k2:2", edited_refund())
+        .await;
     assert_eq!(made["amount"], "75.00");
     assert_eq!(made["idempotency_key"], "act_7k2:2");
 
@@ -217,13 +243,13 @@ async fn all_at_once(
 #[tokio::test]
 async fn the_same_key_with_another_body_is_a_conflict() {
     let orders = Orders::start("reused");
-    let (status, _) = orders.refund("ord_55", "act_7k2:2", edited_refund()).await;
-    assert_eq!(status, StatusCode::CREATED);
+    orders
+        .refund_made("ord_55", "act_7k2:2", edited_refund())
+        .await;
 
     let more = json!({"order_id": "ord_55", "amount_cents": 12500, "currency": "USD", "reason": "damaged_item"});
-    let (status, refused) = orders.refund("ord_55", "act_7k2:2", more).await;
-    assert_eq!(status, StatusCode::CONFLICT);
-    assert_eq!(error_code(&refused), "key_reused");
+    let answer = orders.refund("ord_55", "act_7k2:2", more).await;
+    assert_refused(&answer, StatusCode::CONFLICT, "key_reused");
     assert_eq!(orders.refunded_cents("ord_55").await, 7_500);
 }
 
@@ -231,28 +257,37 @@ async fn the_same_key_with_another_body_is_a_conflict() {
 async fn over_refunds_and_other_currencies_are_refused_and_change_nothing() {
     let orders = Orders::start("limits");
     let too_much = json!({"amount_cents": 14_901, "currency": "USD", "reason": "damaged_item"});
-    let (status, refused) = orders.refund("ord_55", "act_a:1", too_much).await;
-    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(error_code(&refused), "exceeds_refundable");
-
     let euros = json!({"amount_cents": 7_500, "currency": "EUR", "reason": "damaged_item"});
-    let (status, refused) = orders.refund("ord_55", "act_b:1", euros).await;
-    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(error_code(&refused), "currency_mismatch");
-
     let nothing = json!({"amount_cents": 0, "currency": "USD", "reason": "damaged_item"});
-    let (status, refused) = orders.refund("ord_55", "act_c:1", nothing).await;
-    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(error_code(&refused), "invalid_amount");
-
     let one_cent = json!({"amount_cents": 1, "currency": "USD", "reason": "lost_in_transit"});
-    let (status, refused) = orders.refund("ord_42", "act_d:1", one_cent).await;
-    assert_eq!(
-        status,
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "ord_42 was refunded in full"
-    );
-    assert_eq!(error_code(&refused), "exceeds_refundable");
+    for (order, key, body, code, why) in [
+        (
+            "ord_55",
+            "act_a:1",
+            too_much,
+            "exceeds_refundable",
+            "more than paid",
+        ),
+        (
+            "ord_55",
+            "act_b:1",
+            euros,
+            "currency_mismatch",
+            "another currency",
+        ),
+        ("ord_55", "act_c:1", nothing, "invalid_amount", "nothing"),
+        (
+            "ord_42",
+            "act_d:1",
+            one_cent,
+            "exceeds_refundable",
+            "ord_42 was refunded in full",
+        ),
+    ] {
+        let (status, refused) = orders.refund(order, key, body).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{why}");
+        assert_eq!(error_code(&refused), code, "{why}");
+    }
 
     assert_eq!(orders.refunded_cents("ord_55").await, 0);
     assert_eq!(orders.refunds().await.len(), SEEDED_REFUNDS);
@@ -261,15 +296,18 @@ async fn over_refunds_and_other_currencies_are_refused_and_change_nothing() {
 #[tokio::test]
 async fn refunds_add_up_to_what_was_paid_and_no_further() {
     let orders = Orders::start("sum");
-    let (status, _) = orders.refund("ord_55", "act_e:1", edited_refund()).await;
-    assert_eq!(status, StatusCode::CREATED);
+    orders
+        .refund_made("ord_55", "act_e:1", edited_refund())
+        .await;
     let rest = json!({"amount_cents": 7_400, "currency": "USD", "reason": "damaged_item"});
-    let (status, _) = orders.refund("ord_55", "act_f:1", rest).await;
-    assert_eq!(status, StatusCode::CREATED);
+    orders.refund_made("ord_55", "act_f:1", rest).await;
     let one_more = json!({"amount_cents": 1, "currency": "USD", "reason": "damaged_item"});
-    let (status, refused) = orders.refund("ord_55", "act_g:1", one_more).await;
-    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(error_code(&refused), "exceeds_refundable");
+    let answer = orders.refund("ord_55", "act_g:1", one_more).await;
+    assert_refused(
+        &answer,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "exceeds_refundable",
+    );
     assert_eq!(orders.refunded_cents("ord_55").await, 14_900);
 }
 
@@ -279,28 +317,22 @@ async fn malformed_requests_are_400_and_change_nothing() {
     let no_key = orders
         .request(reqwest::Method::POST, "/orders/ord_55/refunds")
         .json(&edited_refund());
-    let (status, refused) = Orders::send(no_key).await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert_eq!(error_code(&refused), "missing_idempotency_key");
-
-    let (status, refused) = orders.refund("ord_55", "", edited_refund()).await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert_eq!(error_code(&refused), "missing_idempotency_key");
+    let answer = Orders::send(no_key).await;
+    assert_refused(&answer, StatusCode::BAD_REQUEST, "missing_idempotency_key");
 
     let long_key = "k".repeat(201);
-    let (status, refused) = orders.refund("ord_55", &long_key, edited_refund()).await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert_eq!(error_code(&refused), "bad_idempotency_key");
-
     let unknown_field = json!({"amount_cents": 7500, "currency": "USD", "reason": "damaged_item", "approved_by": "dana"});
-    let (status, refused) = orders.refund("ord_55", "act_h:1", unknown_field).await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert_eq!(error_code(&refused), "bad_request");
-
     let other_order = json!({"order_id": "ord_77", "amount_cents": 7500, "currency": "USD", "reason": "damaged_item"});
-    let (status, refused) = orders.refund("ord_55", "act_i:1", other_order).await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert_eq!(error_code(&refused), "order_mismatch");
+    for (key, body, code) in [
+        ("", edited_refund(), "missing_idempotency_key"),
+        (long_key.as_str(), edited_refund(), "bad_idempotency_key"),
+        ("act_h:1", unknown_field, "bad_request"),
+        ("act_i:1", other_order, "order_mismatch"),
+    ] {
+        let (status, refused) = orders.refund("ord_55", key, body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{key:?}");
+        assert_eq!(error_code(&refused), code, "{key:?}");
+    }
 
     assert_eq!(orders.refunds().await.len(), SEEDED_REFUNDS);
 }
@@ -308,27 +340,27 @@ async fn malformed_requests_are_400_and_change_nothing() {
 #[tokio::test]
 async fn unknown_orders_paths_and_methods_answer_json() {
     let orders = Orders::start("unknown");
-    let (status, body) = orders.get("/orders/ord_404").await;
-    assert_eq!(status, StatusCode::NOT_FOUND);
-    assert_eq!(error_code(&body), "not_found");
+    let answer = orders.get("/orders/ord_404").await;
+    assert_refused(&answer, StatusCode::NOT_FOUND, "not_found");
 
-    let (status, body) = orders
+    let answer = orders
         .refund(
             "ord_404",
             "act_j:1",
             json!({"amount_cents": 100, "currency": "USD", "reason": "x"}),
         )
         .await;
-    assert_eq!(status, StatusCode::NOT_FOUND);
-    assert_eq!(error_code(&body), "not_found");
+    assert_refused(&answer, StatusCode::NOT_FOUND, "not_found");
 
-    let (status, body) = orders.get("/customers").await;
-    assert_eq!(status, StatusCode::NOT_FOUND);
-    assert_eq!(error_code(&body), "not_found");
+    let answer = orders.get("/customers").await;
+    assert_refused(&answer, StatusCode::NOT_FOUND, "not_found");
 
-    let (status, body) = Orders::send(orders.request(reqwest::Method::DELETE, "/refunds")).await;
-    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
-    assert_eq!(error_code(&body), "method_not_allowed");
+    let answer = Orders::send(orders.request(reqwest::Method::DELETE, "/refunds")).await;
+    assert_refused(
+        &answer,
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+    );
 }
 
 #[tokio::test]
@@ -340,9 +372,8 @@ async fn a_lookup_that_finds_nothing_voids_the_key_for_good() {
     assert!(body["error"]["message"].as_str().unwrap().contains("never"));
 
     // The slow request arrives after the reconcile decided it did not take effect.
-    let (status, refused) = orders.refund("ord_55", "act_slow:2", edited_refund()).await;
-    assert_eq!(status, StatusCode::CONFLICT);
-    assert_eq!(error_code(&refused), "key_void");
+    let answer = orders.refund("ord_55", "act_slow:2", edited_refund()).await;
+    assert_refused(&answer, StatusCode::CONFLICT, "key_void");
     assert_eq!(orders.refunded_cents("ord_55").await, 0);
     assert_eq!(orders.refunds().await.len(), SEEDED_REFUNDS);
 
@@ -353,9 +384,8 @@ async fn a_lookup_that_finds_nothing_voids_the_key_for_good() {
 #[tokio::test]
 async fn commit_then_500_answers_500_yet_the_lookup_finds_the_refund() {
     let orders = Orders::start_with("commit500", &["--fault", "commit-then-500"], None);
-    let (status, failed) = orders.refund("ord_55", "act_lost:2", edited_refund()).await;
-    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
-    assert_eq!(error_code(&failed), "fault");
+    let answer = orders.refund("ord_55", "act_lost:2", edited_refund()).await;
+    assert_refused(&answer, StatusCode::INTERNAL_SERVER_ERROR, "fault");
 
     let (status, found) = orders.get("/refunds/by-key/act_lost:2").await;
     assert_eq!(status, StatusCode::OK);
@@ -371,13 +401,7 @@ async fn commit_then_500_answers_500_yet_the_lookup_finds_the_refund() {
 #[tokio::test]
 async fn hang_after_commit_never_answers_yet_the_refund_took_effect() {
     let orders = Orders::start_with("hangafter", &["--fault", "hang-after-commit"], None);
-    let timed_out = orders
-        .refund_request("ord_55", "act_hang:2", &edited_refund())
-        .timeout(Duration::from_secs(1))
-        .send()
-        .await
-        .expect_err("no answer");
-    assert!(timed_out.is_timeout(), "{timed_out}");
+    orders.refund_unanswered("ord_55", "act_hang:2").await;
     let (status, found) = orders.get("/refunds/by-key/act_hang:2").await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(found["amount"], "75.00");
@@ -386,13 +410,7 @@ async fn hang_after_commit_never_answers_yet_the_refund_took_effect() {
 #[tokio::test]
 async fn hang_before_commit_never_answers_and_makes_nothing() {
     let orders = Orders::start_with("hangbefore", &["--fault", "hang-before-commit"], None);
-    let timed_out = orders
-        .refund_request("ord_55", "act_hang:2", &edited_refund())
-        .timeout(Duration::from_secs(1))
-        .send()
-        .await
-        .expect_err("no answer");
-    assert!(timed_out.is_timeout(), "{timed_out}");
+    orders.refund_unanswered("ord_55", "act_hang:2").await;
     let (status, _) = orders.get("/refunds/by-key/act_hang:2").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(orders.refunded_cents("ord_55").await, 0);
@@ -426,8 +444,9 @@ async fn the_token_is_required_when_orders_token_is_set() {
 #[tokio::test]
 async fn orders_refunds_lists_what_was_made() {
     let orders = Orders::start("cli");
-    let (status, made) = orders.refund("ord_55", "act_7k2:2", edited_refund()).await;
-    assert_eq!(status, StatusCode::CREATED);
+    let made = orders
+        .refund_made("ord_55", "act_7k2:2", edited_refund())
+        .await;
 
     let listed: Value = serde_json::from_str(&orders.cli_refunds(true)).unwrap();
     let listed = listed.as_array().unwrap();

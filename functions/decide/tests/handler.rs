@@ -20,6 +20,16 @@ async fn invoke(app: &axum::Router, event: serde_json::Value) -> (u64, serde_jso
     status_and_body(&response)
 }
 
+/// A `GET` of `path`, as `person` of `tenant` holding `roles`.
+fn get_event(path: &str, person: &str, tenant: &str, roles: &[&str]) -> serde_json::Value {
+    http_event("GET", path, None, person, tenant, roles)
+}
+
+/// An answer's status and error code.
+fn refusal((status, body): &(u64, serde_json::Value)) -> (u64, Option<&str>) {
+    (*status, body["error"]["code"].as_str())
+}
+
 #[tokio::test]
 async fn the_authorizers_claims_name_the_reviewer_and_a_decision_queues_the_resume() {
     let h = Harness::new(Embedded::fresh()).await;
@@ -33,14 +43,7 @@ async fn the_authorizers_claims_name_the_reviewer_and_a_decision_queues_the_resu
 
     let (status, listed) = invoke(
         &app,
-        http_event(
-            "GET",
-            "/approvals",
-            None,
-            "dana",
-            "acme",
-            &["employee", "finance"],
-        ),
+        get_event("/approvals", "dana", "acme", &["employee", "finance"]),
     )
     .await;
     assert_eq!(status, 200);
@@ -48,7 +51,7 @@ async fn the_authorizers_claims_name_the_reviewer_and_a_decision_queues_the_resu
 
     let body = json!({"decision_id": "d-fixture", "action_version": 1, "choice": "approve"});
     let path = format!("/approvals/{}/decisions", approval.id);
-    let (status, own) = invoke(
+    let own = invoke(
         &app,
         http_event(
             "POST",
@@ -60,10 +63,7 @@ async fn the_authorizers_claims_name_the_reviewer_and_a_decision_queues_the_resu
         ),
     )
     .await;
-    assert_eq!(
-        (status, own["error"]["code"].as_str()),
-        (403, Some("own_request"))
-    );
+    assert_eq!(refusal(&own), (403, Some("own_request")));
 
     let (status, decided) = invoke(
         &app,
@@ -94,19 +94,14 @@ async fn another_tenants_claims_do_not_find_the_approval() {
         Arc::new(shared::api::GatewayClaims::default()),
     );
 
-    let event = http_event(
-        "GET",
+    let event = get_event(
         &format!("/approvals/{}", approval.id),
-        None,
         "zoe",
         "globex",
         &["finance"],
     );
-    let (status, body) = invoke(&app, event).await;
-    assert_eq!(
-        (status, body["error"]["code"].as_str()),
-        (404, Some("not_found"))
-    );
+    let answer = invoke(&app, event).await;
+    assert_eq!(refusal(&answer), (404, Some("not_found")));
 }
 
 #[tokio::test]
@@ -116,19 +111,9 @@ async fn without_an_authorizer_and_without_a_development_key_every_request_is_40
     let auth = shared::lambda::LambdaAuth::new(shared::api::GatewayClaims::default(), None);
     let app = decide::app(Arc::new(process.engine), Arc::new(auth));
 
-    let event = without_authorizer(http_event(
-        "GET",
-        "/approvals",
-        None,
-        "dana",
-        "acme",
-        &["finance"],
-    ));
-    let (status, body) = invoke(&app, event).await;
-    assert_eq!(
-        (status, body["error"]["code"].as_str()),
-        (401, Some("missing_token"))
-    );
+    let event = without_authorizer(get_event("/approvals", "dana", "acme", &["finance"]));
+    let answer = invoke(&app, event).await;
+    assert_eq!(refusal(&answer), (401, Some("missing_token")));
 }
 
 /// Standard base64, as API Gateway encodes a form body (`isBase64Encoded`).
@@ -225,11 +210,8 @@ async fn a_slack_click_arrives_without_an_authorizer_signed_by_slack_and_decides
         body.as_bytes(),
     );
 
-    let (status, refused) = invoke(&app, slack_event(now, "v0=0000")).await;
-    assert_eq!(
-        (status, refused["error"]["code"].as_str()),
-        (401, Some("slack_signature"))
-    );
+    let refused = invoke(&app, slack_event(now, "v0=0000")).await;
+    assert_eq!(refusal(&refused), (401, Some("slack_signature")));
     assert!(queue.published().is_empty());
 
     let (status, answer) = invoke(&app, slack_event(now, &signature)).await;

@@ -52,11 +52,18 @@ async fn approved_c102(h: &Harness) -> (harness::Process, ResumeMessage) {
     (decider, message)
 }
 
-#[tokio::test]
-async fn a_batch_with_one_resume_message_resumes_the_run_and_reports_no_failure() {
+/// A fresh store where c-102 waits to resume after Dana's approval, the message that resumes
+/// it, and another process to take the message.
+async fn approved_c102_and_a_worker() -> (Harness, ResumeMessage, harness::Process) {
     let h = Harness::new(Embedded::fresh()).await;
     let (_, message) = approved_c102(&h).await;
     let worker = h.process().await;
+    (h, message, worker)
+}
+
+#[tokio::test]
+async fn a_batch_with_one_resume_message_resumes_the_run_and_reports_no_failure() {
+    let (h, message, worker) = approved_c102_and_a_worker().await;
 
     let response = resume::handle(&worker, batch(&[body(&message)])).await;
 
@@ -70,9 +77,7 @@ async fn a_batch_with_one_resume_message_resumes_the_run_and_reports_no_failure(
 
 #[tokio::test]
 async fn the_same_message_twice_in_a_batch_pays_once_and_fails_nothing() {
-    let h = Harness::new(Embedded::fresh()).await;
-    let (_, message) = approved_c102(&h).await;
-    let worker = h.process().await;
+    let (h, message, worker) = approved_c102_and_a_worker().await;
 
     let response = resume::handle(&worker, batch(&[body(&message), body(&message)])).await;
 
@@ -82,9 +87,7 @@ async fn the_same_message_twice_in_a_batch_pays_once_and_fails_nothing() {
 
 #[tokio::test]
 async fn after_a_failure_it_and_every_later_message_are_reported_and_not_processed() {
-    let h = Harness::new(Embedded::fresh()).await;
-    let (_, message) = approved_c102(&h).await;
-    let worker = h.process().await;
+    let (h, message, worker) = approved_c102_and_a_worker().await;
 
     let response = resume::handle(
         &worker,

@@ -43,7 +43,6 @@ pub struct StartTask {
     pub tenant: String,
     pub requested_by: String,
     /// Time to decide, shorter than the policy's (`30m`, `2h`).
-    #[serde(default)]
     pub ttl: Option<String>,
 }
 
@@ -51,7 +50,6 @@ pub struct StartTask {
 #[serde(deny_unknown_fields)]
 pub struct StartOneClaim {
     pub claim_id: String,
-    #[serde(default)]
     pub ttl: Option<String>,
 }
 

@@ -22,6 +22,13 @@ async fn start(h: &Harness) -> start::Start {
     )
 }
 
+/// The run whose id `answer` gives, read by another process.
+async fn run_named_by(h: &Harness, answer: &serde_json::Value) -> shared::domain::run::Run {
+    let reader = h.process().await;
+    let id = serde_json::from_value(answer["run_id"].clone()).unwrap();
+    h.run(&reader, &id).await
+}
+
 #[tokio::test]
 async fn a_direct_invoke_starts_the_run_and_returns_where_it_paused() {
     let h = Harness::new(Embedded::fresh()).await;
@@ -81,13 +88,7 @@ async fn post_runs_through_api_gateway_starts_the_run_for_the_claim() {
     let (status, body) = status_and_body(&response);
     assert_eq!(status, 201, "{body}");
     assert_eq!(body["status"], "done");
-    let reader = h.process().await;
-    let run = h
-        .run(
-            &reader,
-            &serde_json::from_value(body["run_id"].clone()).unwrap(),
-        )
-        .await;
+    let run = run_named_by(&h, &body).await;
     assert_eq!(run.status, RunStatus::Done);
     assert_eq!(h.payments().await.len(), 1);
 }
@@ -114,13 +115,7 @@ async fn a_direct_invoke_of_an_agents_task_starts_the_run_for_the_requester_it_n
         json!(["erin", "ben"]),
         "the requester it names, and the claim's employee the definition names"
     );
-    let reader = h.process().await;
-    let run = h
-        .run(
-            &reader,
-            &serde_json::from_value(report["run_id"].clone()).unwrap(),
-        )
-        .await;
+    let run = run_named_by(&h, &report).await;
     assert_eq!(run.requested_by.as_str(), "erin");
     assert_eq!(run.status, RunStatus::AwaitingApproval);
 }

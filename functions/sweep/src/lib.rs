@@ -8,11 +8,8 @@ use shared::engine::{Engine, EngineError, SweepReport};
 /// What the schedules send; unknown fields and other events are accepted and ignored.
 #[derive(Debug, Default, Deserialize)]
 pub struct Wake {
-    #[serde(default)]
     pub source: Option<String>,
-    #[serde(default)]
     pub wake: Option<String>,
-    #[serde(default)]
     pub approval_id: Option<String>,
 }
 

@@ -19,13 +19,8 @@ async fn a_deadline_schedule_expires_what_is_overdue_and_the_run_is_told() {
     let (report, approval) = h.start_paused(&engine, "c-102").await;
     h.clock.advance(TimeDelta::hours(25));
 
-    let swept = sweep::handle(
-        &engine,
-        fixture(include_str!("fixtures/scheduler-deadline.json")),
-        50,
-    )
-    .await
-    .unwrap();
+    let deadline = fixture(include_str!("fixtures/scheduler-deadline.json"));
+    let swept = sweep::handle(&engine, deadline, 50).await.unwrap();
 
     assert_eq!(swept.expired, vec![approval.id]);
     let run = h.run(&engine, &report.run_id).await;
@@ -42,13 +37,8 @@ async fn the_recurring_schedule_and_a_plain_scheduled_event_each_run_one_sweep()
     h.clock.advance(TimeDelta::hours(25));
     let (_, second) = h.start_paused(&engine, "c-104").await;
 
-    let recurring = sweep::handle(
-        &engine,
-        fixture(include_str!("fixtures/scheduler-recurring.json")),
-        50,
-    )
-    .await
-    .unwrap();
+    let schedule = fixture(include_str!("fixtures/scheduler-recurring.json"));
+    let recurring = sweep::handle(&engine, schedule, 50).await.unwrap();
     assert_eq!(recurring.expired, vec![first.id], "only what is overdue");
 
     h.clock.advance(TimeDelta::hours(25));

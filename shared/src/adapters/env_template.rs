@@ -19,6 +19,36 @@ pub enum EnvError {
     Malformed { field: String },
 }
 
+/// A binding (an HTTP tool's, an MCP server's) that cannot be used, naming the field of the
+/// definition at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BindingError {
+    /// A `${VAR}` that is unset or malformed.
+    #[error(transparent)]
+    Env(#[from] EnvError),
+    #[error("{field}: {reason}")]
+    Invalid { field: String, reason: String },
+}
+
+impl BindingError {
+    /// The field of the definition at fault, such as `tools.issue_refund.http.timeout`.
+    pub fn field(&self) -> &str {
+        match self {
+            BindingError::Env(EnvError::Unset { field, .. } | EnvError::Malformed { field }) => {
+                field
+            }
+            BindingError::Invalid { field, .. } => field,
+        }
+    }
+
+    pub(super) fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        BindingError::Invalid {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
 /// Whether `text` names any `${VAR}`: such a value may carry a secret and is never logged.
 pub fn mentions_env(text: &str) -> bool {
     text.contains("${")

@@ -56,7 +56,8 @@ use reqwest::{Method, StatusCode, Url};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::env_template::{self, EnvError, Lookup};
+use super::env_template::BindingError;
+use super::env_template::{self, Lookup};
 use crate::domain::action::ToolOutcome;
 use crate::domain::args::Args;
 use crate::ports::model::ToolSpec;
@@ -101,12 +102,9 @@ pub struct HttpBinding {
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
     /// A duration such as `10s` or `500ms`.
-    #[serde(default)]
     pub timeout: Option<String>,
-    #[serde(default)]
     pub max_response_bytes: Option<u64>,
     /// How to ask, with the same key, whether a call whose outcome is unknown took effect.
-    #[serde(default)]
     pub reconcile: Option<ReconcileBinding>,
 }
 
@@ -118,9 +116,7 @@ pub struct ReconcileBinding {
     pub url: String,
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
-    #[serde(default)]
     pub timeout: Option<String>,
-    #[serde(default)]
     pub max_response_bytes: Option<u64>,
 }
 
@@ -154,35 +150,6 @@ impl fmt::Debug for ReconcileBinding {
             .field("timeout", &self.timeout)
             .field("max_response_bytes", &self.max_response_bytes)
             .finish()
-    }
-}
-
-/// A binding that cannot be used, naming the field of the definition at fault.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum BindingError {
-    /// A `${VAR}` that is unset or malformed.
-    #[error(transparent)]
-    Env(#[from] EnvError),
-    #[error("{field}: {problem}")]
-    Invalid { field: String, problem: String },
-}
-
-impl BindingError {
-    /// The field of the definition at fault, such as `tools.issue_refund.http.timeout`.
-    pub fn field(&self) -> &str {
-        match self {
-            BindingError::Env(EnvError::Unset { field, .. } | EnvError::Malformed { field }) => {
-                field
-            }
-            BindingError::Invalid { field, .. } => field,
-        }
-    }
-
-    fn invalid(field: &str, problem: impl Into<String>) -> Self {
-        BindingError::Invalid {
-            field: field.to_string(),
-            problem: problem.into(),
-        }
     }
 }
 
@@ -376,7 +343,7 @@ impl Endpoint {
             Some(n) if n >= 1 && n <= MAX_RESPONSE_BYTES as u64 => n as usize,
             Some(n) => {
                 return Err(BindingError::invalid(
-                    &format!("{field}.max_response_bytes"),
+                    format!("{field}.max_response_bytes"),
                     format!("{n} is not between 1 and {MAX_RESPONSE_BYTES} (1 MiB)"),
                 ));
             }

@@ -65,7 +65,8 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokio::sync::Mutex;
 
-use super::env_template::{self, EnvError, Lookup};
+use super::env_template::BindingError;
+use super::env_template::{self, Lookup};
 use crate::domain::action::ToolOutcome;
 use crate::domain::policy::ToolHints;
 use crate::ports::model::ToolSpec;
@@ -101,10 +102,8 @@ pub struct McpServerBinding {
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
     /// Per request, such as `"10s"`; at most 60s, 30s when absent.
-    #[serde(default)]
     pub timeout: Option<String>,
     /// Which of the server's tools the agent gets without a `[tools.*]` entry each.
-    #[serde(default)]
     pub tools: Option<ToolSelection>,
 }
 
@@ -155,24 +154,6 @@ impl fmt::Debug for McpServerBinding {
             .field("timeout", &self.timeout)
             .field("tools", &self.tools)
             .finish()
-    }
-}
-
-/// A binding that cannot be used, naming the field.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum BindingError {
-    #[error(transparent)]
-    Env(#[from] EnvError),
-    #[error("{field}: {reason}")]
-    Invalid { field: String, reason: String },
-}
-
-impl BindingError {
-    fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
-        Self::Invalid {
-            field: field.into(),
-            reason: reason.into(),
-        }
     }
 }
 

@@ -346,10 +346,7 @@ impl SlackApp {
                     clip(hooks_url)
                 ))
             })?;
-        let client = super::trust::client_builder()
-            .timeout(RESPONSE_TIMEOUT)
-            .redirect(reqwest::redirect::Policy::none())
-            .user_agent(concat!("countersign/", env!("CARGO_PKG_VERSION")))
+        let client = super::webhook::posting_client(RESPONSE_TIMEOUT)
             .build()
             .map_err(|e| SlackConfigError(format!("no HTTP client: {e}")))?;
         Ok(Self {
@@ -475,11 +472,8 @@ impl WebApi {
         if token.is_empty() {
             return Err(SlackConfigError("the Slack bot token is empty".into()));
         }
-        let client = super::trust::client_builder()
-            .connect_timeout(Duration::from_secs(2).min(timeout))
-            .timeout(timeout)
-            .redirect(reqwest::redirect::Policy::none())
-            .user_agent(concat!("countersign/", env!("CARGO_PKG_VERSION")))
+        let client = super::webhook::posting_client(timeout)
+            .connect_timeout(super::webhook::CONNECT_TIMEOUT.min(timeout))
             .build()
             .map_err(|e| SlackConfigError(format!("no HTTP client: {e}")))?;
         Ok(Self {
@@ -721,63 +715,32 @@ mod tests {
 
     #[test]
     fn a_signed_request_verifies_and_anything_else_is_refused() {
+        use SignatureError::{BadTimestamp, Mismatch, Missing, TooOld};
+
         let body = b"payload=%7B%7D";
         let signature = sign(&secret(), "1531420618", body);
         assert!(signature.starts_with("v0=") && signature.len() == 67);
         let at = 1_531_420_618;
-        assert_eq!(
-            verify(
-                &secret(),
-                Some("1531420618"),
-                Some(&signature),
-                body,
-                at + 10
-            ),
-            Ok(())
-        );
-        assert_eq!(
-            verify(
-                &secret(),
-                Some("1531420618"),
-                Some(&signature),
-                b"payload=%7B%7Dx",
-                at
-            ),
-            Err(SignatureError::Mismatch)
-        );
+        let ours = secret();
         let other = SigningSecret::new("another-secret-of-some-length").unwrap();
-        assert_eq!(
-            verify(&other, Some("1531420618"), Some(&signature), body, at),
-            Err(SignatureError::Mismatch)
-        );
-        assert_eq!(
-            verify(
-                &secret(),
-                Some("1531420618"),
-                Some(&signature),
-                body,
-                at + 301
-            ),
-            Err(SignatureError::TooOld)
-        );
-        assert_eq!(
-            verify(
-                &secret(),
-                Some("1531420618"),
-                Some(&signature),
-                body,
-                at - 301
-            ),
-            Err(SignatureError::TooOld)
-        );
-        assert_eq!(
-            verify(&secret(), Some("soon"), Some(&signature), body, at),
-            Err(SignatureError::BadTimestamp)
-        );
-        assert_eq!(
-            verify(&secret(), None, Some(&signature), body, at),
-            Err(SignatureError::Missing)
-        );
+        let sent = Some("1531420618");
+        let cases: [(_, _, &[u8], _, _); 7] = [
+            (&ours, sent, body, at + 10, Ok(())),
+            (&ours, sent, b"payload=%7B%7Dx", at, Err(Mismatch)),
+            (&other, sent, body, at, Err(Mismatch)),
+            (&ours, sent, body, at + 301, Err(TooOld)),
+            (&ours, sent, body, at - 301, Err(TooOld)),
+            (&ours, Some("soon"), body, at, Err(BadTimestamp)),
+            (&ours, None, body, at, Err(Missing)),
+        ];
+        for (secret, timestamp, body, now, expected) in cases {
+            assert_eq!(
+                verify(secret, timestamp, Some(&signature), body, now),
+                expected,
+                "{timestamp:?} {:?} at {now}",
+                String::from_utf8_lossy(body)
+            );
+        }
     }
 
     #[test]

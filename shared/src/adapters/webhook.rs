@@ -21,7 +21,7 @@ use crate::ports::notifier::{Destination, Notifier, NotifyError, Posted};
 pub const MAX_WEBHOOKS: usize = 5;
 /// How long one post may take, connection included, unless configured otherwise.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Slack refuses a section's text over 3,000 characters; arguments are cut well before.
 const MAX_ARGS_TEXT: usize = 2_000;
 const MAX_PROSE: usize = 500;
@@ -84,6 +84,16 @@ fn host_of(url: &Url) -> String {
     }
 }
 
+/// A client for posting to Slack or a webhook, each request bounded by `timeout`. It never
+/// follows a redirect: an endpoint that redirects is misconfigured, and following it could post
+/// elsewhere.
+pub(super) fn posting_client(timeout: Duration) -> reqwest::ClientBuilder {
+    super::trust::client_builder()
+        .timeout(timeout)
+        .redirect(reqwest::redirect::Policy::none())
+        .user_agent(concat!("countersign/", env!("CARGO_PKG_VERSION")))
+}
+
 impl Webhooks {
     /// Posts to these URLs (http or https), each post bounded by `timeout`.
     pub fn new(urls: &[String], timeout: Duration) -> Result<Self, WebhookConfigError> {
@@ -123,12 +133,8 @@ impl Webhooks {
                 url,
             });
         }
-        let client = super::trust::client_builder()
+        let client = posting_client(timeout)
             .connect_timeout(CONNECT_TIMEOUT.min(timeout))
-            .timeout(timeout)
-            // A webhook that redirects is misconfigured; following it could post elsewhere.
-            .redirect(reqwest::redirect::Policy::none())
-            .user_agent(concat!("countersign/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| WebhookConfigError(format!("no HTTP client: {e}")))?;
         Ok(Self {

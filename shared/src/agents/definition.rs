@@ -9,8 +9,9 @@ use serde_json::Value;
 use super::mcp::{self, BoundMcpTool, LazyServer, McpTools};
 use super::{DEFINITION_FILE, DefinitionError, Files, Wiring, schema};
 use crate::adapters::anthropic::AnthropicModel;
+use crate::adapters::env_template::BindingError;
 use crate::adapters::http_tool::{HttpBinding, HttpTool, http_client};
-use crate::adapters::mcp_tool::{BindingError, McpServerBinding, McpToolBinding};
+use crate::adapters::mcp_tool::{McpServerBinding, McpToolBinding};
 use crate::adapters::scripted::{Script, ScriptedModel};
 use crate::domain::ids::{AgentName, Role};
 use crate::domain::policy::Policy;
@@ -97,12 +98,10 @@ pub struct Definition {
 #[serde(deny_unknown_fields)]
 struct RawDefinition {
     name: String,
-    #[serde(default)]
     description: Option<String>,
     #[serde(default = "default_policy_file")]
     policy: String,
     system_prompt: String,
-    #[serde(default)]
     recovery_owner: Option<String>,
     #[serde(default)]
     model: RawModel,

@@ -122,13 +122,10 @@ pub struct DecisionBody {
     pub choice: ChoiceName,
     /// Edit only: the new amount in dollars, as a string such as "200.00". Never a number, so
     /// no float ever touches money.
-    #[serde(default)]
     pub amount: Option<Value>,
     /// Edit only: why, for the record.
-    #[serde(default)]
     pub note: Option<String>,
     /// Reject only: why, which the agent is told.
-    #[serde(default)]
     pub reason: Option<String>,
 }
 

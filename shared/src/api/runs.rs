@@ -18,16 +18,12 @@ use crate::example::expense;
 #[serde(deny_unknown_fields)]
 pub struct StartBody {
     /// The agent to run, by its definition's name, such as "refunds".
-    #[serde(default)]
     pub agent: Option<String>,
     /// What the agent is asked to do.
-    #[serde(default)]
     pub task: Option<String>,
     /// The expense agent's short form: the claim to process, such as "c-102".
-    #[serde(default)]
     pub claim_id: Option<String>,
     /// Time a reviewer has to decide, shorter than the policy's: "30m", "2h", "0s".
-    #[serde(default)]
     pub ttl: Option<String>,
 }
 

@@ -8,7 +8,7 @@ use super::args::{Args, ArgsHash};
 use super::conversation::ToolResultText;
 use super::identity::Actor;
 use super::ids::{ActionId, ActionVersion, ApprovalId, RunId, TenantId, idempotency_key};
-use super::names::serde_name;
+use super::names::shown_by_serde_name;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -26,17 +26,7 @@ pub enum ActionStatus {
     Cancelled,
 }
 
-impl ActionStatus {
-    pub fn as_str(self) -> &'static str {
-        serde_name(&self)
-    }
-}
-
-impl std::fmt::Display for ActionStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+shown_by_serde_name!(ActionStatus);
 
 /// What a tool reported for one call.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -160,10 +150,8 @@ pub struct Action {
     /// Who let it run: a policy version, or the people who approved this exact version.
     #[serde(default)]
     pub authorized_by: Vec<Actor>,
-    #[serde(default)]
     pub approval_id: Option<ApprovalId>,
     /// What the model will be told about this call, once there is something to tell.
-    #[serde(default)]
     pub result: Option<ToolResultText>,
     pub proposed_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
@@ -303,12 +291,13 @@ fn result_text(result: &Value) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use serde_json::json;
 
-    fn action() -> Action {
-        let call = ProposedCall {
+    /// The call the domain's unit tests propose: reimburse claim c-102, USD 250, for acme.
+    pub(crate) fn proposed_call(explanation: &str) -> ProposedCall {
+        ProposedCall {
             id: ActionId::parse("act-1").unwrap(),
             version: ActionVersion::FIRST,
             tenant: TenantId::parse("acme").unwrap(),
@@ -316,9 +305,12 @@ mod tests {
             tool_use_id: "toolu_1".into(),
             tool: "reimburse".into(),
             args: Args::new(json!({"claim_id": "c-102", "amount_cents": 25000})).unwrap(),
-            explanation: "capped at the limit".into(),
-        };
-        Action::propose(call, Utc::now())
+            explanation: explanation.into(),
+        }
+    }
+
+    fn action() -> Action {
+        Action::propose(proposed_call("capped at the limit"), Utc::now())
     }
 
     #[test]

@@ -10,7 +10,7 @@ use super::ids::{
     ActionId, ActionVersion, AgentName, ApprovalId, DecisionId, PersonId, Role, RunId, TenantId,
 };
 use super::money::Amount;
-use super::names::serde_name;
+use super::names::{serde_name, shown_by_serde_name};
 use super::policy::{EditRefusal, Escalation, Policy, Requirement, ToolHints};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -38,17 +38,7 @@ pub enum ApprovalKind {
     Recovery,
 }
 
-impl ApprovalStatus {
-    pub fn as_str(self) -> &'static str {
-        serde_name(&self)
-    }
-}
-
-impl std::fmt::Display for ApprovalStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+shown_by_serde_name!(ApprovalStatus);
 
 /// What a reviewer chose.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -180,7 +170,6 @@ pub struct PreviousVersion {
     pub version: ActionVersion,
     pub args: Args,
     pub edited_by: PersonId,
-    #[serde(default)]
     pub note: Option<String>,
 }
 
@@ -204,7 +193,6 @@ pub struct Approval {
     pub args: Args,
     pub args_hash: ArgsHash,
     pub explanation: String,
-    #[serde(default)]
     pub previous: Option<PreviousVersion>,
     pub reason: String,
     pub approver_role: Role,
@@ -217,11 +205,8 @@ pub struct Approval {
     pub status: ApprovalStatus,
     #[serde(default)]
     pub decisions: Vec<Decision>,
-    #[serde(default)]
     pub superseded_by: Option<ApprovalId>,
-    #[serde(default)]
     pub resolved_at: Option<DateTime<Utc>>,
-    #[serde(default)]
     pub reminded_at: Option<DateTime<Utc>>,
     /// What people of the organisation said about it without deciding it, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -580,7 +565,6 @@ mod tests {
 
     use super::*;
     use chrono::Duration;
-    use serde_json::json;
 
     const POLICY: &str = r#"
         name = "t"
@@ -613,16 +597,7 @@ mod tests {
     }
 
     fn approval(quorum: u8, now: DateTime<Utc>) -> Approval {
-        let call = ProposedCall {
-            id: ActionId::parse("act-1").unwrap(),
-            version: ActionVersion::FIRST,
-            tenant: TenantId::parse("acme").unwrap(),
-            run_id: RunId::parse("run-1").unwrap(),
-            tool_use_id: "toolu_1".into(),
-            tool: "reimburse".into(),
-            args: Args::new(json!({"claim_id": "c-102", "amount_cents": 25000})).unwrap(),
-            explanation: "capped".into(),
-        };
+        let call = crate::domain::action::tests::proposed_call("capped");
         let requirement = Requirement {
             reason: "r".into(),
             approver_role: Role::parse("finance").unwrap(),

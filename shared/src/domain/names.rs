@@ -20,6 +20,27 @@ pub fn serde_name<T: Serialize + ?Sized>(value: &T) -> &'static str {
         .unwrap_or_else(|e| panic!("{} has no serde name: {e}", std::any::type_name::<T>()))
 }
 
+/// `as_str` and `Display` for a unit-variant enum, both its serde name: the text a status shows
+/// is the one its records store.
+macro_rules! shown_by_serde_name {
+    ($($ty:ty),* $(,)?) => {
+        $(
+            impl $ty {
+                pub fn as_str(self) -> &'static str {
+                    $crate::domain::names::serde_name(&self)
+                }
+            }
+
+            impl std::fmt::Display for $ty {
+                fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                    f.write_str(self.as_str())
+                }
+            }
+        )*
+    };
+}
+pub(crate) use shown_by_serde_name;
+
 /// Tag values arrive as `&str` of the enum's own literals: kept once each, so a name is
 /// `&'static` like a unit variant's. There are as many as there are variants.
 fn interned(text: &str) -> &'static str {
@@ -177,6 +198,31 @@ macro_rules! refuse_scalars {
     };
 }
 
+/// What neither serializer takes either: an option's value, sequences and tuples.
+macro_rules! refuse_sequences {
+    () => {
+        fn serialize_some<T: Serialize + ?Sized>(self, _: &T) -> Result<&'static str, NotNamed> {
+            not_named("option")
+        }
+
+        fn serialize_seq(self, _: Option<usize>) -> Result<Self::SerializeSeq, NotNamed> {
+            not_named("sequence")
+        }
+
+        fn serialize_tuple(self, _: usize) -> Result<Self::SerializeTuple, NotNamed> {
+            not_named("tuple")
+        }
+
+        fn serialize_tuple_struct(
+            self,
+            _: &'static str,
+            _: usize,
+        ) -> Result<Self::SerializeTupleStruct, NotNamed> {
+            not_named("tuple struct")
+        }
+    };
+}
+
 impl ser::Serializer for Name {
     type Ok = &'static str;
     type Error = NotNamed;
@@ -190,10 +236,6 @@ impl ser::Serializer for Name {
 
     refuse_scalars!();
     refuse!(serialize_str(&str));
-
-    fn serialize_some<T: Serialize + ?Sized>(self, _: &T) -> Result<&'static str, NotNamed> {
-        not_named("option")
-    }
 
     fn serialize_unit_variant(
         self,
@@ -222,21 +264,7 @@ impl ser::Serializer for Name {
         Ok(variant)
     }
 
-    fn serialize_seq(self, _: Option<usize>) -> Result<Self::SerializeSeq, NotNamed> {
-        not_named("sequence")
-    }
-
-    fn serialize_tuple(self, _: usize) -> Result<Self::SerializeTuple, NotNamed> {
-        not_named("tuple")
-    }
-
-    fn serialize_tuple_struct(
-        self,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Self::SerializeTupleStruct, NotNamed> {
-        not_named("tuple struct")
-    }
+    refuse_sequences!();
 
     fn serialize_tuple_variant(
         self,
@@ -288,10 +316,6 @@ impl ser::Serializer for Text {
     refuse_scalars!();
     refuse!(serialize_unit_variant(&'static str, u32, &'static str));
 
-    fn serialize_some<T: Serialize + ?Sized>(self, _: &T) -> Result<&'static str, NotNamed> {
-        not_named("option")
-    }
-
     fn serialize_newtype_struct<T: Serialize + ?Sized>(
         self,
         _: &'static str,
@@ -310,21 +334,7 @@ impl ser::Serializer for Text {
         not_named("newtype variant")
     }
 
-    fn serialize_seq(self, _: Option<usize>) -> Result<Self::SerializeSeq, NotNamed> {
-        not_named("sequence")
-    }
-
-    fn serialize_tuple(self, _: usize) -> Result<Self::SerializeTuple, NotNamed> {
-        not_named("tuple")
-    }
-
-    fn serialize_tuple_struct(
-        self,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Self::SerializeTupleStruct, NotNamed> {
-        not_named("tuple struct")
-    }
+    refuse_sequences!();
 
     fn serialize_tuple_variant(
         self,

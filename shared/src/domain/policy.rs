@@ -281,13 +281,11 @@ struct RawPolicy {
     name: String,
     version: u32,
     default_ttl: String,
-    #[serde(default)]
     max_ttl: Option<String>,
     #[serde(default)]
     tools: BTreeMap<String, RawRule>,
     #[serde(default)]
     hints: RawHints,
-    #[serde(default)]
     context: Option<toml::Value>,
 }
 

@@ -2,21 +2,10 @@
 //! once, never sent again after an unknown outcome; agents defined by files alone.
 
 use super::*;
+use shared::domain::approval::Approval;
+use shared::engine::RunReport;
 
-const REFUND_POLICY: &str = r#"
-name = "refunds"
-version = 1
-default_ttl = "24h"
-
-[tools.get_order]
-decision = "allow"
-
-[tools.issue_refund]
-decision = "approve"
-approver_role = "finance"
-quorum = 1
-reason = "Every refund needs a finance approver."
-"#;
+const REFUND_POLICY: &str = include_str!("../fixtures/refund-policy.toml");
 
 /// A process running a refunds agent whose script reads the order and then refunds it, over
 /// the orders MCP server, under [`REFUND_POLICY`].
@@ -38,6 +27,53 @@ async fn refunds_process(h: &harness::Harness, orders: &McpServer) -> harness::P
         |engine| engine.agent(refunds),
     )
     .await
+}
+
+/// Dana, of finance, approves version 1 of `approval`.
+async fn dana_approves(h: &harness::Harness, p: &harness::Process, approval: &Approval) {
+    p.decide(&h.person("dana"), &approval.id, harness::approve("d-1"))
+        .await
+        .unwrap();
+}
+
+/// The one approval `report` waits on: the refund, after the read ran at once and before
+/// anything took effect.
+#[track_caller]
+fn waiting_refund(report: &RunReport, seen: &Seen) -> Approval {
+    assert_eq!(report.status, RunStatus::AwaitingApproval);
+    let [approval] = report.approvals.as_slice() else {
+        panic!("one approval: {report:?}");
+    };
+    assert_eq!(approval.tool, "issue_refund");
+    assert_eq!(
+        seen.tools_called(),
+        ["get_order"],
+        "the read ran at once, the refund waits"
+    );
+    assert!(seen.effects().is_empty());
+    approval.clone()
+}
+
+/// Dana approves the refund: the run finishes, the refund acts once and was sent with its
+/// key, after the read. Every call the server saw.
+async fn approve_and_finish(
+    h: &harness::Harness,
+    p: &harness::Process,
+    seen: &Seen,
+    report: &RunReport,
+    approval: &Approval,
+) -> Vec<(String, Option<String>, Value)> {
+    dana_approves(h, p, approval).await;
+    assert_eq!(h.run(p, &report.run_id).await.status, RunStatus::Done);
+    let key = format!("{}:1", approval.action_id);
+    assert_eq!(seen.effects(), BTreeMap::from([(key.clone(), 1)]));
+    let calls = seen.calls.lock().unwrap().clone();
+    assert_eq!(calls.len(), 2);
+    assert_eq!(
+        (calls[1].0.as_str(), calls[1].1.as_deref()),
+        ("issue_refund", Some(key.as_str()))
+    );
+    calls
 }
 
 fn refunds_agent() -> AgentName {
@@ -65,37 +101,8 @@ async fn the_engine_gates_a_destructive_mcp_tool_until_a_person_approves_then_ru
 
     let report = p.start(refund_task()).await.unwrap();
 
-    assert_eq!(report.status, RunStatus::AwaitingApproval);
-    let [approval] = report.approvals.as_slice() else {
-        panic!("one approval: {report:?}");
-    };
-    assert_eq!(approval.tool, "issue_refund");
-    let called: Vec<String> = seen
-        .calls
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|c| c.0.clone())
-        .collect();
-    assert_eq!(called, ["get_order"], "the read ran, the refund waits");
-    assert!(seen.effects().is_empty());
-
-    p.decide(&h.person("dana"), &approval.id, harness::approve("d-1"))
-        .await
-        .unwrap();
-
-    assert_eq!(h.run(&p, &report.run_id).await.status, RunStatus::Done);
-    let key = format!("{}:1", approval.action_id);
-    assert_eq!(seen.effects(), BTreeMap::from([(key.clone(), 1)]));
-    let called: Vec<(String, Option<String>)> = seen
-        .calls
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|c| (c.0.clone(), c.1.clone()))
-        .collect();
-    assert_eq!(called[1], ("issue_refund".to_string(), Some(key)));
-    assert_eq!(called.len(), 2);
+    let approval = waiting_refund(&report, &seen);
+    approve_and_finish(&h, &p, &seen, &report, &approval).await;
 }
 
 #[tokio::test]
@@ -108,9 +115,7 @@ async fn the_engine_never_sends_an_mcp_call_again_after_an_unknown_outcome() {
     let report = p.start(refund_task()).await.unwrap();
     let approval = report.approvals[0].clone();
 
-    p.decide(&h.person("dana"), &approval.id, harness::approve("d-1"))
-        .await
-        .unwrap();
+    dana_approves(&h, &p, &approval).await;
 
     let history = p.history(&harness::acme(), &report.run_id).await.unwrap();
     let refund_action = history
@@ -130,11 +135,9 @@ async fn the_engine_never_sends_an_mcp_call_again_after_an_unknown_outcome() {
     assert_eq!(swept.unknown, std::slice::from_ref(&key));
     assert_eq!(seen.effects(), BTreeMap::from([(key, 1)]));
     let refunds = seen
-        .calls
-        .lock()
-        .unwrap()
+        .tools_called()
         .iter()
-        .filter(|c| c.0 == "issue_refund")
+        .filter(|tool| *tool == "issue_refund")
         .count();
     assert_eq!(refunds, 1);
 }
@@ -289,39 +292,13 @@ async fn a_defined_agent_runs_a_read_only_tool_at_once_and_a_destructive_one_aft
     shared::agents::prepare(&p, &orders_name()).await.unwrap();
     let report = p.start(orders_task()).await.unwrap();
 
-    assert_eq!(report.status, RunStatus::AwaitingApproval);
-    let [approval] = report.approvals.as_slice() else {
-        panic!("one approval: {report:?}");
-    };
-    assert_eq!(approval.tool, "issue_refund");
+    let approval = waiting_refund(&report, &seen);
     assert_eq!(
         approval.reason,
         "The orders server says this tool changes things."
     );
-    let called: Vec<String> = seen
-        .calls
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|c| c.0.clone())
-        .collect();
-    assert_eq!(
-        called,
-        ["get_order"],
-        "the read ran at once, the refund waits"
-    );
-    assert!(seen.effects().is_empty());
-
-    p.decide(&h.person("dana"), &approval.id, harness::approve("d-1"))
-        .await
-        .unwrap();
-
-    assert_eq!(h.run(&p, &report.run_id).await.status, RunStatus::Done);
-    let key = format!("{}:1", approval.action_id);
-    assert_eq!(seen.effects(), BTreeMap::from([(key.clone(), 1)]));
-    let calls = seen.calls.lock().unwrap().clone();
-    assert_eq!(calls.len(), 2);
-    assert_eq!(calls[1], ("issue_refund".to_string(), Some(key), refund()));
+    let calls = approve_and_finish(&h, &p, &seen, &report, &approval).await;
+    assert_eq!(calls[1].2, refund());
     assert_eq!(
         *seen.authorizations.lock().unwrap(),
         [format!("Bearer {TOKEN}"), format!("Bearer {TOKEN}")]
@@ -368,9 +345,7 @@ mcp = { server = "orders", tool = "issue_refund" }
         panic!("the destructive refund waits: {report:?}");
     };
 
-    p.decide(&h.person("dana"), &approval.id, harness::approve("d-1"))
-        .await
-        .unwrap();
+    dana_approves(&h, &p, approval).await;
 
     let key = format!("{}:1", approval.action_id);
     assert_eq!(seen.effects(), BTreeMap::from([(key, 1)]));
@@ -402,10 +377,7 @@ async fn another_process_lists_the_tools_before_it_resumes_and_runs_the_approved
         .unwrap();
     let report = starter.start(orders_task()).await.unwrap();
     let approval = report.approvals[0].clone();
-    starter
-        .decide(&h.person("dana"), &approval.id, harness::approve("d-1"))
-        .await
-        .unwrap();
+    dana_approves(&h, &starter, &approval).await;
     let message = queue
         .published()
         .pop()
@@ -538,6 +510,21 @@ async fn post_runs_for_an_agent_whose_mcp_server_is_down_is_503_unavailable() {
     serving.abort();
 }
 
+/// What preparing `definition` (listing its servers' tools) says when it refuses.
+async fn prepare_refusal(
+    h: &harness::Harness,
+    definition: &Definition,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> String {
+    let p = defined_process(h, definition, env, harness::Script::default())
+        .await
+        .unwrap();
+    shared::agents::prepare(&p, &orders_name())
+        .await
+        .unwrap_err()
+        .to_string()
+}
+
 /// Each bad definition, and where its error points.
 #[tokio::test]
 async fn a_bad_mcp_definition_names_its_file_and_field() {
@@ -591,13 +578,7 @@ async fn a_bad_mcp_definition_names_its_file_and_field() {
         "{ORDERS_AGENT}\n[tools.get_order]\ndescription = \"Reads an order.\"\ninput_schema = {{ type = \"object\" }}\nhttp = {{ method = \"GET\", url = \"http://127.0.0.1:1/orders\" }}\n"
     );
     let definition = orders_definition(&collision, BY_HINTS).unwrap();
-    let p = defined_process(&h, &definition, &env, script.clone())
-        .await
-        .unwrap();
-    let said = shared::agents::prepare(&p, &orders_name())
-        .await
-        .unwrap_err()
-        .to_string();
+    let said = prepare_refusal(&h, &definition, &env).await;
     assert!(
         said.contains("agents/orders/agent.toml: mcp.orders.tools: mcp.orders lists get_order, which is also the name of tools.get_order"),
         "{said}"
@@ -606,13 +587,7 @@ async fn a_bad_mcp_definition_names_its_file_and_field() {
     // A rule for a tool neither defined nor listed shows once the server has listed its tools.
     let policy = format!("{BY_HINTS}\n[tools.refund_everything]\ndecision = \"allow\"\n");
     let definition = orders_definition(ORDERS_AGENT, &policy).unwrap();
-    let p = defined_process(&h, &definition, &env, script.clone())
-        .await
-        .unwrap();
-    let said = shared::agents::prepare(&p, &orders_name())
-        .await
-        .unwrap_err()
-        .to_string();
+    let said = prepare_refusal(&h, &definition, &env).await;
     assert!(
         said.starts_with("agents/orders/policy.toml: tools.refund_everything: the policy has a rule for refund_everything"),
         "{said}"
@@ -629,13 +604,7 @@ async fn a_bad_mcp_definition_names_its_file_and_field() {
         ("script.toml", script_file.to_string()),
     ]))
     .unwrap();
-    let p = defined_process(&h, &definition, &env, script.clone())
-        .await
-        .unwrap();
-    let said = shared::agents::prepare(&p, &orders_name())
-        .await
-        .unwrap_err()
-        .to_string();
+    let said = prepare_refusal(&h, &definition, &env).await;
     assert!(
         said.starts_with("agents/orders/agent.toml: model.offline: the script calls wipe_orders"),
         "{said}"

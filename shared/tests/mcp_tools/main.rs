@@ -59,6 +59,16 @@ impl Seen {
         self.effects.lock().unwrap().clone()
     }
 
+    /// The tools called so far, by name, in order.
+    fn tools_called(&self) -> Vec<String> {
+        self.calls
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|c| c.0.clone())
+            .collect()
+    }
+
     fn act(&self, key: &Option<String>) -> u32 {
         let mut effects = self.effects.lock().unwrap();
         let count = effects

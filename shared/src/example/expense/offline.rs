@@ -99,6 +99,15 @@ fn money(cents: i64) -> String {
         .unwrap_or_else(|_| format!("{cents} cents"))
 }
 
+/// Proposes declining claim `id` for `reason`, saying `text`.
+fn propose_decline(turn: usize, id: &str, text: String, reason: String) -> ModelReply {
+    reply(
+        turn,
+        text,
+        vec![("decline", json!({"claim_id": id, "reason": reason}))],
+    )
+}
+
 /// The proposal once the agent has the claim, the limit and the similar claims.
 fn decide(turn: usize, claim: &Value, limit: Option<&Value>, similar: &Value) -> ModelReply {
     let id = claim["id"].as_str().unwrap_or("?");
@@ -114,22 +123,14 @@ fn decide(turn: usize, claim: &Value, limit: Option<&Value>, similar: &Value) ->
             "Claim {id} matches {original_id} (same employee, amount, date and merchant), which was already paid, so I propose declining it as a duplicate."
         );
         let reason = format!("Duplicate of {original_id}, which was already paid.");
-        return reply(
-            turn,
-            text,
-            vec![("decline", json!({"claim_id": id, "reason": reason}))],
-        );
+        return propose_decline(turn, id, text, reason);
     }
     let Some(limit) = limit else {
         let text = format!(
             "Claim {id} is for {category}, which the expense policy does not cover, so I propose declining it."
         );
         let reason = format!("The expense policy does not cover {category}.");
-        return reply(
-            turn,
-            text,
-            vec![("decline", json!({"claim_id": id, "reason": reason}))],
-        );
+        return propose_decline(turn, id, text, reason);
     };
     let per_night = limit["per"].as_str() == Some("night");
     let nights = claim["nights"].as_i64().unwrap_or(1).max(1);

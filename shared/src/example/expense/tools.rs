@@ -44,8 +44,8 @@ pub fn toolbox(
         .with(Arc::new(GetClaim(books.clone())))
         .with(Arc::new(GetPolicy(books.clone())))
         .with(Arc::new(FindSimilarClaims(books.clone())))
-        .with(Arc::new(Reimburse(books.clone())))
-        .with(Arc::new(Decline(books)))
+        .with(Arc::new(Settle(books.clone(), Settles::Reimburse)))
+        .with(Arc::new(Settle(books, Settles::Decline)))
 }
 
 fn failed(error: impl Into<String>) -> ToolOutcome {
@@ -193,8 +193,6 @@ fn settled(s: &Settlement) -> ToolOutcome {
 struct GetClaim(Books);
 struct GetPolicy(Books);
 struct FindSimilarClaims(Books);
-struct Reimburse(Books);
-struct Decline(Books);
 
 #[async_trait]
 impl Tool for GetClaim {
@@ -281,74 +279,91 @@ impl Tool for FindSimilarClaims {
     }
 }
 
-#[async_trait]
-impl Tool for Reimburse {
-    fn claimants(&self, args: &Args) -> Vec<PersonId> {
-        self.0.claimant(args)
-    }
+/// The two tools that settle a claim: they differ in what they check and how they settle, and
+/// share the rest (the claimant, the claim lookup, the ledger, reconciling).
+#[derive(Clone, Copy)]
+enum Settles {
+    Reimburse,
+    Decline,
+}
 
-    fn spec(&self) -> ToolSpec {
-        let properties = json!({
-            "claim_id": {"type": "string"},
-            "amount_cents": {"type": "integer", "minimum": 1, "description": "What to pay, in cents"},
-            "note": {"type": "string", "description": "Why this amount, for the employee"}
-        });
-        spec(
-            "reimburse",
-            "Pays an expense claim. Never more than claimed; a claim is paid at most once.",
-            properties,
-            &["claim_id", "amount_cents"],
-        )
-    }
+struct Settle(Books, Settles);
 
-    async fn call(&self, call: ToolCall<'_>) -> ToolOutcome {
-        let claim = match self.0.claim(&call) {
-            Ok(claim) => claim,
-            Err(outcome) => return outcome,
-        };
-        let Some(amount) = call
-            .args
-            .int("amount_cents")
-            .and_then(|c| Amount::from_cents(c).ok())
-            .filter(|a| *a > Amount::ZERO)
-        else {
-            return failed("amount_cents must be a whole number of cents above zero");
-        };
-        if amount > claim.amount {
-            return failed(format!(
-                "{amount} is more than the {} claimed; never pay more than claimed",
-                claim.amount
-            ));
+impl Settle {
+    /// How this call settles `claim`, with the note for the employee; or why it cannot.
+    fn outcome(
+        &self,
+        call: &ToolCall<'_>,
+        claim: &Claim,
+    ) -> Result<(SettlementOutcome, Option<String>), ToolOutcome> {
+        match self.1 {
+            Settles::Reimburse => {
+                let Some(amount) = call
+                    .args
+                    .int("amount_cents")
+                    .and_then(|c| Amount::from_cents(c).ok())
+                    .filter(|a| *a > Amount::ZERO)
+                else {
+                    return Err(failed(
+                        "amount_cents must be a whole number of cents above zero",
+                    ));
+                };
+                if amount > claim.amount {
+                    return Err(failed(format!(
+                        "{amount} is more than the {} claimed; never pay more than claimed",
+                        claim.amount
+                    )));
+                }
+                let note = call.args.str("note").map(str::to_string);
+                Ok((SettlementOutcome::Paid { amount }, note))
+            }
+            Settles::Decline => {
+                let Some(reason) = call
+                    .args
+                    .str("reason")
+                    .map(str::trim)
+                    .filter(|r| !r.is_empty())
+                else {
+                    return Err(failed("a decline needs a reason"));
+                };
+                let reason = reason.to_string();
+                Ok((SettlementOutcome::Declined { reason }, None))
+            }
         }
-        let note = call.args.str("note").map(str::to_string);
-        self.0
-            .settle(&call, claim, SettlementOutcome::Paid { amount }, note)
-            .await
-    }
-
-    fn reconciles(&self) -> bool {
-        true
-    }
-
-    async fn reconcile(&self, call: ToolCall<'_>) -> Option<ToolOutcome> {
-        self.0.reconcile(&call).await
     }
 }
 
 #[async_trait]
-impl Tool for Decline {
+impl Tool for Settle {
     fn claimants(&self, args: &Args) -> Vec<PersonId> {
         self.0.claimant(args)
     }
 
     fn spec(&self) -> ToolSpec {
-        let properties = json!({"claim_id": {"type": "string"}, "reason": {"type": "string", "description": "Why, for the employee"}});
-        spec(
-            "decline",
-            "Declines an expense claim with a reason. A settled claim cannot be declined.",
-            properties,
-            &["claim_id", "reason"],
-        )
+        match self.1 {
+            Settles::Reimburse => {
+                let properties = json!({
+                    "claim_id": {"type": "string"},
+                    "amount_cents": {"type": "integer", "minimum": 1, "description": "What to pay, in cents"},
+                    "note": {"type": "string", "description": "Why this amount, for the employee"}
+                });
+                spec(
+                    "reimburse",
+                    "Pays an expense claim. Never more than claimed; a claim is paid at most once.",
+                    properties,
+                    &["claim_id", "amount_cents"],
+                )
+            }
+            Settles::Decline => {
+                let properties = json!({"claim_id": {"type": "string"}, "reason": {"type": "string", "description": "Why, for the employee"}});
+                spec(
+                    "decline",
+                    "Declines an expense claim with a reason. A settled claim cannot be declined.",
+                    properties,
+                    &["claim_id", "reason"],
+                )
+            }
+        }
     }
 
     async fn call(&self, call: ToolCall<'_>) -> ToolOutcome {
@@ -356,24 +371,10 @@ impl Tool for Decline {
             Ok(claim) => claim,
             Err(outcome) => return outcome,
         };
-        let Some(reason) = call
-            .args
-            .str("reason")
-            .map(str::trim)
-            .filter(|r| !r.is_empty())
-        else {
-            return failed("a decline needs a reason");
-        };
-        self.0
-            .settle(
-                &call,
-                claim,
-                SettlementOutcome::Declined {
-                    reason: reason.to_string(),
-                },
-                None,
-            )
-            .await
+        match self.outcome(&call, claim) {
+            Ok((outcome, note)) => self.0.settle(&call, claim, outcome, note).await,
+            Err(refused) => refused,
+        }
     }
 
     fn reconciles(&self) -> bool {
