@@ -298,6 +298,7 @@ impl Engine {
             outbox: None,
         };
         tx.outbox(
+            self.index_shards,
             &action.tenant,
             &action.run_id,
             OutboxMessage::Resume(message),

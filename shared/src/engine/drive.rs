@@ -82,14 +82,17 @@ impl Engine {
         tx.create(
             keys::run_pk(&run.tenant, &run.id),
             keys::RUN_SK.into(),
-            run_index(&run),
+            run_index(self.index_shards, &run),
             &run,
         );
-        tx.upsert(
-            keys::TENANTS_PK.into(),
-            keys::tenant_sk(&run.tenant),
-            &run.tenant,
-        );
+        let register = !self.is_registered(&run.tenant);
+        if register {
+            tx.upsert(
+                keys::TENANTS_PK.into(),
+                keys::tenant_sk(&run.tenant),
+                &run.tenant,
+            );
+        }
         let started = AuditEvent::Started {
             task: run.task.clone(),
             requested_by: run.requested_by.clone(),
@@ -100,6 +103,9 @@ impl Engine {
             AuditEntry::new(&run.id, Actor::person(&run.requested_by), started, now),
         );
         self.commit(tx).await?;
+        if register {
+            self.registered(&run.tenant);
+        }
 
         let (report, outbox) = self.drive(Stored { value: run, ver: 1 }).await?;
         self.deliver(outbox).await;
@@ -268,7 +274,12 @@ impl Engine {
             tx.create(
                 keys::approval_pk(tenant, &approval.id),
                 keys::ESCALATION_SK.into(),
-                Some(keys::escalation(at, tenant, &approval.id)),
+                Some(keys::escalation(
+                    self.index_shards,
+                    at,
+                    tenant,
+                    &approval.id,
+                )),
                 &EscalationDue {
                     tenant: tenant.clone(),
                     approval_id: approval.id.clone(),
@@ -326,7 +337,7 @@ impl Engine {
         tx.update(
             keys::run_pk(&run.value.tenant, &run.value.id),
             keys::RUN_SK.into(),
-            run_index(&run.value),
+            run_index(self.index_shards, &run.value),
             &run.value,
             run.ver,
         );
@@ -420,7 +431,12 @@ impl Engine {
         );
 
         let mut tx = Tx::new();
-        tx.create(pk.clone(), sk.clone(), action_index(&action), &action);
+        tx.create(
+            pk.clone(),
+            sk.clone(),
+            action_index(self.index_shards, &action),
+            &action,
+        );
         let proposed = AuditEvent::proposed(&action, Verdict::Allow, None);
         tx.audit(
             &tenant,
@@ -443,7 +459,13 @@ impl Engine {
             .record(&outcome, now)
             .expect("an executing action records its outcome");
         let mut tx = Tx::new();
-        tx.update(pk.clone(), sk.clone(), action_index(&action), &action, 1);
+        tx.update(
+            pk.clone(),
+            sk.clone(),
+            action_index(self.index_shards, &action),
+            &action,
+            1,
+        );
         tx.audit(
             &tenant,
             AuditEntry::new(
@@ -543,7 +565,7 @@ impl Engine {
         tx.update(
             keys::run_pk(&run.value.tenant, &run.value.id),
             keys::RUN_SK.into(),
-            run_index(&run.value),
+            run_index(self.index_shards, &run.value),
             &run.value,
             run.ver,
         );
@@ -573,7 +595,7 @@ impl Engine {
         tx.update(
             keys::run_pk(&run.value.tenant, &run.value.id),
             keys::RUN_SK.into(),
-            run_index(&run.value),
+            run_index(self.index_shards, &run.value),
             &run.value,
             run.ver,
         );
