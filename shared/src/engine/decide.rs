@@ -105,8 +105,7 @@ impl Engine {
                     );
                     match self.commit(tx).await {
                         Ok(outbox) => {
-                            self.unschedule_wakeups(&approval).await;
-                            self.deliver(outbox).await;
+                            tokio::join!(self.unschedule_wakeups(&approval), self.deliver(outbox));
                             return Err(Refusal::Expired { expires_at }.into());
                         }
                         Err(StoreError::ConditionFailed { .. }) => continue,
@@ -183,16 +182,22 @@ impl Engine {
             match self.commit(tx).await {
                 Ok(outbox) => {
                     tracing::info!(effect = ?decision.effect, "decided");
-                    if approval.status != ApprovalStatus::AwaitingApproval {
-                        self.unschedule_wakeups(&approval).await;
-                    }
-                    if let Some(next) = next_approval
-                        .as_ref()
-                        .filter(|a| a.status == ApprovalStatus::AwaitingApproval)
-                    {
-                        self.schedule_wakeups(next).await;
-                    }
-                    self.deliver(outbox).await;
+                    // After the commit, the resume message, the schedule deletes and a new
+                    // version's schedules go out together: none waits on another.
+                    let unschedule = async {
+                        if approval.status != ApprovalStatus::AwaitingApproval {
+                            self.unschedule_wakeups(&approval).await;
+                        }
+                    };
+                    let schedule = async {
+                        if let Some(next) = next_approval
+                            .as_ref()
+                            .filter(|a| a.status == ApprovalStatus::AwaitingApproval)
+                        {
+                            self.schedule_wakeups(next).await;
+                        }
+                    };
+                    tokio::join!(unschedule, schedule, self.deliver(outbox));
                     let run = self.run_after_delivery(&approval).await?;
                     return Ok(DecisionReport {
                         approval,

@@ -375,8 +375,7 @@ impl Engine {
     }
 
     pub(super) async fn unschedule_wakeups(&self, approval: &Approval) {
-        let reminder = self.reminder_at(approval).map(|_| Wake::Reminder);
-        for wake in [Some(Wake::Deadline), reminder].into_iter().flatten() {
+        let unschedule = |wake: Wake| async move {
             if let Err(error) = self
                 .scheduler
                 .unschedule(&approval.tenant, &approval.id, wake)
@@ -384,7 +383,14 @@ impl Engine {
             {
                 tracing::warn!(approval = %approval.id, %error, wake = wake.as_str(), "the schedule stays; it will find nothing to do");
             }
-        }
+        };
+        // The deadline's and the reminder's schedules are deleted together.
+        let reminder = async {
+            if self.reminder_at(approval).is_some() {
+                unschedule(Wake::Reminder).await;
+            }
+        };
+        tokio::join!(unschedule(Wake::Deadline), reminder);
     }
 
     /// Commits a transaction that writes the run being driven. Losing its compare-and-set means
