@@ -31,7 +31,7 @@ use aws_smithy_types::config_bag::{ConfigBag, Storable, StoreReplace};
 use serde::Serialize;
 
 use crate::partitions::KeyLoad;
-use shared::ports::store::{Condition, Item, ItemStore, Page, StoreError, Write};
+use shared::ports::store::{Condition, Item, ItemStore, Page, Refused, StoreError, Write};
 
 /// The step of the lifecycle an engine call belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -269,6 +269,10 @@ impl ItemStore for MeteredStore {
     }
 
     async fn transact(&self, writes: Vec<Write>) -> Result<(), StoreError> {
+        self.transact_or_found(writes).await.map_err(|r| r.error)
+    }
+
+    async fn transact_or_found(&self, writes: Vec<Write>) -> Result<(), Refused> {
         let n = writes.len() as f64;
         let count = |condition: Condition| {
             writes.iter().filter(|w| w.condition() == condition).count() as f64
@@ -283,7 +287,7 @@ impl ItemStore for MeteredStore {
             c.version_is += n - new - unconditional;
         });
         let recorded = writes.clone();
-        let result = self.inner.transact(writes).await;
+        let result = self.inner.transact_or_found(writes).await;
         if result.is_ok() {
             self.meter
                 .keys

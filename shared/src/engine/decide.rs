@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use tracing::Instrument;
 
-use super::records::{OutboxMessage, Tx, keys};
+use super::records::{OutboxMessage, Stored, Tx, decode, keys};
 use super::{AWAITING_ACTION_VER, Agent, CAS_ATTEMPTS, Delivery, Engine, EngineError};
 use super::{RunReport, deadline};
 use crate::domain::action::{Action, ActionStatus, NotExecuted, ProposedCall, ToolOutcome};
@@ -73,8 +73,15 @@ impl Engine {
         approval_id: &ApprovalId,
         request: DecisionRequest,
     ) -> Result<DecisionReport, EngineError> {
+        let approval_pk = keys::approval_pk(&who.tenant, approval_id);
+        // After a lost race, the approval as the refusal found it: no read before trying again.
+        let mut found: Option<Option<Stored<Approval>>> = None;
         for _ in 0..CAS_ATTEMPTS {
-            let Some(stored) = self.load_approval(&who.tenant, approval_id).await? else {
+            let stored = match found.take() {
+                Some(stored) => stored,
+                None => self.load_approval(&who.tenant, approval_id).await?,
+            };
+            let Some(stored) = stored else {
                 return Err(EngineError::not_found(format!("approval {approval_id}")));
             };
             let mut approval = stored.value;
@@ -179,7 +186,10 @@ impl Engine {
                 now,
             );
 
-            match self.commit(tx).await {
+            match self
+                .commit_watching(tx, (&approval_pk, keys::APPROVAL_SK))
+                .await
+            {
                 Ok(outbox) => {
                     tracing::info!(effect = ?decision.effect, "decided");
                     // After the commit, the resume message, the schedule deletes and a new
@@ -207,8 +217,13 @@ impl Engine {
                         run,
                     });
                 }
-                Err(StoreError::ConditionFailed { .. }) => continue,
-                Err(error) => return Err(error.into()),
+                Err((StoreError::ConditionFailed { .. }, seen)) => {
+                    found = seen
+                        .map(|item| item.as_ref().map(decode).transpose())
+                        .transpose()?;
+                    continue;
+                }
+                Err((error, _)) => return Err(error.into()),
             }
         }
         Err(EngineError::Contended)

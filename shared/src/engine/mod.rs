@@ -190,6 +190,25 @@ impl Engine {
         Ok(outbox)
     }
 
+    /// [`Engine::commit`], and when it is refused, what the write to the item `watched` found
+    /// if its condition failed: `Some(None)` when the item was gone, `None` when the store did
+    /// not say or another write's condition failed.
+    async fn commit_watching(
+        &self,
+        tx: Tx,
+        watched: (&str, &str),
+    ) -> Result<Vec<OutboxEntry>, (StoreError, Option<Option<crate::ports::store::Item>>)> {
+        let (writes, outbox) = tx.into_parts();
+        let index = writes.iter().position(|w| w.key() == watched);
+        match self.store.transact_or_found(writes).await {
+            Ok(()) => Ok(outbox),
+            Err(refused) => {
+                let found = index.and_then(|i| refused.found(i).cloned());
+                Err((refused.error, found))
+            }
+        }
+    }
+
     /// Delivers outbox entries right after their transaction committed. A resume message's
     /// entry stays until its consumer acts on it (the consumer deletes it in that same write),
     /// so the decision's own transaction is its only write; an entry nobody consumed is the
