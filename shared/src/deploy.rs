@@ -17,6 +17,7 @@ use crate::adapters::trust;
 use crate::adapters::webhook::{self, Webhooks};
 use crate::agents::{self, Definition, Wiring};
 use crate::domain::identity::Directory;
+use crate::engine::records::IndexShards;
 use crate::engine::{DEFAULT_REMIND_BEFORE, Delivery, Engine, EngineBuilder};
 use crate::example::expense::{self, Claims};
 use crate::ports::clock::{Clock, SystemClock};
@@ -392,6 +393,19 @@ pub struct Backing {
     pub clock: Arc<dyn Clock>,
 }
 
+/// `COUNTERSIGN_INDEX_SHARDS`: how many partitions each index every tenant writes is split
+/// over (default 16, at most 256). Every process of a deployment must read the same number.
+pub fn index_shards() -> Result<IndexShards, ConfigError> {
+    match var(INDEX_SHARDS) {
+        None => Ok(IndexShards::DEFAULT),
+        Some(text) => text
+            .parse()
+            .map_err(|e| ConfigError(format!("{INDEX_SHARDS}: {e}"))),
+    }
+}
+
+const INDEX_SHARDS: &str = "COUNTERSIGN_INDEX_SHARDS";
+
 /// The one way every entry point builds its engine: each definition bound into an agent (a
 /// model attached only where `drives`: the processes that start and resume runs), notices as
 /// configured, over the given store.
@@ -407,6 +421,7 @@ pub fn engine(backing: Backing, setup: &Setup, drives: bool) -> Result<Engine, C
     let agents =
         agents::build_all(&setup.definitions, &wiring).map_err(|e| ConfigError(e.to_string()))?;
     let builder = Engine::builder(backing.store)
+        .index_shards(index_shards()?)
         .agents(agents)
         .clock(backing.clock)
         .delivery(backing.delivery)

@@ -26,7 +26,7 @@ use shared::domain::audit::AuditEvent;
 use shared::domain::identity::Actor;
 use shared::domain::ids::RunId;
 use shared::domain::run::RunStatus;
-use shared::engine::records::{OutboxEntry, OutboxMessage, decode, keys};
+use shared::engine::records::{IndexShards, OutboxEntry, OutboxMessage, decode, keys};
 use shared::engine::{EngineBuilder, MAX_NOTICE_ATTEMPTS, SweepReport};
 use shared::example::expense::{OfflineExpenseAgent, task_for};
 use shared::ports::clock::Clock;
@@ -66,15 +66,20 @@ fn at(hours: i64, minutes: i64) -> DateTime<Utc> {
 
 /// Every outbox entry still waiting, whatever it is due.
 async fn outbox(p: &Process) -> Vec<OutboxEntry> {
-    let page = p
-        .store
-        .query_index(keys::OUTBOX_INDEX, "", "\u{10FFFF}", None, 1_000)
-        .await
-        .unwrap();
-    page.items
-        .iter()
-        .map(|item| decode::<OutboxEntry>(item).unwrap().value)
-        .collect()
+    let mut entries = Vec::new();
+    for shard in keys::shard_pks(keys::OUTBOX_INDEX, IndexShards::DEFAULT) {
+        let page = p
+            .store
+            .query_index(&shard, "", "\u{10FFFF}", None, 1_000)
+            .await
+            .unwrap();
+        entries.extend(
+            page.items
+                .iter()
+                .map(|item| decode::<OutboxEntry>(item).unwrap().value),
+        );
+    }
+    entries
 }
 
 /// The run's notice events, `(event, approval, notice, destination)`, oldest first.

@@ -411,6 +411,53 @@ async fn malformed_transactions_are_refused_before_writing(store: Arc<dyn ItemSt
     ));
 }
 
+async fn a_refusal_says_what_each_failed_write_found(store: Arc<dyn ItemStore>) {
+    let winner = indexed("P", "a", "IDX", "2026-01-01#a");
+    store.transact(vec![create(winner.clone())]).await.unwrap();
+    store
+        .transact(vec![create(item("P", "b", 1, "b"))])
+        .await
+        .unwrap();
+
+    // Alone (a plain conditional write on DynamoDB): the item the lost race left.
+    let lost = store
+        .transact_or_found(vec![update(item("P", "a", 3, "lost"), 2)])
+        .await
+        .unwrap_err();
+    assert_eq!(lost.error, StoreError::ConditionFailed { failed: vec![0] });
+    assert_eq!(lost.found(0), Some(&Some(winner.clone())));
+
+    // In a transaction: each failed write's item, none for the one that held; a version of a
+    // missing item found nothing.
+    let refused = store
+        .transact_or_found(vec![
+            create(item("P", "a", 1, "again")),
+            update(item("P", "b", 2, "b2"), 1),
+            update(item("P", "gone", 2, "x"), 1),
+        ])
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused.error,
+        StoreError::ConditionFailed { failed: vec![0, 2] }
+    );
+    assert_eq!(refused.found(0), Some(&Some(winner)));
+    assert_eq!(refused.found(1), None, "its condition held");
+    assert_eq!(refused.found(2), Some(&None));
+    assert_eq!(
+        store.get("P", "b").await.unwrap().unwrap().ver,
+        1,
+        "nothing written"
+    );
+
+    // A transaction that applies is the same as transact's.
+    store
+        .transact_or_found(vec![update(item("P", "b", 2, "b2"), 1)])
+        .await
+        .unwrap();
+    assert_eq!(store.get("P", "b").await.unwrap().unwrap().ver, 2);
+}
+
 macro_rules! conformance {
     ($backend:ident: $($test:ident),* $(,)?) => {
         mod $backend {
@@ -445,4 +492,5 @@ both!(
     the_index_is_sparse_and_read_by_range,
     index_pages_resume_too,
     malformed_transactions_are_refused_before_writing,
+    a_refusal_says_what_each_failed_write_found,
 );

@@ -6,6 +6,7 @@
 mod cost;
 mod lifecycle;
 mod meter;
+mod partitions;
 mod report;
 mod rig;
 mod scaling;
@@ -23,6 +24,7 @@ use lifecycle::SWEEP_BUDGET;
 use meter::Phase;
 use report::{Latency, StepCost};
 use rig::Rig;
+use shared::engine::records::IndexShards;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -168,10 +170,12 @@ async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
     let rig = Arc::new(Rig::new(args.store, 2 * runs).await?);
     let in_process = rig.queue.is_none();
     rig.meter.take();
+    rig.meter.take_keys();
 
     let commits_before = rig.commits();
     let (elapsed, samples) = lifecycle::lifecycles(&rig, 0..runs, concurrency).await?;
     let lived = rig.meter.take();
+    let (key_units, registry_bytes) = rig.meter.take_keys();
     let commits = rig
         .commits()
         .zip(commits_before)
@@ -196,6 +200,26 @@ async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
     let resume = StepCost::of(&lived, Phase::Resume, runs);
     let sweep_item = StepCost::of(&sweep_counts, Phase::Sweep, swept.expired);
     let resume_after_expiry = StepCost::of(&after_expiry, Phase::Resume, swept.expired);
+    let families = partitions::families(&key_units, runs);
+    // Before sharding, every index sat on one key, and the tenant registry was rewritten in
+    // each start's transaction (2 write units per KB).
+    let unsharded = IndexShards::new(1).expect("one shard");
+    let registry_every_start = 2.0 * registry_bytes.div_ceil(1024).max(1) as f64;
+    let ceilings = [
+        (
+            "before (one key per index, registry every start)",
+            partitions::ceiling(&families, 1, unsharded, registry_every_start),
+        ),
+        (
+            "",
+            partitions::ceiling(&families, 1_000, unsharded, registry_every_start),
+        ),
+        (
+            "now (sharded indexes, registry once a process)",
+            partitions::ceiling(&families, 1, rig.shards, 0.0),
+        ),
+        ("", partitions::ceiling(&families, 1_000, rig.shards, 0.0)),
+    ];
     let cost = (!in_process).then(|| cost::per_million(&start, &decision, &resume));
     let sweep = SweepFigures {
         overdue: runs,
@@ -234,6 +258,10 @@ async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
         "group_commits": commits,
         "load_average": { "before": load_before, "after": load_after },
         "cost_per_million_approvals": cost,
+        "partition_keys": {
+            "families": families,
+            "ceilings": ceilings.iter().map(|(_, c)| c).collect::<Vec<_>>(),
+        },
     });
 
     let mut text = format!(
@@ -313,6 +341,8 @@ async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
         text.push('\n');
         text.push_str(&cost::table(cost));
     }
+    text.push('\n');
+    text.push_str(&partitions::table(&families, &ceilings));
 
     if swept.expired != runs {
         eprint!("{text}");

@@ -29,7 +29,9 @@ use aws_smithy_runtime_api::client::orchestrator::Metadata;
 use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
 use aws_smithy_types::config_bag::{ConfigBag, Storable, StoreReplace};
 use serde::Serialize;
-use shared::ports::store::{Condition, Item, ItemStore, Page, StoreError, Write};
+
+use crate::partitions::KeyLoad;
+use shared::ports::store::{Condition, Item, ItemStore, Page, Refused, StoreError, Write};
 
 /// The step of the lifecycle an engine call belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -175,6 +177,7 @@ struct Shadow {
 pub struct Meter {
     counts: Mutex<Counts>,
     shadows: Mutex<HashMap<(String, String), Shadow>>,
+    keys: Mutex<KeyLoad>,
 }
 
 impl Meter {
@@ -185,6 +188,12 @@ impl Meter {
     /// Everything counted since the last call, and a fresh start.
     pub fn take(&self) -> Counts {
         std::mem::take(&mut *self.counts.lock().expect("meter lock"))
+    }
+
+    /// Write units per partition key since the last call, and the tenant registry item's size.
+    pub fn take_keys(&self) -> (BTreeMap<(bool, String), f64>, u64) {
+        let mut keys = self.keys.lock().expect("meter lock");
+        (keys.take(), keys.registry_bytes())
     }
 
     fn store(&self, count: impl FnOnce(&mut StoreCounts)) {
@@ -260,6 +269,10 @@ impl ItemStore for MeteredStore {
     }
 
     async fn transact(&self, writes: Vec<Write>) -> Result<(), StoreError> {
+        self.transact_or_found(writes).await.map_err(|r| r.error)
+    }
+
+    async fn transact_or_found(&self, writes: Vec<Write>) -> Result<(), Refused> {
         let n = writes.len() as f64;
         let count = |condition: Condition| {
             writes.iter().filter(|w| w.condition() == condition).count() as f64
@@ -273,7 +286,16 @@ impl ItemStore for MeteredStore {
             c.unconditional += unconditional;
             c.version_is += n - new - unconditional;
         });
-        self.inner.transact(writes).await
+        let recorded = writes.clone();
+        let result = self.inner.transact_or_found(writes).await;
+        if result.is_ok() {
+            self.meter
+                .keys
+                .lock()
+                .expect("meter lock")
+                .record(&recorded);
+        }
+        result
     }
 }
 

@@ -15,6 +15,7 @@ use shared::agents::{self, Wiring};
 use shared::deploy::AwsSettings;
 use shared::domain::identity::Identity;
 use shared::domain::ids::{Role, TenantId};
+use shared::engine::records::IndexShards;
 use shared::engine::{Delivery, Engine};
 use shared::example::expense::{self, Claims};
 use shared::ports::clock::Clock;
@@ -41,6 +42,9 @@ pub struct Rig {
     pub queue: Option<Arc<SqsQueue>>,
     /// Whether decisions schedule and unschedule deadline wake-ups on EventBridge Scheduler.
     pub schedules: bool,
+    /// How many partitions each index every tenant writes is split over
+    /// (`COUNTERSIGN_INDEX_SHARDS`, as the functions read it).
+    pub shards: IndexShards,
     /// The embedded store itself, to read how many commits its writer made.
     embedded: Option<SqliteStore>,
     scratch: Option<PathBuf>,
@@ -80,6 +84,8 @@ impl Rig {
     pub async fn new(kind: BenchStore, claims: usize) -> Result<Self, BenchError> {
         let meter = Meter::new();
         let clock = Arc::new(SkewedClock::default());
+        let shards =
+            shared::deploy::index_shards().map_err(|e| BenchError::Setup(e.to_string()))?;
         match kind {
             BenchStore::Embedded => {
                 let tenant = TenantId::parse("bench").expect("a well-formed tenant");
@@ -95,6 +101,7 @@ impl Rig {
                     clock.clone(),
                     Delivery::InProcess,
                     Arc::new(SweepOnly),
+                    shards,
                 );
                 Ok(Self {
                     engine,
@@ -105,6 +112,7 @@ impl Rig {
                     tenant,
                     queue: None,
                     schedules: false,
+                    shards,
                     embedded: Some(sqlite),
                     scratch: Some(dir),
                 })
@@ -161,6 +169,7 @@ impl Rig {
                     clock.clone(),
                     Delivery::Queue(queue.clone()),
                     scheduler,
+                    shards,
                 );
                 Ok(Self {
                     engine,
@@ -171,6 +180,7 @@ impl Rig {
                     tenant,
                     queue: Some(queue),
                     schedules: settings.schedule.is_some(),
+                    shards,
                     embedded: None,
                     scratch: None,
                 })
@@ -192,6 +202,7 @@ fn engine(
     clock: Arc<SkewedClock>,
     delivery: Delivery,
     scheduler: Arc<dyn Scheduler>,
+    shards: IndexShards,
 ) -> Engine {
     let clock: Arc<dyn Clock> = clock;
     let wiring = Wiring::new(store.clone(), clock.clone(), claims);
@@ -205,5 +216,6 @@ fn engine(
         .clock(clock)
         .delivery(delivery)
         .scheduler(scheduler)
+        .index_shards(shards)
         .build()
 }

@@ -10,6 +10,7 @@ fn a_short_concurrent_bench_pays_each_approved_claim_exactly_once() {
     let output = Command::new(env!("CARGO_BIN_EXE_countersign-bench"))
         .args(["--runs", "20", "--concurrency", "4", "--json"])
         .env_remove("ANTHROPIC_API_KEY")
+        .env_remove("COUNTERSIGN_INDEX_SHARDS")
         .output()
         .expect("countersign-bench runs");
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -28,4 +29,25 @@ fn a_short_concurrent_bench_pays_each_approved_claim_exactly_once() {
     );
     assert_eq!(report["latency"]["start"]["count"], 20);
     assert_eq!(report["latency"]["decide"]["count"], 20);
+
+    // No partition key every tenant writes takes a lifecycle's index writes whole.
+    let families = report["partition_keys"]["families"].as_array().unwrap();
+    for family in families {
+        if family["spread"] == "global" {
+            assert_eq!(family["key"], "TENANTS", "{family}");
+            // Written by the first starts of the tenant (several at once may each write it),
+            // not by every start (2 write units each).
+            assert!(
+                family["wcu_per_lifecycle"].as_f64().unwrap() < 1.0,
+                "{family}"
+            );
+        }
+    }
+    let ceilings = report["partition_keys"]["ceilings"].as_array().unwrap();
+    let per_second = |i: usize| ceilings[i]["lifecycles_per_second"].as_f64().unwrap();
+    assert_eq!(ceilings[3]["tenants"], 1_000);
+    assert!(
+        per_second(3) > 4.0 * per_second(1),
+        "sharding raises the ceiling for many tenants: {ceilings:?}"
+    );
 }

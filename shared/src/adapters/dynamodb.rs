@@ -11,11 +11,12 @@ use aws_sdk_dynamodb::operation::delete_item::DeleteItemError;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{
-    AttributeValue, Delete, Put, ReturnConsumedCapacity, TransactWriteItem,
+    AttributeValue, Delete, Put, ReturnConsumedCapacity, ReturnValuesOnConditionCheckFailure,
+    TransactWriteItem,
 };
 
 use crate::ports::store::{
-    Condition, IndexKey, Item, ItemStore, Page, StoreError, Write, check_transaction,
+    Condition, IndexKey, Item, ItemStore, Page, Refused, StoreError, Write, check_transaction,
 };
 
 /// The name of the sparse index, as the table definition in template.yaml names it.
@@ -146,17 +147,18 @@ fn condition(cond: Condition) -> (Option<String>, Option<Attributes>) {
     }
 }
 
-/// What a refused single write means: its condition failed, or it met a transaction in flight
-/// on the same item (`TransactionConflict`), as a one-write transaction would have.
+/// What a refused single write means: its condition failed (with the item it found, which
+/// `ReturnValuesOnConditionCheckFailure=ALL_OLD` returns), or it met a transaction in flight on
+/// the same item (`TransactionConflict`), as a one-write transaction would have.
 enum SingleRefusal {
-    ConditionFailed,
+    ConditionFailed(Option<Attributes>),
     Conflict,
 }
 
 fn single_write_error<E, R>(
     error: SdkError<E, R>,
     refusal: impl FnOnce(&E) -> Option<SingleRefusal>,
-) -> StoreError
+) -> Refused
 where
     E: std::error::Error + 'static,
     R: std::fmt::Debug,
@@ -165,17 +167,34 @@ where
         SdkError::ServiceError(context) => refusal(context.err()),
         _ => None,
     };
-    match refused {
-        Some(SingleRefusal::ConditionFailed) => StoreError::ConditionFailed { failed: vec![0] },
-        Some(SingleRefusal::Conflict) => StoreError::Contended,
-        None => unavailable(error),
+    let (error, found) = match refused {
+        Some(SingleRefusal::ConditionFailed(item)) => (
+            StoreError::ConditionFailed { failed: vec![0] },
+            found_item(item.as_ref())
+                .map(|item| (0, item))
+                .into_iter()
+                .collect(),
+        ),
+        Some(SingleRefusal::Conflict) => (StoreError::Contended, Vec::new()),
+        None => (unavailable(error), Vec::new()),
+    };
+    Refused { error, found }
+}
+
+/// The item a failed condition found: `Some(None)` when there was none, `None` when the answer
+/// held an item this store cannot read.
+fn found_item(item: Option<&Attributes>) -> Option<Option<Item>> {
+    match item {
+        None => Some(None),
+        Some(attrs) if attrs.is_empty() => Some(None),
+        Some(attrs) => from_attributes(attrs).ok().map(Some),
     }
 }
 
 impl DynamoStore {
     /// One write alone: a plain conditional PutItem or DeleteItem, atomic on its item and billed
     /// as a standard write (1 WRU per KB) where a transaction bills 2.
-    async fn write_one(&self, write: &Write) -> Result<(), StoreError> {
+    async fn write_one(&self, write: &Write) -> Result<(), Refused> {
         let (expression, values) = condition(write.condition());
         match write {
             Write::Put { item, .. } => self
@@ -185,14 +204,17 @@ impl DynamoStore {
                 .set_item(Some(to_attributes(item)))
                 .set_condition_expression(expression)
                 .set_expression_attribute_values(values)
+                .return_values_on_condition_check_failure(
+                    ReturnValuesOnConditionCheckFailure::AllOld,
+                )
                 .set_return_consumed_capacity(self.consumed_capacity.clone())
                 .send()
                 .await
                 .map(|_| ())
                 .map_err(|e| {
                     single_write_error(e, |e| match e {
-                        PutItemError::ConditionalCheckFailedException(_) => {
-                            Some(SingleRefusal::ConditionFailed)
+                        PutItemError::ConditionalCheckFailedException(failed) => {
+                            Some(SingleRefusal::ConditionFailed(failed.item().cloned()))
                         }
                         PutItemError::TransactionConflictException(_)
                         | PutItemError::ReplicatedWriteConflictException(_) => {
@@ -209,14 +231,17 @@ impl DynamoStore {
                 .key("sk", s(sk))
                 .set_condition_expression(expression)
                 .set_expression_attribute_values(values)
+                .return_values_on_condition_check_failure(
+                    ReturnValuesOnConditionCheckFailure::AllOld,
+                )
                 .set_return_consumed_capacity(self.consumed_capacity.clone())
                 .send()
                 .await
                 .map(|_| ())
                 .map_err(|e| {
                     single_write_error(e, |e| match e {
-                        DeleteItemError::ConditionalCheckFailedException(_) => {
-                            Some(SingleRefusal::ConditionFailed)
+                        DeleteItemError::ConditionalCheckFailedException(failed) => {
+                            Some(SingleRefusal::ConditionFailed(failed.item().cloned()))
                         }
                         DeleteItemError::TransactionConflictException(_)
                         | DeleteItemError::ReplicatedWriteConflictException(_) => {
@@ -238,6 +263,9 @@ impl DynamoStore {
                     .set_item(Some(to_attributes(item)))
                     .set_condition_expression(expression)
                     .set_expression_attribute_values(values)
+                    .return_values_on_condition_check_failure(
+                        ReturnValuesOnConditionCheckFailure::AllOld,
+                    )
                     .build()
                     .map_err(invalid)?;
                 TransactWriteItem::builder().put(put).build()
@@ -249,6 +277,9 @@ impl DynamoStore {
                     .key("sk", s(sk))
                     .set_condition_expression(expression)
                     .set_expression_attribute_values(values)
+                    .return_values_on_condition_check_failure(
+                        ReturnValuesOnConditionCheckFailure::AllOld,
+                    )
                     .build()
                     .map_err(invalid)?;
                 TransactWriteItem::builder().delete(delete).build()
@@ -346,14 +377,23 @@ impl ItemStore for DynamoStore {
     }
 
     async fn transact(&self, writes: Vec<Write>) -> Result<(), StoreError> {
-        check_transaction(&writes)?;
+        self.transact_or_found(writes).await.map_err(|r| r.error)
+    }
+
+    async fn transact_or_found(&self, writes: Vec<Write>) -> Result<(), Refused> {
+        let refused = |error| Refused {
+            error,
+            found: Vec::new(),
+        };
+        check_transaction(&writes).map_err(refused)?;
         if let [write] = writes.as_slice() {
             return self.write_one(write).await;
         }
         let items = writes
             .iter()
             .map(|w| self.transact_item(w))
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(refused)?;
         let result = self
             .client
             .transact_write_items()
@@ -373,24 +413,32 @@ impl ItemStore for DynamoStore {
                         .map(|(i, _)| i)
                         .collect();
                     if !failed.is_empty() {
-                        return Err(StoreError::ConditionFailed { failed });
+                        // Each failed write's reason carries the item it found (ALL_OLD).
+                        let found = failed
+                            .iter()
+                            .filter_map(|&i| found_item(reasons[i].item()).map(|item| (i, item)))
+                            .collect();
+                        return Err(Refused {
+                            error: StoreError::ConditionFailed { failed },
+                            found,
+                        });
                     }
                     if reasons
                         .iter()
                         .any(|r| r.code() == Some("TransactionConflict"))
                     {
-                        return Err(StoreError::Contended);
+                        return Err(refused(StoreError::Contended));
                     }
-                    Err(StoreError::Unavailable(format!(
+                    Err(refused(StoreError::Unavailable(format!(
                         "the transaction was cancelled: {cancelled}"
-                    )))
+                    ))))
                 }
                 TransactWriteItemsError::TransactionInProgressException(_) => {
-                    Err(StoreError::Contended)
+                    Err(refused(StoreError::Contended))
                 }
-                other => Err(StoreError::Unavailable(other.to_string())),
+                other => Err(refused(StoreError::Unavailable(other.to_string()))),
             },
-            Err(other) => Err(unavailable(other)),
+            Err(other) => Err(refused(unavailable(other))),
         }
     }
 }

@@ -87,7 +87,7 @@ impl Engine {
             tx.update(
                 keys::run_pk(&tenant, run_id),
                 keys::RUN_SK.into(),
-                run_index(&run.value),
+                run_index(self.index_shards, &run.value),
                 &run.value,
                 run.ver,
             );

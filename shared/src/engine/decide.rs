@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use tracing::Instrument;
 
-use super::records::{OutboxMessage, Tx, keys};
+use super::records::{OutboxMessage, Stored, Tx, decode, keys};
 use super::{AWAITING_ACTION_VER, Agent, CAS_ATTEMPTS, Delivery, Engine, EngineError};
 use super::{RunReport, deadline};
 use crate::domain::action::{Action, ActionStatus, NotExecuted, ProposedCall, ToolOutcome};
@@ -73,8 +73,15 @@ impl Engine {
         approval_id: &ApprovalId,
         request: DecisionRequest,
     ) -> Result<DecisionReport, EngineError> {
+        let approval_pk = keys::approval_pk(&who.tenant, approval_id);
+        // After a lost race, the approval as the refusal found it: no read before trying again.
+        let mut found: Option<Option<Stored<Approval>>> = None;
         for _ in 0..CAS_ATTEMPTS {
-            let Some(stored) = self.load_approval(&who.tenant, approval_id).await? else {
+            let stored = match found.take() {
+                Some(stored) => stored,
+                None => self.load_approval(&who.tenant, approval_id).await?,
+            };
+            let Some(stored) = stored else {
                 return Err(EngineError::not_found(format!("approval {approval_id}")));
             };
             let mut approval = stored.value;
@@ -105,8 +112,7 @@ impl Engine {
                     );
                     match self.commit(tx).await {
                         Ok(outbox) => {
-                            self.unschedule_wakeups(&approval).await;
-                            self.deliver(outbox).await;
+                            tokio::join!(self.unschedule_wakeups(&approval), self.deliver(outbox));
                             return Err(Refusal::Expired { expires_at }.into());
                         }
                         Err(StoreError::ConditionFailed { .. }) => continue,
@@ -180,19 +186,28 @@ impl Engine {
                 now,
             );
 
-            match self.commit(tx).await {
+            match self
+                .commit_watching(tx, (&approval_pk, keys::APPROVAL_SK))
+                .await
+            {
                 Ok(outbox) => {
                     tracing::info!(effect = ?decision.effect, "decided");
-                    if approval.status != ApprovalStatus::AwaitingApproval {
-                        self.unschedule_wakeups(&approval).await;
-                    }
-                    if let Some(next) = next_approval
-                        .as_ref()
-                        .filter(|a| a.status == ApprovalStatus::AwaitingApproval)
-                    {
-                        self.schedule_wakeups(next).await;
-                    }
-                    self.deliver(outbox).await;
+                    // After the commit, the resume message, the schedule deletes and a new
+                    // version's schedules go out together: none waits on another.
+                    let unschedule = async {
+                        if approval.status != ApprovalStatus::AwaitingApproval {
+                            self.unschedule_wakeups(&approval).await;
+                        }
+                    };
+                    let schedule = async {
+                        if let Some(next) = next_approval
+                            .as_ref()
+                            .filter(|a| a.status == ApprovalStatus::AwaitingApproval)
+                        {
+                            self.schedule_wakeups(next).await;
+                        }
+                    };
+                    tokio::join!(unschedule, schedule, self.deliver(outbox));
                     let run = self.run_after_delivery(&approval).await?;
                     return Ok(DecisionReport {
                         approval,
@@ -202,8 +217,13 @@ impl Engine {
                         run,
                     });
                 }
-                Err(StoreError::ConditionFailed { .. }) => continue,
-                Err(error) => return Err(error.into()),
+                Err((StoreError::ConditionFailed { .. }, seen)) => {
+                    found = seen
+                        .map(|item| item.as_ref().map(decode).transpose())
+                        .transpose()?;
+                    continue;
+                }
+                Err((error, _)) => return Err(error.into()),
             }
         }
         Err(EngineError::Contended)
@@ -298,6 +318,7 @@ impl Engine {
             outbox: None,
         };
         tx.outbox(
+            self.index_shards,
             &action.tenant,
             &action.run_id,
             OutboxMessage::Resume(message),

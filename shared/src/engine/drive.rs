@@ -82,14 +82,17 @@ impl Engine {
         tx.create(
             keys::run_pk(&run.tenant, &run.id),
             keys::RUN_SK.into(),
-            run_index(&run),
+            run_index(self.index_shards, &run),
             &run,
         );
-        tx.upsert(
-            keys::TENANTS_PK.into(),
-            keys::tenant_sk(&run.tenant),
-            &run.tenant,
-        );
+        let register = !self.is_registered(&run.tenant);
+        if register {
+            tx.upsert(
+                keys::TENANTS_PK.into(),
+                keys::tenant_sk(&run.tenant),
+                &run.tenant,
+            );
+        }
         let started = AuditEvent::Started {
             task: run.task.clone(),
             requested_by: run.requested_by.clone(),
@@ -100,6 +103,9 @@ impl Engine {
             AuditEntry::new(&run.id, Actor::person(&run.requested_by), started, now),
         );
         self.commit(tx).await?;
+        if register {
+            self.registered(&run.tenant);
+        }
 
         let (report, outbox) = self.drive(Stored { value: run, ver: 1 }).await?;
         self.deliver(outbox).await;
@@ -268,7 +274,12 @@ impl Engine {
             tx.create(
                 keys::approval_pk(tenant, &approval.id),
                 keys::ESCALATION_SK.into(),
-                Some(keys::escalation(at, tenant, &approval.id)),
+                Some(keys::escalation(
+                    self.index_shards,
+                    at,
+                    tenant,
+                    &approval.id,
+                )),
                 &EscalationDue {
                     tenant: tenant.clone(),
                     approval_id: approval.id.clone(),
@@ -326,7 +337,7 @@ impl Engine {
         tx.update(
             keys::run_pk(&run.value.tenant, &run.value.id),
             keys::RUN_SK.into(),
-            run_index(&run.value),
+            run_index(self.index_shards, &run.value),
             &run.value,
             run.ver,
         );
@@ -364,8 +375,7 @@ impl Engine {
     }
 
     pub(super) async fn unschedule_wakeups(&self, approval: &Approval) {
-        let reminder = self.reminder_at(approval).map(|_| Wake::Reminder);
-        for wake in [Some(Wake::Deadline), reminder].into_iter().flatten() {
+        let unschedule = |wake: Wake| async move {
             if let Err(error) = self
                 .scheduler
                 .unschedule(&approval.tenant, &approval.id, wake)
@@ -373,7 +383,14 @@ impl Engine {
             {
                 tracing::warn!(approval = %approval.id, %error, wake = wake.as_str(), "the schedule stays; it will find nothing to do");
             }
-        }
+        };
+        // The deadline's and the reminder's schedules are deleted together.
+        let reminder = async {
+            if self.reminder_at(approval).is_some() {
+                unschedule(Wake::Reminder).await;
+            }
+        };
+        tokio::join!(unschedule(Wake::Deadline), reminder);
     }
 
     /// Commits a transaction that writes the run being driven. Losing its compare-and-set means
@@ -420,7 +437,12 @@ impl Engine {
         );
 
         let mut tx = Tx::new();
-        tx.create(pk.clone(), sk.clone(), action_index(&action), &action);
+        tx.create(
+            pk.clone(),
+            sk.clone(),
+            action_index(self.index_shards, &action),
+            &action,
+        );
         let proposed = AuditEvent::proposed(&action, Verdict::Allow, None);
         tx.audit(
             &tenant,
@@ -443,7 +465,13 @@ impl Engine {
             .record(&outcome, now)
             .expect("an executing action records its outcome");
         let mut tx = Tx::new();
-        tx.update(pk.clone(), sk.clone(), action_index(&action), &action, 1);
+        tx.update(
+            pk.clone(),
+            sk.clone(),
+            action_index(self.index_shards, &action),
+            &action,
+            1,
+        );
         tx.audit(
             &tenant,
             AuditEntry::new(
@@ -543,7 +571,7 @@ impl Engine {
         tx.update(
             keys::run_pk(&run.value.tenant, &run.value.id),
             keys::RUN_SK.into(),
-            run_index(&run.value),
+            run_index(self.index_shards, &run.value),
             &run.value,
             run.ver,
         );
@@ -573,7 +601,7 @@ impl Engine {
         tx.update(
             keys::run_pk(&run.value.tenant, &run.value.id),
             keys::RUN_SK.into(),
-            run_index(&run.value),
+            run_index(self.index_shards, &run.value),
             &run.value,
             run.ver,
         );

@@ -59,6 +59,15 @@ pub struct Engine {
     notifier: Option<Arc<dyn Notifier>>,
     /// How long before an approval's deadline its reminder goes out.
     remind_before: chrono::Duration,
+    /// How many partitions each index every tenant writes is split over.
+    index_shards: records::IndexShards,
+    /// Sweeps so far: each starts reading the shards one further on, so a shard with more due
+    /// than one sweep's budget does not keep the ones after it waiting.
+    sweeps: std::sync::atomic::AtomicU32,
+    /// Tenants this engine has written to the tenant registry. The registry is one partition
+    /// every tenant writes, so a run start writes it only the first time this process starts a
+    /// run of the tenant (an entry is never removed), not on every start.
+    registered: std::sync::Mutex<std::collections::HashSet<TenantId>>,
 }
 
 /// Builds an engine from the ports a process has; each entry point supplies only what it uses.
@@ -109,6 +118,12 @@ impl EngineBuilder {
         self
     }
 
+    /// How many partitions each index every tenant writes is split over (16 by default).
+    pub fn index_shards(mut self, shards: records::IndexShards) -> Self {
+        self.engine.index_shards = shards;
+        self
+    }
+
     pub fn build(self) -> Engine {
         self.engine
     }
@@ -125,7 +140,28 @@ impl Engine {
                 scheduler: Arc::new(SweepOnly),
                 notifier: None,
                 remind_before: notify::default_lead(),
+                index_shards: records::IndexShards::DEFAULT,
+                sweeps: Default::default(),
+                registered: Default::default(),
             },
+        }
+    }
+
+    fn is_registered(&self, tenant: &TenantId) -> bool {
+        self.registered
+            .lock()
+            .map(|set| set.contains(tenant))
+            .unwrap_or(false)
+    }
+
+    /// The tenant is in the registry: its registration committed.
+    fn registered(&self, tenant: &TenantId) {
+        if let Ok(mut set) = self.registered.lock() {
+            // Bounded memory in a long-lived process: forgetting only costs a rewrite.
+            if set.len() >= 100_000 {
+                set.clear();
+            }
+            set.insert(tenant.clone());
         }
     }
 
@@ -152,6 +188,25 @@ impl Engine {
         let (writes, outbox) = tx.into_parts();
         self.store.transact(writes).await?;
         Ok(outbox)
+    }
+
+    /// [`Engine::commit`], and when it is refused, what the write to the item `watched` found
+    /// if its condition failed: `Some(None)` when the item was gone, `None` when the store did
+    /// not say or another write's condition failed.
+    async fn commit_watching(
+        &self,
+        tx: Tx,
+        watched: (&str, &str),
+    ) -> Result<Vec<OutboxEntry>, (StoreError, Option<Option<crate::ports::store::Item>>)> {
+        let (writes, outbox) = tx.into_parts();
+        let index = writes.iter().position(|w| w.key() == watched);
+        match self.store.transact_or_found(writes).await {
+            Ok(()) => Ok(outbox),
+            Err(refused) => {
+                let found = index.and_then(|i| refused.found(i).cloned());
+                Err((refused.error, found))
+            }
+        }
     }
 
     /// Delivers outbox entries right after their transaction committed. A resume message's

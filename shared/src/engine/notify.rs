@@ -154,7 +154,13 @@ impl Engine {
                 attempts: 0,
                 last_error: None,
             };
-            tx.outbox(tenant, run_id, OutboxMessage::Notify(message), now);
+            tx.outbox(
+                self.index_shards,
+                tenant,
+                run_id,
+                OutboxMessage::Notify(message),
+                now,
+            );
         }
     }
 
@@ -285,7 +291,7 @@ impl Engine {
         };
 
         let mut tx = Tx::new();
-        let lease = keys::outbox(now + NOTICE_LEASE, &outbox.id);
+        let lease = keys::outbox(self.index_shards, now + NOTICE_LEASE, &outbox.id);
         tx.update(pk, sk, Some(lease), outbox, stored.ver);
         match self.commit(tx).await {
             Ok(_) => {}
@@ -413,7 +419,13 @@ impl Engine {
                     tracing::warn!(outbox = %outbox.id, attempts = message.attempts, %error, next = %keys::sortable(next), "notice not delivered; trying again later");
                     message.last_error = Some(error.to_string());
                     outbox.message = OutboxMessage::Notify(message);
-                    tx.update(pk, sk, Some(keys::outbox(next, &outbox.id)), &outbox, ver);
+                    tx.update(
+                        pk,
+                        sk,
+                        Some(keys::outbox(self.index_shards, next, &outbox.id)),
+                        &outbox,
+                        ver,
+                    );
                     Settled::Retrying
                 }
             }

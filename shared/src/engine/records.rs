@@ -26,8 +26,11 @@ pub mod keys {
     pub const AUDIT_PREFIX: &str = "AUDIT#";
     pub const OUTBOX_PREFIX: &str = "OUTBOX#";
     pub const TENANTS_PK: &str = "TENANTS";
-    /// Index partitions: undelivered outbox items (by when they are due), actions whose outcome
-    /// is not settled, runs being driven (by when their lease runs out).
+    /// Index partitions written by every tenant: undelivered outbox items (by when they are
+    /// due), actions whose outcome is not settled, runs being driven (by when their lease runs
+    /// out), approvals with an escalation to come. Each is split over [`IndexShards`]
+    /// partitions, `OUTBOX#0` to `OUTBOX#n-1` and so on, so no one partition key takes every
+    /// tenant's writes; [`shard_pks`] names them all for the sweep.
     pub const OUTBOX_INDEX: &str = "OUTBOX";
     pub const RECONCILE_INDEX: &str = "RECONCILE";
     pub const RUNNING_INDEX: &str = "RUNNING";
@@ -68,19 +71,42 @@ pub mod keys {
         }
     }
 
+    /// The partition of a sharded index that holds the record `id`: the same one every time,
+    /// so a record that is rewritten (a lease that moves, a notice retried) stays in it.
+    pub fn shard_pk(index: &str, shards: IndexShards, id: &str) -> String {
+        format!("{index}#{}", shards.of(id))
+    }
+
+    /// Every partition of a sharded index, in shard order.
+    pub fn shard_pks(index: &str, shards: IndexShards) -> Vec<String> {
+        (0..shards.get()).map(|n| format!("{index}#{n}")).collect()
+    }
+
     /// An approval's next escalation step, by when it is due.
-    pub fn escalation(at: DateTime<Utc>, tenant: &TenantId, approval: &ApprovalId) -> IndexKey {
+    pub fn escalation(
+        shards: IndexShards,
+        at: DateTime<Utc>,
+        tenant: &TenantId,
+        approval: &ApprovalId,
+    ) -> IndexKey {
+        let id = approval_pk(tenant, approval);
         IndexKey {
-            pk: ESCALATE_INDEX.into(),
-            sk: format!("{}#{}", sortable(at), approval_pk(tenant, approval)),
+            pk: shard_pk(ESCALATE_INDEX, shards, &id),
+            sk: format!("{}#{id}", sortable(at)),
         }
     }
 
     /// A running run, by when the lease of the process driving it runs out.
-    pub fn lease(tenant: &TenantId, run: &RunId, until: DateTime<Utc>) -> IndexKey {
+    pub fn lease(
+        shards: IndexShards,
+        tenant: &TenantId,
+        run: &RunId,
+        until: DateTime<Utc>,
+    ) -> IndexKey {
+        let id = run_pk(tenant, run);
         IndexKey {
-            pk: RUNNING_INDEX.into(),
-            sk: format!("{}#{}", sortable(until), run_pk(tenant, run)),
+            pk: shard_pk(RUNNING_INDEX, shards, &id),
+            sk: format!("{}#{id}", sortable(until)),
         }
     }
 
@@ -91,9 +117,9 @@ pub mod keys {
 
     /// An outbox entry, by when it is next due: when it was written, or, for a notice, its
     /// next attempt or the end of its claim.
-    pub fn outbox(at: DateTime<Utc>, id: &OutboxId) -> IndexKey {
+    pub fn outbox(shards: IndexShards, at: DateTime<Utc>, id: &OutboxId) -> IndexKey {
         IndexKey {
-            pk: OUTBOX_INDEX.into(),
+            pk: shard_pk(OUTBOX_INDEX, shards, id.as_str()),
             sk: format!("{}#{id}", sortable(at)),
         }
     }
@@ -104,16 +130,80 @@ pub mod keys {
     }
 }
 
+// ---------------------------------------------------------------- index shards
+
+/// How many partitions each index written by every tenant is split over
+/// (`COUNTERSIGN_INDEX_SHARDS`). DynamoDB holds one partition key to about 1,000 write units a
+/// second; n shards raise that ceiling n times, and cost the sweep n queries per index instead
+/// of one. Every process of a deployment must use the same number: an entry in a shard the
+/// sweep does not read waits until it does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexShards(u32);
+
+impl IndexShards {
+    pub const DEFAULT: IndexShards = IndexShards(16);
+    /// More would make every sweep slow for no gain a deployment could measure.
+    pub const MAX: u32 = 256;
+
+    pub fn new(n: u32) -> Result<Self, String> {
+        match n {
+            1..=Self::MAX => Ok(Self(n)),
+            _ => Err(format!(
+                "{n} index shards: the number must be from 1 to {}",
+                Self::MAX
+            )),
+        }
+    }
+
+    pub fn get(self) -> u32 {
+        self.0
+    }
+
+    /// The shard of the record `id`: FNV-1a, which (unlike std's hasher) never changes between
+    /// releases or processes.
+    pub fn of(self, id: &str) -> u32 {
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for byte in id.bytes() {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        (hash % u64::from(self.0)) as u32
+    }
+}
+
+impl Default for IndexShards {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+impl std::str::FromStr for IndexShards {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let n = text
+            .trim()
+            .parse::<u32>()
+            .map_err(|_| format!("{text:?} is not a whole number of index shards"))?;
+        Self::new(n)
+    }
+}
+
 // ---------------------------------------------------------------- index rules
 
 /// How long an action may sit in `executing` before the sweep asks its tool what happened.
 pub(crate) const STALE_EXECUTION: chrono::Duration = chrono::Duration::minutes(15);
 
 /// The index entry that brings an unsettled action back to the sweep at `due`.
-pub(crate) fn reconcile_key(action: &Action, due: chrono::DateTime<chrono::Utc>) -> IndexKey {
+pub(crate) fn reconcile_key(
+    shards: IndexShards,
+    action: &Action,
+    due: chrono::DateTime<chrono::Utc>,
+) -> IndexKey {
+    let id = action.key();
     IndexKey {
-        pk: keys::RECONCILE_INDEX.into(),
-        sk: format!("{}#{}", keys::sortable(due), action.key()),
+        pk: keys::shard_pk(keys::RECONCILE_INDEX, shards, &id),
+        sk: format!("{}#{id}", keys::sortable(due)),
     }
 }
 
@@ -123,16 +213,20 @@ pub(crate) const RUN_LEASE: chrono::Duration = chrono::Duration::minutes(15);
 
 /// The index entry of a run in its current state: a running run holds a lease until
 /// `updated_at + RUN_LEASE`, renewed each time it is written running (started or resumed).
-pub(crate) fn run_index(run: &Run) -> Option<IndexKey> {
+pub(crate) fn run_index(shards: IndexShards, run: &Run) -> Option<IndexKey> {
     (run.status == RunStatus::Running)
-        .then(|| keys::lease(&run.tenant, &run.id, run.updated_at + RUN_LEASE))
+        .then(|| keys::lease(shards, &run.tenant, &run.id, run.updated_at + RUN_LEASE))
 }
 
 /// The index entry of an action in its current state, if it has one.
-pub(crate) fn action_index(action: &Action) -> Option<IndexKey> {
+pub(crate) fn action_index(shards: IndexShards, action: &Action) -> Option<IndexKey> {
     match action.status {
-        ActionStatus::Executing => Some(reconcile_key(action, action.updated_at + STALE_EXECUTION)),
-        ActionStatus::Unknown => Some(reconcile_key(action, action.updated_at)),
+        ActionStatus::Executing => Some(reconcile_key(
+            shards,
+            action,
+            action.updated_at + STALE_EXECUTION,
+        )),
+        ActionStatus::Unknown => Some(reconcile_key(shards, action, action.updated_at)),
         _ => None,
     }
 }
@@ -311,6 +405,7 @@ impl Tx {
 
     pub fn outbox(
         &mut self,
+        shards: IndexShards,
         tenant: &TenantId,
         run_id: &RunId,
         mut message: OutboxMessage,
@@ -328,12 +423,38 @@ impl Tx {
             message,
         };
         let (pk, sk) = entry.key();
-        let gsi1 = keys::outbox(now, &entry.id);
+        let gsi1 = keys::outbox(shards, now, &entry.id);
         self.put(pk, sk, Some(gsi1), &entry, 1, Condition::NotExists);
         self.outbox.push(entry);
     }
 
     pub fn into_parts(self) -> (Vec<Write>, Vec<OutboxEntry>) {
         (self.writes, self.outbox)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn index_shards_are_refused_outside_one_to_the_maximum() {
+        assert_eq!("16".parse::<IndexShards>(), Ok(IndexShards::DEFAULT));
+        for bad in ["0", "257", "-1", "four", ""] {
+            let error = bad.parse::<IndexShards>().unwrap_err();
+            assert!(error.contains("index shards"), "{bad:?}: {error}");
+        }
+    }
+
+    #[test]
+    fn a_record_keeps_its_shard_across_processes_and_releases() {
+        // Pinned: a changed hash would strand every entry written before the change.
+        let shards = IndexShards::new(16).unwrap();
+        assert_eq!(shards.of("TENANT#acme#RUN#r-1"), 9);
+        let seen: std::collections::BTreeSet<u32> =
+            (0..200).map(|n| shards.of(&format!("ob-{n}"))).collect();
+        assert_eq!(seen.len(), 16, "ids spread over every shard");
+        let one = IndexShards::new(1).unwrap();
+        assert_eq!(keys::shard_pks(keys::OUTBOX_INDEX, one), ["OUTBOX#0"]);
     }
 }

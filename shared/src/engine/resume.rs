@@ -136,7 +136,7 @@ impl Engine {
         tx.update(
             pk,
             sk,
-            action_index(&action.value),
+            action_index(self.index_shards, &action.value),
             &action.value,
             action.ver,
         );
@@ -223,7 +223,7 @@ impl Engine {
             // An unknown outcome a person will settle is no longer the sweep's to ask about.
             let index = match recovery {
                 Some(_) => None,
-                None => action_index(&action.value),
+                None => action_index(self.index_shards, &action.value),
             };
             tx.update(pk.clone(), sk.clone(), index, &action.value, action.ver);
             tx.audit(
@@ -338,7 +338,7 @@ impl Engine {
         tx.update(
             keys::run_pk(&updated.tenant, &updated.id),
             keys::RUN_SK.into(),
-            run_index(&updated),
+            run_index(self.index_shards, &updated),
             &updated,
             run.ver,
         );

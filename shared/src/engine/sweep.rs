@@ -2,6 +2,8 @@
 //! messages and notices), and reconciles actions whose outcome is unknown. Bounded work per
 //! call; safe to run twice at once (every write is a CAS, and notices are claimed before posting).
 
+use std::sync::atomic::Ordering;
+
 use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 use tracing::Instrument;
@@ -18,7 +20,7 @@ use crate::domain::identity::Actor;
 use crate::domain::ids::{ApprovalId, RunId, TenantId};
 use crate::domain::notice::NoticeKind;
 use crate::domain::run::{Run, RunStatus};
-use crate::ports::store::{Condition, StoreError, query_all};
+use crate::ports::store::{Condition, Item, StoreError, query_all};
 use crate::ports::tools::ToolCall;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -61,6 +63,7 @@ impl Engine {
     async fn sweep_once(&self, budget: usize) -> Result<SweepReport, EngineError> {
         let mut report = SweepReport::default();
         let budget = budget.max(1);
+        self.sweeps.fetch_add(1, Ordering::Relaxed);
 
         let tenants = query_all(self.store.as_ref(), keys::TENANTS_PK, "TENANT#").await?;
         let mut outbox = Vec::new();
@@ -86,12 +89,11 @@ impl Engine {
             Delivery::Queue(_) => OUTBOX_GRACE,
         };
         let now = self.now();
-        let page = self
-            .store
-            .query_index(keys::OUTBOX_INDEX, "", &keys::due_until(now), None, budget)
+        let due = self
+            .due_in(keys::OUTBOX_INDEX, &keys::due_until(now), budget)
             .await?;
         let mut stragglers: Vec<Stored<OutboxEntry>> =
-            page.items.iter().map(decode).collect::<Result<_, _>>()?;
+            due.iter().map(decode).collect::<Result<_, _>>()?;
         stragglers.retain(|entry| match entry.value.message {
             OutboxMessage::Resume(_) => entry.value.created_at <= now - grace,
             OutboxMessage::Notify(_) => true,
@@ -104,11 +106,8 @@ impl Engine {
         report.notices.add(posted);
 
         let until = keys::due_until(self.now());
-        let page = self
-            .store
-            .query_index(keys::RECONCILE_INDEX, "", &until, None, budget)
-            .await?;
-        for item in &page.items {
+        let due = self.due_in(keys::RECONCILE_INDEX, &until, budget).await?;
+        for item in &due {
             let action = decode::<Action>(item)?;
             let span = tracing::info_span!(
                 "reconcile",
@@ -121,11 +120,10 @@ impl Engine {
         }
 
         let now = self.now();
-        let page = self
-            .store
-            .query_index(keys::RUNNING_INDEX, "", &keys::due_until(now), None, budget)
+        let due = self
+            .due_in(keys::RUNNING_INDEX, &keys::due_until(now), budget)
             .await?;
-        for item in &page.items {
+        for item in &due {
             let run = decode::<Run>(item)?;
             let span =
                 tracing::info_span!("abandon", tenant = %run.value.tenant, run = %run.value.id);
@@ -156,6 +154,28 @@ impl Engine {
             );
         }
         Ok(report)
+    }
+
+    /// Up to `budget` entries of a sharded index due by `until`: each shard in turn, from
+    /// the one this sweep starts at round to the one before it.
+    async fn due_in(
+        &self,
+        index: &str,
+        until: &str,
+        budget: usize,
+    ) -> Result<Vec<Item>, EngineError> {
+        let shards = keys::shard_pks(index, self.index_shards);
+        let first = self.sweeps.load(Ordering::Relaxed) as usize % shards.len();
+        let mut due = Vec::new();
+        for pk in shards.iter().cycle().skip(first).take(shards.len()) {
+            let left = budget.saturating_sub(due.len());
+            if left == 0 {
+                break;
+            }
+            let page = self.store.query_index(pk, "", until, None, left).await?;
+            due.extend(page.items);
+        }
+        Ok(due)
     }
 
     /// A tenant's approvals that wait with a deadline before `now` plus the reminder lead: the
@@ -240,17 +260,10 @@ impl Engine {
         outbox: &mut Vec<OutboxEntry>,
     ) -> Result<(), EngineError> {
         let now = self.now();
-        let page = self
-            .store
-            .query_index(
-                keys::ESCALATE_INDEX,
-                "",
-                &keys::due_until(now),
-                None,
-                budget,
-            )
+        let due = self
+            .due_in(keys::ESCALATE_INDEX, &keys::due_until(now), budget)
             .await?;
-        for item in &page.items {
+        for item in &due {
             let marker: Stored<EscalationDue> = decode(item)?;
             let span = tracing::info_span!(
                 "escalate",
@@ -319,7 +332,7 @@ impl Engine {
             Some((at, _)) => tx.update(
                 pk,
                 sk,
-                Some(keys::escalation(at, tenant, approval_id)),
+                Some(keys::escalation(self.index_shards, at, tenant, approval_id)),
                 &marker.value,
                 marker.ver,
             ),
@@ -413,7 +426,7 @@ impl Engine {
         tx.update(
             keys::run_pk(&tenant, &run_id),
             keys::RUN_SK.into(),
-            run_index(&run.value),
+            run_index(self.index_shards, &run.value),
             &run.value,
             run.ver,
         );
@@ -488,7 +501,11 @@ impl Engine {
                 tx.update(
                     pk,
                     sk,
-                    Some(reconcile_key(&action.value, now + RECHECK)),
+                    Some(reconcile_key(
+                        self.index_shards,
+                        &action.value,
+                        now + RECHECK,
+                    )),
                     &action.value,
                     action.ver,
                 );

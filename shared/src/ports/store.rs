@@ -102,6 +102,57 @@ pub trait ItemStore: Send + Sync {
 
     /// All writes apply, or none do. At most 100 writes, each on a different item.
     async fn transact(&self, writes: Vec<Write>) -> Result<(), StoreError>;
+
+    /// [`ItemStore::transact`], and when conditions fail, what each failed write found, so a
+    /// caller that lost a race has the winner's item without reading it again. DynamoDB takes
+    /// it from the refusal itself (`ReturnValuesOnConditionCheckFailure=ALL_OLD`); a store
+    /// that cannot reads each failed write's item after the refusal, as this default does.
+    async fn transact_or_found(&self, writes: Vec<Write>) -> Result<(), Refused> {
+        let keys: Vec<(String, String)> = writes
+            .iter()
+            .map(|w| (w.key().0.to_string(), w.key().1.to_string()))
+            .collect();
+        match self.transact(writes).await {
+            Ok(()) => Ok(()),
+            Err(StoreError::ConditionFailed { failed }) => {
+                let mut found = Vec::new();
+                for &i in &failed {
+                    // An item that cannot be read now is left out: the caller reads it itself.
+                    if let Some((pk, sk)) = keys.get(i)
+                        && let Ok(item) = self.get(pk, sk).await
+                    {
+                        found.push((i, item));
+                    }
+                }
+                Err(Refused {
+                    error: StoreError::ConditionFailed { failed },
+                    found,
+                })
+            }
+            Err(error) => Err(Refused {
+                error,
+                found: Vec::new(),
+            }),
+        }
+    }
+}
+
+/// A transaction that did not apply: why, and for writes whose condition failed, the item each
+/// found (`None`: there was none).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    pub error: StoreError,
+    pub found: Vec<(usize, Option<Item>)>,
+}
+
+impl Refused {
+    /// What the write at `index` found, if its condition failed and the store said.
+    pub fn found(&self, index: usize) -> Option<&Option<Item>> {
+        self.found
+            .iter()
+            .find(|(i, _)| *i == index)
+            .map(|(_, item)| item)
+    }
 }
 
 /// The most writes one transaction may hold (DynamoDB's TransactWriteItems limit).

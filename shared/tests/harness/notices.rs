@@ -148,7 +148,7 @@ impl Receiver {
     }
 }
 
-/// A store connection whose reads of one index partition wait until `together` has as many
+/// A store connection whose reads of one index (each of its shards) wait until `together` has as many
 /// readers as it was made for: sweeps that all read the same items before any of them writes.
 pub struct ReadsTogether {
     inner: Arc<dyn ItemStore>,
@@ -199,7 +199,11 @@ impl ItemStore for ReadsTogether {
         limit: usize,
     ) -> Result<Page, StoreError> {
         let page = self.inner.query_index(pk, from, to, after, limit).await?;
-        if pk == self.index {
+        // A sharded index is read a shard at a time: every sweep waits at each shard.
+        let shard = pk
+            .strip_prefix(self.index.as_str())
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('#'));
+        if shard {
             self.together.wait().await;
         }
         Ok(page)

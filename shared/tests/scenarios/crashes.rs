@@ -401,6 +401,97 @@ async fn given_a_run_that_resumed_on_a_process_that_died_when_its_lease_runs_out
 }
 
 // Each scenario on the embedded store and on DynamoDB (moto over HTTP).
+/// How many entries each shard of a sharded index holds, whatever they are due.
+async fn per_shard(p: &Process, index: &str, shards: IndexShards) -> Vec<usize> {
+    let mut counts = Vec::new();
+    for shard in keys::shard_pks(index, shards) {
+        let page = p
+            .store
+            .query_index(&shard, "", "\u{10FFFF}", None, 1_000)
+            .await
+            .unwrap();
+        counts.push(page.items.len());
+    }
+    counts
+}
+
+async fn given_overdue_runs_and_outbox_entries_in_every_shard_of_the_index_when_the_sweep_runs_then_it_finds_them_all(
+    h: &Harness,
+) {
+    let shards = IndexShards::new(3).unwrap();
+    let sharded = |b: shared::engine::EngineBuilder| b.index_shards(shards);
+    let model = Stalls::at_once();
+    let dying = Arc::new(
+        h.process_configured(model.clone(), |store| store, sharded)
+            .await,
+    );
+    let sweeper = h
+        .process_configured(
+            model.clone(),
+            |store| store,
+            |b| sharded(b).delivery(Delivery::Queue(Arc::new(RecordingQueue::default()))),
+        )
+        .await;
+    // Runs whose process dies while driving them, until every shard holds one (run ids are
+    // random, so how many that takes varies).
+    let mut died = 0;
+    while per_shard(&sweeper, keys::RUNNING_INDEX, shards)
+        .await
+        .contains(&0)
+    {
+        assert!(died < 40, "40 runs and still a shard without one");
+        let start = {
+            let dying = dying.clone();
+            tokio::spawn(async move { dying.start(scripted_task("ana")).await })
+        };
+        died += 1;
+        model.until_stalled(died).await;
+        start.abort();
+        let _ = start.await;
+    }
+    // Approved payments whose resume message never left, until every shard holds one.
+    let down = h
+        .process_configured(
+            Arc::new(shared::example::expense::OfflineExpenseAgent),
+            |store| store,
+            |b| sharded(b).delivery(Delivery::Queue(Arc::new(QueueDown))),
+        )
+        .await;
+    let mut approved = 0;
+    while per_shard(&sweeper, keys::OUTBOX_INDEX, shards)
+        .await
+        .contains(&0)
+    {
+        assert!(approved < 40, "40 approvals and still a shard without one");
+        let (_, approval) = h.start_paused(&down, "c-102").await;
+        down.decide(&h.person("dana"), &approval.id, approve("d-1"))
+            .await
+            .unwrap();
+        approved += 1;
+    }
+    let unsharded = sweeper
+        .store
+        .query_index(keys::OUTBOX_INDEX, "", "\u{10FFFF}", None, 10)
+        .await
+        .unwrap();
+    assert!(
+        unsharded.items.is_empty(),
+        "nothing under the unsharded key"
+    );
+    h.clock.advance(Duration::minutes(16));
+
+    let swept = sweeper.sweep(100).await.unwrap();
+
+    assert_eq!(swept.abandoned.len(), died, "{swept:?}");
+    assert_eq!(swept.redelivered, approved, "{swept:?}");
+    assert_eq!(
+        per_shard(&sweeper, keys::RUNNING_INDEX, shards).await,
+        [0, 0, 0]
+    );
+    let again = sweeper.sweep(100).await.unwrap();
+    assert!(again.abandoned.is_empty(), "{again:?}");
+}
+
 on_both_stores!([
     given_a_process_that_died_before_paying_when_the_sweep_finds_the_stale_execution_then_it_asks_the_tool_and_never_pays_blindly,
     given_a_process_that_died_after_paying_when_the_sweep_finds_the_stale_execution_then_it_records_the_payment_it_finds,
@@ -409,4 +500,5 @@ on_both_stores!([
     given_an_allowed_payment_slower_than_the_lease_when_the_sweep_settles_it_and_fails_the_run_then_the_late_call_pays_nothing_and_its_process_reports_a_conflict,
     given_a_process_that_died_while_driving_a_run_when_its_lease_runs_out_then_the_sweep_fails_it_and_a_run_within_its_lease_is_left_alone,
     given_a_run_that_resumed_on_a_process_that_died_when_its_lease_runs_out_then_the_sweep_fails_it_but_never_while_it_waited_on_a_person,
+    given_overdue_runs_and_outbox_entries_in_every_shard_of_the_index_when_the_sweep_runs_then_it_finds_them_all,
 ]);

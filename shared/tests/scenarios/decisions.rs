@@ -357,6 +357,109 @@ async fn given_an_approval_of_acme_when_a_globex_approver_decides_it_then_it_is_
     assert!(h.payments().await.is_empty());
 }
 
+/// A store connection whose first read of an approval waits until the other process has read
+/// it too, and which counts its reads of approvals.
+struct ReadsApprovalTogether {
+    inner: Arc<dyn shared::ports::store::ItemStore>,
+    together: Arc<tokio::sync::Barrier>,
+    reads: Arc<AtomicUsize>,
+}
+
+#[async_trait::async_trait]
+impl shared::ports::store::ItemStore for ReadsApprovalTogether {
+    async fn get(
+        &self,
+        pk: &str,
+        sk: &str,
+    ) -> Result<Option<shared::ports::store::Item>, shared::ports::store::StoreError> {
+        let item = self.inner.get(pk, sk).await;
+        if sk == keys::APPROVAL_SK && self.reads.fetch_add(1, Ordering::SeqCst) == 0 {
+            self.together.wait().await;
+        }
+        item
+    }
+
+    async fn query(
+        &self,
+        pk: &str,
+        sk_prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<shared::ports::store::Page, shared::ports::store::StoreError> {
+        self.inner.query(pk, sk_prefix, after, limit).await
+    }
+
+    async fn query_index(
+        &self,
+        pk: &str,
+        from: &str,
+        to: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<shared::ports::store::Page, shared::ports::store::StoreError> {
+        self.inner.query_index(pk, from, to, after, limit).await
+    }
+
+    async fn transact(
+        &self,
+        writes: Vec<shared::ports::store::Write>,
+    ) -> Result<(), shared::ports::store::StoreError> {
+        self.inner.transact(writes).await
+    }
+
+    async fn transact_or_found(
+        &self,
+        writes: Vec<shared::ports::store::Write>,
+    ) -> Result<(), shared::ports::store::Refused> {
+        self.inner.transact_or_found(writes).await
+    }
+}
+
+async fn given_two_decisions_on_the_version_both_read_when_one_commits_first_then_the_other_is_refused_from_what_its_write_found_without_reading_again(
+    h: &Harness,
+) {
+    let starter = h.process().await;
+    let (_, approval) = h.start_paused(&starter, "c-102").await;
+    let together = Arc::new(tokio::sync::Barrier::new(2));
+    let deciding = |reads: Arc<AtomicUsize>| {
+        let together = together.clone();
+        h.process_configured(
+            Arc::new(shared::example::expense::OfflineExpenseAgent),
+            move |inner| {
+                Arc::new(ReadsApprovalTogether {
+                    inner,
+                    together,
+                    reads,
+                })
+            },
+            |b| b,
+        )
+    };
+    let (reads_a, reads_b) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let a = deciding(reads_a.clone()).await;
+    let b = deciding(reads_b.clone()).await;
+    let (dana, erin) = (h.person("dana"), h.person("erin"));
+
+    let (one, other) = tokio::join!(
+        a.decide(&dana, &approval.id, approve("d-dana")),
+        b.decide(&erin, &approval.id, reject("d-erin", "not this one")),
+    );
+
+    let (lost, lost_reads) = match (&one, &other) {
+        (Ok(_), Err(lost)) => (lost, &reads_b),
+        (Err(lost), Ok(_)) => (lost, &reads_a),
+        _ => panic!("one decision wins: {one:?} {other:?}"),
+    };
+    assert_eq!(lost.code(), "already_decided", "{lost}");
+    assert_eq!(
+        lost_reads.load(Ordering::SeqCst),
+        1,
+        "the refusal brought the approval as the winner left it"
+    );
+    let stored = starter.approval(&acme(), &approval.id).await.unwrap();
+    assert_eq!(stored.decisions.len(), 1);
+}
+
 // Each scenario on the embedded store and on DynamoDB (moto over HTTP).
 on_both_stores!([
     given_c101_a_small_taxi_when_the_agent_runs_then_it_is_paid_42_without_a_person,
@@ -371,4 +474,5 @@ on_both_stores!([
     given_bens_own_claim_when_ben_approves_it_then_he_is_refused_as_own_request,
     given_an_approver_who_lost_the_finance_role_when_they_approve_then_they_are_forbidden,
     given_an_approval_of_acme_when_a_globex_approver_decides_it_then_it_is_not_found,
+    given_two_decisions_on_the_version_both_read_when_one_commits_first_then_the_other_is_refused_from_what_its_write_found_without_reading_again,
 ]);

@@ -44,7 +44,7 @@ use shared::domain::audit::AuditEvent;
 use shared::domain::identity::Actor;
 use shared::domain::ids::{ActionVersion, PersonId, Role, TenantId};
 use shared::domain::run::RunStatus;
-use shared::engine::records::keys;
+use shared::engine::records::{IndexShards, keys};
 use shared::engine::{Delivery, ErrorKind, ResumeReport};
 use shared::example::expense::task_for;
 

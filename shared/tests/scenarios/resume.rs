@@ -101,12 +101,17 @@ async fn given_a_finished_run_when_its_resume_message_is_delivered_again_then_no
 
 /// Every outbox entry still in the store, whatever it is due.
 async fn outbox_entries(p: &Process) -> usize {
-    p.store
-        .query_index(keys::OUTBOX_INDEX, "", "\u{10FFFF}", None, 100)
-        .await
-        .unwrap()
-        .items
-        .len()
+    let mut entries = 0;
+    for shard in keys::shard_pks(keys::OUTBOX_INDEX, IndexShards::DEFAULT) {
+        entries += p
+            .store
+            .query_index(&shard, "", "\u{10FFFF}", None, 100)
+            .await
+            .unwrap()
+            .items
+            .len();
+    }
+    entries
 }
 
 async fn given_a_queued_resume_when_its_consumer_acts_on_it_then_its_outbox_entry_goes_with_that_write_and_the_sweep_sends_nothing_again(
