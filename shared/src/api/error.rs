@@ -392,6 +392,7 @@ mod tests {
             include_str!("approvals.rs"),
             include_str!("runs.rs"),
             include_str!("dev.rs"),
+            include_str!("slack.rs"),
         ] {
             codes.extend(codes_written_in(source));
         }
@@ -400,6 +401,8 @@ mod tests {
             "no_route",
             "method_not_allowed",
             "dev_secret",
+            "slack_signature",
+            "slack_payload",
         ] {
             assert!(
                 codes.contains(&expected),

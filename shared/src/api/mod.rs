@@ -218,8 +218,10 @@ async fn trace_request(request: Request, next: Next) -> Response {
 mod tests {
     use super::*;
 
+    /// Every route is documented; every code is checked, from the error enums and the API's
+    /// own literals, in `error.rs`.
     #[test]
-    fn the_openapi_document_describes_every_route_and_code() {
+    fn the_openapi_document_describes_every_route() {
         for path in [
             "/:",
             "/review/{file}:",
@@ -235,38 +237,6 @@ mod tests {
             "/approvals/{id}/comments:",
         ] {
             assert!(OPENAPI_YAML.contains(path), "{path} is not documented");
-        }
-        for code in [
-            "malformed_json",
-            "unknown_field",
-            "missing_field",
-            "invalid_field",
-            "body_too_large",
-            "bad_content_type",
-            "bad_id",
-            "bad_amount",
-            "missing_token",
-            "invalid_token",
-            "token_expired",
-            "invalid_claims",
-            "own_request",
-            "missing_role",
-            "unknown_person",
-            "not_found",
-            "already_decided",
-            "stale_version",
-            "expired",
-            "cancelled",
-            "superseded",
-            "edit_refused",
-            "unavailable",
-            "not_local",
-            "dev_secret",
-            "token_not_yet_valid",
-            "slack_signature",
-            "slack_payload",
-        ] {
-            assert!(OPENAPI_YAML.contains(code), "{code} is not documented");
         }
     }
 }
