@@ -233,14 +233,16 @@ impl Notifications {
                 "COUNTERSIGN_WEBHOOK_TIMEOUT must be above zero and at most 1m".into(),
             ));
         }
-        let buttons = var(SLACK_SIGNING_SECRET).is_some();
+        let rendering = webhook::Rendering {
+            public_url: public_url.clone(),
+            buttons: var(SLACK_SIGNING_SECRET).is_some(),
+        };
         let urls = webhook::split_list(&var("COUNTERSIGN_WEBHOOKS").unwrap_or_default());
         let mut notifiers: Vec<Arc<dyn Notifier>> = Vec::new();
         if !urls.is_empty() {
             let webhooks = Webhooks::new(&urls, timeout)
                 .map_err(|e| ConfigError(format!("COUNTERSIGN_WEBHOOKS: {e}")))?
-                .with_public_url(public_url.clone())
-                .with_buttons(buttons);
+                .with_rendering(rendering.clone());
             notifiers.push(Arc::new(webhooks));
         }
         match (
@@ -251,8 +253,7 @@ impl Notifications {
                 let api = var("COUNTERSIGN_SLACK_API_URL").unwrap_or(slack::SLACK_API_URL.into());
                 let channel = SlackChannel::new(&api, &token, &channel, timeout)
                     .map_err(|e| ConfigError(format!("COUNTERSIGN_SLACK_CHANNEL: {e}")))?
-                    .with_public_url(public_url.clone())
-                    .with_buttons(buttons);
+                    .with_rendering(rendering);
                 notifiers.push(Arc::new(channel));
             }
             (None, None) => {}

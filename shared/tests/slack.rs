@@ -20,7 +20,7 @@ use std::time::Duration as StdDuration;
 use chrono::Duration;
 use serde_json::{Value, json};
 use shared::adapters::slack::{SigningSecret, SlackApp, SlackChannel, WebApi as SlackWebApi, sign};
-use shared::adapters::webhook::{Webhooks, public_url};
+use shared::adapters::webhook::{Rendering, Webhooks, public_url};
 use shared::api::{Authenticate, BearerJwt};
 use shared::domain::approval::{Approval, ApprovalStatus, Choice};
 use shared::domain::ids::ActionVersion;
@@ -35,10 +35,19 @@ use notices::{Received, Receiver};
 
 const QUICK: StdDuration = StdDuration::from_millis(500);
 
+/// Notices with a Slack app's buttons and no link.
+const BUTTONS: Rendering = Rendering {
+    public_url: None,
+    buttons: true,
+};
+
 async fn posting_with_link(h: &Harness, receiver: &Receiver, link_to: Option<&str>) -> Process {
     let webhooks = Webhooks::new(&[receiver.url().to_string()], QUICK)
         .unwrap()
-        .with_public_url(link_to.map(|url| public_url(url).unwrap()));
+        .with_rendering(Rendering {
+            public_url: link_to.map(|url| public_url(url).unwrap()),
+            buttons: false,
+        });
     let notifier: Arc<dyn Notifier> = Arc::new(webhooks);
     h.process_configured(
         Arc::new(OfflineExpenseAgent),
@@ -124,7 +133,7 @@ impl SlackSetup {
         let slack = Receiver::ok().await;
         let webhooks = Webhooks::new(&[notices.url().to_string()], QUICK)
             .unwrap()
-            .with_buttons(true);
+            .with_rendering(BUTTONS);
         let notifier: Arc<dyn Notifier> = Arc::new(webhooks);
         let Process { engine, .. } = h
             .process_configured(
@@ -587,7 +596,7 @@ impl WebApi {
         Arc::new(
             SlackChannel::new(&self.url, "xoxb-countersign-test", "C0REVIEW1", QUICK)
                 .unwrap()
-                .with_buttons(true),
+                .with_rendering(BUTTONS),
         )
     }
 }

@@ -548,8 +548,7 @@ pub struct SlackChannel {
     web: WebApi,
     channel: String,
     destination: crate::ports::notifier::Destination,
-    public_url: Option<Url>,
-    buttons: bool,
+    rendering: super::webhook::Rendering,
 }
 
 impl SlackChannel {
@@ -584,25 +583,18 @@ impl SlackChannel {
             },
             web,
             channel: channel.to_string(),
-            public_url: None,
-            buttons: false,
+            rendering: Default::default(),
         })
     }
 
-    /// Every notice links to its approval on the review page at this address.
-    pub fn with_public_url(mut self, public_url: Option<Url>) -> Self {
-        self.public_url = public_url;
-        self
-    }
-
-    /// Notices carry Approve and Reject buttons, for the Slack app to take the clicks.
-    pub fn with_buttons(mut self, buttons: bool) -> Self {
-        self.buttons = buttons;
+    /// Notices carry what `rendering` adds: a link to the review page, the app's buttons.
+    pub fn with_rendering(mut self, rendering: super::webhook::Rendering) -> Self {
+        self.rendering = rendering;
         self
     }
 
     fn message(&self, notice: &Notice) -> Value {
-        let mut body = super::webhook::body(notice, self.public_url.as_ref(), self.buttons);
+        let mut body = super::webhook::body(notice, &self.rendering);
         json!({
             "channel": self.channel,
             "text": body["text"].take(),

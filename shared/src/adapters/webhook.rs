@@ -38,10 +38,17 @@ struct Webhook {
 pub struct Webhooks {
     client: reqwest::Client,
     hooks: Vec<Webhook>,
+    rendering: Rendering,
+}
+
+/// What a notice's message carries besides the approval, the same for every notifier that
+/// renders one (these webhooks and the Slack channel).
+#[derive(Debug, Clone, Default)]
+pub struct Rendering {
     /// The review page's public address: each notice links to its approval there.
-    public_url: Option<Url>,
+    pub public_url: Option<Url>,
     /// A Slack app takes clicks: notices carry Approve and Reject buttons.
-    buttons: bool,
+    pub buttons: bool,
 }
 
 /// The review page's public address, as `COUNTERSIGN_PUBLIC_URL` gives it: http(s), a host, no
@@ -140,20 +147,13 @@ impl Webhooks {
         Ok(Self {
             client,
             hooks,
-            public_url: None,
-            buttons: false,
+            rendering: Rendering::default(),
         })
     }
 
-    /// Every notice links to its approval on the review page at this address.
-    pub fn with_public_url(mut self, public_url: Option<Url>) -> Self {
-        self.public_url = public_url;
-        self
-    }
-
-    /// Notices carry Approve and Reject buttons, for a Slack app to take the clicks.
-    pub fn with_buttons(mut self, buttons: bool) -> Self {
-        self.buttons = buttons;
+    /// Notices carry what `rendering` adds: a link to the review page, Slack's buttons.
+    pub fn with_rendering(mut self, rendering: Rendering) -> Self {
+        self.rendering = rendering;
         self
     }
 }
@@ -178,7 +178,7 @@ impl Notifier for Webhooks {
             .client
             .post(hook.url.clone())
             .header("Idempotency-Key", &notice.key)
-            .json(&body(notice, self.public_url.as_ref(), self.buttons))
+            .json(&body(notice, &self.rendering))
             .send()
             .await
             .map_err(|e| {
@@ -284,10 +284,13 @@ fn code(text: &str) -> String {
 }
 
 /// The JSON a notice is posted as; with the review page's public address, it links there, and
-/// with `buttons`, it carries Approve and Reject buttons for a Slack app.
-pub fn body(notice: &Notice, public_url: Option<&Url>, buttons: bool) -> Value {
+/// with `rendering.buttons`, it carries Approve and Reject buttons for a Slack app.
+pub fn body(notice: &Notice, rendering: &Rendering) -> Value {
     let a = &notice.approval;
-    let link = public_url.map(|url| review_link(url, &a.id));
+    let link = rendering
+        .public_url
+        .as_ref()
+        .map(|url| review_link(url, &a.id));
     let deadline = a
         .expires_at
         .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
@@ -377,7 +380,7 @@ pub fn body(notice: &Notice, public_url: Option<&Url>, buttons: bool) -> Value {
             .push(json!({"type": "section", "text": {"type": "mrkdwn", "text": outcome(notice)}}));
     }
     // Once nobody can decide it, the buttons go.
-    if let Some(actions) = (buttons && waits)
+    if let Some(actions) = (rendering.buttons && waits)
         .then(|| super::slack::buttons(a, notice.editable))
         .flatten()
     {
