@@ -2,9 +2,9 @@
 //! question to the requester, say). The comment is kept on the approval, so the page shows it,
 //! and recorded in the audit log, in one transaction.
 
-use super::records::{Tx, keys};
+use super::records::{Tx, approval_index, keys};
 use super::{CAS_ATTEMPTS, Engine, EngineError};
-use crate::domain::approval::{Approval, ApprovalStatus, Comment};
+use crate::domain::approval::{Approval, Comment};
 use crate::domain::audit::{AuditEntry, AuditEvent};
 use crate::domain::identity::{Actor, Identity};
 use crate::domain::ids::ApprovalId;
@@ -50,12 +50,10 @@ impl Engine {
                 at: now,
             });
             let mut tx = Tx::new();
-            let pending = (approval.status == ApprovalStatus::AwaitingApproval)
-                .then(|| keys::pending(&approval.tenant, approval.expires_at, &approval.id));
             tx.update(
                 keys::approval_pk(&approval.tenant, &approval.id),
                 keys::APPROVAL_SK.into(),
-                pending,
+                approval_index(&approval),
                 &approval,
                 stored.ver,
             );

@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use tracing::Instrument;
 
-use super::records::{OutboxMessage, Stored, Tx, decode, keys};
+use super::records::{OutboxMessage, Stored, Tx, approval_index, decode, keys};
 use super::{AWAITING_ACTION_VER, Agent, CAS_ATTEMPTS, Delivery, Engine, EngineError};
 use super::{RunReport, deadline};
 use crate::domain::action::{Action, ActionStatus, NotExecuted, ProposedCall, ToolOutcome};
@@ -171,12 +171,10 @@ impl Engine {
                     None
                 }
             };
-            let pending = (approval.status == ApprovalStatus::AwaitingApproval)
-                .then(|| keys::pending(&approval.tenant, approval.expires_at, &approval.id));
             tx.update(
                 keys::approval_pk(&approval.tenant, &approval.id),
                 keys::APPROVAL_SK.into(),
-                pending,
+                approval_index(&approval),
                 &approval,
                 stored.ver,
             );

@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use tracing::Instrument;
 
-use super::records::{EscalationDue, OutboxEntry, Stored, Tx, action_index, keys, load, run_index};
+use super::records::{
+    EscalationDue, OutboxEntry, Stored, Tx, action_index, approval_index, keys, load, run_index,
+};
 use super::{AWAITING_ACTION_VER, Agent, Engine, EngineError, RunReport, deadline};
 use crate::domain::action::{Action, ActionStatus, NotExecuted, ProposedCall, ToolOutcome};
 use crate::domain::approval::{Approval, ApprovalStatus};
@@ -255,11 +257,10 @@ impl Engine {
                 .expect("a new version can be approved");
         }
         let waits = approval.status == ApprovalStatus::AwaitingApproval;
-        let pending = waits.then(|| keys::pending(tenant, approval.expires_at, &approval.id));
         tx.create(
             keys::approval_pk(tenant, &approval.id),
             keys::APPROVAL_SK.into(),
-            pending,
+            approval_index(approval),
             approval,
         );
         if waits {

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::error::EngineError;
 use crate::domain::action::{Action, ActionStatus};
+use crate::domain::approval::{Approval, ApprovalStatus};
 use crate::domain::audit::AuditEntry;
 use crate::domain::ids::{ActionId, ActionVersion, ApprovalId, OutboxId, RunId, TenantId};
 use crate::domain::notice::NoticeKind;
@@ -216,6 +217,12 @@ pub(crate) const RUN_LEASE: chrono::Duration = chrono::Duration::minutes(15);
 pub(crate) fn run_index(shards: IndexShards, run: &Run) -> Option<IndexKey> {
     (run.status == RunStatus::Running)
         .then(|| keys::lease(shards, &run.tenant, &run.id, run.updated_at + RUN_LEASE))
+}
+
+/// The index entry of an approval: its tenant's pending list, by deadline, while it waits.
+pub(crate) fn approval_index(approval: &Approval) -> Option<IndexKey> {
+    (approval.status == ApprovalStatus::AwaitingApproval)
+        .then(|| keys::pending(&approval.tenant, approval.expires_at, &approval.id))
 }
 
 /// The index entry of an action in its current state, if it has one.

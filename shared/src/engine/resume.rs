@@ -4,7 +4,9 @@
 use serde::Serialize;
 use tracing::Instrument;
 
-use super::records::{OutboxEntry, Stored, Tx, action_index, keys, outbox_key, run_index};
+use super::records::{
+    OutboxEntry, Stored, Tx, action_index, approval_index, keys, outbox_key, run_index,
+};
 use super::{CAS_ATTEMPTS, Engine, EngineError};
 use super::{RunReport, deadline};
 use crate::domain::action::{Action, ActionStatus, ToolOutcome};
@@ -407,7 +409,7 @@ impl Engine {
         tx.create(
             keys::approval_pk(tenant, &recovery.id),
             keys::APPROVAL_SK.into(),
-            Some(keys::pending(tenant, recovery.expires_at, &recovery.id)),
+            approval_index(recovery),
             recovery,
         );
         let event = AuditEvent::RecoveryRequested {

@@ -9,8 +9,8 @@ use serde::Serialize;
 use tracing::Instrument;
 
 use super::records::{
-    EscalationDue, OutboxEntry, OutboxMessage, STALE_EXECUTION, Stored, Tx, decode, keys,
-    reconcile_key, run_index,
+    EscalationDue, OutboxEntry, OutboxMessage, STALE_EXECUTION, Stored, Tx, approval_index, decode,
+    keys, reconcile_key, run_index,
 };
 use super::{Delivery, Engine, EngineError, NoticeReport};
 use crate::domain::action::{Action, ActionStatus, ToolOutcome};
@@ -315,7 +315,7 @@ impl Engine {
         tx.update(
             pk.clone(),
             keys::APPROVAL_SK.into(),
-            Some(keys::pending(&a.tenant, a.expires_at, &a.id)),
+            approval_index(a),
             a,
             approval.ver,
         );
@@ -364,7 +364,7 @@ impl Engine {
         tx.update(
             keys::approval_pk(&a.tenant, &a.id),
             keys::APPROVAL_SK.into(),
-            Some(keys::pending(&a.tenant, a.expires_at, &a.id)),
+            approval_index(a),
             a,
             approval.ver,
         );
