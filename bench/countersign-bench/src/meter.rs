@@ -31,7 +31,9 @@ use aws_smithy_types::config_bag::{ConfigBag, Storable, StoreReplace};
 use serde::Serialize;
 
 use crate::partitions::KeyLoad;
-use shared::ports::store::{Condition, Item, ItemStore, Page, Refused, StoreError, Write};
+use shared::ports::store::{
+    Condition, Item, ItemStore, Page, Query, Range, Refused, StoreError, Write,
+};
 
 /// The step of the lifecycle an engine call belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -235,34 +237,14 @@ impl ItemStore for MeteredStore {
         item
     }
 
-    async fn query(
-        &self,
-        pk: &str,
-        sk_prefix: &str,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Page, StoreError> {
-        let page = self.inner.query(pk, sk_prefix, after, limit).await;
+    async fn page(&self, query: Query<'_>) -> Result<Page, StoreError> {
+        let page = self.inner.page(query).await;
         let read = page.as_ref().map_or(0, |p| p.items.len()) as f64;
         self.meter.store(|c| {
-            c.queries += 1.0;
-            c.items_read += read;
-        });
-        page
-    }
-
-    async fn query_index(
-        &self,
-        pk: &str,
-        from: &str,
-        to: &str,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Page, StoreError> {
-        let page = self.inner.query_index(pk, from, to, after, limit).await;
-        let read = page.as_ref().map_or(0, |p| p.items.len()) as f64;
-        self.meter.store(|c| {
-            c.index_queries += 1.0;
+            match query.range {
+                Range::Partition { .. } => c.queries += 1.0,
+                Range::Index { .. } => c.index_queries += 1.0,
+            }
             c.items_read += read;
         });
         page

@@ -16,7 +16,8 @@ use aws_sdk_dynamodb::types::{
 };
 
 use crate::ports::store::{
-    Condition, IndexKey, Item, ItemStore, Page, Refused, StoreError, Write, check_transaction,
+    Condition, IndexKey, Item, ItemStore, Page, Query, Range, Refused, StoreError, Write,
+    check_transaction,
 };
 
 /// The name of the sparse index, as the table definition in template.yaml names it.
@@ -305,66 +306,42 @@ impl ItemStore for DynamoStore {
         output.item().map(from_attributes).transpose()
     }
 
-    async fn query(
-        &self,
-        pk: &str,
-        sk_prefix: &str,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Page, StoreError> {
-        let mut query = self
+    async fn page(&self, query: Query<'_>) -> Result<Page, StoreError> {
+        let request = self
             .client
             .query()
             .table_name(&self.table)
-            .consistent_read(true)
             .set_return_consumed_capacity(self.consumed_capacity.clone())
-            .limit(limit.clamp(1, i32::MAX as usize) as i32)
-            .set_exclusive_start_key(start_key(after)?)
-            .expression_attribute_values(":pk", s(pk));
-        // An empty string cannot be a key condition value: no prefix means the whole partition.
-        query = match sk_prefix.is_empty() {
-            true => query.key_condition_expression("pk = :pk"),
-            false => query
-                .key_condition_expression("pk = :pk AND begins_with(sk, :prefix)")
-                .expression_attribute_values(":prefix", s(sk_prefix)),
+            .limit(query.limit.clamp(1, i32::MAX as usize) as i32)
+            .set_exclusive_start_key(start_key(query.after)?);
+        let request = match query.range {
+            // An empty string cannot be a key condition value: no prefix means the whole
+            // partition.
+            Range::Partition { pk, sk_prefix } => {
+                let request = request
+                    .consistent_read(true)
+                    .expression_attribute_values(":pk", s(pk));
+                match sk_prefix.is_empty() {
+                    true => request.key_condition_expression("pk = :pk"),
+                    false => request
+                        .key_condition_expression("pk = :pk AND begins_with(sk, :prefix)")
+                        .expression_attribute_values(":prefix", s(sk_prefix)),
+                }
+            }
+            Range::Index { pk, from, to } => {
+                let request = request
+                    .index_name(INDEX)
+                    .expression_attribute_values(":pk", s(pk))
+                    .expression_attribute_values(":to", s(to));
+                match from.is_empty() {
+                    true => request.key_condition_expression("gsi1pk = :pk AND gsi1sk <= :to"),
+                    false => request
+                        .key_condition_expression("gsi1pk = :pk AND gsi1sk BETWEEN :from AND :to")
+                        .expression_attribute_values(":from", s(from)),
+                }
+            }
         };
-        let output = query.send().await.map_err(unavailable)?;
-        let items = output
-            .items()
-            .iter()
-            .map(from_attributes)
-            .collect::<Result<_, _>>()?;
-        Ok(Page {
-            items,
-            next: cursor_of(output.last_evaluated_key()),
-        })
-    }
-
-    async fn query_index(
-        &self,
-        pk: &str,
-        from: &str,
-        to: &str,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Page, StoreError> {
-        let mut query = self
-            .client
-            .query()
-            .table_name(&self.table)
-            .index_name(INDEX)
-            .set_return_consumed_capacity(self.consumed_capacity.clone())
-            .limit(limit.clamp(1, i32::MAX as usize) as i32)
-            .set_exclusive_start_key(start_key(after)?)
-            .expression_attribute_values(":pk", s(pk))
-            .expression_attribute_values(":to", s(to));
-        query = match from.is_empty() {
-            true => query.key_condition_expression("gsi1pk = :pk AND gsi1sk <= :to"),
-            false => query
-                .key_condition_expression("gsi1pk = :pk AND gsi1sk BETWEEN :from AND :to")
-                .expression_attribute_values(":from", s(from)),
-        };
-        let output = query.send().await.map_err(unavailable)?;
+        let output = request.send().await.map_err(unavailable)?;
         let items = output
             .items()
             .iter()
