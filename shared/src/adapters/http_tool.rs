@@ -104,20 +104,22 @@ pub struct HttpBinding {
     /// A duration such as `10s` or `500ms`.
     pub timeout: Option<String>,
     pub max_response_bytes: Option<u64>,
-    /// How to ask, with the same key, whether a call whose outcome is unknown took effect.
-    pub reconcile: Option<ReconcileBinding>,
+    /// How to ask, with the same key, whether a call whose outcome is unknown took effect: a
+    /// request of the same fields, without a reconcile of its own.
+    #[serde(default, deserialize_with = "reconcile_request")]
+    pub reconcile: Option<Box<HttpBinding>>,
 }
 
-/// The reconcile request of an [`HttpBinding`]: the same fields, without a reconcile of its own.
-#[derive(Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ReconcileBinding {
-    pub method: String,
-    pub url: String,
-    #[serde(default)]
-    pub headers: BTreeMap<String, String>,
-    pub timeout: Option<String>,
-    pub max_response_bytes: Option<u64>,
+fn reconcile_request<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Box<HttpBinding>>, D::Error> {
+    let reconcile = Option::<Box<HttpBinding>>::deserialize(deserializer)?;
+    if reconcile.as_ref().is_some_and(|r| r.reconcile.is_some()) {
+        return Err(serde::de::Error::custom(
+            "a reconcile request has no reconcile of its own",
+        ));
+    }
+    Ok(reconcile)
 }
 
 /// Header values are written `<redacted>`: one may hold a secret written in the file itself.
@@ -141,48 +143,30 @@ impl fmt::Debug for HttpBinding {
     }
 }
 
-impl fmt::Debug for ReconcileBinding {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ReconcileBinding")
-            .field("method", &self.method)
-            .field("url", &self.url)
-            .field("headers", &redacted_headers(&self.headers))
-            .field("timeout", &self.timeout)
-            .field("max_response_bytes", &self.max_response_bytes)
-            .finish()
-    }
-}
-
 impl HttpBinding {
     /// Fills `${VAR}` from `env` and checks everything that can be checked before a call.
     /// `field` is where the binding sits in its file, such as `tools.issue_refund.http`.
     pub fn resolve(&self, field: &str, env: Lookup<'_>) -> Result<ResolvedHttp, BindingError> {
-        let call = Endpoint::resolve(
-            field,
-            Request {
-                method: &self.method,
-                url: &self.url,
-                headers: &self.headers,
-                timeout: self.timeout.as_deref(),
-                max_response_bytes: self.max_response_bytes,
-            },
-            env,
-        )?;
+        let call = Endpoint::resolve(field, self.request(), env)?;
         let reconcile = match &self.reconcile {
             Some(r) => Some(Endpoint::resolve(
                 &format!("{field}.reconcile"),
-                Request {
-                    method: &r.method,
-                    url: &r.url,
-                    headers: &r.headers,
-                    timeout: r.timeout.as_deref(),
-                    max_response_bytes: r.max_response_bytes,
-                },
+                r.request(),
                 env,
             )?),
             None => None,
         };
         Ok(ResolvedHttp { call, reconcile })
+    }
+
+    fn request(&self) -> Request<'_> {
+        Request {
+            method: &self.method,
+            url: &self.url,
+            headers: &self.headers,
+            timeout: self.timeout.as_deref(),
+            max_response_bytes: self.max_response_bytes,
+        }
     }
 }
 
@@ -1038,6 +1022,21 @@ url = "https://orders.example/x""#,
         .unwrap_err()
         .to_string();
         assert!(error.contains("retries"), "{error}");
+    }
+
+    #[test]
+    fn a_reconcile_with_a_reconcile_of_its_own_is_refused() {
+        let error = toml::from_str::<HttpBinding>(
+            "method = \"POST\"\nurl = \"https://x.example\"\n\
+             [reconcile]\nmethod = \"GET\"\nurl = \"https://x.example/r\"\n\
+             [reconcile.reconcile]\nmethod = \"GET\"\nurl = \"https://x.example/rr\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            error.contains("a reconcile request has no reconcile of its own"),
+            "{error}"
+        );
     }
 
     #[test]
