@@ -192,97 +192,83 @@ fn found_item(item: Option<&Attributes>) -> Option<Option<Item>> {
     }
 }
 
+/// A write's condition, and the item a refusal returns: the same setters on the four builders
+/// (PutItem, DeleteItem, a transaction's Put and Delete), which share no trait.
+macro_rules! conditioned {
+    ($builder:expr, $condition:expr) => {{
+        let (expression, values) = condition($condition);
+        $builder
+            .set_condition_expression(expression)
+            .set_expression_attribute_values(values)
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+    }};
+}
+
+/// Sends a PutItem or DeleteItem request as one conditional write, its refusal read from the
+/// operation's own error type (`$error`: PutItemError or DeleteItemError).
+macro_rules! send_single {
+    ($store:expr, $request:expr, $condition:expr, $error:ident) => {
+        conditioned!($request, $condition)
+            .set_return_consumed_capacity($store.consumed_capacity.clone())
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|e| {
+                single_write_error(e, |e| match e {
+                    $error::ConditionalCheckFailedException(failed) => {
+                        Some(SingleRefusal::ConditionFailed(failed.item().cloned()))
+                    }
+                    $error::TransactionConflictException(_)
+                    | $error::ReplicatedWriteConflictException(_) => Some(SingleRefusal::Conflict),
+                    _ => None,
+                })
+            })
+    };
+}
+
 impl DynamoStore {
     /// One write alone: a plain conditional PutItem or DeleteItem, atomic on its item and billed
     /// as a standard write (1 WRU per KB) where a transaction bills 2.
     async fn write_one(&self, write: &Write) -> Result<(), Refused> {
-        let (expression, values) = condition(write.condition());
+        let condition = write.condition();
         match write {
-            Write::Put { item, .. } => self
-                .client
-                .put_item()
-                .table_name(&self.table)
-                .set_item(Some(to_attributes(item)))
-                .set_condition_expression(expression)
-                .set_expression_attribute_values(values)
-                .return_values_on_condition_check_failure(
-                    ReturnValuesOnConditionCheckFailure::AllOld,
-                )
-                .set_return_consumed_capacity(self.consumed_capacity.clone())
-                .send()
-                .await
-                .map(|_| ())
-                .map_err(|e| {
-                    single_write_error(e, |e| match e {
-                        PutItemError::ConditionalCheckFailedException(failed) => {
-                            Some(SingleRefusal::ConditionFailed(failed.item().cloned()))
-                        }
-                        PutItemError::TransactionConflictException(_)
-                        | PutItemError::ReplicatedWriteConflictException(_) => {
-                            Some(SingleRefusal::Conflict)
-                        }
-                        _ => None,
-                    })
-                }),
-            Write::Delete { pk, sk, .. } => self
-                .client
-                .delete_item()
-                .table_name(&self.table)
-                .key("pk", s(pk))
-                .key("sk", s(sk))
-                .set_condition_expression(expression)
-                .set_expression_attribute_values(values)
-                .return_values_on_condition_check_failure(
-                    ReturnValuesOnConditionCheckFailure::AllOld,
-                )
-                .set_return_consumed_capacity(self.consumed_capacity.clone())
-                .send()
-                .await
-                .map(|_| ())
-                .map_err(|e| {
-                    single_write_error(e, |e| match e {
-                        DeleteItemError::ConditionalCheckFailedException(failed) => {
-                            Some(SingleRefusal::ConditionFailed(failed.item().cloned()))
-                        }
-                        DeleteItemError::TransactionConflictException(_)
-                        | DeleteItemError::ReplicatedWriteConflictException(_) => {
-                            Some(SingleRefusal::Conflict)
-                        }
-                        _ => None,
-                    })
-                }),
+            Write::Put { item, .. } => {
+                let put = self
+                    .client
+                    .put_item()
+                    .table_name(&self.table)
+                    .set_item(Some(to_attributes(item)));
+                send_single!(self, put, condition, PutItemError)
+            }
+            Write::Delete { pk, sk, .. } => {
+                let delete = self
+                    .client
+                    .delete_item()
+                    .table_name(&self.table)
+                    .key("pk", s(pk))
+                    .key("sk", s(sk));
+                send_single!(self, delete, condition, DeleteItemError)
+            }
         }
     }
 
     fn transact_item(&self, write: &Write) -> Result<TransactWriteItem, StoreError> {
         let invalid = |e: aws_sdk_dynamodb::error::BuildError| StoreError::Invalid(e.to_string());
-        let (expression, values) = condition(write.condition());
+        let condition = write.condition();
         Ok(match write {
             Write::Put { item, .. } => {
                 let put = Put::builder()
                     .table_name(&self.table)
-                    .set_item(Some(to_attributes(item)))
-                    .set_condition_expression(expression)
-                    .set_expression_attribute_values(values)
-                    .return_values_on_condition_check_failure(
-                        ReturnValuesOnConditionCheckFailure::AllOld,
-                    )
-                    .build()
-                    .map_err(invalid)?;
+                    .set_item(Some(to_attributes(item)));
+                let put = conditioned!(put, condition).build().map_err(invalid)?;
                 TransactWriteItem::builder().put(put).build()
             }
             Write::Delete { pk, sk, .. } => {
                 let delete = Delete::builder()
                     .table_name(&self.table)
                     .key("pk", s(pk))
-                    .key("sk", s(sk))
-                    .set_condition_expression(expression)
-                    .set_expression_attribute_values(values)
-                    .return_values_on_condition_check_failure(
-                        ReturnValuesOnConditionCheckFailure::AllOld,
-                    )
-                    .build()
-                    .map_err(invalid)?;
+                    .key("sk", s(sk));
+                let delete = conditioned!(delete, condition).build().map_err(invalid)?;
                 TransactWriteItem::builder().delete(delete).build()
             }
         })
