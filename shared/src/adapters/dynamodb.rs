@@ -300,33 +300,40 @@ impl ItemStore for DynamoStore {
             .set_return_consumed_capacity(self.consumed_capacity.clone())
             .limit(query.limit.clamp(1, i32::MAX as usize) as i32)
             .set_exclusive_start_key(start_key(query.after)?);
-        let request = match query.range {
-            // An empty string cannot be a key condition value: no prefix means the whole
-            // partition.
+        // An empty string cannot be a key condition value: an empty prefix or lower bound is
+        // left out of the condition.
+        let (request, key_condition, values) = match query.range {
             Range::Partition { pk, sk_prefix } => {
-                let request = request
-                    .consistent_read(true)
-                    .expression_attribute_values(":pk", s(pk));
+                let request = request.consistent_read(true);
                 match sk_prefix.is_empty() {
-                    true => request.key_condition_expression("pk = :pk"),
-                    false => request
-                        .key_condition_expression("pk = :pk AND begins_with(sk, :prefix)")
-                        .expression_attribute_values(":prefix", s(sk_prefix)),
+                    true => (request, "pk = :pk", vec![(":pk", pk)]),
+                    false => (
+                        request,
+                        "pk = :pk AND begins_with(sk, :prefix)",
+                        vec![(":pk", pk), (":prefix", sk_prefix)],
+                    ),
                 }
             }
             Range::Index { pk, from, to } => {
-                let request = request
-                    .index_name(INDEX)
-                    .expression_attribute_values(":pk", s(pk))
-                    .expression_attribute_values(":to", s(to));
+                let request = request.index_name(INDEX);
                 match from.is_empty() {
-                    true => request.key_condition_expression("gsi1pk = :pk AND gsi1sk <= :to"),
-                    false => request
-                        .key_condition_expression("gsi1pk = :pk AND gsi1sk BETWEEN :from AND :to")
-                        .expression_attribute_values(":from", s(from)),
+                    true => (
+                        request,
+                        "gsi1pk = :pk AND gsi1sk <= :to",
+                        vec![(":pk", pk), (":to", to)],
+                    ),
+                    false => (
+                        request,
+                        "gsi1pk = :pk AND gsi1sk BETWEEN :from AND :to",
+                        vec![(":pk", pk), (":from", from), (":to", to)],
+                    ),
                 }
             }
         };
+        let request = values.into_iter().fold(
+            request.key_condition_expression(key_condition),
+            |request, (name, value)| request.expression_attribute_values(name, s(value)),
+        );
         let output = request.send().await.map_err(unavailable)?;
         let items = output
             .items()
