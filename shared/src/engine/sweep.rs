@@ -9,8 +9,8 @@ use serde::Serialize;
 use tracing::Instrument;
 
 use super::records::{
-    EscalationDue, OutboxEntry, OutboxMessage, STALE_EXECUTION, Stored, Tx, approval_index, decode,
-    keys, reconcile_key, run_index,
+    EscalationDue, OutboxEntry, OutboxMessage, STALE_EXECUTION, Stored, Tx, decode, keys,
+    reconcile_key, run_index,
 };
 use super::{Delivery, Engine, EngineError, NoticeReport};
 use crate::domain::action::{Action, ActionStatus, ToolOutcome};
@@ -312,13 +312,7 @@ impl Engine {
             return Ok(None);
         };
         let a = &approval.value;
-        tx.update(
-            pk.clone(),
-            keys::APPROVAL_SK.into(),
-            approval_index(a),
-            a,
-            approval.ver,
-        );
+        tx.update_approval(a, approval.ver);
         let event = AuditEvent::Escalated {
             approval_id: a.id.clone(),
             to: role.clone(),
@@ -361,13 +355,7 @@ impl Engine {
         }
         let a = &approval.value;
         let mut tx = Tx::new();
-        tx.update(
-            keys::approval_pk(&a.tenant, &a.id),
-            keys::APPROVAL_SK.into(),
-            approval_index(a),
-            a,
-            approval.ver,
-        );
+        tx.update_approval(a, approval.ver);
         self.notify_later(&mut tx, a, NoticeKind::Reminder, now);
         match self.commit(tx).await {
             Ok(entries) => {
