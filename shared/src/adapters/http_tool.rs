@@ -982,6 +982,26 @@ mod tests {
         b.resolve(FIELD, &env).unwrap_err().to_string()
     }
 
+    /// The documented binding with each of `urls`: every one is refused, naming the URL's field
+    /// and saying `says`. The errors, for more checks.
+    fn refused_urls(urls: &[&str], says: &str) -> Vec<String> {
+        let field = "tools.issue_refund.http.url: ";
+        let refused = |url: &&str| {
+            let error = error_with(|b| b.url = url.to_string());
+            assert!(error.starts_with(field), "{url}: {error}");
+            assert!(error.contains(says), "{url}: {error}");
+            error
+        };
+        urls.iter().map(refused).collect()
+    }
+
+    /// The error the documented binding resolves to after `change`.
+    fn error_with(change: impl FnOnce(&mut HttpBinding)) -> String {
+        let mut b = refund();
+        change(&mut b);
+        error_of(&b)
+    }
+
     fn args(value: Value) -> Args {
         Args::new(value).unwrap()
     }
@@ -1067,19 +1087,13 @@ url = "https://orders.example/x""#,
 
     #[test]
     fn a_url_that_is_not_http_after_expansion_names_the_field_and_hides_the_value() {
-        for url in [
+        let urls = [
             "${NOT_A_URL}/x",
             "orders/{order_id}",
             "http://",
             "file:///etc/passwd",
-        ] {
-            let mut b = refund();
-            b.url = url.into();
-            let error = error_of(&b);
-            assert!(
-                error.starts_with("tools.issue_refund.http.url: is not an http:// or https://"),
-                "{url}: {error}"
-            );
+        ];
+        for error in refused_urls(&urls, "url: is not an http:// or https://") {
             assert!(!error.contains("files.example"), "{error}");
         }
     }
@@ -1091,9 +1105,7 @@ url = "https://orders.example/x""#,
             ("61s", "at most 1m"),
             ("0s", "more than 0"),
         ] {
-            let mut b = refund();
-            b.timeout = Some(text.into());
-            let error = error_of(&b);
+            let error = error_with(|b| b.timeout = Some(text.into()));
             assert!(
                 error.starts_with("tools.issue_refund.http.timeout: "),
                 "{error}"
@@ -1116,36 +1128,24 @@ url = "https://orders.example/x""#,
 
     #[test]
     fn malformed_placeholders_name_the_field() {
-        for url in [
+        let urls = [
             "https://x.example/orders/{order_id",
             "https://x.example/orders/order_id}",
             "https://x.example/orders/{}",
             "https://x.example/orders/{order-id}",
             "https://x.example/orders/{1st}",
-        ] {
-            let mut b = refund();
-            b.url = url.into();
-            let error = error_of(&b);
-            assert!(
-                error.starts_with("tools.issue_refund.http.url: "),
-                "{url}: {error}"
-            );
-            assert!(error.contains("placeholder"), "{url}: {error}");
-        }
+        ];
+        refused_urls(&urls, "placeholder");
     }
 
     #[test]
     fn placeholders_stand_only_in_the_path() {
-        for url in [
+        let urls = [
             "https://{host}.example/orders",
             "https://x.example/orders?id={order_id}",
             "https://x.example/orders#{order_id}",
-        ] {
-            let mut b = refund();
-            b.url = url.into();
-            let error = error_of(&b);
-            assert!(error.contains("only in the URL's path"), "{url}: {error}");
-        }
+        ];
+        refused_urls(&urls, "only in the URL's path");
     }
 
     #[test]
