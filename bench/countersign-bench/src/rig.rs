@@ -67,18 +67,6 @@ fn approver(tenant: &TenantId) -> Identity {
     }
 }
 
-/// A directory of this run's own for the embedded store, removed when the rig is dropped.
-fn scratch_dir() -> PathBuf {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default();
-    std::env::temp_dir().join(format!(
-        "countersign-bench-{}-{nanos:x}",
-        std::process::id()
-    ))
-}
-
 impl Rig {
     /// A rig with `claims` generated claims.
     pub async fn new(kind: BenchStore, claims: usize) -> Result<Self, BenchError> {
@@ -88,7 +76,8 @@ impl Rig {
             shared::deploy::index_shards().map_err(|e| BenchError::Setup(e.to_string()))?;
         let backing = match kind {
             BenchStore::Embedded => {
-                let dir = scratch_dir();
+                // A directory of this run's own, removed when the rig is dropped.
+                let dir = shared::testing::scratch_dir("bench");
                 let sqlite = SqliteStore::open_dir(&dir)
                     .map_err(|e| BenchError::Setup(format!("the embedded store: {e}")))?;
                 Backing {

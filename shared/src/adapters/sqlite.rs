@@ -415,14 +415,7 @@ mod tests {
     use super::*;
 
     fn scratch(name: &str) -> PathBuf {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        let dir = std::env::temp_dir().join(format!(
-            "countersign-sqlite-{name}-{}-{nanos}",
-            std::process::id()
-        ));
+        let dir = crate::testing::scratch_dir(&format!("sqlite-{name}"));
         std::fs::create_dir_all(&dir).unwrap();
         dir.join(FILE_NAME)
     }
