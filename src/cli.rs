@@ -122,39 +122,29 @@ pub enum Command {
 pub enum Review {
     /// Approve the exact call an approval shows.
     Approve {
-        approval: String,
-        #[arg(long = "as", value_name = "NAME")]
-        person: String,
         #[command(flatten)]
         submission: Submission,
     },
     /// Approve a lower amount: the call gets a new version, which policy evaluates again.
     Edit {
-        approval: String,
         /// The new amount in dollars, such as 200 or 199.50. It must be lower.
         #[arg(long, value_parser = parse_amount)]
         amount: shared::domain::money::Amount,
         /// Why, for the record.
         #[arg(long)]
         note: Option<String>,
-        #[arg(long = "as", value_name = "NAME")]
-        person: String,
         #[command(flatten)]
         submission: Submission,
     },
     /// Reject the call; the agent is told and does not retry it.
     Reject {
-        approval: String,
         #[arg(long)]
         reason: String,
-        #[arg(long = "as", value_name = "NAME")]
-        person: String,
         #[command(flatten)]
         submission: Submission,
     },
     /// Answer a recovery: did the call whose outcome is unknown take effect?
     Answer {
-        approval: String,
         /// It took effect (the service shows it was made).
         #[arg(
             long,
@@ -168,8 +158,6 @@ pub enum Review {
         /// What you checked, for the record.
         #[arg(long)]
         note: Option<String>,
-        #[arg(long = "as", value_name = "NAME")]
-        person: String,
         #[command(flatten)]
         submission: Submission,
     },
@@ -177,8 +165,12 @@ pub enum Review {
     Expire,
 }
 
+/// What every decision names: the approval, who decides, and optionally its id and version.
 #[derive(Debug, Args)]
 pub struct Submission {
+    pub approval: String,
+    #[arg(long = "as", value_name = "NAME")]
+    pub person: String,
     /// Makes the decision idempotent: the same id again returns the recorded outcome.
     #[arg(long)]
     pub decision_id: Option<String>,

@@ -36,13 +36,7 @@ fn json_of<T: serde::Serialize>(value: &T) -> Value {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    shared::deploy::log_to_stderr("warn");
 
     let json = cli.global.json;
     match run(cli).await {
@@ -100,12 +94,7 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
         Command::Agent { claim, ttl } => {
             let mut start = expense::task_for(&local.claims, &claim)?;
             start.approval_ttl = ttl;
-            shared::agents::prepare(&local.engine, &start.agent).await?;
-            let report = local.engine.start(start).await?;
-            Ok(Output {
-                text: render::run(&report),
-                json: json_of(&report),
-            })
+            start_run(&local, start).await
         }
         Command::Run {
             agent,
@@ -132,12 +121,7 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
                 task,
                 approval_ttl: ttl,
             };
-            shared::agents::prepare(&local.engine, &start.agent).await?;
-            let report = local.engine.start(start).await?;
-            Ok(Output {
-                text: render::run(&report),
-                json: json_of(&report),
-            })
+            start_run(&local, start).await
         }
         Command::Review {
             action: None,
@@ -291,31 +275,28 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
     }
 }
 
+/// Starts a run, its agent's tools prepared first.
+async fn start_run(local: &Local, start: StartRun) -> Result<Output, Failure> {
+    shared::agents::prepare(&local.engine, &start.agent).await?;
+    let report = local.engine.start(start).await?;
+    Ok(Output {
+        text: render::run(&report),
+        json: json_of(&report),
+    })
+}
+
 async fn decide(local: &Local, review: Review) -> Result<Output, Failure> {
-    let (approval, person, submission, choice) = match review {
-        Review::Approve {
-            approval,
-            person,
-            submission,
-        } => (approval, person, submission, Choice::Approve),
+    let (submission, choice) = match review {
+        Review::Approve { submission } => (submission, Choice::Approve),
         Review::Edit {
-            approval,
             amount,
             note,
-            person,
             submission,
-        } => (approval, person, submission, Choice::Edit { amount, note }),
-        Review::Reject {
-            approval,
-            reason,
-            person,
-            submission,
-        } => (approval, person, submission, Choice::Reject { reason }),
+        } => (submission, Choice::Edit { amount, note }),
+        Review::Reject { reason, submission } => (submission, Choice::Reject { reason }),
         Review::Answer {
-            approval,
             took_effect,
             note,
-            person,
             submission,
             ..
         } => {
@@ -323,12 +304,12 @@ async fn decide(local: &Local, review: Review) -> Result<Output, Failure> {
                 true => Choice::TookEffect { note },
                 false => Choice::DidNotTakeEffect { note },
             };
-            (approval, person, submission, choice)
+            (submission, choice)
         }
         Review::Expire => unreachable!("handled by the caller"),
     };
-    let approval_id = ApprovalId::parse(&approval)?;
-    let who = local.identify(&person)?;
+    let approval_id = ApprovalId::parse(&submission.approval)?;
+    let who = local.identify(&submission.person)?;
     let action_version = match submission.version {
         Some(v) => ActionVersion::new(v)?,
         // The approval id names one action version; deciding it by id decides that version.

@@ -17,5 +17,5 @@ pub mod engine;
 pub mod example;
 pub mod lambda;
 pub mod ports;
-#[cfg(feature = "testing")]
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;

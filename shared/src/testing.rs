@@ -1,7 +1,8 @@
-//! Test doubles shared by the test suites and the bench (`countersign-bench`): scripted models
-//! and a clock that can be moved forward. Built only with the `testing` feature, so nothing here
+//! Test doubles shared by the test suites and the bench (`countersign-bench`): scripted models,
+//! a clock that can be moved forward, and scratch directories. Built only with the `testing` feature, so nothing here
 //! ships in the functions or the CLI.
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicI64, Ordering};
 
 use async_trait::async_trait;
@@ -11,6 +12,16 @@ use serde_json::json;
 use crate::domain::conversation::{Block, StopReason};
 use crate::ports::clock::Clock;
 use crate::ports::model::{Model, ModelError, ModelReply, ModelRequest};
+
+/// A path in the system's temporary directory that no other process, and no earlier call, has
+/// used: `countersign-{name}-{pid}-{nanos}`. Nothing is created.
+pub fn scratch_dir(name: &str) -> PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    std::env::temp_dir().join(format!("countersign-{name}-{}-{nanos}", std::process::id()))
+}
 
 /// What [`ScriptedAgent`] proposes to pay: the lodging limit, $250.
 pub const PROPOSED_CENTS: i64 = 25_000;

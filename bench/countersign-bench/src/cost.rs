@@ -74,38 +74,41 @@ pub fn per_million(start: &StepCost, decision: &StepCost, resume: &StepCost) -> 
         .map(|s| (s.aws_total.requests - s.aws_total.errors) * ASSUMED_REQUEST_MS + ASSUMED_CPU_MS)
         .sum();
     let million = 1e6;
-    let lines = vec![
-        CostLine {
-            component: "DynamoDB reads (on-demand)",
-            per_approval: format!("{rru:.1} RRU"),
-            usd_per_million: rru * RRU_USD * million,
-        },
-        CostLine {
-            component: "DynamoDB writes (on-demand)",
-            per_approval: format!("{wru:.1} WRU"),
-            usd_per_million: wru * WRU_USD * million,
-        },
-        CostLine {
-            component: "SQS FIFO",
-            per_approval: format!("{sqs:.2} requests"),
-            usd_per_million: sqs * SQS_FIFO_USD * million,
-        },
-        CostLine {
-            component: "Lambda requests (arm64)",
-            per_approval: format!("{invocations:.0} invocations"),
-            usd_per_million: invocations * LAMBDA_REQUEST_USD * million,
-        },
-        CostLine {
-            component: "Lambda duration (arm64, 128 MB)",
-            per_approval: format!("{duration_ms:.0} ms (assumed)"),
-            usd_per_million: duration_ms / 1000.0 * LAMBDA_GB * LAMBDA_ARM_GB_SECOND_USD * million,
-        },
-        CostLine {
-            component: "EventBridge Scheduler",
-            per_approval: format!("{scheduler_calls:.0} API calls, 0 invocations"),
-            usd_per_million: 0.0,
-        },
-    ];
+    let duration_usd = duration_ms / 1000.0 * LAMBDA_GB * LAMBDA_ARM_GB_SECOND_USD;
+    let lines = [
+        (
+            "DynamoDB reads (on-demand)",
+            format!("{rru:.1} RRU"),
+            rru * RRU_USD,
+        ),
+        (
+            "DynamoDB writes (on-demand)",
+            format!("{wru:.1} WRU"),
+            wru * WRU_USD,
+        ),
+        ("SQS FIFO", format!("{sqs:.2} requests"), sqs * SQS_FIFO_USD),
+        (
+            "Lambda requests (arm64)",
+            format!("{invocations:.0} invocations"),
+            invocations * LAMBDA_REQUEST_USD,
+        ),
+        (
+            "Lambda duration (arm64, 128 MB)",
+            format!("{duration_ms:.0} ms (assumed)"),
+            duration_usd,
+        ),
+        (
+            "EventBridge Scheduler",
+            format!("{scheduler_calls:.0} API calls, 0 invocations"),
+            0.0,
+        ),
+    ]
+    .map(|(component, per_approval, usd)| CostLine {
+        component,
+        per_approval,
+        usd_per_million: usd * million,
+    })
+    .to_vec();
     let total = lines.iter().map(|l| l.usd_per_million).sum();
     CostTable {
         lines,

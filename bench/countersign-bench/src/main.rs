@@ -101,13 +101,7 @@ impl BenchError {
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = BenchArgs::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    shared::deploy::log_to_stderr("warn");
 
     match run(&args).await {
         Ok(output) => {

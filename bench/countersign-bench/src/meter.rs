@@ -31,7 +31,9 @@ use aws_smithy_types::config_bag::{ConfigBag, Storable, StoreReplace};
 use serde::Serialize;
 
 use crate::partitions::KeyLoad;
-use shared::ports::store::{Condition, Item, ItemStore, Page, Refused, StoreError, Write};
+use shared::ports::store::{
+    Condition, Item, ItemStore, Page, Query, Range, Refused, StoreError, Write,
+};
 
 /// The step of the lifecycle an engine call belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -75,23 +77,34 @@ pub struct StoreCounts {
     pub unconditional: f64,
 }
 
-impl StoreCounts {
-    pub fn per(self, n: usize) -> Self {
-        let n = n.max(1) as f64;
-        Self {
-            gets: self.gets / n,
-            queries: self.queries / n,
-            index_queries: self.index_queries / n,
-            items_read: self.items_read / n,
-            transactions: self.transactions / n,
-            writes: self.writes / n,
-            single_writes: self.single_writes / n,
-            must_not_exist: self.must_not_exist / n,
-            version_is: self.version_is / n,
-            unconditional: self.unconditional / n,
+/// `per(n)`, every count divided by `n` (at least 1), for a struct of `f64` counts.
+macro_rules! per {
+    ($counts:ident { $($field:ident),* $(,)? }) => {
+        impl $counts {
+            pub fn per(self, n: usize) -> Self {
+                let n = n.max(1) as f64;
+                Self {
+                    $($field: self.$field / n),*
+                }
+            }
         }
-    }
+    };
+}
 
+per!(StoreCounts {
+    gets,
+    queries,
+    index_queries,
+    items_read,
+    transactions,
+    writes,
+    single_writes,
+    must_not_exist,
+    version_is,
+    unconditional,
+});
+
+impl StoreCounts {
     pub fn reads(&self) -> f64 {
         self.gets + self.queries + self.index_queries
     }
@@ -123,19 +136,16 @@ impl AwsCounts {
         self.estimated_index_wru += other.estimated_index_wru;
         self.errors += other.errors;
     }
-
-    pub fn per(self, n: usize) -> Self {
-        let n = n.max(1) as f64;
-        Self {
-            requests: self.requests / n,
-            reported_capacity: self.reported_capacity / n,
-            estimated_rru: self.estimated_rru / n,
-            estimated_wru: self.estimated_wru / n,
-            estimated_index_wru: self.estimated_index_wru / n,
-            errors: self.errors / n,
-        }
-    }
 }
+
+per!(AwsCounts {
+    requests,
+    reported_capacity,
+    estimated_rru,
+    estimated_wru,
+    estimated_index_wru,
+    errors,
+});
 
 /// `service.Operation`, as the SDK names it (`DynamoDB.TransactWriteItems`).
 pub type OperationName = String;
@@ -235,34 +245,14 @@ impl ItemStore for MeteredStore {
         item
     }
 
-    async fn query(
-        &self,
-        pk: &str,
-        sk_prefix: &str,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Page, StoreError> {
-        let page = self.inner.query(pk, sk_prefix, after, limit).await;
+    async fn page(&self, query: Query<'_>) -> Result<Page, StoreError> {
+        let page = self.inner.page(query).await;
         let read = page.as_ref().map_or(0, |p| p.items.len()) as f64;
         self.meter.store(|c| {
-            c.queries += 1.0;
-            c.items_read += read;
-        });
-        page
-    }
-
-    async fn query_index(
-        &self,
-        pk: &str,
-        from: &str,
-        to: &str,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Page, StoreError> {
-        let page = self.inner.query_index(pk, from, to, after, limit).await;
-        let read = page.as_ref().map_or(0, |p| p.items.len()) as f64;
-        self.meter.store(|c| {
-            c.index_queries += 1.0;
+            match query.range {
+                Range::Partition { .. } => c.queries += 1.0,
+                Range::Index { .. } => c.index_queries += 1.0,
+            }
             c.items_read += read;
         });
         page

@@ -67,18 +67,6 @@ fn approver(tenant: &TenantId) -> Identity {
     }
 }
 
-/// A directory of this run's own for the embedded store, removed when the rig is dropped.
-fn scratch_dir() -> PathBuf {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default();
-    std::env::temp_dir().join(format!(
-        "countersign-bench-{}-{nanos:x}",
-        std::process::id()
-    ))
-}
-
 impl Rig {
     /// A rig with `claims` generated claims.
     pub async fn new(kind: BenchStore, claims: usize) -> Result<Self, BenchError> {
@@ -86,36 +74,22 @@ impl Rig {
         let clock = Arc::new(SkewedClock::default());
         let shards =
             shared::deploy::index_shards().map_err(|e| BenchError::Setup(e.to_string()))?;
-        match kind {
+        let backing = match kind {
             BenchStore::Embedded => {
-                let tenant = TenantId::parse("bench").expect("a well-formed tenant");
-                let dir = scratch_dir();
+                // A directory of this run's own, removed when the rig is dropped.
+                let dir = shared::testing::scratch_dir("bench");
                 let sqlite = SqliteStore::open_dir(&dir)
                     .map_err(|e| BenchError::Setup(format!("the embedded store: {e}")))?;
-                let store: Arc<dyn ItemStore> =
-                    Arc::new(MeteredStore::new(Arc::new(sqlite.clone()), meter.clone()));
-                let claims = script::claims(&tenant, claims);
-                let engine = engine(
-                    store.clone(),
-                    claims,
-                    clock.clone(),
-                    Delivery::InProcess,
-                    Arc::new(SweepOnly),
-                    shards,
-                );
-                Ok(Self {
-                    engine,
-                    store,
-                    meter,
-                    clock,
-                    approver: approver(&tenant),
-                    tenant,
+                Backing {
+                    tenant: TenantId::parse("bench").expect("a well-formed tenant"),
+                    store: Arc::new(sqlite.clone()),
+                    delivery: Delivery::InProcess,
+                    scheduler: Arc::new(SweepOnly),
                     queue: None,
                     schedules: false,
-                    shards,
                     embedded: Some(sqlite),
                     scratch: Some(dir),
-                })
+                }
             }
             BenchStore::Dynamodb => {
                 let settings =
@@ -141,8 +115,6 @@ impl Rig {
                 );
                 let table =
                     DynamoStore::new(dynamodb, &settings.table).reporting_consumed_capacity();
-                let store: Arc<dyn ItemStore> =
-                    Arc::new(MeteredStore::new(Arc::new(table), meter.clone()));
                 let queue = Arc::new(SqsQueue::new(sqs, &settings.queue_url));
                 let scheduler: Arc<dyn Scheduler> = match &settings.schedule {
                     Some((group, role_arn, target_arn)) => Arc::new(EventBridgeScheduler::new(
@@ -159,34 +131,56 @@ impl Rig {
                     )),
                     None => Arc::new(SweepOnly),
                 };
-                // A tenant of this run's own: the table is shared with earlier runs.
-                let tenant = TenantId::parse(&format!("bench-{:08x}", rand::random::<u32>()))
-                    .expect("a well-formed tenant");
-                let claims = script::claims(&tenant, claims);
-                let engine = engine(
-                    store.clone(),
-                    claims,
-                    clock.clone(),
-                    Delivery::Queue(queue.clone()),
+                Backing {
+                    // A tenant of this run's own: the table is shared with earlier runs.
+                    tenant: TenantId::parse(&format!("bench-{:08x}", rand::random::<u32>()))
+                        .expect("a well-formed tenant"),
+                    store: Arc::new(table),
+                    delivery: Delivery::Queue(queue.clone()),
                     scheduler,
-                    shards,
-                );
-                Ok(Self {
-                    engine,
-                    store,
-                    meter,
-                    clock,
-                    approver: approver(&tenant),
-                    tenant,
                     queue: Some(queue),
                     schedules: settings.schedule.is_some(),
-                    shards,
                     embedded: None,
                     scratch: None,
-                })
+                }
             }
-        }
+        };
+        let store: Arc<dyn ItemStore> = Arc::new(MeteredStore::new(backing.store, meter.clone()));
+        let claims = script::claims(&backing.tenant, claims);
+        let engine = engine(
+            store.clone(),
+            claims,
+            clock.clone(),
+            backing.delivery,
+            backing.scheduler,
+            shards,
+        );
+        Ok(Self {
+            engine,
+            store,
+            meter,
+            clock,
+            approver: approver(&backing.tenant),
+            tenant: backing.tenant,
+            queue: backing.queue,
+            schedules: backing.schedules,
+            shards,
+            embedded: backing.embedded,
+            scratch: backing.scratch,
+        })
     }
+}
+
+/// What a rig's store brings: the tenant, the store itself, how resumes and wake-ups travel.
+struct Backing {
+    tenant: TenantId,
+    store: Arc<dyn ItemStore>,
+    delivery: Delivery,
+    scheduler: Arc<dyn Scheduler>,
+    queue: Option<Arc<SqsQueue>>,
+    schedules: bool,
+    embedded: Option<SqliteStore>,
+    scratch: Option<PathBuf>,
 }
 
 impl Rig {

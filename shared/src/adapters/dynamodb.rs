@@ -16,7 +16,8 @@ use aws_sdk_dynamodb::types::{
 };
 
 use crate::ports::store::{
-    Condition, IndexKey, Item, ItemStore, Page, Refused, StoreError, Write, check_transaction,
+    Condition, IndexKey, Item, ItemStore, Page, Query, Range, Refused, StoreError, Write,
+    check_transaction,
 };
 
 /// The name of the sparse index, as the table definition in template.yaml names it.
@@ -191,97 +192,83 @@ fn found_item(item: Option<&Attributes>) -> Option<Option<Item>> {
     }
 }
 
+/// A write's condition, and the item a refusal returns: the same setters on the four builders
+/// (PutItem, DeleteItem, a transaction's Put and Delete), which share no trait.
+macro_rules! conditioned {
+    ($builder:expr, $condition:expr) => {{
+        let (expression, values) = condition($condition);
+        $builder
+            .set_condition_expression(expression)
+            .set_expression_attribute_values(values)
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+    }};
+}
+
+/// Sends a PutItem or DeleteItem request as one conditional write, its refusal read from the
+/// operation's own error type (`$error`: PutItemError or DeleteItemError).
+macro_rules! send_single {
+    ($store:expr, $request:expr, $condition:expr, $error:ident) => {
+        conditioned!($request, $condition)
+            .set_return_consumed_capacity($store.consumed_capacity.clone())
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|e| {
+                single_write_error(e, |e| match e {
+                    $error::ConditionalCheckFailedException(failed) => {
+                        Some(SingleRefusal::ConditionFailed(failed.item().cloned()))
+                    }
+                    $error::TransactionConflictException(_)
+                    | $error::ReplicatedWriteConflictException(_) => Some(SingleRefusal::Conflict),
+                    _ => None,
+                })
+            })
+    };
+}
+
 impl DynamoStore {
     /// One write alone: a plain conditional PutItem or DeleteItem, atomic on its item and billed
     /// as a standard write (1 WRU per KB) where a transaction bills 2.
     async fn write_one(&self, write: &Write) -> Result<(), Refused> {
-        let (expression, values) = condition(write.condition());
+        let condition = write.condition();
         match write {
-            Write::Put { item, .. } => self
-                .client
-                .put_item()
-                .table_name(&self.table)
-                .set_item(Some(to_attributes(item)))
-                .set_condition_expression(expression)
-                .set_expression_attribute_values(values)
-                .return_values_on_condition_check_failure(
-                    ReturnValuesOnConditionCheckFailure::AllOld,
-                )
-                .set_return_consumed_capacity(self.consumed_capacity.clone())
-                .send()
-                .await
-                .map(|_| ())
-                .map_err(|e| {
-                    single_write_error(e, |e| match e {
-                        PutItemError::ConditionalCheckFailedException(failed) => {
-                            Some(SingleRefusal::ConditionFailed(failed.item().cloned()))
-                        }
-                        PutItemError::TransactionConflictException(_)
-                        | PutItemError::ReplicatedWriteConflictException(_) => {
-                            Some(SingleRefusal::Conflict)
-                        }
-                        _ => None,
-                    })
-                }),
-            Write::Delete { pk, sk, .. } => self
-                .client
-                .delete_item()
-                .table_name(&self.table)
-                .key("pk", s(pk))
-                .key("sk", s(sk))
-                .set_condition_expression(expression)
-                .set_expression_attribute_values(values)
-                .return_values_on_condition_check_failure(
-                    ReturnValuesOnConditionCheckFailure::AllOld,
-                )
-                .set_return_consumed_capacity(self.consumed_capacity.clone())
-                .send()
-                .await
-                .map(|_| ())
-                .map_err(|e| {
-                    single_write_error(e, |e| match e {
-                        DeleteItemError::ConditionalCheckFailedException(failed) => {
-                            Some(SingleRefusal::ConditionFailed(failed.item().cloned()))
-                        }
-                        DeleteItemError::TransactionConflictException(_)
-                        | DeleteItemError::ReplicatedWriteConflictException(_) => {
-                            Some(SingleRefusal::Conflict)
-                        }
-                        _ => None,
-                    })
-                }),
+            Write::Put { item, .. } => {
+                let put = self
+                    .client
+                    .put_item()
+                    .table_name(&self.table)
+                    .set_item(Some(to_attributes(item)));
+                send_single!(self, put, condition, PutItemError)
+            }
+            Write::Delete { pk, sk, .. } => {
+                let delete = self
+                    .client
+                    .delete_item()
+                    .table_name(&self.table)
+                    .key("pk", s(pk))
+                    .key("sk", s(sk));
+                send_single!(self, delete, condition, DeleteItemError)
+            }
         }
     }
 
     fn transact_item(&self, write: &Write) -> Result<TransactWriteItem, StoreError> {
         let invalid = |e: aws_sdk_dynamodb::error::BuildError| StoreError::Invalid(e.to_string());
-        let (expression, values) = condition(write.condition());
+        let condition = write.condition();
         Ok(match write {
             Write::Put { item, .. } => {
                 let put = Put::builder()
                     .table_name(&self.table)
-                    .set_item(Some(to_attributes(item)))
-                    .set_condition_expression(expression)
-                    .set_expression_attribute_values(values)
-                    .return_values_on_condition_check_failure(
-                        ReturnValuesOnConditionCheckFailure::AllOld,
-                    )
-                    .build()
-                    .map_err(invalid)?;
+                    .set_item(Some(to_attributes(item)));
+                let put = conditioned!(put, condition).build().map_err(invalid)?;
                 TransactWriteItem::builder().put(put).build()
             }
             Write::Delete { pk, sk, .. } => {
                 let delete = Delete::builder()
                     .table_name(&self.table)
                     .key("pk", s(pk))
-                    .key("sk", s(sk))
-                    .set_condition_expression(expression)
-                    .set_expression_attribute_values(values)
-                    .return_values_on_condition_check_failure(
-                        ReturnValuesOnConditionCheckFailure::AllOld,
-                    )
-                    .build()
-                    .map_err(invalid)?;
+                    .key("sk", s(sk));
+                let delete = conditioned!(delete, condition).build().map_err(invalid)?;
                 TransactWriteItem::builder().delete(delete).build()
             }
         })
@@ -305,66 +292,49 @@ impl ItemStore for DynamoStore {
         output.item().map(from_attributes).transpose()
     }
 
-    async fn query(
-        &self,
-        pk: &str,
-        sk_prefix: &str,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Page, StoreError> {
-        let mut query = self
+    async fn page(&self, query: Query<'_>) -> Result<Page, StoreError> {
+        let request = self
             .client
             .query()
             .table_name(&self.table)
-            .consistent_read(true)
             .set_return_consumed_capacity(self.consumed_capacity.clone())
-            .limit(limit.clamp(1, i32::MAX as usize) as i32)
-            .set_exclusive_start_key(start_key(after)?)
-            .expression_attribute_values(":pk", s(pk));
-        // An empty string cannot be a key condition value: no prefix means the whole partition.
-        query = match sk_prefix.is_empty() {
-            true => query.key_condition_expression("pk = :pk"),
-            false => query
-                .key_condition_expression("pk = :pk AND begins_with(sk, :prefix)")
-                .expression_attribute_values(":prefix", s(sk_prefix)),
+            .limit(query.limit.clamp(1, i32::MAX as usize) as i32)
+            .set_exclusive_start_key(start_key(query.after)?);
+        // An empty string cannot be a key condition value: an empty prefix or lower bound is
+        // left out of the condition.
+        let (request, key_condition, values) = match query.range {
+            Range::Partition { pk, sk_prefix } => {
+                let request = request.consistent_read(true);
+                match sk_prefix.is_empty() {
+                    true => (request, "pk = :pk", vec![(":pk", pk)]),
+                    false => (
+                        request,
+                        "pk = :pk AND begins_with(sk, :prefix)",
+                        vec![(":pk", pk), (":prefix", sk_prefix)],
+                    ),
+                }
+            }
+            Range::Index { pk, from, to } => {
+                let request = request.index_name(INDEX);
+                match from.is_empty() {
+                    true => (
+                        request,
+                        "gsi1pk = :pk AND gsi1sk <= :to",
+                        vec![(":pk", pk), (":to", to)],
+                    ),
+                    false => (
+                        request,
+                        "gsi1pk = :pk AND gsi1sk BETWEEN :from AND :to",
+                        vec![(":pk", pk), (":from", from), (":to", to)],
+                    ),
+                }
+            }
         };
-        let output = query.send().await.map_err(unavailable)?;
-        let items = output
-            .items()
-            .iter()
-            .map(from_attributes)
-            .collect::<Result<_, _>>()?;
-        Ok(Page {
-            items,
-            next: cursor_of(output.last_evaluated_key()),
-        })
-    }
-
-    async fn query_index(
-        &self,
-        pk: &str,
-        from: &str,
-        to: &str,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Page, StoreError> {
-        let mut query = self
-            .client
-            .query()
-            .table_name(&self.table)
-            .index_name(INDEX)
-            .set_return_consumed_capacity(self.consumed_capacity.clone())
-            .limit(limit.clamp(1, i32::MAX as usize) as i32)
-            .set_exclusive_start_key(start_key(after)?)
-            .expression_attribute_values(":pk", s(pk))
-            .expression_attribute_values(":to", s(to));
-        query = match from.is_empty() {
-            true => query.key_condition_expression("gsi1pk = :pk AND gsi1sk <= :to"),
-            false => query
-                .key_condition_expression("gsi1pk = :pk AND gsi1sk BETWEEN :from AND :to")
-                .expression_attribute_values(":from", s(from)),
-        };
-        let output = query.send().await.map_err(unavailable)?;
+        let request = values.into_iter().fold(
+            request.key_condition_expression(key_condition),
+            |request, (name, value)| request.expression_attribute_values(name, s(value)),
+        );
+        let output = request.send().await.map_err(unavailable)?;
         let items = output
             .items()
             .iter()

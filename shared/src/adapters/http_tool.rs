@@ -104,20 +104,22 @@ pub struct HttpBinding {
     /// A duration such as `10s` or `500ms`.
     pub timeout: Option<String>,
     pub max_response_bytes: Option<u64>,
-    /// How to ask, with the same key, whether a call whose outcome is unknown took effect.
-    pub reconcile: Option<ReconcileBinding>,
+    /// How to ask, with the same key, whether a call whose outcome is unknown took effect: a
+    /// request of the same fields, without a reconcile of its own.
+    #[serde(default, deserialize_with = "reconcile_request")]
+    pub reconcile: Option<Box<HttpBinding>>,
 }
 
-/// The reconcile request of an [`HttpBinding`]: the same fields, without a reconcile of its own.
-#[derive(Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ReconcileBinding {
-    pub method: String,
-    pub url: String,
-    #[serde(default)]
-    pub headers: BTreeMap<String, String>,
-    pub timeout: Option<String>,
-    pub max_response_bytes: Option<u64>,
+fn reconcile_request<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Box<HttpBinding>>, D::Error> {
+    let reconcile = Option::<Box<HttpBinding>>::deserialize(deserializer)?;
+    if reconcile.as_ref().is_some_and(|r| r.reconcile.is_some()) {
+        return Err(serde::de::Error::custom(
+            "a reconcile request has no reconcile of its own",
+        ));
+    }
+    Ok(reconcile)
 }
 
 /// Header values are written `<redacted>`: one may hold a secret written in the file itself.
@@ -141,48 +143,30 @@ impl fmt::Debug for HttpBinding {
     }
 }
 
-impl fmt::Debug for ReconcileBinding {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ReconcileBinding")
-            .field("method", &self.method)
-            .field("url", &self.url)
-            .field("headers", &redacted_headers(&self.headers))
-            .field("timeout", &self.timeout)
-            .field("max_response_bytes", &self.max_response_bytes)
-            .finish()
-    }
-}
-
 impl HttpBinding {
     /// Fills `${VAR}` from `env` and checks everything that can be checked before a call.
     /// `field` is where the binding sits in its file, such as `tools.issue_refund.http`.
     pub fn resolve(&self, field: &str, env: Lookup<'_>) -> Result<ResolvedHttp, BindingError> {
-        let call = Endpoint::resolve(
-            field,
-            Request {
-                method: &self.method,
-                url: &self.url,
-                headers: &self.headers,
-                timeout: self.timeout.as_deref(),
-                max_response_bytes: self.max_response_bytes,
-            },
-            env,
-        )?;
+        let call = Endpoint::resolve(field, self.request(), env)?;
         let reconcile = match &self.reconcile {
             Some(r) => Some(Endpoint::resolve(
                 &format!("{field}.reconcile"),
-                Request {
-                    method: &r.method,
-                    url: &r.url,
-                    headers: &r.headers,
-                    timeout: r.timeout.as_deref(),
-                    max_response_bytes: r.max_response_bytes,
-                },
+                r.request(),
                 env,
             )?),
             None => None,
         };
         Ok(ResolvedHttp { call, reconcile })
+    }
+
+    fn request(&self) -> Request<'_> {
+        Request {
+            method: &self.method,
+            url: &self.url,
+            headers: &self.headers,
+            timeout: self.timeout.as_deref(),
+            max_response_bytes: self.max_response_bytes,
+        }
     }
 }
 
@@ -998,6 +982,26 @@ mod tests {
         b.resolve(FIELD, &env).unwrap_err().to_string()
     }
 
+    /// The documented binding with each of `urls`: every one is refused, naming the URL's field
+    /// and saying `says`. The errors, for more checks.
+    fn refused_urls(urls: &[&str], says: &str) -> Vec<String> {
+        let field = "tools.issue_refund.http.url: ";
+        let refused = |url: &&str| {
+            let error = error_with(|b| b.url = url.to_string());
+            assert!(error.starts_with(field), "{url}: {error}");
+            assert!(error.contains(says), "{url}: {error}");
+            error
+        };
+        urls.iter().map(refused).collect()
+    }
+
+    /// The error the documented binding resolves to after `change`.
+    fn error_with(change: impl FnOnce(&mut HttpBinding)) -> String {
+        let mut b = refund();
+        change(&mut b);
+        error_of(&b)
+    }
+
     fn args(value: Value) -> Args {
         Args::new(value).unwrap()
     }
@@ -1041,6 +1045,21 @@ url = "https://orders.example/x""#,
     }
 
     #[test]
+    fn a_reconcile_with_a_reconcile_of_its_own_is_refused() {
+        let error = toml::from_str::<HttpBinding>(
+            "method = \"POST\"\nurl = \"https://x.example\"\n\
+             [reconcile]\nmethod = \"GET\"\nurl = \"https://x.example/r\"\n\
+             [reconcile.reconcile]\nmethod = \"GET\"\nurl = \"https://x.example/rr\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            error.contains("a reconcile request has no reconcile of its own"),
+            "{error}"
+        );
+    }
+
+    #[test]
     fn an_unset_variable_names_the_field_and_the_variable() {
         let mut b = refund();
         b.headers
@@ -1068,19 +1087,13 @@ url = "https://orders.example/x""#,
 
     #[test]
     fn a_url_that_is_not_http_after_expansion_names_the_field_and_hides_the_value() {
-        for url in [
+        let urls = [
             "${NOT_A_URL}/x",
             "orders/{order_id}",
             "http://",
             "file:///etc/passwd",
-        ] {
-            let mut b = refund();
-            b.url = url.into();
-            let error = error_of(&b);
-            assert!(
-                error.starts_with("tools.issue_refund.http.url: is not an http:// or https://"),
-                "{url}: {error}"
-            );
+        ];
+        for error in refused_urls(&urls, "url: is not an http:// or https://") {
             assert!(!error.contains("files.example"), "{error}");
         }
     }
@@ -1092,9 +1105,7 @@ url = "https://orders.example/x""#,
             ("61s", "at most 1m"),
             ("0s", "more than 0"),
         ] {
-            let mut b = refund();
-            b.timeout = Some(text.into());
-            let error = error_of(&b);
+            let error = error_with(|b| b.timeout = Some(text.into()));
             assert!(
                 error.starts_with("tools.issue_refund.http.timeout: "),
                 "{error}"
@@ -1117,36 +1128,24 @@ url = "https://orders.example/x""#,
 
     #[test]
     fn malformed_placeholders_name_the_field() {
-        for url in [
+        let urls = [
             "https://x.example/orders/{order_id",
             "https://x.example/orders/order_id}",
             "https://x.example/orders/{}",
             "https://x.example/orders/{order-id}",
             "https://x.example/orders/{1st}",
-        ] {
-            let mut b = refund();
-            b.url = url.into();
-            let error = error_of(&b);
-            assert!(
-                error.starts_with("tools.issue_refund.http.url: "),
-                "{url}: {error}"
-            );
-            assert!(error.contains("placeholder"), "{url}: {error}");
-        }
+        ];
+        refused_urls(&urls, "placeholder");
     }
 
     #[test]
     fn placeholders_stand_only_in_the_path() {
-        for url in [
+        let urls = [
             "https://{host}.example/orders",
             "https://x.example/orders?id={order_id}",
             "https://x.example/orders#{order_id}",
-        ] {
-            let mut b = refund();
-            b.url = url.into();
-            let error = error_of(&b);
-            assert!(error.contains("only in the URL's path"), "{url}: {error}");
-        }
+        ];
+        refused_urls(&urls, "only in the URL's path");
     }
 
     #[test]

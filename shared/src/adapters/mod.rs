@@ -13,3 +13,14 @@ pub mod sqs;
 pub mod state_dir;
 pub mod trust;
 pub mod webhook;
+
+/// Why a request got no answer, in words that name no URL (one may hold a secret).
+fn unanswered(error: &reqwest::Error) -> &'static str {
+    if error.is_timeout() {
+        "timed out"
+    } else if error.is_connect() {
+        "could not connect"
+    } else {
+        "the request failed"
+    }
+}

@@ -64,6 +64,18 @@ fn failed<E: std::error::Error + 'static, R: std::fmt::Debug>(
     SchedulerError(DisplayErrorContext(&error).to_string())
 }
 
+/// A call's outcome: done when it succeeded or when its error says it was `done_before`.
+fn outcome<T, E: std::error::Error + 'static, R: std::fmt::Debug>(
+    result: Result<T, SdkError<E, R>>,
+    done_before: impl FnOnce(&E) -> bool,
+) -> Result<(), SchedulerError> {
+    match result {
+        Ok(_) => Ok(()),
+        Err(SdkError::ServiceError(e)) if done_before(e.err()) => Ok(()),
+        Err(error) => Err(failed(error)),
+    }
+}
+
 #[async_trait]
 impl Scheduler for EventBridgeScheduler {
     async fn schedule(
@@ -100,16 +112,10 @@ impl Scheduler for EventBridgeScheduler {
             .target(target)
             .send()
             .await;
-        match result {
-            Ok(_) => Ok(()),
-            // Created by an earlier attempt.
-            Err(SdkError::ServiceError(e))
-                if matches!(e.err(), CreateScheduleError::ConflictException(_)) =>
-            {
-                Ok(())
-            }
-            Err(error) => Err(failed(error)),
-        }
+        // Created by an earlier attempt.
+        outcome(result, |e| {
+            matches!(e, CreateScheduleError::ConflictException(_))
+        })
     }
 
     async fn unschedule(
@@ -125,16 +131,10 @@ impl Scheduler for EventBridgeScheduler {
             .group_name(&self.target.group)
             .send()
             .await;
-        match result {
-            Ok(_) => Ok(()),
-            // Never created, already ran (it deletes itself), or deleted before.
-            Err(SdkError::ServiceError(e))
-                if matches!(e.err(), DeleteScheduleError::ResourceNotFoundException(_)) =>
-            {
-                Ok(())
-            }
-            Err(error) => Err(failed(error)),
-        }
+        // Never created, already ran (it deletes itself), or deleted before.
+        outcome(result, |e| {
+            matches!(e, DeleteScheduleError::ResourceNotFoundException(_))
+        })
     }
 }
 

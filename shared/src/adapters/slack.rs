@@ -493,16 +493,7 @@ impl WebApi {
             .json(body)
             .send()
             .await
-            .map_err(|e| {
-                let what = if e.is_timeout() {
-                    "timed out"
-                } else if e.is_connect() {
-                    "could not connect"
-                } else {
-                    "the request failed"
-                };
-                CallError::Transient(format!("{method}: {what}"))
-            })?;
+            .map_err(|e| CallError::Transient(format!("{method}: {}", super::unanswered(&e))))?;
         let status = response.status();
         if status.as_u16() == 429 || status.is_server_error() {
             return Err(CallError::Transient(format!(

@@ -19,7 +19,8 @@ use tokio::sync::oneshot;
 
 use super::state_dir;
 use crate::ports::store::{
-    Condition, IndexKey, Item, ItemStore, Page, StoreError, Write, check_transaction, prefix_end,
+    Condition, IndexKey, Item, ItemStore, Page, Query, Range, StoreError, Write, check_transaction,
+    prefix_end,
 };
 
 const SCHEMA: &str = "
@@ -344,64 +345,58 @@ impl ItemStore for SqliteStore {
         .await
     }
 
-    async fn query(
-        &self,
-        pk: &str,
-        sk_prefix: &str,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Page, StoreError> {
-        let after = after.map(read_cursor).transpose()?;
-        let exclusive = after.is_some();
-        let (pk, from, to) = (
-            pk.to_string(),
-            after.unwrap_or_else(|| sk_prefix.to_string()),
-            prefix_end(sk_prefix),
-        );
+    async fn page(&self, query: Query<'_>) -> Result<Page, StoreError> {
+        let Query {
+            range,
+            after,
+            limit,
+        } = query;
         let limit = limit.max(1);
-        self.read(move |conn| {
-            let sql = if exclusive {
-                "SELECT pk, sk, gsi1pk, gsi1sk, ver, body FROM items WHERE pk = ?1 AND sk > ?2 AND sk < ?3 ORDER BY sk LIMIT ?4"
-            } else {
-                "SELECT pk, sk, gsi1pk, gsi1sk, ver, body FROM items WHERE pk = ?1 AND sk >= ?2 AND sk < ?3 ORDER BY sk LIMIT ?4"
-            };
-            let mut stmt = conn.prepare_cached(sql).map_err(sql_error)?;
-            let items = stmt
-                .query_map(params![pk, from, to, (limit + 1) as i64], row_to_item)
-                .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
-                .map_err(sql_error)?;
-            Ok(page(items, limit, |i| serde_json::json!([i.sk]).to_string()))
-        })
-        .await
-    }
-
-    async fn query_index(
-        &self,
-        pk: &str,
-        from: &str,
-        to: &str,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Page, StoreError> {
-        let (pk, from, to) = (pk.to_string(), from.to_string(), to.to_string());
-        let after = after.map(read_index_cursor).transpose()?;
-        let limit = limit.max(1);
-        self.read(move |conn| {
-            let (a_gsi, a_pk, a_sk) = after.unwrap_or_default();
-            let mut stmt = conn
-                .prepare_cached(
-                    "SELECT pk, sk, gsi1pk, gsi1sk, ver, body FROM items
-                     WHERE gsi1pk = ?1 AND gsi1sk >= ?2 AND gsi1sk <= ?3 AND (gsi1sk, pk, sk) > (?4, ?5, ?6)
-                     ORDER BY gsi1sk, pk, sk LIMIT ?7",
-                )
-                .map_err(sql_error)?;
-            let items = stmt
-                .query_map(params![pk, from, to, a_gsi, a_pk, a_sk, (limit + 1) as i64], row_to_item)
-                .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
-                .map_err(sql_error)?;
-            Ok(page(items, limit, index_cursor))
-        })
-        .await
+        match range {
+            Range::Partition { pk, sk_prefix } => {
+                let after = after.map(read_cursor).transpose()?;
+                let exclusive = after.is_some();
+                let (pk, from, to) = (
+                    pk.to_string(),
+                    after.unwrap_or_else(|| sk_prefix.to_string()),
+                    prefix_end(sk_prefix),
+                );
+                self.read(move |conn| {
+                    let sql = if exclusive {
+                        "SELECT pk, sk, gsi1pk, gsi1sk, ver, body FROM items WHERE pk = ?1 AND sk > ?2 AND sk < ?3 ORDER BY sk LIMIT ?4"
+                    } else {
+                        "SELECT pk, sk, gsi1pk, gsi1sk, ver, body FROM items WHERE pk = ?1 AND sk >= ?2 AND sk < ?3 ORDER BY sk LIMIT ?4"
+                    };
+                    let mut stmt = conn.prepare_cached(sql).map_err(sql_error)?;
+                    let items = stmt
+                        .query_map(params![pk, from, to, (limit + 1) as i64], row_to_item)
+                        .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+                        .map_err(sql_error)?;
+                    Ok(page(items, limit, |i| serde_json::json!([i.sk]).to_string()))
+                })
+                .await
+            }
+            Range::Index { pk, from, to } => {
+                let (pk, from, to) = (pk.to_string(), from.to_string(), to.to_string());
+                let after = after.map(read_index_cursor).transpose()?;
+                self.read(move |conn| {
+                    let (a_gsi, a_pk, a_sk) = after.unwrap_or_default();
+                    let mut stmt = conn
+                        .prepare_cached(
+                            "SELECT pk, sk, gsi1pk, gsi1sk, ver, body FROM items
+                             WHERE gsi1pk = ?1 AND gsi1sk >= ?2 AND gsi1sk <= ?3 AND (gsi1sk, pk, sk) > (?4, ?5, ?6)
+                             ORDER BY gsi1sk, pk, sk LIMIT ?7",
+                        )
+                        .map_err(sql_error)?;
+                    let items = stmt
+                        .query_map(params![pk, from, to, a_gsi, a_pk, a_sk, (limit + 1) as i64], row_to_item)
+                        .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+                        .map_err(sql_error)?;
+                    Ok(page(items, limit, index_cursor))
+                })
+                .await
+            }
+        }
     }
 
     async fn transact(&self, writes: Vec<Write>) -> Result<(), StoreError> {
@@ -420,14 +415,7 @@ mod tests {
     use super::*;
 
     fn scratch(name: &str) -> PathBuf {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        let dir = std::env::temp_dir().join(format!(
-            "countersign-sqlite-{name}-{}-{nanos}",
-            std::process::id()
-        ));
+        let dir = crate::testing::scratch_dir(&format!("sqlite-{name}"));
         std::fs::create_dir_all(&dir).unwrap();
         dir.join(FILE_NAME)
     }

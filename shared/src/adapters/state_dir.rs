@@ -78,14 +78,7 @@ mod tests {
     use crate::ports::store::{Condition, Item, ItemStore, Write};
 
     fn fresh(name: &str) -> PathBuf {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        std::env::temp_dir().join(format!(
-            "countersign-state-{name}-{}-{nanos}",
-            std::process::id()
-        ))
+        crate::testing::scratch_dir(&format!("state-{name}"))
     }
 
     fn mode(path: &Path) -> u32 {

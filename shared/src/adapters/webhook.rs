@@ -183,13 +183,7 @@ impl Notifier for Webhooks {
             .await
             .map_err(|e| {
                 // The URL may hold a secret: say what failed, not where.
-                let what = if e.is_timeout() {
-                    "timed out"
-                } else if e.is_connect() {
-                    "could not connect"
-                } else {
-                    "the request failed"
-                };
+                let what = super::unanswered(&e);
                 NotifyError::Transient(format!("{}: {what}", hook.destination.label))
             })?;
         let status = response.status();

@@ -616,6 +616,19 @@ mod tests {
         Approval::open(call, &requirement, asking)
     }
 
+    /// `who` decides `choice` as decision `id`, under the test policy. Everyone is in finance
+    /// but chen; ben asked for the approval.
+    fn decide(
+        a: &mut Approval,
+        who: &str,
+        id: &str,
+        choice: Choice,
+        at: DateTime<Utc>,
+    ) -> Result<Decided, Refusal> {
+        let roles: &[&str] = if who == "chen" { &[] } else { &["finance"] };
+        a.decide(&person(who, roles), &request(id, choice), &policy(), at)
+    }
+
     fn request(id: &str, choice: Choice) -> DecisionRequest {
         DecisionRequest {
             decision_id: DecisionId::parse(id).unwrap(),
@@ -628,14 +641,7 @@ mod tests {
     fn an_approver_with_the_role_approves() {
         let now = Utc::now();
         let mut a = approval(1, now);
-        let decided = a
-            .decide(
-                &person("dana", &["finance"]),
-                &request("d1", Choice::Approve),
-                &policy(),
-                now,
-            )
-            .unwrap();
+        let decided = decide(&mut a, "dana", "d1", Choice::Approve, now).unwrap();
         assert!(
             matches!(decided, Decided::New { decision, .. } if decision.effect == DecisionEffect::Approved)
         );
@@ -650,12 +656,7 @@ mod tests {
     fn the_requester_cannot_approve_their_own_request_even_with_the_role() {
         let now = Utc::now();
         let mut a = approval(1, now);
-        let refused = a.decide(
-            &person("ben", &["finance"]),
-            &request("d1", Choice::Approve),
-            &policy(),
-            now,
-        );
+        let refused = decide(&mut a, "ben", "d1", Choice::Approve, now);
         assert!(matches!(refused, Err(Refusal::OwnRequest { .. })));
         assert_eq!(a.status, ApprovalStatus::AwaitingApproval);
         assert!(a.decisions.is_empty());
@@ -665,12 +666,7 @@ mod tests {
     fn someone_without_the_role_is_refused() {
         let now = Utc::now();
         let mut a = approval(1, now);
-        let refused = a.decide(
-            &person("chen", &[]),
-            &request("d1", Choice::Approve),
-            &policy(),
-            now,
-        );
+        let refused = decide(&mut a, "chen", "d1", Choice::Approve, now);
         assert!(matches!(refused, Err(Refusal::MissingRole { .. })));
     }
 
@@ -678,23 +674,17 @@ mod tests {
     fn the_same_decision_id_returns_the_recorded_decision() {
         let now = Utc::now();
         let mut a = approval(1, now);
-        let dana = person("dana", &["finance"]);
-        a.decide(&dana, &request("d1", Choice::Approve), &policy(), now)
-            .unwrap();
-        let again = a
-            .decide(&dana, &request("d1", Choice::Approve), &policy(), now)
-            .unwrap();
+        decide(&mut a, "dana", "d1", Choice::Approve, now).unwrap();
+        let again = decide(&mut a, "dana", "d1", Choice::Approve, now).unwrap();
         assert!(matches!(again, Decided::AlreadyRecorded(_)));
         assert_eq!(a.decisions.len(), 1);
-        let reused = a.decide(
-            &dana,
-            &request(
-                "d1",
-                Choice::Reject {
-                    reason: "no".into(),
-                },
-            ),
-            &policy(),
+        let reused = decide(
+            &mut a,
+            "dana",
+            "d1",
+            Choice::Reject {
+                reason: "no".into(),
+            },
             now,
         );
         assert!(matches!(reused, Err(Refusal::DecisionIdReused { .. })));
@@ -704,19 +694,8 @@ mod tests {
     fn a_different_decision_on_a_resolved_approval_is_a_conflict() {
         let now = Utc::now();
         let mut a = approval(1, now);
-        a.decide(
-            &person("dana", &["finance"]),
-            &request("d1", Choice::Approve),
-            &policy(),
-            now,
-        )
-        .unwrap();
-        let late = a.decide(
-            &person("erin", &["finance"]),
-            &request("d2", Choice::Approve),
-            &policy(),
-            now,
-        );
+        decide(&mut a, "dana", "d1", Choice::Approve, now).unwrap();
+        let late = decide(&mut a, "erin", "d2", Choice::Approve, now);
         assert_eq!(
             late,
             Err(Refusal::AlreadyResolved {
@@ -729,23 +708,14 @@ mod tests {
     fn a_quorum_of_two_needs_two_distinct_people() {
         let now = Utc::now();
         let mut a = approval(2, now);
-        let dana = person("dana", &["finance"]);
-        let first = a
-            .decide(&dana, &request("d1", Choice::Approve), &policy(), now)
-            .unwrap();
+        let first = decide(&mut a, "dana", "d1", Choice::Approve, now).unwrap();
         assert!(
             matches!(first, Decided::New { decision, .. } if decision.effect == DecisionEffect::Counted { still_needed: 1 })
         );
-        let twice = a.decide(&dana, &request("d2", Choice::Approve), &policy(), now);
+        let twice = decide(&mut a, "dana", "d2", Choice::Approve, now);
         assert!(matches!(twice, Err(Refusal::AlreadyApprovedBy { .. })));
         assert_eq!(a.status, ApprovalStatus::AwaitingApproval);
-        a.decide(
-            &person("erin", &["finance"]),
-            &request("d3", Choice::Approve),
-            &policy(),
-            now,
-        )
-        .unwrap();
+        decide(&mut a, "erin", "d3", Choice::Approve, now).unwrap();
         assert_eq!(a.status, ApprovalStatus::Approved);
         assert_eq!(a.approvers().len(), 2);
     }
@@ -755,12 +725,7 @@ mod tests {
         let now = Utc::now();
         let mut a = approval(1, now);
         let late = now + Duration::hours(25);
-        let refused = a.decide(
-            &person("dana", &["finance"]),
-            &request("d1", Choice::Approve),
-            &policy(),
-            late,
-        );
+        let refused = decide(&mut a, "dana", "d1", Choice::Approve, late);
         assert!(matches!(refused, Err(Refusal::Expired { .. })));
         assert_eq!(a.status, ApprovalStatus::Expired);
         assert!(a.decisions.is_empty());
@@ -787,14 +752,7 @@ mod tests {
         let Decided::New {
             decision,
             edited_args,
-        } = a
-            .decide(
-                &person("dana", &["finance"]),
-                &request("d1", edit),
-                &policy(),
-                now,
-            )
-            .unwrap()
+        } = decide(&mut a, "dana", "d1", edit, now).unwrap()
         else {
             panic!("expected a new decision")
         };
@@ -816,12 +774,7 @@ mod tests {
             amount: Amount::from_dollars(900),
             note: None,
         };
-        let refused = a.decide(
-            &person("dana", &["finance"]),
-            &request("d1", edit),
-            &policy(),
-            now,
-        );
+        let refused = decide(&mut a, "dana", "d1", edit, now);
         assert!(matches!(
             refused,
             Err(Refusal::Edit(EditRefusal::NotLower { .. }))
@@ -834,22 +787,21 @@ mod tests {
     fn a_rejection_needs_a_reason() {
         let now = Utc::now();
         let mut a = approval(1, now);
-        let blank = a.decide(
-            &person("dana", &["finance"]),
-            &request("d1", Choice::Reject { reason: " ".into() }),
-            &policy(),
+        let blank = decide(
+            &mut a,
+            "dana",
+            "d1",
+            Choice::Reject { reason: " ".into() },
             now,
         );
         assert_eq!(blank, Err(Refusal::EmptyReason));
-        a.decide(
-            &person("dana", &["finance"]),
-            &request(
-                "d2",
-                Choice::Reject {
-                    reason: "dup".into(),
-                },
-            ),
-            &policy(),
+        decide(
+            &mut a,
+            "dana",
+            "d2",
+            Choice::Reject {
+                reason: "dup".into(),
+            },
             now,
         )
         .unwrap();

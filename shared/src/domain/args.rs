@@ -108,18 +108,9 @@ fn write_canonical(value: &Value, out: &mut String) {
     }
 }
 
-impl TryFrom<Value> for Args {
-    type Error = ArgsError;
-    fn try_from(value: Value) -> Result<Self, ArgsError> {
-        Self::new(value)
-    }
-}
-
-impl From<Args> for Value {
-    fn from(args: Args) -> Value {
-        Value::Object(args.0)
-    }
-}
+checked_conversions!(Args, Value, ArgsError, |value| Self::new(value), |args| {
+    Value::Object(args.0)
+});
 
 /// SHA-256 of the canonical arguments, written `sha256:<hex>`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]

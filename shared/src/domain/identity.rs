@@ -79,7 +79,7 @@ pub struct Person {
     pub roles: BTreeSet<Role>,
     /// The person's Slack user id (such as `U024BE7LH`): a click on a notice's button in Slack
     /// acts as this person.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub slack: Option<String>,
 }
 

@@ -56,12 +56,34 @@ fn check_chars_and(kind: &'static str, s: &str, max: usize, extra: &[char]) -> R
     Ok(())
 }
 
-macro_rules! generated_id {
-    ($(#[$meta:meta])* $name:ident, $prefix:literal, $kind:literal) => {
+/// A string identifier: what every kind of id has, whatever its own `parse` checks.
+macro_rules! string_id {
+    ($(#[$meta:meta])* $name:ident) => {
         $(#[$meta])*
         #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
         #[serde(try_from = "String", into = "String")]
         pub struct $name(String);
+
+        impl $name {
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        checked_conversions!($name, String, IdError, |s| Self::parse(&s), |id| id.0);
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+    };
+}
+
+/// An id Countersign makes: a fixed prefix and a random suffix.
+macro_rules! generated_id {
+    ($(#[$meta:meta])* $name:ident, $prefix:literal, $kind:literal) => {
+        string_id!($(#[$meta])* $name);
 
         impl $name {
             pub const PREFIX: &'static str = $prefix;
@@ -81,70 +103,22 @@ macro_rules! generated_id {
                 }
                 Ok(Self(s.to_string()))
             }
-
-            pub fn as_str(&self) -> &str {
-                &self.0
-            }
-        }
-
-        impl TryFrom<String> for $name {
-            type Error = IdError;
-            fn try_from(s: String) -> Result<Self, IdError> {
-                Self::parse(&s)
-            }
-        }
-
-        impl From<$name> for String {
-            fn from(id: $name) -> String {
-                id.0
-            }
-        }
-
-        impl fmt::Display for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(&self.0)
-            }
         }
     };
 }
 
+/// An id someone else chooses: checked characters and length.
 macro_rules! named_id {
     ($(#[$meta:meta])* $name:ident, $kind:literal, $max:literal) => {
         named_id!($(#[$meta])* $name, $kind, $max, []);
     };
     ($(#[$meta:meta])* $name:ident, $kind:literal, $max:literal, [$($extra:literal),*]) => {
-        $(#[$meta])*
-        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-        #[serde(try_from = "String", into = "String")]
-        pub struct $name(String);
+        string_id!($(#[$meta])* $name);
 
         impl $name {
             pub fn parse(s: &str) -> Result<Self, IdError> {
                 check_chars_and($kind, s, $max, &[$($extra),*])?;
                 Ok(Self(s.to_string()))
-            }
-
-            pub fn as_str(&self) -> &str {
-                &self.0
-            }
-        }
-
-        impl TryFrom<String> for $name {
-            type Error = IdError;
-            fn try_from(s: String) -> Result<Self, IdError> {
-                Self::parse(&s)
-            }
-        }
-
-        impl From<$name> for String {
-            fn from(id: $name) -> String {
-                id.0
-            }
-        }
-
-        impl fmt::Display for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(&self.0)
             }
         }
     };
@@ -216,18 +190,7 @@ impl ActionVersion {
     }
 }
 
-impl TryFrom<u32> for ActionVersion {
-    type Error = IdError;
-    fn try_from(n: u32) -> Result<Self, IdError> {
-        Self::new(n)
-    }
-}
-
-impl From<ActionVersion> for u32 {
-    fn from(v: ActionVersion) -> u32 {
-        v.0
-    }
-}
+checked_conversions!(ActionVersion, u32, IdError, |n| Self::new(n), |v| v.0);
 
 impl fmt::Display for ActionVersion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

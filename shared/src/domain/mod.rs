@@ -1,5 +1,24 @@
 //! The domain: pure types and rules, no I/O.
 
+/// The two conversions serde's `try_from`/`into` use for a newtype that is checked when made:
+/// `TryFrom<$raw>` through the type's checking constructor, `From<$name>` back to the raw value.
+macro_rules! checked_conversions {
+    ($name:ident, $raw:ty, $error:ty, |$r:ident| $check:expr, |$v:ident| $into:expr) => {
+        impl TryFrom<$raw> for $name {
+            type Error = $error;
+            fn try_from($r: $raw) -> Result<Self, $error> {
+                $check
+            }
+        }
+
+        impl From<$name> for $raw {
+            fn from($v: $name) -> $raw {
+                $into
+            }
+        }
+    };
+}
+
 pub mod action;
 pub mod approval;
 pub mod args;

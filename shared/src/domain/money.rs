@@ -61,18 +61,13 @@ impl FromStr for Amount {
     }
 }
 
-impl TryFrom<i64> for Amount {
-    type Error = AmountError;
-    fn try_from(cents: i64) -> Result<Self, AmountError> {
-        Self::from_cents(cents)
-    }
-}
-
-impl From<Amount> for i64 {
-    fn from(a: Amount) -> i64 {
-        a.0
-    }
-}
+checked_conversions!(
+    Amount,
+    i64,
+    AmountError,
+    |cents| Self::from_cents(cents),
+    |a| a.0
+);
 
 impl fmt::Display for Amount {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

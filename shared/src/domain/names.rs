@@ -78,11 +78,12 @@ fn not_named<T>(what: &str) -> Result<T, NotNamed> {
 /// The serializer that keeps a variant's name.
 struct Name;
 
-/// An internally tagged variant's fields: the first value is the tag's.
+/// A variant's fields. An externally tagged variant's name is known before them
+/// (`Fields(Some(name))`); an internally tagged one's is the first value, its tag's.
 #[derive(Default)]
-struct Tagged(Option<&'static str>);
+struct Fields(Option<&'static str>);
 
-impl Tagged {
+impl Fields {
     fn keep<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), NotNamed> {
         if self.0.is_none() {
             self.0 = Some(value.serialize(Text)?);
@@ -96,24 +97,33 @@ impl Tagged {
     }
 }
 
-impl ser::SerializeStruct for Tagged {
-    type Ok = &'static str;
-    type Error = NotNamed;
+/// A struct's fields and a struct variant's, which serde hands over alike.
+macro_rules! struct_fields {
+    ($($serialize:ident),*) => {
+        $(
+            impl ser::$serialize for Fields {
+                type Ok = &'static str;
+                type Error = NotNamed;
 
-    fn serialize_field<T: Serialize + ?Sized>(
-        &mut self,
-        _key: &'static str,
-        value: &T,
-    ) -> Result<(), NotNamed> {
-        self.keep(value)
-    }
+                fn serialize_field<T: Serialize + ?Sized>(
+                    &mut self,
+                    _key: &'static str,
+                    value: &T,
+                ) -> Result<(), NotNamed> {
+                    self.keep(value)
+                }
 
-    fn end(self) -> Result<&'static str, NotNamed> {
-        self.name()
-    }
+                fn end(self) -> Result<&'static str, NotNamed> {
+                    self.name()
+                }
+            }
+        )*
+    };
 }
 
-impl ser::SerializeMap for Tagged {
+struct_fields!(SerializeStruct, SerializeStructVariant);
+
+impl ser::SerializeMap for Fields {
     type Ok = &'static str;
     type Error = NotNamed;
 
@@ -130,36 +140,16 @@ impl ser::SerializeMap for Tagged {
     }
 }
 
-/// An externally tagged variant with fields: its name is known before them.
-struct Variant(&'static str);
-
-impl ser::SerializeStructVariant for Variant {
+impl ser::SerializeTupleVariant for Fields {
     type Ok = &'static str;
     type Error = NotNamed;
 
-    fn serialize_field<T: Serialize + ?Sized>(
-        &mut self,
-        _key: &'static str,
-        _value: &T,
-    ) -> Result<(), NotNamed> {
-        Ok(())
+    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), NotNamed> {
+        self.keep(value)
     }
 
     fn end(self) -> Result<&'static str, NotNamed> {
-        Ok(self.0)
-    }
-}
-
-impl ser::SerializeTupleVariant for Variant {
-    type Ok = &'static str;
-    type Error = NotNamed;
-
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, _value: &T) -> Result<(), NotNamed> {
-        Ok(())
-    }
-
-    fn end(self) -> Result<&'static str, NotNamed> {
-        Ok(self.0)
+        self.name()
     }
 }
 
@@ -229,10 +219,10 @@ impl ser::Serializer for Name {
     type SerializeSeq = Impossible<&'static str, NotNamed>;
     type SerializeTuple = Impossible<&'static str, NotNamed>;
     type SerializeTupleStruct = Impossible<&'static str, NotNamed>;
-    type SerializeTupleVariant = Variant;
-    type SerializeMap = Tagged;
-    type SerializeStruct = Tagged;
-    type SerializeStructVariant = Variant;
+    type SerializeTupleVariant = Fields;
+    type SerializeMap = Fields;
+    type SerializeStruct = Fields;
+    type SerializeStructVariant = Fields;
 
     refuse_scalars!();
     refuse!(serialize_str(&str));
@@ -272,16 +262,16 @@ impl ser::Serializer for Name {
         _index: u32,
         variant: &'static str,
         _len: usize,
-    ) -> Result<Variant, NotNamed> {
-        Ok(Variant(variant))
+    ) -> Result<Fields, NotNamed> {
+        Ok(Fields(Some(variant)))
     }
 
-    fn serialize_map(self, _: Option<usize>) -> Result<Tagged, NotNamed> {
-        Ok(Tagged::default())
+    fn serialize_map(self, _: Option<usize>) -> Result<Fields, NotNamed> {
+        Ok(Fields::default())
     }
 
-    fn serialize_struct(self, _: &'static str, _: usize) -> Result<Tagged, NotNamed> {
-        Ok(Tagged::default())
+    fn serialize_struct(self, _: &'static str, _: usize) -> Result<Fields, NotNamed> {
+        Ok(Fields::default())
     }
 
     fn serialize_struct_variant(
@@ -290,8 +280,8 @@ impl ser::Serializer for Name {
         _index: u32,
         variant: &'static str,
         _len: usize,
-    ) -> Result<Variant, NotNamed> {
-        Ok(Variant(variant))
+    ) -> Result<Fields, NotNamed> {
+        Ok(Fields(Some(variant)))
     }
 }
 

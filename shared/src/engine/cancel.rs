@@ -67,13 +67,7 @@ impl Engine {
                     &action,
                     AWAITING_ACTION_VER,
                 );
-                tx.update(
-                    keys::approval_pk(&tenant, &approval.value.id),
-                    keys::APPROVAL_SK.into(),
-                    None,
-                    &approval.value,
-                    approval.ver,
-                );
+                tx.update_approval(&approval.value, approval.ver);
                 self.follow_up_later(&mut tx, (&tenant, run_id, &approval.value.id), now);
                 cancelled.push(approval.value);
             }

@@ -2,7 +2,7 @@
 //! question to the requester, say). The comment is kept on the approval, so the page shows it,
 //! and recorded in the audit log, in one transaction.
 
-use super::records::{Tx, approval_index, keys};
+use super::records::Tx;
 use super::{CAS_ATTEMPTS, Engine, EngineError};
 use crate::domain::approval::{Approval, Comment};
 use crate::domain::audit::{AuditEntry, AuditEvent};
@@ -50,13 +50,7 @@ impl Engine {
                 at: now,
             });
             let mut tx = Tx::new();
-            tx.update(
-                keys::approval_pk(&approval.tenant, &approval.id),
-                keys::APPROVAL_SK.into(),
-                approval_index(&approval),
-                &approval,
-                stored.ver,
-            );
+            tx.update_approval(&approval, stored.ver);
             let event = AuditEvent::Commented {
                 approval_id: approval.id.clone(),
                 text: text.to_string(),

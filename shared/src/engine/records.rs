@@ -393,6 +393,13 @@ impl Tx {
         self.put(pk, sk, gsi1, value, ver + 1, Condition::VersionIs(ver));
     }
 
+    /// An approval's compare-and-set, with the index entry its status gives it.
+    pub fn update_approval(&mut self, approval: &Approval, ver: u64) {
+        let pk = keys::approval_pk(&approval.tenant, &approval.id);
+        let index = approval_index(approval);
+        self.update(pk, keys::APPROVAL_SK.into(), index, approval, ver);
+    }
+
     /// Written whatever is there (idempotent registries).
     pub fn upsert<T: Serialize>(&mut self, pk: String, sk: String, value: &T) {
         self.put(pk, sk, None, value, 1, Condition::Always);

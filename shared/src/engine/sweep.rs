@@ -9,8 +9,8 @@ use serde::Serialize;
 use tracing::Instrument;
 
 use super::records::{
-    EscalationDue, OutboxEntry, OutboxMessage, STALE_EXECUTION, Stored, Tx, approval_index, decode,
-    keys, reconcile_key, run_index,
+    EscalationDue, OutboxEntry, OutboxMessage, STALE_EXECUTION, Stored, Tx, decode, keys,
+    reconcile_key, run_index,
 };
 use super::{Delivery, Engine, EngineError, NoticeReport};
 use crate::domain::action::{Action, ActionStatus, ToolOutcome};
@@ -312,13 +312,7 @@ impl Engine {
             return Ok(None);
         };
         let a = &approval.value;
-        tx.update(
-            pk.clone(),
-            keys::APPROVAL_SK.into(),
-            approval_index(a),
-            a,
-            approval.ver,
-        );
+        tx.update_approval(a, approval.ver);
         let event = AuditEvent::Escalated {
             approval_id: a.id.clone(),
             to: role.clone(),
@@ -338,11 +332,18 @@ impl Engine {
             ),
             None => tx.delete(pk, sk, Condition::VersionIs(marker.ver)),
         }
+        let Some(entries) = self.commit_first(tx).await? else {
+            return Ok(None);
+        };
+        tracing::info!(to = %role, "escalated");
+        Ok(Some((approval.value.id, entries)))
+    }
+
+    /// Commits what the sweep wrote for one record: its outbox entries, or `None` when a
+    /// condition failed (a decision, or another sweep, got there first).
+    async fn commit_first(&self, tx: Tx) -> Result<Option<Vec<OutboxEntry>>, EngineError> {
         match self.commit(tx).await {
-            Ok(entries) => {
-                tracing::info!(to = %role, "escalated");
-                Ok(Some((approval.value.id, entries)))
-            }
+            Ok(entries) => Ok(Some(entries)),
             Err(StoreError::ConditionFailed { .. }) => Ok(None),
             Err(error) => Err(error.into()),
         }
@@ -361,22 +362,13 @@ impl Engine {
         }
         let a = &approval.value;
         let mut tx = Tx::new();
-        tx.update(
-            keys::approval_pk(&a.tenant, &a.id),
-            keys::APPROVAL_SK.into(),
-            approval_index(a),
-            a,
-            approval.ver,
-        );
+        tx.update_approval(a, approval.ver);
         self.notify_later(&mut tx, a, NoticeKind::Reminder, now);
-        match self.commit(tx).await {
-            Ok(entries) => {
-                tracing::info!("reminder due");
-                Ok(Some((approval.value.id, entries)))
-            }
-            Err(StoreError::ConditionFailed { .. }) => Ok(None),
-            Err(error) => Err(error.into()),
-        }
+        let Some(entries) = self.commit_first(tx).await? else {
+            return Ok(None);
+        };
+        tracing::info!("reminder due");
+        Ok(Some((approval.value.id, entries)))
     }
 
     /// Expires one overdue approval; `None` if it was decided or expired in the meantime.
@@ -396,16 +388,13 @@ impl Engine {
             Actor::system("sweep"),
             now,
         );
-        match self.commit(tx).await {
-            Ok(entries) => {
-                tracing::info!("expired");
-                self.unschedule_wakeups(&approval.value).await;
-                Ok(Some((approval.value.id, entries)))
-            }
-            // Decided or expired by someone else in the meantime.
-            Err(StoreError::ConditionFailed { .. }) => Ok(None),
-            Err(error) => Err(error.into()),
-        }
+        // None: decided or expired by someone else in the meantime.
+        let Some(entries) = self.commit_first(tx).await? else {
+            return Ok(None);
+        };
+        tracing::info!("expired");
+        self.unschedule_wakeups(&approval.value).await;
+        Ok(Some((approval.value.id, entries)))
     }
 
     /// Fails a run whose lease ran out: the process driving it stopped before it finished.
@@ -435,14 +424,11 @@ impl Engine {
             &tenant,
             AuditEntry::new(&run_id, Actor::system("sweep"), event, now),
         );
-        match self.commit(tx).await {
-            Ok(_) => {
-                tracing::warn!("failed a run whose lease ran out");
-                Ok(Some(run_id))
-            }
-            Err(StoreError::ConditionFailed { .. }) => Ok(None),
-            Err(error) => Err(error.into()),
+        if self.commit_first(tx).await?.is_none() {
+            return Ok(None);
         }
+        tracing::warn!("failed a run whose lease ran out");
+        Ok(Some(run_id))
     }
 
     /// Asks the tool what became of an unknown (or long-executing) call. Never calls it again.

@@ -77,28 +77,33 @@ pub enum StoreError {
     Unavailable(String),
 }
 
+/// Which items one query reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Range<'a> {
+    /// Items of one partition whose sort key starts with `sk_prefix`, in sort key order.
+    Partition { pk: &'a str, sk_prefix: &'a str },
+    /// Items of the sparse index under `pk` with `from <= gsi1.sk <= to`, in index order.
+    Index {
+        pk: &'a str,
+        from: &'a str,
+        to: &'a str,
+    },
+}
+
+/// One page of a query: the range, where the previous page ended, and how many items at most.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Query<'a> {
+    pub range: Range<'a>,
+    pub after: Option<&'a str>,
+    pub limit: usize,
+}
+
 #[async_trait]
 pub trait ItemStore: Send + Sync {
     async fn get(&self, pk: &str, sk: &str) -> Result<Option<Item>, StoreError>;
 
-    /// Items of one partition whose sort key starts with `sk_prefix`, in sort key order.
-    async fn query(
-        &self,
-        pk: &str,
-        sk_prefix: &str,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Page, StoreError>;
-
-    /// Items of the sparse index under `pk` with `from <= gsi1.sk <= to`, in index order.
-    async fn query_index(
-        &self,
-        pk: &str,
-        from: &str,
-        to: &str,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Page, StoreError>;
+    /// One page of a partition or of the sparse index, in key order.
+    async fn page(&self, query: Query<'_>) -> Result<Page, StoreError>;
 
     /// All writes apply, or none do. At most 100 writes, each on a different item.
     async fn transact(&self, writes: Vec<Write>) -> Result<(), StoreError>;
@@ -134,6 +139,43 @@ pub trait ItemStore: Send + Sync {
                 found: Vec::new(),
             }),
         }
+    }
+}
+
+impl dyn ItemStore + '_ {
+    /// A page of items of one partition whose sort key starts with `sk_prefix`.
+    pub async fn query(
+        &self,
+        pk: &str,
+        sk_prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Page, StoreError> {
+        let range = Range::Partition { pk, sk_prefix };
+        self.page(Query {
+            range,
+            after,
+            limit,
+        })
+        .await
+    }
+
+    /// A page of items of the sparse index under `pk` with `from <= gsi1.sk <= to`.
+    pub async fn query_index(
+        &self,
+        pk: &str,
+        from: &str,
+        to: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Page, StoreError> {
+        let range = Range::Index { pk, from, to };
+        self.page(Query {
+            range,
+            after,
+            limit,
+        })
+        .await
     }
 }
 

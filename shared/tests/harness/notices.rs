@@ -16,7 +16,7 @@ use serde_json::Value;
 use shared::adapters::webhook::Webhooks;
 use shared::domain::ids::{ApprovalId, TenantId};
 use shared::ports::scheduler::{Scheduler, SchedulerError, Wake};
-use shared::ports::store::{ItemStore, Page, StoreError, Write};
+use shared::ports::store::{Item, ItemStore, Page, Query, Range, StoreError, Write};
 
 /// How the receiver answers one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -172,38 +172,18 @@ impl ReadsTogether {
 
 #[async_trait]
 impl ItemStore for ReadsTogether {
-    async fn get(
-        &self,
-        pk: &str,
-        sk: &str,
-    ) -> Result<Option<shared::ports::store::Item>, StoreError> {
+    async fn get(&self, pk: &str, sk: &str) -> Result<Option<Item>, StoreError> {
         self.inner.get(pk, sk).await
     }
 
-    async fn query(
-        &self,
-        pk: &str,
-        sk_prefix: &str,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Page, StoreError> {
-        self.inner.query(pk, sk_prefix, after, limit).await
-    }
-
-    async fn query_index(
-        &self,
-        pk: &str,
-        from: &str,
-        to: &str,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Page, StoreError> {
-        let page = self.inner.query_index(pk, from, to, after, limit).await?;
+    async fn page(&self, query: Query<'_>) -> Result<Page, StoreError> {
+        let page = self.inner.page(query).await?;
         // A sharded index is read a shard at a time: every sweep waits at each shard.
-        let shard = pk
-            .strip_prefix(self.index.as_str())
-            .is_some_and(|rest| rest.is_empty() || rest.starts_with('#'));
-        if shard {
+        if let Range::Index { pk, .. } = query.range
+            && pk
+                .strip_prefix(self.index.as_str())
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('#'))
+        {
             self.together.wait().await;
         }
         Ok(page)

@@ -379,25 +379,11 @@ impl shared::ports::store::ItemStore for ReadsApprovalTogether {
         item
     }
 
-    async fn query(
+    async fn page(
         &self,
-        pk: &str,
-        sk_prefix: &str,
-        after: Option<&str>,
-        limit: usize,
+        query: shared::ports::store::Query<'_>,
     ) -> Result<shared::ports::store::Page, shared::ports::store::StoreError> {
-        self.inner.query(pk, sk_prefix, after, limit).await
-    }
-
-    async fn query_index(
-        &self,
-        pk: &str,
-        from: &str,
-        to: &str,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<shared::ports::store::Page, shared::ports::store::StoreError> {
-        self.inner.query_index(pk, from, to, after, limit).await
+        self.inner.page(query).await
     }
 
     async fn transact(

@@ -682,50 +682,49 @@ function editForm(v) {
 }
 
 function rejectForm(v) {
-  const id = v.id;
-  return el(
-    "details",
-    { class: "reject" },
-    el("summary", { text: "Reject" }),
-    el(
-      "form",
-      { class: "reject-form", novalidate: true },
-      el("label", { for: `reason-${id}`, text: "Reason (required; the agent is told)" }),
-      el("textarea", {
-        id: `reason-${id}`,
-        name: "reason",
-        rows: "2",
-        maxlength: "2000",
-        required: true,
-        "aria-describedby": `reason-error-${id}`,
-      }),
-      el("p", { id: `reason-error-${id}`, class: "field-error", hidden: true }),
-      el("button", { type: "submit", class: "reject-submit", text: `Reject version ${v.action_version}` }),
-    ),
-  );
+  return textForm(v, {
+    kind: "reject",
+    summary: "Reject",
+    field: "reason",
+    name: "reason",
+    label: "Reason (required; the agent is told)",
+    button: `Reject version ${v.action_version}`,
+  });
 }
 
 /** A comment decides nothing: a question to the requester, say. Open on any approval. */
 function commentForm(v) {
+  return textForm(v, {
+    kind: "comment",
+    summary: "Comment",
+    field: "comment",
+    name: "text",
+    label: "Comment (decides nothing; the organisation can read it)",
+    button: "Add comment",
+  });
+}
+
+/** A folded form of one required text: `kind` names its classes, `field` its element ids. */
+function textForm(v, { kind, summary, field, name, label, button }) {
   const id = v.id;
   return el(
     "details",
-    { class: "comment" },
-    el("summary", { text: "Comment" }),
+    { class: kind },
+    el("summary", { text: summary }),
     el(
       "form",
-      { class: "comment-form", novalidate: true },
-      el("label", { for: `comment-${id}`, text: "Comment (decides nothing; the organisation can read it)" }),
+      { class: `${kind}-form`, novalidate: true },
+      el("label", { for: `${field}-${id}`, text: label }),
       el("textarea", {
-        id: `comment-${id}`,
-        name: "text",
+        id: `${field}-${id}`,
+        name,
         rows: "2",
         maxlength: "2000",
         required: true,
-        "aria-describedby": `comment-error-${id}`,
+        "aria-describedby": `${field}-error-${id}`,
       }),
-      el("p", { id: `comment-error-${id}`, class: "field-error", hidden: true }),
-      el("button", { type: "submit", class: "comment-submit", text: "Add comment" }),
+      el("p", { id: `${field}-error-${id}`, class: "field-error", hidden: true }),
+      el("button", { type: "submit", class: `${kind}-submit`, text: button }),
     ),
   );
 }

@@ -208,14 +208,14 @@ impl Tool for GetClaim {
     }
 
     async fn call(&self, call: ToolCall<'_>) -> ToolOutcome {
-        let claim = match self.0.claim(&call) {
-            Ok(claim) => claim,
-            Err(outcome) => return outcome,
+        let described = match self.0.claim(&call) {
+            Ok(claim) => self.0.describe(claim).await,
+            Err(outcome) => Err(outcome),
         };
-        match self.0.describe(claim).await {
-            Ok(result) => ToolOutcome::Succeeded { result },
-            Err(outcome) => outcome,
-        }
+        described.map_or_else(
+            |outcome| outcome,
+            |result| ToolOutcome::Succeeded { result },
+        )
     }
 }
 
@@ -262,20 +262,18 @@ impl Tool for FindSimilarClaims {
     }
 
     async fn call(&self, call: ToolCall<'_>) -> ToolOutcome {
-        let claim = match self.0.claim(&call) {
-            Ok(claim) => claim,
-            Err(outcome) => return outcome,
-        };
-        let mut similar = Vec::new();
-        for other in self.0.claims.similar_to(claim) {
-            match self.0.describe(other).await {
-                Ok(value) => similar.push(value),
-                Err(outcome) => return outcome,
+        let found = async {
+            let claim = self.0.claim(&call)?;
+            let mut similar = Vec::new();
+            for other in self.0.claims.similar_to(claim) {
+                similar.push(self.0.describe(other).await?);
             }
-        }
-        ToolOutcome::Succeeded {
-            result: json!({"claim_id": claim.id, "similar": similar}),
-        }
+            Ok(json!({"claim_id": claim.id, "similar": similar}))
+        };
+        found.await.map_or_else(
+            |outcome| outcome,
+            |result| ToolOutcome::Succeeded { result },
+        )
     }
 }
 
@@ -367,14 +365,12 @@ impl Tool for Settle {
     }
 
     async fn call(&self, call: ToolCall<'_>) -> ToolOutcome {
-        let claim = match self.0.claim(&call) {
-            Ok(claim) => claim,
-            Err(outcome) => return outcome,
+        let settled = async {
+            let claim = self.0.claim(&call)?;
+            let (outcome, note) = self.outcome(&call, claim)?;
+            Ok::<_, ToolOutcome>(self.0.settle(&call, claim, outcome, note).await)
         };
-        match self.outcome(&call, claim) {
-            Ok((outcome, note)) => self.0.settle(&call, claim, outcome, note).await,
-            Err(refused) => refused,
-        }
+        settled.await.unwrap_or_else(|refused| refused)
     }
 
     fn reconciles(&self) -> bool {
