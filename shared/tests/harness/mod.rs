@@ -22,11 +22,13 @@ use shared::domain::audit::AuditEntry;
 use shared::domain::conversation::Speaker;
 use shared::domain::conversation::{Block, ToolResultText};
 use shared::domain::identity::{Directory, Identity};
-use shared::domain::ids::{ActionVersion, DecisionId, RunId, TenantId};
+use shared::domain::ids::{ActionVersion, ApprovalId, DecisionId, RunId, TenantId};
 use shared::domain::money::Amount;
 use shared::domain::policy::Policy;
 use shared::domain::run::Run;
-use shared::engine::{Agent, Delivery, Engine, EngineBuilder, RunReport};
+use shared::engine::{
+    Agent, DecisionReport, Delivery, Engine, EngineBuilder, EngineError, RunReport,
+};
 use shared::example::expense::{
     self, Claims, Ledger, OfflineExpenseAgent, Settlement, default_claims, default_directory,
     default_policy, task_for,
@@ -273,6 +275,41 @@ impl Harness {
     pub async fn run(&self, engine: &Engine, id: &RunId) -> Run {
         engine.run(&acme(), id).await.expect("the run exists")
     }
+
+    /// A new process whose reimburse calls `calls` counts (shared, so several processes can
+    /// count together).
+    pub async fn counted_process(&self, calls: &Arc<AtomicUsize>) -> Process {
+        self.process_with(Counted::reimburse(calls), Delivery::InProcess)
+            .await
+    }
+
+    /// `who` decides on `approval` through `engine`, and the decision is taken.
+    pub async fn decided(
+        &self,
+        engine: &Engine,
+        who: &str,
+        approval: &ApprovalId,
+        request: DecisionRequest,
+    ) -> DecisionReport {
+        engine
+            .decide(&self.person(who), approval, request)
+            .await
+            .unwrap_or_else(|e| panic!("{who}'s decision is taken: {}: {e}", e.code()))
+    }
+
+    /// `who` decides on `approval` through `engine`, and is refused: the refusal.
+    pub async fn refused(
+        &self,
+        engine: &Engine,
+        who: &str,
+        approval: &ApprovalId,
+        request: DecisionRequest,
+    ) -> EngineError {
+        match engine.decide(&self.person(who), approval, request).await {
+            Ok(report) => panic!("{who}'s decision should be refused: {report:?}"),
+            Err(refused) => refused,
+        }
+    }
 }
 
 pub fn decision(id: &str, version: ActionVersion, choice: Choice) -> DecisionRequest {
@@ -397,6 +434,12 @@ impl Counted {
         let inner = tools.get(name).expect("the tool exists").clone();
         tools.with(Arc::new(Counted { inner, calls }))
     }
+
+    /// What counts the calls of `reimburse` in a process's tools.
+    pub fn reimburse(calls: &Arc<AtomicUsize>) -> impl FnOnce(Toolbox) -> Toolbox + use<> {
+        let calls = calls.clone();
+        move |tools| Self::wrap(tools, "reimburse", calls)
+    }
 }
 
 #[async_trait]
@@ -430,6 +473,12 @@ impl AnswerLost {
     pub fn wrap(tools: Toolbox, name: &str, calls: Arc<AtomicUsize>) -> Toolbox {
         let inner = tools.get(name).expect("the tool exists").clone();
         tools.with(Arc::new(AnswerLost { inner, calls }))
+    }
+
+    /// What loses the answers of `reimburse` in a process's tools, counting its calls.
+    pub fn reimburse(calls: &Arc<AtomicUsize>) -> impl FnOnce(Toolbox) -> Toolbox + use<> {
+        let calls = calls.clone();
+        move |tools| Self::wrap(tools, "reimburse", calls)
     }
 }
 
@@ -672,7 +721,7 @@ impl Tool for Slow {
     }
 }
 
-/// The tool results of the one user message that answers the assistant's `turn`th message./// The tool results of the one user message that answers the assistant's `turn`th message.
+/// The tool results of the one user message that answers the assistant's `turn`th message.
 pub fn results_after_turn(run: &Run, turn: usize) -> Vec<(String, ToolResultText)> {
     let at = run
         .messages

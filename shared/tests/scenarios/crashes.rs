@@ -28,10 +28,12 @@ async fn approve_on_a_process_that_dies_while_paying(
         )
     };
     let (report, approval) = h.start_paused(&dying, "c-102").await;
-    let decide = {
-        let (dying, dana, id) = (dying.clone(), h.person("dana"), approval.id.clone());
-        tokio::spawn(async move { dying.decide(&dana, &id, approve("d-1")).await })
-    };
+    let decide = tokio::spawn(deciding(
+        &dying,
+        h.person("dana"),
+        &approval.id,
+        approve("d-1"),
+    ));
     while in_flight.load(Ordering::SeqCst) == 0 {
         tokio::time::sleep(StdDuration::from_millis(5)).await;
     }
@@ -43,12 +45,10 @@ async fn approve_on_a_process_that_dies_while_paying(
         .history(&acme(), &report.run_id)
         .await
         .unwrap();
-    let status = history
-        .actions
-        .iter()
-        .find(|a| a.id == approval.action_id)
-        .map(|a| a.status);
-    assert_eq!(status, Some(ActionStatus::Executing));
+    assert_eq!(
+        action_of(&history, &approval).status,
+        ActionStatus::Executing
+    );
     (report, approval)
 }
 
@@ -58,14 +58,7 @@ async fn given_a_process_that_died_before_paying_when_the_sweep_finds_the_stale_
     let (report, approval) =
         approve_on_a_process_that_dies_while_paying(h, Hangs::before_effect).await;
     let calls = Arc::new(AtomicUsize::new(0));
-    let sweeper = {
-        let calls = calls.clone();
-        h.process_with(
-            move |tools| Counted::wrap(tools, "reimburse", calls),
-            Delivery::InProcess,
-        )
-        .await
-    };
+    let sweeper = h.counted_process(&calls).await;
     let early = sweeper.sweep(100).await.unwrap();
     assert!(
         early.reconciled.is_empty() && early.unknown.is_empty(),
@@ -83,20 +76,9 @@ async fn given_a_process_that_died_before_paying_when_the_sweep_finds_the_stale_
     );
     assert!(h.payments().await.is_empty());
     let history = sweeper.history(&acme(), &report.run_id).await.unwrap();
-    let action = history
-        .actions
-        .iter()
-        .find(|a| a.id == approval.action_id)
-        .unwrap();
-    assert_eq!(action.status, ActionStatus::Failed);
+    assert_eq!(action_of(&history, &approval).status, ActionStatus::Failed);
     assert_eq!(history.run.status, RunStatus::Done);
-    let told = told_about(&history.run, "reimburse");
-    assert!(told.is_error);
-    assert!(
-        told.content.contains("nothing was recorded"),
-        "{}",
-        told.content
-    );
+    assert_told_error(&history.run, "reimburse", "nothing was recorded");
 }
 
 async fn given_a_process_that_died_after_paying_when_the_sweep_finds_the_stale_execution_then_it_records_the_payment_it_finds(
@@ -110,14 +92,7 @@ async fn given_a_process_that_died_after_paying_when_the_sweep_finds_the_stale_e
         [("c-102".to_string(), 25_000, key.clone())]
     );
     let calls = Arc::new(AtomicUsize::new(0));
-    let sweeper = {
-        let calls = calls.clone();
-        h.process_with(
-            move |tools| Counted::wrap(tools, "reimburse", calls),
-            Delivery::InProcess,
-        )
-        .await
-    };
+    let sweeper = h.counted_process(&calls).await;
     h.clock.advance(Duration::minutes(16));
 
     let swept = sweeper.sweep(100).await.unwrap();
@@ -160,14 +135,8 @@ pub(crate) async fn given_a_stale_execution_when_two_sweeps_record_its_unknown_o
         assert_eq!(swept.unknown, from_ref(&key));
     }
     let history = a.history(&acme(), &report.run_id).await.unwrap();
-    let action = history
-        .actions
-        .iter()
-        .find(|x| x.id == approval.action_id)
-        .unwrap();
-    assert_eq!(action.status, ActionStatus::Unknown);
-    let names = event_names(&history.entries);
-    assert_eq!(names.iter().filter(|n| **n == "unknown").count(), 1);
+    assert_eq!(action_of(&history, &approval).status, ActionStatus::Unknown);
+    assert_eq!(times(&history.entries, "unknown"), 1);
     assert_eq!(history.run.status, RunStatus::AwaitingApproval);
 }
 
@@ -186,10 +155,12 @@ async fn given_a_slow_payment_the_sweep_reconciled_as_not_paid_when_the_call_lan
         )
     };
     let (report, approval) = h.start_paused(&slow, "c-102").await;
-    let decide = {
-        let (slow, dana, id) = (slow.clone(), h.person("dana"), approval.id.clone());
-        tokio::spawn(async move { slow.decide(&dana, &id, approve("d-1")).await })
-    };
+    let decide = tokio::spawn(deciding(
+        &slow,
+        h.person("dana"),
+        &approval.id,
+        approve("d-1"),
+    ));
     gate.call_in_flight().await;
     h.clock.advance(Duration::minutes(16));
     let sweeper = h.process().await;
@@ -211,12 +182,7 @@ async fn given_a_slow_payment_the_sweep_reconciled_as_not_paid_when_the_call_lan
     );
     assert!(h.payments().await.is_empty(), "a voided call never pays");
     let history = sweeper.history(&acme(), &report.run_id).await.unwrap();
-    let action = history
-        .actions
-        .iter()
-        .find(|a| a.id == approval.action_id)
-        .unwrap();
-    assert_eq!(action.status, ActionStatus::Failed);
+    assert_eq!(action_of(&history, &approval).status, ActionStatus::Failed);
     let about_payment: Vec<&str> = history
         .entries
         .iter()
@@ -237,10 +203,7 @@ async fn given_an_allowed_payment_slower_than_the_lease_when_the_sweep_settles_i
     h: &Harness,
 ) {
     let gate = Gate::new();
-    let script = Script::default().then_call(&[(
-        "reimburse",
-        json!({"claim_id": "c-101", "amount_cents": 4_200}),
-    )]);
+    let script = Script::default().then_call(&[reimburse("c-101", 4_200)]);
     let slow = {
         let gate = gate.clone();
         Arc::new(
@@ -347,10 +310,7 @@ async fn given_a_process_that_died_while_driving_a_run_when_its_lease_runs_out_t
 async fn given_a_run_that_resumed_on_a_process_that_died_when_its_lease_runs_out_then_the_sweep_fails_it_but_never_while_it_waited_on_a_person(
     h: &Harness,
 ) {
-    let script = Script::default().then_call(&[(
-        "reimburse",
-        json!({"claim_id": "c-102", "amount_cents": 25_000}),
-    )]);
+    let script = Script::default().then_call(&[reimburse("c-102", 25_000)]);
     let model = Stalls::after(script, 1);
     let dying = Arc::new(
         h.process_of(model.clone(), |tools| tools, Delivery::InProcess)
@@ -365,14 +325,12 @@ async fn given_a_run_that_resumed_on_a_process_that_died_when_its_lease_runs_out
         "a run waiting on a person holds no lease"
     );
 
-    let decide = {
-        let (dying, dana, id) = (
-            dying.clone(),
-            h.person("dana"),
-            report.approvals[0].id.clone(),
-        );
-        tokio::spawn(async move { dying.decide(&dana, &id, approve("d-1")).await })
-    };
+    let decide = tokio::spawn(deciding(
+        &dying,
+        h.person("dana"),
+        &report.approvals[0].id,
+        approve("d-1"),
+    ));
     model.until_stalled(1).await;
     decide.abort();
     let _ = decide.await;
@@ -464,9 +422,7 @@ async fn given_overdue_runs_and_outbox_entries_in_every_shard_of_the_index_when_
     {
         assert!(approved < 40, "40 approvals and still a shard without one");
         let (_, approval) = h.start_paused(&down, "c-102").await;
-        down.decide(&h.person("dana"), &approval.id, approve("d-1"))
-            .await
-            .unwrap();
+        h.decided(&down, "dana", &approval.id, approve("d-1")).await;
         approved += 1;
     }
     let unsharded = sweeper

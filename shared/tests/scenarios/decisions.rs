@@ -149,10 +149,9 @@ async fn given_a_paused_run_when_the_process_restarts_and_a_new_engine_approves_
     let second = h.process().await;
     let pending = second.pending(&acme()).await.unwrap();
     assert_eq!(pending.len(), 1);
-    let decided = second
-        .decide(&h.person("dana"), &pending[0].id, approve("d-1"))
-        .await
-        .unwrap();
+    let decided = h
+        .decided(&second, "dana", &pending[0].id, approve("d-1"))
+        .await;
 
     assert_eq!(decided.approval.status, ApprovalStatus::Approved);
     assert!(!decided.replayed);
@@ -165,11 +164,7 @@ async fn given_a_paused_run_when_the_process_restarts_and_a_new_engine_approves_
     );
     assert_eq!(
         paid(&h.payments().await),
-        [(
-            "c-102".to_string(),
-            25_000,
-            format!("{}:1", approval.action_id)
-        )]
+        [payment("c-102", 25_000, &approval, 1)]
     );
     assert!(second.pending(&acme()).await.unwrap().is_empty());
 }
@@ -178,11 +173,9 @@ async fn given_an_approval_when_the_same_decision_id_is_sent_twice_then_it_resum
     h: &Harness,
 ) {
     let calls = Arc::new(AtomicUsize::new(0));
-    let counted = |calls: &Arc<AtomicUsize>| {
-        let calls = calls.clone();
-        move |tools| Counted::wrap(tools, "reimburse", calls)
-    };
-    let first = h.process_with(counted(&calls), Delivery::InProcess).await;
+    let first = h
+        .process_with(Counted::reimburse(&calls), Delivery::InProcess)
+        .await;
     let (report, approval) = h.start_paused(&first, "c-102").await;
     let dana = h.person("dana");
 
@@ -191,7 +184,9 @@ async fn given_an_approval_when_the_same_decision_id_is_sent_twice_then_it_resum
         .await
         .unwrap();
     // The same submission again, as a retried request that lands on another process.
-    let second = h.process_with(counted(&calls), Delivery::InProcess).await;
+    let second = h
+        .process_with(Counted::reimburse(&calls), Delivery::InProcess)
+        .await;
     let twice = second
         .decide(&dana, &approval.id, approve("d-1"))
         .await
@@ -219,13 +214,12 @@ async fn given_a_decision_whose_resume_was_never_delivered_when_its_decision_id_
     h: &Harness,
 ) {
     let calls = Arc::new(AtomicUsize::new(0));
-    let counted = |calls: &Arc<AtomicUsize>| {
-        let calls = calls.clone();
-        move |tools| Counted::wrap(tools, "reimburse", calls)
-    };
     // The first attempt commits the decision, then cannot deliver its resume message.
     let first = h
-        .process_with(counted(&calls), Delivery::Queue(Arc::new(QueueDown)))
+        .process_with(
+            Counted::reimburse(&calls),
+            Delivery::Queue(Arc::new(QueueDown)),
+        )
         .await;
     let (report, approval) = h.start_paused(&first, "c-102").await;
     let dana = h.person("dana");
@@ -240,7 +234,9 @@ async fn given_a_decision_whose_resume_was_never_delivered_when_its_decision_id_
     );
 
     // The client retries the same submission against a process that can deliver.
-    let working = h.process_with(counted(&calls), Delivery::InProcess).await;
+    let working = h
+        .process_with(Counted::reimburse(&calls), Delivery::InProcess)
+        .await;
     let replayed = working
         .decide(&dana, &approval.id, approve("d-1"))
         .await

@@ -9,10 +9,9 @@ async fn given_an_approval_when_a_reviewer_lowers_the_amount_then_version_two_ru
     let p = h.process().await;
     let (report, approval) = h.start_paused(&p, "c-102").await;
 
-    let edited = p
-        .decide(&h.person("dana"), &approval.id, edit("d-edit", 200))
-        .await
-        .unwrap();
+    let edited = h
+        .decided(&p, "dana", &approval.id, edit("d-edit", 200))
+        .await;
 
     assert_eq!(
         edited.decision.effect,
@@ -29,20 +28,13 @@ async fn given_an_approval_when_a_reviewer_lowers_the_amount_then_version_two_ru
     // One finance approver is the whole quorum, and the editor's edit is their approval.
     assert_eq!(next.status, ApprovalStatus::Approved);
 
-    let late = p
-        .decide(&h.person("erin"), &approval.id, approve("d-late"))
-        .await
-        .unwrap_err();
+    let late = h.refused(&p, "erin", &approval.id, approve("d-late")).await;
 
     assert_eq!(late.code(), "superseded");
     assert_eq!(late.kind(), ErrorKind::Conflict);
     assert_eq!(
         paid(&h.payments().await),
-        [(
-            "c-102".to_string(),
-            20_000,
-            format!("{}:2", approval.action_id)
-        )]
+        [payment("c-102", 20_000, &approval, 2)]
     );
     let history = p.history(&acme(), &report.run_id).await.unwrap();
     assert_eq!(history.run.status, RunStatus::Done);
@@ -65,10 +57,9 @@ async fn given_a_two_person_claim_when_a_reviewer_lowers_it_then_the_new_version
     let (_, approval) = h.start_paused(&p, "c-105").await;
     assert_eq!(approval.args.int("amount_cents"), Some(75_000));
 
-    let edited = p
-        .decide(&h.person("dana"), &approval.id, edit("d-edit", 600))
-        .await
-        .unwrap();
+    let edited = h
+        .decided(&p, "dana", &approval.id, edit("d-edit", 600))
+        .await;
     let next = edited.next_approval.expect("the new version's approval");
 
     assert_eq!(next.status, ApprovalStatus::AwaitingApproval);
@@ -81,14 +72,14 @@ async fn given_a_two_person_claim_when_a_reviewer_lowers_it_then_the_new_version
         .await
         .unwrap_err();
     assert_eq!(stale.code(), "stale_version");
-    let twice = p
-        .decide(
-            &h.person("dana"),
+    let twice = h
+        .refused(
+            &p,
+            "dana",
             &next.id,
             decision("d-dana-2", v(2), Choice::Approve),
         )
-        .await
-        .unwrap_err();
+        .await;
     assert_eq!(twice.code(), "already_approved_by_you");
     assert!(h.payments().await.is_empty());
 
@@ -100,11 +91,7 @@ async fn given_a_two_person_claim_when_a_reviewer_lowers_it_then_the_new_version
     assert_eq!(approved.approval.status, ApprovalStatus::Approved);
     assert_eq!(
         paid(&h.payments().await),
-        [(
-            "c-105".to_string(),
-            60_000,
-            format!("{}:2", approval.action_id)
-        )]
+        [payment("c-105", 60_000, &approval, 2)]
     );
 }
 
@@ -114,10 +101,9 @@ async fn given_an_approval_when_a_reviewer_raises_the_amount_then_the_edit_is_re
     let p = h.process().await;
     let (report, approval) = h.start_paused(&p, "c-102").await;
 
-    let refused = p
-        .decide(&h.person("dana"), &approval.id, edit("d-raise", 300))
-        .await
-        .unwrap_err();
+    let refused = h
+        .refused(&p, "dana", &approval.id, edit("d-raise", 300))
+        .await;
 
     assert_eq!(refused.code(), "edit_refused");
     assert_eq!(refused.kind(), ErrorKind::PolicyRefused);
@@ -170,20 +156,13 @@ async fn given_a_claim_above_500_when_the_same_approver_approves_twice_then_it_s
     );
     assert!(h.payments().await.is_empty());
 
-    let approved = p
-        .decide(&h.person("erin"), &approval.id, approve("d-erin"))
-        .await
-        .unwrap();
+    let approved = h.decided(&p, "erin", &approval.id, approve("d-erin")).await;
 
     assert_eq!(approved.approval.status, ApprovalStatus::Approved);
     assert_eq!(h.run(&p, &report.run_id).await.status, RunStatus::Done);
     assert_eq!(
         paid(&h.payments().await),
-        [(
-            "c-105".to_string(),
-            75_000,
-            format!("{}:1", approval.action_id)
-        )]
+        [payment("c-105", 75_000, &approval, 1)]
     );
     let history = p.history(&acme(), &report.run_id).await.unwrap();
     let authorized = history.entries.iter().find_map(|e| match &e.event {
@@ -209,20 +188,15 @@ async fn given_an_approval_when_a_reviewer_lowers_the_amount_below_the_threshold
     let p = h.process().await;
     let (report, approval) = h.start_paused(&p, "c-102").await;
 
-    let edited = p
-        .decide(&h.person("dana"), &approval.id, edit("d-edit", 60))
-        .await
-        .unwrap();
+    let edited = h
+        .decided(&p, "dana", &approval.id, edit("d-edit", 60))
+        .await;
 
     assert_eq!(edited.approval.status, ApprovalStatus::Superseded);
     assert!(edited.next_approval.is_none(), "$60 needs nobody");
     assert_eq!(
         paid(&h.payments().await),
-        [(
-            "c-102".to_string(),
-            6_000,
-            format!("{}:2", approval.action_id)
-        )]
+        [payment("c-102", 6_000, &approval, 2)]
     );
     let history = p.history(&acme(), &report.run_id).await.unwrap();
     assert_eq!(history.run.status, RunStatus::Done);
@@ -236,10 +210,7 @@ async fn given_an_approval_when_a_reviewer_lowers_the_amount_below_the_threshold
         v2.authorized_by,
         [Actor::person(&person("dana")), Actor::Policy { version: 1 }]
     );
-    let late = p
-        .decide(&h.person("erin"), &approval.id, approve("d-late"))
-        .await
-        .unwrap_err();
+    let late = h.refused(&p, "erin", &approval.id, approve("d-late")).await;
     assert_eq!(late.code(), "superseded");
 }
 

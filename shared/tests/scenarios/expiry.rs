@@ -13,10 +13,7 @@ async fn given_an_overdue_approval_when_someone_approves_it_then_it_is_refused_a
     let (report, approval) = h.start_paused(&p, "c-102").await;
     h.clock.advance(Duration::hours(24) + Duration::minutes(1));
 
-    let refused = p
-        .decide(&h.person("dana"), &approval.id, approve("d-late"))
-        .await
-        .unwrap_err();
+    let refused = h.refused(&p, "dana", &approval.id, approve("d-late")).await;
 
     assert_eq!(refused.code(), "expired");
     assert_eq!(refused.kind(), ErrorKind::Conflict);
@@ -26,18 +23,14 @@ async fn given_an_overdue_approval_when_someone_approves_it_then_it_is_refused_a
     assert!(stored.decisions.is_empty());
     let run = h.run(&p, &report.run_id).await;
     assert_eq!(run.status, RunStatus::Done);
-    let told = told_about(&run, "reimburse");
-    assert!(!told.is_error);
+    let told = told_not_executed(&run, "reimburse");
     assert!(
-        told.content
-            .starts_with("Not executed: nobody decided before the deadline"),
-        "{}",
-        told.content
+        told.starts_with("Not executed: nobody decided before the deadline"),
+        "{told}"
     );
-    let again = p
-        .decide(&h.person("erin"), &approval.id, approve("d-later"))
-        .await
-        .unwrap_err();
+    let again = h
+        .refused(&p, "erin", &approval.id, approve("d-later"))
+        .await;
     assert_eq!(again.code(), "expired");
     assert!(h.payments().await.is_empty());
 }
@@ -86,27 +79,21 @@ async fn given_a_rejected_payment_when_the_run_resumes_then_the_model_reads_a_pl
     let p = h.process().await;
     let (report, approval) = h.start_paused(&p, "c-102").await;
 
-    let decided = p
-        .decide(
-            &h.person("dana"),
+    let decided = h
+        .decided(
+            &p,
+            "dana",
             &approval.id,
             reject("d-no", "the receipt is missing"),
         )
-        .await
-        .unwrap();
+        .await;
 
     assert_eq!(decided.approval.status, ApprovalStatus::Rejected);
     let run = h.run(&p, &report.run_id).await;
     assert_eq!(run.status, RunStatus::Done);
-    let told = told_about(&run, "reimburse");
-    assert!(!told.is_error, "a rejection is an answer, not an error");
-    assert!(
-        told.content.starts_with("Not executed:"),
-        "{}",
-        told.content
-    );
-    assert!(told.content.contains("the receipt is missing"));
-    assert!(told.content.contains("Do not retry"));
+    let told = told_not_executed(&run, "reimburse");
+    assert!(told.contains("the receipt is missing"), "{told}");
+    assert!(told.contains("Do not retry"), "{told}");
     let answer = run.answer.unwrap();
     assert!(answer.starts_with("Nothing was settled"), "{answer}");
     assert!(h.payments().await.is_empty());
@@ -124,14 +111,8 @@ async fn given_an_unanswered_payment_when_the_sweep_expires_it_then_the_model_re
     assert_eq!(swept.expired, [approval.id]);
     let run = h.run(&p, &report.run_id).await;
     assert_eq!(run.status, RunStatus::Done);
-    let told = told_about(&run, "reimburse");
-    assert!(!told.is_error, "an expiry is an answer, not an error");
-    assert!(
-        told.content.starts_with("Not executed:"),
-        "{}",
-        told.content
-    );
-    assert!(told.content.contains("expired"));
+    let told = told_not_executed(&run, "reimburse");
+    assert!(told.contains("expired"), "{told}");
     assert!(h.payments().await.is_empty());
 }
 
@@ -144,12 +125,10 @@ async fn given_a_cancelled_run_when_an_approver_decides_its_approval_then_it_con
     let cancelled = p.cancel(&h.person("ben"), &report.run_id).await.unwrap();
     assert_eq!(cancelled.status, RunStatus::Cancelled);
 
+    let other = h.process().await;
     let refused = h
-        .process()
-        .await
-        .decide(&h.person("dana"), &approval.id, approve("d-1"))
-        .await
-        .unwrap_err();
+        .refused(&other, "dana", &approval.id, approve("d-1"))
+        .await;
 
     assert_eq!(refused.code(), "cancelled");
     assert_eq!(refused.kind(), ErrorKind::Conflict);

@@ -11,20 +11,12 @@ async fn given_a_payment_whose_outcome_is_unknown_when_the_resume_message_comes_
     h: &Harness,
 ) {
     let calls = Arc::new(AtomicUsize::new(0));
-    let lost = {
-        let calls = calls.clone();
-        h.process_with(
-            move |tools| AnswerLost::wrap(tools, "reimburse", calls),
-            Delivery::InProcess,
-        )
-        .await
-    };
+    let lost = h
+        .process_with(AnswerLost::reimburse(&calls), Delivery::InProcess)
+        .await;
     let (report, approval) = h.start_paused(&lost, "c-102").await;
 
-    let decided = lost
-        .decide(&h.person("dana"), &approval.id, approve("d-1"))
-        .await
-        .unwrap();
+    let decided = h.decided(&lost, "dana", &approval.id, approve("d-1")).await;
 
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     assert_eq!(
@@ -77,18 +69,9 @@ async fn given_a_finished_run_when_its_resume_message_is_delivered_again_then_no
     h: &Harness,
 ) {
     let calls = Arc::new(AtomicUsize::new(0));
-    let p = {
-        let calls = calls.clone();
-        h.process_with(
-            move |tools| Counted::wrap(tools, "reimburse", calls),
-            Delivery::InProcess,
-        )
-        .await
-    };
+    let p = h.counted_process(&calls).await;
     let (report, approval) = h.start_paused(&p, "c-102").await;
-    p.decide(&h.person("dana"), &approval.id, approve("d-1"))
-        .await
-        .unwrap();
+    h.decided(&p, "dana", &approval.id, approve("d-1")).await;
     assert_eq!(h.run(&p, &report.run_id).await.status, RunStatus::Done);
 
     let again = p.resume(&resume_message(&approval)).await.unwrap();
@@ -122,10 +105,8 @@ async fn given_a_queued_resume_when_its_consumer_acts_on_it_then_its_outbox_entr
         .process_with(|tools| tools, Delivery::Queue(queue.clone()))
         .await;
     let (_, approval) = h.start_paused(&decider, "c-102").await;
-    decider
-        .decide(&h.person("dana"), &approval.id, approve("d-1"))
-        .await
-        .unwrap();
+    h.decided(&decider, "dana", &approval.id, approve("d-1"))
+        .await;
     let published = queue.published();
     assert_eq!(addressed(&published), [resume_message(&approval)]);
 
@@ -158,10 +139,7 @@ async fn given_the_resume_queue_is_down_when_a_payment_is_approved_then_the_deci
         .await;
     let (report, approval) = h.start_paused(&down, "c-102").await;
 
-    let decided = down
-        .decide(&h.person("dana"), &approval.id, approve("d-1"))
-        .await
-        .unwrap();
+    let decided = h.decided(&down, "dana", &approval.id, approve("d-1")).await;
     assert_eq!(decided.approval.status, ApprovalStatus::Approved);
     assert!(decided.run.is_none(), "another process resumes it");
 
@@ -205,10 +183,9 @@ async fn given_an_edited_approval_when_either_approval_history_is_read_then_it_t
 ) {
     let p = h.process().await;
     let (_, approval) = h.start_paused(&p, "c-102").await;
-    let edited = p
-        .decide(&h.person("dana"), &approval.id, edit("d-edit", 200))
-        .await
-        .unwrap();
+    let edited = h
+        .decided(&p, "dana", &approval.id, edit("d-edit", 200))
+        .await;
     let next = edited.next_approval.unwrap();
 
     let from_old = p.history_of_approval(&acme(), &approval.id).await.unwrap();
@@ -273,9 +250,7 @@ async fn given_an_approved_payment_when_its_approval_history_is_read_then_it_tra
 ) {
     let p = h.process().await;
     let (report, approval) = h.start_paused(&p, "c-102").await;
-    p.decide(&h.person("dana"), &approval.id, approve("d-1"))
-        .await
-        .unwrap();
+    h.decided(&p, "dana", &approval.id, approve("d-1")).await;
 
     let history = h
         .process()
