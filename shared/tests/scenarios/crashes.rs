@@ -3,37 +3,38 @@
 
 use super::*;
 
-/// Starts c-102, has dana approve it on a process whose reimburse hangs, and kills that process
-/// once the call is in flight. The action is left `executing`.
-async fn approve_on_a_process_that_dies_while_paying(
+/// Starts c-102 on a process whose reimburse is wrapped in `around`, and has dana approve it
+/// on a task of its own: the run, its approval, and the task deciding.
+async fn approving_on(
     h: &Harness,
-    hang: fn(
-        shared::ports::tools::Toolbox,
-        &str,
-        Arc<AtomicUsize>,
-    ) -> shared::ports::tools::Toolbox,
+    around: impl Around,
 ) -> (
     shared::engine::RunReport,
-    shared::domain::approval::Approval,
+    Approval,
+    tokio::task::JoinHandle<Result<DecisionReport, EngineError>>,
 ) {
-    let in_flight = Arc::new(AtomicUsize::new(0));
-    let dying = {
-        let in_flight = in_flight.clone();
-        Arc::new(
-            h.process_with(
-                move |tools| hang(tools, "reimburse", in_flight),
-                Delivery::InProcess,
-            )
+    let process = Arc::new(
+        h.process_with(on_reimburse(around), Delivery::InProcess)
             .await,
-        )
-    };
-    let (report, approval) = h.start_paused(&dying, "c-102").await;
+    );
+    let (report, approval) = h.start_paused(&process, "c-102").await;
     let decide = tokio::spawn(deciding(
-        &dying,
+        &process,
         h.person("dana"),
         &approval.id,
         approve("d-1"),
     ));
+    (report, approval, decide)
+}
+
+/// Starts c-102, has dana approve it on a process whose reimburse hangs, and kills that process
+/// once the call is in flight. The action is left `executing`.
+async fn approve_on_a_process_that_dies_while_paying(
+    h: &Harness,
+    hang: fn(Arc<AtomicUsize>) -> Hangs,
+) -> (shared::engine::RunReport, Approval) {
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let (report, approval, decide) = approving_on(h, hang(in_flight.clone())).await;
     while in_flight.load(Ordering::SeqCst) == 0 {
         tokio::time::sleep(StdDuration::from_millis(5)).await;
     }
@@ -120,7 +121,7 @@ pub(crate) async fn given_a_stale_execution_when_two_sweeps_record_its_unknown_o
     let sweeper = || {
         let together = together.clone();
         h.process_with(
-            move |tools| ReconcilesTogether::wrap(tools, "reimburse", together),
+            on_reimburse(ReconcilesTogether { together }),
             Delivery::InProcess,
         )
     };
@@ -136,7 +137,7 @@ pub(crate) async fn given_a_stale_execution_when_two_sweeps_record_its_unknown_o
     }
     let history = a.history(&acme(), &report.run_id).await.unwrap();
     assert_eq!(action_of(&history, &approval).status, ActionStatus::Unknown);
-    assert_eq!(times(&history.entries, "unknown"), 1);
+    assert_eq!(times(&history.entries, ["unknown"]), [1]);
     assert_eq!(history.run.status, RunStatus::AwaitingApproval);
 }
 
@@ -144,23 +145,7 @@ async fn given_a_slow_payment_the_sweep_reconciled_as_not_paid_when_the_call_lan
     h: &Harness,
 ) {
     let gate = Gate::new();
-    let slow = {
-        let gate = gate.clone();
-        Arc::new(
-            h.process_with(
-                move |tools| Slow::wrap(tools, "reimburse", gate),
-                Delivery::InProcess,
-            )
-            .await,
-        )
-    };
-    let (report, approval) = h.start_paused(&slow, "c-102").await;
-    let decide = tokio::spawn(deciding(
-        &slow,
-        h.person("dana"),
-        &approval.id,
-        approve("d-1"),
-    ));
+    let (report, approval, decide) = approving_on(h, Slow { gate: gate.clone() }).await;
     gate.call_in_flight().await;
     h.clock.advance(Duration::minutes(16));
     let sweeper = h.process().await;
@@ -209,7 +194,7 @@ async fn given_an_allowed_payment_slower_than_the_lease_when_the_sweep_settles_i
         Arc::new(
             h.process_of(
                 Arc::new(script),
-                move |tools| Slow::wrap(tools, "reimburse", gate),
+                on_reimburse(Slow { gate }),
                 Delivery::InProcess,
             )
             .await,
@@ -356,21 +341,6 @@ async fn given_a_run_that_resumed_on_a_process_that_died_when_its_lease_runs_out
         1,
         "the approved payment ran before"
     );
-}
-
-// Each scenario on the embedded store and on DynamoDB (moto over HTTP).
-/// How many entries each shard of a sharded index holds, whatever they are due.
-async fn per_shard(p: &Process, index: &str, shards: IndexShards) -> Vec<usize> {
-    let mut counts = Vec::new();
-    for shard in keys::shard_pks(index, shards) {
-        let page = p
-            .store
-            .query_index(&shard, "", "\u{10FFFF}", None, 1_000)
-            .await
-            .unwrap();
-        counts.push(page.items.len());
-    }
-    counts
 }
 
 async fn given_overdue_runs_and_outbox_entries_in_every_shard_of_the_index_when_the_sweep_runs_then_it_finds_them_all(

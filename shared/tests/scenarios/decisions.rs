@@ -34,9 +34,7 @@ async fn given_c101_a_small_taxi_when_the_agent_runs_then_it_is_paid_42_without_
 async fn given_c102_lodging_over_the_limit_when_the_agent_runs_then_it_pauses_on_reimbursing_250(
     h: &Harness,
 ) {
-    let p = h.process().await;
-
-    let (report, approval) = h.start_paused(&p, "c-102").await;
+    let (p, report, approval) = h.paused_on("c-102").await;
 
     assert_eq!(report.status, RunStatus::AwaitingApproval);
     assert_eq!(approval.tool, "reimburse");
@@ -173,9 +171,7 @@ async fn given_an_approval_when_the_same_decision_id_is_sent_twice_then_it_resum
     h: &Harness,
 ) {
     let calls = Arc::new(AtomicUsize::new(0));
-    let first = h
-        .process_with(Counted::reimburse(&calls), Delivery::InProcess)
-        .await;
+    let first = h.counted_process(&calls).await;
     let (report, approval) = h.start_paused(&first, "c-102").await;
     let dana = h.person("dana");
 
@@ -184,9 +180,7 @@ async fn given_an_approval_when_the_same_decision_id_is_sent_twice_then_it_resum
         .await
         .unwrap();
     // The same submission again, as a retried request that lands on another process.
-    let second = h
-        .process_with(Counted::reimburse(&calls), Delivery::InProcess)
-        .await;
+    let second = h.counted_process(&calls).await;
     let twice = second
         .decide(&dana, &approval.id, approve("d-1"))
         .await
@@ -200,8 +194,7 @@ async fn given_an_approval_when_the_same_decision_id_is_sent_twice_then_it_resum
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     assert_eq!(h.payments().await.len(), 1);
     let history = second.history(&acme(), &report.run_id).await.unwrap();
-    let names = event_names(&history.entries);
-    assert_eq!(names.iter().filter(|n| **n == "decision").count(), 1);
+    assert_eq!(times(&history.entries, ["decision"]), [1]);
     let executed_payments = history
         .entries
         .iter()
@@ -217,7 +210,9 @@ async fn given_a_decision_whose_resume_was_never_delivered_when_its_decision_id_
     // The first attempt commits the decision, then cannot deliver its resume message.
     let first = h
         .process_with(
-            Counted::reimburse(&calls),
+            on_reimburse(Counted {
+                calls: calls.clone(),
+            }),
             Delivery::Queue(Arc::new(QueueDown)),
         )
         .await;
@@ -234,9 +229,7 @@ async fn given_a_decision_whose_resume_was_never_delivered_when_its_decision_id_
     );
 
     // The client retries the same submission against a process that can deliver.
-    let working = h
-        .process_with(Counted::reimburse(&calls), Delivery::InProcess)
-        .await;
+    let working = h.counted_process(&calls).await;
     let replayed = working
         .decide(&dana, &approval.id, approve("d-1"))
         .await
@@ -254,16 +247,13 @@ async fn given_a_decision_whose_resume_was_never_delivered_when_its_decision_id_
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     assert_eq!(working.sweep(100).await.unwrap().redelivered, 0);
     let history = working.history(&acme(), &report.run_id).await.unwrap();
-    let names = event_names(&history.entries);
-    assert_eq!(names.iter().filter(|n| **n == "resumed").count(), 1);
-    assert_eq!(names.iter().filter(|n| **n == "decision").count(), 1);
+    assert_eq!(times(&history.entries, ["resumed", "decision"]), [1, 1]);
 }
 
 async fn given_a_recorded_decision_when_its_decision_id_comes_with_another_choice_then_it_conflicts(
     h: &Harness,
 ) {
-    let p = h.process().await;
-    let (_, approval) = h.start_paused(&p, "c-102").await;
+    let (p, _, approval) = h.paused_on("c-102").await;
     let dana = h.person("dana");
     p.decide(&dana, &approval.id, approve("d-1")).await.unwrap();
 
@@ -282,8 +272,7 @@ async fn given_a_recorded_decision_when_its_decision_id_comes_with_another_choic
 // ---------------------------------------------------------------------------------------------
 
 async fn given_bens_own_claim_when_ben_approves_it_then_he_is_refused_as_own_request(h: &Harness) {
-    let p = h.process().await;
-    let (_, approval) = h.start_paused(&p, "c-102").await;
+    let (p, _, approval) = h.paused_on("c-102").await;
     let mut ben = h.person("ben");
     // Even holding the approver role, the claimant never approves his own claim.
     ben.roles.insert(finance());
@@ -295,17 +284,14 @@ async fn given_bens_own_claim_when_ben_approves_it_then_he_is_refused_as_own_req
 
     assert_eq!(refused.code(), "own_request");
     assert_eq!(refused.kind(), ErrorKind::Forbidden);
-    let stored = p.approval(&acme(), &approval.id).await.unwrap();
-    assert_eq!(stored.status, ApprovalStatus::AwaitingApproval);
-    assert!(stored.decisions.is_empty());
+    assert_undecided(&p, &approval, ApprovalStatus::AwaitingApproval).await;
     assert!(h.payments().await.is_empty());
 }
 
 async fn given_an_approver_who_lost_the_finance_role_when_they_approve_then_they_are_forbidden(
     h: &Harness,
 ) {
-    let p = h.process().await;
-    let (_, approval) = h.start_paused(&p, "c-102").await;
+    let (p, _, approval) = h.paused_on("c-102").await;
     assert!(h.person("dana").has_role(&finance()));
     // Authentication now says dana is no longer in finance.
     let mut dana = h.person("dana");
@@ -318,17 +304,14 @@ async fn given_an_approver_who_lost_the_finance_role_when_they_approve_then_they
 
     assert_eq!(refused.code(), "missing_role");
     assert_eq!(refused.kind(), ErrorKind::Forbidden);
-    let stored = p.approval(&acme(), &approval.id).await.unwrap();
-    assert_eq!(stored.status, ApprovalStatus::AwaitingApproval);
-    assert!(stored.decisions.is_empty());
+    assert_undecided(&p, &approval, ApprovalStatus::AwaitingApproval).await;
     assert!(h.payments().await.is_empty());
 }
 
 async fn given_an_approval_of_acme_when_a_globex_approver_decides_it_then_it_is_not_found(
     h: &Harness,
 ) {
-    let p = h.process().await;
-    let (_, approval) = h.start_paused(&p, "c-102").await;
+    let (p, _, approval) = h.paused_on("c-102").await;
     let zoe = h.person("zoe");
     assert_eq!(zoe.tenant, TenantId::parse("globex").unwrap());
     assert!(zoe.has_role(&finance()));

@@ -6,8 +6,7 @@ use super::*;
 async fn given_an_approval_when_a_reviewer_lowers_the_amount_then_version_two_runs_and_version_one_can_no_longer_be_approved(
     h: &Harness,
 ) {
-    let p = h.process().await;
-    let (report, approval) = h.start_paused(&p, "c-102").await;
+    let (p, report, approval) = h.paused_on("c-102").await;
 
     let edited = h
         .decided(&p, "dana", &approval.id, edit("d-edit", 200))
@@ -53,8 +52,7 @@ async fn given_an_approval_when_a_reviewer_lowers_the_amount_then_version_two_ru
 async fn given_a_two_person_claim_when_a_reviewer_lowers_it_then_the_new_version_still_needs_a_second_person(
     h: &Harness,
 ) {
-    let p = h.process().await;
-    let (_, approval) = h.start_paused(&p, "c-105").await;
+    let (p, _, approval) = h.paused_on("c-105").await;
     assert_eq!(approval.args.int("amount_cents"), Some(75_000));
 
     let edited = h
@@ -98,8 +96,7 @@ async fn given_a_two_person_claim_when_a_reviewer_lowers_it_then_the_new_version
 async fn given_an_approval_when_a_reviewer_raises_the_amount_then_the_edit_is_refused_and_nothing_changes(
     h: &Harness,
 ) {
-    let p = h.process().await;
-    let (report, approval) = h.start_paused(&p, "c-102").await;
+    let (p, report, approval) = h.paused_on("c-102").await;
 
     let refused = h
         .refused(&p, "dana", &approval.id, edit("d-raise", 300))
@@ -126,8 +123,7 @@ async fn given_an_approval_when_a_reviewer_raises_the_amount_then_the_edit_is_re
 async fn given_a_claim_above_500_when_the_same_approver_approves_twice_then_it_still_waits_and_a_second_approver_pays_it(
     h: &Harness,
 ) {
-    let p = h.process().await;
-    let (report, approval) = h.start_paused(&p, "c-105").await;
+    let (p, report, approval) = h.paused_on("c-105").await;
     assert_eq!(approval.quorum, 2);
     let dana = h.person("dana");
 
@@ -185,8 +181,7 @@ async fn given_a_claim_above_500_when_the_same_approver_approves_twice_then_it_s
 async fn given_an_approval_when_a_reviewer_lowers_the_amount_below_the_threshold_then_version_two_runs_on_policy_and_the_editor(
     h: &Harness,
 ) {
-    let p = h.process().await;
-    let (report, approval) = h.start_paused(&p, "c-102").await;
+    let (p, report, approval) = h.paused_on("c-102").await;
 
     let edited = h
         .decided(&p, "dana", &approval.id, edit("d-edit", 60))

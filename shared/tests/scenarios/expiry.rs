@@ -9,8 +9,7 @@ use super::*;
 async fn given_an_overdue_approval_when_someone_approves_it_then_it_is_refused_as_expired_nothing_is_paid_and_the_model_is_told(
     h: &Harness,
 ) {
-    let p = h.process().await;
-    let (report, approval) = h.start_paused(&p, "c-102").await;
+    let (p, report, approval) = h.paused_on("c-102").await;
     h.clock.advance(Duration::hours(24) + Duration::minutes(1));
 
     let refused = h.refused(&p, "dana", &approval.id, approve("d-late")).await;
@@ -18,9 +17,7 @@ async fn given_an_overdue_approval_when_someone_approves_it_then_it_is_refused_a
     assert_eq!(refused.code(), "expired");
     assert_eq!(refused.kind(), ErrorKind::Conflict);
     assert!(h.payments().await.is_empty());
-    let stored = p.approval(&acme(), &approval.id).await.unwrap();
-    assert_eq!(stored.status, ApprovalStatus::Expired);
-    assert!(stored.decisions.is_empty());
+    assert_undecided(&p, &approval, ApprovalStatus::Expired).await;
     let run = h.run(&p, &report.run_id).await;
     assert_eq!(run.status, RunStatus::Done);
     let told = told_not_executed(&run, "reimburse");
@@ -38,8 +35,7 @@ async fn given_an_overdue_approval_when_someone_approves_it_then_it_is_refused_a
 async fn given_an_overdue_approval_when_someone_without_the_approver_role_decides_it_then_it_expires_booked_to_the_deadline_not_to_them(
     h: &Harness,
 ) {
-    let p = h.process().await;
-    let (report, approval) = h.start_paused(&p, "c-102").await;
+    let (p, report, approval) = h.paused_on("c-102").await;
     h.clock.advance(Duration::hours(24) + Duration::minutes(1));
     let ana = h.person("ana");
     assert!(!ana.has_role(&finance()));
@@ -51,9 +47,7 @@ async fn given_an_overdue_approval_when_someone_without_the_approver_role_decide
 
     assert_eq!(refused.code(), "expired");
     assert_eq!(refused.kind(), ErrorKind::Conflict);
-    let stored = p.approval(&acme(), &approval.id).await.unwrap();
-    assert_eq!(stored.status, ApprovalStatus::Expired);
-    assert!(stored.decisions.is_empty());
+    assert_undecided(&p, &approval, ApprovalStatus::Expired).await;
     let history = p.history(&acme(), &report.run_id).await.unwrap();
     let expiries: Vec<&Actor> = history
         .entries
@@ -76,8 +70,7 @@ async fn given_an_overdue_approval_when_someone_without_the_approver_role_decide
 async fn given_a_rejected_payment_when_the_run_resumes_then_the_model_reads_a_plain_not_executed_result_and_finishes(
     h: &Harness,
 ) {
-    let p = h.process().await;
-    let (report, approval) = h.start_paused(&p, "c-102").await;
+    let (p, report, approval) = h.paused_on("c-102").await;
 
     let decided = h
         .decided(
@@ -102,8 +95,7 @@ async fn given_a_rejected_payment_when_the_run_resumes_then_the_model_reads_a_pl
 async fn given_an_unanswered_payment_when_the_sweep_expires_it_then_the_model_reads_a_plain_not_executed_result_and_finishes(
     h: &Harness,
 ) {
-    let p = h.process().await;
-    let (report, approval) = h.start_paused(&p, "c-102").await;
+    let (p, report, approval) = h.paused_on("c-102").await;
     h.clock.advance(Duration::hours(25));
 
     let swept = h.process().await.sweep(100).await.unwrap();
@@ -119,8 +111,7 @@ async fn given_an_unanswered_payment_when_the_sweep_expires_it_then_the_model_re
 async fn given_a_cancelled_run_when_an_approver_decides_its_approval_then_it_conflicts_as_cancelled(
     h: &Harness,
 ) {
-    let p = h.process().await;
-    let (report, approval) = h.start_paused(&p, "c-102").await;
+    let (p, report, approval) = h.paused_on("c-102").await;
 
     let cancelled = p.cancel(&h.person("ben"), &report.run_id).await.unwrap();
     assert_eq!(cancelled.status, RunStatus::Cancelled);

@@ -45,7 +45,9 @@ use shared::domain::identity::{Actor, Identity};
 use shared::domain::ids::{ActionVersion, ApprovalId, PersonId, Role, TenantId};
 use shared::domain::run::{Run, RunStatus};
 use shared::engine::records::{IndexShards, keys};
-use shared::engine::{DecisionReport, Delivery, EngineError, ErrorKind, History, ResumeReport};
+use shared::engine::{
+    DecisionReport, Delivery, EngineError, ErrorKind, History, ResumeReport, RunReport,
+};
 use shared::example::expense::task_for;
 use tokio::sync::Barrier;
 
@@ -53,9 +55,10 @@ use serde_json::json;
 
 use dynamodb_backend::DynamoDb;
 use harness::{
-    AnswerLost, Counted, Embedded, Gate, Hangs, Harness, Process, QueueDown, ReconcilesTogether,
-    RecordingQueue, Script, Slow, Stalls, acme, addressed, approve, decision, edit, event_names,
-    paid, reject, results_after_turn, resume_message, scripted_task, start_of_test, told_about,
+    AnswerLost, Around, Counted, Embedded, Gate, Hangs, Harness, Process, QueueDown,
+    ReconcilesTogether, RecordingQueue, Script, Slow, Stalls, acme, addressed, approve, decision,
+    edit, event_names, on_reimburse, paid, reject, results_after_turn, resume_message,
+    scripted_task, start_of_test, told_about,
 };
 
 fn person(name: &str) -> PersonId {
@@ -122,9 +125,48 @@ fn told_not_executed(run: &Run, tool: &str) -> String {
     told.content
 }
 
-/// How many audit entries are named `name`.
-fn times(entries: &[AuditEntry], name: &str) -> usize {
-    event_names(entries).iter().filter(|n| **n == name).count()
+/// Asserts `approval` is stored as `status`, with no decision recorded.
+async fn assert_undecided(p: &Process, approval: &Approval, status: ApprovalStatus) {
+    let stored = p.approval(&acme(), &approval.id).await.unwrap();
+    assert_eq!(stored.status, status);
+    assert!(stored.decisions.is_empty(), "{stored:?}");
+}
+
+/// A process that delivers resume messages to a queue that only records them, and c-102
+/// started on it and approved by dana: the process, the queue (its one message published), the
+/// run and the approval.
+async fn approved_through_a_queue(
+    h: &Harness,
+) -> (Process, Arc<RecordingQueue>, RunReport, Approval) {
+    let queue = Arc::new(RecordingQueue::default());
+    let decider = h
+        .process_with(|tools| tools, Delivery::Queue(queue.clone()))
+        .await;
+    let (report, approval) = h.start_paused(&decider, "c-102").await;
+    h.decided(&decider, "dana", &approval.id, approve("d-1"))
+        .await;
+    assert_eq!(addressed(&queue.published()), [resume_message(&approval)]);
+    (decider, queue, report, approval)
+}
+
+/// How many entries each shard of a sharded index holds, whatever they are due.
+async fn per_shard(p: &Process, index: &str, shards: IndexShards) -> Vec<usize> {
+    let mut counts = Vec::new();
+    for shard in keys::shard_pks(index, shards) {
+        let page = p
+            .store
+            .query_index(&shard, "", "\u{10FFFF}", None, 1_000)
+            .await
+            .unwrap();
+        counts.push(page.items.len());
+    }
+    counts
+}
+
+/// How many audit entries bear each of `names`.
+fn times<const N: usize>(entries: &[AuditEntry], names: [&str; N]) -> [usize; N] {
+    let all = event_names(entries);
+    names.map(|name| all.iter().filter(|n| **n == name).count())
 }
 
 /// Runs `one` and `other` each on a task of its own, released at the same moment.

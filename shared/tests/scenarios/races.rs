@@ -98,19 +98,8 @@ pub async fn given_an_approved_payment_when_two_processes_receive_its_resume_mes
     h: Harness,
     round: usize,
 ) {
-    let queue = Arc::new(RecordingQueue::default());
-    let decider = h
-        .process_with(|tools| tools, Delivery::Queue(queue.clone()))
-        .await;
-    let (report, approval) = h.start_paused(&decider, "c-102").await;
-    h.decided(&decider, "dana", &approval.id, approve("d-1"))
-        .await;
+    let (_, queue, report, _) = approved_through_a_queue(&h).await;
     let published = queue.published();
-    assert_eq!(
-        addressed(&published),
-        [resume_message(&approval)],
-        "round {round}"
-    );
 
     let Round { h, calls, a, b } = Round::of(h).await;
     let consume = |process: &Arc<Process>| {
@@ -159,13 +148,8 @@ pub async fn given_two_approvals_in_one_turn_when_both_are_approved_at_once_from
     assert_eq!(history.run.status, RunStatus::Done, "round {round}");
     let names = event_names(&history.entries);
     assert_eq!(
-        times(&history.entries, "resumed"),
-        1,
-        "round {round}: {names:?}"
-    );
-    assert_eq!(
-        times(&history.entries, "executed"),
-        2,
+        times(&history.entries, ["resumed", "executed"]),
+        [1, 2],
         "round {round}: {names:?}"
     );
     let results = results_after_turn(&history.run, 0);
@@ -201,13 +185,8 @@ pub async fn given_an_overdue_approval_when_the_sweep_and_a_late_approval_race_t
     let history = a.history(&acme(), &report.run_id).await.unwrap();
     let names = event_names(&history.entries);
     assert_eq!(
-        times(&history.entries, "expired"),
-        1,
-        "round {round}: {names:?}"
-    );
-    assert_eq!(
-        times(&history.entries, "resumed"),
-        1,
+        times(&history.entries, ["expired", "resumed"]),
+        [1, 1],
         "round {round}: {names:?}"
     );
     assert_eq!(history.run.status, RunStatus::Done, "round {round}");

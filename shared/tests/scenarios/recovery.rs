@@ -5,23 +5,17 @@
 use super::*;
 use async_trait::async_trait;
 use shared::domain::approval::ApprovalKind;
-use shared::ports::model::ToolSpec;
-use shared::ports::tools::{Tool, ToolCall, Toolbox};
+use shared::ports::tools::{Tool, ToolCall};
 
 /// A call whose request never reached the service, though the caller cannot tell: it reports
 /// an unknown outcome and cannot be asked again.
 struct LostBeforeEffect {
-    inner: Arc<dyn Tool>,
     calls: Arc<AtomicUsize>,
 }
 
 #[async_trait]
-impl Tool for LostBeforeEffect {
-    fn spec(&self) -> ToolSpec {
-        self.inner.spec()
-    }
-
-    async fn call(&self, _: ToolCall<'_>) -> ToolOutcome {
+impl Around for LostBeforeEffect {
+    async fn call(&self, _: &dyn Tool, _: ToolCall<'_>) -> ToolOutcome {
         self.calls.fetch_add(1, Ordering::SeqCst);
         ToolOutcome::Unknown {
             detail: "the connection dropped before any answer".into(),
@@ -54,7 +48,12 @@ async fn given_a_payment_whose_answer_was_lost_and_cannot_be_reconciled_when_its
 ) {
     let calls = Arc::new(AtomicUsize::new(0));
     let p = h
-        .process_recovering(AnswerLost::reimburse(&calls), "finance")
+        .process_recovering(
+            on_reimburse(AnswerLost {
+                calls: calls.clone(),
+            }),
+            "finance",
+        )
         .await;
     let (approval, recovery) = lost_payment(h, &p).await;
 
@@ -87,14 +86,8 @@ async fn given_a_payment_whose_answer_was_lost_and_cannot_be_reconciled_when_its
         );
     }
 
-    let answered = h
-        .decided(
-            &p,
-            "erin",
-            &recovery.id,
-            answer("erin-1", true, "The ledger shows the payment."),
-        )
-        .await;
+    let took_effect = || answer("erin-1", true, "The ledger shows the payment.");
+    let answered = h.decided(&p, "erin", &recovery.id, took_effect()).await;
     assert_eq!(answered.approval.status, ApprovalStatus::Answered);
     let run = answered.run.expect("resumed in this process");
     assert_eq!(run.status, RunStatus::Done, "{run:?}");
@@ -114,14 +107,7 @@ async fn given_a_payment_whose_answer_was_lost_and_cannot_be_reconciled_when_its
     );
 
     // Answering again with the same decision id replays; another answer conflicts.
-    let again = h
-        .decided(
-            &p,
-            "erin",
-            &recovery.id,
-            answer("erin-1", true, "The ledger shows the payment."),
-        )
-        .await;
+    let again = h.decided(&p, "erin", &recovery.id, took_effect()).await;
     assert!(again.replayed);
     let late = h
         .refused(&p, "dana", &recovery.id, answer("dana-2", false, "no"))
@@ -134,19 +120,10 @@ async fn given_a_payment_that_never_reached_the_ledger_when_its_owner_says_it_di
     h: &Harness,
 ) {
     let calls = Arc::new(AtomicUsize::new(0));
-    let counted = calls.clone();
-    let p = h
-        .process_recovering(
-            move |tools: Toolbox| {
-                let inner = tools.get("reimburse").unwrap().clone();
-                tools.with(Arc::new(LostBeforeEffect {
-                    inner,
-                    calls: counted,
-                }))
-            },
-            "finance",
-        )
-        .await;
+    let lost = on_reimburse(LostBeforeEffect {
+        calls: calls.clone(),
+    });
+    let p = h.process_recovering(lost, "finance").await;
     let (_, recovery) = lost_payment(h, &p).await;
 
     let answered = h
@@ -174,7 +151,9 @@ async fn given_an_agent_without_a_recovery_owner_when_an_outcome_is_unknown_then
     let calls = Arc::new(AtomicUsize::new(0));
     let p = h
         .process_with(
-            AnswerLost::reimburse(&calls),
+            on_reimburse(AnswerLost {
+                calls: calls.clone(),
+            }),
             shared::engine::Delivery::InProcess,
         )
         .await;

@@ -12,7 +12,12 @@ async fn given_a_payment_whose_outcome_is_unknown_when_the_resume_message_comes_
 ) {
     let calls = Arc::new(AtomicUsize::new(0));
     let lost = h
-        .process_with(AnswerLost::reimburse(&calls), Delivery::InProcess)
+        .process_with(
+            on_reimburse(AnswerLost {
+                calls: calls.clone(),
+            }),
+            Delivery::InProcess,
+        )
         .await;
     let (report, approval) = h.start_paused(&lost, "c-102").await;
 
@@ -84,31 +89,17 @@ async fn given_a_finished_run_when_its_resume_message_is_delivered_again_then_no
 
 /// Every outbox entry still in the store, whatever it is due.
 async fn outbox_entries(p: &Process) -> usize {
-    let mut entries = 0;
-    for shard in keys::shard_pks(keys::OUTBOX_INDEX, IndexShards::DEFAULT) {
-        entries += p
-            .store
-            .query_index(&shard, "", "\u{10FFFF}", None, 100)
-            .await
-            .unwrap()
-            .items
-            .len();
-    }
-    entries
+    per_shard(p, keys::OUTBOX_INDEX, IndexShards::DEFAULT)
+        .await
+        .iter()
+        .sum()
 }
 
 async fn given_a_queued_resume_when_its_consumer_acts_on_it_then_its_outbox_entry_goes_with_that_write_and_the_sweep_sends_nothing_again(
     h: &Harness,
 ) {
-    let queue = Arc::new(RecordingQueue::default());
-    let decider = h
-        .process_with(|tools| tools, Delivery::Queue(queue.clone()))
-        .await;
-    let (_, approval) = h.start_paused(&decider, "c-102").await;
-    h.decided(&decider, "dana", &approval.id, approve("d-1"))
-        .await;
+    let (decider, queue, _, _) = approved_through_a_queue(h).await;
     let published = queue.published();
-    assert_eq!(addressed(&published), [resume_message(&approval)]);
 
     // The writer published and left the entry: until a consumer acts, it is what the sweep
     // would deliver again once the grace period is over.
@@ -181,8 +172,7 @@ async fn given_the_resume_queue_is_down_when_a_payment_is_approved_then_the_deci
 async fn given_an_edited_approval_when_either_approval_history_is_read_then_it_traces_both_versions_to_the_outcome(
     h: &Harness,
 ) {
-    let p = h.process().await;
-    let (_, approval) = h.start_paused(&p, "c-102").await;
+    let (p, _, approval) = h.paused_on("c-102").await;
     let edited = h
         .decided(&p, "dana", &approval.id, edit("d-edit", 200))
         .await;
@@ -248,8 +238,7 @@ async fn given_a_finished_run_when_its_requester_cancels_it_then_it_conflicts_as
 async fn given_an_approved_payment_when_its_approval_history_is_read_then_it_traces_proposal_decision_execution_and_outcome(
     h: &Harness,
 ) {
-    let p = h.process().await;
-    let (report, approval) = h.start_paused(&p, "c-102").await;
+    let (p, report, approval) = h.paused_on("c-102").await;
     h.decided(&p, "dana", &approval.id, approve("d-1")).await;
 
     let history = h

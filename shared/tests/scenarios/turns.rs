@@ -92,7 +92,7 @@ async fn given_two_approvals_in_one_turn_when_the_first_is_decided_then_the_run_
     assert!(results[0].1.content.contains("\"paid_cents\":25000"));
     assert!(results[1].1.content.starts_with("Not executed:"));
     let history = p.history(&acme(), &report.run_id).await.unwrap();
-    assert_eq!(times(&history.entries, "resumed"), 1);
+    assert_eq!(times(&history.entries, ["resumed"]), [1]);
 }
 
 async fn given_the_agent_calls_a_tool_the_policy_does_not_name_when_the_turn_runs_then_it_is_not_executed_and_the_model_is_told(
@@ -164,8 +164,7 @@ async fn given_a_run_that_needs_a_second_decision_after_the_first_when_both_are_
     let claims: Vec<&str> = settled.iter().map(|s| s.claim_id.as_str()).collect();
     assert_eq!(claims, ["c-102", "c-106"]);
     let history = p.history(&acme(), &report.run_id).await.unwrap();
-    assert_eq!(times(&history.entries, "paused"), 2);
-    assert_eq!(times(&history.entries, "resumed"), 2);
+    assert_eq!(times(&history.entries, ["paused", "resumed"]), [2, 2]);
 }
 
 async fn given_two_approvers_approve_paying_more_than_was_claimed_when_it_runs_then_the_tool_refuses_and_the_model_is_told(
