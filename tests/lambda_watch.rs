@@ -6,9 +6,10 @@
 
 #[path = "../shared/tests/support/aws.rs"]
 mod aws;
+mod common;
 
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -219,22 +220,11 @@ async fn resume_from_queue(stack: &aws::FreshStack, watch: &Watch) -> Value {
     response
 }
 
-fn state_dir(name: &str) -> PathBuf {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    std::env::temp_dir().join(format!(
-        "countersign-watch-{name}-{}-{nanos}",
-        std::process::id()
-    ))
-}
-
 /// One `cargo lambda watch` for both flows: the functions compile once.
 #[tokio::test(flavor = "multi_thread")]
 async fn under_cargo_lambda_watch_the_functions_take_claims_through_approval_and_expiry() {
     let stack = aws::FreshStack::new("lambda-watch").await;
-    let state = state_dir("flow");
+    let state = common::fresh_path("countersign-watch-flow");
     token(&state, "dana"); // creates the state's development key before the functions read it
     let watch = watch(&stack, &state.join("dev-jwt.key"));
     let http = Http::new(&watch);

@@ -55,8 +55,7 @@ async fn a_refund_started_over_http_pauses_for_a_finance_manager_with_the_caller
     let id = approval["id"].as_str().unwrap();
     let own = server.decide("sam", id, approve("sam-1")).await;
     assert_refused(&own, 403, "own_request");
-    let decided = server.decide("mia", id, approve("mia-1")).await;
-    assert_eq!(decided.status, 200, "{}", decided.json);
+    let decided = server.decided("mia", id, approve("mia-1")).await;
     assert_eq!(decided.json["run"]["status"], "done", "{}", decided.json);
     let key = format!("{}:1", approval["action_id"].as_str().unwrap());
     orders.only_refund("ord_55", 12_500, &key);
@@ -179,9 +178,8 @@ async fn the_expense_short_form_still_starts_a_run_that_neither_caller_nor_claim
             assert_refused(&reply, 403, "own_request");
         }
         assert_eq!(server.approval(approval).await, before);
-        let decided = server
-            .decide("dana", approval, approve(&format!("dana-{approval}")))
+        server
+            .decided("dana", approval, approve(&format!("dana-{approval}")))
             .await;
-        assert_eq!(decided.status, 200, "{}", decided.json);
     }
 }

@@ -30,7 +30,6 @@ use shared::engine::records::{IndexShards, OutboxEntry, OutboxMessage, decode, k
 use shared::engine::{EngineBuilder, MAX_NOTICE_ATTEMPTS, SweepReport};
 use shared::example::expense::{OfflineExpenseAgent, task_for};
 use shared::ports::clock::Clock;
-use shared::ports::notifier::Notifier;
 use shared::ports::scheduler::Wake;
 use tokio::sync::Barrier;
 
@@ -45,18 +44,8 @@ async fn fresh() -> Harness {
     Harness::new(Embedded::fresh()).await
 }
 
-/// A process of the expense agent whose notices go to `notifier`.
-async fn notifying(h: &Harness, notifier: Arc<dyn Notifier>) -> Process {
-    h.process_configured(
-        Arc::new(OfflineExpenseAgent),
-        |store| store,
-        |b| b.notifier(notifier),
-    )
-    .await
-}
-
 async fn posting_to(h: &Harness, receiver: &Receiver) -> Process {
-    notifying(h, receiver.webhooks(QUICK)).await
+    h.notifying(receiver.webhooks(QUICK)).await
 }
 
 /// The moment `hours:minutes` after the test started.
@@ -66,20 +55,14 @@ fn at(hours: i64, minutes: i64) -> DateTime<Utc> {
 
 /// Every outbox entry still waiting, whatever it is due.
 async fn outbox(p: &Process) -> Vec<OutboxEntry> {
-    let mut entries = Vec::new();
-    for shard in keys::shard_pks(keys::OUTBOX_INDEX, IndexShards::DEFAULT) {
-        let page = p
-            .store
-            .query_index(&shard, "", "\u{10FFFF}", None, 1_000)
-            .await
-            .unwrap();
-        entries.extend(
-            page.items
-                .iter()
-                .map(|item| decode::<OutboxEntry>(item).unwrap().value),
-        );
-    }
-    entries
+    let shards = p
+        .index_shards(keys::OUTBOX_INDEX, IndexShards::DEFAULT)
+        .await;
+    shards
+        .iter()
+        .flatten()
+        .map(|item| decode::<OutboxEntry>(item).unwrap().value)
+        .collect()
 }
 
 /// The run's notice events, `(event, approval, notice, destination)`, oldest first.
@@ -588,7 +571,9 @@ async fn given_a_receiver_that_never_answers_then_the_pause_is_stored_first_and_
     h: &Harness,
 ) {
     let receiver = Receiver::scripted(&[], Answer::Hang).await;
-    let writer = notifying(h, receiver.webhooks(StdDuration::from_millis(300))).await;
+    let writer = h
+        .notifying(receiver.webhooks(StdDuration::from_millis(300)))
+        .await;
     let task = task_for(&h.claims, "c-102").unwrap();
     let started = Instant::now();
     let pausing = tokio::spawn(async move { writer.start(task).await });
@@ -618,7 +603,9 @@ async fn given_a_receiver_that_never_answers_then_the_pause_is_stored_first_and_
 
     // Its approval no longer waits, so the retry drops the notice instead of posting it.
     h.clock.advance(Duration::minutes(5));
-    let sweeper = notifying(h, receiver.webhooks(StdDuration::from_millis(300))).await;
+    let sweeper = h
+        .notifying(receiver.webhooks(StdDuration::from_millis(300)))
+        .await;
     let swept = sweeper.sweep(100).await.unwrap();
     assert!(swept.notices.is_empty(), "{swept:?}");
     assert_eq!(receiver.requests().len(), 1);
@@ -672,7 +659,9 @@ async fn given_no_webhook_then_no_notice_is_written_and_nothing_else_changes(h: 
 }
 
 async fn given_a_notifier_with_no_destination_then_it_is_as_if_there_were_none(h: &Harness) {
-    let p = notifying(h, Arc::new(Webhooks::new(&[], QUICK).unwrap())).await;
+    let p = h
+        .notifying(Arc::new(Webhooks::new(&[], QUICK).unwrap()))
+        .await;
 
     let (names, swept, approval_ver) = approve_c102_after_23h(h, &p).await;
 

@@ -13,6 +13,8 @@ mod support;
 #[allow(dead_code)]
 #[path = "harness/notices.rs"]
 mod notices;
+#[path = "support/slack_form.rs"]
+mod slack_form;
 
 use std::sync::Arc;
 use std::time::Duration as StdDuration;
@@ -32,6 +34,7 @@ use shared::ports::notifier::{Notifier, Several};
 
 use harness::{Embedded, Harness, Process, acme, approve, decision};
 use notices::{Received, Receiver};
+use slack_form::interaction_form;
 
 const QUICK: StdDuration = StdDuration::from_millis(500);
 
@@ -217,7 +220,7 @@ impl SlackSetup {
                 "action_ts": "1700000001.000200",
             }],
         });
-        serde_urlencoded::to_string([("payload", payload.to_string())]).unwrap()
+        interaction_form(&payload)
     }
 
     /// Posts `body` to /slack/interactions with the given timestamp and signature headers.
@@ -619,20 +622,11 @@ fn all_text(message: &Value) -> String {
         .join("\n")
 }
 
-async fn posting_to_slack(h: &Harness, notifier: Arc<dyn Notifier>) -> Process {
-    h.process_configured(
-        Arc::new(OfflineExpenseAgent),
-        |store| store,
-        |b| b.notifier(notifier),
-    )
-    .await
-}
-
 async fn the_outcome_updates_the_posted_message_in_place_through_the_outbox_when_slack_fails_first(
     h: &Harness,
 ) {
     let api = WebApi::start(2).await;
-    let p = posting_to_slack(h, api.channel()).await;
+    let p = h.notifying(api.channel()).await;
     let (report, approval) = h.start_paused(&p, "c-102").await;
 
     let posted = api.calls("chat.postMessage");
@@ -710,7 +704,7 @@ async fn expiry_cancellation_and_an_edit_update_the_message_and_webhooks_get_no_
     let hook = Receiver::ok().await;
     let webhooks = Arc::new(Webhooks::new(&[hook.url().to_string()], QUICK).unwrap());
     let both: Arc<dyn Notifier> = Arc::new(Several(vec![webhooks, api.channel()]));
-    let p = posting_to_slack(h, both).await;
+    let p = h.notifying(both).await;
 
     let (_, c104) = h.start_paused(&p, "c-104").await;
     let (c102_run, _) = h.start_paused(&p, "c-102").await;
@@ -800,7 +794,7 @@ fn submission_body(view: &Value, user: &str, amount: &str, note: &str) -> String
             }},
         },
     });
-    serde_urlencoded::to_string([("payload", payload.to_string())]).unwrap()
+    interaction_form(&payload)
 }
 
 #[tokio::test]

@@ -26,6 +26,7 @@ use shared::domain::ids::{ActionVersion, ApprovalId, DecisionId, RunId, TenantId
 use shared::domain::money::Amount;
 use shared::domain::policy::Policy;
 use shared::domain::run::Run;
+use shared::engine::records::{IndexShards, keys};
 use shared::engine::{
     Agent, DecisionReport, Delivery, Engine, EngineBuilder, EngineError, RunReport,
 };
@@ -35,8 +36,9 @@ use shared::example::expense::{
 };
 use shared::ports::clock::ManualClock;
 use shared::ports::model::{Model, ModelError, ModelReply, ModelRequest, ToolSpec};
+use shared::ports::notifier::Notifier;
 use shared::ports::queue::{QueueError, ResumeMessage, ResumeQueue};
-use shared::ports::store::ItemStore;
+use shared::ports::store::{Item, ItemStore};
 use shared::ports::tools::{Tool, ToolCall, Toolbox};
 pub use shared::testing::Script;
 
@@ -127,6 +129,22 @@ pub struct Process {
     pub store: Arc<dyn ItemStore>,
 }
 
+impl Process {
+    /// The items of each shard of the sharded index `index`, whatever they are due.
+    pub async fn index_shards(&self, index: &str, shards: IndexShards) -> Vec<Vec<Item>> {
+        let mut all = Vec::new();
+        for shard in keys::shard_pks(index, shards) {
+            let page = self
+                .store
+                .query_index(&shard, "", "\u{10FFFF}", None, 1_000)
+                .await
+                .expect("the index reads");
+            all.push(page.items);
+        }
+        all
+    }
+}
+
 impl Deref for Process {
     type Target = Engine;
 
@@ -170,6 +188,16 @@ impl Harness {
     pub async fn scripted_process(&self, script: Script) -> Process {
         self.process_of(Arc::new(script), |tools| tools, Delivery::InProcess)
             .await
+    }
+
+    /// A new process of the expense agent whose notices go to `notifier`.
+    pub async fn notifying(&self, notifier: Arc<dyn Notifier>) -> Process {
+        self.process_configured(
+            Arc::new(OfflineExpenseAgent),
+            |store| store,
+            |b| b.notifier(notifier),
+        )
+        .await
     }
 
     /// A new process whose store connection the test may wrap and whose engine it configures

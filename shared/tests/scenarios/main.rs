@@ -151,16 +151,8 @@ async fn approved_through_a_queue(
 
 /// How many entries each shard of a sharded index holds, whatever they are due.
 async fn per_shard(p: &Process, index: &str, shards: IndexShards) -> Vec<usize> {
-    let mut counts = Vec::new();
-    for shard in keys::shard_pks(index, shards) {
-        let page = p
-            .store
-            .query_index(&shard, "", "\u{10FFFF}", None, 1_000)
-            .await
-            .unwrap();
-        counts.push(page.items.len());
-    }
-    counts
+    let shards = p.index_shards(index, shards).await;
+    shards.iter().map(Vec::len).collect()
 }
 
 /// How many audit entries bear each of `names`.
