@@ -6,7 +6,6 @@
 //! Needs Debian's `chromium` and `chromium-driver` (`scripts/test-all` installs them).
 //! `CHROMEDRIVER` and `CHROMIUM` name other binaries. Without them every test here fails.
 
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -19,7 +18,7 @@ use serde_json::{Value, json};
 mod common;
 
 use common::server::{Paused, Server};
-use common::{countersign, fresh_path};
+use common::{countersign, free_port, fresh_path, stop_group};
 /// How long the page may take to show what a test waits for.
 const PATIENCE: Duration = Duration::from_secs(20);
 
@@ -38,14 +37,6 @@ fn binary(variable: &str, default: &str) -> PathBuf {
         path.display()
     );
     path
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// One chromedriver on a free port, in a process group of its own so that the browsers it starts
@@ -143,10 +134,7 @@ impl Driver {
 impl Drop for Driver {
     fn drop(&mut self) {
         // The whole group: chromedriver and every browser it started.
-        let _ = Command::new("kill")
-            .args(["-KILL", "--", &format!("-{}", self.child.id())])
-            .status();
-        let _ = self.child.wait();
+        stop_group(&mut self.child, "KILL");
         for profile in &self.profiles {
             let _ = std::fs::remove_dir_all(profile);
         }
@@ -896,10 +884,10 @@ async fn a_recovery_owner_answers_an_unknown_refund_in_the_page_and_the_run_ends
         &orders.env(),
     );
     let started = server
-        .post(
-            "/runs",
+        .start_agent(
             "ben",
-            json!({"agent": "refunds", "task": "Refund ord_55: the blender arrived damaged."}),
+            "refunds",
+            "Refund ord_55: the blender arrived damaged.",
         )
         .await;
     assert_eq!(started.status, 201, "{}", started.json);

@@ -26,19 +26,8 @@ struct Watch {
 impl Drop for Watch {
     fn drop(&mut self) {
         // Stop the watcher's process group; the watcher stops the functions it started.
-        let _ = Command::new("kill")
-            .args(["-TERM", "--", &format!("-{}", self.child.id())])
-            .status();
-        let _ = self.child.wait();
+        common::stop_group(&mut self.child, "TERM");
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn workspace() -> &'static Path {
@@ -59,7 +48,7 @@ fn cargo_lambda_available() {
 fn watch(stack: &aws::FreshStack, key_file: &Path) -> Watch {
     use std::os::unix::process::CommandExt;
     cargo_lambda_available();
-    let port = free_port();
+    let port = common::free_port();
     let child = Command::new("cargo")
         .args([
             "lambda",

@@ -485,9 +485,7 @@ async fn given_one_approval_decided_and_one_waiting_then_only_the_waiting_one_is
     let (_, decided) = h.start_paused(&p, "c-102").await;
     let (_, waiting) = h.start_paused(&p, "c-104").await;
     h.clock.set(at(1, 0));
-    p.decide(&h.person("dana"), &decided.id, approve("d-1"))
-        .await
-        .unwrap();
+    h.decided(&p, "dana", &decided.id, approve("d-1")).await;
 
     h.clock.set(at(23, 0));
     let swept = p.sweep(100).await.unwrap();
@@ -527,9 +525,7 @@ async fn given_a_webhook_when_a_run_pauses_then_a_reminder_wakeup_is_scheduled_a
         ]
     );
 
-    p.decide(&h.person("dana"), &approval.id, approve("d-1"))
-        .await
-        .unwrap();
+    h.decided(&p, "dana", &approval.id, approve("d-1")).await;
 
     assert_eq!(
         scheduler.calls()[2..],
@@ -584,10 +580,9 @@ async fn given_a_receiver_that_never_answers_then_the_pause_is_stored_first_and_
     let pending = other.pending(&acme()).await.unwrap();
     assert_eq!(pending.len(), 1);
     let deciding = Instant::now();
-    let decided = other
-        .decide(&h.person("dana"), &pending[0].id, approve("d-1"))
-        .await
-        .unwrap();
+    let decided = h
+        .decided(&other, "dana", &pending[0].id, approve("d-1"))
+        .await;
     assert!(deciding.elapsed() < StdDuration::from_secs(2));
     assert_eq!(decided.approval.status, ApprovalStatus::Approved);
     assert_eq!(decided.run.as_ref().unwrap().status, RunStatus::Done);
@@ -629,9 +624,7 @@ async fn approve_c102_after_23h(h: &Harness, p: &Process) -> (Vec<&'static str>,
         .await
         .unwrap()
         .unwrap();
-    p.decide(&h.person("dana"), &approval.id, approve("d-1"))
-        .await
-        .unwrap();
+    h.decided(p, "dana", &approval.id, approve("d-1")).await;
     let history = p.history(&acme(), &report.run_id).await.unwrap();
     (harness::event_names(&history.entries), swept, item.ver)
 }
@@ -682,9 +675,7 @@ async fn given_notices_sent_then_the_run_history_shows_them_in_order_with_the_re
     h.clock.set(at(23, 0));
     p.sweep(100).await.unwrap();
     h.clock.set(at(23, 10));
-    p.decide(&h.person("dana"), &approval.id, approve("d-1"))
-        .await
-        .unwrap();
+    h.decided(&p, "dana", &approval.id, approve("d-1")).await;
 
     let history = p.history(&acme(), &report.run_id).await.unwrap();
     let names = harness::event_names(&history.entries);

@@ -637,9 +637,7 @@ async fn the_outcome_updates_the_posted_message_in_place_through_the_outbox_when
     assert!(api.calls("chat.update").is_empty());
 
     h.clock.set(harness::start_of_test() + Duration::minutes(5));
-    p.decide(&h.person("dana"), &approval.id, approve("d-1"))
-        .await
-        .unwrap();
+    h.decided(&p, "dana", &approval.id, approve("d-1")).await;
     // The decision and the action's result each call for an update; Slack failed both.
     assert_eq!(api.calls("chat.update").len(), 2);
     let stored = p.approval(&acme(), &approval.id).await.unwrap();
@@ -717,13 +715,13 @@ async fn expiry_cancellation_and_an_edit_update_the_message_and_webhooks_get_no_
         amount: Amount::from_dollars(600),
         note: None,
     };
-    p.decide(
-        &h.person("dana"),
+    h.decided(
+        &p,
+        "dana",
         &c105.id,
         decision("d-edit", ActionVersion::FIRST, edit),
     )
-    .await
-    .unwrap();
+    .await;
     h.clock.set(c104.expires_at + Duration::minutes(1));
     p.sweep(100).await.unwrap();
 

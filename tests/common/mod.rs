@@ -164,3 +164,20 @@ pub fn item_where<'a>(list: &'a Value, field: &str, value: &str) -> &'a Value {
         .find(|item| item[field] == value)
         .unwrap_or_else(|| panic!("no item whose {field} is {value} in {list}"))
 }
+
+/// A TCP port on loopback that nothing listens on now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Sends `signal` (`TERM`, `KILL`) to the process group `child` leads, and waits for `child`.
+pub fn stop_group(child: &mut Child, signal: &str) {
+    let _ = Command::new("kill")
+        .args([&format!("-{signal}"), "--", &format!("-{}", child.id())])
+        .status();
+    let _ = child.wait();
+}

@@ -164,6 +164,12 @@ impl Server {
         .await
     }
 
+    /// `POST /runs` as `name`: `agent` started on `task`.
+    pub async fn start_agent(&self, name: &str, agent: &str, task: &str) -> Reply {
+        self.post("/runs", name, json!({"agent": agent, "task": task}))
+            .await
+    }
+
     /// `POST /runs` as `name`; the run must pause on exactly one approval.
     pub async fn paused_run(&self, name: &str, claim: &str, ttl: Option<&str>) -> Paused {
         let mut body = json!({"claim_id": claim});

@@ -123,6 +123,24 @@ pub struct Harness {
     pub directory: Directory,
 }
 
+/// Who decides: a name in the shipped directory, or an identity as authentication gives it
+/// (roles changed, another tenant).
+pub trait Decider {
+    fn identity(self, h: &Harness) -> Identity;
+}
+
+impl Decider for &str {
+    fn identity(self, h: &Harness) -> Identity {
+        h.person(self)
+    }
+}
+
+impl Decider for &Identity {
+    fn identity(self, _: &Harness) -> Identity {
+        self.clone()
+    }
+}
+
 /// One process: an engine over its own connection to the test's store.
 pub struct Process {
     pub engine: Engine,
@@ -314,39 +332,41 @@ impl Harness {
     /// A new process whose reimburse calls `calls` counts (shared, so several processes can
     /// count together).
     pub async fn counted_process(&self, calls: &Arc<AtomicUsize>) -> Process {
-        self.process_with(
-            on_reimburse(Counted {
-                calls: calls.clone(),
-            }),
-            Delivery::InProcess,
-        )
-        .await
+        self.reimbursing_through(Counted::new(calls)).await
+    }
+
+    /// A new process whose reimburse calls go through `around`.
+    pub async fn reimbursing_through(&self, around: impl Around) -> Process {
+        self.process_with(on_reimburse(around), Delivery::InProcess)
+            .await
     }
 
     /// `who` decides on `approval` through `engine`, and the decision is taken.
     pub async fn decided(
         &self,
         engine: &Engine,
-        who: &str,
+        who: impl Decider,
         approval: &ApprovalId,
         request: DecisionRequest,
     ) -> DecisionReport {
+        let who = who.identity(self);
         engine
-            .decide(&self.person(who), approval, request)
+            .decide(&who, approval, request)
             .await
-            .unwrap_or_else(|e| panic!("{who}'s decision is taken: {}: {e}", e.code()))
+            .unwrap_or_else(|e| panic!("{}'s decision is taken: {}: {e}", who.person, e.code()))
     }
 
     /// `who` decides on `approval` through `engine`, and is refused: the refusal.
     pub async fn refused(
         &self,
         engine: &Engine,
-        who: &str,
+        who: impl Decider,
         approval: &ApprovalId,
         request: DecisionRequest,
     ) -> EngineError {
-        match engine.decide(&self.person(who), approval, request).await {
-            Ok(report) => panic!("{who}'s decision should be refused: {report:?}"),
+        let who = who.identity(self);
+        match engine.decide(&who, approval, request).await {
+            Ok(report) => panic!("{}'s decision should be refused: {report:?}", who.person),
             Err(refused) => refused,
         }
     }
@@ -518,6 +538,14 @@ pub struct Counted {
     pub calls: Arc<AtomicUsize>,
 }
 
+impl Counted {
+    pub fn new(calls: &Arc<AtomicUsize>) -> Self {
+        Self {
+            calls: calls.clone(),
+        }
+    }
+}
+
 #[async_trait]
 impl Around for Counted {
     async fn call(&self, inner: &dyn Tool, call: ToolCall<'_>) -> ToolOutcome {
@@ -538,6 +566,14 @@ impl Around for Counted {
 /// tell afterwards either. Its calls are counted.
 pub struct AnswerLost {
     pub calls: Arc<AtomicUsize>,
+}
+
+impl AnswerLost {
+    pub fn new(calls: &Arc<AtomicUsize>) -> Self {
+        Self {
+            calls: calls.clone(),
+        }
+    }
 }
 
 #[async_trait]

@@ -13,10 +13,7 @@ async fn approving_on(
     Approval,
     tokio::task::JoinHandle<Result<DecisionReport, EngineError>>,
 ) {
-    let process = Arc::new(
-        h.process_with(on_reimburse(around), Delivery::InProcess)
-            .await,
-    );
+    let process = Arc::new(h.reimbursing_through(around).await);
     let (report, approval) = h.start_paused(&process, "c-102").await;
     let decide = tokio::spawn(deciding(
         &process,
@@ -40,12 +37,8 @@ async fn approve_on_a_process_that_dies_while_paying(
     }
     decide.abort();
     let _ = decide.await;
-    let history = h
-        .process()
-        .await
-        .history(&acme(), &report.run_id)
-        .await
-        .unwrap();
+    let reader = h.process().await;
+    let history = reader.history(&acme(), &report.run_id).await.unwrap();
     assert_eq!(
         action_of(&history, &approval).status,
         ActionStatus::Executing
@@ -119,11 +112,9 @@ pub(crate) async fn given_a_stale_execution_when_two_sweeps_record_its_unknown_o
         approve_on_a_process_that_dies_while_paying(h, Hangs::before_effect).await;
     let together = Arc::new(tokio::sync::Barrier::new(2));
     let sweeper = || {
-        let together = together.clone();
-        h.process_with(
-            on_reimburse(ReconcilesTogether { together }),
-            Delivery::InProcess,
-        )
+        h.reimbursing_through(ReconcilesTogether {
+            together: together.clone(),
+        })
     };
     let (a, b) = (sweeper().await, sweeper().await);
     h.clock.advance(Duration::minutes(16));
@@ -215,8 +206,7 @@ async fn given_an_allowed_payment_slower_than_the_lease_when_the_sweep_settles_i
 
     // The process reads the sweep's record of its call, then finds its run failed: a conflict.
     let refused = started.unwrap_err();
-    assert_eq!(refused.code(), "run_finished", "{refused}");
-    assert_eq!(refused.kind(), ErrorKind::Conflict);
+    assert_refusal(&refused, "run_finished", ErrorKind::Conflict);
     assert!(refused.to_string().ends_with("is failed"), "{refused}");
     let late = gate.outcomes();
     assert!(
@@ -343,6 +333,26 @@ async fn given_a_run_that_resumed_on_a_process_that_died_when_its_lease_runs_out
     );
 }
 
+/// Takes steps (the first is 1) until every shard of `index` holds an entry, at most 40: ids
+/// are random, so how many that takes varies. How many it took.
+async fn until_every_shard_holds_one(
+    p: &Process,
+    index: &str,
+    shards: IndexShards,
+    mut step: impl AsyncFnMut(usize),
+) -> usize {
+    let mut steps = 0;
+    while per_shard(p, index, shards).await.contains(&0) {
+        assert!(
+            steps < 40,
+            "40 steps and still a shard of {index} without an entry"
+        );
+        steps += 1;
+        step(steps).await;
+    }
+    steps
+}
+
 async fn given_overdue_runs_and_outbox_entries_in_every_shard_of_the_index_when_the_sweep_runs_then_it_finds_them_all(
     h: &Harness,
 ) {
@@ -360,23 +370,17 @@ async fn given_overdue_runs_and_outbox_entries_in_every_shard_of_the_index_when_
             |b| sharded(b).delivery(Delivery::Queue(Arc::new(RecordingQueue::default()))),
         )
         .await;
-    // Runs whose process dies while driving them, until every shard holds one (run ids are
-    // random, so how many that takes varies).
-    let mut died = 0;
-    while per_shard(&sweeper, keys::RUNNING_INDEX, shards)
-        .await
-        .contains(&0)
-    {
-        assert!(died < 40, "40 runs and still a shard without one");
+    // Runs whose process dies while driving them, until every shard holds one.
+    let died = until_every_shard_holds_one(&sweeper, keys::RUNNING_INDEX, shards, async |n| {
         let start = {
             let dying = dying.clone();
             tokio::spawn(async move { dying.start(scripted_task("ana")).await })
         };
-        died += 1;
-        model.until_stalled(died).await;
+        model.until_stalled(n).await;
         start.abort();
         let _ = start.await;
-    }
+    })
+    .await;
     // Approved payments whose resume message never left, until every shard holds one.
     let down = h
         .process_configured(
@@ -385,16 +389,11 @@ async fn given_overdue_runs_and_outbox_entries_in_every_shard_of_the_index_when_
             |b| sharded(b).delivery(Delivery::Queue(Arc::new(QueueDown))),
         )
         .await;
-    let mut approved = 0;
-    while per_shard(&sweeper, keys::OUTBOX_INDEX, shards)
-        .await
-        .contains(&0)
-    {
-        assert!(approved < 40, "40 approvals and still a shard without one");
+    let approved = until_every_shard_holds_one(&sweeper, keys::OUTBOX_INDEX, shards, async |_| {
         let (_, approval) = h.start_paused(&down, "c-102").await;
         h.decided(&down, "dana", &approval.id, approve("d-1")).await;
-        approved += 1;
-    }
+    })
+    .await;
     let unsharded = sweeper
         .store
         .query_index(keys::OUTBOX_INDEX, "", "\u{10FFFF}", None, 10)

@@ -117,8 +117,7 @@ async fn given_a_time_to_decide_longer_than_the_policy_allows_when_a_run_starts_
     ] {
         let refused = p.start(with_ttl(too_long)).await.unwrap_err();
 
-        assert_eq!(refused.code(), "bad_input", "{refused}");
-        assert_eq!(refused.kind(), ErrorKind::BadInput);
+        assert_refusal(&refused, "bad_input", ErrorKind::BadInput);
         assert!(refused.to_string().contains("longer than"), "{refused}");
     }
     assert!(p.pending(&acme()).await.unwrap().is_empty());
@@ -175,16 +174,12 @@ async fn given_an_approval_when_the_same_decision_id_is_sent_twice_then_it_resum
     let (report, approval) = h.start_paused(&first, "c-102").await;
     let dana = h.person("dana");
 
-    let once = first
-        .decide(&dana, &approval.id, approve("d-1"))
-        .await
-        .unwrap();
+    let once = h.decided(&first, &dana, &approval.id, approve("d-1")).await;
     // The same submission again, as a retried request that lands on another process.
     let second = h.counted_process(&calls).await;
-    let twice = second
-        .decide(&dana, &approval.id, approve("d-1"))
-        .await
-        .unwrap();
+    let twice = h
+        .decided(&second, &dana, &approval.id, approve("d-1"))
+        .await;
 
     assert!(!once.replayed);
     assert!(twice.replayed);
@@ -210,18 +205,13 @@ async fn given_a_decision_whose_resume_was_never_delivered_when_its_decision_id_
     // The first attempt commits the decision, then cannot deliver its resume message.
     let first = h
         .process_with(
-            on_reimburse(Counted {
-                calls: calls.clone(),
-            }),
+            on_reimburse(Counted::new(&calls)),
             Delivery::Queue(Arc::new(QueueDown)),
         )
         .await;
     let (report, approval) = h.start_paused(&first, "c-102").await;
     let dana = h.person("dana");
-    let committed = first
-        .decide(&dana, &approval.id, approve("d-1"))
-        .await
-        .unwrap();
+    let committed = h.decided(&first, &dana, &approval.id, approve("d-1")).await;
     assert!(!committed.replayed);
     assert_eq!(
         h.run(&first, &report.run_id).await.status,
@@ -230,19 +220,17 @@ async fn given_a_decision_whose_resume_was_never_delivered_when_its_decision_id_
 
     // The client retries the same submission against a process that can deliver.
     let working = h.counted_process(&calls).await;
-    let replayed = working
-        .decide(&dana, &approval.id, approve("d-1"))
-        .await
-        .unwrap();
+    let replayed = h
+        .decided(&working, &dana, &approval.id, approve("d-1"))
+        .await;
 
     assert!(replayed.replayed);
     assert_eq!(replayed.run.map(|r| r.status), Some(RunStatus::Done));
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     assert_eq!(h.payments().await.len(), 1);
-    let again = working
-        .decide(&dana, &approval.id, approve("d-1"))
-        .await
-        .unwrap();
+    let again = h
+        .decided(&working, &dana, &approval.id, approve("d-1"))
+        .await;
     assert!(again.replayed);
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     assert_eq!(working.sweep(100).await.unwrap().redelivered, 0);
@@ -255,15 +243,13 @@ async fn given_a_recorded_decision_when_its_decision_id_comes_with_another_choic
 ) {
     let (p, _, approval) = h.paused_on("c-102").await;
     let dana = h.person("dana");
-    p.decide(&dana, &approval.id, approve("d-1")).await.unwrap();
+    h.decided(&p, &dana, &approval.id, approve("d-1")).await;
 
-    let refused = p
-        .decide(&dana, &approval.id, reject("d-1", "changed my mind"))
-        .await
-        .unwrap_err();
+    let refused = h
+        .refused(&p, &dana, &approval.id, reject("d-1", "changed my mind"))
+        .await;
 
-    assert_eq!(refused.code(), "decision_id_reused");
-    assert_eq!(refused.kind(), ErrorKind::Conflict);
+    assert_refusal(&refused, "decision_id_reused", ErrorKind::Conflict);
     assert_eq!(h.payments().await.len(), 1);
 }
 
@@ -277,15 +263,10 @@ async fn given_bens_own_claim_when_ben_approves_it_then_he_is_refused_as_own_req
     // Even holding the approver role, the claimant never approves his own claim.
     ben.roles.insert(finance());
 
-    let refused = p
-        .decide(&ben, &approval.id, approve("d-ben"))
-        .await
-        .unwrap_err();
+    let refused = h.refused(&p, &ben, &approval.id, approve("d-ben")).await;
 
-    assert_eq!(refused.code(), "own_request");
-    assert_eq!(refused.kind(), ErrorKind::Forbidden);
-    assert_undecided(&p, &approval, ApprovalStatus::AwaitingApproval).await;
-    assert!(h.payments().await.is_empty());
+    assert_refusal(&refused, "own_request", ErrorKind::Forbidden);
+    assert_undecided(h, &p, &approval, ApprovalStatus::AwaitingApproval).await;
 }
 
 async fn given_an_approver_who_lost_the_finance_role_when_they_approve_then_they_are_forbidden(
@@ -297,15 +278,10 @@ async fn given_an_approver_who_lost_the_finance_role_when_they_approve_then_they
     let mut dana = h.person("dana");
     dana.roles.remove(&finance());
 
-    let refused = p
-        .decide(&dana, &approval.id, approve("d-1"))
-        .await
-        .unwrap_err();
+    let refused = h.refused(&p, &dana, &approval.id, approve("d-1")).await;
 
-    assert_eq!(refused.code(), "missing_role");
-    assert_eq!(refused.kind(), ErrorKind::Forbidden);
-    assert_undecided(&p, &approval, ApprovalStatus::AwaitingApproval).await;
-    assert!(h.payments().await.is_empty());
+    assert_refusal(&refused, "missing_role", ErrorKind::Forbidden);
+    assert_undecided(h, &p, &approval, ApprovalStatus::AwaitingApproval).await;
 }
 
 async fn given_an_approval_of_acme_when_a_globex_approver_decides_it_then_it_is_not_found(
@@ -316,13 +292,9 @@ async fn given_an_approval_of_acme_when_a_globex_approver_decides_it_then_it_is_
     assert_eq!(zoe.tenant, TenantId::parse("globex").unwrap());
     assert!(zoe.has_role(&finance()));
 
-    let refused = p
-        .decide(&zoe, &approval.id, approve("d-zoe"))
-        .await
-        .unwrap_err();
+    let refused = h.refused(&p, &zoe, &approval.id, approve("d-zoe")).await;
 
-    assert_eq!(refused.code(), "not_found");
-    assert_eq!(refused.kind(), ErrorKind::NotFound);
+    assert_refusal(&refused, "not_found", ErrorKind::NotFound);
     assert!(p.pending(&zoe.tenant).await.unwrap().is_empty());
     assert_eq!(
         p.approval(&zoe.tenant, &approval.id)

@@ -29,8 +29,7 @@ async fn given_an_approval_when_a_reviewer_lowers_the_amount_then_version_two_ru
 
     let late = h.refused(&p, "erin", &approval.id, approve("d-late")).await;
 
-    assert_eq!(late.code(), "superseded");
-    assert_eq!(late.kind(), ErrorKind::Conflict);
+    assert_refusal(&late, "superseded", ErrorKind::Conflict);
     assert_eq!(
         paid(&h.payments().await),
         [payment("c-102", 20_000, &approval, 2)]
@@ -65,10 +64,7 @@ async fn given_a_two_person_claim_when_a_reviewer_lowers_it_then_the_new_version
     assert_eq!(next.quorum, 2);
     assert_eq!(next.still_needed(), 1);
     let erin = h.person("erin");
-    let stale = p
-        .decide(&erin, &next.id, approve("d-stale"))
-        .await
-        .unwrap_err();
+    let stale = h.refused(&p, &erin, &next.id, approve("d-stale")).await;
     assert_eq!(stale.code(), "stale_version");
     let twice = h
         .refused(
@@ -81,10 +77,14 @@ async fn given_a_two_person_claim_when_a_reviewer_lowers_it_then_the_new_version
     assert_eq!(twice.code(), "already_approved_by_you");
     assert!(h.payments().await.is_empty());
 
-    let approved = p
-        .decide(&erin, &next.id, decision("d-erin", v(2), Choice::Approve))
-        .await
-        .unwrap();
+    let approved = h
+        .decided(
+            &p,
+            &erin,
+            &next.id,
+            decision("d-erin", v(2), Choice::Approve),
+        )
+        .await;
 
     assert_eq!(approved.approval.status, ApprovalStatus::Approved);
     assert_eq!(
@@ -102,8 +102,7 @@ async fn given_an_approval_when_a_reviewer_raises_the_amount_then_the_edit_is_re
         .refused(&p, "dana", &approval.id, edit("d-raise", 300))
         .await;
 
-    assert_eq!(refused.code(), "edit_refused");
-    assert_eq!(refused.kind(), ErrorKind::PolicyRefused);
+    assert_refusal(&refused, "edit_refused", ErrorKind::PolicyRefused);
     let stored = p.approval(&acme(), &approval.id).await.unwrap();
     assert_eq!(stored, approval);
     let history = p.history(&acme(), &report.run_id).await.unwrap();
@@ -127,22 +126,19 @@ async fn given_a_claim_above_500_when_the_same_approver_approves_twice_then_it_s
     assert_eq!(approval.quorum, 2);
     let dana = h.person("dana");
 
-    let counted = p
-        .decide(&dana, &approval.id, approve("d-dana-1"))
-        .await
-        .unwrap();
+    let counted = h
+        .decided(&p, &dana, &approval.id, approve("d-dana-1"))
+        .await;
     assert_eq!(
         counted.decision.effect,
         DecisionEffect::Counted { still_needed: 1 }
     );
     assert_eq!(counted.approval.status, ApprovalStatus::AwaitingApproval);
 
-    let again = p
-        .decide(&dana, &approval.id, approve("d-dana-2"))
-        .await
-        .unwrap_err();
-    assert_eq!(again.code(), "already_approved_by_you");
-    assert_eq!(again.kind(), ErrorKind::Conflict);
+    let again = h
+        .refused(&p, &dana, &approval.id, approve("d-dana-2"))
+        .await;
+    assert_refusal(&again, "already_approved_by_you", ErrorKind::Conflict);
     let stored = p.approval(&acme(), &approval.id).await.unwrap();
     assert_eq!(stored.status, ApprovalStatus::AwaitingApproval);
     assert_eq!(stored.still_needed(), 1);

@@ -125,11 +125,12 @@ fn told_not_executed(run: &Run, tool: &str) -> String {
     told.content
 }
 
-/// Asserts `approval` is stored as `status`, with no decision recorded.
-async fn assert_undecided(p: &Process, approval: &Approval, status: ApprovalStatus) {
+/// Asserts `approval` is stored as `status`, with no decision recorded, and nothing is paid.
+async fn assert_undecided(h: &Harness, p: &Process, approval: &Approval, status: ApprovalStatus) {
     let stored = p.approval(&acme(), &approval.id).await.unwrap();
     assert_eq!(stored.status, status);
     assert!(stored.decisions.is_empty(), "{stored:?}");
+    assert!(h.payments().await.is_empty(), "nothing is paid");
 }
 
 /// A process that delivers resume messages to a queue that only records them, and c-102
@@ -153,6 +154,12 @@ async fn approved_through_a_queue(
 async fn per_shard(p: &Process, index: &str, shards: IndexShards) -> Vec<usize> {
     let shards = p.index_shards(index, shards).await;
     shards.iter().map(Vec::len).collect()
+}
+
+/// Asserts `refused` is the refusal `code`, of `kind`.
+#[track_caller]
+fn assert_refusal(refused: &EngineError, code: &str, kind: ErrorKind) {
+    assert_eq!((refused.code(), refused.kind()), (code, kind), "{refused}");
 }
 
 /// How many audit entries bear each of `names`.

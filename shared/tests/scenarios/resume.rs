@@ -11,14 +11,7 @@ async fn given_a_payment_whose_outcome_is_unknown_when_the_resume_message_comes_
     h: &Harness,
 ) {
     let calls = Arc::new(AtomicUsize::new(0));
-    let lost = h
-        .process_with(
-            on_reimburse(AnswerLost {
-                calls: calls.clone(),
-            }),
-            Delivery::InProcess,
-        )
-        .await;
+    let lost = h.reimbursing_through(AnswerLost::new(&calls)).await;
     let (report, approval) = h.start_paused(&lost, "c-102").await;
 
     let decided = h.decided(&lost, "dana", &approval.id, approve("d-1")).await;
@@ -226,8 +219,7 @@ async fn given_a_finished_run_when_its_requester_cancels_it_then_it_conflicts_as
         .await
         .unwrap_err();
 
-    assert_eq!(refused.code(), "run_finished");
-    assert_eq!(refused.kind(), ErrorKind::Conflict);
+    assert_refusal(&refused, "run_finished", ErrorKind::Conflict);
     assert_eq!(h.run(&p, &report.run_id).await.status, RunStatus::Done);
 }
 
