@@ -27,7 +27,7 @@ use shared::example::expense::OfflineExpenseAgent;
 use shared::ports::store::ItemStore;
 
 use dynamodb_backend::DynamoDb;
-use harness::{Embedded, Harness, Process, acme, approve};
+use harness::{Embedded, Harness, Process, acme, approve, entry_named};
 use notices::Receiver;
 
 const POLICY: &str = include_str!("../../agents/expense/policy.toml");
@@ -97,11 +97,7 @@ async fn given_nobody_decides_in_4h_then_finance_managers_may_decide_too(h: &Har
     assert_eq!(stored.status, ApprovalStatus::AwaitingApproval);
 
     let history = p.history(&acme(), &report.run_id).await.unwrap();
-    let escalated = history
-        .entries
-        .iter()
-        .find(|e| e.event.name() == "escalated")
-        .expect("the escalation is in the audit log");
+    let escalated = entry_named(&history.entries, "escalated");
     assert_eq!(
         escalated.event,
         AuditEvent::Escalated {

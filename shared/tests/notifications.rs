@@ -34,7 +34,9 @@ use shared::ports::scheduler::Wake;
 use tokio::sync::Barrier;
 
 use dynamodb_backend::DynamoDb;
-use harness::{Embedded, Harness, Process, Script, acme, approve, paid, scripted_task};
+use harness::{
+    Embedded, Harness, Process, Script, acme, approve, entry_named, paid, scripted_task,
+};
 use notices::{Answer, ReadsTogether, Receiver, RecordingScheduler, Scheduled};
 
 /// Posts in these tests give up quickly: the receiver is on loopback.
@@ -150,11 +152,7 @@ async fn given_a_webhook_when_a_run_pauses_then_one_slack_compatible_notice_is_p
     assert_eq!(countersign["expires_at"], "2026-11-11T09:00:00Z");
 
     let history = p.history(&acme(), &report.run_id).await.unwrap();
-    let notified = history
-        .entries
-        .iter()
-        .find(|e| e.event.name() == "notified")
-        .expect("the notice is in the audit log");
+    let notified = entry_named(&history.entries, "notified");
     assert_eq!(
         notified.event,
         AuditEvent::Notified {

@@ -130,6 +130,11 @@ struct SlackSetup {
 }
 
 impl SlackSetup {
+    /// ben's c-102, paused on its approval.
+    async fn c102_paused(&self) -> (shared::engine::RunReport, Approval) {
+        self.h.start_paused(&self.engine, "c-102").await
+    }
+
     async fn new() -> Self {
         let h = Harness::new(Embedded::fresh()).await;
         let notices = Receiver::ok().await;
@@ -272,7 +277,7 @@ impl SlackSetup {
 #[tokio::test]
 async fn a_signed_click_on_approve_decides_as_the_mapped_person_once() {
     let s = SlackSetup::new().await;
-    let (report, approval) = s.h.start_paused(&s.engine, "c-102").await;
+    let (report, approval) = s.c102_paused().await;
     let approve = s.button(&approval, "Approve");
     assert_eq!(
         approve["action_id"],
@@ -316,7 +321,7 @@ async fn a_signed_click_on_approve_decides_as_the_mapped_person_once() {
 #[tokio::test]
 async fn a_bad_signature_an_old_timestamp_and_a_replay_are_refused_and_change_nothing() {
     let s = SlackSetup::new().await;
-    let (_, approval) = s.h.start_paused(&s.engine, "c-102").await;
+    let (_, approval) = s.c102_paused().await;
     let body = s.click_body(&s.button(&approval, "Approve"), "U0DANA001");
     let secret = SigningSecret::new(SECRET).unwrap();
     let now = s.h.clock.now().timestamp();
@@ -380,7 +385,7 @@ async fn a_bad_signature_an_old_timestamp_and_a_replay_are_refused_and_change_no
 #[tokio::test]
 async fn every_refusal_is_told_in_slack_as_an_ephemeral_message() {
     let s = SlackSetup::new().await;
-    let (_, c102) = s.h.start_paused(&s.engine, "c-102").await;
+    let (_, c102) = s.c102_paused().await;
     let expect = |text: String, code: &str| {
         assert!(
             text.starts_with(&format!("Not decided ({code}): ")),
@@ -474,7 +479,7 @@ async fn a_decision_in_the_api_is_the_same_as_in_slack() {
     // The page's decision and a click are one engine call: a click after the page decided is
     // refused, and what the page decided stands.
     let s = SlackSetup::new().await;
-    let (_, approval) = s.h.start_paused(&s.engine, "c-102").await;
+    let (_, approval) = s.c102_paused().await;
     s.engine
         .decide(&s.h.person("erin"), &approval.id, approve("d-page"))
         .await
@@ -798,7 +803,7 @@ fn submission_body(view: &Value, user: &str, amount: &str, note: &str) -> String
 #[tokio::test]
 async fn edit_opens_a_form_whose_submission_edits_as_the_person_once() {
     let s = SlackSetup::new().await;
-    let (_, approval) = s.h.start_paused(&s.engine, "c-102").await;
+    let (_, approval) = s.c102_paused().await;
     let edit = s.button(&approval, "Edit");
     assert_eq!(
         edit["action_id"],

@@ -482,6 +482,15 @@ pub fn event_names(entries: &[AuditEntry]) -> Vec<&'static str> {
     entries.iter().map(|e| e.event.name()).collect()
 }
 
+/// The first audit entry named `name`.
+#[track_caller]
+pub fn entry_named<'a>(entries: &'a [AuditEntry], name: &str) -> &'a AuditEntry {
+    entries
+        .iter()
+        .find(|e| e.event.name() == name)
+        .unwrap_or_else(|| panic!("no {name} entry in {:?}", event_names(entries)))
+}
+
 /// A stand-in's part around the tool it wraps, in [`wrap`]: how it calls, and whether and how
 /// it reconciles; what it leaves out is the [`Tool`] default (it cannot reconcile).
 #[async_trait]
@@ -562,25 +571,14 @@ impl Around for Counted {
     }
 }
 
-/// A call that takes effect but whose answer is lost: it always reports `Unknown`, and cannot
-/// tell afterwards either. Its calls are counted.
-pub struct AnswerLost {
-    pub calls: Arc<AtomicUsize>,
-}
-
-impl AnswerLost {
-    pub fn new(calls: &Arc<AtomicUsize>) -> Self {
-        Self {
-            calls: calls.clone(),
-        }
-    }
-}
+/// A counted call that takes effect but whose answer is lost: it always reports `Unknown`, and
+/// cannot tell afterwards either.
+pub struct AnswerLost(pub Counted);
 
 #[async_trait]
 impl Around for AnswerLost {
     async fn call(&self, inner: &dyn Tool, call: ToolCall<'_>) -> ToolOutcome {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        let _ = inner.call(call).await;
+        let _ = self.0.call(inner, call).await;
         ToolOutcome::Unknown {
             detail: "the connection dropped after the request was sent".into(),
         }

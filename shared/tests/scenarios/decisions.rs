@@ -257,16 +257,26 @@ async fn given_a_recorded_decision_when_its_decision_id_comes_with_another_choic
 // Who may decide
 // ---------------------------------------------------------------------------------------------
 
+/// `who` approves `approval` and is forbidden as `code`: it stays undecided and nothing is paid.
+async fn assert_forbidden(
+    h: &Harness,
+    p: &Process,
+    approval: &Approval,
+    who: &Identity,
+    code: &str,
+) {
+    let refused = h.refused(p, who, &approval.id, approve("d-1")).await;
+    assert_refusal(&refused, code, ErrorKind::Forbidden);
+    assert_undecided(h, p, approval, ApprovalStatus::AwaitingApproval).await;
+}
+
 async fn given_bens_own_claim_when_ben_approves_it_then_he_is_refused_as_own_request(h: &Harness) {
     let (p, _, approval) = h.paused_on("c-102").await;
     let mut ben = h.person("ben");
     // Even holding the approver role, the claimant never approves his own claim.
     ben.roles.insert(finance());
 
-    let refused = h.refused(&p, &ben, &approval.id, approve("d-ben")).await;
-
-    assert_refusal(&refused, "own_request", ErrorKind::Forbidden);
-    assert_undecided(h, &p, &approval, ApprovalStatus::AwaitingApproval).await;
+    assert_forbidden(h, &p, &approval, &ben, "own_request").await;
 }
 
 async fn given_an_approver_who_lost_the_finance_role_when_they_approve_then_they_are_forbidden(
@@ -278,10 +288,7 @@ async fn given_an_approver_who_lost_the_finance_role_when_they_approve_then_they
     let mut dana = h.person("dana");
     dana.roles.remove(&finance());
 
-    let refused = h.refused(&p, &dana, &approval.id, approve("d-1")).await;
-
-    assert_refusal(&refused, "missing_role", ErrorKind::Forbidden);
-    assert_undecided(h, &p, &approval, ApprovalStatus::AwaitingApproval).await;
+    assert_forbidden(h, &p, &approval, &dana, "missing_role").await;
 }
 
 async fn given_an_approval_of_acme_when_a_globex_approver_decides_it_then_it_is_not_found(

@@ -48,7 +48,7 @@ async fn given_a_payment_whose_answer_was_lost_and_cannot_be_reconciled_when_its
 ) {
     let calls = Arc::new(AtomicUsize::new(0));
     let p = h
-        .process_recovering(on_reimburse(AnswerLost::new(&calls)), "finance")
+        .process_recovering(on_reimburse(AnswerLost(Counted::new(&calls))), "finance")
         .await;
     let (approval, recovery) = lost_payment(h, &p).await;
 
@@ -144,7 +144,9 @@ async fn given_an_agent_without_a_recovery_owner_when_an_outcome_is_unknown_then
     h: &Harness,
 ) {
     let calls = Arc::new(AtomicUsize::new(0));
-    let p = h.reimbursing_through(AnswerLost::new(&calls)).await;
+    let p = h
+        .reimbursing_through(AnswerLost(Counted::new(&calls)))
+        .await;
     let (_, approval) = h.start_paused(&p, "c-102").await;
     h.decided(&p, "dana", &approval.id, approve("dana-1")).await;
 

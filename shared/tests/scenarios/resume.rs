@@ -11,7 +11,9 @@ async fn given_a_payment_whose_outcome_is_unknown_when_the_resume_message_comes_
     h: &Harness,
 ) {
     let calls = Arc::new(AtomicUsize::new(0));
-    let lost = h.reimbursing_through(AnswerLost::new(&calls)).await;
+    let lost = h
+        .reimbursing_through(AnswerLost(Counted::new(&calls)))
+        .await;
     let (report, approval) = h.start_paused(&lost, "c-102").await;
 
     let decided = h.decided(&lost, "dana", &approval.id, approve("d-1")).await;
