@@ -65,8 +65,8 @@ async fn approve_and_finish(
 ) -> Vec<(String, Option<String>, Value)> {
     dana_approves(h, p, approval).await;
     assert_eq!(h.run(p, &report.run_id).await.status, RunStatus::Done);
+    assert_effect_once(seen, approval);
     let key = format!("{}:1", approval.action_id);
-    assert_eq!(seen.effects(), BTreeMap::from([(key.clone(), 1)]));
     let calls = seen.calls.lock().unwrap().clone();
     assert_eq!(calls.len(), 2);
     assert_eq!(
@@ -74,6 +74,16 @@ async fn approve_and_finish(
         ("issue_refund", Some(key.as_str()))
     );
     calls
+}
+
+/// An MCP orders server of `flavour` and its record of what it saw; and on a fresh harness, a
+/// process of the refunds agent whose tools come from that server.
+async fn refunds_over(flavour: Flavour) -> (Arc<Seen>, Server, harness::Harness, harness::Process) {
+    let (seen, server) = Server::seeing(flavour).await;
+    let orders = connect(server.addr, "5s").await.unwrap();
+    let h = harness::Harness::new(harness::Embedded::fresh()).await;
+    let p = refunds_process(&h, &orders).await;
+    (seen, server, h, p)
 }
 
 fn refunds_agent() -> AgentName {
@@ -99,10 +109,7 @@ fn assert_effect_once(seen: &Seen, approval: &Approval) {
 
 #[tokio::test]
 async fn the_engine_gates_a_destructive_mcp_tool_until_a_person_approves_then_runs_it_once() {
-    let (seen, server) = Server::seeing(Flavour::Plain).await;
-    let orders = connect(server.addr, "5s").await.unwrap();
-    let h = harness::Harness::new(harness::Embedded::fresh()).await;
-    let p = refunds_process(&h, &orders).await;
+    let (seen, _server, h, p) = refunds_over(Flavour::Plain).await;
 
     let report = p.start(refund_task()).await.unwrap();
 
@@ -112,10 +119,7 @@ async fn the_engine_gates_a_destructive_mcp_tool_until_a_person_approves_then_ru
 
 #[tokio::test]
 async fn the_engine_never_sends_an_mcp_call_again_after_an_unknown_outcome() {
-    let (seen, server) = Server::seeing(Flavour::FailsAfterCommit).await;
-    let orders = connect(server.addr, "5s").await.unwrap();
-    let h = harness::Harness::new(harness::Embedded::fresh()).await;
-    let p = refunds_process(&h, &orders).await;
+    let (seen, _server, h, p) = refunds_over(Flavour::FailsAfterCommit).await;
     let report = p.start(refund_task()).await.unwrap();
     let approval = report.approvals[0].clone();
 

@@ -428,6 +428,15 @@ async fn order_call(tool: &str, key: &str) -> ToolOutcome {
     one_call(Flavour::Plain, "5s", tool, args, key).await.0
 }
 
+/// Asserts `outcome` is unknown, its detail saying `part`.
+#[track_caller]
+fn assert_unknown_saying(outcome: &ToolOutcome, part: &str) {
+    assert!(
+        matches!(outcome, ToolOutcome::Unknown { detail } if detail.contains(part)),
+        "{outcome:?}"
+    );
+}
+
 /// The server ran the call with key `key` once, and was sent nothing else.
 fn assert_ran_once(seen: &Seen, key: &str) {
     assert_eq!(seen.effects(), BTreeMap::from([(key.to_string(), 1)]));
@@ -464,11 +473,11 @@ async fn listing_gives_every_page_of_specs_and_their_hints() {
     );
     let read_only = ToolHints {
         read_only: true,
-        destructive: false,
+        ..ToolHints::default()
     };
     let destructive = ToolHints {
-        read_only: false,
         destructive: true,
+        ..ToolHints::default()
     };
     assert_eq!(by_name["get_order"].1, read_only);
     assert_eq!(by_name["issue_refund"].1, destructive);
@@ -620,10 +629,7 @@ async fn a_call_past_the_timeout_is_unknown_and_sent_once() {
 
     let outcome = call(&stall_refund, refund(), "act-s1:1").await;
 
-    assert!(
-        matches!(&outcome, ToolOutcome::Unknown { detail } if detail.contains("within 1s")),
-        "{outcome:?}"
-    );
+    assert_unknown_saying(&outcome, "within 1s");
     assert_ran_once(&seen, "act-s1:1");
 }
 
@@ -638,10 +644,7 @@ async fn a_500_after_the_call_ran_is_unknown_and_sent_once() {
     )
     .await;
 
-    assert!(
-        matches!(&outcome, ToolOutcome::Unknown { detail } if detail.contains("500")),
-        "{outcome:?}"
-    );
+    assert_unknown_saying(&outcome, "500");
     assert_ran_once(&seen, "act-f1:1");
 }
 

@@ -133,6 +133,19 @@ async fn assert_undecided(h: &Harness, p: &Process, approval: &Approval, status:
     assert!(h.payments().await.is_empty(), "nothing is paid");
 }
 
+/// c-102 started on a process whose reimburse calls take effect but lose their answers: the
+/// calls made, the process, the run and its approval.
+async fn paused_where_answers_are_lost(
+    h: &Harness,
+) -> (Arc<AtomicUsize>, Process, RunReport, Approval) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let p = h
+        .reimbursing_through(AnswerLost(Counted::new(&calls)))
+        .await;
+    let (report, approval) = h.start_paused(&p, "c-102").await;
+    (calls, p, report, approval)
+}
+
 /// A process that delivers resume messages to a queue that only records them, and c-102
 /// started on it and approved by dana: the process, the queue (its one message published), the
 /// run and the approval.

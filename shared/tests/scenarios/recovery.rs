@@ -143,11 +143,7 @@ async fn given_a_payment_that_never_reached_the_ledger_when_its_owner_says_it_di
 async fn given_an_agent_without_a_recovery_owner_when_an_outcome_is_unknown_then_nobody_is_asked_and_the_sweep_keeps_asking_the_tool(
     h: &Harness,
 ) {
-    let calls = Arc::new(AtomicUsize::new(0));
-    let p = h
-        .reimbursing_through(AnswerLost(Counted::new(&calls)))
-        .await;
-    let (_, approval) = h.start_paused(&p, "c-102").await;
+    let (calls, p, _, approval) = paused_where_answers_are_lost(h).await;
     h.decided(&p, "dana", &approval.id, approve("dana-1")).await;
 
     assert!(p.pending(&acme()).await.unwrap().is_empty());

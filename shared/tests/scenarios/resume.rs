@@ -10,11 +10,7 @@ use super::*;
 async fn given_a_payment_whose_outcome_is_unknown_when_the_resume_message_comes_again_then_the_tool_is_not_called_again_and_the_sweep_reconciles_it(
     h: &Harness,
 ) {
-    let calls = Arc::new(AtomicUsize::new(0));
-    let lost = h
-        .reimbursing_through(AnswerLost(Counted::new(&calls)))
-        .await;
-    let (report, approval) = h.start_paused(&lost, "c-102").await;
+    let (calls, lost, report, approval) = paused_where_answers_are_lost(h).await;
 
     let decided = h.decided(&lost, "dana", &approval.id, approve("d-1")).await;
 
