@@ -313,6 +313,15 @@ struct Relay {
 }
 
 impl Relay {
+    /// A server of `flavour` and its record of what it saw, a relay in front of it, and a
+    /// connection through the relay.
+    async fn before(flavour: Flavour) -> (Arc<Seen>, Server, Self, McpServer) {
+        let (seen, server) = Server::seeing(flavour).await;
+        let relay = Self::start(server.addr).await;
+        let orders = connect(relay.addr, "5s").await.unwrap();
+        (seen, server, relay, orders)
+    }
+
     async fn start(target: SocketAddr) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -650,9 +659,7 @@ async fn a_500_after_the_call_ran_is_unknown_and_sent_once() {
 
 #[tokio::test]
 async fn a_server_gone_mid_call_is_unknown_and_the_next_call_is_not_sent() {
-    let (seen, server) = Server::seeing(Flavour::Plain).await;
-    let relay = Relay::start(server.addr).await;
-    let orders = connect(relay.addr, "5s").await.unwrap();
+    let (seen, _server, relay, orders) = Relay::before(Flavour::Plain).await;
     let stall_refund = orders.tool("stall_refund").await.unwrap();
     let issue_refund = orders.tool("issue_refund").await.unwrap();
 
@@ -691,9 +698,7 @@ async fn a_server_gone_mid_call_is_unknown_and_the_next_call_is_not_sent() {
 
 #[tokio::test]
 async fn a_session_the_restarted_server_forgot_is_renewed_before_the_call_is_sent() {
-    let (seen, first) = Server::seeing(Flavour::SessionsOnly).await;
-    let relay = Relay::start(first.addr).await;
-    let orders = connect(relay.addr, "5s").await.unwrap();
+    let (seen, first, relay, orders) = Relay::before(Flavour::SessionsOnly).await;
     let issue_refund = orders.tool("issue_refund").await.unwrap();
     assert!(matches!(
         call(&issue_refund, refund(), "act-e1:1").await,
