@@ -6,7 +6,6 @@
 //! Needs Debian's `chromium` and `chromium-driver` (`scripts/test-all` installs them).
 //! `CHROMEDRIVER` and `CHROMIUM` name other binaries. Without them every test here fails.
 
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -18,18 +17,10 @@ use serde_json::{Value, json};
 
 mod common;
 
-use common::countersign;
-use common::server::Server;
+use common::server::{Paused, Server};
+use common::{countersign, free_port, fresh_path, stop_group};
 /// How long the page may take to show what a test waits for.
 const PATIENCE: Duration = Duration::from_secs(20);
-
-fn unique(name: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{name}-{}-{nanos}", std::process::id())
-}
 
 const INSTALL: &str = "the browser tests need Debian's chromium and chromium-driver: \
      apt-get install -y --no-install-recommends chromium chromium-driver \
@@ -46,14 +37,6 @@ fn binary(variable: &str, default: &str) -> PathBuf {
         path.display()
     );
     path
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// One chromedriver on a free port, in a process group of its own so that the browsers it starts
@@ -104,9 +87,16 @@ impl Driver {
         }
     }
 
+    /// A new browser with `name` signed in to `server`'s page.
+    async fn signed_in(&mut self, server: &Server, name: &str) -> Browser {
+        let browser = self.browser().await;
+        browser.sign_in_as(server, name).await;
+        browser
+    }
+
     /// A new browser with an empty profile: a WebDriver session of its own.
     async fn browser(&mut self) -> Browser {
-        let profile = std::env::temp_dir().join(unique("countersign-chromium"));
+        let profile = fresh_path("countersign-chromium");
         self.profiles.push(profile.clone());
         let capabilities = json!({
             "browserName": "chrome",
@@ -144,10 +134,7 @@ impl Driver {
 impl Drop for Driver {
     fn drop(&mut self) {
         // The whole group: chromedriver and every browser it started.
-        let _ = Command::new("kill")
-            .args(["-KILL", "--", &format!("-{}", self.child.id())])
-            .status();
-        let _ = self.child.wait();
+        stop_group(&mut self.child, "KILL");
         for profile in &self.profiles {
             let _ = std::fs::remove_dir_all(profile);
         }
@@ -254,6 +241,26 @@ impl Browser {
         self.find("#queue:not([hidden])").await;
     }
 
+    /// Clicks `button` on the card `item`, waits for the card to leave the queue, and returns
+    /// the queue's status once it says `saying`.
+    async fn decide_card(&self, item: &str, button: &str, saying: &str) -> String {
+        self.click(&format!("{item} {button}")).await;
+        self.gone(item).await;
+        self.text_containing("#queue-status", saying).await
+    }
+
+    /// Opens the card `item`'s `form` (edit, comment).
+    async fn open_form(&self, item: &str, form: &str) {
+        self.click(&format!("{item} details.{form} summary")).await;
+    }
+
+    /// Types `text` into the `field` of the card `item`'s open `form` and submits it.
+    async fn fill_in(&self, item: &str, form: &str, field: &str, text: &str) {
+        self.type_into(&format!("{item} .{form}-form {field}"), text)
+            .await;
+        self.click(&format!("{item} .{form}-submit")).await;
+    }
+
     async fn sign_out(&self) {
         self.click("#sign-out").await;
         self.find("#sign-in:not([hidden])").await;
@@ -264,14 +271,18 @@ impl Browser {
     }
 }
 
+/// A development server named `name` with `requester`'s run paused on `claim`, and a browser
+/// driver: where most tests start.
+async fn under_review(name: &str, requester: &str, claim: &str) -> (Server, Paused, Driver) {
+    let server = Server::start_dev(name);
+    let paused = server.paused_run(requester, claim, None).await;
+    (server, paused, Driver::start().await)
+}
+
 #[tokio::test]
 async fn dana_approves_a_claim_in_the_page_and_it_leaves_the_queue() {
-    let server = Server::start_dev("approve");
-    let c102 = server.paused_run("ben", "c-102", None).await;
-    let mut driver = Driver::start().await;
-    let dana = driver.browser().await;
-
-    dana.sign_in_as(&server, "dana").await;
+    let (server, c102, mut driver) = under_review("approve", "ben", "c-102").await;
+    let dana = driver.signed_in(&server, "dana").await;
     let item = card(&c102.approval);
     dana.find(&item).await;
     let shown = dana.text(&item).await;
@@ -302,10 +313,8 @@ async fn dana_approves_a_claim_in_the_page_and_it_leaves_the_queue() {
     );
     dana.until("the deadline to count down", &script).await;
 
-    dana.click(&format!("{item} button.approve")).await;
-    dana.gone(&item).await;
     let status = dana
-        .text_containing("#queue-status", "You approved reimburse version 1")
+        .decide_card(&item, "button.approve", "You approved reimburse version 1")
         .await;
     assert!(status.contains("The run is done"), "{status}");
     dana.close().await;
@@ -317,11 +326,8 @@ async fn dana_approves_a_claim_in_the_page_and_it_leaves_the_queue() {
 
 #[tokio::test]
 async fn a_double_click_on_approve_decides_once() {
-    let server = Server::start_dev("double-click");
-    let c102 = server.paused_run("ben", "c-102", None).await;
-    let mut driver = Driver::start().await;
-    let dana = driver.browser().await;
-    dana.sign_in_as(&server, "dana").await;
+    let (server, c102, mut driver) = under_review("double-click", "ben", "c-102").await;
+    let dana = driver.signed_in(&server, "dana").await;
     let item = card(&c102.approval);
     let approve = dana.find(&format!("{item} button.approve")).await;
 
@@ -357,17 +363,14 @@ async fn a_double_click_on_approve_decides_once() {
 
 #[tokio::test]
 async fn dana_lowers_the_amount_and_the_ledger_pays_the_lower_amount() {
-    let server = Server::start_dev("edit");
-    let c102 = server.paused_run("ben", "c-102", None).await;
-    let mut driver = Driver::start().await;
-    let dana = driver.browser().await;
-    dana.sign_in_as(&server, "dana").await;
+    let (server, c102, mut driver) = under_review("edit", "ben", "c-102").await;
+    let dana = driver.signed_in(&server, "dana").await;
     let item = card(&c102.approval);
 
-    dana.click(&format!("{item} details.edit summary")).await;
+    dana.open_form(&item, "edit").await;
+    dana.fill_in(&item, "edit", "input[name=amount]", "300")
+        .await;
     let amount = format!("{item} .edit-form input[name=amount]");
-    dana.type_into(&amount, "300").await;
-    dana.click(&format!("{item} .edit-submit")).await;
     dana.text_containing(
         &format!("{item} .edit-form .field-error"),
         "may only lower the amount",
@@ -409,21 +412,15 @@ async fn dana_lowers_the_amount_and_the_ledger_pays_the_lower_amount() {
 
 #[tokio::test]
 async fn an_edit_that_still_needs_a_second_approver_shows_what_changed() {
-    let server = Server::start_dev("edit-waits");
-    let c105 = server.paused_run("ana", "c-105", None).await;
-    let mut driver = Driver::start().await;
-    let browser = driver.browser().await;
-    browser.sign_in_as(&server, "dana").await;
+    let (server, c105, mut driver) = under_review("edit-waits", "ana", "c-105").await;
+    let browser = driver.signed_in(&server, "dana").await;
     let first = card(&c105.approval);
     browser.text_containing(&first, "2 of 2 still needed").await;
 
+    browser.open_form(&first, "edit").await;
     browser
-        .click(&format!("{first} details.edit summary"))
+        .fill_in(&first, "edit", "input[name=amount]", "600")
         .await;
-    browser
-        .type_into(&format!("{first} .edit-form input[name=amount]"), "600")
-        .await;
-    browser.click(&format!("{first} .edit-submit")).await;
     browser
         .text_containing("#queue-status", "version 2 waits for 1 more approval")
         .await;
@@ -460,10 +457,12 @@ async fn an_edit_that_still_needs_a_second_approver_shows_what_changed() {
 
     browser.sign_out().await;
     browser.sign_in_as(&server, "erin").await;
-    browser.click(&format!("{second} button.approve")).await;
-    browser.gone(&second).await;
     browser
-        .text_containing("#queue-status", "You approved reimburse version 2")
+        .decide_card(
+            &second,
+            "button.approve",
+            "You approved reimburse version 2",
+        )
         .await;
     browser.close().await;
 
@@ -472,11 +471,8 @@ async fn an_edit_that_still_needs_a_second_approver_shows_what_changed() {
 
 #[tokio::test]
 async fn dana_rejects_with_a_reason_and_nothing_is_paid() {
-    let server = Server::start_dev("reject");
-    let c102 = server.paused_run("ben", "c-102", None).await;
-    let mut driver = Driver::start().await;
-    let dana = driver.browser().await;
-    dana.sign_in_as(&server, "dana").await;
+    let (server, c102, mut driver) = under_review("reject", "ben", "c-102").await;
+    let dana = driver.signed_in(&server, "dana").await;
     let item = card(&c102.approval);
 
     dana.click(&format!("{item} details.reject summary")).await;
@@ -514,8 +510,7 @@ async fn ben_is_refused_when_he_approves_his_own_claim() {
     let c102 = server.paused_run("ben", "c-102", None).await;
     let before = server.approval(&c102.approval).await;
     let mut driver = Driver::start().await;
-    let ben = driver.browser().await;
-    ben.sign_in_as(&server, "ben").await;
+    let ben = driver.signed_in(&server, "ben").await;
     let item = card(&c102.approval);
     ben.text_containing(&item, "You asked for this").await;
 
@@ -542,13 +537,9 @@ async fn ben_is_refused_when_he_approves_his_own_claim() {
 
 #[tokio::test]
 async fn a_stale_tab_shows_the_conflict_and_the_approval_as_it_now_stands() {
-    let server = Server::start_dev("stale-tab");
-    let c102 = server.paused_run("ben", "c-102", None).await;
-    let mut driver = Driver::start().await;
-    let erin = driver.browser().await;
-    let dana = driver.browser().await;
-    erin.sign_in_as(&server, "erin").await;
-    dana.sign_in_as(&server, "dana").await;
+    let (server, c102, mut driver) = under_review("stale-tab", "ben", "c-102").await;
+    let erin = driver.signed_in(&server, "erin").await;
+    let dana = driver.signed_in(&server, "dana").await;
     let item = card(&c102.approval);
     erin.find(&item).await;
     dana.find(&item).await;
@@ -594,8 +585,7 @@ async fn an_overdue_approval_reads_expired_and_approving_it_expires_it() {
     let server = Server::start_dev("expired");
     let c104 = server.paused_run("chen", "c-104", Some("0s")).await;
     let mut driver = Driver::start().await;
-    let dana = driver.browser().await;
-    dana.sign_in_as(&server, "dana").await;
+    let dana = driver.signed_in(&server, "dana").await;
     let item = card(&c104.approval);
     dana.text_containing(&format!("{item} .countdown"), "EXPIRED")
         .await;
@@ -764,16 +754,12 @@ async fn a_notice_link_opens_the_page_on_its_approval_after_sign_in() {
 
 #[tokio::test]
 async fn a_comment_round_trip_asks_the_requester_and_decides_nothing() {
-    let server = Server::start_dev("comment");
-    let c102 = server.paused_run("ben", "c-102", None).await;
-    let mut driver = Driver::start().await;
+    let (server, c102, mut driver) = under_review("comment", "ben", "c-102").await;
     let browser = driver.browser().await;
     let item = card(&c102.approval);
 
     browser.sign_in_as(&server, "dana").await;
-    browser
-        .click(&format!("{item} details.comment summary"))
-        .await;
+    browser.open_form(&item, "comment").await;
     // An empty comment is refused in the page, before any request.
     browser.click(&format!("{item} .comment-submit")).await;
     browser
@@ -783,12 +769,13 @@ async fn a_comment_round_trip_asks_the_requester_and_decides_nothing() {
         )
         .await;
     browser
-        .type_into(
-            &format!("{item} .comment-form textarea"),
+        .fill_in(
+            &item,
+            "comment",
+            "textarea",
             "Is the hotel receipt attached?",
         )
         .await;
-    browser.click(&format!("{item} .comment-submit")).await;
     browser
         .text_containing(
             "#queue-status",
@@ -812,13 +799,10 @@ async fn a_comment_round_trip_asks_the_requester_and_decides_nothing() {
             "Is the hotel receipt attached?",
         )
         .await;
+    browser.open_form(&item, "comment").await;
     browser
-        .click(&format!("{item} details.comment summary"))
+        .fill_in(&item, "comment", "textarea", "Yes, page 2.")
         .await;
-    browser
-        .type_into(&format!("{item} .comment-form textarea"), "Yes, page 2.")
-        .await;
-    browser.click(&format!("{item} .comment-submit")).await;
     browser
         .text_containing(&format!("{item} .comments"), "Yes, page 2.")
         .await;
@@ -865,7 +849,7 @@ async fn a_comment_round_trip_asks_the_requester_and_decides_nothing() {
 /// unknown outcome of its refund can only be settled by its recovery owner.
 fn refunds_without_reconcile(name: &str) -> PathBuf {
     let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/agents/refunds");
-    let dir = std::env::temp_dir().join(unique(name)).join("refunds");
+    let dir = fresh_path(name).join("refunds");
     std::fs::create_dir_all(&dir).unwrap();
     for file in ["policy.toml", "script.toml"] {
         std::fs::copy(format!("{shipped}/{file}"), dir.join(file)).unwrap();
@@ -900,23 +884,22 @@ async fn a_recovery_owner_answers_an_unknown_refund_in_the_page_and_the_run_ends
         &orders.env(),
     );
     let started = server
-        .post(
-            "/runs",
+        .start_agent(
             "ben",
-            json!({"agent": "refunds", "task": "Refund ord_55: the blender arrived damaged."}),
+            "refunds",
+            "Refund ord_55: the blender arrived damaged.",
         )
         .await;
     assert_eq!(started.status, 201, "{}", started.json);
     let run = started.json["run_id"].as_str().unwrap().to_string();
     let approval = started.json["approvals"][0]["id"].as_str().unwrap();
-    let approved = server
-        .decide(
+    server
+        .decided(
             "mia",
             approval,
             json!({"decision_id": "d-refund", "action_version": 1, "choice": "approve"}),
         )
         .await;
-    assert_eq!(approved.status, 200, "{}", approved.json);
     assert_eq!(
         orders.refunds("ord_55").len(),
         1,
@@ -924,8 +907,7 @@ async fn a_recovery_owner_answers_an_unknown_refund_in_the_page_and_the_run_ends
     );
 
     let mut driver = Driver::start().await;
-    let mia = driver.browser().await;
-    mia.sign_in_as(&server, "mia").await;
+    let mia = driver.signed_in(&server, "mia").await;
     let listed = server.get("/approvals", "mia").await;
     let recovery = listed.json["approvals"]
         .as_array()
@@ -950,10 +932,8 @@ async fn a_recovery_owner_answers_an_unknown_refund_in_the_page_and_the_run_ends
         assert!(found.is_empty(), "a recovery card offers no {absent}");
     }
 
-    mia.click(&format!("{item} button.took-effect")).await;
-    mia.gone(&item).await;
     let said = mia
-        .text_containing("#queue-status", "took effect; the run goes on")
+        .decide_card(&item, "button.took-effect", "took effect; the run goes on")
         .await;
     assert!(said.contains("The run is done"), "{said}");
 

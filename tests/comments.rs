@@ -5,7 +5,8 @@ use serde_json::json;
 
 mod common;
 
-use common::server::{Server, approve, assert_refused, texts};
+use common::server::{Server, approve, assert_refused};
+use common::texts;
 
 #[tokio::test]
 async fn a_comment_is_kept_and_audited_and_bad_ones_are_refused() {
@@ -83,10 +84,9 @@ async fn a_comment_is_kept_and_audited_and_bad_ones_are_refused() {
     assert_eq!(said, ["Is the receipt attached?", "Yes."]);
 
     // Comments do not stand in a decision's way.
-    let decided = server
-        .decide("dana", &paused.approval, approve("d-1"))
+    server
+        .decided("dana", &paused.approval, approve("d-1"))
         .await;
-    assert_eq!(decided.status, 200, "{}", decided.json);
     let audit = server
         .get(&format!("/runs/{}/audit", paused.run), "dana")
         .await;

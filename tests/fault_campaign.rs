@@ -10,6 +10,7 @@
 mod aws;
 #[path = "common/campaign.rs"]
 mod campaign;
+mod common;
 
 use std::sync::Arc;
 

@@ -6,9 +6,10 @@
 
 #[path = "../shared/tests/support/aws.rs"]
 mod aws;
+mod common;
 
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -25,19 +26,8 @@ struct Watch {
 impl Drop for Watch {
     fn drop(&mut self) {
         // Stop the watcher's process group; the watcher stops the functions it started.
-        let _ = Command::new("kill")
-            .args(["-TERM", "--", &format!("-{}", self.child.id())])
-            .status();
-        let _ = self.child.wait();
+        common::stop_group(&mut self.child, "TERM");
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn workspace() -> &'static Path {
@@ -58,7 +48,7 @@ fn cargo_lambda_available() {
 fn watch(stack: &aws::FreshStack, key_file: &Path) -> Watch {
     use std::os::unix::process::CommandExt;
     cargo_lambda_available();
-    let port = free_port();
+    let port = common::free_port();
     let child = Command::new("cargo")
         .args([
             "lambda",
@@ -219,22 +209,11 @@ async fn resume_from_queue(stack: &aws::FreshStack, watch: &Watch) -> Value {
     response
 }
 
-fn state_dir(name: &str) -> PathBuf {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    std::env::temp_dir().join(format!(
-        "countersign-watch-{name}-{}-{nanos}",
-        std::process::id()
-    ))
-}
-
 /// One `cargo lambda watch` for both flows: the functions compile once.
 #[tokio::test(flavor = "multi_thread")]
 async fn under_cargo_lambda_watch_the_functions_take_claims_through_approval_and_expiry() {
     let stack = aws::FreshStack::new("lambda-watch").await;
-    let state = state_dir("flow");
+    let state = common::fresh_path("countersign-watch-flow");
     token(&state, "dana"); // creates the state's development key before the functions read it
     let watch = watch(&stack, &state.join("dev-jwt.key"));
     let http = Http::new(&watch);

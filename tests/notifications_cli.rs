@@ -2,7 +2,6 @@
 //! the receiver, and `countersign audit` shows it with the rest of the run, as text and as JSON.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 use axum::Router;
@@ -10,6 +9,10 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use serde_json::Value;
+
+mod common;
+
+use common::{fresh_path, item_where, stdout_of};
 
 type Seen = Arc<Mutex<Vec<(HeaderMap, Value)>>>;
 
@@ -53,33 +56,21 @@ impl Drop for StateDir {
     }
 }
 
+/// `countersign ARGS` over `state`, posting its notices to `webhook`: what it printed, once it
+/// succeeded.
 fn countersign(state: &Path, webhook: &str, args: &[&str]) -> String {
-    let output = Command::new(env!("CARGO_BIN_EXE_countersign"))
+    let mut command = common::countersign(state);
+    command
         .args(args)
-        .arg("--state")
-        .arg(state)
-        .env_remove("ANTHROPIC_API_KEY")
-        .env_remove("COUNTERSIGN_AGENTS")
         .env("COUNTERSIGN_STORE", "embedded")
-        .env("COUNTERSIGN_WEBHOOKS", webhook)
-        .output()
-        .expect("countersign runs");
-    assert!(
-        output.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout).unwrap()
+        .env("COUNTERSIGN_WEBHOOKS", webhook);
+    String::from_utf8(stdout_of(&mut command, &format!("{args:?}"))).unwrap()
 }
 
 #[test]
 fn given_a_webhook_when_the_agent_pauses_then_the_notice_is_posted_and_the_audit_shows_it() {
     let (url, seen) = receiver();
-    let state = StateDir(std::env::temp_dir().join(format!(
-        "countersign-notices-{}-{:x}",
-        std::process::id(),
-        rand::random::<u64>()
-    )));
+    let state = StateDir(fresh_path("countersign-notices"));
 
     let run: Value =
         serde_json::from_str(&countersign(&state.0, &url, &["agent", "c-102", "--json"])).unwrap();
@@ -115,12 +106,7 @@ fn given_a_webhook_when_the_agent_pauses_then_the_notice_is_posted_and_the_audit
 
     let history: Value =
         serde_json::from_str(&countersign(&state.0, &url, &["audit", run_id, "--json"])).unwrap();
-    let notified = history["entries"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["event"] == "notified")
-        .expect("a notified entry");
+    let notified = item_where(&history["entries"], "event", "notified");
     assert_eq!(notified["approval_id"], approval);
     assert_eq!(notified["notice"], "approval_requested");
     assert_eq!(notified["destination"], host);

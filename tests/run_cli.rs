@@ -5,8 +5,8 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
+use common::fresh_path;
 use common::orders::OrdersService;
-use common::server::fresh_path;
 use common::{Countersign, only_approval};
 use serde_json::json;
 

@@ -27,9 +27,7 @@ async fn a_refund_started_over_http_pauses_for_a_finance_manager_with_the_caller
     let orders = OrdersService::start("runs-api");
     let server = server_beside(&orders, "runs-refunds");
 
-    let started = server
-        .post("/runs", "sam", json!({"agent": "refunds", "task": TASK}))
-        .await;
+    let started = server.start_agent("sam", "refunds", TASK).await;
 
     assert_eq!(started.status, 201, "{}", started.json);
     assert_eq!(
@@ -55,8 +53,7 @@ async fn a_refund_started_over_http_pauses_for_a_finance_manager_with_the_caller
     let id = approval["id"].as_str().unwrap();
     let own = server.decide("sam", id, approve("sam-1")).await;
     assert_refused(&own, 403, "own_request");
-    let decided = server.decide("mia", id, approve("mia-1")).await;
-    assert_eq!(decided.status, 200, "{}", decided.json);
+    let decided = server.decided("mia", id, approve("mia-1")).await;
     assert_eq!(decided.json["run"]["status"], "done", "{}", decided.json);
     let key = format!("{}:1", approval["action_id"].as_str().unwrap());
     orders.only_refund("ord_55", 12_500, &key);
@@ -79,11 +76,7 @@ async fn the_body_cannot_name_the_requester() {
 async fn an_unknown_agent_is_404_and_starts_nothing() {
     let server = Server::start("runs-unknown-agent");
     let reply = server
-        .post(
-            "/runs",
-            "sam",
-            json!({"agent": "payroll", "task": "Pay everyone twice."}),
-        )
+        .start_agent("sam", "payroll", "Pay everyone twice.")
         .await;
     assert_refused_naming(&reply, 404, "not_found", "payroll");
     assert_eq!(waiting(&server).await, json!([]));
@@ -108,13 +101,9 @@ async fn an_agent_without_a_task_or_a_task_beside_a_claim_is_400() {
             reply.json
         );
     }
-    let blank = server
-        .post("/runs", "ben", json!({"agent": "expense", "task": "  "}))
-        .await;
+    let blank = server.start_agent("ben", "expense", "  ").await;
     assert_refused(&blank, 400, "bad_input");
-    let bad_name = server
-        .post("/runs", "ben", json!({"agent": "../refunds", "task": TASK}))
-        .await;
+    let bad_name = server.start_agent("ben", "../refunds", TASK).await;
     assert_refused(&bad_name, 400, "invalid_field");
     assert_eq!(waiting(&server).await, json!([]));
 }
@@ -157,11 +146,7 @@ async fn the_expense_short_form_still_starts_a_run_that_neither_caller_nor_claim
     // erin asks for ben's claim: erin is the requester, ben the claimant the definition names.
     let short = server.paused_run("erin", "c-102", None).await;
     let long = server
-        .post(
-            "/runs",
-            "erin",
-            json!({"agent": "expense", "task": "Process expense claim c-102."}),
-        )
+        .start_agent("erin", "expense", "Process expense claim c-102.")
         .await;
     assert_eq!(long.status, 201, "{}", long.json);
     let long_approval = long.json["approvals"][0]["id"]
@@ -179,9 +164,8 @@ async fn the_expense_short_form_still_starts_a_run_that_neither_caller_nor_claim
             assert_refused(&reply, 403, "own_request");
         }
         assert_eq!(server.approval(approval).await, before);
-        let decided = server
-            .decide("dana", approval, approve(&format!("dana-{approval}")))
+        server
+            .decided("dana", approval, approve(&format!("dana-{approval}")))
             .await;
-        assert_eq!(decided.status, 200, "{}", decided.json);
     }
 }

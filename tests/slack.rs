@@ -9,8 +9,11 @@ use serde_json::{Value, json};
 use shared::adapters::slack::{SigningSecret, sign};
 
 mod common;
+#[path = "../shared/tests/support/slack_form.rs"]
+mod slack_form;
 
 use common::server::Server;
+use slack_form::interaction_form;
 
 const SECRET: &str = "0123456789abcdef0123456789abcdef";
 
@@ -52,17 +55,6 @@ fn calls_to(calls: &Calls, path: &str) -> Vec<Value> {
         .iter()
         .filter(|(p, _)| p == path)
         .map(|(_, body)| body.clone())
-        .collect()
-}
-
-fn form_encode(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
         .collect()
 }
 
@@ -124,7 +116,7 @@ async fn a_click_in_slack_decides_and_the_message_tells_the_outcome() {
             "action_ts": "1700000001.000002",
         }],
     });
-    let body = format!("payload={}", form_encode(&payload.to_string()));
+    let body = interaction_form(&payload);
     let url = format!("{}/slack/interactions", server.base);
     let post = |timestamp: String, signature: String| {
         server

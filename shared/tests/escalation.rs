@@ -27,7 +27,7 @@ use shared::example::expense::OfflineExpenseAgent;
 use shared::ports::store::ItemStore;
 
 use dynamodb_backend::DynamoDb;
-use harness::{Embedded, Harness, Process, acme, approve};
+use harness::{Embedded, Harness, Process, acme, approve, entry_named};
 use notices::Receiver;
 
 const POLICY: &str = include_str!("../../agents/expense/policy.toml");
@@ -79,10 +79,7 @@ async fn given_nobody_decides_in_4h_then_finance_managers_may_decide_too(h: &Har
     let finance_manager = Role::parse("finance_manager").unwrap();
 
     h.clock.set(at(1, 0));
-    let refused = p
-        .decide(&h.person("mia"), &approval.id, approve("d-early"))
-        .await
-        .unwrap_err();
+    let refused = h.refused(&p, "mia", &approval.id, approve("d-early")).await;
     assert!(
         matches!(refused, EngineError::Refused(Refusal::MissingRole { .. })),
         "{refused:?}"
@@ -100,11 +97,7 @@ async fn given_nobody_decides_in_4h_then_finance_managers_may_decide_too(h: &Har
     assert_eq!(stored.status, ApprovalStatus::AwaitingApproval);
 
     let history = p.history(&acme(), &report.run_id).await.unwrap();
-    let escalated = history
-        .entries
-        .iter()
-        .find(|e| e.event.name() == "escalated")
-        .expect("the escalation is in the audit log");
+    let escalated = entry_named(&history.entries, "escalated");
     assert_eq!(
         escalated.event,
         AuditEvent::Escalated {
@@ -134,10 +127,7 @@ async fn given_nobody_decides_in_4h_then_finance_managers_may_decide_too(h: &Har
     assert_eq!(receiver.requests().len(), 2);
 
     // A person of the new role decides it; the run goes on.
-    let decided = p
-        .decide(&h.person("mia"), &approval.id, approve("d-mia"))
-        .await
-        .unwrap();
+    let decided = h.decided(&p, "mia", &approval.id, approve("d-mia")).await;
     assert_eq!(decided.approval.status, ApprovalStatus::Approved);
     assert_eq!(decided.approval.decisions[0].by.as_str(), "mia");
 }
@@ -147,9 +137,7 @@ async fn given_an_approval_decided_in_time_then_it_is_never_escalated(h: &Harnes
     let p = escalating(h, &receiver).await;
     let (_, approval) = h.start_paused(&p, "c-102").await;
     h.clock.set(at(2, 0));
-    p.decide(&h.person("dana"), &approval.id, approve("d-dana"))
-        .await
-        .unwrap();
+    h.decided(&p, "dana", &approval.id, approve("d-dana")).await;
 
     h.clock.set(at(4, 0));
     let swept = p.sweep(100).await.unwrap();

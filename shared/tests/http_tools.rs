@@ -21,12 +21,12 @@ use axum::routing::{get, post};
 use serde_json::{Value, json};
 use shared::adapters::http_tool::{HttpBinding, HttpTool, http_client};
 use shared::domain::action::{ActionStatus, ToolOutcome};
-use shared::domain::approval::{ApprovalKind, Choice, DecisionRequest};
+use shared::domain::approval::{Approval, ApprovalKind, Choice, DecisionRequest};
 use shared::domain::args::Args;
 use shared::domain::ids::{ActionVersion, DecisionId, Role, RunId, TenantId};
 use shared::domain::policy::Policy;
 use shared::domain::run::RunStatus;
-use shared::engine::{Agent, Delivery, Engine, ResumeReport};
+use shared::engine::{Agent, Delivery, Engine, ResumeReport, RunReport};
 use shared::example::expense::default_directory;
 use shared::ports::clock::ManualClock;
 use shared::ports::model::ToolSpec;
@@ -406,6 +406,19 @@ impl Call {
     }
 }
 
+/// What `tool` answers to the refund of ord_55.
+async fn refund_55(tool: &HttpTool) -> ToolOutcome {
+    tool.call(Call::refund_55().as_call()).await
+}
+
+/// The refund binding, its call made through the route that commits and then answers 500.
+fn commit_then_500_at(addr: SocketAddr) -> HttpTool {
+    tool_at(
+        addr,
+        &REFUND.replace("/orders/{order_id}", "/commit-then-500/orders/{order_id}"),
+    )
+}
+
 fn assert_no_secret(what: impl std::fmt::Debug) {
     let text = format!("{what:?}");
     assert!(!text.contains(SECRET), "the secret leaked: {text}");
@@ -527,10 +540,7 @@ async fn given_a_call_without_its_path_argument_when_it_runs_then_it_fails_and_n
 async fn given_an_endpoint_that_commits_then_answers_500_when_called_then_the_outcome_is_unknown_and_reconcile_finds_it()
  {
     let (orders, addr) = orders_service().await;
-    let tool = tool_at(
-        addr,
-        &REFUND.replace("/orders/{order_id}", "/commit-then-500/orders/{order_id}"),
-    );
+    let tool = commit_then_500_at(addr);
     let call = Call::refund_55();
 
     let outcome = tool.call(call.as_call()).await;
@@ -590,7 +600,7 @@ async fn given_an_endpoint_that_hangs_when_called_then_it_times_out_as_unknown()
     let tool = post_to(addr, "/hang");
 
     let started = std::time::Instant::now();
-    let outcome = tool.call(Call::refund_55().as_call()).await;
+    let outcome = refund_55(&tool).await;
 
     assert!(started.elapsed() < Duration::from_secs(5));
     let detail = unknown_detail(&outcome);
@@ -668,7 +678,7 @@ async fn given_an_endpoint_that_redirects_when_called_then_it_is_not_followed_an
     let (orders, addr) = orders_service().await;
     let tool = post_to(addr, "/redirect");
 
-    let outcome = tool.call(Call::refund_55().as_call()).await;
+    let outcome = refund_55(&tool).await;
 
     let detail = unknown_detail(&outcome);
     assert!(detail.contains("302"), "{detail}");
@@ -682,7 +692,7 @@ async fn given_an_endpoint_that_refuses_with_400_when_called_then_it_fails_with_
     let (_orders, addr) = orders_service().await;
     let tool = post_to(addr, "/refuse-400");
 
-    let outcome = tool.call(Call::refund_55().as_call()).await;
+    let outcome = refund_55(&tool).await;
 
     assert_eq!(
         failed_error(&outcome),
@@ -695,7 +705,7 @@ async fn given_an_endpoint_that_answers_429_when_called_then_it_is_unknown_not_f
     let (_orders, addr) = orders_service().await;
     let tool = post_to(addr, "/refuse-429");
 
-    let outcome = tool.call(Call::refund_55().as_call()).await;
+    let outcome = refund_55(&tool).await;
 
     let detail = unknown_detail(&outcome);
     assert!(
@@ -709,7 +719,7 @@ async fn given_nothing_listening_when_called_then_it_fails_saying_nothing_was_se
     let addr = closed_port().await;
     let tool = post_to(addr, "/orders/ord_55/refunds");
 
-    let outcome = tool.call(Call::refund_55().as_call()).await;
+    let outcome = refund_55(&tool).await;
 
     let error = failed_error(&outcome);
     assert!(error.contains("could not connect"), "{error}");
@@ -721,7 +731,7 @@ async fn given_a_peer_that_hangs_up_after_the_request_when_called_then_it_is_unk
     let (addr, requests) = hangs_up().await;
     let tool = post_to(addr, "/orders/ord_55/refunds");
 
-    let outcome = tool.call(Call::refund_55().as_call()).await;
+    let outcome = refund_55(&tool).await;
 
     let detail = unknown_detail(&outcome);
     assert!(detail.contains("connection broke"), "{detail}");
@@ -742,11 +752,11 @@ async fn given_a_secret_token_from_the_environment_then_no_outcome_or_debug_text
     ] {
         let tool = post_to(addr, path);
         assert_no_secret(&tool);
-        outcomes.push(tool.call(Call::refund_55().as_call()).await);
+        outcomes.push(refund_55(&tool).await);
     }
     let tool = tool_at(addr, REFUND);
     assert_no_secret(&tool);
-    outcomes.push(tool.call(Call::refund_55().as_call()).await);
+    outcomes.push(refund_55(&tool).await);
     outcomes.push(tool.reconcile(Call::refund_55().as_call()).await.unwrap());
 
     // The careless service quoted the token: it reaches the model redacted.
@@ -802,26 +812,34 @@ async fn refund_engine_recovering(
     (engine, backend)
 }
 
-#[tokio::test]
-async fn given_an_approved_refund_whose_endpoint_commits_then_answers_500_when_the_sweep_reconciles_then_it_took_effect_once_and_the_run_finishes()
- {
-    let (orders, addr) = orders_service().await;
-    let tool = tool_at(
-        addr,
-        &REFUND.replace("/orders/{order_id}", "/commit-then-500/orders/{order_id}"),
-    );
-    let (engine, _store) = refund_engine(tool, Delivery::InProcess).await;
-    let dana = default_directory().identify("dana").unwrap();
-
+/// Starts the refund on `engine`: the run, paused on its one approval.
+async fn paused_refund(engine: &Engine) -> (RunReport, Approval) {
     let report = engine.start(scripted_task("ben")).await.unwrap();
     assert_eq!(report.approvals.len(), 1, "{report:?}");
     let approval = report.approvals[0].clone();
-    assert_eq!(orders.hits("commit_then_500"), 0);
+    (report, approval)
+}
 
+/// dana approves the refund.
+async fn approve_refund(engine: &Engine, approval: &Approval) {
+    let dana = default_directory().identify("dana").unwrap();
     engine
         .decide(&dana, &approval.id, approve("d-refund"))
         .await
         .unwrap();
+}
+
+#[tokio::test]
+async fn given_an_approved_refund_whose_endpoint_commits_then_answers_500_when_the_sweep_reconciles_then_it_took_effect_once_and_the_run_finishes()
+ {
+    let (orders, addr) = orders_service().await;
+    let tool = commit_then_500_at(addr);
+    let (engine, _store) = refund_engine(tool, Delivery::InProcess).await;
+
+    let (report, approval) = paused_refund(&engine).await;
+    assert_eq!(orders.hits("commit_then_500"), 0);
+
+    approve_refund(&engine, &approval).await;
 
     // One effect, and an outcome nobody knows yet.
     assert_eq!(orders.hits("commit_then_500"), 1);
@@ -876,17 +894,9 @@ async fn given_a_refund_without_a_reconcile_request_whose_endpoint_commits_then_
     assert!(!tool.reconciles());
     let (engine, _store) =
         refund_engine_recovering(tool, Delivery::InProcess, Some("finance")).await;
-    let directory = default_directory();
-    let (dana, erin) = (
-        directory.identify("dana").unwrap(),
-        directory.identify("erin").unwrap(),
-    );
-    let report = engine.start(scripted_task("ben")).await.unwrap();
-    let approval = report.approvals[0].clone();
-    engine
-        .decide(&dana, &approval.id, approve("d-refund"))
-        .await
-        .unwrap();
+    let erin = default_directory().identify("erin").unwrap();
+    let (report, approval) = paused_refund(&engine).await;
+    approve_refund(&engine, &approval).await;
     assert_eq!(orders.effects(), 1);
 
     // Nothing can ask the service, so a person of the recovery owner's role is asked.
@@ -923,13 +933,8 @@ async fn given_an_approved_refund_when_its_resume_message_is_delivered_twice_the
     let queue = Arc::new(RecordingQueue::default());
     let (engine, _store) =
         refund_engine(tool_at(addr, REFUND), Delivery::Queue(queue.clone())).await;
-    let dana = default_directory().identify("dana").unwrap();
-    let report = engine.start(scripted_task("ben")).await.unwrap();
-    let approval = report.approvals[0].clone();
-    engine
-        .decide(&dana, &approval.id, approve("d-refund"))
-        .await
-        .unwrap();
+    let (report, approval) = paused_refund(&engine).await;
+    approve_refund(&engine, &approval).await;
     assert_eq!(
         orders.hits("refunds"),
         0,
@@ -967,14 +972,9 @@ async fn given_an_approved_refund_whose_endpoint_times_out_without_effect_when_t
             .replacen("timeout = \"2s\"", "timeout = \"300ms\"", 1),
     );
     let (engine, _store) = refund_engine(tool, Delivery::InProcess).await;
-    let dana = default_directory().identify("dana").unwrap();
-    let report = engine.start(scripted_task("ben")).await.unwrap();
-    let approval = report.approvals[0].clone();
+    let (report, approval) = paused_refund(&engine).await;
 
-    engine
-        .decide(&dana, &approval.id, approve("d-refund"))
-        .await
-        .unwrap();
+    approve_refund(&engine, &approval).await;
     let history = engine.history(&acme(), &report.run_id).await.unwrap();
     assert_eq!(history.actions[0].status, ActionStatus::Unknown);
 

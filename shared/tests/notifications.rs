@@ -30,12 +30,13 @@ use shared::engine::records::{IndexShards, OutboxEntry, OutboxMessage, decode, k
 use shared::engine::{EngineBuilder, MAX_NOTICE_ATTEMPTS, SweepReport};
 use shared::example::expense::{OfflineExpenseAgent, task_for};
 use shared::ports::clock::Clock;
-use shared::ports::notifier::Notifier;
 use shared::ports::scheduler::Wake;
 use tokio::sync::Barrier;
 
 use dynamodb_backend::DynamoDb;
-use harness::{Embedded, Harness, Process, Script, acme, approve, paid, scripted_task};
+use harness::{
+    Embedded, Harness, Process, Script, acme, approve, entry_named, paid, scripted_task,
+};
 use notices::{Answer, ReadsTogether, Receiver, RecordingScheduler, Scheduled};
 
 /// Posts in these tests give up quickly: the receiver is on loopback.
@@ -45,18 +46,8 @@ async fn fresh() -> Harness {
     Harness::new(Embedded::fresh()).await
 }
 
-/// A process of the expense agent whose notices go to `notifier`.
-async fn notifying(h: &Harness, notifier: Arc<dyn Notifier>) -> Process {
-    h.process_configured(
-        Arc::new(OfflineExpenseAgent),
-        |store| store,
-        |b| b.notifier(notifier),
-    )
-    .await
-}
-
 async fn posting_to(h: &Harness, receiver: &Receiver) -> Process {
-    notifying(h, receiver.webhooks(QUICK)).await
+    h.notifying(receiver.webhooks(QUICK)).await
 }
 
 /// The moment `hours:minutes` after the test started.
@@ -66,20 +57,14 @@ fn at(hours: i64, minutes: i64) -> DateTime<Utc> {
 
 /// Every outbox entry still waiting, whatever it is due.
 async fn outbox(p: &Process) -> Vec<OutboxEntry> {
-    let mut entries = Vec::new();
-    for shard in keys::shard_pks(keys::OUTBOX_INDEX, IndexShards::DEFAULT) {
-        let page = p
-            .store
-            .query_index(&shard, "", "\u{10FFFF}", None, 1_000)
-            .await
-            .unwrap();
-        entries.extend(
-            page.items
-                .iter()
-                .map(|item| decode::<OutboxEntry>(item).unwrap().value),
-        );
-    }
-    entries
+    let shards = p
+        .index_shards(keys::OUTBOX_INDEX, IndexShards::DEFAULT)
+        .await;
+    shards
+        .iter()
+        .flatten()
+        .map(|item| decode::<OutboxEntry>(item).unwrap().value)
+        .collect()
 }
 
 /// The run's notice events, `(event, approval, notice, destination)`, oldest first.
@@ -167,11 +152,7 @@ async fn given_a_webhook_when_a_run_pauses_then_one_slack_compatible_notice_is_p
     assert_eq!(countersign["expires_at"], "2026-11-11T09:00:00Z");
 
     let history = p.history(&acme(), &report.run_id).await.unwrap();
-    let notified = history
-        .entries
-        .iter()
-        .find(|e| e.event.name() == "notified")
-        .expect("the notice is in the audit log");
+    let notified = entry_named(&history.entries, "notified");
     assert_eq!(
         notified.event,
         AuditEvent::Notified {
@@ -502,9 +483,7 @@ async fn given_one_approval_decided_and_one_waiting_then_only_the_waiting_one_is
     let (_, decided) = h.start_paused(&p, "c-102").await;
     let (_, waiting) = h.start_paused(&p, "c-104").await;
     h.clock.set(at(1, 0));
-    p.decide(&h.person("dana"), &decided.id, approve("d-1"))
-        .await
-        .unwrap();
+    h.decided(&p, "dana", &decided.id, approve("d-1")).await;
 
     h.clock.set(at(23, 0));
     let swept = p.sweep(100).await.unwrap();
@@ -544,9 +523,7 @@ async fn given_a_webhook_when_a_run_pauses_then_a_reminder_wakeup_is_scheduled_a
         ]
     );
 
-    p.decide(&h.person("dana"), &approval.id, approve("d-1"))
-        .await
-        .unwrap();
+    h.decided(&p, "dana", &approval.id, approve("d-1")).await;
 
     assert_eq!(
         scheduler.calls()[2..],
@@ -588,7 +565,9 @@ async fn given_a_receiver_that_never_answers_then_the_pause_is_stored_first_and_
     h: &Harness,
 ) {
     let receiver = Receiver::scripted(&[], Answer::Hang).await;
-    let writer = notifying(h, receiver.webhooks(StdDuration::from_millis(300))).await;
+    let writer = h
+        .notifying(receiver.webhooks(StdDuration::from_millis(300)))
+        .await;
     let task = task_for(&h.claims, "c-102").unwrap();
     let started = Instant::now();
     let pausing = tokio::spawn(async move { writer.start(task).await });
@@ -599,10 +578,9 @@ async fn given_a_receiver_that_never_answers_then_the_pause_is_stored_first_and_
     let pending = other.pending(&acme()).await.unwrap();
     assert_eq!(pending.len(), 1);
     let deciding = Instant::now();
-    let decided = other
-        .decide(&h.person("dana"), &pending[0].id, approve("d-1"))
-        .await
-        .unwrap();
+    let decided = h
+        .decided(&other, "dana", &pending[0].id, approve("d-1"))
+        .await;
     assert!(deciding.elapsed() < StdDuration::from_secs(2));
     assert_eq!(decided.approval.status, ApprovalStatus::Approved);
     assert_eq!(decided.run.as_ref().unwrap().status, RunStatus::Done);
@@ -618,7 +596,9 @@ async fn given_a_receiver_that_never_answers_then_the_pause_is_stored_first_and_
 
     // Its approval no longer waits, so the retry drops the notice instead of posting it.
     h.clock.advance(Duration::minutes(5));
-    let sweeper = notifying(h, receiver.webhooks(StdDuration::from_millis(300))).await;
+    let sweeper = h
+        .notifying(receiver.webhooks(StdDuration::from_millis(300)))
+        .await;
     let swept = sweeper.sweep(100).await.unwrap();
     assert!(swept.notices.is_empty(), "{swept:?}");
     assert_eq!(receiver.requests().len(), 1);
@@ -642,9 +622,7 @@ async fn approve_c102_after_23h(h: &Harness, p: &Process) -> (Vec<&'static str>,
         .await
         .unwrap()
         .unwrap();
-    p.decide(&h.person("dana"), &approval.id, approve("d-1"))
-        .await
-        .unwrap();
+    h.decided(p, "dana", &approval.id, approve("d-1")).await;
     let history = p.history(&acme(), &report.run_id).await.unwrap();
     (harness::event_names(&history.entries), swept, item.ver)
 }
@@ -672,7 +650,9 @@ async fn given_no_webhook_then_no_notice_is_written_and_nothing_else_changes(h: 
 }
 
 async fn given_a_notifier_with_no_destination_then_it_is_as_if_there_were_none(h: &Harness) {
-    let p = notifying(h, Arc::new(Webhooks::new(&[], QUICK).unwrap())).await;
+    let p = h
+        .notifying(Arc::new(Webhooks::new(&[], QUICK).unwrap()))
+        .await;
 
     let (names, swept, approval_ver) = approve_c102_after_23h(h, &p).await;
 
@@ -693,9 +673,7 @@ async fn given_notices_sent_then_the_run_history_shows_them_in_order_with_the_re
     h.clock.set(at(23, 0));
     p.sweep(100).await.unwrap();
     h.clock.set(at(23, 10));
-    p.decide(&h.person("dana"), &approval.id, approve("d-1"))
-        .await
-        .unwrap();
+    h.decided(&p, "dana", &approval.id, approve("d-1")).await;
 
     let history = p.history(&acme(), &report.run_id).await.unwrap();
     let names = harness::event_names(&history.entries);

@@ -13,6 +13,8 @@ mod support;
 #[allow(dead_code)]
 #[path = "harness/notices.rs"]
 mod notices;
+#[path = "support/slack_form.rs"]
+mod slack_form;
 
 use std::sync::Arc;
 use std::time::Duration as StdDuration;
@@ -32,6 +34,7 @@ use shared::ports::notifier::{Notifier, Several};
 
 use harness::{Embedded, Harness, Process, acme, approve, decision};
 use notices::{Received, Receiver};
+use slack_form::interaction_form;
 
 const QUICK: StdDuration = StdDuration::from_millis(500);
 
@@ -127,6 +130,11 @@ struct SlackSetup {
 }
 
 impl SlackSetup {
+    /// ben's c-102, paused on its approval.
+    async fn c102_paused(&self) -> (shared::engine::RunReport, Approval) {
+        self.h.start_paused(&self.engine, "c-102").await
+    }
+
     async fn new() -> Self {
         let h = Harness::new(Embedded::fresh()).await;
         let notices = Receiver::ok().await;
@@ -217,7 +225,7 @@ impl SlackSetup {
                 "action_ts": "1700000001.000200",
             }],
         });
-        serde_urlencoded::to_string([("payload", payload.to_string())]).unwrap()
+        interaction_form(&payload)
     }
 
     /// Posts `body` to /slack/interactions with the given timestamp and signature headers.
@@ -269,7 +277,7 @@ impl SlackSetup {
 #[tokio::test]
 async fn a_signed_click_on_approve_decides_as_the_mapped_person_once() {
     let s = SlackSetup::new().await;
-    let (report, approval) = s.h.start_paused(&s.engine, "c-102").await;
+    let (report, approval) = s.c102_paused().await;
     let approve = s.button(&approval, "Approve");
     assert_eq!(
         approve["action_id"],
@@ -313,7 +321,7 @@ async fn a_signed_click_on_approve_decides_as_the_mapped_person_once() {
 #[tokio::test]
 async fn a_bad_signature_an_old_timestamp_and_a_replay_are_refused_and_change_nothing() {
     let s = SlackSetup::new().await;
-    let (_, approval) = s.h.start_paused(&s.engine, "c-102").await;
+    let (_, approval) = s.c102_paused().await;
     let body = s.click_body(&s.button(&approval, "Approve"), "U0DANA001");
     let secret = SigningSecret::new(SECRET).unwrap();
     let now = s.h.clock.now().timestamp();
@@ -377,7 +385,7 @@ async fn a_bad_signature_an_old_timestamp_and_a_replay_are_refused_and_change_no
 #[tokio::test]
 async fn every_refusal_is_told_in_slack_as_an_ephemeral_message() {
     let s = SlackSetup::new().await;
-    let (_, c102) = s.h.start_paused(&s.engine, "c-102").await;
+    let (_, c102) = s.c102_paused().await;
     let expect = |text: String, code: &str| {
         assert!(
             text.starts_with(&format!("Not decided ({code}): ")),
@@ -471,7 +479,7 @@ async fn a_decision_in_the_api_is_the_same_as_in_slack() {
     // The page's decision and a click are one engine call: a click after the page decided is
     // refused, and what the page decided stands.
     let s = SlackSetup::new().await;
-    let (_, approval) = s.h.start_paused(&s.engine, "c-102").await;
+    let (_, approval) = s.c102_paused().await;
     s.engine
         .decide(&s.h.person("erin"), &approval.id, approve("d-page"))
         .await
@@ -619,20 +627,11 @@ fn all_text(message: &Value) -> String {
         .join("\n")
 }
 
-async fn posting_to_slack(h: &Harness, notifier: Arc<dyn Notifier>) -> Process {
-    h.process_configured(
-        Arc::new(OfflineExpenseAgent),
-        |store| store,
-        |b| b.notifier(notifier),
-    )
-    .await
-}
-
 async fn the_outcome_updates_the_posted_message_in_place_through_the_outbox_when_slack_fails_first(
     h: &Harness,
 ) {
     let api = WebApi::start(2).await;
-    let p = posting_to_slack(h, api.channel()).await;
+    let p = h.notifying(api.channel()).await;
     let (report, approval) = h.start_paused(&p, "c-102").await;
 
     let posted = api.calls("chat.postMessage");
@@ -643,9 +642,7 @@ async fn the_outcome_updates_the_posted_message_in_place_through_the_outbox_when
     assert!(api.calls("chat.update").is_empty());
 
     h.clock.set(harness::start_of_test() + Duration::minutes(5));
-    p.decide(&h.person("dana"), &approval.id, approve("d-1"))
-        .await
-        .unwrap();
+    h.decided(&p, "dana", &approval.id, approve("d-1")).await;
     // The decision and the action's result each call for an update; Slack failed both.
     assert_eq!(api.calls("chat.update").len(), 2);
     let stored = p.approval(&acme(), &approval.id).await.unwrap();
@@ -710,7 +707,7 @@ async fn expiry_cancellation_and_an_edit_update_the_message_and_webhooks_get_no_
     let hook = Receiver::ok().await;
     let webhooks = Arc::new(Webhooks::new(&[hook.url().to_string()], QUICK).unwrap());
     let both: Arc<dyn Notifier> = Arc::new(Several(vec![webhooks, api.channel()]));
-    let p = posting_to_slack(h, both).await;
+    let p = h.notifying(both).await;
 
     let (_, c104) = h.start_paused(&p, "c-104").await;
     let (c102_run, _) = h.start_paused(&p, "c-102").await;
@@ -723,13 +720,13 @@ async fn expiry_cancellation_and_an_edit_update_the_message_and_webhooks_get_no_
         amount: Amount::from_dollars(600),
         note: None,
     };
-    p.decide(
-        &h.person("dana"),
+    h.decided(
+        &p,
+        "dana",
         &c105.id,
         decision("d-edit", ActionVersion::FIRST, edit),
     )
-    .await
-    .unwrap();
+    .await;
     h.clock.set(c104.expires_at + Duration::minutes(1));
     p.sweep(100).await.unwrap();
 
@@ -800,13 +797,13 @@ fn submission_body(view: &Value, user: &str, amount: &str, note: &str) -> String
             }},
         },
     });
-    serde_urlencoded::to_string([("payload", payload.to_string())]).unwrap()
+    interaction_form(&payload)
 }
 
 #[tokio::test]
 async fn edit_opens_a_form_whose_submission_edits_as_the_person_once() {
     let s = SlackSetup::new().await;
-    let (_, approval) = s.h.start_paused(&s.engine, "c-102").await;
+    let (_, approval) = s.c102_paused().await;
     let edit = s.button(&approval, "Edit");
     assert_eq!(
         edit["action_id"],

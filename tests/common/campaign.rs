@@ -831,14 +831,7 @@ struct Verdict {
 
 /// Where a campaign keeps its state: under the system's temporary directory, unique per run.
 pub fn scratch(name: &str) -> PathBuf {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    std::env::temp_dir().join(format!(
-        "countersign-fault-{name}-{}-{nanos}",
-        std::process::id()
-    ))
+    crate::common::fresh_path(&format!("countersign-fault-{name}"))
 }
 
 /// A number from the environment (the script's arguments), or the default.

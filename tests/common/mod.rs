@@ -65,14 +65,8 @@ pub struct Ran {
 impl Countersign {
     /// The embedded store in a fresh state directory.
     pub fn fresh(name: &str) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        let state =
-            std::env::temp_dir().join(format!("countersign-{name}-{}-{nanos}", std::process::id()));
         Self {
-            state,
+            state: fresh_path(&format!("countersign-{name}")),
             env: vec![("COUNTERSIGN_STORE", "embedded".into())],
         }
     }
@@ -126,4 +120,64 @@ pub fn only_approval(run: &Value) -> (String, Value) {
         approvals[0]["id"].as_str().unwrap().to_string(),
         approvals[0].clone(),
     )
+}
+
+/// A path in the temporary directory that no other test, process or run uses: `prefix`, this
+/// process's id and the time in nanoseconds.
+pub fn fresh_path(prefix: &str) -> PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    std::env::temp_dir().join(format!("{prefix}-{}-{nanos}", std::process::id()))
+}
+
+/// Runs `command` (`what`, in messages) and checks it succeeded: what it printed.
+pub fn stdout_of(command: &mut Command, what: &str) -> Vec<u8> {
+    let output = command
+        .output()
+        .unwrap_or_else(|e| panic!("{what} does not run: {e}"));
+    assert!(
+        output.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output.stdout
+}
+
+/// The text `field` of every item of the JSON array `list`, in order.
+#[track_caller]
+pub fn texts<'a>(list: &'a Value, field: &str) -> Vec<&'a str> {
+    list.as_array()
+        .unwrap_or_else(|| panic!("not an array: {list}"))
+        .iter()
+        .map(|item| item[field].as_str().unwrap())
+        .collect()
+}
+
+/// The first item of the JSON array `list` whose `field` is `value`.
+#[track_caller]
+pub fn item_where<'a>(list: &'a Value, field: &str, value: &str) -> &'a Value {
+    list.as_array()
+        .unwrap_or_else(|| panic!("not an array: {list}"))
+        .iter()
+        .find(|item| item[field] == value)
+        .unwrap_or_else(|| panic!("no item whose {field} is {value} in {list}"))
+}
+
+/// A TCP port on loopback that nothing listens on now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Sends `signal` (`TERM`, `KILL`) to the process group `child` leads, and waits for `child`.
+pub fn stop_group(child: &mut Child, signal: &str) {
+    let _ = Command::new("kill")
+        .args([&format!("-{signal}"), "--", &format!("-{}", child.id())])
+        .status();
+    let _ = child.wait();
 }

@@ -38,7 +38,7 @@ impl OrdersService {
 
     /// A fresh service started with more `orders serve` arguments (`--fault commit-then-500`).
     pub fn start_with(name: &str, args: &[&str]) -> Self {
-        let dir = super::server::fresh_path(&format!("countersign-orders-{name}"));
+        let dir = super::fresh_path(&format!("countersign-orders-{name}"));
         std::fs::create_dir_all(&dir).unwrap();
         let mut child = Command::new(orders_binary())
             .arg("serve")
@@ -83,7 +83,7 @@ impl OrdersService {
 
     /// `orders refunds --order ORDER --json`: the refunds made for one order, oldest first.
     pub fn refunds(&self, order: &str) -> Vec<Value> {
-        let stdout = super::server::stdout_of(
+        let stdout = super::stdout_of(
             Command::new(orders_binary())
                 .arg("refunds")
                 .arg("--db")

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use shared::api::BearerJwt;
 use shared::domain::identity::Identity;
 
-use super::countersign;
+use super::{countersign, fresh_path, stdout_of};
 
 /// One `countersign serve` over a fresh state directory; killed and removed when dropped.
 pub struct Server {
@@ -164,6 +164,12 @@ impl Server {
         .await
     }
 
+    /// `POST /runs` as `name`: `agent` started on `task`.
+    pub async fn start_agent(&self, name: &str, agent: &str, task: &str) -> Reply {
+        self.post("/runs", name, json!({"agent": agent, "task": task}))
+            .await
+    }
+
     /// `POST /runs` as `name`; the run must pause on exactly one approval.
     pub async fn paused_run(&self, name: &str, claim: &str, ttl: Option<&str>) -> Paused {
         let mut body = json!({"claim_id": claim});
@@ -191,6 +197,13 @@ impl Server {
     pub async fn decide(&self, name: &str, approval: &str, body: Value) -> Reply {
         self.post(&format!("/approvals/{approval}/decisions"), name, body)
             .await
+    }
+
+    /// `name`'s decision `body`, which must be taken (200): the reply.
+    pub async fn decided(&self, name: &str, approval: &str, body: Value) -> Reply {
+        let reply = self.decide(name, approval, body).await;
+        assert_eq!(reply.status, 200, "{}", reply.json);
+        reply
     }
 
     /// A run's audit log as a finance reviewer of acme reads it.
@@ -313,49 +326,6 @@ impl Pending {
             )
             .await
     }
-}
-
-/// A path in the temporary directory that no other test, process or run uses: `prefix`, this
-/// process's id and the time in nanoseconds.
-pub fn fresh_path(prefix: &str) -> PathBuf {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    std::env::temp_dir().join(format!("{prefix}-{}-{nanos}", std::process::id()))
-}
-
-/// Runs `command` (`what`, in messages) and checks it succeeded: what it printed.
-pub fn stdout_of(command: &mut Command, what: &str) -> Vec<u8> {
-    let output = command
-        .output()
-        .unwrap_or_else(|e| panic!("{what} does not run: {e}"));
-    assert!(
-        output.status.success(),
-        "{what}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    output.stdout
-}
-
-/// The text `field` of every item of the JSON array `list`, in order.
-#[track_caller]
-pub fn texts<'a>(list: &'a Value, field: &str) -> Vec<&'a str> {
-    list.as_array()
-        .unwrap_or_else(|| panic!("not an array: {list}"))
-        .iter()
-        .map(|item| item[field].as_str().unwrap())
-        .collect()
-}
-
-/// The first item of the JSON array `list` whose `field` is `value`.
-#[track_caller]
-pub fn item_where<'a>(list: &'a Value, field: &str, value: &str) -> &'a Value {
-    list.as_array()
-        .unwrap_or_else(|| panic!("not an array: {list}"))
-        .iter()
-        .find(|item| item[field] == value)
-        .unwrap_or_else(|| panic!("no item whose {field} is {value} in {list}"))
 }
 
 pub fn approve(decision_id: &str) -> Value {

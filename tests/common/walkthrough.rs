@@ -4,8 +4,7 @@
 
 use serde_json::{Value, json};
 
-use super::server::texts;
-use super::{Countersign, only_approval};
+use super::{Countersign, only_approval, texts};
 
 /// Where a run goes on after a decision or the sweep.
 #[derive(Clone, Copy, PartialEq)]

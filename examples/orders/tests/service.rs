@@ -101,6 +101,12 @@ impl Orders {
         made
     }
 
+    /// The edited refund of ord_55, made with key act_7k2:2.
+    async fn edited_refund_made(&self) -> Value {
+        self.refund_made("ord_55", "act_7k2:2", edited_refund())
+            .await
+    }
+
     /// Asks for the edited refund and gets no answer: the client gives up after a second.
     async fn refund_unanswered(&self, order: &str, key: &str) {
         let timed_out = self
@@ -186,9 +192,7 @@ async fn the_seeded_blender_order_is_there_to_refund() {
 async fn a_refund_and_its_replay_make_one_refund() {
     let orders = Orders::start("replay");
 
-    let made = orders
-        .refund_made("ord_55", "act_7k2:2", edited_refund())
-        .await;
+    let made = orders.edited_refund_made().await;
     assert_eq!(made["amount"], "75.00");
     assert_eq!(made["idempotency_key"], "act_7k2:2");
 
@@ -243,9 +247,7 @@ async fn all_at_once(
 #[tokio::test]
 async fn the_same_key_with_another_body_is_a_conflict() {
     let orders = Orders::start("reused");
-    orders
-        .refund_made("ord_55", "act_7k2:2", edited_refund())
-        .await;
+    orders.edited_refund_made().await;
 
     let more = json!({"order_id": "ord_55", "amount_cents": 12500, "currency": "USD", "reason": "damaged_item"});
     let answer = orders.refund("ord_55", "act_7k2:2", more).await;
@@ -444,9 +446,7 @@ async fn the_token_is_required_when_orders_token_is_set() {
 #[tokio::test]
 async fn orders_refunds_lists_what_was_made() {
     let orders = Orders::start("cli");
-    let made = orders
-        .refund_made("ord_55", "act_7k2:2", edited_refund())
-        .await;
+    let made = orders.edited_refund_made().await;
 
     let listed: Value = serde_json::from_str(&orders.cli_refunds(true)).unwrap();
     let listed = listed.as_array().unwrap();

@@ -4,6 +4,8 @@
 mod apigw;
 #[path = "../../../shared/tests/harness/mod.rs"]
 mod harness;
+#[path = "../../../shared/tests/support/slack_form.rs"]
+mod slack_form;
 
 use std::sync::Arc;
 
@@ -12,6 +14,7 @@ use harness::{Embedded, Harness, RecordingQueue};
 use lambda_http::Context;
 use serde_json::json;
 use shared::engine::Delivery;
+use slack_form::interaction_form;
 
 async fn invoke(app: &axum::Router, event: serde_json::Value) -> (u64, serde_json::Value) {
     let response = shared::lambda::invoke(app.clone(), event, Context::default())
@@ -136,17 +139,6 @@ fn base64(bytes: &[u8]) -> String {
     out
 }
 
-fn form_encode(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
 #[tokio::test]
 async fn a_slack_click_arrives_without_an_authorizer_signed_by_slack_and_decides() {
     use shared::adapters::slack::{SigningSecret, SlackApp, sign};
@@ -186,7 +178,7 @@ async fn a_slack_click_arrives_without_an_authorizer_signed_by_slack_and_decides
             "value": value,
         }],
     });
-    let body = format!("payload={}", form_encode(&payload.to_string()));
+    let body = interaction_form(&payload);
     let slack_event = |timestamp: i64, signature: &str| {
         let mut event = without_authorizer(http_event(
             "POST",

@@ -41,10 +41,8 @@ async fn approved_c102(h: &Harness) -> (harness::Process, ResumeMessage) {
     let queue = Arc::new(RecordingQueue::default());
     let decider = h.process_with(|t| t, Delivery::Queue(queue.clone())).await;
     let (_, approval) = h.start_paused(&decider, "c-102").await;
-    decider
-        .decide(&h.person("dana"), &approval.id, approve("d-1"))
-        .await
-        .unwrap();
+    h.decided(&decider, "dana", &approval.id, approve("d-1"))
+        .await;
     let message = queue
         .published()
         .pop()

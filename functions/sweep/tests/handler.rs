@@ -15,8 +15,7 @@ fn fixture(text: &str) -> Value {
 #[tokio::test]
 async fn a_deadline_schedule_expires_what_is_overdue_and_the_run_is_told() {
     let h = Harness::new(Embedded::fresh()).await;
-    let engine = h.process().await;
-    let (report, approval) = h.start_paused(&engine, "c-102").await;
+    let (engine, report, approval) = h.paused_on("c-102").await;
     h.clock.advance(TimeDelta::hours(25));
 
     let deadline = fixture(include_str!("fixtures/scheduler-deadline.json"));
@@ -32,8 +31,7 @@ async fn a_deadline_schedule_expires_what_is_overdue_and_the_run_is_told() {
 #[tokio::test]
 async fn the_recurring_schedule_and_a_plain_scheduled_event_each_run_one_sweep() {
     let h = Harness::new(Embedded::fresh()).await;
-    let engine = h.process().await;
-    let (_, first) = h.start_paused(&engine, "c-102").await;
+    let (engine, _, first) = h.paused_on("c-102").await;
     h.clock.advance(TimeDelta::hours(25));
     let (_, second) = h.start_paused(&engine, "c-104").await;
 

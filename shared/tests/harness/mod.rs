@@ -22,19 +22,23 @@ use shared::domain::audit::AuditEntry;
 use shared::domain::conversation::Speaker;
 use shared::domain::conversation::{Block, ToolResultText};
 use shared::domain::identity::{Directory, Identity};
-use shared::domain::ids::{ActionVersion, DecisionId, RunId, TenantId};
+use shared::domain::ids::{ActionVersion, ApprovalId, DecisionId, RunId, TenantId};
 use shared::domain::money::Amount;
 use shared::domain::policy::Policy;
 use shared::domain::run::Run;
-use shared::engine::{Agent, Delivery, Engine, EngineBuilder, RunReport};
+use shared::engine::records::{IndexShards, keys};
+use shared::engine::{
+    Agent, DecisionReport, Delivery, Engine, EngineBuilder, EngineError, RunReport,
+};
 use shared::example::expense::{
     self, Claims, Ledger, OfflineExpenseAgent, Settlement, default_claims, default_directory,
     default_policy, task_for,
 };
 use shared::ports::clock::ManualClock;
 use shared::ports::model::{Model, ModelError, ModelReply, ModelRequest, ToolSpec};
+use shared::ports::notifier::Notifier;
 use shared::ports::queue::{QueueError, ResumeMessage, ResumeQueue};
-use shared::ports::store::ItemStore;
+use shared::ports::store::{Item, ItemStore};
 use shared::ports::tools::{Tool, ToolCall, Toolbox};
 pub use shared::testing::Script;
 
@@ -119,10 +123,44 @@ pub struct Harness {
     pub directory: Directory,
 }
 
+/// Who decides: a name in the shipped directory, or an identity as authentication gives it
+/// (roles changed, another tenant).
+pub trait Decider {
+    fn identity(self, h: &Harness) -> Identity;
+}
+
+impl Decider for &str {
+    fn identity(self, h: &Harness) -> Identity {
+        h.person(self)
+    }
+}
+
+impl Decider for &Identity {
+    fn identity(self, _: &Harness) -> Identity {
+        self.clone()
+    }
+}
+
 /// One process: an engine over its own connection to the test's store.
 pub struct Process {
     pub engine: Engine,
     pub store: Arc<dyn ItemStore>,
+}
+
+impl Process {
+    /// The items of each shard of the sharded index `index`, whatever they are due.
+    pub async fn index_shards(&self, index: &str, shards: IndexShards) -> Vec<Vec<Item>> {
+        let mut all = Vec::new();
+        for shard in keys::shard_pks(index, shards) {
+            let page = self
+                .store
+                .query_index(&shard, "", "\u{10FFFF}", None, 1_000)
+                .await
+                .expect("the index reads");
+            all.push(page.items);
+        }
+        all
+    }
 }
 
 impl Deref for Process {
@@ -168,6 +206,16 @@ impl Harness {
     pub async fn scripted_process(&self, script: Script) -> Process {
         self.process_of(Arc::new(script), |tools| tools, Delivery::InProcess)
             .await
+    }
+
+    /// A new process of the expense agent whose notices go to `notifier`.
+    pub async fn notifying(&self, notifier: Arc<dyn Notifier>) -> Process {
+        self.process_configured(
+            Arc::new(OfflineExpenseAgent),
+            |store| store,
+            |b| b.notifier(notifier),
+        )
+        .await
     }
 
     /// A new process whose store connection the test may wrap and whose engine it configures
@@ -261,6 +309,13 @@ impl Harness {
         (report, approval)
     }
 
+    /// A new process, and a run it started on `claim` that paused on one approval.
+    pub async fn paused_on(&self, claim: &str) -> (Process, RunReport, Approval) {
+        let p = self.process().await;
+        let (report, approval) = self.start_paused(&p, claim).await;
+        (p, report, approval)
+    }
+
     /// The payments in the ledger, read through a connection of their own.
     pub async fn payments(&self) -> Vec<Settlement> {
         let store = self.backend.connect().await;
@@ -272,6 +327,48 @@ impl Harness {
 
     pub async fn run(&self, engine: &Engine, id: &RunId) -> Run {
         engine.run(&acme(), id).await.expect("the run exists")
+    }
+
+    /// A new process whose reimburse calls `calls` counts (shared, so several processes can
+    /// count together).
+    pub async fn counted_process(&self, calls: &Arc<AtomicUsize>) -> Process {
+        self.reimbursing_through(Counted::new(calls)).await
+    }
+
+    /// A new process whose reimburse calls go through `around`.
+    pub async fn reimbursing_through(&self, around: impl Around) -> Process {
+        self.process_with(on_reimburse(around), Delivery::InProcess)
+            .await
+    }
+
+    /// `who` decides on `approval` through `engine`, and the decision is taken.
+    pub async fn decided(
+        &self,
+        engine: &Engine,
+        who: impl Decider,
+        approval: &ApprovalId,
+        request: DecisionRequest,
+    ) -> DecisionReport {
+        let who = who.identity(self);
+        engine
+            .decide(&who, approval, request)
+            .await
+            .unwrap_or_else(|e| panic!("{}'s decision is taken: {}: {e}", who.person, e.code()))
+    }
+
+    /// `who` decides on `approval` through `engine`, and is refused: the refusal.
+    pub async fn refused(
+        &self,
+        engine: &Engine,
+        who: impl Decider,
+        approval: &ApprovalId,
+        request: DecisionRequest,
+    ) -> EngineError {
+        let who = who.identity(self);
+        match engine.decide(&who, approval, request).await {
+            Ok(report) => panic!("{}'s decision should be refused: {report:?}", who.person),
+            Err(refused) => refused,
+        }
     }
 }
 
@@ -385,70 +482,106 @@ pub fn event_names(entries: &[AuditEntry]) -> Vec<&'static str> {
     entries.iter().map(|e| e.event.name()).collect()
 }
 
-/// A tool that counts its calls and otherwise is the tool it wraps.
-pub struct Counted {
-    inner: Arc<dyn Tool>,
-    calls: Arc<AtomicUsize>,
+/// The first audit entry named `name`.
+#[track_caller]
+pub fn entry_named<'a>(entries: &'a [AuditEntry], name: &str) -> &'a AuditEntry {
+    entries
+        .iter()
+        .find(|e| e.event.name() == name)
+        .unwrap_or_else(|| panic!("no {name} entry in {:?}", event_names(entries)))
 }
 
-impl Counted {
-    /// Wraps `name` in `tools`; the counter is shared, so several processes can count together.
-    pub fn wrap(tools: Toolbox, name: &str, calls: Arc<AtomicUsize>) -> Toolbox {
-        let inner = tools.get(name).expect("the tool exists").clone();
-        tools.with(Arc::new(Counted { inner, calls }))
+/// A stand-in's part around the tool it wraps, in [`wrap`]: how it calls, and whether and how
+/// it reconciles; what it leaves out is the [`Tool`] default (it cannot reconcile).
+#[async_trait]
+pub trait Around: Send + Sync + 'static {
+    async fn call(&self, inner: &dyn Tool, call: ToolCall<'_>) -> ToolOutcome;
+
+    fn reconciles(&self, _inner: &dyn Tool) -> bool {
+        false
+    }
+
+    async fn reconcile(&self, _inner: &dyn Tool, _call: ToolCall<'_>) -> Option<ToolOutcome> {
+        None
     }
 }
 
+/// `tools` with its tool `name` wrapped in `around`: the same spec, `around`'s calls.
+pub fn wrap(tools: Toolbox, name: &str, around: impl Around) -> Toolbox {
+    let inner = tools.get(name).expect("the tool exists").clone();
+    tools.with(Arc::new(Wrapped { inner, around }))
+}
+
+/// What wraps reimburse in `around`, for [`Harness::process_with`].
+pub fn on_reimburse(around: impl Around) -> impl FnOnce(Toolbox) -> Toolbox {
+    move |tools| wrap(tools, "reimburse", around)
+}
+
+struct Wrapped<A> {
+    inner: Arc<dyn Tool>,
+    around: A,
+}
+
 #[async_trait]
-impl Tool for Counted {
+impl<A: Around> Tool for Wrapped<A> {
     fn spec(&self) -> ToolSpec {
         self.inner.spec()
     }
 
     async fn call(&self, call: ToolCall<'_>) -> ToolOutcome {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        self.inner.call(call).await
+        self.around.call(&*self.inner, call).await
     }
 
     fn reconciles(&self) -> bool {
-        self.inner.reconciles()
+        self.around.reconciles(&*self.inner)
     }
 
     async fn reconcile(&self, call: ToolCall<'_>) -> Option<ToolOutcome> {
-        self.inner.reconcile(call).await
+        self.around.reconcile(&*self.inner, call).await
     }
 }
 
-/// A tool whose call takes effect but whose answer is lost: it always reports `Unknown`, and
-/// cannot tell afterwards either. Its calls are counted.
-pub struct AnswerLost {
-    inner: Arc<dyn Tool>,
-    calls: Arc<AtomicUsize>,
+/// Counts the calls and otherwise is the tool it wraps. The counter may be shared, so several
+/// processes can count together.
+pub struct Counted {
+    pub calls: Arc<AtomicUsize>,
 }
 
-impl AnswerLost {
-    pub fn wrap(tools: Toolbox, name: &str, calls: Arc<AtomicUsize>) -> Toolbox {
-        let inner = tools.get(name).expect("the tool exists").clone();
-        tools.with(Arc::new(AnswerLost { inner, calls }))
+impl Counted {
+    pub fn new(calls: &Arc<AtomicUsize>) -> Self {
+        Self {
+            calls: calls.clone(),
+        }
     }
 }
 
 #[async_trait]
-impl Tool for AnswerLost {
-    fn spec(&self) -> ToolSpec {
-        self.inner.spec()
+impl Around for Counted {
+    async fn call(&self, inner: &dyn Tool, call: ToolCall<'_>) -> ToolOutcome {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        inner.call(call).await
     }
 
-    async fn call(&self, call: ToolCall<'_>) -> ToolOutcome {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        let _ = self.inner.call(call).await;
+    fn reconciles(&self, inner: &dyn Tool) -> bool {
+        inner.reconciles()
+    }
+
+    async fn reconcile(&self, inner: &dyn Tool, call: ToolCall<'_>) -> Option<ToolOutcome> {
+        inner.reconcile(call).await
+    }
+}
+
+/// A counted call that takes effect but whose answer is lost: it always reports `Unknown`, and
+/// cannot tell afterwards either.
+pub struct AnswerLost(pub Counted);
+
+#[async_trait]
+impl Around for AnswerLost {
+    async fn call(&self, inner: &dyn Tool, call: ToolCall<'_>) -> ToolOutcome {
+        let _ = self.0.call(inner, call).await;
         ToolOutcome::Unknown {
             detail: "the connection dropped after the request was sent".into(),
         }
-    }
-
-    async fn reconcile(&self, _: ToolCall<'_>) -> Option<ToolOutcome> {
-        None
     }
 }
 
@@ -529,42 +662,35 @@ impl Model for Stalls {
     }
 }
 
-/// A tool whose call never returns, as a process that dies while the call is in flight: before
-/// the call took effect, or after it did and before its answer was recorded.
+/// A call that never returns, as a process that dies while the call is in flight: before the
+/// call took effect, or after it did and before its answer was recorded. Its calls are counted
+/// once they hang.
 pub struct Hangs {
-    inner: Arc<dyn Tool>,
-    calls: Arc<AtomicUsize>,
-    takes_effect: bool,
+    pub calls: Arc<AtomicUsize>,
+    pub takes_effect: bool,
 }
 
 impl Hangs {
-    pub fn before_effect(tools: Toolbox, name: &str, calls: Arc<AtomicUsize>) -> Toolbox {
-        Self::wrap(tools, name, calls, false)
-    }
-
-    pub fn after_effect(tools: Toolbox, name: &str, calls: Arc<AtomicUsize>) -> Toolbox {
-        Self::wrap(tools, name, calls, true)
-    }
-
-    fn wrap(tools: Toolbox, name: &str, calls: Arc<AtomicUsize>, takes_effect: bool) -> Toolbox {
-        let inner = tools.get(name).expect("the tool exists").clone();
-        tools.with(Arc::new(Hangs {
-            inner,
+    pub fn before_effect(calls: Arc<AtomicUsize>) -> Self {
+        Self {
             calls,
-            takes_effect,
-        }))
+            takes_effect: false,
+        }
+    }
+
+    pub fn after_effect(calls: Arc<AtomicUsize>) -> Self {
+        Self {
+            calls,
+            takes_effect: true,
+        }
     }
 }
 
 #[async_trait]
-impl Tool for Hangs {
-    fn spec(&self) -> ToolSpec {
-        self.inner.spec()
-    }
-
-    async fn call(&self, call: ToolCall<'_>) -> ToolOutcome {
+impl Around for Hangs {
+    async fn call(&self, inner: &dyn Tool, call: ToolCall<'_>) -> ToolOutcome {
         if self.takes_effect {
-            let _ = self.inner.call(call).await;
+            let _ = inner.call(call).await;
         }
         self.calls.fetch_add(1, Ordering::SeqCst);
         std::future::pending().await
@@ -574,28 +700,16 @@ impl Tool for Hangs {
 /// A tool that cannot tell what became of a call, and says so only once every reconciliation
 /// sharing its barrier is asking: sweeps that all read the action before any of them writes.
 pub struct ReconcilesTogether {
-    inner: Arc<dyn Tool>,
-    together: Arc<tokio::sync::Barrier>,
-}
-
-impl ReconcilesTogether {
-    pub fn wrap(tools: Toolbox, name: &str, together: Arc<tokio::sync::Barrier>) -> Toolbox {
-        let inner = tools.get(name).expect("the tool exists").clone();
-        tools.with(Arc::new(ReconcilesTogether { inner, together }))
-    }
+    pub together: Arc<tokio::sync::Barrier>,
 }
 
 #[async_trait]
-impl Tool for ReconcilesTogether {
-    fn spec(&self) -> ToolSpec {
-        self.inner.spec()
+impl Around for ReconcilesTogether {
+    async fn call(&self, inner: &dyn Tool, call: ToolCall<'_>) -> ToolOutcome {
+        inner.call(call).await
     }
 
-    async fn call(&self, call: ToolCall<'_>) -> ToolOutcome {
-        self.inner.call(call).await
-    }
-
-    async fn reconcile(&self, _: ToolCall<'_>) -> Option<ToolOutcome> {
+    async fn reconcile(&self, _: &dyn Tool, _: ToolCall<'_>) -> Option<ToolOutcome> {
         self.together.wait().await;
         None
     }
@@ -635,44 +749,32 @@ impl Gate {
     }
 }
 
-/// A tool whose call waits at a gate before it reaches the tool it wraps: a call that is slow,
-/// not dead, and lands whenever the test opens the gate.
+/// A call that waits at a gate before it reaches the tool it wraps: a call that is slow, not
+/// dead, and lands whenever the test opens the gate.
 pub struct Slow {
-    inner: Arc<dyn Tool>,
-    gate: Arc<Gate>,
-}
-
-impl Slow {
-    pub fn wrap(tools: Toolbox, name: &str, gate: Arc<Gate>) -> Toolbox {
-        let inner = tools.get(name).expect("the tool exists").clone();
-        tools.with(Arc::new(Slow { inner, gate }))
-    }
+    pub gate: Arc<Gate>,
 }
 
 #[async_trait]
-impl Tool for Slow {
-    fn spec(&self) -> ToolSpec {
-        self.inner.spec()
-    }
-
-    async fn call(&self, call: ToolCall<'_>) -> ToolOutcome {
+impl Around for Slow {
+    async fn call(&self, inner: &dyn Tool, call: ToolCall<'_>) -> ToolOutcome {
         self.gate.arrived.fetch_add(1, Ordering::SeqCst);
         let _pass = self.gate.open.acquire().await.expect("the gate stays");
-        let outcome = self.inner.call(call).await;
+        let outcome = inner.call(call).await;
         self.gate.outcomes.lock().unwrap().push(outcome.clone());
         outcome
     }
 
-    fn reconciles(&self) -> bool {
-        self.inner.reconciles()
+    fn reconciles(&self, inner: &dyn Tool) -> bool {
+        inner.reconciles()
     }
 
-    async fn reconcile(&self, call: ToolCall<'_>) -> Option<ToolOutcome> {
-        self.inner.reconcile(call).await
+    async fn reconcile(&self, inner: &dyn Tool, call: ToolCall<'_>) -> Option<ToolOutcome> {
+        inner.reconcile(call).await
     }
 }
 
-/// The tool results of the one user message that answers the assistant's `turn`th message./// The tool results of the one user message that answers the assistant's `turn`th message.
+/// The tool results of the one user message that answers the assistant's `turn`th message.
 pub fn results_after_turn(run: &Run, turn: usize) -> Vec<(String, ToolResultText)> {
     let at = run
         .messages

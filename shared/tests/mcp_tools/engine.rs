@@ -65,8 +65,8 @@ async fn approve_and_finish(
 ) -> Vec<(String, Option<String>, Value)> {
     dana_approves(h, p, approval).await;
     assert_eq!(h.run(p, &report.run_id).await.status, RunStatus::Done);
+    assert_effect_once(seen, approval);
     let key = format!("{}:1", approval.action_id);
-    assert_eq!(seen.effects(), BTreeMap::from([(key.clone(), 1)]));
     let calls = seen.calls.lock().unwrap().clone();
     assert_eq!(calls.len(), 2);
     assert_eq!(
@@ -74,6 +74,16 @@ async fn approve_and_finish(
         ("issue_refund", Some(key.as_str()))
     );
     calls
+}
+
+/// An MCP orders server of `flavour` and its record of what it saw; and on a fresh harness, a
+/// process of the refunds agent whose tools come from that server.
+async fn refunds_over(flavour: Flavour) -> (Arc<Seen>, Server, harness::Harness, harness::Process) {
+    let (seen, server) = Server::seeing(flavour).await;
+    let orders = connect(server.addr, "5s").await.unwrap();
+    let h = harness::Harness::new(harness::Embedded::fresh()).await;
+    let p = refunds_process(&h, &orders).await;
+    (seen, server, h, p)
 }
 
 fn refunds_agent() -> AgentName {
@@ -91,13 +101,15 @@ fn refund_task() -> StartRun {
     }
 }
 
+/// The server made the first version of `approval`'s call once.
+fn assert_effect_once(seen: &Seen, approval: &Approval) {
+    let key = format!("{}:1", approval.action_id);
+    assert_eq!(seen.effects(), BTreeMap::from([(key, 1)]));
+}
+
 #[tokio::test]
 async fn the_engine_gates_a_destructive_mcp_tool_until_a_person_approves_then_runs_it_once() {
-    let seen = Arc::new(Seen::default());
-    let server = Server::start(seen.clone()).await;
-    let orders = connect(server.addr, "5s").await.unwrap();
-    let h = harness::Harness::new(harness::Embedded::fresh()).await;
-    let p = refunds_process(&h, &orders).await;
+    let (seen, _server, h, p) = refunds_over(Flavour::Plain).await;
 
     let report = p.start(refund_task()).await.unwrap();
 
@@ -107,11 +119,7 @@ async fn the_engine_gates_a_destructive_mcp_tool_until_a_person_approves_then_ru
 
 #[tokio::test]
 async fn the_engine_never_sends_an_mcp_call_again_after_an_unknown_outcome() {
-    let seen = Arc::new(Seen::default());
-    let server = Server::start_as(seen.clone(), Flavour::FailsAfterCommit).await;
-    let orders = connect(server.addr, "5s").await.unwrap();
-    let h = harness::Harness::new(harness::Embedded::fresh()).await;
-    let p = refunds_process(&h, &orders).await;
+    let (seen, _server, h, p) = refunds_over(Flavour::FailsAfterCommit).await;
     let report = p.start(refund_task()).await.unwrap();
     let approval = report.approvals[0].clone();
 
@@ -277,8 +285,7 @@ fn orders_task() -> StartRun {
 
 #[tokio::test]
 async fn a_defined_agent_runs_a_read_only_tool_at_once_and_a_destructive_one_after_approval() {
-    let seen = Arc::new(Seen::default());
-    let server = Server::start(seen.clone()).await;
+    let (seen, server) = Server::seeing(Flavour::Plain).await;
     let h = harness::Harness::new(harness::Embedded::fresh()).await;
     let definition = orders_definition(ORDERS_AGENT, BY_HINTS).unwrap();
     let script = harness::Script::default().then_call(&[
@@ -307,8 +314,7 @@ async fn a_defined_agent_runs_a_read_only_tool_at_once_and_a_destructive_one_aft
 
 #[tokio::test]
 async fn a_tool_the_definition_binds_by_name_takes_its_hints_from_the_listing() {
-    let seen = Arc::new(Seen::default());
-    let server = Server::start(seen.clone()).await;
+    let (seen, server) = Server::seeing(Flavour::Plain).await;
     let h = harness::Harness::new(harness::Embedded::fresh()).await;
     let agent = r#"
 name = "orders"
@@ -347,14 +353,12 @@ mcp = { server = "orders", tool = "issue_refund" }
 
     dana_approves(&h, &p, approval).await;
 
-    let key = format!("{}:1", approval.action_id);
-    assert_eq!(seen.effects(), BTreeMap::from([(key, 1)]));
+    assert_effect_once(&seen, approval);
 }
 
 #[tokio::test]
 async fn another_process_lists_the_tools_before_it_resumes_and_runs_the_approved_call_once() {
-    let seen = Arc::new(Seen::default());
-    let server = Server::start(seen.clone()).await;
+    let (seen, server) = Server::seeing(Flavour::Plain).await;
     let h = harness::Harness::new(harness::Embedded::fresh()).await;
     let definition = orders_definition(ORDERS_AGENT, BY_HINTS).unwrap();
     let env = env_for(server.addr);
@@ -404,14 +408,12 @@ async fn another_process_lists_the_tools_before_it_resumes_and_runs_the_approved
         h.run(&resumer, &report.run_id).await.status,
         RunStatus::Done
     );
-    let key = format!("{}:1", approval.action_id);
-    assert_eq!(seen.effects(), BTreeMap::from([(key, 1)]));
+    assert_effect_once(&seen, &approval);
 }
 
 #[tokio::test]
 async fn a_run_whose_mcp_server_is_down_is_refused_before_anything_is_written() {
-    let seen = Arc::new(Seen::default());
-    let server = Server::start(seen.clone()).await;
+    let (seen, server) = Server::seeing(Flavour::Plain).await;
     let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let nowhere = closed.local_addr().unwrap();
     drop(closed);

@@ -245,6 +245,13 @@ impl Server {
         Self::start_as(seen, Flavour::Plain).await
     }
 
+    /// A server of `flavour`, and a fresh record of what it sees.
+    async fn seeing(flavour: Flavour) -> (Arc<Seen>, Self) {
+        let seen = Arc::new(Seen::default());
+        let server = Self::start_as(seen.clone(), flavour).await;
+        (seen, server)
+    }
+
     async fn start_as(seen: Arc<Seen>, flavour: Flavour) -> Self {
         let sessions = flavour == Flavour::SessionsOnly;
         let service: StreamableHttpService<OrdersServer, LocalSessionManager> =
@@ -306,6 +313,15 @@ struct Relay {
 }
 
 impl Relay {
+    /// A server of `flavour` and its record of what it saw, a relay in front of it, and a
+    /// connection through the relay.
+    async fn before(flavour: Flavour) -> (Arc<Seen>, Server, Self, McpServer) {
+        let (seen, server) = Server::seeing(flavour).await;
+        let relay = Self::start(server.addr).await;
+        let orders = connect(relay.addr, "5s").await.unwrap();
+        (seen, server, relay, orders)
+    }
+
     async fn start(target: SocketAddr) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -409,11 +425,25 @@ async fn one_call(
     args: Value,
     key: &str,
 ) -> (ToolOutcome, Arc<Seen>) {
-    let seen = Arc::new(Seen::default());
-    let server = Server::start_as(seen.clone(), flavour).await;
+    let (seen, server) = Server::seeing(flavour).await;
     let orders = connect(server.addr, timeout).await.unwrap();
     let tool = orders.tool(tool).await.unwrap();
     (call(&tool, args, key).await, seen)
+}
+
+/// The plain server's answer to `tool` on order ord_55, with key `key`.
+async fn order_call(tool: &str, key: &str) -> ToolOutcome {
+    let args = json!({"order_id": "ord_55"});
+    one_call(Flavour::Plain, "5s", tool, args, key).await.0
+}
+
+/// Asserts `outcome` is unknown, its detail saying `part`.
+#[track_caller]
+fn assert_unknown_saying(outcome: &ToolOutcome, part: &str) {
+    assert!(
+        matches!(outcome, ToolOutcome::Unknown { detail } if detail.contains(part)),
+        "{outcome:?}"
+    );
 }
 
 /// The server ran the call with key `key` once, and was sent nothing else.
@@ -424,8 +454,7 @@ fn assert_ran_once(seen: &Seen, key: &str) {
 
 #[tokio::test]
 async fn listing_gives_every_page_of_specs_and_their_hints() {
-    let seen = Arc::new(Seen::default());
-    let server = Server::start(seen.clone()).await;
+    let (seen, server) = Server::seeing(Flavour::Plain).await;
     let orders = connect(server.addr, "5s").await.unwrap();
 
     let tools = orders.tools().await.unwrap();
@@ -453,11 +482,11 @@ async fn listing_gives_every_page_of_specs_and_their_hints() {
     );
     let read_only = ToolHints {
         read_only: true,
-        destructive: false,
+        ..ToolHints::default()
     };
     let destructive = ToolHints {
-        read_only: false,
         destructive: true,
+        ..ToolHints::default()
     };
     assert_eq!(by_name["get_order"].1, read_only);
     assert_eq!(by_name["issue_refund"].1, destructive);
@@ -567,14 +596,7 @@ async fn a_call_sends_the_exact_arguments_with_the_key_in_meta() {
 
 #[tokio::test]
 async fn a_text_result_is_read_as_json_when_it_is_json() {
-    let (outcome, _) = one_call(
-        Flavour::Plain,
-        "5s",
-        "get_order",
-        json!({"order_id": "ord_55"}),
-        "act-r1:1",
-    )
-    .await;
+    let outcome = order_call("get_order", "act-r1:1").await;
 
     assert_eq!(
         outcome,
@@ -586,14 +608,7 @@ async fn a_text_result_is_read_as_json_when_it_is_json() {
 
 #[tokio::test]
 async fn an_error_result_is_failed_with_its_text() {
-    let (outcome, _) = one_call(
-        Flavour::Plain,
-        "5s",
-        "cancel_order",
-        json!({"order_id": "ord_55"}),
-        "act-c1:1",
-    )
-    .await;
+    let outcome = order_call("cancel_order", "act-c1:1").await;
 
     assert_eq!(
         outcome,
@@ -605,14 +620,7 @@ async fn an_error_result_is_failed_with_its_text() {
 
 #[tokio::test]
 async fn a_protocol_error_answering_the_call_is_failed() {
-    let (outcome, _) = one_call(
-        Flavour::Plain,
-        "5s",
-        "archive_order",
-        json!({"order_id": "ord_55"}),
-        "act-a1:1",
-    )
-    .await;
+    let outcome = order_call("archive_order", "act-a1:1").await;
 
     assert_eq!(
         outcome,
@@ -624,17 +632,13 @@ async fn a_protocol_error_answering_the_call_is_failed() {
 
 #[tokio::test]
 async fn a_call_past_the_timeout_is_unknown_and_sent_once() {
-    let seen = Arc::new(Seen::default());
-    let server = Server::start(seen.clone()).await;
+    let (seen, server) = Server::seeing(Flavour::Plain).await;
     let orders = connect(server.addr, "1s").await.unwrap();
     let stall_refund = orders.tool("stall_refund").await.unwrap();
 
     let outcome = call(&stall_refund, refund(), "act-s1:1").await;
 
-    assert!(
-        matches!(&outcome, ToolOutcome::Unknown { detail } if detail.contains("within 1s")),
-        "{outcome:?}"
-    );
+    assert_unknown_saying(&outcome, "within 1s");
     assert_ran_once(&seen, "act-s1:1");
 }
 
@@ -649,19 +653,13 @@ async fn a_500_after_the_call_ran_is_unknown_and_sent_once() {
     )
     .await;
 
-    assert!(
-        matches!(&outcome, ToolOutcome::Unknown { detail } if detail.contains("500")),
-        "{outcome:?}"
-    );
+    assert_unknown_saying(&outcome, "500");
     assert_ran_once(&seen, "act-f1:1");
 }
 
 #[tokio::test]
 async fn a_server_gone_mid_call_is_unknown_and_the_next_call_is_not_sent() {
-    let seen = Arc::new(Seen::default());
-    let server = Server::start(seen.clone()).await;
-    let relay = Relay::start(server.addr).await;
-    let orders = connect(relay.addr, "5s").await.unwrap();
+    let (seen, _server, relay, orders) = Relay::before(Flavour::Plain).await;
     let stall_refund = orders.tool("stall_refund").await.unwrap();
     let issue_refund = orders.tool("issue_refund").await.unwrap();
 
@@ -700,10 +698,7 @@ async fn a_server_gone_mid_call_is_unknown_and_the_next_call_is_not_sent() {
 
 #[tokio::test]
 async fn a_session_the_restarted_server_forgot_is_renewed_before_the_call_is_sent() {
-    let seen = Arc::new(Seen::default());
-    let first = Server::start_as(seen.clone(), Flavour::SessionsOnly).await;
-    let relay = Relay::start(first.addr).await;
-    let orders = connect(relay.addr, "5s").await.unwrap();
+    let (seen, first, relay, orders) = Relay::before(Flavour::SessionsOnly).await;
     let issue_refund = orders.tool("issue_refund").await.unwrap();
     assert!(matches!(
         call(&issue_refund, refund(), "act-e1:1").await,
@@ -752,8 +747,7 @@ async fn connecting_to_a_closed_port_is_unreachable_without_the_secret() {
 
 #[tokio::test]
 async fn the_header_secret_reaches_the_server_and_nothing_else() {
-    let seen = Arc::new(Seen::default());
-    let server = Server::start(seen.clone()).await;
+    let (seen, server) = Server::seeing(Flavour::Plain).await;
     let orders = connect(server.addr, "5s").await.unwrap();
     let issue_refund = orders.tool("issue_refund").await.unwrap();
     let cancel_order = orders.tool("cancel_order").await.unwrap();

@@ -3,52 +3,46 @@
 
 use super::*;
 
+/// Starts c-102 on a process whose reimburse is wrapped in `around`, and has dana approve it
+/// on a task of its own: the run, its approval, and the task deciding.
+async fn approving_on(
+    h: &Harness,
+    around: impl Around,
+) -> (
+    shared::engine::RunReport,
+    Approval,
+    tokio::task::JoinHandle<Result<DecisionReport, EngineError>>,
+) {
+    let process = Arc::new(h.reimbursing_through(around).await);
+    let (report, approval) = h.start_paused(&process, "c-102").await;
+    let decide = tokio::spawn(deciding(
+        &process,
+        h.person("dana"),
+        &approval.id,
+        approve("d-1"),
+    ));
+    (report, approval, decide)
+}
+
 /// Starts c-102, has dana approve it on a process whose reimburse hangs, and kills that process
 /// once the call is in flight. The action is left `executing`.
 async fn approve_on_a_process_that_dies_while_paying(
     h: &Harness,
-    hang: fn(
-        shared::ports::tools::Toolbox,
-        &str,
-        Arc<AtomicUsize>,
-    ) -> shared::ports::tools::Toolbox,
-) -> (
-    shared::engine::RunReport,
-    shared::domain::approval::Approval,
-) {
+    hang: fn(Arc<AtomicUsize>) -> Hangs,
+) -> (shared::engine::RunReport, Approval) {
     let in_flight = Arc::new(AtomicUsize::new(0));
-    let dying = {
-        let in_flight = in_flight.clone();
-        Arc::new(
-            h.process_with(
-                move |tools| hang(tools, "reimburse", in_flight),
-                Delivery::InProcess,
-            )
-            .await,
-        )
-    };
-    let (report, approval) = h.start_paused(&dying, "c-102").await;
-    let decide = {
-        let (dying, dana, id) = (dying.clone(), h.person("dana"), approval.id.clone());
-        tokio::spawn(async move { dying.decide(&dana, &id, approve("d-1")).await })
-    };
+    let (report, approval, decide) = approving_on(h, hang(in_flight.clone())).await;
     while in_flight.load(Ordering::SeqCst) == 0 {
         tokio::time::sleep(StdDuration::from_millis(5)).await;
     }
     decide.abort();
     let _ = decide.await;
-    let history = h
-        .process()
-        .await
-        .history(&acme(), &report.run_id)
-        .await
-        .unwrap();
-    let status = history
-        .actions
-        .iter()
-        .find(|a| a.id == approval.action_id)
-        .map(|a| a.status);
-    assert_eq!(status, Some(ActionStatus::Executing));
+    let reader = h.process().await;
+    let history = reader.history(&acme(), &report.run_id).await.unwrap();
+    assert_eq!(
+        action_of(&history, &approval).status,
+        ActionStatus::Executing
+    );
     (report, approval)
 }
 
@@ -58,14 +52,7 @@ async fn given_a_process_that_died_before_paying_when_the_sweep_finds_the_stale_
     let (report, approval) =
         approve_on_a_process_that_dies_while_paying(h, Hangs::before_effect).await;
     let calls = Arc::new(AtomicUsize::new(0));
-    let sweeper = {
-        let calls = calls.clone();
-        h.process_with(
-            move |tools| Counted::wrap(tools, "reimburse", calls),
-            Delivery::InProcess,
-        )
-        .await
-    };
+    let sweeper = h.counted_process(&calls).await;
     let early = sweeper.sweep(100).await.unwrap();
     assert!(
         early.reconciled.is_empty() && early.unknown.is_empty(),
@@ -83,20 +70,9 @@ async fn given_a_process_that_died_before_paying_when_the_sweep_finds_the_stale_
     );
     assert!(h.payments().await.is_empty());
     let history = sweeper.history(&acme(), &report.run_id).await.unwrap();
-    let action = history
-        .actions
-        .iter()
-        .find(|a| a.id == approval.action_id)
-        .unwrap();
-    assert_eq!(action.status, ActionStatus::Failed);
+    assert_eq!(action_of(&history, &approval).status, ActionStatus::Failed);
     assert_eq!(history.run.status, RunStatus::Done);
-    let told = told_about(&history.run, "reimburse");
-    assert!(told.is_error);
-    assert!(
-        told.content.contains("nothing was recorded"),
-        "{}",
-        told.content
-    );
+    assert_told_error(&history.run, "reimburse", "nothing was recorded");
 }
 
 async fn given_a_process_that_died_after_paying_when_the_sweep_finds_the_stale_execution_then_it_records_the_payment_it_finds(
@@ -110,14 +86,7 @@ async fn given_a_process_that_died_after_paying_when_the_sweep_finds_the_stale_e
         [("c-102".to_string(), 25_000, key.clone())]
     );
     let calls = Arc::new(AtomicUsize::new(0));
-    let sweeper = {
-        let calls = calls.clone();
-        h.process_with(
-            move |tools| Counted::wrap(tools, "reimburse", calls),
-            Delivery::InProcess,
-        )
-        .await
-    };
+    let sweeper = h.counted_process(&calls).await;
     h.clock.advance(Duration::minutes(16));
 
     let swept = sweeper.sweep(100).await.unwrap();
@@ -143,11 +112,9 @@ pub(crate) async fn given_a_stale_execution_when_two_sweeps_record_its_unknown_o
         approve_on_a_process_that_dies_while_paying(h, Hangs::before_effect).await;
     let together = Arc::new(tokio::sync::Barrier::new(2));
     let sweeper = || {
-        let together = together.clone();
-        h.process_with(
-            move |tools| ReconcilesTogether::wrap(tools, "reimburse", together),
-            Delivery::InProcess,
-        )
+        h.reimbursing_through(ReconcilesTogether {
+            together: together.clone(),
+        })
     };
     let (a, b) = (sweeper().await, sweeper().await);
     h.clock.advance(Duration::minutes(16));
@@ -160,14 +127,8 @@ pub(crate) async fn given_a_stale_execution_when_two_sweeps_record_its_unknown_o
         assert_eq!(swept.unknown, from_ref(&key));
     }
     let history = a.history(&acme(), &report.run_id).await.unwrap();
-    let action = history
-        .actions
-        .iter()
-        .find(|x| x.id == approval.action_id)
-        .unwrap();
-    assert_eq!(action.status, ActionStatus::Unknown);
-    let names = event_names(&history.entries);
-    assert_eq!(names.iter().filter(|n| **n == "unknown").count(), 1);
+    assert_eq!(action_of(&history, &approval).status, ActionStatus::Unknown);
+    assert_eq!(times(&history.entries, ["unknown"]), [1]);
     assert_eq!(history.run.status, RunStatus::AwaitingApproval);
 }
 
@@ -175,21 +136,7 @@ async fn given_a_slow_payment_the_sweep_reconciled_as_not_paid_when_the_call_lan
     h: &Harness,
 ) {
     let gate = Gate::new();
-    let slow = {
-        let gate = gate.clone();
-        Arc::new(
-            h.process_with(
-                move |tools| Slow::wrap(tools, "reimburse", gate),
-                Delivery::InProcess,
-            )
-            .await,
-        )
-    };
-    let (report, approval) = h.start_paused(&slow, "c-102").await;
-    let decide = {
-        let (slow, dana, id) = (slow.clone(), h.person("dana"), approval.id.clone());
-        tokio::spawn(async move { slow.decide(&dana, &id, approve("d-1")).await })
-    };
+    let (report, approval, decide) = approving_on(h, Slow { gate: gate.clone() }).await;
     gate.call_in_flight().await;
     h.clock.advance(Duration::minutes(16));
     let sweeper = h.process().await;
@@ -211,12 +158,7 @@ async fn given_a_slow_payment_the_sweep_reconciled_as_not_paid_when_the_call_lan
     );
     assert!(h.payments().await.is_empty(), "a voided call never pays");
     let history = sweeper.history(&acme(), &report.run_id).await.unwrap();
-    let action = history
-        .actions
-        .iter()
-        .find(|a| a.id == approval.action_id)
-        .unwrap();
-    assert_eq!(action.status, ActionStatus::Failed);
+    assert_eq!(action_of(&history, &approval).status, ActionStatus::Failed);
     let about_payment: Vec<&str> = history
         .entries
         .iter()
@@ -237,16 +179,13 @@ async fn given_an_allowed_payment_slower_than_the_lease_when_the_sweep_settles_i
     h: &Harness,
 ) {
     let gate = Gate::new();
-    let script = Script::default().then_call(&[(
-        "reimburse",
-        json!({"claim_id": "c-101", "amount_cents": 4_200}),
-    )]);
+    let script = Script::default().then_call(&[reimburse("c-101", 4_200)]);
     let slow = {
         let gate = gate.clone();
         Arc::new(
             h.process_of(
                 Arc::new(script),
-                move |tools| Slow::wrap(tools, "reimburse", gate),
+                on_reimburse(Slow { gate }),
                 Delivery::InProcess,
             )
             .await,
@@ -267,8 +206,7 @@ async fn given_an_allowed_payment_slower_than_the_lease_when_the_sweep_settles_i
 
     // The process reads the sweep's record of its call, then finds its run failed: a conflict.
     let refused = started.unwrap_err();
-    assert_eq!(refused.code(), "run_finished", "{refused}");
-    assert_eq!(refused.kind(), ErrorKind::Conflict);
+    assert_refusal(&refused, "run_finished", ErrorKind::Conflict);
     assert!(refused.to_string().ends_with("is failed"), "{refused}");
     let late = gate.outcomes();
     assert!(
@@ -347,10 +285,7 @@ async fn given_a_process_that_died_while_driving_a_run_when_its_lease_runs_out_t
 async fn given_a_run_that_resumed_on_a_process_that_died_when_its_lease_runs_out_then_the_sweep_fails_it_but_never_while_it_waited_on_a_person(
     h: &Harness,
 ) {
-    let script = Script::default().then_call(&[(
-        "reimburse",
-        json!({"claim_id": "c-102", "amount_cents": 25_000}),
-    )]);
+    let script = Script::default().then_call(&[reimburse("c-102", 25_000)]);
     let model = Stalls::after(script, 1);
     let dying = Arc::new(
         h.process_of(model.clone(), |tools| tools, Delivery::InProcess)
@@ -365,14 +300,12 @@ async fn given_a_run_that_resumed_on_a_process_that_died_when_its_lease_runs_out
         "a run waiting on a person holds no lease"
     );
 
-    let decide = {
-        let (dying, dana, id) = (
-            dying.clone(),
-            h.person("dana"),
-            report.approvals[0].id.clone(),
-        );
-        tokio::spawn(async move { dying.decide(&dana, &id, approve("d-1")).await })
-    };
+    let decide = tokio::spawn(deciding(
+        &dying,
+        h.person("dana"),
+        &report.approvals[0].id,
+        approve("d-1"),
+    ));
     model.until_stalled(1).await;
     decide.abort();
     let _ = decide.await;
@@ -400,19 +333,24 @@ async fn given_a_run_that_resumed_on_a_process_that_died_when_its_lease_runs_out
     );
 }
 
-// Each scenario on the embedded store and on DynamoDB (moto over HTTP).
-/// How many entries each shard of a sharded index holds, whatever they are due.
-async fn per_shard(p: &Process, index: &str, shards: IndexShards) -> Vec<usize> {
-    let mut counts = Vec::new();
-    for shard in keys::shard_pks(index, shards) {
-        let page = p
-            .store
-            .query_index(&shard, "", "\u{10FFFF}", None, 1_000)
-            .await
-            .unwrap();
-        counts.push(page.items.len());
+/// Takes steps (the first is 1) until every shard of `index` holds an entry, at most 40: ids
+/// are random, so how many that takes varies. How many it took.
+async fn until_every_shard_holds_one(
+    p: &Process,
+    index: &str,
+    shards: IndexShards,
+    mut step: impl AsyncFnMut(usize),
+) -> usize {
+    let mut steps = 0;
+    while per_shard(p, index, shards).await.contains(&0) {
+        assert!(
+            steps < 40,
+            "40 steps and still a shard of {index} without an entry"
+        );
+        steps += 1;
+        step(steps).await;
     }
-    counts
+    steps
 }
 
 async fn given_overdue_runs_and_outbox_entries_in_every_shard_of_the_index_when_the_sweep_runs_then_it_finds_them_all(
@@ -432,23 +370,17 @@ async fn given_overdue_runs_and_outbox_entries_in_every_shard_of_the_index_when_
             |b| sharded(b).delivery(Delivery::Queue(Arc::new(RecordingQueue::default()))),
         )
         .await;
-    // Runs whose process dies while driving them, until every shard holds one (run ids are
-    // random, so how many that takes varies).
-    let mut died = 0;
-    while per_shard(&sweeper, keys::RUNNING_INDEX, shards)
-        .await
-        .contains(&0)
-    {
-        assert!(died < 40, "40 runs and still a shard without one");
+    // Runs whose process dies while driving them, until every shard holds one.
+    let died = until_every_shard_holds_one(&sweeper, keys::RUNNING_INDEX, shards, async |n| {
         let start = {
             let dying = dying.clone();
             tokio::spawn(async move { dying.start(scripted_task("ana")).await })
         };
-        died += 1;
-        model.until_stalled(died).await;
+        model.until_stalled(n).await;
         start.abort();
         let _ = start.await;
-    }
+    })
+    .await;
     // Approved payments whose resume message never left, until every shard holds one.
     let down = h
         .process_configured(
@@ -457,18 +389,11 @@ async fn given_overdue_runs_and_outbox_entries_in_every_shard_of_the_index_when_
             |b| sharded(b).delivery(Delivery::Queue(Arc::new(QueueDown))),
         )
         .await;
-    let mut approved = 0;
-    while per_shard(&sweeper, keys::OUTBOX_INDEX, shards)
-        .await
-        .contains(&0)
-    {
-        assert!(approved < 40, "40 approvals and still a shard without one");
+    let approved = until_every_shard_holds_one(&sweeper, keys::OUTBOX_INDEX, shards, async |_| {
         let (_, approval) = h.start_paused(&down, "c-102").await;
-        down.decide(&h.person("dana"), &approval.id, approve("d-1"))
-            .await
-            .unwrap();
-        approved += 1;
-    }
+        h.decided(&down, "dana", &approval.id, approve("d-1")).await;
+    })
+    .await;
     let unsharded = sweeper
         .store
         .query_index(keys::OUTBOX_INDEX, "", "\u{10FFFF}", None, 10)

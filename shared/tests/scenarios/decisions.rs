@@ -34,9 +34,7 @@ async fn given_c101_a_small_taxi_when_the_agent_runs_then_it_is_paid_42_without_
 async fn given_c102_lodging_over_the_limit_when_the_agent_runs_then_it_pauses_on_reimbursing_250(
     h: &Harness,
 ) {
-    let p = h.process().await;
-
-    let (report, approval) = h.start_paused(&p, "c-102").await;
+    let (p, report, approval) = h.paused_on("c-102").await;
 
     assert_eq!(report.status, RunStatus::AwaitingApproval);
     assert_eq!(approval.tool, "reimburse");
@@ -119,8 +117,7 @@ async fn given_a_time_to_decide_longer_than_the_policy_allows_when_a_run_starts_
     ] {
         let refused = p.start(with_ttl(too_long)).await.unwrap_err();
 
-        assert_eq!(refused.code(), "bad_input", "{refused}");
-        assert_eq!(refused.kind(), ErrorKind::BadInput);
+        assert_refusal(&refused, "bad_input", ErrorKind::BadInput);
         assert!(refused.to_string().contains("longer than"), "{refused}");
     }
     assert!(p.pending(&acme()).await.unwrap().is_empty());
@@ -149,10 +146,9 @@ async fn given_a_paused_run_when_the_process_restarts_and_a_new_engine_approves_
     let second = h.process().await;
     let pending = second.pending(&acme()).await.unwrap();
     assert_eq!(pending.len(), 1);
-    let decided = second
-        .decide(&h.person("dana"), &pending[0].id, approve("d-1"))
-        .await
-        .unwrap();
+    let decided = h
+        .decided(&second, "dana", &pending[0].id, approve("d-1"))
+        .await;
 
     assert_eq!(decided.approval.status, ApprovalStatus::Approved);
     assert!(!decided.replayed);
@@ -165,11 +161,7 @@ async fn given_a_paused_run_when_the_process_restarts_and_a_new_engine_approves_
     );
     assert_eq!(
         paid(&h.payments().await),
-        [(
-            "c-102".to_string(),
-            25_000,
-            format!("{}:1", approval.action_id)
-        )]
+        [payment("c-102", 25_000, &approval, 1)]
     );
     assert!(second.pending(&acme()).await.unwrap().is_empty());
 }
@@ -178,24 +170,16 @@ async fn given_an_approval_when_the_same_decision_id_is_sent_twice_then_it_resum
     h: &Harness,
 ) {
     let calls = Arc::new(AtomicUsize::new(0));
-    let counted = |calls: &Arc<AtomicUsize>| {
-        let calls = calls.clone();
-        move |tools| Counted::wrap(tools, "reimburse", calls)
-    };
-    let first = h.process_with(counted(&calls), Delivery::InProcess).await;
+    let first = h.counted_process(&calls).await;
     let (report, approval) = h.start_paused(&first, "c-102").await;
     let dana = h.person("dana");
 
-    let once = first
-        .decide(&dana, &approval.id, approve("d-1"))
-        .await
-        .unwrap();
+    let once = h.decided(&first, &dana, &approval.id, approve("d-1")).await;
     // The same submission again, as a retried request that lands on another process.
-    let second = h.process_with(counted(&calls), Delivery::InProcess).await;
-    let twice = second
-        .decide(&dana, &approval.id, approve("d-1"))
-        .await
-        .unwrap();
+    let second = h.counted_process(&calls).await;
+    let twice = h
+        .decided(&second, &dana, &approval.id, approve("d-1"))
+        .await;
 
     assert!(!once.replayed);
     assert!(twice.replayed);
@@ -205,8 +189,7 @@ async fn given_an_approval_when_the_same_decision_id_is_sent_twice_then_it_resum
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     assert_eq!(h.payments().await.len(), 1);
     let history = second.history(&acme(), &report.run_id).await.unwrap();
-    let names = event_names(&history.entries);
-    assert_eq!(names.iter().filter(|n| **n == "decision").count(), 1);
+    assert_eq!(times(&history.entries, ["decision"]), [1]);
     let executed_payments = history
         .entries
         .iter()
@@ -219,20 +202,16 @@ async fn given_a_decision_whose_resume_was_never_delivered_when_its_decision_id_
     h: &Harness,
 ) {
     let calls = Arc::new(AtomicUsize::new(0));
-    let counted = |calls: &Arc<AtomicUsize>| {
-        let calls = calls.clone();
-        move |tools| Counted::wrap(tools, "reimburse", calls)
-    };
     // The first attempt commits the decision, then cannot deliver its resume message.
     let first = h
-        .process_with(counted(&calls), Delivery::Queue(Arc::new(QueueDown)))
+        .process_with(
+            on_reimburse(Counted::new(&calls)),
+            Delivery::Queue(Arc::new(QueueDown)),
+        )
         .await;
     let (report, approval) = h.start_paused(&first, "c-102").await;
     let dana = h.person("dana");
-    let committed = first
-        .decide(&dana, &approval.id, approve("d-1"))
-        .await
-        .unwrap();
+    let committed = h.decided(&first, &dana, &approval.id, approve("d-1")).await;
     assert!(!committed.replayed);
     assert_eq!(
         h.run(&first, &report.run_id).await.status,
@@ -240,44 +219,37 @@ async fn given_a_decision_whose_resume_was_never_delivered_when_its_decision_id_
     );
 
     // The client retries the same submission against a process that can deliver.
-    let working = h.process_with(counted(&calls), Delivery::InProcess).await;
-    let replayed = working
-        .decide(&dana, &approval.id, approve("d-1"))
-        .await
-        .unwrap();
+    let working = h.counted_process(&calls).await;
+    let replayed = h
+        .decided(&working, &dana, &approval.id, approve("d-1"))
+        .await;
 
     assert!(replayed.replayed);
     assert_eq!(replayed.run.map(|r| r.status), Some(RunStatus::Done));
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     assert_eq!(h.payments().await.len(), 1);
-    let again = working
-        .decide(&dana, &approval.id, approve("d-1"))
-        .await
-        .unwrap();
+    let again = h
+        .decided(&working, &dana, &approval.id, approve("d-1"))
+        .await;
     assert!(again.replayed);
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     assert_eq!(working.sweep(100).await.unwrap().redelivered, 0);
     let history = working.history(&acme(), &report.run_id).await.unwrap();
-    let names = event_names(&history.entries);
-    assert_eq!(names.iter().filter(|n| **n == "resumed").count(), 1);
-    assert_eq!(names.iter().filter(|n| **n == "decision").count(), 1);
+    assert_eq!(times(&history.entries, ["resumed", "decision"]), [1, 1]);
 }
 
 async fn given_a_recorded_decision_when_its_decision_id_comes_with_another_choice_then_it_conflicts(
     h: &Harness,
 ) {
-    let p = h.process().await;
-    let (_, approval) = h.start_paused(&p, "c-102").await;
+    let (p, _, approval) = h.paused_on("c-102").await;
     let dana = h.person("dana");
-    p.decide(&dana, &approval.id, approve("d-1")).await.unwrap();
+    h.decided(&p, &dana, &approval.id, approve("d-1")).await;
 
-    let refused = p
-        .decide(&dana, &approval.id, reject("d-1", "changed my mind"))
-        .await
-        .unwrap_err();
+    let refused = h
+        .refused(&p, &dana, &approval.id, reject("d-1", "changed my mind"))
+        .await;
 
-    assert_eq!(refused.code(), "decision_id_reused");
-    assert_eq!(refused.kind(), ErrorKind::Conflict);
+    assert_refusal(&refused, "decision_id_reused", ErrorKind::Conflict);
     assert_eq!(h.payments().await.len(), 1);
 }
 
@@ -285,65 +257,51 @@ async fn given_a_recorded_decision_when_its_decision_id_comes_with_another_choic
 // Who may decide
 // ---------------------------------------------------------------------------------------------
 
+/// `who` approves `approval` and is forbidden as `code`: it stays undecided and nothing is paid.
+async fn assert_forbidden(
+    h: &Harness,
+    p: &Process,
+    approval: &Approval,
+    who: &Identity,
+    code: &str,
+) {
+    let refused = h.refused(p, who, &approval.id, approve("d-1")).await;
+    assert_refusal(&refused, code, ErrorKind::Forbidden);
+    assert_undecided(h, p, approval, ApprovalStatus::AwaitingApproval).await;
+}
+
 async fn given_bens_own_claim_when_ben_approves_it_then_he_is_refused_as_own_request(h: &Harness) {
-    let p = h.process().await;
-    let (_, approval) = h.start_paused(&p, "c-102").await;
+    let (p, _, approval) = h.paused_on("c-102").await;
     let mut ben = h.person("ben");
     // Even holding the approver role, the claimant never approves his own claim.
     ben.roles.insert(finance());
 
-    let refused = p
-        .decide(&ben, &approval.id, approve("d-ben"))
-        .await
-        .unwrap_err();
-
-    assert_eq!(refused.code(), "own_request");
-    assert_eq!(refused.kind(), ErrorKind::Forbidden);
-    let stored = p.approval(&acme(), &approval.id).await.unwrap();
-    assert_eq!(stored.status, ApprovalStatus::AwaitingApproval);
-    assert!(stored.decisions.is_empty());
-    assert!(h.payments().await.is_empty());
+    assert_forbidden(h, &p, &approval, &ben, "own_request").await;
 }
 
 async fn given_an_approver_who_lost_the_finance_role_when_they_approve_then_they_are_forbidden(
     h: &Harness,
 ) {
-    let p = h.process().await;
-    let (_, approval) = h.start_paused(&p, "c-102").await;
+    let (p, _, approval) = h.paused_on("c-102").await;
     assert!(h.person("dana").has_role(&finance()));
     // Authentication now says dana is no longer in finance.
     let mut dana = h.person("dana");
     dana.roles.remove(&finance());
 
-    let refused = p
-        .decide(&dana, &approval.id, approve("d-1"))
-        .await
-        .unwrap_err();
-
-    assert_eq!(refused.code(), "missing_role");
-    assert_eq!(refused.kind(), ErrorKind::Forbidden);
-    let stored = p.approval(&acme(), &approval.id).await.unwrap();
-    assert_eq!(stored.status, ApprovalStatus::AwaitingApproval);
-    assert!(stored.decisions.is_empty());
-    assert!(h.payments().await.is_empty());
+    assert_forbidden(h, &p, &approval, &dana, "missing_role").await;
 }
 
 async fn given_an_approval_of_acme_when_a_globex_approver_decides_it_then_it_is_not_found(
     h: &Harness,
 ) {
-    let p = h.process().await;
-    let (_, approval) = h.start_paused(&p, "c-102").await;
+    let (p, _, approval) = h.paused_on("c-102").await;
     let zoe = h.person("zoe");
     assert_eq!(zoe.tenant, TenantId::parse("globex").unwrap());
     assert!(zoe.has_role(&finance()));
 
-    let refused = p
-        .decide(&zoe, &approval.id, approve("d-zoe"))
-        .await
-        .unwrap_err();
+    let refused = h.refused(&p, &zoe, &approval.id, approve("d-zoe")).await;
 
-    assert_eq!(refused.code(), "not_found");
-    assert_eq!(refused.kind(), ErrorKind::NotFound);
+    assert_refusal(&refused, "not_found", ErrorKind::NotFound);
     assert!(p.pending(&zoe.tenant).await.unwrap().is_empty());
     assert_eq!(
         p.approval(&zoe.tenant, &approval.id)

@@ -6,13 +6,11 @@ use super::*;
 async fn given_an_approval_when_a_reviewer_lowers_the_amount_then_version_two_runs_and_version_one_can_no_longer_be_approved(
     h: &Harness,
 ) {
-    let p = h.process().await;
-    let (report, approval) = h.start_paused(&p, "c-102").await;
+    let (p, report, approval) = h.paused_on("c-102").await;
 
-    let edited = p
-        .decide(&h.person("dana"), &approval.id, edit("d-edit", 200))
-        .await
-        .unwrap();
+    let edited = h
+        .decided(&p, "dana", &approval.id, edit("d-edit", 200))
+        .await;
 
     assert_eq!(
         edited.decision.effect,
@@ -29,20 +27,12 @@ async fn given_an_approval_when_a_reviewer_lowers_the_amount_then_version_two_ru
     // One finance approver is the whole quorum, and the editor's edit is their approval.
     assert_eq!(next.status, ApprovalStatus::Approved);
 
-    let late = p
-        .decide(&h.person("erin"), &approval.id, approve("d-late"))
-        .await
-        .unwrap_err();
+    let late = h.refused(&p, "erin", &approval.id, approve("d-late")).await;
 
-    assert_eq!(late.code(), "superseded");
-    assert_eq!(late.kind(), ErrorKind::Conflict);
+    assert_refusal(&late, "superseded", ErrorKind::Conflict);
     assert_eq!(
         paid(&h.payments().await),
-        [(
-            "c-102".to_string(),
-            20_000,
-            format!("{}:2", approval.action_id)
-        )]
+        [payment("c-102", 20_000, &approval, 2)]
     );
     let history = p.history(&acme(), &report.run_id).await.unwrap();
     assert_eq!(history.run.status, RunStatus::Done);
@@ -61,14 +51,12 @@ async fn given_an_approval_when_a_reviewer_lowers_the_amount_then_version_two_ru
 async fn given_a_two_person_claim_when_a_reviewer_lowers_it_then_the_new_version_still_needs_a_second_person(
     h: &Harness,
 ) {
-    let p = h.process().await;
-    let (_, approval) = h.start_paused(&p, "c-105").await;
+    let (p, _, approval) = h.paused_on("c-105").await;
     assert_eq!(approval.args.int("amount_cents"), Some(75_000));
 
-    let edited = p
-        .decide(&h.person("dana"), &approval.id, edit("d-edit", 600))
-        .await
-        .unwrap();
+    let edited = h
+        .decided(&p, "dana", &approval.id, edit("d-edit", 600))
+        .await;
     let next = edited.next_approval.expect("the new version's approval");
 
     assert_eq!(next.status, ApprovalStatus::AwaitingApproval);
@@ -76,51 +64,45 @@ async fn given_a_two_person_claim_when_a_reviewer_lowers_it_then_the_new_version
     assert_eq!(next.quorum, 2);
     assert_eq!(next.still_needed(), 1);
     let erin = h.person("erin");
-    let stale = p
-        .decide(&erin, &next.id, approve("d-stale"))
-        .await
-        .unwrap_err();
+    let stale = h.refused(&p, &erin, &next.id, approve("d-stale")).await;
     assert_eq!(stale.code(), "stale_version");
-    let twice = p
-        .decide(
-            &h.person("dana"),
+    let twice = h
+        .refused(
+            &p,
+            "dana",
             &next.id,
             decision("d-dana-2", v(2), Choice::Approve),
         )
-        .await
-        .unwrap_err();
+        .await;
     assert_eq!(twice.code(), "already_approved_by_you");
     assert!(h.payments().await.is_empty());
 
-    let approved = p
-        .decide(&erin, &next.id, decision("d-erin", v(2), Choice::Approve))
-        .await
-        .unwrap();
+    let approved = h
+        .decided(
+            &p,
+            &erin,
+            &next.id,
+            decision("d-erin", v(2), Choice::Approve),
+        )
+        .await;
 
     assert_eq!(approved.approval.status, ApprovalStatus::Approved);
     assert_eq!(
         paid(&h.payments().await),
-        [(
-            "c-105".to_string(),
-            60_000,
-            format!("{}:2", approval.action_id)
-        )]
+        [payment("c-105", 60_000, &approval, 2)]
     );
 }
 
 async fn given_an_approval_when_a_reviewer_raises_the_amount_then_the_edit_is_refused_and_nothing_changes(
     h: &Harness,
 ) {
-    let p = h.process().await;
-    let (report, approval) = h.start_paused(&p, "c-102").await;
+    let (p, report, approval) = h.paused_on("c-102").await;
 
-    let refused = p
-        .decide(&h.person("dana"), &approval.id, edit("d-raise", 300))
-        .await
-        .unwrap_err();
+    let refused = h
+        .refused(&p, "dana", &approval.id, edit("d-raise", 300))
+        .await;
 
-    assert_eq!(refused.code(), "edit_refused");
-    assert_eq!(refused.kind(), ErrorKind::PolicyRefused);
+    assert_refusal(&refused, "edit_refused", ErrorKind::PolicyRefused);
     let stored = p.approval(&acme(), &approval.id).await.unwrap();
     assert_eq!(stored, approval);
     let history = p.history(&acme(), &report.run_id).await.unwrap();
@@ -140,27 +122,23 @@ async fn given_an_approval_when_a_reviewer_raises_the_amount_then_the_edit_is_re
 async fn given_a_claim_above_500_when_the_same_approver_approves_twice_then_it_still_waits_and_a_second_approver_pays_it(
     h: &Harness,
 ) {
-    let p = h.process().await;
-    let (report, approval) = h.start_paused(&p, "c-105").await;
+    let (p, report, approval) = h.paused_on("c-105").await;
     assert_eq!(approval.quorum, 2);
     let dana = h.person("dana");
 
-    let counted = p
-        .decide(&dana, &approval.id, approve("d-dana-1"))
-        .await
-        .unwrap();
+    let counted = h
+        .decided(&p, &dana, &approval.id, approve("d-dana-1"))
+        .await;
     assert_eq!(
         counted.decision.effect,
         DecisionEffect::Counted { still_needed: 1 }
     );
     assert_eq!(counted.approval.status, ApprovalStatus::AwaitingApproval);
 
-    let again = p
-        .decide(&dana, &approval.id, approve("d-dana-2"))
-        .await
-        .unwrap_err();
-    assert_eq!(again.code(), "already_approved_by_you");
-    assert_eq!(again.kind(), ErrorKind::Conflict);
+    let again = h
+        .refused(&p, &dana, &approval.id, approve("d-dana-2"))
+        .await;
+    assert_refusal(&again, "already_approved_by_you", ErrorKind::Conflict);
     let stored = p.approval(&acme(), &approval.id).await.unwrap();
     assert_eq!(stored.status, ApprovalStatus::AwaitingApproval);
     assert_eq!(stored.still_needed(), 1);
@@ -170,20 +148,13 @@ async fn given_a_claim_above_500_when_the_same_approver_approves_twice_then_it_s
     );
     assert!(h.payments().await.is_empty());
 
-    let approved = p
-        .decide(&h.person("erin"), &approval.id, approve("d-erin"))
-        .await
-        .unwrap();
+    let approved = h.decided(&p, "erin", &approval.id, approve("d-erin")).await;
 
     assert_eq!(approved.approval.status, ApprovalStatus::Approved);
     assert_eq!(h.run(&p, &report.run_id).await.status, RunStatus::Done);
     assert_eq!(
         paid(&h.payments().await),
-        [(
-            "c-105".to_string(),
-            75_000,
-            format!("{}:1", approval.action_id)
-        )]
+        [payment("c-105", 75_000, &approval, 1)]
     );
     let history = p.history(&acme(), &report.run_id).await.unwrap();
     let authorized = history.entries.iter().find_map(|e| match &e.event {
@@ -206,23 +177,17 @@ async fn given_a_claim_above_500_when_the_same_approver_approves_twice_then_it_s
 async fn given_an_approval_when_a_reviewer_lowers_the_amount_below_the_threshold_then_version_two_runs_on_policy_and_the_editor(
     h: &Harness,
 ) {
-    let p = h.process().await;
-    let (report, approval) = h.start_paused(&p, "c-102").await;
+    let (p, report, approval) = h.paused_on("c-102").await;
 
-    let edited = p
-        .decide(&h.person("dana"), &approval.id, edit("d-edit", 60))
-        .await
-        .unwrap();
+    let edited = h
+        .decided(&p, "dana", &approval.id, edit("d-edit", 60))
+        .await;
 
     assert_eq!(edited.approval.status, ApprovalStatus::Superseded);
     assert!(edited.next_approval.is_none(), "$60 needs nobody");
     assert_eq!(
         paid(&h.payments().await),
-        [(
-            "c-102".to_string(),
-            6_000,
-            format!("{}:2", approval.action_id)
-        )]
+        [payment("c-102", 6_000, &approval, 2)]
     );
     let history = p.history(&acme(), &report.run_id).await.unwrap();
     assert_eq!(history.run.status, RunStatus::Done);
@@ -236,10 +201,7 @@ async fn given_an_approval_when_a_reviewer_lowers_the_amount_below_the_threshold
         v2.authorized_by,
         [Actor::person(&person("dana")), Actor::Policy { version: 1 }]
     );
-    let late = p
-        .decide(&h.person("erin"), &approval.id, approve("d-late"))
-        .await
-        .unwrap_err();
+    let late = h.refused(&p, "erin", &approval.id, approve("d-late")).await;
     assert_eq!(late.code(), "superseded");
 }
 

@@ -9,35 +9,23 @@ use super::*;
 async fn given_an_overdue_approval_when_someone_approves_it_then_it_is_refused_as_expired_nothing_is_paid_and_the_model_is_told(
     h: &Harness,
 ) {
-    let p = h.process().await;
-    let (report, approval) = h.start_paused(&p, "c-102").await;
+    let (p, report, approval) = h.paused_on("c-102").await;
     h.clock.advance(Duration::hours(24) + Duration::minutes(1));
 
-    let refused = p
-        .decide(&h.person("dana"), &approval.id, approve("d-late"))
-        .await
-        .unwrap_err();
+    let refused = h.refused(&p, "dana", &approval.id, approve("d-late")).await;
 
-    assert_eq!(refused.code(), "expired");
-    assert_eq!(refused.kind(), ErrorKind::Conflict);
-    assert!(h.payments().await.is_empty());
-    let stored = p.approval(&acme(), &approval.id).await.unwrap();
-    assert_eq!(stored.status, ApprovalStatus::Expired);
-    assert!(stored.decisions.is_empty());
+    assert_refusal(&refused, "expired", ErrorKind::Conflict);
+    assert_undecided(h, &p, &approval, ApprovalStatus::Expired).await;
     let run = h.run(&p, &report.run_id).await;
     assert_eq!(run.status, RunStatus::Done);
-    let told = told_about(&run, "reimburse");
-    assert!(!told.is_error);
+    let told = told_not_executed(&run, "reimburse");
     assert!(
-        told.content
-            .starts_with("Not executed: nobody decided before the deadline"),
-        "{}",
-        told.content
+        told.starts_with("Not executed: nobody decided before the deadline"),
+        "{told}"
     );
-    let again = p
-        .decide(&h.person("erin"), &approval.id, approve("d-later"))
-        .await
-        .unwrap_err();
+    let again = h
+        .refused(&p, "erin", &approval.id, approve("d-later"))
+        .await;
     assert_eq!(again.code(), "expired");
     assert!(h.payments().await.is_empty());
 }
@@ -45,22 +33,15 @@ async fn given_an_overdue_approval_when_someone_approves_it_then_it_is_refused_a
 async fn given_an_overdue_approval_when_someone_without_the_approver_role_decides_it_then_it_expires_booked_to_the_deadline_not_to_them(
     h: &Harness,
 ) {
-    let p = h.process().await;
-    let (report, approval) = h.start_paused(&p, "c-102").await;
+    let (p, report, approval) = h.paused_on("c-102").await;
     h.clock.advance(Duration::hours(24) + Duration::minutes(1));
     let ana = h.person("ana");
     assert!(!ana.has_role(&finance()));
 
-    let refused = p
-        .decide(&ana, &approval.id, approve("d-ana"))
-        .await
-        .unwrap_err();
+    let refused = h.refused(&p, &ana, &approval.id, approve("d-ana")).await;
 
-    assert_eq!(refused.code(), "expired");
-    assert_eq!(refused.kind(), ErrorKind::Conflict);
-    let stored = p.approval(&acme(), &approval.id).await.unwrap();
-    assert_eq!(stored.status, ApprovalStatus::Expired);
-    assert!(stored.decisions.is_empty());
+    assert_refusal(&refused, "expired", ErrorKind::Conflict);
+    assert_undecided(h, &p, &approval, ApprovalStatus::Expired).await;
     let history = p.history(&acme(), &report.run_id).await.unwrap();
     let expiries: Vec<&Actor> = history
         .entries
@@ -77,36 +58,28 @@ async fn given_an_overdue_approval_when_someone_without_the_approver_role_decide
         "ana appears nowhere in the record: {:?}",
         event_names(&history.entries)
     );
-    assert!(h.payments().await.is_empty());
 }
 
 async fn given_a_rejected_payment_when_the_run_resumes_then_the_model_reads_a_plain_not_executed_result_and_finishes(
     h: &Harness,
 ) {
-    let p = h.process().await;
-    let (report, approval) = h.start_paused(&p, "c-102").await;
+    let (p, report, approval) = h.paused_on("c-102").await;
 
-    let decided = p
-        .decide(
-            &h.person("dana"),
+    let decided = h
+        .decided(
+            &p,
+            "dana",
             &approval.id,
             reject("d-no", "the receipt is missing"),
         )
-        .await
-        .unwrap();
+        .await;
 
     assert_eq!(decided.approval.status, ApprovalStatus::Rejected);
     let run = h.run(&p, &report.run_id).await;
     assert_eq!(run.status, RunStatus::Done);
-    let told = told_about(&run, "reimburse");
-    assert!(!told.is_error, "a rejection is an answer, not an error");
-    assert!(
-        told.content.starts_with("Not executed:"),
-        "{}",
-        told.content
-    );
-    assert!(told.content.contains("the receipt is missing"));
-    assert!(told.content.contains("Do not retry"));
+    let told = told_not_executed(&run, "reimburse");
+    assert!(told.contains("the receipt is missing"), "{told}");
+    assert!(told.contains("Do not retry"), "{told}");
     let answer = run.answer.unwrap();
     assert!(answer.starts_with("Nothing was settled"), "{answer}");
     assert!(h.payments().await.is_empty());
@@ -115,8 +88,7 @@ async fn given_a_rejected_payment_when_the_run_resumes_then_the_model_reads_a_pl
 async fn given_an_unanswered_payment_when_the_sweep_expires_it_then_the_model_reads_a_plain_not_executed_result_and_finishes(
     h: &Harness,
 ) {
-    let p = h.process().await;
-    let (report, approval) = h.start_paused(&p, "c-102").await;
+    let (p, report, approval) = h.paused_on("c-102").await;
     h.clock.advance(Duration::hours(25));
 
     let swept = h.process().await.sweep(100).await.unwrap();
@@ -124,35 +96,25 @@ async fn given_an_unanswered_payment_when_the_sweep_expires_it_then_the_model_re
     assert_eq!(swept.expired, [approval.id]);
     let run = h.run(&p, &report.run_id).await;
     assert_eq!(run.status, RunStatus::Done);
-    let told = told_about(&run, "reimburse");
-    assert!(!told.is_error, "an expiry is an answer, not an error");
-    assert!(
-        told.content.starts_with("Not executed:"),
-        "{}",
-        told.content
-    );
-    assert!(told.content.contains("expired"));
+    let told = told_not_executed(&run, "reimburse");
+    assert!(told.contains("expired"), "{told}");
     assert!(h.payments().await.is_empty());
 }
 
 async fn given_a_cancelled_run_when_an_approver_decides_its_approval_then_it_conflicts_as_cancelled(
     h: &Harness,
 ) {
-    let p = h.process().await;
-    let (report, approval) = h.start_paused(&p, "c-102").await;
+    let (p, report, approval) = h.paused_on("c-102").await;
 
     let cancelled = p.cancel(&h.person("ben"), &report.run_id).await.unwrap();
     assert_eq!(cancelled.status, RunStatus::Cancelled);
 
+    let other = h.process().await;
     let refused = h
-        .process()
-        .await
-        .decide(&h.person("dana"), &approval.id, approve("d-1"))
-        .await
-        .unwrap_err();
+        .refused(&other, "dana", &approval.id, approve("d-1"))
+        .await;
 
-    assert_eq!(refused.code(), "cancelled");
-    assert_eq!(refused.kind(), ErrorKind::Conflict);
+    assert_refusal(&refused, "cancelled", ErrorKind::Conflict);
     let stored = p.approval(&acme(), &approval.id).await.unwrap();
     assert_eq!(stored.status, ApprovalStatus::Cancelled);
     assert!(p.pending(&acme()).await.unwrap().is_empty());

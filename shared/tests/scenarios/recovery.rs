@@ -2,37 +2,20 @@
 //! person of the agent's recovery owner role, who answers "it took effect" or "it did not", with
 //! the identity, tenant and audit rules of every decision; the run resumes with the answer.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-
+use super::*;
 use async_trait::async_trait;
-use chrono::Duration;
-use shared::domain::action::{ActionStatus, ToolOutcome};
-use shared::domain::approval::{Approval, ApprovalKind, ApprovalStatus, Choice, DecisionRequest};
-use shared::domain::ids::{ActionVersion, ApprovalId};
-use shared::domain::run::RunStatus;
-use shared::ports::model::ToolSpec;
-use shared::ports::tools::{Tool, ToolCall, Toolbox};
-
-use crate::dynamodb_backend::DynamoDb;
-use crate::harness::{
-    AnswerLost, Embedded, Harness, Process, acme, approve, decision, event_names, paid, told_about,
-};
+use shared::domain::approval::ApprovalKind;
+use shared::ports::tools::{Tool, ToolCall};
 
 /// A call whose request never reached the service, though the caller cannot tell: it reports
 /// an unknown outcome and cannot be asked again.
 struct LostBeforeEffect {
-    inner: Arc<dyn Tool>,
     calls: Arc<AtomicUsize>,
 }
 
 #[async_trait]
-impl Tool for LostBeforeEffect {
-    fn spec(&self) -> ToolSpec {
-        self.inner.spec()
-    }
-
-    async fn call(&self, _: ToolCall<'_>) -> ToolOutcome {
+impl Around for LostBeforeEffect {
+    async fn call(&self, _: &dyn Tool, _: ToolCall<'_>) -> ToolOutcome {
         self.calls.fetch_add(1, Ordering::SeqCst);
         ToolOutcome::Unknown {
             detail: "the connection dropped before any answer".into(),
@@ -49,27 +32,10 @@ fn answer(id: &str, took_effect: bool, note: &str) -> DecisionRequest {
     decision(id, ActionVersion::FIRST, choice)
 }
 
-/// The code `who`'s decision `request` on `id` is refused with.
-async fn refusal(
-    h: &Harness,
-    p: &Process,
-    who: &str,
-    id: &ApprovalId,
-    request: DecisionRequest,
-) -> &'static str {
-    p.decide(&h.person(who), id, request)
-        .await
-        .unwrap_err()
-        .code()
-}
-
 /// c-102 paused, approved by dana, its payment's outcome lost: the recovery that opens.
 async fn lost_payment(h: &Harness, p: &Process) -> (Approval, Approval) {
     let (_, approval) = h.start_paused(p, "c-102").await;
-    let decided = p
-        .decide(&h.person("dana"), &approval.id, approve("dana-1"))
-        .await
-        .unwrap();
+    let decided = h.decided(p, "dana", &approval.id, approve("dana-1")).await;
     let run = decided.run.expect("resumed in this process");
     assert_eq!(run.status, RunStatus::AwaitingApproval, "{run:?}");
     let pending = p.pending(&acme()).await.unwrap();
@@ -81,12 +47,8 @@ async fn given_a_payment_whose_answer_was_lost_and_cannot_be_reconciled_when_its
     h: &Harness,
 ) {
     let calls = Arc::new(AtomicUsize::new(0));
-    let counted = calls.clone();
     let p = h
-        .process_recovering(
-            move |tools| AnswerLost::wrap(tools, "reimburse", counted),
-            "finance",
-        )
+        .process_recovering(on_reimburse(AnswerLost(Counted::new(&calls))), "finance")
         .await;
     let (approval, recovery) = lost_payment(h, &p).await;
 
@@ -113,20 +75,14 @@ async fn given_a_payment_whose_answer_was_lost_and_cannot_be_reconciled_when_its
         ("zoe", answer("zoe-1", true, "paid"), "not_found"),
     ] {
         assert_eq!(
-            refusal(h, &p, who, &recovery.id, request).await,
+            h.refused(&p, who, &recovery.id, request).await.code(),
             code,
             "{who}"
         );
     }
 
-    let answered = p
-        .decide(
-            &h.person("erin"),
-            &recovery.id,
-            answer("erin-1", true, "The ledger shows the payment."),
-        )
-        .await
-        .unwrap();
+    let took_effect = || answer("erin-1", true, "The ledger shows the payment.");
+    let answered = h.decided(&p, "erin", &recovery.id, took_effect()).await;
     assert_eq!(answered.approval.status, ApprovalStatus::Answered);
     let run = answered.run.expect("resumed in this process");
     assert_eq!(run.status, RunStatus::Done, "{run:?}");
@@ -140,24 +96,18 @@ async fn given_a_payment_whose_answer_was_lost_and_cannot_be_reconciled_when_its
     assert!(at("recovery_requested") < at("reconciled"), "{names:?}");
     let reconciled = &history.entries[at("reconciled")];
     assert_eq!(reconciled.actor.to_string(), "erin");
-    let action = &history
-        .actions
-        .iter()
-        .find(|a| a.id == approval.action_id)
-        .unwrap();
-    assert_eq!(action.status, ActionStatus::Succeeded);
+    assert_eq!(
+        action_of(&history, &approval).status,
+        ActionStatus::Succeeded
+    );
 
     // Answering again with the same decision id replays; another answer conflicts.
-    let again = p
-        .decide(
-            &h.person("erin"),
-            &recovery.id,
-            answer("erin-1", true, "The ledger shows the payment."),
-        )
-        .await
-        .unwrap();
+    let again = h.decided(&p, "erin", &recovery.id, took_effect()).await;
     assert!(again.replayed);
-    let late = refusal(h, &p, "dana", &recovery.id, answer("dana-2", false, "no")).await;
+    let late = h
+        .refused(&p, "dana", &recovery.id, answer("dana-2", false, "no"))
+        .await
+        .code();
     assert_eq!(late, "already_decided");
 }
 
@@ -165,38 +115,26 @@ async fn given_a_payment_that_never_reached_the_ledger_when_its_owner_says_it_di
     h: &Harness,
 ) {
     let calls = Arc::new(AtomicUsize::new(0));
-    let counted = calls.clone();
-    let p = h
-        .process_recovering(
-            move |tools: Toolbox| {
-                let inner = tools.get("reimburse").unwrap().clone();
-                tools.with(Arc::new(LostBeforeEffect {
-                    inner,
-                    calls: counted,
-                }))
-            },
-            "finance",
-        )
-        .await;
+    let lost = on_reimburse(LostBeforeEffect {
+        calls: calls.clone(),
+    });
+    let p = h.process_recovering(lost, "finance").await;
     let (_, recovery) = lost_payment(h, &p).await;
 
-    let answered = p
-        .decide(
-            &h.person("erin"),
+    let answered = h
+        .decided(
+            &p,
+            "erin",
             &recovery.id,
             answer("erin-1", false, "No payment in the ledger."),
         )
-        .await
-        .unwrap();
+        .await;
     let run = answered.run.expect("resumed in this process");
     assert_eq!(run.status, RunStatus::Done, "{run:?}");
-    let told = told_about(&h.run(&p, &run.run_id).await, "reimburse");
-    assert!(told.is_error);
-    assert!(
-        told.content
-            .contains("did not take effect, as erin confirmed"),
-        "{}",
-        told.content
+    assert_told_error(
+        &h.run(&p, &run.run_id).await,
+        "reimburse",
+        "did not take effect, as erin confirmed",
     );
     assert!(h.payments().await.is_empty());
     assert_eq!(calls.load(Ordering::SeqCst), 1);
@@ -205,18 +143,8 @@ async fn given_a_payment_that_never_reached_the_ledger_when_its_owner_says_it_di
 async fn given_an_agent_without_a_recovery_owner_when_an_outcome_is_unknown_then_nobody_is_asked_and_the_sweep_keeps_asking_the_tool(
     h: &Harness,
 ) {
-    let calls = Arc::new(AtomicUsize::new(0));
-    let counted = calls.clone();
-    let p = h
-        .process_with(
-            move |tools| AnswerLost::wrap(tools, "reimburse", counted),
-            shared::engine::Delivery::InProcess,
-        )
-        .await;
-    let (_, approval) = h.start_paused(&p, "c-102").await;
-    p.decide(&h.person("dana"), &approval.id, approve("dana-1"))
-        .await
-        .unwrap();
+    let (calls, p, _, approval) = paused_where_answers_are_lost(h).await;
+    h.decided(&p, "dana", &approval.id, approve("dana-1")).await;
 
     assert!(p.pending(&acme()).await.unwrap().is_empty());
     h.clock.advance(Duration::minutes(6));

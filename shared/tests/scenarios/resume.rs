@@ -10,21 +10,9 @@ use super::*;
 async fn given_a_payment_whose_outcome_is_unknown_when_the_resume_message_comes_again_then_the_tool_is_not_called_again_and_the_sweep_reconciles_it(
     h: &Harness,
 ) {
-    let calls = Arc::new(AtomicUsize::new(0));
-    let lost = {
-        let calls = calls.clone();
-        h.process_with(
-            move |tools| AnswerLost::wrap(tools, "reimburse", calls),
-            Delivery::InProcess,
-        )
-        .await
-    };
-    let (report, approval) = h.start_paused(&lost, "c-102").await;
+    let (calls, lost, report, approval) = paused_where_answers_are_lost(h).await;
 
-    let decided = lost
-        .decide(&h.person("dana"), &approval.id, approve("d-1"))
-        .await
-        .unwrap();
+    let decided = h.decided(&lost, "dana", &approval.id, approve("d-1")).await;
 
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     assert_eq!(
@@ -77,18 +65,9 @@ async fn given_a_finished_run_when_its_resume_message_is_delivered_again_then_no
     h: &Harness,
 ) {
     let calls = Arc::new(AtomicUsize::new(0));
-    let p = {
-        let calls = calls.clone();
-        h.process_with(
-            move |tools| Counted::wrap(tools, "reimburse", calls),
-            Delivery::InProcess,
-        )
-        .await
-    };
+    let p = h.counted_process(&calls).await;
     let (report, approval) = h.start_paused(&p, "c-102").await;
-    p.decide(&h.person("dana"), &approval.id, approve("d-1"))
-        .await
-        .unwrap();
+    h.decided(&p, "dana", &approval.id, approve("d-1")).await;
     assert_eq!(h.run(&p, &report.run_id).await.status, RunStatus::Done);
 
     let again = p.resume(&resume_message(&approval)).await.unwrap();
@@ -101,33 +80,17 @@ async fn given_a_finished_run_when_its_resume_message_is_delivered_again_then_no
 
 /// Every outbox entry still in the store, whatever it is due.
 async fn outbox_entries(p: &Process) -> usize {
-    let mut entries = 0;
-    for shard in keys::shard_pks(keys::OUTBOX_INDEX, IndexShards::DEFAULT) {
-        entries += p
-            .store
-            .query_index(&shard, "", "\u{10FFFF}", None, 100)
-            .await
-            .unwrap()
-            .items
-            .len();
-    }
-    entries
+    per_shard(p, keys::OUTBOX_INDEX, IndexShards::DEFAULT)
+        .await
+        .iter()
+        .sum()
 }
 
 async fn given_a_queued_resume_when_its_consumer_acts_on_it_then_its_outbox_entry_goes_with_that_write_and_the_sweep_sends_nothing_again(
     h: &Harness,
 ) {
-    let queue = Arc::new(RecordingQueue::default());
-    let decider = h
-        .process_with(|tools| tools, Delivery::Queue(queue.clone()))
-        .await;
-    let (_, approval) = h.start_paused(&decider, "c-102").await;
-    decider
-        .decide(&h.person("dana"), &approval.id, approve("d-1"))
-        .await
-        .unwrap();
+    let (decider, queue, _, _) = approved_through_a_queue(h).await;
     let published = queue.published();
-    assert_eq!(addressed(&published), [resume_message(&approval)]);
 
     // The writer published and left the entry: until a consumer acts, it is what the sweep
     // would deliver again once the grace period is over.
@@ -158,10 +121,7 @@ async fn given_the_resume_queue_is_down_when_a_payment_is_approved_then_the_deci
         .await;
     let (report, approval) = h.start_paused(&down, "c-102").await;
 
-    let decided = down
-        .decide(&h.person("dana"), &approval.id, approve("d-1"))
-        .await
-        .unwrap();
+    let decided = h.decided(&down, "dana", &approval.id, approve("d-1")).await;
     assert_eq!(decided.approval.status, ApprovalStatus::Approved);
     assert!(decided.run.is_none(), "another process resumes it");
 
@@ -203,12 +163,10 @@ async fn given_the_resume_queue_is_down_when_a_payment_is_approved_then_the_deci
 async fn given_an_edited_approval_when_either_approval_history_is_read_then_it_traces_both_versions_to_the_outcome(
     h: &Harness,
 ) {
-    let p = h.process().await;
-    let (_, approval) = h.start_paused(&p, "c-102").await;
-    let edited = p
-        .decide(&h.person("dana"), &approval.id, edit("d-edit", 200))
-        .await
-        .unwrap();
+    let (p, _, approval) = h.paused_on("c-102").await;
+    let edited = h
+        .decided(&p, "dana", &approval.id, edit("d-edit", 200))
+        .await;
     let next = edited.next_approval.unwrap();
 
     let from_old = p.history_of_approval(&acme(), &approval.id).await.unwrap();
@@ -259,8 +217,7 @@ async fn given_a_finished_run_when_its_requester_cancels_it_then_it_conflicts_as
         .await
         .unwrap_err();
 
-    assert_eq!(refused.code(), "run_finished");
-    assert_eq!(refused.kind(), ErrorKind::Conflict);
+    assert_refusal(&refused, "run_finished", ErrorKind::Conflict);
     assert_eq!(h.run(&p, &report.run_id).await.status, RunStatus::Done);
 }
 
@@ -271,11 +228,8 @@ async fn given_a_finished_run_when_its_requester_cancels_it_then_it_conflicts_as
 async fn given_an_approved_payment_when_its_approval_history_is_read_then_it_traces_proposal_decision_execution_and_outcome(
     h: &Harness,
 ) {
-    let p = h.process().await;
-    let (report, approval) = h.start_paused(&p, "c-102").await;
-    p.decide(&h.person("dana"), &approval.id, approve("d-1"))
-        .await
-        .unwrap();
+    let (p, report, approval) = h.paused_on("c-102").await;
+    h.decided(&p, "dana", &approval.id, approve("d-1")).await;
 
     let history = h
         .process()

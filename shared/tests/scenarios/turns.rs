@@ -12,10 +12,7 @@ async fn given_a_turn_with_a_read_and_a_payment_when_the_payment_is_approved_the
 ) {
     let script = Script::default().then_call(&[
         ("get_claim", json!({"claim_id": "c-102"})),
-        (
-            "reimburse",
-            json!({"claim_id": "c-102", "amount_cents": 25_000}),
-        ),
+        reimburse("c-102", 25_000),
     ]);
     let p = h.scripted_process(script).await;
     let report = p.start(scripted_task("ben")).await.unwrap();
@@ -36,9 +33,8 @@ async fn given_a_turn_with_a_read_and_a_payment_when_the_payment_is_approved_the
         "nothing went back to the model yet"
     );
 
-    p.decide(&h.person("dana"), &report.approvals[0].id, approve("d-1"))
-        .await
-        .unwrap();
+    h.decided(&p, "dana", &report.approvals[0].id, approve("d-1"))
+        .await;
 
     let run = h.run(&p, &report.run_id).await;
     assert_eq!(run.status, RunStatus::Done);
@@ -55,14 +51,8 @@ async fn given_two_approvals_in_one_turn_when_the_first_is_decided_then_the_run_
     h: &Harness,
 ) {
     let script = Script::default().then_call(&[
-        (
-            "reimburse",
-            json!({"claim_id": "c-102", "amount_cents": 25_000}),
-        ),
-        (
-            "decline",
-            json!({"claim_id": "c-106", "reason": "no itemised receipt"}),
-        ),
+        reimburse("c-102", 25_000),
+        decline("c-106", "no itemised receipt"),
     ]);
     let p = h.scripted_process(script).await;
     let report = p.start(scripted_task("ben")).await.unwrap();
@@ -78,10 +68,7 @@ async fn given_two_approvals_in_one_turn_when_the_first_is_decided_then_the_run_
         .find(|a| a.tool == "decline")
         .unwrap();
 
-    let first = p
-        .decide(&h.person("dana"), &pay.id, approve("d-pay"))
-        .await
-        .unwrap();
+    let first = h.decided(&p, "dana", &pay.id, approve("d-pay")).await;
 
     let waiting = first.run.expect("the run, resumed in process");
     assert_eq!(waiting.status, RunStatus::AwaitingApproval);
@@ -90,13 +77,13 @@ async fn given_two_approvals_in_one_turn_when_the_first_is_decided_then_the_run_
     assert_eq!(h.payments().await.len(), 1);
     assert_eq!(h.run(&p, &report.run_id).await.messages.len(), 2);
 
-    p.decide(
-        &h.person("erin"),
+    h.decided(
+        &p,
+        "erin",
         &decline.id,
         reject("d-decline", "the receipt came in"),
     )
-    .await
-    .unwrap();
+    .await;
 
     let run = h.run(&p, &report.run_id).await;
     assert_eq!(run.status, RunStatus::Done);
@@ -105,11 +92,7 @@ async fn given_two_approvals_in_one_turn_when_the_first_is_decided_then_the_run_
     assert!(results[0].1.content.contains("\"paid_cents\":25000"));
     assert!(results[1].1.content.starts_with("Not executed:"));
     let history = p.history(&acme(), &report.run_id).await.unwrap();
-    let resumed = event_names(&history.entries)
-        .into_iter()
-        .filter(|n| *n == "resumed")
-        .count();
-    assert_eq!(resumed, 1);
+    assert_eq!(times(&history.entries, ["resumed"]), [1]);
 }
 
 async fn given_the_agent_calls_a_tool_the_policy_does_not_name_when_the_turn_runs_then_it_is_not_executed_and_the_model_is_told(
@@ -153,22 +136,13 @@ async fn given_a_run_that_needs_a_second_decision_after_the_first_when_both_are_
     h: &Harness,
 ) {
     let script = Script::default()
-        .then_call(&[(
-            "reimburse",
-            json!({"claim_id": "c-102", "amount_cents": 25_000}),
-        )])
-        .then_call(&[(
-            "decline",
-            json!({"claim_id": "c-106", "reason": "no itemised receipt"}),
-        )]);
+        .then_call(&[reimburse("c-102", 25_000)])
+        .then_call(&[decline("c-106", "no itemised receipt")]);
     let p = h.scripted_process(script).await;
     let report = p.start(scripted_task("ben")).await.unwrap();
     let pay = report.approvals[0].clone();
 
-    let first = p
-        .decide(&h.person("dana"), &pay.id, approve("d-pay"))
-        .await
-        .unwrap();
+    let first = h.decided(&p, "dana", &pay.id, approve("d-pay")).await;
 
     let waiting = first.run.expect("the run, resumed in process");
     assert_eq!(waiting.status, RunStatus::AwaitingApproval);
@@ -177,11 +151,9 @@ async fn given_a_run_that_needs_a_second_decision_after_the_first_when_both_are_
     assert_eq!(decline.tool, "decline");
     assert_eq!(p.pending(&acme()).await.unwrap(), from_ref(&decline));
 
-    h.process()
-        .await
-        .decide(&h.person("erin"), &decline.id, approve("d-decline"))
-        .await
-        .unwrap();
+    let other = h.process().await;
+    h.decided(&other, "erin", &decline.id, approve("d-decline"))
+        .await;
 
     let run = h.run(&p, &report.run_id).await;
     assert_eq!(run.status, RunStatus::Done);
@@ -192,29 +164,20 @@ async fn given_a_run_that_needs_a_second_decision_after_the_first_when_both_are_
     let claims: Vec<&str> = settled.iter().map(|s| s.claim_id.as_str()).collect();
     assert_eq!(claims, ["c-102", "c-106"]);
     let history = p.history(&acme(), &report.run_id).await.unwrap();
-    let names = event_names(&history.entries);
-    assert_eq!(names.iter().filter(|n| **n == "paused").count(), 2);
-    assert_eq!(names.iter().filter(|n| **n == "resumed").count(), 2);
+    assert_eq!(times(&history.entries, ["paused", "resumed"]), [2, 2]);
 }
 
 async fn given_two_approvers_approve_paying_more_than_was_claimed_when_it_runs_then_the_tool_refuses_and_the_model_is_told(
     h: &Harness,
 ) {
-    let script = Script::default().then_call(&[(
-        "reimburse",
-        json!({"claim_id": "c-102", "amount_cents": 60_000}),
-    )]);
+    let script = Script::default().then_call(&[reimburse("c-102", 60_000)]);
     let p = h.scripted_process(script).await;
     let report = p.start(scripted_task("ben")).await.unwrap();
     let approval = report.approvals[0].clone();
     assert_eq!(approval.quorum, 2);
 
-    p.decide(&h.person("dana"), &approval.id, approve("d-dana"))
-        .await
-        .unwrap();
-    p.decide(&h.person("erin"), &approval.id, approve("d-erin"))
-        .await
-        .unwrap();
+    h.decided(&p, "dana", &approval.id, approve("d-dana")).await;
+    h.decided(&p, "erin", &approval.id, approve("d-erin")).await;
 
     assert!(
         h.payments().await.is_empty(),
@@ -222,19 +185,8 @@ async fn given_two_approvers_approve_paying_more_than_was_claimed_when_it_runs_t
     );
     let history = p.history(&acme(), &report.run_id).await.unwrap();
     assert_eq!(history.run.status, RunStatus::Done);
-    let action = history
-        .actions
-        .iter()
-        .find(|a| a.id == approval.action_id)
-        .unwrap();
-    assert_eq!(action.status, ActionStatus::Failed);
-    let told = told_about(&history.run, "reimburse");
-    assert!(told.is_error);
-    assert!(
-        told.content.contains("never pay more than claimed"),
-        "{}",
-        told.content
-    );
+    assert_eq!(action_of(&history, &approval).status, ActionStatus::Failed);
+    assert_told_error(&history.run, "reimburse", "never pay more than claimed");
 }
 
 async fn given_an_agent_that_never_stops_calling_tools_when_it_reaches_the_turn_limit_then_the_run_fails(
@@ -268,17 +220,15 @@ async fn given_many_calls_proposed_in_the_same_millisecond_when_the_history_is_r
         ("get_claim", json!({"claim_id": "c-104"})),
         ("get_claim", json!({"claim_id": "c-105"})),
     ];
-    let script = Script::default().then_call(&reads).then_call(&[(
-        "reimburse",
-        json!({"claim_id": "c-102", "amount_cents": 25_000}),
-    )]);
+    let script = Script::default()
+        .then_call(&reads)
+        .then_call(&[reimburse("c-102", 25_000)]);
     let p = h.scripted_process(script).await;
     // The clock never moves: every action is proposed at the same instant.
     let report = p.start(scripted_task("ben")).await.unwrap();
     let approval = report.approvals[0].clone();
-    p.decide(&h.person("dana"), &approval.id, edit("d-edit", 200))
-        .await
-        .unwrap();
+    h.decided(&p, "dana", &approval.id, edit("d-edit", 200))
+        .await;
 
     let history = p.history(&acme(), &report.run_id).await.unwrap();
 
