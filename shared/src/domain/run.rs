@@ -93,6 +93,11 @@ pub struct Run {
     pub approval_ttl: Option<Duration>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// How many of `messages` the store holds: the store keeps the conversation as append-only
+    /// turns, so a write adds only the messages after these. The first message, the task, is
+    /// never stored apart (the run's `task` is it). Bookkeeping, never serialized.
+    #[serde(skip)]
+    pub stored_messages: usize,
 }
 
 impl Run {
@@ -123,6 +128,7 @@ impl Run {
             approval_ttl: None,
             created_at: now,
             updated_at: now,
+            stored_messages: 1,
         }
     }
 

@@ -298,12 +298,21 @@ impl Engine {
         tenant: &TenantId,
         run: &RunId,
     ) -> Result<Option<Stored<Run>>, EngineError> {
-        load(
+        // The run's item and its audit items, which carry its conversation: one query.
+        let items = query_all(
             self.store.as_ref(),
             &keys::run_pk(tenant, run),
             keys::RUN_SK,
         )
-        .await
+        .await?;
+        let Some(record) = items.iter().find(|item| item.sk == keys::RUN_SK) else {
+            return Ok(None);
+        };
+        let audit: Vec<&crate::ports::store::Item> = items
+            .iter()
+            .filter(|item| item.sk.starts_with(keys::AUDIT_PREFIX))
+            .collect();
+        records::decode_run(record, Some(&audit)).map(Some)
     }
 
     async fn load_approval(

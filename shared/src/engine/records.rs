@@ -1,5 +1,6 @@
 //! How engine records sit in the item store: keys, the sparse index, and the transaction
-//! builder that writes a change and its audit events together.
+//! builder that writes a change and its audit events together: the events of one transaction
+//! about one run go into one append-only audit item, in the order they were added.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -10,7 +11,9 @@ use serde::{Deserialize, Serialize};
 use super::error::EngineError;
 use crate::domain::action::{Action, ActionStatus};
 use crate::domain::approval::{Approval, ApprovalStatus};
-use crate::domain::audit::AuditEntry;
+use crate::domain::audit::{AuditEntry, AuditEvent};
+use crate::domain::conversation::Message;
+use crate::domain::identity::Actor;
 use crate::domain::ids::{ActionId, ActionVersion, ApprovalId, OutboxId, RunId, TenantId};
 use crate::domain::notice::NoticeKind;
 use crate::domain::run::{Run, RunStatus};
@@ -24,7 +27,9 @@ pub mod keys {
     pub const RUN_SK: &str = "RUN";
     pub const APPROVAL_SK: &str = "APPROVAL";
     pub const ACTION_PREFIX: &str = "ACTION#";
-    pub const AUDIT_PREFIX: &str = "AUDIT#";
+    /// Audit items sort after their run's item, and share its prefix, so one query reads a run
+    /// with its conversation (which its audit items carry).
+    pub const AUDIT_PREFIX: &str = "RUN#";
     pub const OUTBOX_PREFIX: &str = "OUTBOX#";
     pub const TENANTS_PK: &str = "TENANTS";
     /// Index partitions written by every tenant: undelivered outbox items (by when they are
@@ -334,13 +339,123 @@ fn audit_order() -> String {
     format!("{tick:017}#{:08x}", rand::random::<u32>())
 }
 
+/// One audit event as an audit item holds it: the item's partition names the run, so the
+/// event does not repeat it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct LoggedEvent {
+    at: DateTime<Utc>,
+    actor: Actor,
+    #[serde(flatten)]
+    event: AuditEvent,
+}
+
+/// The audit item of one transaction about one run: its events, oldest first, and the messages
+/// of the run's conversation that transaction adds (the turns since the run was last written).
+/// Written once, must-not-exist, in the transaction whose change it records; never rewritten.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+struct AuditItem {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    events: Vec<LoggedEvent>,
+    /// The position of the first of `messages` in the conversation.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    messages: Vec<Message>,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    from: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+/// The run item's own field that says how many messages its audit items hold (with the task).
+const STORED_MESSAGES: &str = "messages_stored";
+
+/// A run as its item holds it: everything but the conversation, and how long that is.
+fn run_body(run: &Run) -> serde_json::Value {
+    let mut body = serde_json::to_value(run).expect("engine records serialize");
+    if let Some(fields) = body.as_object_mut() {
+        fields.remove("messages");
+        let stored = run.messages.len().max(run.stored_messages);
+        fields.insert(STORED_MESSAGES.into(), stored.into());
+    }
+    body
+}
+
+/// A run from its item and, when `audit` is given, its conversation from the run's audit items
+/// (each item's messages, by position). Without them the run holds only its first message,
+/// the task: enough to change its status, not to continue it.
+pub fn decode_run(item: &Item, audit: Option<&[&Item]>) -> Result<Stored<Run>, EngineError> {
+    let corrupt = |why: String| EngineError::Corrupt(format!("{}/{}: {why}", item.pk, item.sk));
+    let mut body: serde_json::Value =
+        serde_json::from_str(&item.body).map_err(|e| corrupt(e.to_string()))?;
+    let fields = body
+        .as_object_mut()
+        .ok_or_else(|| corrupt("not an object".into()))?;
+    let stored = fields
+        .remove(STORED_MESSAGES)
+        .and_then(|n| n.as_u64())
+        .ok_or_else(|| corrupt(format!("no {STORED_MESSAGES}")))? as usize;
+    fields.insert("messages".into(), serde_json::Value::Array(vec![]));
+    let mut run: Run = serde_json::from_value(body).map_err(|e| corrupt(e.to_string()))?;
+    run.messages = vec![Message::user_text(run.task.clone())];
+    run.stored_messages = stored;
+    if let Some(audit) = audit {
+        let mut parts = Vec::new();
+        for item in audit {
+            let part = decode::<AuditItem>(item)?.value;
+            if !part.messages.is_empty() {
+                parts.push((part.from, part.messages));
+            }
+        }
+        parts.sort_by_key(|(from, _)| *from);
+        for (from, messages) in parts {
+            if from != run.messages.len() {
+                return Err(corrupt(format!(
+                    "turns from message {from} follow {} messages",
+                    run.messages.len()
+                )));
+            }
+            run.messages.extend(messages);
+        }
+        if run.messages.len() != stored {
+            return Err(corrupt(format!(
+                "{} of {stored} messages found",
+                run.messages.len()
+            )));
+        }
+    }
+    Ok(Stored {
+        value: run,
+        ver: item.ver,
+    })
+}
+
+impl Stored<Run> {
+    /// The run's write committed: its item is one version on, and holds every message.
+    pub fn written(&mut self) {
+        self.ver += 1;
+        self.value.stored_messages = self.value.messages.len().max(self.value.stored_messages);
+    }
+}
+
+/// The events of one audit item, in the order they were written.
+pub fn decode_audit(item: &Item, run: &RunId) -> Result<Vec<AuditEntry>, EngineError> {
+    let stored: Stored<AuditItem> = decode(item)?;
+    Ok(stored
+        .value
+        .events
+        .into_iter()
+        .map(|e| AuditEntry::new(run, e.actor, e.event, e.at))
+        .collect())
+}
+
 /// One atomic change: records, their audit events and their outbox messages.
 #[derive(Default)]
 pub struct Tx {
     writes: Vec<Write>,
     outbox: Vec<OutboxEntry>,
-    audit_order: Option<String>,
-    audit_count: usize,
+    /// The audit events of this transaction, by the partition of the run they are about.
+    audit: Vec<(String, AuditItem)>,
 }
 
 impl Tx {
@@ -402,12 +517,62 @@ impl Tx {
         self.writes.push(Write::Delete { pk, sk, condition });
     }
 
+    /// The audit item this transaction writes for the run under `pk`.
+    fn audit_item(&mut self, pk: String) -> &mut AuditItem {
+        let at = match self.audit.iter().position(|(p, _)| *p == pk) {
+            Some(at) => at,
+            None => {
+                self.audit.push((pk, AuditItem::default()));
+                self.audit.len() - 1
+            }
+        };
+        &mut self.audit[at].1
+    }
+
+    /// An audit event, written with this transaction in its run's audit item.
     pub fn audit(&mut self, tenant: &TenantId, entry: AuditEntry) {
-        let order = self.audit_order.get_or_insert_with(audit_order).clone();
-        let sk = format!("{}{order}#{:03}", keys::AUDIT_PREFIX, self.audit_count);
-        self.audit_count += 1;
-        let pk = keys::run_pk(tenant, &entry.run_id);
-        self.put(pk, sk, None, &entry, 1, Condition::NotExists);
+        let event = LoggedEvent {
+            at: entry.at,
+            actor: entry.actor,
+            event: entry.event,
+        };
+        self.audit_item(keys::run_pk(tenant, &entry.run_id))
+            .events
+            .push(event);
+    }
+
+    /// The run's item: created with its `started` event if it was never written (version 0),
+    /// else compare-and-set on its version; the messages added since it was last written go
+    /// into this transaction's audit item. After the commit, [`Stored::written`].
+    pub fn run(&mut self, shards: IndexShards, run: &Stored<Run>) {
+        let value = &run.value;
+        let pk = keys::run_pk(&value.tenant, &value.id);
+        let body = run_body(value);
+        let index = run_index(shards, value);
+        let added = value
+            .messages
+            .get(value.stored_messages..)
+            .unwrap_or_default();
+        if !added.is_empty() {
+            let item = self.audit_item(pk.clone());
+            item.from = value.stored_messages;
+            item.messages = added.to_vec();
+        }
+        if run.ver == 0 {
+            let started = LoggedEvent {
+                at: value.created_at,
+                actor: Actor::person(&value.requested_by),
+                event: AuditEvent::Started {
+                    task: value.task.clone(),
+                    requested_by: value.requested_by.clone(),
+                    policy_version: value.policy_version,
+                },
+            };
+            self.audit_item(pk.clone()).events.insert(0, started);
+            self.create(pk, keys::RUN_SK.into(), index, &body);
+        } else {
+            self.update(pk, keys::RUN_SK.into(), index, &body, run.ver);
+        }
     }
 
     pub fn outbox(
@@ -435,7 +600,15 @@ impl Tx {
         self.outbox.push(entry);
     }
 
-    pub fn into_parts(self) -> (Vec<Write>, Vec<OutboxEntry>) {
+    /// The writes, each run's audit item last, and the outbox entries to deliver once they
+    /// commit.
+    pub fn into_parts(mut self) -> (Vec<Write>, Vec<OutboxEntry>) {
+        if !self.audit.is_empty() {
+            let sk = format!("{}{}", keys::AUDIT_PREFIX, audit_order());
+            for (pk, item) in std::mem::take(&mut self.audit) {
+                self.put(pk, sk.clone(), None, &item, 1, Condition::NotExists);
+            }
+        }
         (self.writes, self.outbox)
     }
 }

@@ -4,9 +4,7 @@
 use serde::Serialize;
 use tracing::Instrument;
 
-use super::records::{
-    OutboxEntry, Stored, Tx, action_index, approval_index, keys, outbox_key, run_index,
-};
+use super::records::{OutboxEntry, Stored, Tx, action_index, approval_index, keys, outbox_key};
 use super::{CAS_ATTEMPTS, Engine, EngineError};
 use super::{RunReport, deadline};
 use crate::domain::action::{Action, ActionStatus, ToolOutcome};
@@ -337,14 +335,8 @@ impl Engine {
                 ),
             );
         }
-        tx.update(
-            keys::run_pk(&updated.tenant, &updated.id),
-            keys::RUN_SK.into(),
-            run_index(self.index_shards, &updated),
-            &updated,
-            run.ver,
-        );
         run.value = updated;
+        tx.run(self.index_shards, run);
         Ok(continues)
     }
 
@@ -354,10 +346,8 @@ impl Engine {
         continues: bool,
         mut outbox: Vec<OutboxEntry>,
     ) -> Result<(ResumeReport, Vec<OutboxEntry>), EngineError> {
-        let run = Stored {
-            value: run.value,
-            ver: run.ver + 1,
-        };
+        let mut run = run;
+        run.written();
         if !continues {
             let waiting = self.pending_of_run(&run.value).await?;
             return Ok((

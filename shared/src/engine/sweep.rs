@@ -10,7 +10,7 @@ use tracing::Instrument;
 
 use super::records::{
     EscalationDue, OutboxEntry, OutboxMessage, STALE_EXECUTION, Stored, Tx, approval_index, decode,
-    keys, reconcile_key, run_index,
+    decode_run, keys, reconcile_key,
 };
 use super::{Delivery, Engine, EngineError, NoticeReport};
 use crate::domain::action::{Action, ActionStatus, ToolOutcome};
@@ -124,7 +124,8 @@ impl Engine {
             .due_in(keys::RUNNING_INDEX, &keys::due_until(now), budget)
             .await?;
         for item in &due {
-            let run = decode::<Run>(item)?;
+            // The index holds the run's item: enough to fail it, without its conversation.
+            let run = decode_run(item, None)?;
             let span =
                 tracing::info_span!("abandon", tenant = %run.value.tenant, run = %run.value.id);
             if let Some(abandoned) = self.abandon(run, now).instrument(span).await? {
@@ -423,13 +424,7 @@ impl Engine {
         run.value.fail(error.clone(), now);
         let mut tx = Tx::new();
         let (tenant, run_id) = (run.value.tenant.clone(), run.value.id.clone());
-        tx.update(
-            keys::run_pk(&tenant, &run_id),
-            keys::RUN_SK.into(),
-            run_index(self.index_shards, &run.value),
-            &run.value,
-            run.ver,
-        );
+        tx.run(self.index_shards, &run);
         let event = AuditEvent::Failed { error };
         tx.audit(
             &tenant,
