@@ -210,7 +210,7 @@ impl Engine {
     }
 
     /// Delivers outbox entries right after their transaction committed. A resume message's
-    /// entry stays until its consumer acts on it (the consumer deletes it in that same write),
+    /// entry stays until its consumer acts on it (the consumer deletes it once that write commits),
     /// so the decision's own transaction is its only write; an entry nobody consumed is the
     /// sweep's to deliver again after a grace period. Delivery is idempotent.
     async fn deliver(&self, entries: Vec<OutboxEntry>) -> NoticeReport {
@@ -245,7 +245,7 @@ impl Engine {
             };
             // Whether the entry is still there to remove once the message is delivered.
             let delivered = match &self.delivery {
-                // The consumer removed the entry in the write that acted on the message, unless
+                // The consumer removed the entry after the write that acted on the message, unless
                 // it had nothing to do.
                 Delivery::InProcess => match self.resume_once(message).await {
                     Ok((report, more)) => {
