@@ -84,7 +84,7 @@ impl Engine {
                 &tenant,
                 AuditEntry::new(run_id, Actor::person(&who.person), event, now),
             );
-            tx.run(self.index_shards, &run);
+            tx.run(self.index_shards, &mut run);
             match self.commit(tx).await {
                 Ok(_) => {
                     tracing::info!(approvals = cancelled.len(), "cancelled");

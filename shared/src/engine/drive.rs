@@ -82,7 +82,7 @@ impl Engine {
         let mut run = Stored { value: run, ver: 0 };
         let mut tx = Tx::new();
         // Created with its `started` event, before anything of it runs.
-        tx.run(self.index_shards, &run);
+        tx.run(self.index_shards, &mut run);
         let register = !self.is_registered(&run.value.tenant);
         if register {
             tx.upsert(
@@ -323,7 +323,7 @@ impl Engine {
                 now,
             ),
         );
-        tx.run(self.index_shards, &run);
+        tx.run(self.index_shards, &mut run);
         let outbox = self.commit_run(tx, &run.value).await?;
         tracing::info!(approvals = approvals.len(), "paused for a person");
         for approval in &approvals {
@@ -551,7 +551,6 @@ impl Engine {
             .finish(answer.clone(), now)
             .map_err(|e| EngineError::Unavailable(e.to_string()))?;
         let mut tx = Tx::new();
-        tx.run(self.index_shards, &run);
         tx.audit(
             &run.value.tenant,
             AuditEntry::new(
@@ -561,6 +560,7 @@ impl Engine {
                 now,
             ),
         );
+        tx.run(self.index_shards, &mut run);
         let outbox = self.commit_run(tx, &run.value).await?;
         tracing::info!("done");
         Ok((RunReport::of(&run.value, vec![]), outbox))
@@ -575,7 +575,6 @@ impl Engine {
         tracing::warn!(%error, "run failed");
         run.value.fail(error.clone(), now);
         let mut tx = Tx::new();
-        tx.run(self.index_shards, &run);
         tx.audit(
             &run.value.tenant,
             AuditEntry::new(
@@ -585,6 +584,7 @@ impl Engine {
                 now,
             ),
         );
+        tx.run(self.index_shards, &mut run);
         let outbox = self.commit_run(tx, &run.value).await?;
         Ok((RunReport::of(&run.value, vec![]), outbox))
     }

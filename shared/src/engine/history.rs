@@ -81,7 +81,7 @@ impl Engine {
             }
         }
         let run = run.ok_or_else(|| EngineError::not_found(format!("run {id}")))?;
-        let run = decode_run(run, Some(&audit))?.value;
+        let run = decode_run(run, &audit)?.value;
         let actions = in_proposal_order(actions, &entries);
         let mut approvals = Vec::new();
         for approval_id in actions.iter().filter_map(|a| a.approval_id.as_ref()) {

@@ -312,7 +312,7 @@ impl Engine {
             .iter()
             .filter(|item| item.sk.starts_with(keys::AUDIT_PREFIX))
             .collect();
-        records::decode_run(record, Some(&audit)).map(Some)
+        records::decode_run(record, &audit).map(Some)
     }
 
     async fn load_approval(

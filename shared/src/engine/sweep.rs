@@ -10,7 +10,7 @@ use tracing::Instrument;
 
 use super::records::{
     EscalationDue, OutboxEntry, OutboxMessage, STALE_EXECUTION, Stored, Tx, approval_index, decode,
-    decode_run, keys, reconcile_key,
+    keys, reconcile_key,
 };
 use super::{Delivery, Engine, EngineError, NoticeReport};
 use crate::domain::action::{Action, ActionStatus, ToolOutcome};
@@ -40,6 +40,13 @@ pub struct SweepReport {
     pub unknown: Vec<String>,
     /// Runs whose driving process stopped (their lease ran out), now failed.
     pub abandoned: Vec<RunId>,
+}
+
+/// The run an index entry of the running runs is about.
+#[derive(serde::Deserialize)]
+struct RunNamed {
+    id: RunId,
+    tenant: TenantId,
 }
 
 /// How long a resume message's outbox entry may wait for its writer to publish it and its
@@ -124,8 +131,11 @@ impl Engine {
             .due_in(keys::RUNNING_INDEX, &keys::due_until(now), budget)
             .await?;
         for item in &due {
-            // The index holds the run's item: enough to fail it, without its conversation.
-            let run = decode_run(item, None)?;
+            // The index entry names the run; its item carries only part of the conversation.
+            let named = decode::<RunNamed>(item)?.value;
+            let Some(run) = self.load_run(&named.tenant, &named.id).await? else {
+                continue;
+            };
             let span =
                 tracing::info_span!("abandon", tenant = %run.value.tenant, run = %run.value.id);
             if let Some(abandoned) = self.abandon(run, now).instrument(span).await? {
@@ -424,12 +434,12 @@ impl Engine {
         run.value.fail(error.clone(), now);
         let mut tx = Tx::new();
         let (tenant, run_id) = (run.value.tenant.clone(), run.value.id.clone());
-        tx.run(self.index_shards, &run);
         let event = AuditEvent::Failed { error };
         tx.audit(
             &tenant,
             AuditEntry::new(&run_id, Actor::system("sweep"), event, now),
         );
+        tx.run(self.index_shards, &mut run);
         match self.commit(tx).await {
             Ok(_) => {
                 tracing::warn!("failed a run whose lease ran out");
