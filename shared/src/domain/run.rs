@@ -93,6 +93,14 @@ pub struct Run {
     pub approval_ttl: Option<Duration>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// How many of `messages` the store's append-only audit items hold, the first (the task,
+    /// which the run's `task` is) included; the store's run item carries the rest while it
+    /// stays small. Bookkeeping, never serialized.
+    #[serde(skip)]
+    pub stored_messages: usize,
+    /// What `stored_messages` becomes once the write being committed lands. Bookkeeping.
+    #[serde(skip)]
+    pub logging_messages: Option<usize>,
 }
 
 impl Run {
@@ -123,6 +131,8 @@ impl Run {
             approval_ttl: None,
             created_at: now,
             updated_at: now,
+            stored_messages: 1,
+            logging_messages: None,
         }
     }
 

@@ -3,7 +3,7 @@
 use tracing::Instrument;
 
 use super::RunReport;
-use super::records::{Tx, keys, run_index};
+use super::records::{Tx, keys};
 use super::{AWAITING_ACTION_VER, CAS_ATTEMPTS, Engine, EngineError};
 use crate::domain::action::{ActionStatus, NotExecuted};
 use crate::domain::audit::{AuditEntry, AuditEvent};
@@ -78,13 +78,7 @@ impl Engine {
                 &tenant,
                 AuditEntry::new(run_id, Actor::person(&who.person), event, now),
             );
-            tx.update(
-                keys::run_pk(&tenant, run_id),
-                keys::RUN_SK.into(),
-                run_index(self.index_shards, &run.value),
-                &run.value,
-                run.ver,
-            );
+            tx.run(self.index_shards, &mut run);
             match self.commit(tx).await {
                 Ok(_) => {
                     tracing::info!(approvals = cancelled.len(), "cancelled");

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tracing::Instrument;
 
 use super::records::{
-    EscalationDue, OutboxEntry, Stored, Tx, action_index, approval_index, keys, load, run_index,
+    EscalationDue, OutboxEntry, Stored, Tx, action_index, approval_index, keys, load,
 };
 use super::{AWAITING_ACTION_VER, Agent, Engine, EngineError, RunReport, deadline};
 use crate::domain::action::{Action, ActionStatus, NotExecuted, ProposedCall, ToolOutcome};
@@ -79,37 +79,25 @@ impl Engine {
 
     async fn start_run(&self, run: Run) -> Result<RunReport, EngineError> {
         tracing::info!(requested_by = %run.requested_by, "starting");
-        let now = run.created_at;
+        let mut run = Stored { value: run, ver: 0 };
         let mut tx = Tx::new();
-        tx.create(
-            keys::run_pk(&run.tenant, &run.id),
-            keys::RUN_SK.into(),
-            run_index(self.index_shards, &run),
-            &run,
-        );
-        let register = !self.is_registered(&run.tenant);
+        // Created with its `started` event, before anything of it runs.
+        tx.run(self.index_shards, &mut run);
+        let register = !self.is_registered(&run.value.tenant);
         if register {
             tx.upsert(
                 keys::TENANTS_PK.into(),
-                keys::tenant_sk(&run.tenant),
-                &run.tenant,
+                keys::tenant_sk(&run.value.tenant),
+                &run.value.tenant,
             );
         }
-        let started = AuditEvent::Started {
-            task: run.task.clone(),
-            requested_by: run.requested_by.clone(),
-            policy_version: run.policy_version,
-        };
-        tx.audit(
-            &run.tenant,
-            AuditEntry::new(&run.id, Actor::person(&run.requested_by), started, now),
-        );
         self.commit(tx).await?;
+        run.written();
         if register {
-            self.registered(&run.tenant);
+            self.registered(&run.value.tenant);
         }
 
-        let (report, outbox) = self.drive(Stored { value: run, ver: 1 }).await?;
+        let (report, outbox) = self.drive(run).await?;
         self.deliver(outbox).await;
         Ok(report)
     }
@@ -335,13 +323,7 @@ impl Engine {
                 now,
             ),
         );
-        tx.update(
-            keys::run_pk(&run.value.tenant, &run.value.id),
-            keys::RUN_SK.into(),
-            run_index(self.index_shards, &run.value),
-            &run.value,
-            run.ver,
-        );
+        tx.run(self.index_shards, &mut run);
         let outbox = self.commit_run(tx, &run.value).await?;
         tracing::info!(approvals = approvals.len(), "paused for a person");
         for approval in &approvals {
@@ -569,13 +551,6 @@ impl Engine {
             .finish(answer.clone(), now)
             .map_err(|e| EngineError::Unavailable(e.to_string()))?;
         let mut tx = Tx::new();
-        tx.update(
-            keys::run_pk(&run.value.tenant, &run.value.id),
-            keys::RUN_SK.into(),
-            run_index(self.index_shards, &run.value),
-            &run.value,
-            run.ver,
-        );
         tx.audit(
             &run.value.tenant,
             AuditEntry::new(
@@ -585,6 +560,7 @@ impl Engine {
                 now,
             ),
         );
+        tx.run(self.index_shards, &mut run);
         let outbox = self.commit_run(tx, &run.value).await?;
         tracing::info!("done");
         Ok((RunReport::of(&run.value, vec![]), outbox))
@@ -599,13 +575,6 @@ impl Engine {
         tracing::warn!(%error, "run failed");
         run.value.fail(error.clone(), now);
         let mut tx = Tx::new();
-        tx.update(
-            keys::run_pk(&run.value.tenant, &run.value.id),
-            keys::RUN_SK.into(),
-            run_index(self.index_shards, &run.value),
-            &run.value,
-            run.ver,
-        );
         tx.audit(
             &run.value.tenant,
             AuditEntry::new(
@@ -615,6 +584,7 @@ impl Engine {
                 now,
             ),
         );
+        tx.run(self.index_shards, &mut run);
         let outbox = self.commit_run(tx, &run.value).await?;
         Ok((RunReport::of(&run.value, vec![]), outbox))
     }

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use super::records::{Stored, decode, keys};
+use super::records::{Stored, decode, decode_audit, decode_run, keys};
 use super::{Engine, EngineError};
 use crate::domain::action::{Action, ActionStatus};
 use crate::domain::approval::{Approval, ApprovalStatus};
@@ -69,16 +69,19 @@ impl Engine {
         let mut run = None;
         let mut actions = Vec::new();
         let mut entries = Vec::new();
+        let mut audit = Vec::new();
         for item in &items {
             if item.sk == keys::RUN_SK {
-                run = Some(decode::<Run>(item)?.value);
+                run = Some(item);
             } else if item.sk.starts_with(keys::ACTION_PREFIX) {
                 actions.push(decode::<Action>(item)?.value);
             } else if item.sk.starts_with(keys::AUDIT_PREFIX) {
-                entries.push(decode::<AuditEntry>(item)?.value);
+                entries.extend(decode_audit(item, id)?);
+                audit.push(item);
             }
         }
         let run = run.ok_or_else(|| EngineError::not_found(format!("run {id}")))?;
+        let run = decode_run(run, &audit)?.value;
         let actions = in_proposal_order(actions, &entries);
         let mut approvals = Vec::new();
         for approval_id in actions.iter().filter_map(|a| a.approval_id.as_ref()) {

@@ -210,7 +210,7 @@ impl Engine {
     }
 
     /// Delivers outbox entries right after their transaction committed. A resume message's
-    /// entry stays until its consumer acts on it (the consumer deletes it in that same write),
+    /// entry stays until its consumer acts on it (the consumer deletes it once that write commits),
     /// so the decision's own transaction is its only write; an entry nobody consumed is the
     /// sweep's to deliver again after a grace period. Delivery is idempotent.
     async fn deliver(&self, entries: Vec<OutboxEntry>) -> NoticeReport {
@@ -245,7 +245,7 @@ impl Engine {
             };
             // Whether the entry is still there to remove once the message is delivered.
             let delivered = match &self.delivery {
-                // The consumer removed the entry in the write that acted on the message, unless
+                // The consumer removed the entry after the write that acted on the message, unless
                 // it had nothing to do.
                 Delivery::InProcess => match self.resume_once(message).await {
                     Ok((report, more)) => {
@@ -298,12 +298,21 @@ impl Engine {
         tenant: &TenantId,
         run: &RunId,
     ) -> Result<Option<Stored<Run>>, EngineError> {
-        load(
+        // The run's item and its audit items, which carry its conversation: one query.
+        let items = query_all(
             self.store.as_ref(),
             &keys::run_pk(tenant, run),
             keys::RUN_SK,
         )
-        .await
+        .await?;
+        let Some(record) = items.iter().find(|item| item.sk == keys::RUN_SK) else {
+            return Ok(None);
+        };
+        let audit: Vec<&crate::ports::store::Item> = items
+            .iter()
+            .filter(|item| item.sk.starts_with(keys::AUDIT_PREFIX))
+            .collect();
+        records::decode_run(record, &audit).map(Some)
     }
 
     async fn load_approval(

@@ -1,5 +1,6 @@
 //! How engine records sit in the item store: keys, the sparse index, and the transaction
-//! builder that writes a change and its audit events together.
+//! builder that writes a change and its audit events together: the events of one transaction
+//! about one run go into one append-only audit item, in the order they were added.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -10,7 +11,9 @@ use serde::{Deserialize, Serialize};
 use super::error::EngineError;
 use crate::domain::action::{Action, ActionStatus};
 use crate::domain::approval::{Approval, ApprovalStatus};
-use crate::domain::audit::AuditEntry;
+use crate::domain::audit::{AuditEntry, AuditEvent};
+use crate::domain::conversation::Message;
+use crate::domain::identity::Actor;
 use crate::domain::ids::{ActionId, ActionVersion, ApprovalId, OutboxId, RunId, TenantId};
 use crate::domain::notice::NoticeKind;
 use crate::domain::run::{Run, RunStatus};
@@ -24,7 +27,9 @@ pub mod keys {
     pub const RUN_SK: &str = "RUN";
     pub const APPROVAL_SK: &str = "APPROVAL";
     pub const ACTION_PREFIX: &str = "ACTION#";
-    pub const AUDIT_PREFIX: &str = "AUDIT#";
+    /// Audit items sort after their run's item, and share its prefix, so one query reads a run
+    /// with its conversation (which its audit items carry).
+    pub const AUDIT_PREFIX: &str = "RUN#";
     pub const OUTBOX_PREFIX: &str = "OUTBOX#";
     pub const TENANTS_PK: &str = "TENANTS";
     /// Index partitions written by every tenant: undelivered outbox items (by when they are
@@ -334,13 +339,150 @@ fn audit_order() -> String {
     format!("{tick:017}#{:08x}", rand::random::<u32>())
 }
 
+/// One audit event as an audit item holds it: the item's partition names the run, so the
+/// event does not repeat it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct LoggedEvent {
+    at: DateTime<Utc>,
+    actor: Actor,
+    #[serde(flatten)]
+    event: AuditEvent,
+}
+
+/// The audit item of one transaction about one run: its events, oldest first, and the messages
+/// of the run's conversation that transaction adds (the turns since the run was last written).
+/// Written once, must-not-exist, in the transaction whose change it records; never rewritten.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+struct AuditItem {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    events: Vec<LoggedEvent>,
+    /// The position of the first of `messages` in the conversation.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    messages: Vec<Message>,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    from: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+/// The run item's own fields: how many messages its audit items hold (with the task, message
+/// 0), and the messages after those, which the run item carries itself while it fits.
+const LOGGED_MESSAGES: &str = "messages_logged";
+const RECENT_MESSAGES: &str = "messages_recent";
+
+/// What a run's item may weigh and still be one write unit on DynamoDB (1 KB): the messages
+/// after the logged ones ride in the run's item while it stays within this, and move into the
+/// audit item of the write that would take it past.
+const RUN_ITEM_BUDGET: usize = 1024;
+
+/// A run's item with the messages from `keep` on (those before are in audit items).
+fn run_body(run: &Run, keep: usize) -> String {
+    let mut body = serde_json::to_value(run).expect("engine records serialize");
+    if let Some(fields) = body.as_object_mut() {
+        fields.remove("messages");
+        fields.insert(LOGGED_MESSAGES.into(), keep.into());
+        let recent = serde_json::to_value(&run.messages[keep..]).expect("engine records serialize");
+        fields.insert(RECENT_MESSAGES.into(), recent);
+    }
+    body.to_string()
+}
+
+/// DynamoDB's size of an item (each attribute's name and value, as the adapter writes it),
+/// in write units.
+fn write_units(pk: &str, sk: &str, index: Option<&IndexKey>, body: &str) -> usize {
+    let index = index.map_or(0, |k| {
+        "gsi1pk".len() + k.pk.len() + "gsi1sk".len() + k.sk.len()
+    });
+    let ver = "ver".len() + 21;
+    let bytes = "pk".len() + pk.len() + "sk".len() + sk.len() + ver + "body".len() + body.len();
+    (bytes + index).div_ceil(RUN_ITEM_BUDGET).max(1)
+}
+
+/// A run from its item and its conversation: the messages its audit items hold (each item's,
+/// by position; `audit` is every audit item of the run, or at least every one with messages),
+/// then those the run's item carries.
+pub fn decode_run(item: &Item, audit: &[&Item]) -> Result<Stored<Run>, EngineError> {
+    let corrupt = |why: String| EngineError::Corrupt(format!("{}/{}: {why}", item.pk, item.sk));
+    let mut body: serde_json::Value =
+        serde_json::from_str(&item.body).map_err(|e| corrupt(e.to_string()))?;
+    let fields = body
+        .as_object_mut()
+        .ok_or_else(|| corrupt("not an object".into()))?;
+    let logged = fields
+        .remove(LOGGED_MESSAGES)
+        .and_then(|n| n.as_u64())
+        .ok_or_else(|| corrupt(format!("no {LOGGED_MESSAGES}")))? as usize;
+    let recent: Vec<Message> = fields
+        .remove(RECENT_MESSAGES)
+        .map(serde_json::from_value)
+        .transpose()
+        .map_err(|e| corrupt(e.to_string()))?
+        .unwrap_or_default();
+    fields.insert("messages".into(), serde_json::Value::Array(vec![]));
+    let mut run: Run = serde_json::from_value(body).map_err(|e| corrupt(e.to_string()))?;
+    run.messages = vec![Message::user_text(run.task.clone())];
+    run.stored_messages = logged;
+    let mut parts = Vec::new();
+    for item in audit {
+        let part = decode::<AuditItem>(item)?.value;
+        if !part.messages.is_empty() {
+            parts.push((part.from, part.messages));
+        }
+    }
+    parts.sort_by_key(|(from, _)| *from);
+    for (from, messages) in parts {
+        if from != run.messages.len() {
+            return Err(corrupt(format!(
+                "turns from message {from} follow {} messages",
+                run.messages.len()
+            )));
+        }
+        run.messages.extend(messages);
+    }
+    if run.messages.len() != logged {
+        return Err(corrupt(format!(
+            "{} of {logged} logged messages found",
+            run.messages.len()
+        )));
+    }
+    run.messages.extend(recent);
+    Ok(Stored {
+        value: run,
+        ver: item.ver,
+    })
+}
+
+impl Stored<Run> {
+    /// The run's write ([`Tx::run`]) committed: its item is one version on, and the messages
+    /// that write moved into its audit item are logged.
+    pub fn written(&mut self) {
+        if let Some(logged) = self.value.logging_messages.take() {
+            self.value.stored_messages = logged;
+        }
+        self.ver += 1;
+    }
+}
+
+/// The events of one audit item, in the order they were written.
+pub fn decode_audit(item: &Item, run: &RunId) -> Result<Vec<AuditEntry>, EngineError> {
+    let stored: Stored<AuditItem> = decode(item)?;
+    Ok(stored
+        .value
+        .events
+        .into_iter()
+        .map(|e| AuditEntry::new(run, e.actor, e.event, e.at))
+        .collect())
+}
+
 /// One atomic change: records, their audit events and their outbox messages.
 #[derive(Default)]
 pub struct Tx {
     writes: Vec<Write>,
     outbox: Vec<OutboxEntry>,
-    audit_order: Option<String>,
-    audit_count: usize,
+    /// The audit events of this transaction, by the partition of the run they are about.
+    audit: Vec<(String, AuditItem)>,
 }
 
 impl Tx {
@@ -409,12 +551,103 @@ impl Tx {
         self.writes.push(Write::Delete { pk, sk, condition });
     }
 
+    /// The audit item this transaction writes for the run under `pk`.
+    fn audit_item(&mut self, pk: String) -> &mut AuditItem {
+        let at = match self.audit.iter().position(|(p, _)| *p == pk) {
+            Some(at) => at,
+            None => {
+                self.audit.push((pk, AuditItem::default()));
+                self.audit.len() - 1
+            }
+        };
+        &mut self.audit[at].1
+    }
+
+    /// An audit event, written with this transaction in its run's audit item.
     pub fn audit(&mut self, tenant: &TenantId, entry: AuditEntry) {
-        let order = self.audit_order.get_or_insert_with(audit_order).clone();
-        let sk = format!("{}{order}#{:03}", keys::AUDIT_PREFIX, self.audit_count);
-        self.audit_count += 1;
-        let pk = keys::run_pk(tenant, &entry.run_id);
-        self.put(pk, sk, None, &entry, 1, Condition::NotExists);
+        let event = LoggedEvent {
+            at: entry.at,
+            actor: entry.actor,
+            event: entry.event,
+        };
+        self.audit_item(keys::run_pk(tenant, &entry.run_id))
+            .events
+            .push(event);
+    }
+
+    /// The run's item: created with its `started` event if it was never written (version 0),
+    /// else compare-and-set on its version. The messages the audit does not hold yet are split
+    /// between the run's item and this transaction's audit item (the events already added to
+    /// it counted): the run's item keeps the latest while it stays one write unit (1 KB on
+    /// DynamoDB), at the split where the two cost the fewest units, the audit item taking all
+    /// it can at no extra cost. So the run's item stays small, a message is logged once, and a
+    /// short turn costs no audit write unit of its own. After the commit, [`Stored::written`].
+    pub fn run(&mut self, shards: IndexShards, run: &mut Stored<Run>) {
+        let value = &run.value;
+        let pk = keys::run_pk(&value.tenant, &value.id);
+        let index = run_index(shards, value);
+        let logged = value.stored_messages.min(value.messages.len());
+        let mut audit = match self.audit.iter().find(|(p, _)| *p == pk) {
+            Some((_, item)) => item.clone(),
+            None => AuditItem::default(),
+        };
+        if run.ver == 0 {
+            let started = LoggedEvent {
+                at: value.created_at,
+                actor: Actor::person(&value.requested_by),
+                event: AuditEvent::Started {
+                    task: value.task.clone(),
+                    requested_by: value.requested_by.clone(),
+                    policy_version: value.policy_version,
+                },
+            };
+            audit.events.insert(0, started);
+        }
+        let order_len = keys::AUDIT_PREFIX.len() + 26;
+        let mut best: Option<(usize, usize, String)> = None;
+        for keep in (logged..=value.messages.len()).rev() {
+            let body = run_body(value, keep);
+            let mut moved = audit.clone();
+            if keep > logged {
+                moved.from = logged;
+                moved.messages = value.messages[logged..keep].to_vec();
+            }
+            let run_units = write_units(&pk, keys::RUN_SK, index.as_ref(), &body);
+            if run_units > 1 && keep < value.messages.len() {
+                // A message kept in the run's item is paid again at each of its writes.
+                continue;
+            }
+            let units = run_units
+                + match moved.events.is_empty() && moved.messages.is_empty() {
+                    true => 0,
+                    false => write_units(
+                        &pk,
+                        &"x".repeat(order_len),
+                        None,
+                        &serde_json::to_string(&moved).expect("engine records serialize"),
+                    ),
+                };
+            if best.as_ref().is_none_or(|(least, _, _)| units < *least) {
+                best = Some((units, keep, body));
+            }
+        }
+        let (_, keep, body) = best.expect("at least one split");
+        if keep > logged {
+            let item = self.audit_item(pk.clone());
+            item.from = logged;
+            item.messages = value.messages[logged..keep].to_vec();
+        }
+        if run.ver == 0 {
+            let started = audit.events.remove(0);
+            self.audit_item(pk.clone()).events.insert(0, started);
+        }
+        run.value.logging_messages = Some(keep);
+        let body: serde_json::Value = serde_json::from_str(&body).expect("just serialized");
+        if run.ver == 0 {
+            self.create(pk, keys::RUN_SK.into(), index, &body);
+        } else {
+            self.update(pk, keys::RUN_SK.into(), index, &body, run.ver);
+        }
     }
 
     pub fn outbox(
@@ -442,7 +675,15 @@ impl Tx {
         self.outbox.push(entry);
     }
 
-    pub fn into_parts(self) -> (Vec<Write>, Vec<OutboxEntry>) {
+    /// The writes, each run's audit item last, and the outbox entries to deliver once they
+    /// commit.
+    pub fn into_parts(mut self) -> (Vec<Write>, Vec<OutboxEntry>) {
+        if !self.audit.is_empty() {
+            let sk = format!("{}{}", keys::AUDIT_PREFIX, audit_order());
+            for (pk, item) in std::mem::take(&mut self.audit) {
+                self.put(pk, sk.clone(), None, &item, 1, Condition::NotExists);
+            }
+        }
         (self.writes, self.outbox)
     }
 }
@@ -450,6 +691,72 @@ impl Tx {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Writes `run` as the engine does, and reads it back from the items the writes leave.
+    fn write_and_read(run: &mut Stored<Run>, items: &mut Vec<Item>) -> Stored<Run> {
+        let mut tx = Tx::new();
+        tx.run(IndexShards::DEFAULT, run);
+        let (writes, _) = tx.into_parts();
+        for write in writes {
+            let Write::Put { item, .. } = write else {
+                panic!("a run write puts")
+            };
+            items.retain(|i| (&i.pk, &i.sk) != (&item.pk, &item.sk));
+            items.push(item);
+        }
+        run.written();
+        let record = items.iter().find(|i| i.sk == keys::RUN_SK).unwrap();
+        let audit: Vec<&Item> = items
+            .iter()
+            .filter(|i| i.sk.starts_with(keys::AUDIT_PREFIX))
+            .collect();
+        decode_run(record, &audit).unwrap()
+    }
+
+    #[test]
+    fn a_conversation_reads_back_whole_however_it_is_split_between_the_run_and_its_audit() {
+        use crate::domain::conversation::{Block, Speaker};
+        use crate::domain::ids::{AgentName, PersonId};
+        let value = Run::start(
+            RunId::parse("run-1").unwrap(),
+            TenantId::parse("acme").unwrap(),
+            AgentName::parse("expense").unwrap(),
+            PersonId::parse("ben").unwrap(),
+            None,
+            "Settle claim c-102",
+            1,
+            Utc::now(),
+        );
+        let mut run = Stored { value, ver: 0 };
+        let mut items = Vec::new();
+        assert_eq!(write_and_read(&mut run, &mut items).value.messages.len(), 1);
+        // Short turns ride in the run's item; long ones push it past 1 KB and go to the audit.
+        for (n, len) in [40, 60, 700, 30, 2_000, 20].into_iter().enumerate() {
+            run.value.messages.push(Message {
+                role: if n % 2 == 0 {
+                    Speaker::Assistant
+                } else {
+                    Speaker::User
+                },
+                content: vec![Block::Text {
+                    text: format!("{n}:{}", "x".repeat(len)),
+                }],
+            });
+            let read = write_and_read(&mut run, &mut items);
+            assert_eq!(read.value.messages, run.value.messages, "after message {n}");
+            assert_eq!(read.ver, run.ver);
+            let record = items.iter().find(|i| i.sk == keys::RUN_SK).unwrap();
+            assert!(record.body.len() < 1024, "the run's item stays small");
+        }
+        let audit = items
+            .iter()
+            .filter(|i| i.sk.starts_with(keys::AUDIT_PREFIX))
+            .count();
+        assert!(
+            audit >= 2,
+            "the long turns were logged: {audit} audit items"
+        );
+    }
 
     #[test]
     fn index_shards_are_refused_outside_one_to_the_maximum() {

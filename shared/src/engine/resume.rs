@@ -4,9 +4,7 @@
 use serde::Serialize;
 use tracing::Instrument;
 
-use super::records::{
-    OutboxEntry, Stored, Tx, action_index, approval_index, keys, outbox_key, run_index,
-};
+use super::records::{OutboxEntry, Stored, Tx, action_index, approval_index, keys, outbox_key};
 use super::{CAS_ATTEMPTS, Engine, EngineError};
 use super::{RunReport, deadline};
 use crate::domain::action::{Action, ActionStatus, ToolOutcome};
@@ -42,17 +40,23 @@ fn ignored(reason: impl Into<String>) -> (ResumeReport, Vec<OutboxEntry>) {
     )
 }
 
-/// Deletes the message's outbox entry in the write that acts on it: once the run has the
-/// message's effect, nothing needs to deliver it again. (A message without an entry was
-/// cleaned up by whoever delivered it.)
-fn consume(tx: &mut Tx, message: &ResumeMessage) {
-    if let Some(id) = &message.outbox {
-        let (pk, sk) = outbox_key(&message.tenant, &message.run_id, id);
-        tx.delete(pk, sk, Condition::Always);
-    }
-}
-
 impl Engine {
+    /// Deletes the message's outbox entry once the write that acts on it has committed: the run
+    /// has the message's effect, so nothing needs to deliver it again. A write of its own (a
+    /// plain DeleteItem, whatever is there: half a transaction's units): if it is lost, the
+    /// sweep delivers the message again after its grace period, the redelivery finds nothing to
+    /// do (the action is claimed, or the run holds its result), and its entry goes then. (A
+    /// message without an entry was cleaned up by whoever delivered it.)
+    async fn consume(&self, message: &ResumeMessage) {
+        let Some(id) = &message.outbox else { return };
+        let (pk, sk) = outbox_key(&message.tenant, &message.run_id, id);
+        let mut tx = Tx::new();
+        tx.delete(pk, sk, Condition::Always);
+        if let Err(error) = self.commit(tx).await {
+            tracing::warn!(outbox = %id, %error, "acted on, but the outbox entry stays; the sweep will deliver it again, to no effect");
+        }
+    }
+
     /// Handles one resume message. Safe to receive any number of times.
     pub async fn resume(&self, message: &ResumeMessage) -> Result<ResumeReport, EngineError> {
         let (report, outbox) = self.resume_once(message).await?;
@@ -152,9 +156,11 @@ impl Engine {
                 now,
             ),
         );
-        consume(&mut tx, message);
         match self.commit(tx).await {
-            Ok(_) => action.ver += 1,
+            Ok(_) => {
+                action.ver += 1;
+                self.consume(message).await;
+            }
             Err(StoreError::ConditionFailed { .. }) => {
                 return Ok(ignored("another worker claimed this action"));
             }
@@ -292,9 +298,11 @@ impl Engine {
             }
             let mut tx = Tx::new();
             let continues = self.hold_result_in(&mut tx, &mut run, action)?;
-            consume(&mut tx, message);
             match self.commit(tx).await {
-                Ok(outbox) => return self.after_hold(run, continues, outbox).await,
+                Ok(outbox) => {
+                    self.consume(message).await;
+                    return self.after_hold(run, continues, outbox).await;
+                }
                 Err(StoreError::ConditionFailed { .. }) => {
                     run = self.reload_run(&run.value).await?
                 }
@@ -337,14 +345,8 @@ impl Engine {
                 ),
             );
         }
-        tx.update(
-            keys::run_pk(&updated.tenant, &updated.id),
-            keys::RUN_SK.into(),
-            run_index(self.index_shards, &updated),
-            &updated,
-            run.ver,
-        );
         run.value = updated;
+        tx.run(self.index_shards, run);
         Ok(continues)
     }
 
@@ -354,10 +356,8 @@ impl Engine {
         continues: bool,
         mut outbox: Vec<OutboxEntry>,
     ) -> Result<(ResumeReport, Vec<OutboxEntry>), EngineError> {
-        let run = Stored {
-            value: run.value,
-            ver: run.ver + 1,
-        };
+        let mut run = run;
+        run.written();
         if !continues {
             let waiting = self.pending_of_run(&run.value).await?;
             return Ok((

@@ -10,7 +10,7 @@ use tracing::Instrument;
 
 use super::records::{
     EscalationDue, OutboxEntry, OutboxMessage, STALE_EXECUTION, Stored, Tx, decode, keys,
-    reconcile_key, run_index,
+    reconcile_key,
 };
 use super::{Delivery, Engine, EngineError, NoticeReport};
 use crate::domain::action::{Action, ActionStatus, ToolOutcome};
@@ -40,6 +40,13 @@ pub struct SweepReport {
     pub unknown: Vec<String>,
     /// Runs whose driving process stopped (their lease ran out), now failed.
     pub abandoned: Vec<RunId>,
+}
+
+/// The run an index entry of the running runs is about.
+#[derive(serde::Deserialize)]
+struct RunNamed {
+    id: RunId,
+    tenant: TenantId,
 }
 
 /// How long a resume message's outbox entry may wait for its writer to publish it and its
@@ -124,7 +131,11 @@ impl Engine {
             .due_in(keys::RUNNING_INDEX, &keys::due_until(now), budget)
             .await?;
         for item in &due {
-            let run = decode::<Run>(item)?;
+            // The index entry names the run; its item carries only part of the conversation.
+            let named = decode::<RunNamed>(item)?.value;
+            let Some(run) = self.load_run(&named.tenant, &named.id).await? else {
+                continue;
+            };
             let span =
                 tracing::info_span!("abandon", tenant = %run.value.tenant, run = %run.value.id);
             if let Some(abandoned) = self.abandon(run, now).instrument(span).await? {
@@ -412,18 +423,12 @@ impl Engine {
         run.value.fail(error.clone(), now);
         let mut tx = Tx::new();
         let (tenant, run_id) = (run.value.tenant.clone(), run.value.id.clone());
-        tx.update(
-            keys::run_pk(&tenant, &run_id),
-            keys::RUN_SK.into(),
-            run_index(self.index_shards, &run.value),
-            &run.value,
-            run.ver,
-        );
         let event = AuditEvent::Failed { error };
         tx.audit(
             &tenant,
             AuditEntry::new(&run_id, Actor::system("sweep"), event, now),
         );
+        tx.run(self.index_shards, &mut run);
         if self.commit_first(tx).await?.is_none() {
             return Ok(None);
         }

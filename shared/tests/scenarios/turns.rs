@@ -2,6 +2,7 @@
 //! own refusal, the turn limit, the order of calls.
 
 use super::*;
+use shared::domain::conversation::Speaker;
 
 // ---------------------------------------------------------------------------------------------
 // A turn with several calls (a scripted model)
@@ -45,6 +46,64 @@ async fn given_a_turn_with_a_read_and_a_payment_when_the_payment_is_approved_the
     assert!(results[0].1.content.contains("\"id\":\"c-102\""));
     assert!(results[1].1.content.contains("\"paid_cents\":25000"));
     assert!(results.iter().all(|(_, r)| !r.is_error));
+}
+
+async fn given_a_read_turn_then_a_paused_payment_when_it_is_approved_then_the_run_read_back_holds_the_whole_conversation_in_order(
+    h: &Harness,
+) {
+    // The run's item holds no conversation: each write adds its new turns to its audit item.
+    let script = Script::default()
+        .then_call(&[("get_claim", json!({"claim_id": "c-102"}))])
+        .then_call(&[(
+            "reimburse",
+            json!({"claim_id": "c-102", "amount_cents": 25_000}),
+        )]);
+    let p = h.scripted_process(script).await;
+    let report = p.start(scripted_task("ben")).await.unwrap();
+    let paused = h.run(&p, &report.run_id).await;
+    assert_eq!(paused.messages.len(), 4, "task, read, its result, payment");
+    assert_eq!(
+        paused.messages[0].text(),
+        "Settle the claims of the script."
+    );
+
+    p.decide(&h.person("dana"), &report.approvals[0].id, approve("d-1"))
+        .await
+        .unwrap();
+
+    let run = h.run(&p, &report.run_id).await;
+    assert_eq!(run.status, RunStatus::Done);
+    assert_eq!(
+        &run.messages[..4],
+        &paused.messages[..],
+        "earlier turns unchanged"
+    );
+    let speakers: Vec<Speaker> = run.messages.iter().map(|m| m.role).collect();
+    use Speaker::{Assistant, User};
+    assert_eq!(
+        speakers,
+        [User, Assistant, User, Assistant, User, Assistant]
+    );
+    assert!(
+        results_after_turn(&run, 0)[0]
+            .1
+            .content
+            .contains("\"id\":\"c-102\"")
+    );
+    assert!(
+        results_after_turn(&run, 1)[0]
+            .1
+            .content
+            .contains("\"paid_cents\":25000")
+    );
+    let history = p.history(&acme(), &report.run_id).await.unwrap();
+    assert_eq!(
+        history.run.messages, run.messages,
+        "the audit view reads the same"
+    );
+    let names = event_names(&history.entries);
+    assert_eq!(names.first(), Some(&"started"));
+    assert_eq!(names.last(), Some(&"done"));
 }
 
 async fn given_two_approvals_in_one_turn_when_the_first_is_decided_then_the_run_waits_for_the_second_and_resumes_once_with_both(
@@ -254,6 +313,7 @@ async fn given_many_calls_proposed_in_the_same_millisecond_when_the_history_is_r
 // Each scenario on the embedded store and on DynamoDB (moto over HTTP).
 on_both_stores!([
     given_a_turn_with_a_read_and_a_payment_when_the_payment_is_approved_then_both_results_go_back_together_after_the_pause,
+    given_a_read_turn_then_a_paused_payment_when_it_is_approved_then_the_run_read_back_holds_the_whole_conversation_in_order,
     given_two_approvals_in_one_turn_when_the_first_is_decided_then_the_run_waits_for_the_second_and_resumes_once_with_both,
     given_the_agent_calls_a_tool_the_policy_does_not_name_when_the_turn_runs_then_it_is_not_executed_and_the_model_is_told,
     given_a_run_that_needs_a_second_decision_after_the_first_when_both_are_decided_then_it_pauses_twice_and_finishes,
