@@ -147,36 +147,13 @@ impl HttpBinding {
     /// Fills `${VAR}` from `env` and checks everything that can be checked before a call.
     /// `field` is where the binding sits in its file, such as `tools.issue_refund.http`.
     pub fn resolve(&self, field: &str, env: Lookup<'_>) -> Result<ResolvedHttp, BindingError> {
-        let call = Endpoint::resolve(field, self.request(), env)?;
+        let call = Endpoint::resolve(field, self, env)?;
         let reconcile = match &self.reconcile {
-            Some(r) => Some(Endpoint::resolve(
-                &format!("{field}.reconcile"),
-                r.request(),
-                env,
-            )?),
+            Some(r) => Some(Endpoint::resolve(&format!("{field}.reconcile"), r, env)?),
             None => None,
         };
         Ok(ResolvedHttp { call, reconcile })
     }
-
-    fn request(&self) -> Request<'_> {
-        Request {
-            method: &self.method,
-            url: &self.url,
-            headers: &self.headers,
-            timeout: self.timeout.as_deref(),
-            max_response_bytes: self.max_response_bytes,
-        }
-    }
-}
-
-/// The fields of one request as written.
-struct Request<'a> {
-    method: &'a str,
-    url: &'a str,
-    headers: &'a BTreeMap<String, String>,
-    timeout: Option<&'a str>,
-    max_response_bytes: Option<u64>,
 }
 
 /// A binding ready to call: the environment filled in, everything checked.
@@ -267,12 +244,12 @@ impl fmt::Debug for Endpoint {
 }
 
 impl Endpoint {
-    fn resolve(field: &str, request: Request<'_>, env: Lookup<'_>) -> Result<Self, BindingError> {
-        let method = parse_method(&format!("{field}.method"), request.method)?;
+    fn resolve(field: &str, request: &HttpBinding, env: Lookup<'_>) -> Result<Self, BindingError> {
+        let method = parse_method(&format!("{field}.method"), &request.method)?;
 
         let url_field = format!("{field}.url");
-        let url_from_env = env_template::mentions_env(request.url);
-        let url = env_template::expand(request.url, &url_field, env)?;
+        let url_from_env = env_template::mentions_env(&request.url);
+        let url = env_template::expand(&request.url, &url_field, env)?;
         let pieces = parse_template(&url, &url_field, !url_from_env)?;
         let host = check_url(&pieces, &url_field)?;
 
@@ -285,7 +262,7 @@ impl Endpoint {
             }
             value
         };
-        for (name, value) in request.headers {
+        for (name, value) in &request.headers {
             let header_field = format!("{field}.headers.{name}");
             let header = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
                 BindingError::invalid(&header_field, "is not a valid HTTP header name")
@@ -318,7 +295,7 @@ impl Endpoint {
         secrets.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
         secrets.dedup();
 
-        let timeout = match request.timeout {
+        let timeout = match request.timeout.as_deref() {
             None => DEFAULT_TIMEOUT,
             Some(text) => parse_timeout(&format!("{field}.timeout"), text)?,
         };
