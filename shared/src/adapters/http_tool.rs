@@ -94,13 +94,13 @@ pub fn http_client() -> reqwest::Client {
 }
 
 /// The binding as written in an agent definition, before the environment fills it.
-#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpBinding {
     pub method: String,
     pub url: String,
     #[serde(default)]
-    pub headers: BTreeMap<String, String>,
+    pub headers: Headers,
     /// A duration such as `10s` or `500ms`.
     pub timeout: Option<String>,
     pub max_response_bytes: Option<u64>,
@@ -122,25 +122,23 @@ fn reconcile_request<'de, D: serde::Deserializer<'de>>(
     Ok(reconcile)
 }
 
-/// Header values are written `<redacted>`: one may hold a secret written in the file itself.
-fn redacted_headers(headers: &BTreeMap<String, String>) -> Vec<String> {
-    headers
-        .keys()
-        .map(|name| format!("{name}: {REDACTED}"))
-        .collect()
-}
+/// A binding's headers as written. `Debug` shows their names only: a value may hold a secret
+/// written in the file itself.
+#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Headers(pub BTreeMap<String, String>);
 
-impl fmt::Debug for HttpBinding {
+impl fmt::Debug for Headers {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HttpBinding")
-            .field("method", &self.method)
-            .field("url", &self.url)
-            .field("headers", &redacted_headers(&self.headers))
-            .field("timeout", &self.timeout)
-            .field("max_response_bytes", &self.max_response_bytes)
-            .field("reconcile", &self.reconcile)
+        f.debug_list()
+            .entries(redacted(self.0.keys().map(String::as_str)))
             .finish()
     }
+}
+
+/// `name: [redacted]` for each header name.
+fn redacted<'a>(names: impl Iterator<Item = &'a str>) -> Vec<String> {
+    names.map(|name| format!("{name}: {REDACTED}")).collect()
 }
 
 impl HttpBinding {
@@ -157,7 +155,7 @@ impl HttpBinding {
 }
 
 /// A binding ready to call: the environment filled in, everything checked.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct ResolvedHttp {
     call: Endpoint,
     reconcile: Option<Endpoint>,
@@ -195,15 +193,6 @@ impl ResolvedHttp {
     }
 }
 
-impl fmt::Debug for ResolvedHttp {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ResolvedHttp")
-            .field("call", &self.call)
-            .field("reconcile", &self.reconcile)
-            .finish()
-    }
-}
-
 /// One part of a URL template: text as is, or a placeholder filled per call.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Piece {
@@ -227,11 +216,7 @@ struct Endpoint {
 
 impl fmt::Debug for Endpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let headers: Vec<String> = self
-            .headers
-            .keys()
-            .map(|name| format!("{name}: {REDACTED}"))
-            .collect();
+        let headers = redacted(self.headers.keys().map(HeaderName::as_str));
         f.debug_struct("Endpoint")
             .field("method", &self.method)
             .field("url", &self.written)
@@ -262,7 +247,7 @@ impl Endpoint {
             }
             value
         };
-        for (name, value) in &request.headers {
+        for (name, value) in &request.headers.0 {
             let header_field = format!("{field}.headers.{name}");
             let header = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
                 BindingError::invalid(&header_field, "is not a valid HTTP header name")
@@ -1040,6 +1025,7 @@ url = "https://orders.example/x""#,
     fn an_unset_variable_names_the_field_and_the_variable() {
         let mut b = refund();
         b.headers
+            .0
             .insert("Authorization".into(), "Bearer ${NO_TOKEN}".into());
         assert_eq!(
             error_of(&b),
@@ -1128,13 +1114,13 @@ url = "https://orders.example/x""#,
     #[test]
     fn reserved_and_invalid_headers_are_refused() {
         let mut b = refund();
-        b.headers.insert("Idempotency-Key".into(), "mine".into());
+        b.headers.0.insert("Idempotency-Key".into(), "mine".into());
         assert_eq!(
             error_of(&b),
             "tools.issue_refund.http.headers.Idempotency-Key: Countersign sets this header itself"
         );
         let mut b = refund();
-        b.headers.insert("authorization".into(), "Basic x".into());
+        b.headers.0.insert("authorization".into(), "Basic x".into());
         let error = b.resolve(FIELD, &env).unwrap_err();
         assert!(
             error
@@ -1144,10 +1130,10 @@ url = "https://orders.example/x""#,
         );
         assert!(error.to_string().contains("same header"), "{error}");
         let mut b = refund();
-        b.headers.insert("Bad Name".into(), "x".into());
+        b.headers.0.insert("Bad Name".into(), "x".into());
         assert!(error_of(&b).starts_with("tools.issue_refund.http.headers.Bad Name: "));
         let mut b = refund();
-        b.headers.insert("X-Note".into(), "line\nbreak".into());
+        b.headers.0.insert("X-Note".into(), "line\nbreak".into());
         assert!(error_of(&b).starts_with("tools.issue_refund.http.headers.X-Note: "));
     }
 

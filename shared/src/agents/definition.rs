@@ -610,23 +610,7 @@ fn binding_error(file: &str, error: BindingError) -> DefinitionError {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A definition's files, in memory.
-    struct Texts(Vec<(&'static str, String)>);
-
-    impl Files for Texts {
-        fn label(&self, file: &str) -> String {
-            format!("test/{file}")
-        }
-
-        fn read(&self, file: &str) -> Result<String, DefinitionError> {
-            self.0
-                .iter()
-                .find(|(name, _)| *name == file)
-                .map(|(_, text)| text.clone())
-                .ok_or_else(|| DefinitionError::new(&self.label(file), "", "no such file"))
-        }
-    }
+    use crate::testing::Texts;
 
     const POLICY: &str = r#"
 name = "orders"
@@ -645,10 +629,10 @@ decision = "allow"
 
     fn load(agent: &str, policy: &str) -> Result<Definition, DefinitionError> {
         let agent = format!("name = \"orders\"\nsystem_prompt = \"Refund orders.\"\n{agent}");
-        Definition::load(&Texts(vec![
-            ("agent.toml", agent),
-            ("policy.toml", policy.to_string()),
-        ]))
+        Definition::load(&Texts {
+            dir: "test",
+            files: vec![("agent.toml", agent), ("policy.toml", policy.to_string())],
+        })
     }
 
     fn refused(agent: &str, policy: &str) -> DefinitionError {

@@ -153,27 +153,6 @@ async fn the_engine_never_sends_an_mcp_call_again_after_an_unknown_outcome() {
 // An agent defined by files alone: its MCP server and tools in agent.toml, its policy matching
 // the tools' annotations.
 
-/// A definition's files, in memory.
-struct Texts(Vec<(&'static str, String)>);
-
-impl Files for Texts {
-    fn label(&self, file: &str) -> String {
-        format!("agents/orders/{file}")
-    }
-
-    fn read(&self, file: &str) -> Result<String, DefinitionError> {
-        self.0
-            .iter()
-            .find(|(name, _)| *name == file)
-            .map(|(_, text)| text.clone())
-            .ok_or_else(|| DefinitionError {
-                file: self.label(file),
-                field: String::new(),
-                message: "no such file".into(),
-            })
-    }
-}
-
 const ORDERS_AGENT: &str = r#"
 name = "orders"
 system_prompt = "You look orders up and refund them."
@@ -202,10 +181,18 @@ reason = "The orders server says this tool changes things."
 "#;
 
 fn orders_definition(agent: &str, policy: &str) -> Result<Definition, DefinitionError> {
-    Definition::load(&Texts(vec![
+    Definition::load(&orders_files(vec![
         ("agent.toml", agent.to_string()),
         ("policy.toml", policy.to_string()),
     ]))
+}
+
+/// The files of `agents/orders`, in memory.
+fn orders_files(files: Vec<(&'static str, String)>) -> Texts {
+    Texts {
+        dir: "agents/orders",
+        files,
+    }
 }
 
 fn orders_name() -> AgentName {
@@ -600,7 +587,7 @@ async fn a_bad_mcp_definition_names_its_file_and_field() {
         format!("{ORDERS_AGENT}\n[model]\nprovider = \"scripted\"\noffline = \"script.toml\"\n");
     let script_file =
         "[[turns]]\nsay = \"Wiping.\"\ncalls = [{ tool = \"wipe_orders\", args = {} }]\n";
-    let definition = Definition::load(&Texts(vec![
+    let definition = Definition::load(&orders_files(vec![
         ("agent.toml", agent),
         ("policy.toml", BY_HINTS.to_string()),
         ("script.toml", script_file.to_string()),
