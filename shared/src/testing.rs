@@ -9,7 +9,6 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde_json::json;
 
-use crate::agents::{DefinitionError, Files};
 use crate::domain::conversation::{Block, StopReason};
 use crate::ports::clock::Clock;
 use crate::ports::model::{Model, ModelError, ModelReply, ModelRequest};
@@ -22,26 +21,6 @@ pub fn scratch_dir(name: &str) -> PathBuf {
         .map(|d| d.as_nanos())
         .unwrap_or_default();
     std::env::temp_dir().join(format!("countersign-{name}-{}-{nanos}", std::process::id()))
-}
-
-/// An agent definition's files, in memory; errors name them as if they sat in `dir`.
-pub struct Texts {
-    pub dir: &'static str,
-    pub files: Vec<(&'static str, String)>,
-}
-
-impl Files for Texts {
-    fn label(&self, file: &str) -> String {
-        format!("{}/{file}", self.dir)
-    }
-
-    fn read(&self, file: &str) -> Result<String, DefinitionError> {
-        self.files
-            .iter()
-            .find(|(name, _)| *name == file)
-            .map(|(_, text)| text.clone())
-            .ok_or_else(|| DefinitionError::new(&self.label(file), "", "no such file"))
-    }
 }
 
 /// What [`ScriptedAgent`] proposes to pay: the lodging limit, $250.

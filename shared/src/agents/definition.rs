@@ -610,7 +610,7 @@ fn binding_error(file: &str, error: BindingError) -> DefinitionError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::Texts;
+    use crate::agents::InMemory;
 
     const POLICY: &str = r#"
 name = "orders"
@@ -629,9 +629,9 @@ decision = "allow"
 
     fn load(agent: &str, policy: &str) -> Result<Definition, DefinitionError> {
         let agent = format!("name = \"orders\"\nsystem_prompt = \"Refund orders.\"\n{agent}");
-        Definition::load(&Texts {
+        Definition::load(&InMemory {
             dir: "test",
-            files: vec![("agent.toml", agent), ("policy.toml", policy.to_string())],
+            files: &[("agent.toml", &agent), ("policy.toml", policy)],
         })
     }
 

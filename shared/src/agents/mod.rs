@@ -115,15 +115,16 @@ impl Files for Dir {
     }
 }
 
-/// The definitions shipped with Countersign, compiled in so the binaries run from anywhere.
-struct Shipped {
-    agent: &'static str,
-    files: &'static [(&'static str, &'static str)],
+/// A definition's files held in memory (the shipped ones, compiled in; a test's), named in
+/// errors as if they sat in `dir`.
+pub struct InMemory<'a> {
+    pub dir: &'a str,
+    pub files: &'a [(&'a str, &'a str)],
 }
 
-impl Files for Shipped {
+impl Files for InMemory<'_> {
     fn label(&self, file: &str) -> String {
-        format!("shipped:{}/{file}", self.agent)
+        format!("{}/{file}", self.dir)
     }
 
     fn read(&self, file: &str) -> Result<String, DefinitionError> {
@@ -131,13 +132,14 @@ impl Files for Shipped {
             .iter()
             .find(|(name, _)| *name == file)
             .map(|(_, text)| text.to_string())
-            .ok_or_else(|| DefinitionError::new(&self.label(file), "", "no such shipped file"))
+            .ok_or_else(|| DefinitionError::new(&self.label(file), "", "no such file"))
     }
 }
 
-const SHIPPED: &[Shipped] = &[
-    Shipped {
-        agent: "expense",
+/// The definitions shipped with Countersign, compiled in so the binaries run from anywhere.
+const SHIPPED: &[InMemory<'static>] = &[
+    InMemory {
+        dir: "shipped:expense",
         files: &[
             (
                 "agent.toml",
@@ -149,8 +151,8 @@ const SHIPPED: &[Shipped] = &[
             ),
         ],
     },
-    Shipped {
-        agent: "refunds",
+    InMemory {
+        dir: "shipped:refunds",
         files: &[
             (
                 "agent.toml",
@@ -180,7 +182,7 @@ pub fn shipped() -> Result<Vec<Definition>, DefinitionError> {
 pub fn shipped_one(name: &str) -> Result<Definition, DefinitionError> {
     let files = SHIPPED
         .iter()
-        .find(|s| s.agent == name)
+        .find(|s| s.dir.strip_prefix("shipped:") == Some(name))
         .ok_or_else(|| DefinitionError::new("shipped", "", format!("no shipped agent {name}")))?;
     Definition::load(files)
 }

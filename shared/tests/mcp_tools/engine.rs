@@ -181,15 +181,15 @@ reason = "The orders server says this tool changes things."
 "#;
 
 fn orders_definition(agent: &str, policy: &str) -> Result<Definition, DefinitionError> {
-    Definition::load(&orders_files(vec![
-        ("agent.toml", agent.to_string()),
-        ("policy.toml", policy.to_string()),
+    Definition::load(&orders_files(&[
+        ("agent.toml", agent),
+        ("policy.toml", policy),
     ]))
 }
 
 /// The files of `agents/orders`, in memory.
-fn orders_files(files: Vec<(&'static str, String)>) -> Texts {
-    Texts {
+fn orders_files<'a>(files: &'a [(&'a str, &'a str)]) -> InMemory<'a> {
+    InMemory {
         dir: "agents/orders",
         files,
     }
@@ -587,10 +587,10 @@ async fn a_bad_mcp_definition_names_its_file_and_field() {
         format!("{ORDERS_AGENT}\n[model]\nprovider = \"scripted\"\noffline = \"script.toml\"\n");
     let script_file =
         "[[turns]]\nsay = \"Wiping.\"\ncalls = [{ tool = \"wipe_orders\", args = {} }]\n";
-    let definition = Definition::load(&orders_files(vec![
-        ("agent.toml", agent),
-        ("policy.toml", BY_HINTS.to_string()),
-        ("script.toml", script_file.to_string()),
+    let definition = Definition::load(&orders_files(&[
+        ("agent.toml", &agent),
+        ("policy.toml", BY_HINTS),
+        ("script.toml", script_file),
     ]))
     .unwrap();
     let said = prepare_refusal(&h, &definition, &env).await;

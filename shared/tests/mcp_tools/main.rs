@@ -25,7 +25,7 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::{Value, json};
 use shared::adapters::mcp_tool::{McpError, McpServer, McpServerBinding, McpTool, ToolSelection};
-use shared::agents::{Definition, DefinitionError, Wiring};
+use shared::agents::{Definition, DefinitionError, InMemory, Wiring};
 use shared::domain::action::ActionStatus;
 use shared::domain::action::ToolOutcome;
 use shared::domain::args::Args;
@@ -34,7 +34,6 @@ use shared::domain::policy::{Policy, ToolHints};
 use shared::domain::run::RunStatus;
 use shared::engine::{Agent, Delivery, ErrorKind, ResumeReport, StartRun};
 use shared::ports::tools::{Tool, ToolCall, Toolbox};
-use shared::testing::Texts;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 use tokio::task::{JoinHandle, JoinSet};
