@@ -114,12 +114,8 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
                 _ => AgentName::parse(&agent)?,
             };
             let start = StartRun {
-                tenant: who.tenant.clone(),
-                agent,
-                requested_by: who.person.clone(),
-                started_by: None,
-                task,
                 approval_ttl: ttl,
+                ..StartRun::for_person(&who, agent, task)
             };
             start_run(&local, start).await
         }
@@ -158,15 +154,7 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
                             "expired {approval_id} ({} version {})\n",
                             approval.tool, approval.action_version
                         ));
-                        let report = shared::engine::RunReport {
-                            run_id: run.id.clone(),
-                            tenant: run.tenant.clone(),
-                            agent: run.agent.clone(),
-                            status: run.status,
-                            answer: run.answer.clone(),
-                            error: run.error.clone(),
-                            approvals: vec![],
-                        };
+                        let report = shared::engine::RunReport::of(&run, vec![]);
                         match report.status {
                             RunStatus::AwaitingApproval if local.aws.is_some() => text.push_str(&format!(
                                 "[{}] queued: the run resumes when a worker takes its message\n",

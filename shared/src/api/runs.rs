@@ -73,12 +73,8 @@ pub(super) async fn start(
     let agent = AgentName::parse(&agent)
         .map_err(|e| ApiError::bad_request("invalid_field", format!("agent: {e}")))?;
     let start = StartRun {
-        tenant: who.tenant.clone(),
-        agent,
-        requested_by: who.person.clone(),
-        started_by: None,
-        task,
         approval_ttl,
+        ..StartRun::for_person(&who, agent, task)
     };
     match crate::agents::prepare(&state.engine, &start.agent).await {
         Err(error @ EngineError::Unavailable(_)) => {

@@ -14,7 +14,7 @@ use crate::domain::approval::{Approval, ApprovalStatus};
 use crate::domain::args::Args;
 use crate::domain::audit::{AuditEntry, AuditEvent};
 use crate::domain::conversation::{Message, Speaker, ToolResultText};
-use crate::domain::identity::Actor;
+use crate::domain::identity::{Actor, Identity};
 use crate::domain::ids::{ActionId, ActionVersion, AgentName, PersonId, RunId, TenantId};
 use crate::domain::notice::NoticeKind;
 use crate::domain::policy::{Requirement, Verdict};
@@ -37,6 +37,20 @@ pub struct StartRun {
     pub task: String,
     /// Overrides the policy's time to decide for this run's approvals.
     pub approval_ttl: Option<Duration>,
+}
+
+impl StartRun {
+    /// A run `who` asks for and starts themselves, on their tenant.
+    pub fn for_person(who: &Identity, agent: AgentName, task: String) -> Self {
+        Self {
+            tenant: who.tenant.clone(),
+            agent,
+            requested_by: who.person.clone(),
+            started_by: None,
+            task,
+            approval_ttl: None,
+        }
+    }
 }
 
 const MAX_TASK_LEN: usize = 4_000;

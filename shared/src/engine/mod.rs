@@ -361,7 +361,7 @@ pub struct RunReport {
 }
 
 impl RunReport {
-    pub(crate) fn of(run: &Run, approvals: Vec<Approval>) -> Self {
+    pub fn of(run: &Run, approvals: Vec<Approval>) -> Self {
         Self {
             run_id: run.id.clone(),
             tenant: run.tenant.clone(),
