@@ -82,15 +82,16 @@ const KEY_PLACEHOLDER: &str = "idempotency_key";
 const RESERVED_HEADERS: [&str; 4] = ["idempotency-key", "content-type", "content-length", "host"];
 
 /// The HTTP client every HTTP tool shares: redirects are never followed (the request may have
-/// taken effect where it first landed), connecting is bounded, and each binding's own timeout
-/// bounds each request.
+/// taken effect where it first landed), connecting is bounded, each binding's own timeout
+/// bounds each request, and the roots trusted are the system bundle's, read once
+/// (`adapters::trust`).
 pub fn http_client() -> reqwest::Client {
-    reqwest::Client::builder()
+    super::trust::client_builder()
         .redirect(reqwest::redirect::Policy::none())
         .connect_timeout(CONNECT_TIMEOUT)
         .user_agent(concat!("countersign/", env!("CARGO_PKG_VERSION")))
         .build()
-        .expect("an HTTP client with the default TLS")
+        .expect("an HTTP client trusting the system roots")
 }
 
 /// The binding as written in an agent definition, before the environment fills it.

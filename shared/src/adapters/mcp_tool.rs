@@ -342,7 +342,7 @@ impl fmt::Debug for McpServer {
 impl McpServer {
     /// Opens a session (`initialize` over Streamable HTTP).
     pub async fn connect(config: ResolvedMcpServer) -> Result<Self, McpError> {
-        let http = reqwest::Client::builder()
+        let http = super::trust::client_builder()
             .redirect(reqwest::redirect::Policy::none())
             // A fresh connection per request: a connect error then means nothing was sent.
             .pool_max_idle_per_host(0)
