@@ -941,6 +941,11 @@ mod tests {
         )
     }
 
+    /// `b` resolved against the test environment.
+    fn resolved(b: HttpBinding) -> ResolvedHttp {
+        b.resolve(FIELD, &env).unwrap()
+    }
+
     fn error_of(b: &HttpBinding) -> String {
         b.resolve(FIELD, &env).unwrap_err().to_string()
     }
@@ -971,7 +976,7 @@ mod tests {
 
     #[test]
     fn the_documented_binding_resolves() {
-        let resolved = refund().resolve(FIELD, &env).unwrap();
+        let resolved = resolved(refund());
         assert_eq!(resolved.method(), Method::POST);
         assert_eq!(resolved.host(), "127.0.0.1:8790");
         assert_eq!(resolved.timeout(), Duration::from_secs(10));
@@ -985,12 +990,10 @@ mod tests {
 
     #[test]
     fn defaults_apply_when_timeout_and_size_are_left_out() {
-        let resolved = binding(
+        let resolved = resolved(binding(
             r#"method = "get"
 url = "https://orders.example/x""#,
-        )
-        .resolve(FIELD, &env)
-        .unwrap();
+        ));
         assert_eq!(resolved.method(), Method::GET);
         assert_eq!(resolved.timeout(), DEFAULT_TIMEOUT);
         assert_eq!(resolved.call.max_response_bytes, DEFAULT_MAX_RESPONSE_BYTES);
@@ -1140,7 +1143,7 @@ url = "https://orders.example/x""#,
 
     #[test]
     fn path_arguments_are_encoded_as_one_segment() {
-        let resolved = refund().resolve(FIELD, &env).unwrap();
+        let resolved = resolved(refund());
         let url = resolved
             .call
             .url_for(
@@ -1167,7 +1170,7 @@ url = "https://orders.example/x""#,
 
     #[test]
     fn a_missing_or_unusable_path_argument_fails_before_sending() {
-        let resolved = refund().resolve(FIELD, &env).unwrap();
+        let resolved = resolved(refund());
         let url = |value: Value| resolved.call.url_for(&args(value), "act-1:1");
         assert_eq!(
             url(json!({"amount_cents": 1})).unwrap_err(),
@@ -1197,12 +1200,10 @@ url = "https://orders.example/x""#,
 
     #[test]
     fn get_sends_unused_arguments_as_query_parameters() {
-        let resolved = binding(
+        let resolved = resolved(binding(
             r#"method = "GET"
 url = "https://orders.example/orders/{order_id}?v=1""#,
-        )
-        .resolve(FIELD, &env)
-        .unwrap();
+        ));
         let url = resolved
             .call
             .url_for(
@@ -1216,7 +1217,7 @@ url = "https://orders.example/orders/{order_id}?v=1""#,
 
     #[test]
     fn debug_output_never_shows_header_values_or_a_url_from_the_environment() {
-        let resolved = refund().resolve(FIELD, &env).unwrap();
+        let resolved = resolved(refund());
         let tool = HttpTool::new(
             ToolSpec {
                 name: "issue_refund".into(),
@@ -1245,7 +1246,7 @@ url = "https://orders.example/orders/{order_id}?v=1""#,
 
     #[test]
     fn answers_are_scrubbed_of_the_header_secrets() {
-        let resolved = refund().resolve(FIELD, &env).unwrap();
+        let resolved = resolved(refund());
         let scrubbed = resolved
             .call
             .scrub_value(json!({"echo": ["Bearer s3cret-token"]}));
