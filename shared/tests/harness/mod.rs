@@ -316,6 +316,20 @@ impl Harness {
         (p, report, approval)
     }
 
+    /// [`Harness::paused_on`] `claim`, then dana's edit `d-edit` of it to `dollars`, taken:
+    /// the process, the run's report, the first approval and the edit.
+    pub async fn edited_by_dana(
+        &self,
+        claim: &str,
+        dollars: u32,
+    ) -> (Process, RunReport, Approval, DecisionReport) {
+        let (p, report, approval) = self.paused_on(claim).await;
+        let edited = self
+            .decided(&p, "dana", &approval.id, edit("d-edit", dollars))
+            .await;
+        (p, report, approval, edited)
+    }
+
     /// The payments in the ledger, read through a connection of their own.
     pub async fn payments(&self) -> Vec<Settlement> {
         let store = self.backend.connect().await;
