@@ -18,10 +18,10 @@ use shared::adapters::sqlite::SqliteStore;
 use shared::agents::{self, Wiring};
 use shared::domain::action::ToolOutcome;
 use shared::domain::approval::{Approval, Choice, DecisionRequest};
-use shared::domain::audit::AuditEntry;
+use shared::domain::audit::{AuditEntry, AuditEvent};
 use shared::domain::conversation::Speaker;
 use shared::domain::conversation::{Block, ToolResultText};
-use shared::domain::identity::{Directory, Identity};
+use shared::domain::identity::{Actor, Directory, Identity};
 use shared::domain::ids::{ActionVersion, ApprovalId, DecisionId, RunId, TenantId};
 use shared::domain::money::Amount;
 use shared::domain::policy::Policy;
@@ -496,13 +496,16 @@ pub fn event_names(entries: &[AuditEntry]) -> Vec<&'static str> {
     entries.iter().map(|e| e.event.name()).collect()
 }
 
-/// The first audit entry named `name`.
+/// The first audit entry of `event`'s kind records `event`, by `actor`.
 #[track_caller]
-pub fn entry_named<'a>(entries: &'a [AuditEntry], name: &str) -> &'a AuditEntry {
-    entries
+pub fn assert_recorded(entries: &[AuditEntry], event: AuditEvent, actor: Actor) {
+    let name = event.name();
+    let entry = entries
         .iter()
         .find(|e| e.event.name() == name)
-        .unwrap_or_else(|| panic!("no {name} entry in {:?}", event_names(entries)))
+        .unwrap_or_else(|| panic!("no {name} entry in {:?}", event_names(entries)));
+    assert_eq!(entry.event, event);
+    assert_eq!(entry.actor, actor);
 }
 
 /// A stand-in's part around the tool it wraps, in [`wrap`]: how it calls, and whether and how
