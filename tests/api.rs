@@ -28,8 +28,7 @@ fn edit(amount: &str) -> Value {
 
 #[tokio::test]
 async fn a_claim_started_over_http_is_paid_once_a_finance_reviewer_approves() {
-    let server = Server::start("e2e");
-    let c102 = server.paused_run("ben", "c-102", None).await;
+    let (server, c102) = Server::with_paused_run("e2e", "ben", "c-102").await;
 
     let waiting = server.get("/approvals", "dana").await;
     assert_eq!(waiting.status, 200, "{}", waiting.json);
@@ -89,8 +88,7 @@ async fn a_claim_started_over_http_is_paid_once_a_finance_reviewer_approves() {
 
 #[tokio::test]
 async fn an_edit_that_lowers_the_amount_pays_the_lower_amount() {
-    let server = Server::start("edit-lower");
-    let c102 = server.paused_run("ben", "c-102", None).await;
+    let (server, c102) = Server::with_paused_run("edit-lower", "ben", "c-102").await;
     let mut edit = edit("200.00");
     edit["note"] = json!("one night at the conference rate");
     let edited = server.decided("dana", &c102.approval, edit).await;
@@ -278,8 +276,7 @@ async fn another_tenants_approval_is_404() {
 
 #[tokio::test]
 async fn a_second_decision_on_a_resolved_approval_is_409() {
-    let server = Server::start("resolved");
-    let c102 = server.paused_run("ben", "c-102", None).await;
+    let (server, c102) = Server::with_paused_run("resolved", "ben", "c-102").await;
     server.dana_approves(&c102.approval).await;
     let before = server.approval(&c102.approval).await;
     let reply = server
@@ -319,11 +316,10 @@ async fn a_decision_after_the_deadline_is_409_and_expires_the_approval() {
 
 #[tokio::test]
 async fn a_decision_on_a_cancelled_run_is_409() {
-    let server = Server::start("cancelled");
-    let c102 = server.paused_run("ben", "c-102", None).await;
-    let cancelled = server
-        .post(&format!("/runs/{}/cancel", c102.run), "ben", json!({}))
-        .await;
+    let (server, c102) = Server::with_paused_run("cancelled", "ben", "c-102").await;
+    let cancel_path = format!("/runs/{}/cancel", c102.run);
+    let cancel = || server.post(&cancel_path, "ben", json!({}));
+    let cancelled = cancel().await;
     assert_eq!(cancelled.status, 200, "{}", cancelled.json);
     assert_eq!(cancelled.json["status"], "cancelled");
     let before = server.approval(&c102.approval).await;
@@ -333,16 +329,12 @@ async fn a_decision_on_a_cancelled_run_is_409() {
         .await;
     assert_refused(&reply, 409, "cancelled");
     assert_eq!(server.approval(&c102.approval).await, before);
-    let twice = server
-        .post(&format!("/runs/{}/cancel", c102.run), "ben", json!({}))
-        .await;
-    assert_refused(&twice, 409, "run_finished");
+    assert_refused(&cancel().await, 409, "run_finished");
 }
 
 #[tokio::test]
 async fn the_same_decision_id_twice_returns_the_recorded_outcome() {
-    let server = Server::start("replay");
-    let c102 = server.paused_run("ben", "c-102", None).await;
+    let (server, c102) = Server::with_paused_run("replay", "ben", "c-102").await;
     let first = server.dana_approves(&c102.approval).await;
     assert_eq!(first.json["replayed"], false);
     let before = server.approval(&c102.approval).await;
@@ -386,8 +378,7 @@ fn a_token_for_someone_outside_the_directory_is_refused() {
 
 #[tokio::test]
 async fn the_view_names_who_approved_so_far_and_what_may_be_edited() {
-    let server = Server::start("view");
-    let c105 = server.paused_run("ana", "c-105", None).await;
+    let (server, c105) = Server::with_paused_run("view", "ana", "c-105").await;
     server.dana_approves(&c105.approval).await;
     let approval = server.approval(&c105.approval).await;
     assert_eq!(approval["approved_by"], json!(["dana"]));

@@ -35,6 +35,13 @@ impl Server {
     }
 
     /// A server that does not sweep and offers development sign-in.
+    /// [`Server::start`], with `requester`'s run of `claim` paused on its approval.
+    pub async fn with_paused_run(name: &str, requester: &str, claim: &str) -> (Self, Paused) {
+        let server = Self::start(name);
+        let paused = server.paused_run(requester, claim, None).await;
+        (server, paused)
+    }
+
     pub fn start_dev(name: &str) -> Self {
         Self::start_with(name, &["--sweep-every", "0s", "--dev-sign-in"])
     }
@@ -299,8 +306,8 @@ impl std::ops::Deref for Pending {
 impl Pending {
     /// ben's c-102 ($250 of lodging) waiting on a finance reviewer.
     pub async fn c102(name: &str) -> Self {
-        let server = Server::start(name);
-        let Paused { run, approval } = server.paused_run("ben", "c-102", None).await;
+        let (server, Paused { run, approval }) =
+            Server::with_paused_run(name, "ben", "c-102").await;
         let before = server.approval(&approval).await;
         Self {
             server,
