@@ -305,23 +305,18 @@ async fn given_a_receiver_that_always_fails_then_the_notice_is_given_up_after_ei
         .map(|e| &e.event)
         .filter(|e| e.name() == "notification_failed")
         .collect();
-    let [
-        AuditEvent::NotificationFailed {
-            approval_id,
-            notice,
-            destination,
-            attempts,
-            error,
-        },
-    ] = failed.as_slice()
-    else {
+    let [failed @ AuditEvent::NotificationFailed { error, .. }] = failed.as_slice() else {
         panic!("one failed notice: {failed:?}")
     };
-    assert_eq!(approval_id, &approval.id);
-    assert_eq!(notice, "approval_requested");
-    assert_eq!(destination, &receiver.host());
-    assert_eq!(*attempts, MAX_NOTICE_ATTEMPTS);
     assert!(error.contains("500"), "{error}");
+    let given_up = AuditEvent::NotificationFailed {
+        approval_id: approval.id.clone(),
+        notice: "approval_requested".into(),
+        destination: receiver.host(),
+        attempts: MAX_NOTICE_ATTEMPTS,
+        error: error.clone(),
+    };
+    assert_eq!(*failed, &given_up);
     assert!(!harness::event_names(&history.entries).contains(&"notified"));
     assert!(
         outbox(&p).await.is_empty(),
