@@ -279,11 +279,21 @@ async fn under_review(name: &str, requester: &str, claim: &str) -> (Server, Paus
     (server, paused, Driver::start().await)
 }
 
+/// [`under_review`] with dana signed in: also her browser and the approval's card.
+async fn dana_reviews(
+    name: &str,
+    requester: &str,
+    claim: &str,
+) -> (Server, Paused, Driver, Browser, String) {
+    let (server, paused, mut driver) = under_review(name, requester, claim).await;
+    let dana = driver.signed_in(&server, "dana").await;
+    let item = card(&paused.approval);
+    (server, paused, driver, dana, item)
+}
+
 #[tokio::test]
 async fn dana_approves_a_claim_in_the_page_and_it_leaves_the_queue() {
-    let (server, c102, mut driver) = under_review("approve", "ben", "c-102").await;
-    let dana = driver.signed_in(&server, "dana").await;
-    let item = card(&c102.approval);
+    let (server, c102, _driver, dana, item) = dana_reviews("approve", "ben", "c-102").await;
     dana.find(&item).await;
     let shown = dana.text(&item).await;
     let stored = server.approval(&c102.approval).await;
@@ -326,9 +336,7 @@ async fn dana_approves_a_claim_in_the_page_and_it_leaves_the_queue() {
 
 #[tokio::test]
 async fn a_double_click_on_approve_decides_once() {
-    let (server, c102, mut driver) = under_review("double-click", "ben", "c-102").await;
-    let dana = driver.signed_in(&server, "dana").await;
-    let item = card(&c102.approval);
+    let (server, c102, _driver, dana, item) = dana_reviews("double-click", "ben", "c-102").await;
     let approve = dana.find(&format!("{item} button.approve")).await;
 
     let double_click = MouseActions::new("mouse".to_string())
@@ -363,9 +371,7 @@ async fn a_double_click_on_approve_decides_once() {
 
 #[tokio::test]
 async fn dana_lowers_the_amount_and_the_ledger_pays_the_lower_amount() {
-    let (server, c102, mut driver) = under_review("edit", "ben", "c-102").await;
-    let dana = driver.signed_in(&server, "dana").await;
-    let item = card(&c102.approval);
+    let (server, c102, _driver, dana, item) = dana_reviews("edit", "ben", "c-102").await;
 
     dana.open_form(&item, "edit").await;
     dana.fill_in(&item, "edit", "input[name=amount]", "300")
@@ -412,9 +418,7 @@ async fn dana_lowers_the_amount_and_the_ledger_pays_the_lower_amount() {
 
 #[tokio::test]
 async fn an_edit_that_still_needs_a_second_approver_shows_what_changed() {
-    let (server, c105, mut driver) = under_review("edit-waits", "ana", "c-105").await;
-    let browser = driver.signed_in(&server, "dana").await;
-    let first = card(&c105.approval);
+    let (server, c105, _driver, browser, first) = dana_reviews("edit-waits", "ana", "c-105").await;
     browser.text_containing(&first, "2 of 2 still needed").await;
 
     browser.open_form(&first, "edit").await;
@@ -471,9 +475,7 @@ async fn an_edit_that_still_needs_a_second_approver_shows_what_changed() {
 
 #[tokio::test]
 async fn dana_rejects_with_a_reason_and_nothing_is_paid() {
-    let (server, c102, mut driver) = under_review("reject", "ben", "c-102").await;
-    let dana = driver.signed_in(&server, "dana").await;
-    let item = card(&c102.approval);
+    let (server, c102, _driver, dana, item) = dana_reviews("reject", "ben", "c-102").await;
 
     dana.click(&format!("{item} details.reject summary")).await;
     dana.click(&format!("{item} .reject-submit")).await;
@@ -506,10 +508,8 @@ async fn dana_rejects_with_a_reason_and_nothing_is_paid() {
 
 #[tokio::test]
 async fn ben_is_refused_when_he_approves_his_own_claim() {
-    let server = Server::start_dev("own-claim");
-    let c102 = server.paused_run("ben", "c-102", None).await;
+    let (server, c102, mut driver) = under_review("own-claim", "ben", "c-102").await;
     let before = server.approval(&c102.approval).await;
-    let mut driver = Driver::start().await;
     let ben = driver.signed_in(&server, "ben").await;
     let item = card(&c102.approval);
     ben.text_containing(&item, "You asked for this").await;

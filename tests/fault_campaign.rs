@@ -91,15 +91,8 @@ async fn killed_deciders_and_workers_never_pay_twice_or_unapproved_and_leave_no_
         .expect("the campaign's dead-letter queue")
         .queue_url
         .unwrap();
-    let dlq_arn = sqs
-        .get_queue_attributes()
-        .queue_url(&dlq_url)
-        .attribute_names(QueueAttributeName::QueueArn)
-        .send()
-        .await
-        .unwrap()
-        .attributes
-        .unwrap()[&QueueAttributeName::QueueArn]
+    let dlq_arn = aws::queue_attributes(&sqs, &dlq_url, QueueAttributeName::QueueArn).await
+        [&QueueAttributeName::QueueArn]
         .clone();
     sqs.set_queue_attributes()
         .queue_url(&queue_url)

@@ -146,6 +146,20 @@ impl Http {
         }
     }
 
+    /// `POST /runs` on the start function with `body`, which must start a run: the run.
+    async fn start_run(&self, token: &str, body: Value) -> Value {
+        let (status, run) = self.call("POST", "start/runs", token, Some(body)).await;
+        assert_eq!(status, 201, "{run}");
+        run
+    }
+
+    /// The decision `id` to approve version 1 of `approval`, sent to the decide function.
+    async fn approve(&self, approval: &str, token: &str, id: &str) -> (u16, Value) {
+        let path = format!("decide/approvals/{approval}/decisions");
+        let decision = json!({"decision_id": id, "action_version": 1, "choice": "approve"});
+        self.call("POST", &path, token, Some(decision)).await
+    }
+
     async fn call(
         &self,
         method: &str,
@@ -195,12 +209,7 @@ async fn resume_from_queue(stack: &aws::FreshStack, watch: &Watch) -> Value {
         })
         .collect();
     let response = tokio::task::block_in_place(|| invoke(watch, "resume", &event));
-    let failed: Vec<&str> = response["batchItemFailures"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f["itemIdentifier"].as_str().unwrap())
-        .collect();
+    let failed = common::texts(&response["batchItemFailures"], "itemIdentifier");
     for message in &received {
         if !failed.contains(&message.message_id.as_str()) {
             queue.delete(&message.receipt_handle).await.unwrap();
@@ -229,15 +238,7 @@ async fn approval_flow(stack: &aws::FreshStack, state: &Path, watch: &Watch, htt
     let (dana, erin) = (token(state, "dana"), token(state, "erin"));
 
     // Start: the run pauses on reimbursing $250, and the pause is stored before the answer.
-    let (status, run) = http
-        .call(
-            "POST",
-            "start/runs",
-            &ben,
-            Some(json!({"claim_id": "c-102"})),
-        )
-        .await;
-    assert_eq!(status, 201, "{run}");
+    let run = http.start_run(&ben, json!({"claim_id": "c-102"})).await;
     assert_eq!(run["status"], "awaiting_approval");
     let approval = run["approvals"][0]["id"].as_str().unwrap().to_string();
     let run_id = run["run_id"].as_str().unwrap().to_string();
@@ -246,19 +247,13 @@ async fn approval_flow(stack: &aws::FreshStack, state: &Path, watch: &Watch, htt
     assert_eq!(status, 200);
     assert_eq!(listed["approvals"][0]["id"], approval.as_str());
 
-    let decision = |id: &str| json!({"decision_id": id, "action_version": 1, "choice": "approve"});
-    let path = format!("decide/approvals/{approval}/decisions");
-    let (status, refused) = http
-        .call("POST", &path, &ben, Some(decision("d-ben")))
-        .await;
+    let (status, refused) = http.approve(&approval, &ben, "d-ben").await;
     assert_eq!(
         (status, refused["error"]["code"].as_str()),
         (403, Some("own_request"))
     );
 
-    let (status, decided) = http
-        .call("POST", &path, &dana, Some(decision("d-dana")))
-        .await;
+    let (status, decided) = http.approve(&approval, &dana, "d-dana").await;
     assert_eq!(status, 200, "{decided}");
     assert_eq!(decided["approval"]["status"], "approved");
 
@@ -278,9 +273,7 @@ async fn approval_flow(stack: &aws::FreshStack, state: &Path, watch: &Watch, htt
         .collect();
     assert_eq!(executed.last().unwrap()["authorized_by"][0]["id"], "dana");
 
-    let (status, late) = http
-        .call("POST", &path, &erin, Some(decision("d-erin")))
-        .await;
+    let (status, late) = http.approve(&approval, &erin, "d-erin").await;
     assert_eq!(
         (status, late["error"]["code"].as_str()),
         (409, Some("already_decided"))
@@ -291,15 +284,9 @@ async fn approval_flow(stack: &aws::FreshStack, state: &Path, watch: &Watch, htt
 async fn expiry_flow(stack: &aws::FreshStack, state: &Path, watch: &Watch, http: &Http) {
     let (chen, dana) = (token(state, "chen"), token(state, "dana"));
 
-    let (status, run) = http
-        .call(
-            "POST",
-            "start/runs",
-            &chen,
-            Some(json!({"claim_id": "c-104", "ttl": "0s"})),
-        )
+    let run = http
+        .start_run(&chen, json!({"claim_id": "c-104", "ttl": "0s"}))
         .await;
-    assert_eq!(status, 201, "{run}");
     let approval = run["approvals"][0]["id"].as_str().unwrap().to_string();
 
     let swept = tokio::task::block_in_place(|| {

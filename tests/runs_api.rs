@@ -5,7 +5,7 @@
 mod common;
 
 use common::orders::OrdersService;
-use common::server::{Server, approve, assert_refused, assert_refused_naming};
+use common::server::{Reply, Server, approve, assert_refused, assert_refused_naming};
 use serde_json::{Value, json};
 
 const TASK: &str = "Refund USD 125 for order ord_55: the blender arrived damaged.";
@@ -20,6 +20,19 @@ async fn waiting(server: &Server) -> Value {
     let reply = server.get("/approvals", "mia").await;
     assert_eq!(reply.status, 200, "{}", reply.json);
     reply.json["approvals"].clone()
+}
+
+/// `reply` is a refusal with `status` and `code` whose message names `mention`, and nothing
+/// waits for a decision.
+async fn refused_starting_nothing(
+    server: &Server,
+    reply: &Reply,
+    status: u16,
+    code: &str,
+    mention: &str,
+) {
+    assert_refused_naming(reply, status, code, mention);
+    assert_eq!(waiting(server).await, json!([]));
 }
 
 #[tokio::test]
@@ -67,9 +80,8 @@ async fn the_body_cannot_name_the_requester() {
         let mut body = json!({"agent": "refunds", "task": TASK});
         body[field] = json!("mia");
         let reply = server.post("/runs", "sam", body).await;
-        assert_refused(&reply, 400, "unknown_field");
+        refused_starting_nothing(&server, &reply, 400, "unknown_field", "").await;
     }
-    assert_eq!(waiting(&server).await, json!([]));
 }
 
 #[tokio::test]
@@ -78,8 +90,7 @@ async fn an_unknown_agent_is_404_and_starts_nothing() {
     let reply = server
         .start_agent("sam", "payroll", "Pay everyone twice.")
         .await;
-    assert_refused_naming(&reply, 404, "not_found", "payroll");
-    assert_eq!(waiting(&server).await, json!([]));
+    refused_starting_nothing(&server, &reply, 404, "not_found", "payroll").await;
 }
 
 #[tokio::test]
@@ -102,10 +113,9 @@ async fn an_agent_without_a_task_or_a_task_beside_a_claim_is_400() {
         );
     }
     let blank = server.start_agent("ben", "expense", "  ").await;
-    assert_refused(&blank, 400, "bad_input");
+    refused_starting_nothing(&server, &blank, 400, "bad_input", "").await;
     let bad_name = server.start_agent("ben", "../refunds", TASK).await;
-    assert_refused(&bad_name, 400, "invalid_field");
-    assert_eq!(waiting(&server).await, json!([]));
+    refused_starting_nothing(&server, &bad_name, 400, "invalid_field", "").await;
 }
 
 #[tokio::test]
@@ -114,24 +124,12 @@ async fn a_ttl_beyond_the_policys_longest_is_400_and_nothing_is_written() {
     let server = server_beside(&orders, "runs-ttl");
 
     // The refunds policy gives a finance manager 30 minutes; a caller may ask for less only.
-    let reply = server
-        .post(
-            "/runs",
-            "sam",
-            json!({"agent": "refunds", "task": TASK, "ttl": "2h"}),
-        )
-        .await;
-    assert_refused_naming(&reply, 400, "bad_input", "30m");
-    assert_eq!(waiting(&server).await, json!([]));
+    let refund_within = |ttl: &str| json!({"agent": "refunds", "task": TASK, "ttl": ttl});
+    let reply = server.post("/runs", "sam", refund_within("2h")).await;
+    refused_starting_nothing(&server, &reply, 400, "bad_input", "30m").await;
     assert!(orders.refunds("ord_55").is_empty());
 
-    let shorter = server
-        .post(
-            "/runs",
-            "sam",
-            json!({"agent": "refunds", "task": TASK, "ttl": "10m"}),
-        )
-        .await;
+    let shorter = server.post("/runs", "sam", refund_within("10m")).await;
     assert_eq!(shorter.status, 201, "{}", shorter.json);
     let approval = &shorter.json["approvals"][0];
     let granted = chrono::DateTime::parse_from_rfc3339(approval["expires_at"].as_str().unwrap())

@@ -15,7 +15,7 @@ use shared::agents::{self, Wiring};
 use shared::domain::approval::{Choice, DecisionRequest};
 use shared::domain::ids::{ActionVersion, DecisionId};
 use shared::domain::run::RunStatus;
-use shared::engine::{Delivery, Engine, ResumeReport};
+use shared::engine::{Delivery, Engine, ResumeReport, RunReport};
 use shared::example::expense::{self, Ledger, OfflineExpenseAgent};
 use shared::ports::clock::{Clock, ManualClock};
 use shared::ports::queue::{QueueError, ResumeMessage, ResumeQueue};
@@ -61,6 +61,14 @@ fn approve(id: &str) -> DecisionRequest {
     }
 }
 
+/// Starts claim c-102, which pauses on its reimbursement.
+async fn paused_on_c102(engine: &Engine) -> RunReport {
+    let task = expense::task_for(&expense::default_claims(), "c-102").unwrap();
+    let paused = engine.start(task).await.unwrap();
+    assert_eq!(paused.status, RunStatus::AwaitingApproval);
+    paused
+}
+
 /// What a resume worker does: receive, resume, delete.
 async fn consume(queue: &SqsQueue, engine: &Engine) -> Vec<ResumeReport> {
     let mut reports = Vec::new();
@@ -82,12 +90,7 @@ async fn given_a_crash_between_the_decision_and_its_publish_when_the_sweep_runs_
     });
     let before = engine(aws.store.clone(), crashing.clone(), clock.clone());
 
-    let claims = expense::default_claims();
-    let paused = before
-        .start(expense::task_for(&claims, "c-102").unwrap())
-        .await
-        .unwrap();
-    assert_eq!(paused.status, RunStatus::AwaitingApproval);
+    let paused = paused_on_c102(&before).await;
     let dana = expense::default_directory().identify("dana").unwrap();
     let decided = before
         .decide(&dana, &paused.approvals[0].id, approve("d-crash"))
@@ -139,11 +142,7 @@ async fn given_a_resume_message_delivered_twice_or_after_the_dedup_window_then_n
     let clock = Arc::new(ManualClock::new(Utc::now()));
     let engine = engine(aws.store.clone(), aws.queue.clone(), clock);
 
-    let claims = expense::default_claims();
-    let paused = engine
-        .start(expense::task_for(&claims, "c-102").unwrap())
-        .await
-        .unwrap();
+    let paused = paused_on_c102(&engine).await;
     let dana = expense::default_directory().identify("dana").unwrap();
     engine
         .decide(&dana, &paused.approvals[0].id, approve("d-twice"))

@@ -27,7 +27,7 @@ use shared::example::expense::OfflineExpenseAgent;
 use shared::ports::store::ItemStore;
 
 use dynamodb_backend::DynamoDb;
-use harness::{Embedded, Harness, Process, acme, approve, entry_named};
+use harness::{Embedded, Harness, Process, acme, approve, assert_recorded};
 use notices::Receiver;
 
 const POLICY: &str = include_str!("../../agents/expense/policy.toml");
@@ -97,20 +97,12 @@ async fn given_nobody_decides_in_4h_then_finance_managers_may_decide_too(h: &Har
     assert_eq!(stored.status, ApprovalStatus::AwaitingApproval);
 
     let history = p.history(&acme(), &report.run_id).await.unwrap();
-    let escalated = entry_named(&history.entries, "escalated");
-    assert_eq!(
-        escalated.event,
-        AuditEvent::Escalated {
-            approval_id: approval.id.clone(),
-            to: finance_manager,
-        }
-    );
-    assert_eq!(escalated.actor, Actor::system("sweep"));
-    let notices: Vec<String> = receiver
-        .requests()
-        .iter()
-        .map(|r| r.notice().to_string())
-        .collect();
+    let escalated = AuditEvent::Escalated {
+        approval_id: approval.id.clone(),
+        to: finance_manager,
+    };
+    assert_recorded(&history.entries, escalated, Actor::system("sweep"));
+    let notices = receiver.notices();
     assert_eq!(notices, ["approval_requested", "escalated"]);
     let last = receiver.requests().pop().unwrap();
     let headline = last.body["blocks"][0]["text"]["text"].as_str().unwrap();

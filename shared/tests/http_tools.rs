@@ -23,10 +23,11 @@ use shared::adapters::http_tool::{HttpBinding, HttpTool, http_client};
 use shared::domain::action::{ActionStatus, ToolOutcome};
 use shared::domain::approval::{Approval, ApprovalKind, Choice, DecisionRequest};
 use shared::domain::args::Args;
+use shared::domain::conversation::ToolResultText;
 use shared::domain::ids::{ActionVersion, DecisionId, Role, RunId, TenantId};
 use shared::domain::policy::Policy;
 use shared::domain::run::RunStatus;
-use shared::engine::{Agent, Delivery, Engine, ResumeReport, RunReport};
+use shared::engine::{Agent, Delivery, Engine, History, ResumeReport, RunReport};
 use shared::example::expense::default_directory;
 use shared::ports::clock::ManualClock;
 use shared::ports::model::ToolSpec;
@@ -40,6 +41,20 @@ use harness::{
 };
 
 const SECRET: &str = "s3cret-orders-token-4242";
+
+/// A POST to the echo route, which answers with what it was sent.
+const ECHO_POST: &str = r#"
+method = "POST"
+url = "${ORDERS_URL}/echo/orders/{order_id}"
+headers = { Authorization = "Bearer ${ORDERS_TOKEN}" }
+"#;
+
+/// A GET of the 10 MB answer, read up to 1 KiB.
+const HUGE_CAPPED: &str = r#"
+method = "GET"
+url = "${ORDERS_URL}/huge"
+max_response_bytes = 1024
+"#;
 const TEN_MB: usize = 10 * 1024 * 1024;
 
 // ---------------------------------------------------------------------------------------------
@@ -105,28 +120,23 @@ impl Orders {
 
 type Shared = State<Arc<Orders>>;
 
-async fn refunds(
+/// Makes a refund and answers it; with `THEN_500`, commits it yet answers 500.
+async fn refunds<const THEN_500: bool>(
     State(orders): Shared,
     Path(order_id): Path<String>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    orders.hit("refunds");
+    orders.hit(if THEN_500 {
+        "commit_then_500"
+    } else {
+        "refunds"
+    });
     match orders.refund(&order_id, &headers, &body) {
+        Ok(_) if THEN_500 => {
+            (StatusCode::INTERNAL_SERVER_ERROR, "the database hiccuped").into_response()
+        }
         Ok(refund) => (StatusCode::CREATED, axum::Json(refund)).into_response(),
-        Err(refused) => refused.into_response(),
-    }
-}
-
-async fn commit_then_500(
-    State(orders): Shared,
-    Path(order_id): Path<String>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    orders.hit("commit_then_500");
-    match orders.refund(&order_id, &headers, &body) {
-        Ok(_) => (StatusCode::INTERNAL_SERVER_ERROR, "the database hiccuped").into_response(),
         Err(refused) => refused.into_response(),
     }
 }
@@ -234,10 +244,10 @@ async fn echo(
 async fn orders_service() -> (Arc<Orders>, SocketAddr) {
     let orders = Arc::new(Orders::default());
     let app = Router::new()
-        .route("/orders/{order_id}/refunds", post(refunds))
+        .route("/orders/{order_id}/refunds", post(refunds::<false>))
         .route(
             "/commit-then-500/orders/{order_id}/refunds",
-            post(commit_then_500),
+            post(refunds::<true>),
         )
         .route("/refunds/by-key/{key}", get(by_key))
         .route("/hang", post(hang))
@@ -344,6 +354,20 @@ fn tool_at(addr: SocketAddr, binding: &str) -> HttpTool {
 }
 
 /// A POST to `path` with the token, no reconcile, a short timeout.
+/// A GET of `path` on the service at `addr`, with no other setting.
+fn get_from(addr: SocketAddr, path: &str) -> HttpTool {
+    tool_at(
+        addr,
+        &format!("method = \"GET\"\nurl = \"${{ORDERS_URL}}{path}\""),
+    )
+}
+
+/// A fresh orders service, and the tool `bind` binds to its address.
+async fn orders_and(bind: impl FnOnce(SocketAddr) -> HttpTool) -> (Arc<Orders>, HttpTool) {
+    let (orders, addr) = orders_service().await;
+    (orders, bind(addr))
+}
+
 fn post_to(addr: SocketAddr, path: &str) -> HttpTool {
     tool_at(
         addr,
@@ -451,8 +475,7 @@ fn succeeded_result(outcome: &ToolOutcome) -> &Value {
 
 #[tokio::test]
 async fn given_a_refund_when_it_is_called_then_it_succeeds_with_the_body_and_the_key_acts_once() {
-    let (orders, addr) = orders_service().await;
-    let tool = tool_at(addr, REFUND);
+    let (orders, tool) = orders_and(|addr| tool_at(addr, REFUND)).await;
     let call = Call::refund_55();
 
     let outcome = tool.call(call.as_call()).await;
@@ -470,15 +493,7 @@ async fn given_a_refund_when_it_is_called_then_it_succeeds_with_the_body_and_the
 #[tokio::test]
 async fn given_a_post_binding_when_it_calls_then_it_sends_the_exact_arguments_as_json_with_the_key()
 {
-    let (orders, addr) = orders_service().await;
-    let tool = tool_at(
-        addr,
-        r#"
-        method = "POST"
-        url = "${ORDERS_URL}/echo/orders/{order_id}"
-        headers = { Authorization = "Bearer ${ORDERS_TOKEN}" }
-        "#,
-    );
+    let (orders, tool) = orders_and(|addr| tool_at(addr, ECHO_POST)).await;
     let call = Call::new(
         json!({"order_id": "ord 55/a", "amount_cents": 7500, "note": "é"}),
         "act-h2:1",
@@ -502,14 +517,7 @@ async fn given_a_post_binding_when_it_calls_then_it_sends_the_exact_arguments_as
 #[tokio::test]
 async fn given_a_get_binding_when_it_calls_then_it_sends_no_body_and_the_other_arguments_as_query()
 {
-    let (_orders, addr) = orders_service().await;
-    let tool = tool_at(
-        addr,
-        r#"
-        method = "GET"
-        url = "${ORDERS_URL}/echo/orders/{order_id}"
-        "#,
-    );
+    let (_orders, tool) = orders_and(|addr| get_from(addr, "/echo/orders/{order_id}")).await;
     let call = Call::new(json!({"order_id": "ord_55", "fields": "a&b"}), "act-h3:1");
 
     let seen = succeeded_result(&tool.call(call.as_call()).await).clone();
@@ -524,8 +532,7 @@ async fn given_a_get_binding_when_it_calls_then_it_sends_no_body_and_the_other_a
 
 #[tokio::test]
 async fn given_a_call_without_its_path_argument_when_it_runs_then_it_fails_and_nothing_is_sent() {
-    let (orders, addr) = orders_service().await;
-    let tool = tool_at(addr, REFUND);
+    let (orders, tool) = orders_and(|addr| tool_at(addr, REFUND)).await;
     let call = Call::new(json!({"amount_cents": 7500}), "act-h4:1");
 
     let outcome = tool.call(call.as_call()).await;
@@ -539,8 +546,7 @@ async fn given_a_call_without_its_path_argument_when_it_runs_then_it_fails_and_n
 #[tokio::test]
 async fn given_an_endpoint_that_commits_then_answers_500_when_called_then_the_outcome_is_unknown_and_reconcile_finds_it()
  {
-    let (orders, addr) = orders_service().await;
-    let tool = commit_then_500_at(addr);
+    let (orders, tool) = orders_and(commit_then_500_at).await;
     let call = Call::refund_55();
 
     let outcome = tool.call(call.as_call()).await;
@@ -561,8 +567,7 @@ async fn given_an_endpoint_that_commits_then_answers_500_when_called_then_the_ou
 
 #[tokio::test]
 async fn given_a_key_the_service_never_saw_when_reconciled_then_it_did_not_take_effect() {
-    let (_orders, addr) = orders_service().await;
-    let tool = tool_at(addr, REFUND);
+    let (_orders, tool) = orders_and(|addr| tool_at(addr, REFUND)).await;
     let call = Call::new(json!({"order_id": "ord_55"}), "act-never:1");
 
     let settled = tool
@@ -588,16 +593,14 @@ async fn given_a_reconcile_service_that_is_down_when_asked_then_it_cannot_tell_y
 
 #[tokio::test]
 async fn given_a_binding_without_reconcile_then_it_does_not_reconcile() {
-    let (_orders, addr) = orders_service().await;
-    let tool = post_to(addr, "/hang");
+    let (_orders, tool) = orders_and(|addr| post_to(addr, "/hang")).await;
     assert!(!tool.reconciles());
     assert_eq!(tool.reconcile(Call::refund_55().as_call()).await, None);
 }
 
 #[tokio::test]
 async fn given_an_endpoint_that_hangs_when_called_then_it_times_out_as_unknown() {
-    let (orders, addr) = orders_service().await;
-    let tool = post_to(addr, "/hang");
+    let (orders, tool) = orders_and(|addr| post_to(addr, "/hang")).await;
 
     let started = std::time::Instant::now();
     let outcome = refund_55(&tool).await;
@@ -610,12 +613,7 @@ async fn given_an_endpoint_that_hangs_when_called_then_it_times_out_as_unknown()
 
 #[tokio::test]
 async fn given_an_endpoint_that_answers_invalid_json_when_called_then_the_result_is_its_text() {
-    let (_orders, addr) = orders_service().await;
-    let tool = tool_at(
-        addr,
-        r#"method = "GET"
-url = "${ORDERS_URL}/invalid-json""#,
-    );
+    let (_orders, tool) = orders_and(|addr| get_from(addr, "/invalid-json")).await;
 
     let outcome = tool.call(Call::new(json!({}), "act-h5:1").as_call()).await;
 
@@ -627,15 +625,7 @@ url = "${ORDERS_URL}/invalid-json""#,
 
 #[tokio::test]
 async fn given_an_endpoint_that_answers_10_mb_when_called_then_the_result_is_cut_at_the_cap() {
-    let (orders, addr) = orders_service().await;
-    let tool = tool_at(
-        addr,
-        r#"
-        method = "GET"
-        url = "${ORDERS_URL}/huge"
-        max_response_bytes = 1024
-        "#,
-    );
+    let (orders, tool) = orders_and(|addr| tool_at(addr, HUGE_CAPPED)).await;
 
     let outcome = tool.call(Call::new(json!({}), "act-h6:1").as_call()).await;
 
@@ -649,11 +639,7 @@ async fn given_an_endpoint_that_answers_10_mb_when_called_then_the_result_is_cut
 #[tokio::test]
 async fn given_a_body_that_never_ends_when_called_then_reading_stops_at_the_cap() {
     let addr = endless_body().await;
-    let tool = tool_at(
-        addr,
-        r#"method = "GET"
-url = "${ORDERS_URL}/forever""#,
-    );
+    let tool = get_from(addr, "/forever");
 
     // A reader that held the whole body would never return.
     let outcome = tokio::time::timeout(
@@ -675,8 +661,7 @@ url = "${ORDERS_URL}/forever""#,
 
 #[tokio::test]
 async fn given_an_endpoint_that_redirects_when_called_then_it_is_not_followed_and_unknown() {
-    let (orders, addr) = orders_service().await;
-    let tool = post_to(addr, "/redirect");
+    let (orders, tool) = orders_and(|addr| post_to(addr, "/redirect")).await;
 
     let outcome = refund_55(&tool).await;
 
@@ -689,8 +674,7 @@ async fn given_an_endpoint_that_redirects_when_called_then_it_is_not_followed_an
 
 #[tokio::test]
 async fn given_an_endpoint_that_refuses_with_400_when_called_then_it_fails_with_the_message() {
-    let (_orders, addr) = orders_service().await;
-    let tool = post_to(addr, "/refuse-400");
+    let (_orders, tool) = orders_and(|addr| post_to(addr, "/refuse-400")).await;
 
     let outcome = refund_55(&tool).await;
 
@@ -702,8 +686,7 @@ async fn given_an_endpoint_that_refuses_with_400_when_called_then_it_fails_with_
 
 #[tokio::test]
 async fn given_an_endpoint_that_answers_429_when_called_then_it_is_unknown_not_failed() {
-    let (_orders, addr) = orders_service().await;
-    let tool = post_to(addr, "/refuse-429");
+    let (_orders, tool) = orders_and(|addr| post_to(addr, "/refuse-429")).await;
 
     let outcome = refund_55(&tool).await;
 
@@ -820,6 +803,20 @@ async fn paused_refund(engine: &Engine) -> (RunReport, Approval) {
     (report, approval)
 }
 
+/// The refund's run is done, its refund `status`: the run's history, and what the model was
+/// told of the refund.
+async fn refund_done(
+    engine: &Engine,
+    report: &RunReport,
+    status: ActionStatus,
+) -> (History, ToolResultText) {
+    let history = engine.history(&acme(), &report.run_id).await.unwrap();
+    assert_eq!(history.run.status, RunStatus::Done);
+    assert_eq!(history.actions[0].status, status);
+    let told = told_about(&history.run, "issue_refund");
+    (history, told)
+}
+
 /// dana approves the refund.
 async fn approve_refund(engine: &Engine, approval: &Approval) {
     let dana = default_directory().identify("dana").unwrap();
@@ -832,8 +829,7 @@ async fn approve_refund(engine: &Engine, approval: &Approval) {
 #[tokio::test]
 async fn given_an_approved_refund_whose_endpoint_commits_then_answers_500_when_the_sweep_reconciles_then_it_took_effect_once_and_the_run_finishes()
  {
-    let (orders, addr) = orders_service().await;
-    let tool = commit_then_500_at(addr);
+    let (orders, tool) = orders_and(commit_then_500_at).await;
     let (engine, _store) = refund_engine(tool, Delivery::InProcess).await;
 
     let (report, approval) = paused_refund(&engine).await;
@@ -859,9 +855,7 @@ async fn given_an_approved_refund_whose_endpoint_commits_then_answers_500_when_t
     assert_eq!(swept.reconciled, std::slice::from_ref(&key));
     assert_eq!(orders.hits("by_key"), 1);
 
-    let history = engine.history(&acme(), &report.run_id).await.unwrap();
-    assert_eq!(history.run.status, RunStatus::Done);
-    assert_eq!(history.actions[0].status, ActionStatus::Succeeded);
+    let (history, told) = refund_done(&engine, &report, ActionStatus::Succeeded).await;
     let names = event_names(&history.entries);
     let unknown = names.iter().position(|n| *n == "unknown").expect("unknown");
     let reconciled = names
@@ -869,7 +863,6 @@ async fn given_an_approved_refund_whose_endpoint_commits_then_answers_500_when_t
         .position(|n| *n == "reconciled")
         .expect("reconciled");
     assert!(unknown < reconciled, "{names:?}");
-    let told = told_about(&history.run, "issue_refund");
     assert!(told.content.contains(&key), "{told:?}");
     assert!(!told.is_error, "{told:?}");
 
@@ -950,10 +943,7 @@ async fn given_an_approved_refund_when_its_resume_message_is_delivered_twice_the
     assert!(matches!(second, ResumeReport::Ignored { .. }), "{second:?}");
     assert_eq!(orders.hits("refunds"), 1);
     assert_eq!(orders.effects(), 1);
-    let history = engine.history(&acme(), &report.run_id).await.unwrap();
-    assert_eq!(history.run.status, RunStatus::Done);
-    assert_eq!(history.actions[0].status, ActionStatus::Succeeded);
-    let told = told_about(&history.run, "issue_refund");
+    let (_, told) = refund_done(&engine, &report, ActionStatus::Succeeded).await;
     assert!(told.content.contains("ord_55"), "{told:?}");
     assert!(
         told.content.contains(&format!("{}:1", approval.action_id)),
@@ -984,9 +974,6 @@ async fn given_an_approved_refund_whose_endpoint_times_out_without_effect_when_t
     assert_eq!(swept.reconciled, std::slice::from_ref(&key));
     assert_eq!(orders.hits("hang"), 1);
     assert_eq!(orders.effects(), 0);
-    let history = engine.history(&acme(), &report.run_id).await.unwrap();
-    assert_eq!(history.run.status, RunStatus::Done);
-    assert_eq!(history.actions[0].status, ActionStatus::Failed);
-    let told = told_about(&history.run, "issue_refund");
+    let (_, told) = refund_done(&engine, &report, ActionStatus::Failed).await;
     assert!(told.content.contains("did not take effect"), "{told:?}");
 }

@@ -203,6 +203,14 @@ impl SlackSetup {
             .clone()
     }
 
+    /// [`SlackSetup::button`], whose action id names `action` on version 1 of `approval`.
+    fn button_for(&self, approval: &Approval, label: &str, action: &str) -> Value {
+        let button = self.button(approval, label);
+        let id = format!("countersign.{action}.{}.v1", approval.id);
+        assert_eq!(button["action_id"], id, "{button}");
+        button
+    }
+
     /// The form Slack posts when `user` clicks `button`, as its block_actions payload documents.
     fn click_body(&self, button: &Value, user: &str) -> String {
         let payload = json!({
@@ -278,11 +286,7 @@ impl SlackSetup {
 async fn a_signed_click_on_approve_decides_as_the_mapped_person_once() {
     let s = SlackSetup::new().await;
     let (report, approval) = s.c102_paused().await;
-    let approve = s.button(&approval, "Approve");
-    assert_eq!(
-        approve["action_id"],
-        format!("countersign.approve.{}.v1", approval.id)
-    );
+    let approve = s.button_for(&approval, "Approve", "approve");
     let bound: Value = serde_json::from_str(approve["value"].as_str().unwrap()).unwrap();
     assert_eq!(bound["version"], 1);
     assert_eq!(bound["args_hash"], approval.args_hash.as_str());
@@ -765,11 +769,7 @@ async fn expiry_cancellation_and_an_edit_update_the_message_and_webhooks_get_no_
     assert!(has_buttons(&posts[3].body));
 
     // The webhook got the notices and nothing else: it cannot update a message.
-    let kinds: Vec<String> = hook
-        .requests()
-        .iter()
-        .map(|r| r.notice().to_string())
-        .collect();
+    let kinds = hook.notices();
     assert!(kinds.iter().all(|k| k == "approval_requested"), "{kinds:?}");
 }
 
@@ -804,11 +804,7 @@ fn submission_body(view: &Value, user: &str, amount: &str, note: &str) -> String
 async fn edit_opens_a_form_whose_submission_edits_as_the_person_once() {
     let s = SlackSetup::new().await;
     let (_, approval) = s.c102_paused().await;
-    let edit = s.button(&approval, "Edit");
-    assert_eq!(
-        edit["action_id"],
-        format!("countersign.edit.{}.v1", approval.id)
-    );
+    let edit = s.button_for(&approval, "Edit", "edit");
 
     // Whoever may not edit is told so, and no form opens.
     let body = s.click_body(&edit, "U0BEN0001");

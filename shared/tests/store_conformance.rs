@@ -44,6 +44,16 @@ fn indexed(pk: &str, sk: &str, gpk: &str, gsk: &str) -> Item {
     }
 }
 
+/// Creates one item at version 1 in a transaction of its own: the store's answer.
+async fn create_one(
+    store: &Arc<dyn ItemStore>,
+    pk: &str,
+    sk: &str,
+    body: &str,
+) -> Result<(), StoreError> {
+    store.transact(vec![create(item(pk, sk, 1, body))]).await
+}
+
 fn create(item: Item) -> Write {
     Write::Put {
         item,
@@ -66,22 +76,14 @@ async fn a_created_item_reads_back_whole(store: Arc<dyn ItemStore>) {
 }
 
 async fn must_not_exist_refuses_an_existing_item(store: Arc<dyn ItemStore>) {
-    store
-        .transact(vec![create(item("P", "a", 1, "first"))])
-        .await
-        .unwrap();
-    let again = store
-        .transact(vec![create(item("P", "a", 1, "second"))])
-        .await;
+    create_one(&store, "P", "a", "first").await.unwrap();
+    let again = create_one(&store, "P", "a", "second").await;
     assert_eq!(again, Err(StoreError::ConditionFailed { failed: vec![0] }));
     assert_eq!(store.get("P", "a").await.unwrap().unwrap().body, "first");
 }
 
 async fn compare_and_set_applies_only_at_the_expected_version(store: Arc<dyn ItemStore>) {
-    store
-        .transact(vec![create(item("P", "a", 1, "v1"))])
-        .await
-        .unwrap();
+    create_one(&store, "P", "a", "v1").await.unwrap();
     store
         .transact(vec![update(item("P", "a", 2, "v2"), 1)])
         .await
@@ -103,10 +105,7 @@ async fn compare_and_set_applies_only_at_the_expected_version(store: Arc<dyn Ite
 }
 
 async fn a_failed_transaction_writes_nothing(store: Arc<dyn ItemStore>) {
-    store
-        .transact(vec![create(item("P", "taken", 1, "x"))])
-        .await
-        .unwrap();
+    create_one(&store, "P", "taken", "x").await.unwrap();
     let writes = vec![
         create(item("P", "new-1", 1, "a")),
         create(item("P", "taken", 1, "b")),
@@ -151,10 +150,7 @@ async fn every_failed_condition_is_named(store: Arc<dyn ItemStore>) {
 }
 
 async fn deletes_take_conditions_too(store: Arc<dyn ItemStore>) {
-    store
-        .transact(vec![create(item("P", "a", 1, "x"))])
-        .await
-        .unwrap();
+    create_one(&store, "P", "a", "x").await.unwrap();
     let stale = store
         .transact(vec![Write::Delete {
             pk: "P".into(),
@@ -186,9 +182,7 @@ async fn a_one_write_transaction_keeps_every_condition(store: Arc<dyn ItemStore>
     let first = indexed("P", "one", "IDX", "2026-01-01#one");
     store.transact(vec![create(first.clone())]).await.unwrap();
     assert_eq!(
-        store
-            .transact(vec![create(item("P", "one", 1, "again"))])
-            .await,
+        create_one(&store, "P", "one", "again").await,
         Err(StoreError::ConditionFailed { failed: vec![0] })
     );
     assert_eq!(
@@ -254,30 +248,26 @@ async fn a_query_returns_one_partition_by_prefix_in_key_order(store: Arc<dyn Ite
         .map(|sk| create(item("RUN#1", sk, 1, sk)))
         .collect();
     store.transact(writes).await.unwrap();
-    store
-        .transact(vec![create(item("RUN#2", "ACTION#z", 1, "other run"))])
+    create_one(&store, "RUN#2", "ACTION#z", "other run")
         .await
         .unwrap();
-    let actions: Vec<String> = query_all(store.as_ref(), "RUN#1", "ACTION#")
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|i| i.sk)
-        .collect();
-    assert_eq!(actions, ["ACTION#a", "ACTION#b"]);
-    let all: Vec<String> = query_all(store.as_ref(), "RUN#1", "")
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|i| i.sk)
-        .collect();
-    assert_eq!(all, ["ACTION#a", "ACTION#b", "AUDIT#1", "AUDIT#2", "RUN"]);
-    assert!(
-        query_all(store.as_ref(), "RUN#3", "")
-            .await
-            .unwrap()
-            .is_empty()
+    // The sort keys of partition `pk` that start with `prefix`, as the query returns them.
+    let sort_keys = |pk: &'static str, prefix: &'static str| {
+        let store = store.clone();
+        async move {
+            let items = query_all(store.as_ref(), pk, prefix).await.unwrap();
+            items.into_iter().map(|i| i.sk).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(
+        sort_keys("RUN#1", "ACTION#").await,
+        ["ACTION#a", "ACTION#b"]
     );
+    assert_eq!(
+        sort_keys("RUN#1", "").await,
+        ["ACTION#a", "ACTION#b", "AUDIT#1", "AUDIT#2", "RUN"]
+    );
+    assert!(sort_keys("RUN#3", "").await.is_empty());
 }
 
 async fn pages_resume_where_the_last_one_ended(store: Arc<dyn ItemStore>) {
@@ -329,34 +319,27 @@ async fn the_index_is_sparse_and_read_by_range(store: Arc<dyn ItemStore>) {
         create(item("E", "1", 1, "not indexed")),
     ];
     store.transact(writes).await.unwrap();
-    let due = store
-        .query_index("DUE", "", "2026-01-02T23:59:59.999Z#\u{10FFFF}", None, 100)
-        .await
-        .unwrap();
-    let pks: Vec<&str> = due.items.iter().map(|i| i.pk.as_str()).collect();
-    assert_eq!(pks, ["A", "C"], "in index order, up to the bound");
-    let from = store
-        .query_index("DUE", "2026-01-02", "2026-12-31", None, 100)
-        .await
-        .unwrap();
+    // The partition keys of the DUE index between two keys, in index order.
+    let due = |from: &'static str, to: &'static str| {
+        let store = store.clone();
+        async move {
+            let page = store.query_index("DUE", from, to, None, 100).await.unwrap();
+            page.items.into_iter().map(|i| i.pk).collect::<Vec<_>>()
+        }
+    };
     assert_eq!(
-        from.items.iter().map(|i| i.pk.as_str()).collect::<Vec<_>>(),
-        ["C", "B"]
+        due("", "2026-01-02T23:59:59.999Z#\u{10FFFF}").await,
+        ["A", "C"],
+        "in index order, up to the bound"
     );
+    assert_eq!(due("2026-01-02", "2026-12-31").await, ["C", "B"]);
 
     // Writing the item without its index key takes it out of the index.
     store
         .transact(vec![update(item("A", "1", 2, "resolved"), 1)])
         .await
         .unwrap();
-    let due = store
-        .query_index("DUE", "", "2026-12-31", None, 100)
-        .await
-        .unwrap();
-    assert_eq!(
-        due.items.iter().map(|i| i.pk.as_str()).collect::<Vec<_>>(),
-        ["C", "B"]
-    );
+    assert_eq!(due("", "2026-12-31").await, ["C", "B"]);
 }
 
 async fn index_pages_resume_too(store: Arc<dyn ItemStore>) {
@@ -414,10 +397,7 @@ async fn malformed_transactions_are_refused_before_writing(store: Arc<dyn ItemSt
 async fn a_refusal_says_what_each_failed_write_found(store: Arc<dyn ItemStore>) {
     let winner = indexed("P", "a", "IDX", "2026-01-01#a");
     store.transact(vec![create(winner.clone())]).await.unwrap();
-    store
-        .transact(vec![create(item("P", "b", 1, "b"))])
-        .await
-        .unwrap();
+    create_one(&store, "P", "b", "b").await.unwrap();
 
     // Alone (a plain conditional write on DynamoDB): the item the lost race left.
     let lost = store

@@ -642,14 +642,13 @@ impl Campaign {
     fn settle(&self, round: usize, figures: &mut Figures) {
         let offset = format!("{}d", 3 * round);
         for _ in 0..20 {
-            let (exit, swept, stderr) = self.json(&["review", "expire", "--clock-offset", &offset]);
-            figures.processes += 1;
-            if exit != 0 {
-                figures
-                    .violations
-                    .push(format!("the sweep failed (exit {exit}): {stderr}"));
+            let Some(swept) = self.settling(
+                &["review", "expire", "--clock-offset", &offset],
+                "the sweep",
+                figures,
+            ) else {
                 return;
-            }
+            };
             let report = &swept["sweep"];
             let count = |field: &str| report[field].as_array().map_or(0, Vec::len);
             let redelivered = report["redelivered"].as_u64().unwrap_or(0) as usize;
@@ -662,19 +661,29 @@ impl Campaign {
         }
         if let Store::DynamoDb { .. } = self.store {
             for _ in 0..50 {
-                let (exit, worked, stderr) = self.json(&["worker", "--once"]);
-                figures.processes += 1;
-                if exit != 0 {
-                    figures
-                        .violations
-                        .push(format!("worker --once failed (exit {exit}): {stderr}"));
+                let Some(worked) = self.settling(&["worker", "--once"], "worker --once", figures)
+                else {
                     return;
-                }
+                };
                 if worked["resumed"].as_array().is_none_or(Vec::is_empty) {
                     break;
                 }
             }
         }
+    }
+
+    /// One settling process: counted, and its JSON answer, or `None` with a violation naming
+    /// `what` failed.
+    fn settling(&self, args: &[&str], what: &str, figures: &mut Figures) -> Option<Value> {
+        let (exit, answer, stderr) = self.json(args);
+        figures.processes += 1;
+        if exit != 0 {
+            figures
+                .violations
+                .push(format!("{what} failed (exit {exit}): {stderr}"));
+            return None;
+        }
+        Some(answer)
     }
 
     /// Reads every run's records and the ledger, and names every rule broken.

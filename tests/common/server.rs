@@ -35,6 +35,13 @@ impl Server {
     }
 
     /// A server that does not sweep and offers development sign-in.
+    /// [`Server::start`], with `requester`'s run of `claim` paused on its approval.
+    pub async fn with_paused_run(name: &str, requester: &str, claim: &str) -> (Self, Paused) {
+        let server = Self::start(name);
+        let paused = server.paused_run(requester, claim, None).await;
+        (server, paused)
+    }
+
     pub fn start_dev(name: &str) -> Self {
         Self::start_with(name, &["--sweep-every", "0s", "--dev-sign-in"])
     }
@@ -206,6 +213,11 @@ impl Server {
         reply
     }
 
+    /// dana approves `approval` with the decision id `dana-1`, and it is taken: the reply.
+    pub async fn dana_approves(&self, approval: &str) -> Reply {
+        self.decided("dana", approval, approve("dana-1")).await
+    }
+
     /// A run's audit log as a finance reviewer of acme reads it.
     pub async fn audit(&self, run: &str) -> Value {
         let reply = self.get(&format!("/runs/{run}/audit"), "dana").await;
@@ -282,11 +294,20 @@ pub struct Pending {
     before: Value,
 }
 
+/// A pending claim's server answers its requests: `c102.get(…)`, `c102.decide(…)`.
+impl std::ops::Deref for Pending {
+    type Target = Server;
+
+    fn deref(&self) -> &Server {
+        &self.server
+    }
+}
+
 impl Pending {
     /// ben's c-102 ($250 of lodging) waiting on a finance reviewer.
     pub async fn c102(name: &str) -> Self {
-        let server = Server::start(name);
-        let Paused { run, approval } = server.paused_run("ben", "c-102", None).await;
+        let (server, Paused { run, approval }) =
+            Server::with_paused_run(name, "ben", "c-102").await;
         let before = server.approval(&approval).await;
         Self {
             server,
@@ -304,19 +325,19 @@ impl Pending {
     /// `name`'s decision `body` is refused with `status` and `code`, and changes nothing.
     pub async fn refuses(&self, name: &str, body: Value, status: u16, code: &str) {
         let reply = self.server.decide(name, &self.approval, body).await;
-        assert_refused(&reply, status, code);
+        self.refused(&reply, status, code).await;
+    }
+
+    /// `reply` is a refusal with `status` and `code`, and the approval is as it was.
+    pub async fn refused(&self, reply: &Reply, status: u16, code: &str) {
+        assert_refused(reply, status, code);
         self.unchanged().await;
     }
 
-    /// A decision sent as written: with this bearer token, if any, and content type.
-    pub async fn send_decision(
-        &self,
-        bearer: Option<String>,
-        content_type: &str,
-        body: Value,
-    ) -> Reply {
+    /// A decision to approve sent as written: with this bearer token, if any, and content type.
+    pub async fn send_approval(&self, bearer: Option<String>, content_type: &str) -> Reply {
         let path = format!("/approvals/{}/decisions", self.approval);
-        let bytes = body.to_string().into_bytes();
+        let bytes = approve("d1").to_string().into_bytes();
         self.server
             .send(
                 reqwest::Method::POST,

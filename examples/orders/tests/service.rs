@@ -400,20 +400,25 @@ async fn commit_then_500_answers_500_yet_the_lookup_finds_the_refund() {
     assert_eq!(orders.refunded_cents("ord_55").await, 7_500);
 }
 
-#[tokio::test]
-async fn hang_after_commit_never_answers_yet_the_refund_took_effect() {
-    let orders = Orders::start_with("hangafter", &["--fault", "hang-after-commit"], None);
+/// A service started with `fault`, whose refund of ord_55 is never answered: the service, and
+/// what the lookup by the refund's key then finds.
+async fn hung_refund(name: &str, fault: &str) -> (Orders, StatusCode, Value) {
+    let orders = Orders::start_with(name, &["--fault", fault], None);
     orders.refund_unanswered("ord_55", "act_hang:2").await;
     let (status, found) = orders.get("/refunds/by-key/act_hang:2").await;
+    (orders, status, found)
+}
+
+#[tokio::test]
+async fn hang_after_commit_never_answers_yet_the_refund_took_effect() {
+    let (_orders, status, found) = hung_refund("hangafter", "hang-after-commit").await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(found["amount"], "75.00");
 }
 
 #[tokio::test]
 async fn hang_before_commit_never_answers_and_makes_nothing() {
-    let orders = Orders::start_with("hangbefore", &["--fault", "hang-before-commit"], None);
-    orders.refund_unanswered("ord_55", "act_hang:2").await;
-    let (status, _) = orders.get("/refunds/by-key/act_hang:2").await;
+    let (orders, status, _) = hung_refund("hangbefore", "hang-before-commit").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(orders.refunded_cents("ord_55").await, 0);
 }

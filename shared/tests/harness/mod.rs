@@ -18,10 +18,10 @@ use shared::adapters::sqlite::SqliteStore;
 use shared::agents::{self, Wiring};
 use shared::domain::action::ToolOutcome;
 use shared::domain::approval::{Approval, Choice, DecisionRequest};
-use shared::domain::audit::AuditEntry;
+use shared::domain::audit::{AuditEntry, AuditEvent};
 use shared::domain::conversation::Speaker;
 use shared::domain::conversation::{Block, ToolResultText};
-use shared::domain::identity::{Directory, Identity};
+use shared::domain::identity::{Actor, Directory, Identity};
 use shared::domain::ids::{ActionVersion, ApprovalId, DecisionId, RunId, TenantId};
 use shared::domain::money::Amount;
 use shared::domain::policy::Policy;
@@ -316,6 +316,20 @@ impl Harness {
         (p, report, approval)
     }
 
+    /// [`Harness::paused_on`] `claim`, then dana's edit `d-edit` of it to `dollars`, taken:
+    /// the process, the run's report, the first approval and the edit.
+    pub async fn edited_by_dana(
+        &self,
+        claim: &str,
+        dollars: u32,
+    ) -> (Process, RunReport, Approval, DecisionReport) {
+        let (p, report, approval) = self.paused_on(claim).await;
+        let edited = self
+            .decided(&p, "dana", &approval.id, edit("d-edit", dollars))
+            .await;
+        (p, report, approval, edited)
+    }
+
     /// The payments in the ledger, read through a connection of their own.
     pub async fn payments(&self) -> Vec<Settlement> {
         let store = self.backend.connect().await;
@@ -482,13 +496,16 @@ pub fn event_names(entries: &[AuditEntry]) -> Vec<&'static str> {
     entries.iter().map(|e| e.event.name()).collect()
 }
 
-/// The first audit entry named `name`.
+/// The first audit entry of `event`'s kind records `event`, by `actor`.
 #[track_caller]
-pub fn entry_named<'a>(entries: &'a [AuditEntry], name: &str) -> &'a AuditEntry {
-    entries
+pub fn assert_recorded(entries: &[AuditEntry], event: AuditEvent, actor: Actor) {
+    let name = event.name();
+    let entry = entries
         .iter()
         .find(|e| e.event.name() == name)
-        .unwrap_or_else(|| panic!("no {name} entry in {:?}", event_names(entries)))
+        .unwrap_or_else(|| panic!("no {name} entry in {:?}", event_names(entries)));
+    assert_eq!(entry.event, event);
+    assert_eq!(entry.actor, actor);
 }
 
 /// A stand-in's part around the tool it wraps, in [`wrap`]: how it calls, and whether and how

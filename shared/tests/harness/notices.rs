@@ -135,6 +135,12 @@ impl Receiver {
         self.script.seen.lock().unwrap().clone()
     }
 
+    /// The kind of each notice received, in order.
+    pub fn notices(&self) -> Vec<String> {
+        let requests = self.requests();
+        requests.iter().map(|r| r.notice().to_string()).collect()
+    }
+
     /// Returns once `n` requests arrived in all.
     pub async fn until_requests(&self, n: usize) {
         while self.script.seen.lock().unwrap().len() < n {

@@ -6,11 +6,7 @@ use super::*;
 async fn given_an_approval_when_a_reviewer_lowers_the_amount_then_version_two_runs_and_version_one_can_no_longer_be_approved(
     h: &Harness,
 ) {
-    let (p, report, approval) = h.paused_on("c-102").await;
-
-    let edited = h
-        .decided(&p, "dana", &approval.id, edit("d-edit", 200))
-        .await;
+    let (p, report, approval, edited) = h.edited_by_dana("c-102", 200).await;
 
     assert_eq!(
         edited.decision.effect,
@@ -177,11 +173,7 @@ async fn given_a_claim_above_500_when_the_same_approver_approves_twice_then_it_s
 async fn given_an_approval_when_a_reviewer_lowers_the_amount_below_the_threshold_then_version_two_runs_on_policy_and_the_editor(
     h: &Harness,
 ) {
-    let (p, report, approval) = h.paused_on("c-102").await;
-
-    let edited = h
-        .decided(&p, "dana", &approval.id, edit("d-edit", 60))
-        .await;
+    let (p, report, approval, edited) = h.edited_by_dana("c-102", 60).await;
 
     assert_eq!(edited.approval.status, ApprovalStatus::Superseded);
     assert!(edited.next_approval.is_none(), "$60 needs nobody");

@@ -30,27 +30,38 @@ impl Round {
         let b = Arc::new(h.counted_process(&calls).await);
         Self { h, calls, a, b }
     }
+
+    /// A round in which c-102 pauses, then dana through `a` and erin through `b` decide on it at
+    /// once with `dana` and `erin`: the round, the paused run, its approval and both outcomes.
+    async fn c102_decided_at_once(
+        h: Harness,
+        dana: DecisionRequest,
+        erin: DecisionRequest,
+    ) -> (
+        Self,
+        RunReport,
+        Approval,
+        [Result<DecisionReport, EngineError>; 2],
+    ) {
+        let round = Self::of(h).await;
+        let (report, approval) = round.h.start_paused(&round.a, "c-102").await;
+        let (one, other) = at_once(
+            deciding(&round.a, round.h.person("dana"), &approval.id, dana),
+            deciding(&round.b, round.h.person("erin"), &approval.id, erin),
+        )
+        .await;
+        (round, report, approval, [one, other])
+    }
 }
 
 pub async fn given_a_paused_run_when_approve_and_reject_race_from_two_processes_then_exactly_one_wins_and_nothing_runs_twice(
     h: Harness,
     round: usize,
 ) {
-    let Round { h, calls, a, b } = Round::of(h).await;
-    let (report, approval) = h.start_paused(&a, "c-102").await;
+    let (Round { h, calls, a, b }, report, approval, results) =
+        Round::c102_decided_at_once(h, approve("d-approve"), reject("d-reject", "not this one"))
+            .await;
 
-    let (one, other) = at_once(
-        deciding(&a, h.person("dana"), &approval.id, approve("d-approve")),
-        deciding(
-            &b,
-            h.person("erin"),
-            &approval.id,
-            reject("d-reject", "not this one"),
-        ),
-    )
-    .await;
-
-    let results = [one, other];
     let winners: Vec<&DecisionReport> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
     let losers: Vec<&EngineError> = results.iter().filter_map(|r| r.as_ref().err()).collect();
     assert_eq!(winners.len(), 1, "round {round}: {results:?}");
@@ -76,16 +87,9 @@ pub async fn given_one_approver_needed_when_two_approve_at_once_from_two_process
     h: Harness,
     round: usize,
 ) {
-    let Round { h, calls, a, b } = Round::of(h).await;
-    let (_, approval) = h.start_paused(&a, "c-102").await;
+    let (Round { h, calls, .. }, _, _, results) =
+        Round::c102_decided_at_once(h, approve("d-dana"), approve("d-erin")).await;
 
-    let (one, other) = at_once(
-        deciding(&a, h.person("dana"), &approval.id, approve("d-dana")),
-        deciding(&b, h.person("erin"), &approval.id, approve("d-erin")),
-    )
-    .await;
-
-    let results = [one, other];
     let won = results.iter().filter(|r| r.is_ok()).count();
     assert_eq!(won, 1, "round {round}: {results:?}");
     let lost = results.iter().find_map(|r| r.as_ref().err()).unwrap();

@@ -163,10 +163,7 @@ async fn given_the_resume_queue_is_down_when_a_payment_is_approved_then_the_deci
 async fn given_an_edited_approval_when_either_approval_history_is_read_then_it_traces_both_versions_to_the_outcome(
     h: &Harness,
 ) {
-    let (p, _, approval) = h.paused_on("c-102").await;
-    let edited = h
-        .decided(&p, "dana", &approval.id, edit("d-edit", 200))
-        .await;
+    let (p, _, approval, edited) = h.edited_by_dana("c-102", 200).await;
     let next = edited.next_approval.unwrap();
 
     let from_old = p.history_of_approval(&acme(), &approval.id).await.unwrap();

@@ -19,6 +19,22 @@ fn required(name: &str) -> String {
     })
 }
 
+/// The attributes `names` of the queue at `url`.
+pub async fn queue_attributes(
+    sqs: &aws_sdk_sqs::Client,
+    url: &str,
+    names: QueueAttributeName,
+) -> HashMap<QueueAttributeName, String> {
+    sqs.get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(names)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("the attributes of {url}: {e}"))
+        .attributes
+        .unwrap_or_else(|| panic!("{url} answered no attributes"))
+}
+
 /// Fails the test unless the local stack takes one request at a time (its serial mode), as a
 /// test that judges races on it needs.
 pub async fn assert_serial() {
@@ -101,29 +117,21 @@ impl FreshStack {
             .expect("a fresh table");
 
         let sqs = aws_sdk_sqs::Client::new(&config);
-        let attributes = sqs
-            .get_queue_attributes()
-            .queue_url(&base_queue)
-            .attribute_names(QueueAttributeName::All)
-            .send()
-            .await
-            .expect("the base queue's attributes");
-        let copied: HashMap<QueueAttributeName, String> = attributes
-            .attributes()
-            .unwrap()
-            .iter()
-            .filter(|(k, _)| {
-                matches!(
-                    k,
-                    QueueAttributeName::FifoQueue
-                        | QueueAttributeName::ContentBasedDeduplication
-                        | QueueAttributeName::VisibilityTimeout
-                        | QueueAttributeName::RedrivePolicy
-                        | QueueAttributeName::MessageRetentionPeriod
-                )
-            })
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        let copied: HashMap<QueueAttributeName, String> =
+            queue_attributes(&sqs, &base_queue, QueueAttributeName::All)
+                .await
+                .into_iter()
+                .filter(|(k, _)| {
+                    matches!(
+                        k,
+                        QueueAttributeName::FifoQueue
+                            | QueueAttributeName::ContentBasedDeduplication
+                            | QueueAttributeName::VisibilityTimeout
+                            | QueueAttributeName::RedrivePolicy
+                            | QueueAttributeName::MessageRetentionPeriod
+                    )
+                })
+                .collect();
         let queue = sqs
             .create_queue()
             .queue_name(format!("{name}.fifo"))
