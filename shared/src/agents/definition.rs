@@ -612,20 +612,8 @@ mod tests {
     use super::*;
     use crate::agents::InMemory;
 
-    const POLICY: &str = r#"
-name = "orders"
-version = 1
-default_ttl = "1h"
-
-[tools.issue_refund]
-decision = "approve"
-approver_role = "finance"
-quorum = 1
-reason = "Refunds need finance."
-
-[hints.read_only]
-decision = "allow"
-"#;
+    /// Refunds wait for finance; tools the server calls read-only run.
+    const POLICY: &str = include_str!("../../tests/fixtures/policies/orders-refunds.toml");
 
     fn load(agent: &str, policy: &str) -> Result<Definition, DefinitionError> {
         let agent = format!("name = \"orders\"\nsystem_prompt = \"Refund orders.\"\n{agent}");

@@ -566,20 +566,8 @@ mod tests {
     use super::*;
     use chrono::Duration;
 
-    const POLICY: &str = r#"
-        name = "t"
-        version = 1
-        default_ttl = "24h"
-        [tools.reimburse]
-        decision = "approve"
-        approver_role = "finance"
-        amount_field = "amount_cents"
-        editable = { amount_cents = "lower" }
-        [[tools.reimburse.thresholds]]
-        above = "$75"
-        quorum = 1
-        reason = "r"
-    "#;
+    /// Reimbursements above $75 wait for one finance approver, who may only lower the amount.
+    const POLICY: &str = include_str!("../../tests/fixtures/policies/capped-reimburse.toml");
 
     fn policy() -> Policy {
         Policy::from_toml(POLICY).unwrap()

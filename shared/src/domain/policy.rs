@@ -539,44 +539,8 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    const POLICY: &str = r#"
-        name = "expense"
-        version = 3
-        default_ttl = "24h"
-
-        [context.limits]
-        taxi = 6000
-
-        [tools.get_claim]
-        decision = "allow"
-
-        [tools.wire_money]
-        decision = "deny"
-        reason = "Agents never wire money."
-
-        [tools.reimburse]
-        decision = "approve"
-        approver_role = "finance"
-        amount_field = "amount_cents"
-        editable = { amount_cents = "lower" }
-
-        [[tools.reimburse.thresholds]]
-        above = "$75"
-        quorum = 1
-        reason = "above $75"
-
-        [[tools.reimburse.thresholds]]
-        above = "$500"
-        quorum = 2
-        reason = "above $500"
-
-        [tools.decline]
-        decision = "approve"
-        approver_role = "finance"
-        quorum = 1
-        reason = "every decline"
-        ttl = "2h"
-    "#;
+    /// The expense policy, version 3, with a limit in its context.
+    const POLICY: &str = include_str!("../../tests/fixtures/policies/expense-v3.toml");
 
     fn policy() -> Policy {
         Policy::from_toml(POLICY).unwrap()

@@ -165,20 +165,7 @@ tools = "*"
 "#;
 
 /// No tool by name: reads run, destructive calls wait for finance, the rest stay denied.
-const BY_HINTS: &str = r#"
-name = "orders"
-version = 3
-default_ttl = "24h"
-
-[hints.read_only]
-decision = "allow"
-
-[hints.destructive]
-decision = "approve"
-approver_role = "finance"
-quorum = 1
-reason = "The orders server says this tool changes things."
-"#;
+const BY_HINTS: &str = include_str!("../fixtures/policies/orders-by-hints.toml");
 
 fn orders_definition(agent: &str, policy: &str) -> Result<Definition, DefinitionError> {
     Definition::load(&orders_files(&[
