@@ -974,6 +974,11 @@ mod tests {
         Args::new(value).unwrap()
     }
 
+    /// The URL `endpoint` sends a call of `value` to, under the idempotency key `key`.
+    fn url_of(endpoint: &Endpoint, value: Value, key: &str) -> Url {
+        endpoint.url_for(&args(value), key).unwrap()
+    }
+
     #[test]
     fn the_documented_binding_resolves() {
         let resolved = resolved(refund());
@@ -1144,26 +1149,19 @@ url = "https://orders.example/x""#,
     #[test]
     fn path_arguments_are_encoded_as_one_segment() {
         let resolved = resolved(refund());
-        let url = resolved
-            .call
-            .url_for(
-                &args(json!({"order_id": "ord/55 ?#é", "amount_cents": 7500})),
-                "act-1:2",
-            )
-            .unwrap();
+        let url = url_of(
+            &resolved.call,
+            json!({"order_id": "ord/55 ?#é", "amount_cents": 7500}),
+            "act-1:2",
+        );
         assert_eq!(
             url.as_str(),
             "http://127.0.0.1:8790/orders/ord%2F55%20%3F%23%C3%A9/refunds"
         );
-        let url = resolved
-            .call
-            .url_for(&args(json!({"order_id": 55})), "act-1:2")
-            .unwrap();
+        let url = url_of(&resolved.call, json!({"order_id": 55}), "act-1:2");
         assert_eq!(url.path(), "/orders/55/refunds");
         let lookup = resolved.reconcile.as_ref().unwrap();
-        let url = lookup
-            .url_for(&args(json!({"order_id": "ord_55"})), "act-1:2")
-            .unwrap();
+        let url = url_of(lookup, json!({"order_id": "ord_55"}), "act-1:2");
         assert_eq!(url.path(), "/refunds/by-key/act-1%3A2");
         assert_eq!(url.query(), Some("order_id=ord_55"));
     }
@@ -1204,13 +1202,11 @@ url = "https://orders.example/x""#,
             r#"method = "GET"
 url = "https://orders.example/orders/{order_id}?v=1""#,
         ));
-        let url = resolved
-            .call
-            .url_for(
-                &args(json!({"order_id": "ord_55", "q": "a&b", "n": 3, "skip": null})),
-                "k:1",
-            )
-            .unwrap();
+        let url = url_of(
+            &resolved.call,
+            json!({"order_id": "ord_55", "q": "a&b", "n": 3, "skip": null}),
+            "k:1",
+        );
         assert_eq!(url.path(), "/orders/ord_55");
         assert_eq!(url.query(), Some("v=1&n=3&q=a%26b"));
     }
