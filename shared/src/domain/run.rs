@@ -154,11 +154,17 @@ impl Run {
         Ok(())
     }
 
-    pub fn pause(&mut self, turn: PausedTurn, now: DateTime<Utc>) -> Result<(), RunError> {
-        self.expect(RunStatus::Running)?;
-        self.status = RunStatus::AwaitingApproval;
-        self.paused = Some(turn);
+    /// `from → to` at `now`, refused unless the run is at `from`.
+    fn step(&mut self, from: RunStatus, to: RunStatus, now: DateTime<Utc>) -> Result<(), RunError> {
+        self.expect(from)?;
+        self.status = to;
         self.updated_at = now;
+        Ok(())
+    }
+
+    pub fn pause(&mut self, turn: PausedTurn, now: DateTime<Utc>) -> Result<(), RunError> {
+        self.step(RunStatus::Running, RunStatus::AwaitingApproval, now)?;
+        self.paused = Some(turn);
         Ok(())
     }
 
@@ -236,10 +242,8 @@ impl Run {
     }
 
     pub fn finish(&mut self, answer: String, now: DateTime<Utc>) -> Result<(), RunError> {
-        self.expect(RunStatus::Running)?;
-        self.status = RunStatus::Done;
+        self.step(RunStatus::Running, RunStatus::Done, now)?;
         self.answer = Some(answer);
-        self.updated_at = now;
         Ok(())
     }
 
