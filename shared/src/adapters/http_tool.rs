@@ -800,35 +800,13 @@ impl HttpTool {
                     "http tool answered"
                 );
             }
-            Exchange::NotSent(_) => {
-                tracing::warn!(
-                    tool,
-                    purpose,
-                    method,
-                    host,
-                    elapsed_ms,
-                    "http tool not reached; nothing sent"
-                );
-            }
-            Exchange::TimedOut => {
-                tracing::warn!(
-                    tool,
-                    purpose,
-                    method,
-                    host,
-                    elapsed_ms,
-                    "http tool timed out"
-                );
-            }
-            Exchange::Lost(_) => {
-                tracing::warn!(
-                    tool,
-                    purpose,
-                    method,
-                    host,
-                    elapsed_ms,
-                    "http tool connection lost after sending"
-                );
+            Exchange::NotSent(_) | Exchange::TimedOut | Exchange::Lost(_) => {
+                let what = match exchange {
+                    Exchange::NotSent(_) => "not reached; nothing sent",
+                    Exchange::TimedOut => "timed out",
+                    _ => "connection lost after sending",
+                };
+                tracing::warn!(tool, purpose, method, host, elapsed_ms, "http tool {what}");
             }
         }
     }

@@ -623,13 +623,18 @@ mod tests {
         })
     }
 
+    /// The definition of `agent` under the test policy, which must load.
+    fn loaded(agent: &str) -> Definition {
+        load(agent, POLICY).expect("the definition loads")
+    }
+
     fn refused(agent: &str, policy: &str) -> DefinitionError {
         load(agent, policy).expect_err("the definition is refused")
     }
 
     #[test]
     fn an_mcp_tool_binds_a_server_of_the_definition_and_needs_no_spec() {
-        let definition = load(
+        let definition = loaded(
             r#"
 [mcp.orders]
 url = "${ORDERS_MCP_URL}"
@@ -639,9 +644,7 @@ tools = "*"
 [tools.issue_refund]
 mcp = { server = "orders", tool = "issue_refund" }
 "#,
-            POLICY,
-        )
-        .unwrap();
+        );
 
         assert_eq!(definition.mcp["orders"].url, "${ORDERS_MCP_URL}");
         let [tool] = definition.tools.as_slice() else {
@@ -662,7 +665,7 @@ mcp = { server = "orders", tool = "issue_refund" }
 
     #[test]
     fn an_mcp_tool_may_give_its_own_description_and_schema() {
-        let definition = load(
+        let definition = loaded(
             r#"
 [mcp.orders]
 url = "http://127.0.0.1:1/mcp"
@@ -672,9 +675,7 @@ description = "Refund an order, in cents."
 input_schema = { type = "object", properties = { order_id = { type = "string" } } }
 mcp = { server = "orders", tool = "refund" }
 "#,
-            POLICY,
-        )
-        .unwrap();
+        );
 
         let ToolBinding::Mcp {
             description,
@@ -793,7 +794,7 @@ tools = ["issue_refund"]
 
     #[test]
     fn an_entry_binding_the_listed_tool_itself_is_no_collision() {
-        load(
+        loaded(
             r#"
 [mcp.orders]
 url = "http://x/mcp"
@@ -803,9 +804,7 @@ tools = ["get_order", "issue_refund"]
 mcp = { server = "orders", tool = "issue_refund" }
 description = "Refund an order."
 "#,
-            POLICY,
-        )
-        .unwrap();
+        );
     }
 
     #[test]
