@@ -3,11 +3,10 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use tracing::Instrument;
 
-use super::records::{
-    EscalationDue, OutboxEntry, Stored, Tx, action_index, approval_index, keys, load,
-};
+use super::records::{EscalationDue, OutboxEntry, Stored, Tx, approval_index, keys};
 use super::{AWAITING_ACTION_VER, Agent, Engine, EngineError, RunReport, deadline};
 use crate::domain::action::{Action, ActionStatus, NotExecuted, ProposedCall, ToolOutcome};
 use crate::domain::approval::{Approval, ApprovalStatus};
@@ -54,6 +53,9 @@ impl StartRun {
 }
 
 const MAX_TASK_LEN: usize = 4_000;
+
+/// Where a run stands after the engine drove it, and the notices its last write queued.
+type Driven = (RunReport, Vec<OutboxEntry>);
 
 impl Engine {
     /// Starts a run and drives it until it is done, failed or paused for a person.
@@ -118,10 +120,7 @@ impl Engine {
 
     /// Runs model turns until the run finishes or pauses. The run record is written when it
     /// pauses, finishes or fails, each time compare-and-set on its version.
-    pub(super) async fn drive(
-        &self,
-        mut run: Stored<Run>,
-    ) -> Result<(RunReport, Vec<OutboxEntry>), EngineError> {
+    pub(super) async fn drive(&self, mut run: Stored<Run>) -> Result<Driven, EngineError> {
         let agent = self.agent(&run.value.agent)?.clone();
         let Some(model) = agent.model.clone() else {
             return Err(EngineError::Unavailable(
@@ -309,7 +308,7 @@ impl Engine {
         mut run: Stored<Run>,
         calls: Vec<HeldCall>,
         approvals: Vec<Approval>,
-    ) -> Result<(RunReport, Vec<OutboxEntry>), EngineError> {
+    ) -> Result<Driven, EngineError> {
         let now = self.now();
         run.value
             .pause(PausedTurn { calls }, now)
@@ -428,18 +427,9 @@ impl Engine {
             .and_then(|_| action.claim(now))
             .expect("a new action is approved then claimed");
         let (tenant, run_id) = (action.tenant.clone(), action.run_id.clone());
-        let (pk, sk) = (
-            keys::run_pk(&tenant, &run_id),
-            keys::action_sk(&action.id, action.version),
-        );
 
         let mut tx = Tx::new();
-        tx.create(
-            pk.clone(),
-            sk.clone(),
-            action_index(self.index_shards, &action),
-            &action,
-        );
+        tx.create_action(self.index_shards, &action);
         let proposed = AuditEvent::proposed(&action, Verdict::Allow, None);
         tx.audit(
             &tenant,
@@ -462,13 +452,7 @@ impl Engine {
             .record(&outcome, now)
             .expect("an executing action records its outcome");
         let mut tx = Tx::new();
-        tx.update(
-            pk.clone(),
-            sk.clone(),
-            action_index(self.index_shards, &action),
-            &action,
-            1,
-        );
+        tx.update_action(self.index_shards, &action, 1);
         tx.audit(
             &tenant,
             AuditEntry::new(
@@ -483,7 +467,9 @@ impl Engine {
             // The call outlived the stale-execution limit and the sweep recorded its outcome
             // through the tool's reconciliation: that record stands, and is what the model reads.
             Err(StoreError::ConditionFailed { .. }) => {
-                let recorded = load::<Action>(self.store.as_ref(), &pk, &sk).await?;
+                let recorded = self
+                    .load_action(&tenant, &run_id, &action.id, action.version)
+                    .await?;
                 recorded
                     .and_then(|stored| stored.value.result)
                     .ok_or_else(|| {
@@ -554,7 +540,7 @@ impl Engine {
         &self,
         mut run: Stored<Run>,
         answer: String,
-    ) -> Result<(RunReport, Vec<OutboxEntry>), EngineError> {
+    ) -> Result<Driven, EngineError> {
         let now = self.now();
         let answer = if answer.is_empty() {
             "(the agent gave no answer)".to_string()
@@ -564,39 +550,33 @@ impl Engine {
         run.value
             .finish(answer.clone(), now)
             .map_err(|e| EngineError::Unavailable(e.to_string()))?;
-        let mut tx = Tx::new();
-        tx.audit(
-            &run.value.tenant,
-            AuditEntry::new(
-                &run.value.id,
-                Actor::Agent,
-                AuditEvent::Done { answer },
-                now,
-            ),
-        );
-        tx.run(self.index_shards, &mut run);
-        let outbox = self.commit_run(tx, &run.value).await?;
+        let ended = self
+            .end_run(run, Actor::Agent, AuditEvent::Done { answer }, now)
+            .await?;
         tracing::info!("done");
-        Ok((RunReport::of(&run.value, vec![]), outbox))
+        Ok(ended)
     }
 
-    async fn fail_run(
-        &self,
-        mut run: Stored<Run>,
-        error: String,
-    ) -> Result<(RunReport, Vec<OutboxEntry>), EngineError> {
+    async fn fail_run(&self, mut run: Stored<Run>, error: String) -> Result<Driven, EngineError> {
         let now = self.now();
         tracing::warn!(%error, "run failed");
         run.value.fail(error.clone(), now);
+        let event = AuditEvent::Failed { error };
+        self.end_run(run, Actor::system("engine"), event, now).await
+    }
+
+    /// Writes a run that has just finished or failed, with the event that says so.
+    async fn end_run(
+        &self,
+        mut run: Stored<Run>,
+        by: Actor,
+        event: AuditEvent,
+        now: DateTime<Utc>,
+    ) -> Result<Driven, EngineError> {
         let mut tx = Tx::new();
         tx.audit(
             &run.value.tenant,
-            AuditEntry::new(
-                &run.value.id,
-                Actor::system("engine"),
-                AuditEvent::Failed { error },
-                now,
-            ),
+            AuditEntry::new(&run.value.id, by, event, now),
         );
         tx.run(self.index_shards, &mut run);
         let outbox = self.commit_run(tx, &run.value).await?;

@@ -231,6 +231,14 @@ pub(crate) fn approval_index(approval: &Approval) -> Option<IndexKey> {
 }
 
 /// The index entry of an action in its current state, if it has one.
+/// Where an action version is kept: in its run's partition.
+fn action_key(action: &Action) -> (String, String) {
+    (
+        keys::run_pk(&action.tenant, &action.run_id),
+        keys::action_sk(&action.id, action.version),
+    )
+}
+
 pub(crate) fn action_index(shards: IndexShards, action: &Action) -> Option<IndexKey> {
     match action.status {
         ActionStatus::Executing => Some(reconcile_key(
@@ -540,6 +548,18 @@ impl Tx {
         let pk = keys::approval_pk(&approval.tenant, &approval.id);
         let index = approval_index(approval);
         self.update(pk, keys::APPROVAL_SK.into(), index, approval, ver);
+    }
+
+    /// A new action version, with the reconcile index entry its status gives it.
+    pub fn create_action(&mut self, shards: IndexShards, action: &Action) {
+        let (pk, sk) = action_key(action);
+        self.create(pk, sk, action_index(shards, action), action);
+    }
+
+    /// An action version's compare-and-set, with the reconcile index entry its status gives it.
+    pub fn update_action(&mut self, shards: IndexShards, action: &Action, ver: u64) {
+        let (pk, sk) = action_key(action);
+        self.update(pk, sk, action_index(shards, action), action, ver);
     }
 
     /// Written whatever is there (idempotent registries).

@@ -135,17 +135,7 @@ impl Engine {
             .map_err(|e| EngineError::Corrupt(e.to_string()))?;
         let mut tx = Tx::new();
         let (tenant, run_id) = (action.value.tenant.clone(), action.value.run_id.clone());
-        let (pk, sk) = (
-            keys::run_pk(&tenant, &run_id),
-            keys::action_sk(&action.value.id, action.value.version),
-        );
-        tx.update(
-            pk,
-            sk,
-            action_index(self.index_shards, &action.value),
-            &action.value,
-            action.ver,
-        );
+        tx.update_action(self.index_shards, &action.value, action.ver);
         let authorized = action.value.authorized_by.clone();
         tx.audit(
             &tenant,
