@@ -508,6 +508,19 @@ impl Tx {
         condition: Condition,
     ) {
         let body = serde_json::to_string(value).expect("engine records serialize");
+        self.put_body(pk, sk, gsi1, body, ver, condition);
+    }
+
+    /// [`Tx::put`] of a body already serialized.
+    fn put_body(
+        &mut self,
+        pk: String,
+        sk: String,
+        gsi1: Option<IndexKey>,
+        body: String,
+        ver: u64,
+        condition: Condition,
+    ) {
         self.writes.push(Write::Put {
             item: Item {
                 pk,
@@ -611,17 +624,18 @@ impl Tx {
             Some((_, item)) => item.clone(),
             None => AuditItem::default(),
         };
-        if run.ver == 0 {
-            let started = LoggedEvent {
-                at: value.created_at,
-                actor: Actor::person(&value.requested_by),
-                event: AuditEvent::Started {
-                    task: value.task.clone(),
-                    requested_by: value.requested_by.clone(),
-                    policy_version: value.policy_version,
-                },
-            };
-            audit.events.insert(0, started);
+        // A run written for the first time opens its log with `started`.
+        let started = (run.ver == 0).then(|| LoggedEvent {
+            at: value.created_at,
+            actor: Actor::person(&value.requested_by),
+            event: AuditEvent::Started {
+                task: value.task.clone(),
+                requested_by: value.requested_by.clone(),
+                policy_version: value.policy_version,
+            },
+        });
+        if let Some(started) = &started {
+            audit.events.insert(0, started.clone());
         }
         let order_len = keys::AUDIT_PREFIX.len() + 26;
         let mut best: Option<(usize, usize, String)> = None;
@@ -657,16 +671,14 @@ impl Tx {
             item.from = logged;
             item.messages = value.messages[logged..keep].to_vec();
         }
-        if run.ver == 0 {
-            let started = audit.events.remove(0);
+        if let Some(started) = started {
             self.audit_item(pk.clone()).events.insert(0, started);
         }
         run.value.logging_messages = Some(keep);
-        let body: serde_json::Value = serde_json::from_str(&body).expect("just serialized");
-        if run.ver == 0 {
-            self.create(pk, keys::RUN_SK.into(), index, &body);
-        } else {
-            self.update(pk, keys::RUN_SK.into(), index, &body, run.ver);
+        let sk = keys::RUN_SK.to_string();
+        match run.ver {
+            0 => self.put_body(pk, sk, index, body, 1, Condition::NotExists),
+            ver => self.put_body(pk, sk, index, body, ver + 1, Condition::VersionIs(ver)),
         }
     }
 
