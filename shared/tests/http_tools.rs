@@ -19,7 +19,7 @@ use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
-use shared::adapters::http_tool::{HttpBinding, HttpTool, http_client};
+use shared::adapters::http_tool::{HttpBinding, HttpTool, SharedClient};
 use shared::domain::action::{ActionStatus, ToolOutcome};
 use shared::domain::approval::{Approval, ApprovalKind, Choice, DecisionRequest};
 use shared::domain::args::Args;
@@ -350,7 +350,7 @@ fn tool_at(addr: SocketAddr, binding: &str) -> HttpTool {
     let resolved = binding
         .resolve("tools.issue_refund.http", &env)
         .expect("the binding resolves");
-    HttpTool::new(spec("issue_refund"), resolved, http_client())
+    HttpTool::new(spec("issue_refund"), resolved, SharedClient::default())
 }
 
 /// A POST to `path` with the token, no reconcile, a short timeout.

@@ -48,6 +48,7 @@
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -86,6 +87,34 @@ const RESERVED_HEADERS: [&str; 4] = ["idempotency-key", "content-type", "content
 /// bounds each request, and the roots trusted are the system bundle's, read once
 /// (`adapters::trust`).
 pub fn http_client() -> reqwest::Client {
+    build_client()
+}
+
+/// The one [`http_client`] of a process's HTTP tools, built the first time it is asked for, so
+/// a process that never calls a tool (the decide and sweep functions) never builds it nor reads
+/// the roots. Cheap to clone: every clone shares the one client.
+#[derive(Debug, Clone, Default)]
+pub struct SharedClient(Arc<OnceLock<reqwest::Client>>);
+
+impl SharedClient {
+    /// The client, built now if nothing asked for it before.
+    pub fn get(&self) -> &reqwest::Client {
+        self.0.get_or_init(http_client)
+    }
+
+    /// Whether anything asked for the client yet.
+    pub fn is_built(&self) -> bool {
+        self.0.get().is_some()
+    }
+}
+
+impl From<reqwest::Client> for SharedClient {
+    fn from(client: reqwest::Client) -> Self {
+        Self(Arc::new(OnceLock::from(client)))
+    }
+}
+
+fn build_client() -> reqwest::Client {
     super::trust::client_builder()
         .redirect(reqwest::redirect::Policy::none())
         .connect_timeout(CONNECT_TIMEOUT)
@@ -714,12 +743,13 @@ const NOT_SENT_AGAIN: &str = "the call may have taken effect, so it is not sent 
 pub struct HttpTool {
     spec: ToolSpec,
     binding: ResolvedHttp,
-    client: reqwest::Client,
+    client: SharedClient,
 }
 
 impl HttpTool {
-    /// `client` should come from [`http_client`]: it must not follow redirects.
-    pub fn new(spec: ToolSpec, binding: ResolvedHttp, client: reqwest::Client) -> Self {
+    /// `client` should be built by [`http_client`] (or [`SharedClient`]'s default): it must not
+    /// follow redirects.
+    pub fn new(spec: ToolSpec, binding: ResolvedHttp, client: SharedClient) -> Self {
         Self {
             spec,
             binding,
@@ -830,7 +860,7 @@ impl Tool for HttpTool {
     async fn call(&self, call: ToolCall<'_>) -> ToolOutcome {
         let endpoint = &self.binding.call;
         let started = Instant::now();
-        let exchange = match send(&self.client, endpoint, &call).await {
+        let exchange = match send(self.client.get(), endpoint, &call).await {
             Ok(exchange) => exchange,
             Err(Unfillable(why)) => {
                 tracing::warn!(tool = %self.spec.name, "http tool call could not be built; nothing sent");
@@ -851,7 +881,7 @@ impl Tool for HttpTool {
     async fn reconcile(&self, call: ToolCall<'_>) -> Option<ToolOutcome> {
         let endpoint = self.binding.reconcile.as_ref()?;
         let started = Instant::now();
-        let exchange = match send(&self.client, endpoint, &call).await {
+        let exchange = match send(self.client.get(), endpoint, &call).await {
             Ok(exchange) => exchange,
             Err(Unfillable(why)) => {
                 tracing::warn!(tool = %self.spec.name, %why, "http tool reconcile could not be built");
@@ -1199,7 +1229,7 @@ url = "https://orders.example/orders/{order_id}?v=1""#,
                 input_schema: json!({"type": "object"}),
             },
             resolved.clone(),
-            http_client(),
+            SharedClient::default(),
         );
         for text in [format!("{resolved:?}"), format!("{tool:?}")] {
             assert!(!text.contains("s3cret"), "{text}");

@@ -10,7 +10,7 @@ use super::mcp::{self, BoundMcpTool, LazyServer, McpTools};
 use super::{DEFINITION_FILE, DefinitionError, Files, Wiring, schema};
 use crate::adapters::anthropic::AnthropicModel;
 use crate::adapters::env_template::BindingError;
-use crate::adapters::http_tool::{HttpBinding, HttpTool, http_client};
+use crate::adapters::http_tool::{HttpBinding, HttpTool};
 use crate::adapters::mcp_tool::{McpServerBinding, McpToolBinding};
 use crate::adapters::scripted::{Script, ScriptedModel};
 use crate::domain::ids::{AgentName, Role};
@@ -305,8 +305,10 @@ impl Definition {
                             format!("{{{missing}}} is not one of the tool's arguments"),
                         ));
                     }
-                    let client = wiring.http.get_or_init(http_client).clone();
-                    Arc::new(HttpTool::new(spec, resolved, client))
+                    if wiring.drives {
+                        wiring.http.get();
+                    }
+                    Arc::new(HttpTool::new(spec, resolved, wiring.http.clone()))
                 }
                 ToolBinding::Mcp {
                     binding,
@@ -630,6 +632,28 @@ mod tests {
 
     fn refused(agent: &str, policy: &str) -> DefinitionError {
         load(agent, policy).expect_err("the definition is refused")
+    }
+
+    #[test]
+    fn only_a_process_that_drives_runs_builds_the_http_tools_client_when_binding() {
+        let dir = crate::testing::scratch_dir("wiring");
+        let store: Arc<dyn crate::ports::store::ItemStore> =
+            Arc::new(crate::adapters::sqlite::SqliteStore::open_dir(&dir).unwrap());
+        let refunds = crate::agents::shipped_one("refunds").unwrap();
+        assert!(matches!(refunds.tools[0].binding, ToolBinding::Http(_)));
+        for drives in [false, true] {
+            let wiring = Wiring {
+                drives,
+                ..Wiring::new(
+                    store.clone(),
+                    Arc::new(crate::ports::clock::SystemClock),
+                    crate::example::expense::default_claims(),
+                )
+            };
+            refunds.build(&wiring).expect("the refunds agent binds");
+            assert_eq!(wiring.http.is_built(), drives, "drives: {drives}");
+        }
+        std::fs::remove_dir_all(dir).ok();
     }
 
     #[test]

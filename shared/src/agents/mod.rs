@@ -55,6 +55,7 @@ use std::sync::Arc;
 pub use definition::{Definition, ModelSettings, Offline, Provider, ToolBinding, ToolDefinition};
 
 use crate::adapters::env_template::Lookup;
+use crate::adapters::http_tool::SharedClient;
 use crate::domain::ids::AgentName;
 use crate::engine::{Agent, Engine, EngineError};
 use crate::example::expense::Claims;
@@ -232,8 +233,10 @@ pub struct Wiring<'a> {
     pub clock: Arc<dyn Clock>,
     /// The expense example's claims, for its built-in tools.
     pub claims: Arc<Claims>,
-    /// One HTTP client for every HTTP tool of the process; built only if one needs it.
-    pub http: std::sync::OnceLock<reqwest::Client>,
+    /// One HTTP client for every HTTP tool of the process: built while binding where runs are
+    /// driven (in Lambda's init phase), elsewhere at a tool's first call, which the decide and
+    /// sweep functions never make.
+    pub http: SharedClient,
     /// Where `${VAR}` in bindings is read from.
     pub env: Lookup<'a>,
     /// Whether this process drives runs (start, resume): only then is a model attached.
