@@ -406,6 +406,9 @@ pub fn outbox_key(tenant: &TenantId, run: &RunId, id: &OutboxId) -> (String, Str
     )
 }
 
+/// The length of an [`audit_order`]: 17 digits, `#`, 8 hex digits.
+const AUDIT_ORDER_LEN: usize = 26;
+
 /// Audit keys sort in the order this process wrote them, and never collide across processes.
 fn audit_order() -> String {
     static LAST: AtomicU64 = AtomicU64::new(0);
@@ -472,20 +475,60 @@ fn run_body(run: &Run, keep: usize) -> String {
 }
 
 /// DynamoDB's size of an item (each attribute's name and value, as the adapter writes it),
-/// in write units.
-fn write_units(pk: &str, sk: &str, index: Option<&IndexKey>, body: &str) -> usize {
+/// in write units. `sk_len` is its sort key's length: an audit item's is known before its key.
+fn write_units(pk: &str, sk_len: usize, index: Option<&IndexKey>, body: &str) -> usize {
     let index = index.map_or(0, |k| {
         "gsi1pk".len() + k.pk.len() + "gsi1sk".len() + k.sk.len()
     });
     let ver = "ver".len() + 21;
-    let bytes = "pk".len() + pk.len() + "sk".len() + sk.len() + ver + "body".len() + body.len();
+    let bytes = "pk".len() + pk.len() + "sk".len() + sk_len + ver + "body".len() + body.len();
     (bytes + index).div_ceil(RUN_ITEM_BUDGET).max(1)
 }
 
+/// A run as the items of its partition hold it.
+pub struct RunRead {
+    /// With its whole conversation.
+    pub run: Stored<Run>,
+    /// Its audit log, oldest first.
+    pub log: Vec<AuditEntry>,
+}
+
+/// A run from the items of its partition (all of them, or those from its item on). Each audit
+/// item is decoded once, for its events and its messages; items other than the run's and its
+/// audit items are passed over. `None` when the run's item is not among them.
+pub fn run_from_items(items: &[Item]) -> Result<Option<RunRead>, EngineError> {
+    let mut record = None;
+    let mut events = Vec::new();
+    let mut logged = Vec::new();
+    for item in items {
+        if item.sk == keys::RUN_SK {
+            record = Some(item);
+        } else if item.sk.starts_with(keys::AUDIT_PREFIX) {
+            let audit = decode::<AuditItem>(item)?.value;
+            events.extend(audit.events);
+            if !audit.messages.is_empty() {
+                logged.push((audit.from, audit.messages));
+            }
+        }
+    }
+    let Some(record) = record else {
+        return Ok(None);
+    };
+    let run = decode_run(record, logged)?;
+    let log = events
+        .into_iter()
+        .map(|e| AuditEntry::new(&run.value.id, e.actor, e.event, e.at))
+        .collect();
+    Ok(Some(RunRead { run, log }))
+}
+
 /// A run from its item and its conversation: the messages its audit items hold (each item's,
-/// by position; `audit` is every audit item of the run, or at least every one with messages),
-/// then those the run's item carries.
-pub fn decode_run(item: &Item, audit: &[&Item]) -> Result<Stored<Run>, EngineError> {
+/// from its position; `parts` is every audit item's with messages), then those the run's item
+/// carries.
+fn decode_run(
+    item: &Item,
+    mut parts: Vec<(usize, Vec<Message>)>,
+) -> Result<Stored<Run>, EngineError> {
     let corrupt = |why: String| EngineError::Corrupt(format!("{}/{}: {why}", item.pk, item.sk));
     let mut body: serde_json::Value =
         serde_json::from_str(&item.body).map_err(|e| corrupt(e.to_string()))?;
@@ -506,13 +549,6 @@ pub fn decode_run(item: &Item, audit: &[&Item]) -> Result<Stored<Run>, EngineErr
     let mut run: Run = serde_json::from_value(body).map_err(|e| corrupt(e.to_string()))?;
     run.messages = vec![Message::user_text(run.task.clone())];
     run.stored_messages = logged;
-    let mut parts = Vec::new();
-    for item in audit {
-        let part = decode::<AuditItem>(item)?.value;
-        if !part.messages.is_empty() {
-            parts.push((part.from, part.messages));
-        }
-    }
     parts.sort_by_key(|(from, _)| *from);
     for (from, messages) in parts {
         if from != run.messages.len() {
@@ -545,17 +581,6 @@ impl Stored<Run> {
         }
         self.ver += 1;
     }
-}
-
-/// The events of one audit item, in the order they were written.
-pub fn decode_audit(item: &Item, run: &RunId) -> Result<Vec<AuditEntry>, EngineError> {
-    let stored: Stored<AuditItem> = decode(item)?;
-    Ok(stored
-        .value
-        .events
-        .into_iter()
-        .map(|e| AuditEntry::new(run, e.actor, e.event, e.at))
-        .collect())
 }
 
 /// One atomic change: records, their audit events and their outbox messages.
@@ -737,7 +762,7 @@ impl Tx {
         if let Some(started) = &started {
             audit.events.insert(0, started.clone());
         }
-        let order_len = keys::AUDIT_PREFIX.len() + 26;
+        let order_len = keys::AUDIT_PREFIX.len() + AUDIT_ORDER_LEN;
         let mut best: Option<(usize, usize, String)> = None;
         for keep in (logged..=value.messages.len()).rev() {
             let body = run_body(value, keep);
@@ -746,7 +771,7 @@ impl Tx {
                 moved.from = logged;
                 moved.messages = value.messages[logged..keep].to_vec();
             }
-            let run_units = write_units(&pk, keys::RUN_SK, index.as_ref(), &body);
+            let run_units = write_units(&pk, keys::RUN_SK.len(), index.as_ref(), &body);
             if run_units > 1 && keep < value.messages.len() {
                 // A message kept in the run's item is paid again at each of its writes.
                 continue;
@@ -756,7 +781,7 @@ impl Tx {
                     true => 0,
                     false => write_units(
                         &pk,
-                        &"x".repeat(order_len),
+                        order_len,
                         None,
                         &serde_json::to_string(&moved).expect("engine records serialize"),
                     ),
@@ -837,12 +862,12 @@ mod tests {
             items.push(item);
         }
         run.written();
-        let record = items.iter().find(|i| i.sk == keys::RUN_SK).unwrap();
-        let audit: Vec<&Item> = items
-            .iter()
-            .filter(|i| i.sk.starts_with(keys::AUDIT_PREFIX))
-            .collect();
-        decode_run(record, &audit).unwrap()
+        // In key order, as a query of the run's partition returns them.
+        items.sort_by(|a, b| a.sk.cmp(&b.sk));
+        let read = run_from_items(items).unwrap().expect("the run's item");
+        let names: Vec<&str> = read.log.iter().map(|e| e.event.name()).collect();
+        assert_eq!(names, ["started"], "the log reads back with the run");
+        read.run
     }
 
     #[test]
@@ -1002,12 +1027,12 @@ mod tests {
     fn a_decided_approval_is_one_write_unit_where_its_api_form_is_two() {
         let approval = decided(approval(), &[ActionVersion::FIRST]);
         let item = approval_item(&approval);
-        let units = |body: &str| write_units(&item.pk, &item.sk, None, body);
+        let units = |body: &str| write_units(&item.pk, item.sk.len(), None, body);
         assert_eq!(units(&serde_json::to_string(&approval).unwrap()), 2);
         assert_eq!(units(&item.body), 1);
         let open = approval_item(&self::approval());
         assert_eq!(
-            write_units(&open.pk, &open.sk, open.gsi1.as_ref(), &open.body),
+            write_units(&open.pk, open.sk.len(), open.gsi1.as_ref(), &open.body),
             1
         );
     }
@@ -1023,6 +1048,11 @@ mod tests {
             matches!(&error, EngineError::Corrupt(why) if why.contains("not an approval's key")),
             "{error}"
         );
+    }
+
+    #[test]
+    fn an_audit_order_is_as_long_as_a_write_sizes_it() {
+        assert_eq!(audit_order().len(), AUDIT_ORDER_LEN);
     }
 
     #[test]
