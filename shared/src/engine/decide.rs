@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use tracing::Instrument;
 
-use super::records::{OutboxMessage, Stored, Tx, approval_index, decode, keys};
+use super::records::{OutboxMessage, Stored, Tx, decode, keys};
 use super::{AWAITING_ACTION_VER, Agent, CAS_ATTEMPTS, Delivery, Engine, EngineError};
 use super::{RunReport, deadline};
 use crate::domain::action::{Action, ActionStatus, NotExecuted, ProposedCall, ToolOutcome};
@@ -171,13 +171,7 @@ impl Engine {
                     None
                 }
             };
-            tx.update(
-                keys::approval_pk(&approval.tenant, &approval.id),
-                keys::APPROVAL_SK.into(),
-                approval_index(&approval),
-                &approval,
-                stored.ver,
-            );
+            tx.update_approval(&approval, stored.ver);
             self.follow_up_later(
                 &mut tx,
                 (&approval.tenant, &approval.run_id, &approval.id),
@@ -352,13 +346,7 @@ impl Engine {
             &approval.tenant,
             AuditEntry::new(&approval.run_id, actor, event, now),
         );
-        tx.update(
-            keys::approval_pk(&approval.tenant, &approval.id),
-            keys::APPROVAL_SK.into(),
-            None,
-            approval,
-            ver,
-        );
+        tx.update_approval(approval, ver);
         self.follow_up_later(tx, (&approval.tenant, &approval.run_id, &approval.id), now);
         self.settle_action(tx, &action);
     }

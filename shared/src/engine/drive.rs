@@ -6,7 +6,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tracing::Instrument;
 
-use super::records::{EscalationDue, OutboxEntry, Stored, Tx, approval_index, keys};
+use super::records::{EscalationDue, OutboxEntry, Stored, Tx, keys};
 use super::{AWAITING_ACTION_VER, Agent, Engine, EngineError, RunReport, deadline};
 use crate::domain::action::{Action, ActionStatus, NotExecuted, ProposedCall, ToolOutcome};
 use crate::domain::approval::{Approval, ApprovalStatus};
@@ -258,12 +258,7 @@ impl Engine {
                 .expect("a new version can be approved");
         }
         let waits = approval.status == ApprovalStatus::AwaitingApproval;
-        tx.create(
-            keys::approval_pk(tenant, &approval.id),
-            keys::APPROVAL_SK.into(),
-            approval_index(approval),
-            approval,
-        );
+        tx.create_approval(approval);
         if waits {
             self.notify_later(
                 tx,

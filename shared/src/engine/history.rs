@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use super::records::{Stored, decode, decode_audit, decode_run, keys};
+use super::records::{Stored, decode, keys, run_from_items};
 use super::{Engine, EngineError};
 use crate::domain::action::{Action, ActionStatus};
 use crate::domain::approval::{Approval, ApprovalStatus};
@@ -66,22 +66,16 @@ impl Engine {
 
     pub async fn history(&self, tenant: &TenantId, id: &RunId) -> Result<History, EngineError> {
         let items = query_all(self.store.as_ref(), &keys::run_pk(tenant, id), "").await?;
-        let mut run = None;
+        let read =
+            run_from_items(&items)?.ok_or_else(|| EngineError::not_found(format!("run {id}")))?;
+        let (run, entries) = (read.run.value, read.log);
         let mut actions = Vec::new();
-        let mut entries = Vec::new();
-        let mut audit = Vec::new();
-        for item in &items {
-            if item.sk == keys::RUN_SK {
-                run = Some(item);
-            } else if item.sk.starts_with(keys::ACTION_PREFIX) {
-                actions.push(decode::<Action>(item)?.value);
-            } else if item.sk.starts_with(keys::AUDIT_PREFIX) {
-                entries.extend(decode_audit(item, id)?);
-                audit.push(item);
-            }
+        for item in items
+            .iter()
+            .filter(|i| i.sk.starts_with(keys::ACTION_PREFIX))
+        {
+            actions.push(decode::<Action>(item)?.value);
         }
-        let run = run.ok_or_else(|| EngineError::not_found(format!("run {id}")))?;
-        let run = decode_run(run, &audit)?.value;
         let actions = in_proposal_order(actions, &entries);
         let mut approvals = Vec::new();
         for approval_id in actions.iter().filter_map(|a| a.approval_id.as_ref()) {

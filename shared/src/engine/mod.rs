@@ -305,14 +305,7 @@ impl Engine {
             keys::RUN_SK,
         )
         .await?;
-        let Some(record) = items.iter().find(|item| item.sk == keys::RUN_SK) else {
-            return Ok(None);
-        };
-        let audit: Vec<&crate::ports::store::Item> = items
-            .iter()
-            .filter(|item| item.sk.starts_with(keys::AUDIT_PREFIX))
-            .collect();
-        records::decode_run(record, &audit).map(Some)
+        Ok(records::run_from_items(&items)?.map(|read| read.run))
     }
 
     async fn load_approval(

@@ -57,6 +57,11 @@ pub mod keys {
         format!("TENANT#{tenant}#APPROVAL#{approval}")
     }
 
+    /// The tenant and approval id an approval's partition key names, if it is one.
+    pub fn approval_of(pk: &str) -> Option<(&str, &str)> {
+        pk.strip_prefix("TENANT#")?.split_once("#APPROVAL#")
+    }
+
     pub fn tenant_sk(tenant: &TenantId) -> String {
         format!("TENANT#{tenant}")
     }
@@ -230,7 +235,6 @@ pub(crate) fn approval_index(approval: &Approval) -> Option<IndexKey> {
         .then(|| keys::pending(&approval.tenant, approval.expires_at, &approval.id))
 }
 
-/// The index entry of an action in its current state, if it has one.
 /// Where an action version is kept: in its run's partition.
 fn action_key(action: &Action) -> (String, String) {
     (
@@ -239,6 +243,7 @@ fn action_key(action: &Action) -> (String, String) {
     )
 }
 
+/// The index entry of an action in its current state, if it has one.
 pub(crate) fn action_index(shards: IndexShards, action: &Action) -> Option<IndexKey> {
     match action.status {
         ActionStatus::Executing => Some(reconcile_key(
@@ -258,13 +263,20 @@ pub struct Stored<T> {
     pub ver: u64,
 }
 
+/// A record from its item. An approval's item holds its stored form ([`approval_body`]),
+/// filled back here, so every reader of an approval's item reads the whole approval.
 pub fn decode<T: DeserializeOwned>(item: &Item) -> Result<Stored<T>, EngineError> {
-    serde_json::from_str(&item.body)
+    let corrupt = |why: String| EngineError::Corrupt(format!("{}/{}: {why}", item.pk, item.sk));
+    let value = match item.sk == keys::APPROVAL_SK {
+        true => serde_json::from_value(approval_value(item).map_err(corrupt)?),
+        false => serde_json::from_str(&item.body),
+    };
+    value
         .map(|value| Stored {
             value,
             ver: item.ver,
         })
-        .map_err(|e| EngineError::Corrupt(format!("{}/{}: {e}", item.pk, item.sk)))
+        .map_err(|e| corrupt(e.to_string()))
 }
 
 pub async fn load<T: DeserializeOwned>(
@@ -276,6 +288,68 @@ pub async fn load<T: DeserializeOwned>(
         Some(item) => decode(&item).map(Some),
         None => Ok(None),
     }
+}
+
+// ---------------------------------------------------------------- the stored approval
+
+/// An approval's fields its item leaves out when they are the approval's own: each decision's
+/// version and arguments' hash (a decision is about the version the approval asks for).
+const DECISION_OWN: [&str; 2] = ["action_version", "args_hash"];
+/// An approval's fields its partition key names.
+const APPROVAL_KEYED: [&str; 2] = ["id", "tenant"];
+
+/// The body of an approval's item: the approval's JSON (as the API shows it) less what the
+/// item need not repeat, so a decided approval stays one write unit (1 KB) on DynamoDB:
+/// - `id` and `tenant`, which its partition key names;
+/// - fields that are unset (`null`: `previous`, `superseded_by`, `resolved_at` and
+///   `reminded_at` until they are set), which read back as unset;
+/// - a decision's `action_version` and `args_hash` where they are the approval's own (always,
+///   as [`Approval::decide`] records them; kept where they differ).
+///
+/// [`decode`] fills them back. The audit's `decision` event keeps its own copy.
+fn approval_body(approval: &Approval) -> String {
+    let mut body = serde_json::to_value(approval).expect("engine records serialize");
+    if let Some(fields) = body.as_object_mut() {
+        for keyed in APPROVAL_KEYED {
+            fields.remove(keyed);
+        }
+        fields.retain(|_, value| !value.is_null());
+        let own = DECISION_OWN.map(|name| fields.get(name).cloned());
+        if let Some(serde_json::Value::Array(decisions)) = fields.get_mut("decisions") {
+            for decision in decisions.iter_mut().filter_map(|d| d.as_object_mut()) {
+                for (name, own) in DECISION_OWN.iter().zip(&own) {
+                    if decision.get(*name) == own.as_ref() {
+                        decision.remove(*name);
+                    }
+                }
+            }
+        }
+    }
+    body.to_string()
+}
+
+/// An approval's JSON from its item ([`approval_body`]), the fields left out filled back: its
+/// id and tenant from the item's key, its decisions' version and hash from its own. A field the
+/// body holds is kept as it is.
+fn approval_value(item: &Item) -> Result<serde_json::Value, String> {
+    let (tenant, id) = keys::approval_of(&item.pk).ok_or("not an approval's key")?;
+    let mut body: serde_json::Value =
+        serde_json::from_str(&item.body).map_err(|e| e.to_string())?;
+    let fields = body.as_object_mut().ok_or("not an object")?;
+    for (name, value) in APPROVAL_KEYED.into_iter().zip([id, tenant]) {
+        fields.entry(name).or_insert_with(|| value.into());
+    }
+    let own = DECISION_OWN.map(|name| fields.get(name).cloned());
+    if let Some(serde_json::Value::Array(decisions)) = fields.get_mut("decisions") {
+        for decision in decisions.iter_mut().filter_map(|d| d.as_object_mut()) {
+            for (name, own) in DECISION_OWN.iter().zip(&own) {
+                if let Some(own) = own {
+                    decision.entry(*name).or_insert_with(|| own.clone());
+                }
+            }
+        }
+    }
+    Ok(body)
 }
 
 /// The marker of an approval whose next escalation step is to come.
@@ -331,6 +405,9 @@ pub fn outbox_key(tenant: &TenantId, run: &RunId, id: &OutboxId) -> (String, Str
         format!("{}{id}", keys::OUTBOX_PREFIX),
     )
 }
+
+/// The length of an [`audit_order`]: 17 digits, `#`, 8 hex digits.
+const AUDIT_ORDER_LEN: usize = 26;
 
 /// Audit keys sort in the order this process wrote them, and never collide across processes.
 fn audit_order() -> String {
@@ -398,20 +475,60 @@ fn run_body(run: &Run, keep: usize) -> String {
 }
 
 /// DynamoDB's size of an item (each attribute's name and value, as the adapter writes it),
-/// in write units.
-fn write_units(pk: &str, sk: &str, index: Option<&IndexKey>, body: &str) -> usize {
+/// in write units. `sk_len` is its sort key's length: an audit item's is known before its key.
+fn write_units(pk: &str, sk_len: usize, index: Option<&IndexKey>, body: &str) -> usize {
     let index = index.map_or(0, |k| {
         "gsi1pk".len() + k.pk.len() + "gsi1sk".len() + k.sk.len()
     });
     let ver = "ver".len() + 21;
-    let bytes = "pk".len() + pk.len() + "sk".len() + sk.len() + ver + "body".len() + body.len();
+    let bytes = "pk".len() + pk.len() + "sk".len() + sk_len + ver + "body".len() + body.len();
     (bytes + index).div_ceil(RUN_ITEM_BUDGET).max(1)
 }
 
+/// A run as the items of its partition hold it.
+pub struct RunRead {
+    /// With its whole conversation.
+    pub run: Stored<Run>,
+    /// Its audit log, oldest first.
+    pub log: Vec<AuditEntry>,
+}
+
+/// A run from the items of its partition (all of them, or those from its item on). Each audit
+/// item is decoded once, for its events and its messages; items other than the run's and its
+/// audit items are passed over. `None` when the run's item is not among them.
+pub fn run_from_items(items: &[Item]) -> Result<Option<RunRead>, EngineError> {
+    let mut record = None;
+    let mut events = Vec::new();
+    let mut logged = Vec::new();
+    for item in items {
+        if item.sk == keys::RUN_SK {
+            record = Some(item);
+        } else if item.sk.starts_with(keys::AUDIT_PREFIX) {
+            let audit = decode::<AuditItem>(item)?.value;
+            events.extend(audit.events);
+            if !audit.messages.is_empty() {
+                logged.push((audit.from, audit.messages));
+            }
+        }
+    }
+    let Some(record) = record else {
+        return Ok(None);
+    };
+    let run = decode_run(record, logged)?;
+    let log = events
+        .into_iter()
+        .map(|e| AuditEntry::new(&run.value.id, e.actor, e.event, e.at))
+        .collect();
+    Ok(Some(RunRead { run, log }))
+}
+
 /// A run from its item and its conversation: the messages its audit items hold (each item's,
-/// by position; `audit` is every audit item of the run, or at least every one with messages),
-/// then those the run's item carries.
-pub fn decode_run(item: &Item, audit: &[&Item]) -> Result<Stored<Run>, EngineError> {
+/// from its position; `parts` is every audit item's with messages), then those the run's item
+/// carries.
+fn decode_run(
+    item: &Item,
+    mut parts: Vec<(usize, Vec<Message>)>,
+) -> Result<Stored<Run>, EngineError> {
     let corrupt = |why: String| EngineError::Corrupt(format!("{}/{}: {why}", item.pk, item.sk));
     let mut body: serde_json::Value =
         serde_json::from_str(&item.body).map_err(|e| corrupt(e.to_string()))?;
@@ -432,13 +549,6 @@ pub fn decode_run(item: &Item, audit: &[&Item]) -> Result<Stored<Run>, EngineErr
     let mut run: Run = serde_json::from_value(body).map_err(|e| corrupt(e.to_string()))?;
     run.messages = vec![Message::user_text(run.task.clone())];
     run.stored_messages = logged;
-    let mut parts = Vec::new();
-    for item in audit {
-        let part = decode::<AuditItem>(item)?.value;
-        if !part.messages.is_empty() {
-            parts.push((part.from, part.messages));
-        }
-    }
     parts.sort_by_key(|(from, _)| *from);
     for (from, messages) in parts {
         if from != run.messages.len() {
@@ -471,17 +581,6 @@ impl Stored<Run> {
         }
         self.ver += 1;
     }
-}
-
-/// The events of one audit item, in the order they were written.
-pub fn decode_audit(item: &Item, run: &RunId) -> Result<Vec<AuditEntry>, EngineError> {
-    let stored: Stored<AuditItem> = decode(item)?;
-    Ok(stored
-        .value
-        .events
-        .into_iter()
-        .map(|e| AuditEntry::new(run, e.actor, e.event, e.at))
-        .collect())
 }
 
 /// One atomic change: records, their audit events and their outbox messages.
@@ -556,11 +655,37 @@ impl Tx {
         self.put(pk, sk, gsi1, value, ver + 1, Condition::VersionIs(ver));
     }
 
-    /// An approval's compare-and-set, with the index entry its status gives it.
+    /// A new approval, in its stored form ([`approval_body`]), with the index entry its status
+    /// gives it.
+    pub fn create_approval(&mut self, approval: &Approval) {
+        let pk = keys::approval_pk(&approval.tenant, &approval.id);
+        let index = approval_index(approval);
+        let body = approval_body(approval);
+        self.put_body(
+            pk,
+            keys::APPROVAL_SK.into(),
+            index,
+            body,
+            1,
+            Condition::NotExists,
+        );
+    }
+
+    /// An approval's compare-and-set, in its stored form, with the index entry its status
+    /// gives it.
     pub fn update_approval(&mut self, approval: &Approval, ver: u64) {
         let pk = keys::approval_pk(&approval.tenant, &approval.id);
         let index = approval_index(approval);
-        self.update(pk, keys::APPROVAL_SK.into(), index, approval, ver);
+        let body = approval_body(approval);
+        let condition = Condition::VersionIs(ver);
+        self.put_body(
+            pk,
+            keys::APPROVAL_SK.into(),
+            index,
+            body,
+            ver + 1,
+            condition,
+        );
     }
 
     /// A new action version, with the reconcile index entry its status gives it.
@@ -637,7 +762,7 @@ impl Tx {
         if let Some(started) = &started {
             audit.events.insert(0, started.clone());
         }
-        let order_len = keys::AUDIT_PREFIX.len() + 26;
+        let order_len = keys::AUDIT_PREFIX.len() + AUDIT_ORDER_LEN;
         let mut best: Option<(usize, usize, String)> = None;
         for keep in (logged..=value.messages.len()).rev() {
             let body = run_body(value, keep);
@@ -646,7 +771,7 @@ impl Tx {
                 moved.from = logged;
                 moved.messages = value.messages[logged..keep].to_vec();
             }
-            let run_units = write_units(&pk, keys::RUN_SK, index.as_ref(), &body);
+            let run_units = write_units(&pk, keys::RUN_SK.len(), index.as_ref(), &body);
             if run_units > 1 && keep < value.messages.len() {
                 // A message kept in the run's item is paid again at each of its writes.
                 continue;
@@ -656,7 +781,7 @@ impl Tx {
                     true => 0,
                     false => write_units(
                         &pk,
-                        &"x".repeat(order_len),
+                        order_len,
                         None,
                         &serde_json::to_string(&moved).expect("engine records serialize"),
                     ),
@@ -737,12 +862,12 @@ mod tests {
             items.push(item);
         }
         run.written();
-        let record = items.iter().find(|i| i.sk == keys::RUN_SK).unwrap();
-        let audit: Vec<&Item> = items
-            .iter()
-            .filter(|i| i.sk.starts_with(keys::AUDIT_PREFIX))
-            .collect();
-        decode_run(record, &audit).unwrap()
+        // In key order, as a query of the run's partition returns them.
+        items.sort_by(|a, b| a.sk.cmp(&b.sk));
+        let read = run_from_items(items).unwrap().expect("the run's item");
+        let names: Vec<&str> = read.log.iter().map(|e| e.event.name()).collect();
+        assert_eq!(names, ["started"], "the log reads back with the run");
+        read.run
     }
 
     #[test]
@@ -788,6 +913,146 @@ mod tests {
             audit >= 2,
             "the long turns were logged: {audit} audit items"
         );
+    }
+
+    /// An approval like the bench's: a reimbursement capped at the limit, one day to decide.
+    fn approval() -> Approval {
+        use crate::domain::approval::Asking;
+        use crate::domain::ids::{AgentName, PersonId, Role};
+        use crate::domain::policy::{Requirement, ToolHints};
+        let mut call = crate::domain::action::tests::proposed_call(
+            "Claim b-000006 is one night of lodging at $480; the limit is $250 a night, so I \
+             propose paying $250.",
+        );
+        call.tenant = TenantId::parse("bench-adf56cda").unwrap();
+        call.run_id = RunId::generate();
+        call.id = ActionId::generate();
+        call.tool_use_id = "toolu_bench_0".into();
+        call.args = crate::domain::args::Args::new(serde_json::json!({
+            "amount_cents": 25000,
+            "claim_id": "b-000006",
+            "note": "Lodging is capped at $250 a night.",
+        }))
+        .unwrap();
+        let requirement = Requirement {
+            reason: "Reimbursements above $75 need a finance approver.".into(),
+            approver_role: Role::parse("finance").unwrap(),
+            quorum: 1,
+            ttl: std::time::Duration::from_secs(24 * 3600),
+            escalate: Vec::new(),
+        };
+        let now = Utc::now();
+        let asking = Asking {
+            agent: AgentName::parse("expense").unwrap(),
+            hints: ToolHints::default(),
+            requested_by: vec![PersonId::parse("emp-000006").unwrap()],
+            policy_version: 1,
+            opened_at: now,
+            expires_at: now + chrono::Duration::hours(24),
+        };
+        Approval::open(call, &requirement, asking)
+    }
+
+    /// The item [`Tx::create_approval`] writes for `approval`.
+    fn approval_item(approval: &Approval) -> Item {
+        let mut tx = Tx::new();
+        tx.create_approval(approval);
+        let (mut writes, _) = tx.into_parts();
+        assert_eq!(writes.len(), 1);
+        let Some(Write::Put { item, .. }) = writes.pop() else {
+            panic!("an approval is put")
+        };
+        item
+    }
+
+    fn decided(mut approval: Approval, versions: &[ActionVersion]) -> Approval {
+        use crate::domain::approval::{Choice, Decision, DecisionEffect};
+        use crate::domain::ids::{DecisionId, PersonId};
+        let at = approval.created_at + chrono::Duration::minutes(5);
+        for (n, version) in versions.iter().enumerate() {
+            let own = *version == approval.action_version;
+            approval.decisions.push(Decision {
+                decision_id: DecisionId::parse(&format!("bench-{n}")).unwrap(),
+                by: PersonId::parse("dana").unwrap(),
+                choice: Choice::Approve,
+                action_version: *version,
+                args_hash: match own {
+                    true => approval.args_hash.clone(),
+                    false => crate::domain::args::Args::new(serde_json::json!({"n": n}))
+                        .unwrap()
+                        .hash(),
+                },
+                at,
+                effect: DecisionEffect::Approved,
+            });
+        }
+        approval.status = ApprovalStatus::Approved;
+        approval.resolved_at = Some(at);
+        approval
+    }
+
+    #[test]
+    fn an_approval_reads_back_whole_from_an_item_that_repeats_neither_its_key_nor_its_own_version()
+    {
+        let open = approval();
+        let other = ActionVersion::FIRST.next();
+        let mut full = decided(open.clone(), &[ActionVersion::FIRST, other]);
+        full.reminded_at = Some(full.created_at);
+        full.superseded_by = Some(ApprovalId::generate());
+        for approval in [open, full] {
+            let item = approval_item(&approval);
+            let body: serde_json::Value = serde_json::from_str(&item.body).unwrap();
+            let fields = body.as_object().unwrap();
+            for keyed in ["id", "tenant"] {
+                assert!(!fields.contains_key(keyed), "{keyed} is in the key");
+            }
+            assert!(fields.values().all(|v| !v.is_null()), "{body}");
+            let decisions = fields["decisions"].as_array().unwrap();
+            for (decision, own) in decisions.iter().zip([true, false]) {
+                for name in ["action_version", "args_hash"] {
+                    assert_eq!(decision.get(name).is_none(), own, "{name} in {decision}");
+                }
+            }
+            assert_eq!(decode::<Approval>(&item).unwrap().value, approval);
+            // The API's form at the same key reads as the same approval.
+            let api = Item {
+                body: serde_json::to_string(&approval).unwrap(),
+                ..item
+            };
+            assert_eq!(decode::<Approval>(&api).unwrap().value, approval);
+        }
+    }
+
+    #[test]
+    fn a_decided_approval_is_one_write_unit_where_its_api_form_is_two() {
+        let approval = decided(approval(), &[ActionVersion::FIRST]);
+        let item = approval_item(&approval);
+        let units = |body: &str| write_units(&item.pk, item.sk.len(), None, body);
+        assert_eq!(units(&serde_json::to_string(&approval).unwrap()), 2);
+        assert_eq!(units(&item.body), 1);
+        let open = approval_item(&self::approval());
+        assert_eq!(
+            write_units(&open.pk, open.sk.len(), open.gsi1.as_ref(), &open.body),
+            1
+        );
+    }
+
+    #[test]
+    fn an_approval_item_under_another_key_is_refused_as_corrupt() {
+        let item = Item {
+            pk: "TENANT#acme#RUN#run-1".into(),
+            ..approval_item(&approval())
+        };
+        let error = decode::<Approval>(&item).unwrap_err();
+        assert!(
+            matches!(&error, EngineError::Corrupt(why) if why.contains("not an approval's key")),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn an_audit_order_is_as_long_as_a_write_sizes_it() {
+        assert_eq!(audit_order().len(), AUDIT_ORDER_LEN);
     }
 
     #[test]

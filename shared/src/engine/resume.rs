@@ -4,7 +4,7 @@
 use serde::Serialize;
 use tracing::Instrument;
 
-use super::records::{OutboxEntry, Stored, Tx, action_index, approval_index, keys, outbox_key};
+use super::records::{OutboxEntry, Stored, Tx, action_index, keys, outbox_key};
 use super::{CAS_ATTEMPTS, Engine, EngineError};
 use super::{RunReport, deadline};
 use crate::domain::action::{Action, ActionStatus, ToolOutcome};
@@ -396,12 +396,7 @@ impl Engine {
     /// Writes a recovery as it opens: the approval, its audit event, and its notices.
     fn open_recovery(&self, tx: &mut Tx, recovery: &Approval) {
         let tenant = &recovery.tenant;
-        tx.create(
-            keys::approval_pk(tenant, &recovery.id),
-            keys::APPROVAL_SK.into(),
-            approval_index(recovery),
-            recovery,
-        );
+        tx.create_approval(recovery);
         let event = AuditEvent::RecoveryRequested {
             approval_id: recovery.id.clone(),
             action_id: recovery.action_id.clone(),
