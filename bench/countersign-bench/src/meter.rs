@@ -265,7 +265,10 @@ impl ItemStore for MeteredStore {
     async fn transact_or_found(&self, writes: Vec<Write>) -> Result<(), Refused> {
         let n = writes.len() as f64;
         let count = |condition: Condition| {
-            writes.iter().filter(|w| w.condition() == condition).count() as f64
+            writes
+                .iter()
+                .filter(|w| *w.condition() == condition)
+                .count() as f64
         };
         let (new, unconditional) = (count(Condition::NotExists), count(Condition::Always));
         self.meter.store(|c| {
