@@ -553,7 +553,27 @@ impl Tx {
         value: &T,
         ver: u64,
     ) {
-        self.put(pk, sk, gsi1, value, ver + 1, Condition::VersionIs(ver));
+        self.update_if(pk, sk, gsi1, value, Condition::VersionIs(ver));
+    }
+
+    /// A compare-and-set on a condition that names the version it expects (`VersionIs`, or
+    /// `Unchanged`: still exactly the content the change was ruled on); the item's next version
+    /// is written.
+    pub fn update_if<T: Serialize>(
+        &mut self,
+        pk: String,
+        sk: String,
+        gsi1: Option<IndexKey>,
+        value: &T,
+        condition: Condition,
+    ) {
+        let ver = match &condition {
+            Condition::VersionIs(ver) | Condition::Unchanged { ver, .. } => *ver,
+            Condition::Always | Condition::NotExists => {
+                unreachable!("an update names the version it expects")
+            }
+        };
+        self.put(pk, sk, gsi1, value, ver + 1, condition);
     }
 
     /// An approval's compare-and-set, with the index entry its status gives it.

@@ -785,9 +785,13 @@ async function decide(id, choice, extra = {}) {
   const decisionId = state.submissions.get(key) || newDecisionId();
   state.submissions.set(key, decisionId);
   setBusy(id, true);
+  // The approval as this page shows it: while it is unchanged, the server decides without
+  // reading it again. A comment's answer carries none, and the server then reads it first.
+  const shown = item.view.snapshot ? { snapshot: item.view.snapshot } : {};
   const reply = await api("POST", `approvals/${encodeURIComponent(id)}/decisions`, {
     decision_id: decisionId,
     ...body,
+    ...shown,
   });
   const answered = reply.status !== 0 && reply.status < 500;
   if (answered) state.submissions.delete(key);
