@@ -322,11 +322,27 @@ async fn dana_approves_a_claim_in_the_page_and_it_leaves_the_queue() {
         json!(first)
     );
     dana.until("the deadline to count down", &script).await;
+    // What the page sends with its decision, recorded on its way out.
+    let record = "window.sentDecisions = []; const send = window.fetch; \
+        window.fetch = (path, init) => { \
+          if (String(path).endsWith('/decisions')) window.sentDecisions.push(JSON.parse(init.body)); \
+          return send(path, init); }; \
+        return true;";
+    dana.client.execute(record, vec![]).await.unwrap();
 
     let status = dana
         .decide_card(&item, "button.approve", "You approved reimburse version 1")
         .await;
     assert!(status.contains("The run is done"), "{status}");
+    // The approval as the page showed it goes back with the decision: no read before it.
+    let sent = dana
+        .client
+        .execute("return window.sentDecisions;", vec![])
+        .await
+        .unwrap();
+    assert_eq!(sent.as_array().map(Vec::len), Some(1), "{sent}");
+    assert!(stored["snapshot"].is_string(), "{stored}");
+    assert_eq!(sent[0]["snapshot"], stored["snapshot"], "{sent}");
     dana.close().await;
 
     assert_eq!(server.audit(&c102.run).await["run"]["status"], "done");
