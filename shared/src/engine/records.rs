@@ -556,9 +556,8 @@ impl Tx {
         self.update_if(pk, sk, gsi1, value, Condition::VersionIs(ver));
     }
 
-    /// A compare-and-set on a condition that names the version it expects (`VersionIs`, or
-    /// `Unchanged`: still exactly the content the change was ruled on); the item's next version
-    /// is written.
+    /// A write on `condition` (`Unchanged`: the item is still exactly what the change was
+    /// ruled on), at the version after the one the condition expects, or 1 if it expects none.
     pub fn update_if<T: Serialize>(
         &mut self,
         pk: String,
@@ -568,12 +567,10 @@ impl Tx {
         condition: Condition,
     ) {
         let ver = match &condition {
-            Condition::VersionIs(ver) | Condition::Unchanged { ver, .. } => *ver,
-            Condition::Always | Condition::NotExists => {
-                unreachable!("an update names the version it expects")
-            }
+            Condition::VersionIs(ver) | Condition::Unchanged { ver, .. } => ver + 1,
+            Condition::Always | Condition::NotExists => 1,
         };
-        self.put(pk, sk, gsi1, value, ver + 1, condition);
+        self.put(pk, sk, gsi1, value, ver, condition);
     }
 
     /// An approval's compare-and-set, with the index entry its status gives it.

@@ -11,7 +11,6 @@
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use serde::Serialize;
 
 use super::records::{Stored, decode, keys};
 use super::{Engine, EngineError};
@@ -86,7 +85,7 @@ impl Snapshot {
 }
 
 /// An approval as a reviewer is shown it, and the snapshot their decision may bring back.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Shown {
     pub approval: Approval,
     pub snapshot: String,
