@@ -351,6 +351,29 @@ async fn dana_approves_a_claim_in_the_page_and_it_leaves_the_queue() {
 }
 
 #[tokio::test]
+async fn an_approval_too_large_to_send_back_is_still_decided_in_the_page() {
+    let (server, c102, _driver, dana, item) = dana_reviews("large", "ben", "c-102").await;
+    // Long comments take the approval, and its snapshot, past what a request body may hold.
+    let path = format!("/approvals/{}/comments", c102.approval);
+    for n in 0..9 {
+        let text = format!("{n}: {}", "receipt details ".repeat(120));
+        let reply = server.post(&path, "erin", json!({ "text": text })).await;
+        assert_eq!(reply.status, 201, "{}", reply.json);
+    }
+    let stored = server.approval(&c102.approval).await;
+    assert!(stored["snapshot"].as_str().unwrap().len() > 16 * 1024);
+    dana.client.refresh().await.unwrap();
+    dana.find(&item).await;
+
+    dana.decide_card(&item, "button.approve", "You approved reimburse version 1")
+        .await;
+    dana.close().await;
+
+    assert_eq!(server.approval(&c102.approval).await["status"], "approved");
+    assert_eq!(server.payments(), [("c-102".to_string(), 25_000)]);
+}
+
+#[tokio::test]
 async fn a_double_click_on_approve_decides_once() {
     let (server, c102, _driver, dana, item) = dana_reviews("double-click", "ben", "c-102").await;
     let approve = dana.find(&format!("{item} button.approve")).await;
