@@ -186,6 +186,31 @@ async fn given_erin_rejected_since_dana_was_shown_the_approval_when_dana_approve
     assert!(h.payments().await.is_empty());
 }
 
+async fn given_dana_and_erin_shown_the_same_approval_when_both_decide_at_once_with_it_then_one_decision_is_taken(
+    h: &Harness,
+) {
+    let (p, _, _, approval) = counted_and_paused(h).await;
+    let snapshot = shown(&p, &approval).await;
+
+    let (dana, erin) = tokio::join!(
+        decide_shown(h, &p, "dana", &approval, approve("d-dana"), &snapshot),
+        decide_shown(h, &p, "erin", &approval, reject("d-erin", "no"), &snapshot),
+    );
+
+    let lost = match (&dana, &erin) {
+        (Ok(_), Err(lost)) | (Err(lost), Ok(_)) => lost,
+        _ => panic!("one decision wins: {dana:?} {erin:?}"),
+    };
+    assert_refusal(lost, "already_decided", ErrorKind::Conflict);
+    let stored = p.approval(&acme(), &approval.id).await.unwrap();
+    assert_eq!(stored.decisions.len(), 1);
+    let won = match dana.is_ok() {
+        true => ApprovalStatus::Approved,
+        false => ApprovalStatus::Rejected,
+    };
+    assert_eq!(stored.status, won);
+}
+
 async fn given_dana_approved_with_a_snapshot_when_she_sends_the_same_decision_again_with_it_then_it_is_replayed(
     h: &Harness,
 ) {
@@ -300,6 +325,7 @@ on_both_stores!([
     given_a_comment_since_dana_was_shown_the_approval_when_she_approves_with_that_snapshot_then_it_is_approved_and_the_comment_kept,
     given_erin_rejected_since_dana_was_shown_the_approval_when_dana_approves_with_that_snapshot_then_she_is_refused_and_the_rejection_stands,
     given_dana_approved_with_a_snapshot_when_she_sends_the_same_decision_again_with_it_then_it_is_replayed,
+    given_dana_and_erin_shown_the_same_approval_when_both_decide_at_once_with_it_then_one_decision_is_taken,
     given_a_snapshot_forged_without_the_requester_when_ben_approves_his_own_claim_with_it_then_he_is_still_refused,
     given_a_snapshot_forged_to_say_rejected_or_overdue_when_dana_approves_with_it_then_she_approves_what_is_stored,
     given_a_snapshot_of_another_approval_when_dana_decides_with_it_then_the_approval_she_named_is_decided,
