@@ -147,6 +147,30 @@ async fn given_the_snapshot_dana_was_shown_when_she_approves_then_the_decision_i
     );
 }
 
+async fn given_the_snapshot_dana_was_shown_when_she_lowers_the_amount_then_the_edit_is_one_request_too(
+    h: &Harness,
+) {
+    let (p, requests, _, approval) = counted_and_paused(h).await;
+    let snapshot = shown(&p, &approval).await;
+    let before = requests.counts();
+
+    let report = decide_shown(h, &p, "dana", &approval, edit("d-dana", 200), &snapshot)
+        .await
+        .unwrap();
+
+    let after = requests.counts();
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1, after.2 - before.2),
+        (0, 0, 1)
+    );
+    assert_eq!(report.approval.status, ApprovalStatus::Superseded);
+    let next = report.next_approval.expect("version 2's approval");
+    assert_eq!(next.action_version, v(2));
+    assert_eq!(next.args.int("amount_cents"), Some(20_000));
+    let stored = p.approval(&acme(), &approval.id).await.unwrap();
+    assert_eq!(stored.superseded_by, Some(next.id));
+}
+
 async fn given_a_comment_since_dana_was_shown_the_approval_when_she_approves_with_that_snapshot_then_it_is_approved_and_the_comment_kept(
     h: &Harness,
 ) {
@@ -322,6 +346,7 @@ async fn given_a_string_that_is_not_a_snapshot_when_dana_decides_with_it_then_it
 
 on_both_stores!([
     given_the_snapshot_dana_was_shown_when_she_approves_then_the_decision_is_one_request_to_the_store,
+    given_the_snapshot_dana_was_shown_when_she_lowers_the_amount_then_the_edit_is_one_request_too,
     given_a_comment_since_dana_was_shown_the_approval_when_she_approves_with_that_snapshot_then_it_is_approved_and_the_comment_kept,
     given_erin_rejected_since_dana_was_shown_the_approval_when_dana_approves_with_that_snapshot_then_she_is_refused_and_the_rejection_stands,
     given_dana_approved_with_a_snapshot_when_she_sends_the_same_decision_again_with_it_then_it_is_replayed,
