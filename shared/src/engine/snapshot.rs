@@ -6,8 +6,9 @@
 //! ([`Condition::Unchanged`](crate::ports::store::Condition::Unchanged)): every rule the domain
 //! applied (status, version, deadline, role, separation of duties) holds as if the approval had
 //! been read first, and the rules stay written once, in the domain. A snapshot is not trusted
-//! for anything else: a stale or forged one fails the condition and the decision reads the
-//! approval, as it does without one.
+//! for anything else: a ruling on it that writes nothing (a refusal, a replay) is made again on
+//! the stored approval, and a stale or forged one fails the condition, after which the decision
+//! rules on the approval the refusal found, as it does after a lost race.
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
