@@ -359,6 +359,73 @@ async fn the_same_decision_id_twice_returns_the_recorded_outcome() {
     assert_refused(&reused, 409, "decision_id_reused");
 }
 
+/// dana's approval sent with the snapshot the approval was shown with.
+fn approve_shown(decision_id: &str, snapshot: &Value) -> Value {
+    let mut body = approve(decision_id);
+    body["snapshot"] = snapshot.clone();
+    body
+}
+
+#[tokio::test]
+async fn a_decision_sent_with_the_snapshot_it_was_shown_with_is_taken_even_after_a_comment() {
+    let (server, c102) = Server::with_paused_run("snapshot", "ben", "c-102").await;
+    let shown = server.approval(&c102.approval).await;
+    let snapshot = &shown["snapshot"];
+    assert!(snapshot.is_string(), "{shown}");
+    let listed = server.get("/approvals", "dana").await;
+    assert_eq!(&listed.json["approvals"][0]["snapshot"], snapshot);
+
+    // Shown the same approval twice, the same snapshot; a comment changes it.
+    assert_eq!(&server.approval(&c102.approval).await["snapshot"], snapshot);
+    let path = format!("/approvals/{}/comments", c102.approval);
+    let commented = server
+        .post(&path, "erin", json!({"text": "receipt attached?"}))
+        .await;
+    assert_eq!(commented.status, 201, "{}", commented.json);
+    assert_ne!(&server.approval(&c102.approval).await["snapshot"], snapshot);
+
+    // The snapshot from before the comment: ruled on the stored approval, comment kept.
+    let approved = server
+        .decided("dana", &c102.approval, approve_shown("dana-1", snapshot))
+        .await;
+    assert_eq!(approved.json["approval"]["status"], "approved");
+    assert_eq!(approved.json["run"]["status"], "done", "{}", approved.json);
+    let after = server.approval(&c102.approval).await;
+    assert_eq!(after["comments"][0]["text"], "receipt attached?");
+    assert_eq!(server.payments(), [("c-102".to_string(), 25_000)]);
+
+    // A current snapshot decides in one write; sent again, the decision is replayed.
+    let (server, c102) = Server::with_paused_run("snapshot-current", "ben", "c-102").await;
+    let shown = server.approval(&c102.approval).await;
+    let body = approve_shown("dana-1", &shown["snapshot"]);
+    let first = server.decided("dana", &c102.approval, body.clone()).await;
+    assert_eq!(first.json["replayed"], false);
+    let again = server.decided("dana", &c102.approval, body).await;
+    assert_eq!(again.json["replayed"], true);
+    assert_eq!(server.payments(), [("c-102".to_string(), 25_000)]);
+}
+
+#[tokio::test]
+async fn a_snapshot_countersign_did_not_give_is_400_and_changes_nothing() {
+    let c102 = Pending::c102("bad-snapshot").await;
+    for snapshot in [json!("not a snapshot"), json!(""), json!("e30")] {
+        let reply = c102
+            .decide("dana", &c102.approval, approve_shown("dana-1", &snapshot))
+            .await;
+        c102.refused(&reply, 400, "bad_input").await;
+        assert_eq!(
+            reply.json["error"]["message"],
+            "the snapshot is not one Countersign gave"
+        );
+    }
+    // Not a string at all: the body is malformed.
+    let reply = c102
+        .decide("dana", &c102.approval, approve_shown("dana-1", &json!(7)))
+        .await;
+    assert_eq!(reply.status, 400, "{}", reply.json);
+    c102.unchanged().await;
+}
+
 #[test]
 fn a_token_for_someone_outside_the_directory_is_refused() {
     let state = std::env::temp_dir().join(format!("countersign-api-token-{}", std::process::id()));

@@ -322,14 +322,53 @@ async fn dana_approves_a_claim_in_the_page_and_it_leaves_the_queue() {
         json!(first)
     );
     dana.until("the deadline to count down", &script).await;
+    // What the page sends with its decision, recorded on its way out.
+    let record = "window.sentDecisions = []; const send = window.fetch; \
+        window.fetch = (path, init) => { \
+          if (String(path).endsWith('/decisions')) window.sentDecisions.push(JSON.parse(init.body)); \
+          return send(path, init); }; \
+        return true;";
+    dana.client.execute(record, vec![]).await.unwrap();
 
     let status = dana
         .decide_card(&item, "button.approve", "You approved reimburse version 1")
         .await;
     assert!(status.contains("The run is done"), "{status}");
+    // The approval as the page showed it goes back with the decision: no read before it.
+    let sent = dana
+        .client
+        .execute("return window.sentDecisions;", vec![])
+        .await
+        .unwrap();
+    assert_eq!(sent.as_array().map(Vec::len), Some(1), "{sent}");
+    assert!(stored["snapshot"].is_string(), "{stored}");
+    assert_eq!(sent[0]["snapshot"], stored["snapshot"], "{sent}");
     dana.close().await;
 
     assert_eq!(server.audit(&c102.run).await["run"]["status"], "done");
+    assert_eq!(server.approval(&c102.approval).await["status"], "approved");
+    assert_eq!(server.payments(), [("c-102".to_string(), 25_000)]);
+}
+
+#[tokio::test]
+async fn an_approval_too_large_to_send_back_is_still_decided_in_the_page() {
+    let (server, c102, _driver, dana, item) = dana_reviews("large", "ben", "c-102").await;
+    // Long comments take the approval, and its snapshot, past what a request body may hold.
+    let path = format!("/approvals/{}/comments", c102.approval);
+    for n in 0..9 {
+        let text = format!("{n}: {}", "receipt details ".repeat(120));
+        let reply = server.post(&path, "erin", json!({ "text": text })).await;
+        assert_eq!(reply.status, 201, "{}", reply.json);
+    }
+    let stored = server.approval(&c102.approval).await;
+    assert!(stored["snapshot"].as_str().unwrap().len() > 16 * 1024);
+    dana.client.refresh().await.unwrap();
+    dana.find(&item).await;
+
+    dana.decide_card(&item, "button.approve", "You approved reimburse version 1")
+        .await;
+    dana.close().await;
+
     assert_eq!(server.approval(&c102.approval).await["status"], "approved");
     assert_eq!(server.payments(), [("c-102".to_string(), 25_000)]);
 }

@@ -438,6 +438,83 @@ async fn a_refusal_says_what_each_failed_write_found(store: Arc<dyn ItemStore>) 
     assert_eq!(store.get("P", "b").await.unwrap().unwrap().ver, 2);
 }
 
+fn unchanged(item: Item, ver: u64, body: &str) -> Write {
+    Write::Put {
+        item,
+        condition: Condition::Unchanged {
+            ver,
+            body: body.into(),
+        },
+    }
+}
+
+async fn unchanged_holds_only_on_the_same_version_and_body(store: Arc<dyn ItemStore>) {
+    let shown = r#"{"status":"awaiting_approval","requested_by":"ann"}"#;
+    create_one(&store, "P", "a", shown).await.unwrap();
+
+    // The body differs at the same version (a forged or edited copy): refused, with what is
+    // stored, in a transaction and alone.
+    let forged = r#"{"status":"awaiting_approval"}"#;
+    let refused = store
+        .transact_or_found(vec![
+            unchanged(item("P", "a", 2, "decided"), 1, forged),
+            create(item("P", "other", 1, "{}")),
+        ])
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused.error,
+        StoreError::ConditionFailed { failed: vec![0] }
+    );
+    assert_eq!(refused.found(0), Some(&Some(item("P", "a", 1, shown))));
+    assert_eq!(
+        store.get("P", "other").await.unwrap(),
+        None,
+        "nothing written"
+    );
+    let alone = store
+        .transact_or_found(vec![unchanged(item("P", "a", 2, "decided"), 1, forged)])
+        .await
+        .unwrap_err();
+    assert_eq!(alone.found(0), Some(&Some(item("P", "a", 1, shown))));
+
+    // The same body at another version: refused.
+    let refused = store
+        .transact_or_found(vec![unchanged(item("P", "a", 3, "decided"), 2, shown)])
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused.error,
+        StoreError::ConditionFailed { failed: vec![0] }
+    );
+    assert_eq!(refused.found(0), Some(&Some(item("P", "a", 1, shown))));
+
+    // An item that is not there is not unchanged.
+    let missing = store
+        .transact_or_found(vec![unchanged(item("P", "gone", 2, "x"), 1, shown)])
+        .await
+        .unwrap_err();
+    assert_eq!(missing.found(0), Some(&None));
+
+    // Exactly as stored: it holds, alone and in a transaction.
+    store
+        .transact(vec![unchanged(item("P", "a", 2, "decided"), 1, shown)])
+        .await
+        .unwrap();
+    assert_eq!(
+        store.get("P", "a").await.unwrap(),
+        Some(item("P", "a", 2, "decided"))
+    );
+    store
+        .transact(vec![
+            unchanged(item("P", "a", 3, "again"), 2, "decided"),
+            create(item("P", "other", 1, "{}")),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(store.get("P", "a").await.unwrap().unwrap().ver, 3);
+}
+
 macro_rules! conformance {
     ($backend:ident: $($test:ident),* $(,)?) => {
         mod $backend {
@@ -473,4 +550,5 @@ both!(
     index_pages_resume_too,
     malformed_transactions_are_refused_before_writing,
     a_refusal_says_what_each_failed_write_found,
+    unchanged_holds_only_on_the_same_version_and_body,
 );

@@ -50,7 +50,7 @@ pub struct CostTable {
 
 /// Requests that succeeded: attempts that failed and were retried are moto's (it is not safe
 /// under concurrency and answers some requests with a 500), not DynamoDB's.
-fn requests_of(step: &StepCost, service: &str) -> f64 {
+pub fn requests_of(step: &StepCost, service: &str) -> f64 {
     step.aws
         .iter()
         .filter(|(op, _)| op.starts_with(service))
@@ -122,7 +122,7 @@ pub fn per_million(start: &StepCost, decision: &StepCost, resume: &StepCost) -> 
             "requests moto failed with a 500 and the SDK retried are left out of the cost (the errors column)".into(),
             "a decided approval's deadline schedule is deleted before it fires, so Scheduler bills nothing for it; one that expires fires once ($1.00/M) and invokes the sweep".into(),
             format!("Step Functions: {STEP_TRANSITIONS} transitions per approval (start, wait for the task token, execute, succeed), the orchestration alone: the model calls, the functions and the audit store it would still need are not in that figure"),
-            "not included in either: API Gateway's HTTP API for the decision request, CloudWatch Logs, storage ($0.25/GB-month) and point-in-time recovery".into(),
+            "not included in either: API Gateway's HTTP API for the decision request, the reviewer's read of the approval before deciding (its own line, review read: one GetItem), CloudWatch Logs, storage ($0.25/GB-month) and point-in-time recovery".into(),
         ],
     }
 }

@@ -27,6 +27,17 @@ pub const SWEEP_BUDGET: usize = 200;
 /// How long the consumers wait for a resume message before they call the queue stalled.
 const QUEUE_PATIENCE: Duration = Duration::from_secs(30);
 
+/// How the approver's decision reaches the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deciding {
+    /// Shown the approval first (the review page's read), the decision brings back the
+    /// snapshot it came with: the engine then need not read the approval.
+    FromSnapshot,
+    /// Without a snapshot, as the CLI and Slack's buttons decide: the engine reads the
+    /// approval first.
+    ReadingFirst,
+}
+
 #[derive(Debug, Default)]
 pub struct Samples {
     pub start: Vec<Duration>,
@@ -44,6 +55,7 @@ pub async fn lifecycles(
     rig: &Arc<Rig>,
     range: Range<usize>,
     concurrency: usize,
+    deciding: Deciding,
 ) -> Result<(Duration, Samples), BenchError> {
     let total = range.len();
     let next = Arc::new(AtomicUsize::new(range.start));
@@ -53,7 +65,7 @@ pub async fn lifecycles(
     let mut workers = JoinSet::new();
     for _ in 0..concurrency.max(1) {
         let (rig, next, samples) = (rig.clone(), next.clone(), samples.clone());
-        workers.spawn(async move { decide_each(&rig, &next, range.end, &samples).await });
+        workers.spawn(async move { decide_each(&rig, &next, range.end, &samples, deciding).await });
     }
     if rig.queue.is_some() {
         for _ in 0..concurrency.max(1) {
@@ -83,6 +95,7 @@ async fn decide_each(
     next: &AtomicUsize,
     end: usize,
     samples: &Mutex<Samples>,
+    deciding: Deciding,
 ) -> Result<(), BenchError> {
     loop {
         let n = next.fetch_add(1, Ordering::SeqCst);
@@ -101,10 +114,21 @@ async fn decide_each(
             action_version: approval.action_version,
             choice: Choice::Approve,
         };
+        let snapshot = match deciding {
+            Deciding::FromSnapshot => {
+                let review = rig.engine.approval_shown(&rig.tenant, &approval.id);
+                let shown = within(Phase::Review, review)
+                    .await
+                    .map_err(failed(format!("show {claim}")))?;
+                Some(shown.snapshot)
+            }
+            Deciding::ReadingFirst => None,
+        };
         let began = Instant::now();
         let decided = within(
             Phase::Decide,
-            rig.engine.decide(&rig.approver, &approval.id, request),
+            rig.engine
+                .decide_shown(&rig.approver, &approval.id, request, snapshot.as_deref()),
         )
         .await
         .map_err(failed(format!("approve {claim}")))?;

@@ -20,7 +20,7 @@ use clap::Parser;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use lifecycle::SWEEP_BUDGET;
+use lifecycle::{Deciding, SWEEP_BUDGET};
 use meter::Phase;
 use report::{Latency, StepCost};
 use rig::Rig;
@@ -63,6 +63,10 @@ pub struct BenchArgs {
     /// Lifecycles in flight at once.
     #[arg(long, default_value_t = 1)]
     pub concurrency: usize,
+    /// Decide as the CLI and Slack's buttons do: without the snapshot a review's read gives,
+    /// so the decision reads the approval itself.
+    #[arg(long)]
+    pub without_snapshot: bool,
     /// Where the state lives.
     #[arg(long, value_enum, default_value = "embedded")]
     pub store: BenchStore,
@@ -166,8 +170,12 @@ async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
     rig.meter.take();
     rig.meter.take_keys();
 
+    let deciding = match args.without_snapshot {
+        true => Deciding::ReadingFirst,
+        false => Deciding::FromSnapshot,
+    };
     let commits_before = rig.commits();
-    let (elapsed, samples) = lifecycle::lifecycles(&rig, 0..runs, concurrency).await?;
+    let (elapsed, samples) = lifecycle::lifecycles(&rig, 0..runs, concurrency, deciding).await?;
     let lived = rig.meter.take();
     let (key_units, registry_bytes) = rig.meter.take_keys();
     let commits = rig
@@ -190,7 +198,15 @@ async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
     let load_after = report::load_average();
 
     let start = StepCost::of(&lived, Phase::Start, runs);
+    let review = StepCost::of(&lived, Phase::Review, runs);
     let decision = StepCost::of(&lived, Phase::Decide, runs);
+    // On DynamoDB: the decision's own requests, and the read that showed the approval first.
+    let dynamodb_requests = (!in_process).then(|| {
+        (
+            cost::requests_of(&decision, "DynamoDB."),
+            cost::requests_of(&review, "DynamoDB."),
+        )
+    });
     let resume = StepCost::of(&lived, Phase::Resume, runs);
     let sweep_item = StepCost::of(&sweep_counts, Phase::Sweep, swept.expired);
     let resume_after_expiry = StepCost::of(&after_expiry, Phase::Resume, swept.expired);
@@ -234,6 +250,7 @@ async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
         "store": args.store,
         "runs": runs,
         "concurrency": concurrency,
+        "decisions_with_snapshot": deciding == Deciding::FromSnapshot,
         "seconds": seconds,
         "runs_per_second": runs as f64 / seconds,
         "decide_includes_resume": in_process,
@@ -241,8 +258,11 @@ async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
         "sweep": sweep,
         "ledger": ledger,
         "ledger_ok": ledger.ok(),
+        "dynamodb_requests_per_decision": dynamodb_requests.map(|(decision, _)| decision),
+        "dynamodb_requests_per_review_read": dynamodb_requests.map(|(_, review)| review),
         "per_step": {
             "start": start,
+            "review_read": review,
             "decision": decision,
             "resume": resume,
             "sweep_item": sweep_item,
@@ -318,7 +338,11 @@ async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
     } else {
         " and of AWS (requests, estimated request units, DynamoDB's reported capacity):\n"
     });
-    let mut steps = vec![("start", &start), ("decision", &decision)];
+    let mut steps = vec![
+        ("start", &start),
+        ("review read", &review),
+        ("decision", &decision),
+    ];
     if !in_process {
         steps.push(("resume", &resume));
     }
@@ -327,8 +351,21 @@ async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
         steps.push(("resume after expiry", &resume_after_expiry));
     }
     text.push_str(&report::step_table(&steps, !in_process));
+    if let Some((decision, review)) = dynamodb_requests {
+        let how = match deciding {
+            Deciding::FromSnapshot => format!(
+                "it brings back the snapshot the review read gave ({review:.2} requests, on its own line) and its transaction holds only on that exact approval"
+            ),
+            Deciding::ReadingFirst => {
+                "without a snapshot, as the CLI and Slack's buttons decide: it reads the approval first".to_string()
+            }
+        };
+        text.push_str(&format!(
+            "  DynamoDB requests per decision: {decision:.2}; {how}\n"
+        ));
+    }
     text.push_str(
-        "\nthe condition each write carries (must be new: the item must not exist; version is: compare-and-set on the stored version; no check: written whatever is there), and the transactions of one write, which DynamoDB takes as a plain conditional PutItem or DeleteItem:\n",
+        "\nthe condition each write carries (must be new: the item must not exist; version is: compare-and-set on the stored version; as shown: the stored version and exactly the body the decision was ruled on, from its snapshot; no check: written whatever is there), and the transactions of one write, which DynamoDB takes as a plain conditional PutItem or DeleteItem:\n",
     );
     text.push_str(&report::condition_table(&steps));
     if let Some(cost) = &cost {

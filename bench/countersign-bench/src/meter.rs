@@ -40,6 +40,9 @@ use shared::ports::store::{
 #[serde(rename_all = "snake_case")]
 pub enum Phase {
     Start,
+    /// The reviewer's read of the approval they then decide (`GET /approvals/{id}`), which
+    /// gives the snapshot the decision brings back.
+    Review,
     Decide,
     Resume,
     Sweep,
@@ -74,6 +77,8 @@ pub struct StoreCounts {
     /// Writes by the condition they carry.
     pub must_not_exist: f64,
     pub version_is: f64,
+    /// Still at that version with exactly that body: a decision's approval, as it was shown.
+    pub unchanged: f64,
     pub unconditional: f64,
 }
 
@@ -101,6 +106,7 @@ per!(StoreCounts {
     single_writes,
     must_not_exist,
     version_is,
+    unchanged,
     unconditional,
 });
 
@@ -265,16 +271,24 @@ impl ItemStore for MeteredStore {
     async fn transact_or_found(&self, writes: Vec<Write>) -> Result<(), Refused> {
         let n = writes.len() as f64;
         let count = |condition: Condition| {
-            writes.iter().filter(|w| w.condition() == condition).count() as f64
+            writes
+                .iter()
+                .filter(|w| *w.condition() == condition)
+                .count() as f64
         };
         let (new, unconditional) = (count(Condition::NotExists), count(Condition::Always));
+        let unchanged = writes
+            .iter()
+            .filter(|w| matches!(w.condition(), Condition::Unchanged { .. }))
+            .count() as f64;
         self.meter.store(|c| {
             c.transactions += 1.0;
             c.writes += n;
             c.single_writes += (writes.len() == 1) as u8 as f64;
             c.must_not_exist += new;
             c.unconditional += unconditional;
-            c.version_is += n - new - unconditional;
+            c.unchanged += unchanged;
+            c.version_is += n - new - unconditional - unchanged;
         });
         let recorded = writes.clone();
         let result = self.inner.transact_or_found(writes).await;

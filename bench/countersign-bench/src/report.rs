@@ -137,14 +137,20 @@ pub fn step_table(steps: &[(&str, &StepCost)], with_aws: bool) -> String {
 /// DynamoDB as a plain conditional PutItem or DeleteItem (1 WRU per KB instead of 2).
 pub fn condition_table(steps: &[(&str, &StepCost)]) -> String {
     let mut text = format!(
-        "  {:<22} {:>7} {:>12} {:>12} {:>9} {:>14}\n",
-        "per", "writes", "must be new", "version is", "no check", "one-write txn"
+        "  {:<22} {:>7} {:>12} {:>12} {:>9} {:>9} {:>14}\n",
+        "per", "writes", "must be new", "version is", "as shown", "no check", "one-write txn"
     );
     for (name, step) in steps {
         let s = &step.store;
         text.push_str(&format!(
-            "  {:<22} {:>7.2} {:>12.2} {:>12.2} {:>9.2} {:>14.2}\n",
-            name, s.writes, s.must_not_exist, s.version_is, s.unconditional, s.single_writes
+            "  {:<22} {:>7.2} {:>12.2} {:>12.2} {:>9.2} {:>9.2} {:>14.2}\n",
+            name,
+            s.writes,
+            s.must_not_exist,
+            s.version_is,
+            s.unchanged,
+            s.unconditional,
+            s.single_writes
         ));
     }
     text

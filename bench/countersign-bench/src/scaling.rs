@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde::Serialize;
 use serde_json::json;
 
-use crate::lifecycle::{self, SWEEP_BUDGET};
+use crate::lifecycle::{self, Deciding, SWEEP_BUDGET};
 use crate::meter::{Phase, StoreCounts};
 use crate::report::ms;
 use crate::rig::Rig;
@@ -41,7 +41,8 @@ pub async fn run(args: &BenchArgs) -> Result<Output, BenchError> {
     for &target in &steps {
         let filling = std::time::Instant::now();
         if target > finished {
-            lifecycle::lifecycles(&rig, finished..target, concurrency).await?;
+            lifecycle::lifecycles(&rig, finished..target, concurrency, Deciding::FromSnapshot)
+                .await?;
             finished = target;
         }
         let fill_seconds = filling.elapsed().as_secs_f64();

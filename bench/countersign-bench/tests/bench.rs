@@ -30,6 +30,14 @@ fn a_short_concurrent_bench_pays_each_approved_claim_exactly_once() {
     assert_eq!(report["latency"]["start"]["count"], 20);
     assert_eq!(report["latency"]["decide"]["count"], 20);
 
+    // Each decision brings back the snapshot the review's read gave, and its approval write
+    // holds on it: none read the approval again.
+    assert_eq!(report["decisions_with_snapshot"], true);
+    let steps = &report["per_step"];
+    assert_eq!(steps["review_read"]["store"]["gets"], 1.0, "{steps}");
+    assert_eq!(steps["decision"]["store"]["unchanged"], 1.0, "{steps}");
+    assert_eq!(report["dynamodb_requests_per_decision"], Value::Null);
+
     // No partition key every tenant writes takes a lifecycle's index writes whole.
     let families = report["partition_keys"]["families"].as_array().unwrap();
     for family in families {

@@ -134,16 +134,34 @@ where
     StoreError::Unavailable(DisplayErrorContext(&error).to_string())
 }
 
-fn condition(cond: Condition) -> (Option<String>, Option<Attributes>) {
+/// A write's condition expression, the values it names, and the attribute names it needs
+/// (`body` goes through a placeholder, as every attribute name could).
+type Expression = (
+    Option<String>,
+    Option<Attributes>,
+    Option<HashMap<String, String>>,
+);
+
+fn condition(cond: &Condition) -> Expression {
+    let ver = |ver: &u64| (":expected".to_string(), AttributeValue::N(ver.to_string()));
     match cond {
-        Condition::Always => (None, None),
-        Condition::NotExists => (Some("attribute_not_exists(pk)".into()), None),
-        Condition::VersionIs(ver) => (
+        Condition::Always => (None, None, None),
+        Condition::NotExists => (Some("attribute_not_exists(pk)".into()), None, None),
+        Condition::VersionIs(expected) => (
             Some("ver = :expected".into()),
-            Some(HashMap::from([(
-                ":expected".to_string(),
-                AttributeValue::N(ver.to_string()),
-            )])),
+            Some(HashMap::from([ver(expected)])),
+            None,
+        ),
+        Condition::Unchanged {
+            ver: expected,
+            body,
+        } => (
+            Some("ver = :expected AND #body = :body".into()),
+            Some(HashMap::from([
+                ver(expected),
+                (":body".to_string(), s(body)),
+            ])),
+            Some(HashMap::from([("#body".to_string(), "body".to_string())])),
         ),
     }
 }
@@ -196,10 +214,11 @@ fn found_item(item: Option<&Attributes>) -> Option<Option<Item>> {
 /// (PutItem, DeleteItem, a transaction's Put and Delete), which share no trait.
 macro_rules! conditioned {
     ($builder:expr, $condition:expr) => {{
-        let (expression, values) = condition($condition);
+        let (expression, values, names) = condition($condition);
         $builder
             .set_condition_expression(expression)
             .set_expression_attribute_values(values)
+            .set_expression_attribute_names(names)
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
     }};
 }

@@ -247,7 +247,10 @@ fn apply(tx: &Connection, writes: &[Write]) -> Result<(), StoreError> {
         let holds = match write.condition() {
             Condition::Always => true,
             Condition::NotExists => current.is_none(),
-            Condition::VersionIs(v) => current == Some(v as i64),
+            Condition::VersionIs(v) => current == Some(*v as i64),
+            Condition::Unchanged { ver, body } => {
+                current == Some(*ver as i64) && body_is(tx, pk, sk, body)?
+            }
         };
         if !holds {
             failed.push(i);
@@ -279,6 +282,13 @@ fn apply(tx: &Connection, writes: &[Write]) -> Result<(), StoreError> {
         }
     }
     Ok(())
+}
+
+/// Whether the item at `pk`/`sk` holds exactly `body`.
+fn body_is(tx: &Connection, pk: &str, sk: &str, body: &str) -> Result<bool, StoreError> {
+    tx.prepare_cached("SELECT 1 FROM items WHERE pk = ?1 AND sk = ?2 AND body = ?3")
+        .and_then(|mut stmt| stmt.exists(params![pk, sk, body]))
+        .map_err(sql_error)
 }
 
 fn sql_error(e: rusqlite::Error) -> StoreError {

@@ -13,7 +13,7 @@ use crate::domain::approval::{Approval, Choice, DecisionRequest};
 use crate::domain::ids::{ActionVersion, ApprovalId, DecisionId, PersonId};
 use crate::domain::money::Amount;
 use crate::domain::policy::{EditDirection, Policy, ToolRule};
-use crate::engine::{DecisionReport, Engine};
+use crate::engine::{DecisionReport, Engine, Shown};
 
 /// An approval as a reviewer reads it: the stored approval (exact call, version, args hash,
 /// explanation, reason, deadline, decisions, previous version) and what it still needs.
@@ -29,6 +29,10 @@ pub struct ApprovalView {
     pub editable_amount: Option<EditableAmount>,
     /// The deadline passed; a decision now expires it.
     pub overdue: bool,
+    /// The approval as shown here, opaque: a decision that sends it back is decided in one
+    /// conditional write while the approval is still exactly this (it is read again if not).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
 }
 
 /// The argument an edit changes, and its value now: an edit must go below it.
@@ -47,6 +51,15 @@ impl ApprovalView {
             editable_amount: policy.and_then(|policy| editable_amount(policy, &approval)),
             overdue: approval.is_overdue(now),
             approval,
+            snapshot: None,
+        }
+    }
+
+    /// The view of an approval as read from the store, with its snapshot.
+    fn shown(shown: Shown, engine: &Engine, now: DateTime<Utc>) -> Self {
+        Self {
+            snapshot: Some(shown.snapshot),
+            ..Self::of(shown.approval, engine, now)
         }
     }
 }
@@ -80,12 +93,12 @@ pub(super) async fn list(
     Caller(who): Caller,
 ) -> Result<Json<ApprovalList>, ApiError> {
     let now = state.engine.now();
-    let approvals = state.engine.pending(&who.tenant).await?;
+    let approvals = state.engine.pending_shown(&who.tenant).await?;
     let engine = &state.engine;
     Ok(Json(ApprovalList {
         approvals: approvals
             .into_iter()
-            .map(|a| ApprovalView::of(a, engine, now))
+            .map(|a| ApprovalView::shown(a, engine, now))
             .collect(),
         now,
     }))
@@ -97,10 +110,10 @@ pub(super) async fn read(
     Caller(who): Caller,
     IdPath(id): IdPath<ApprovalId>,
 ) -> Result<Json<ApprovalView>, ApiError> {
-    let approval = state.engine.approval(&who.tenant, &id).await?;
-    record_run(&approval);
-    Ok(Json(ApprovalView::of(
-        approval,
+    let shown = state.engine.approval_shown(&who.tenant, &id).await?;
+    record_run(&shown.approval);
+    Ok(Json(ApprovalView::shown(
+        shown,
         &state.engine,
         state.engine.now(),
     )))
@@ -127,6 +140,9 @@ pub struct DecisionBody {
     pub note: Option<String>,
     /// Reject only: why, which the agent is told.
     pub reason: Option<String>,
+    /// The `snapshot` the approval was shown with, if the client kept it: the decision is then
+    /// made in one conditional write while the approval is unchanged.
+    pub snapshot: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -255,10 +271,14 @@ pub(super) async fn decide(
     State(state): State<DecideState>,
     Caller(who): Caller,
     IdPath(id): IdPath<ApprovalId>,
-    JsonBody(body): JsonBody<DecisionBody>,
+    JsonBody(mut body): JsonBody<DecisionBody>,
 ) -> Result<Json<DecisionReport>, ApiError> {
+    let snapshot = body.snapshot.take();
     let request = body.into_request()?;
-    let report = state.engine.decide(&who, &id, request).await?;
+    let report = state
+        .engine
+        .decide_shown(&who, &id, request, snapshot.as_deref())
+        .await?;
     record_run(&report.approval);
     tracing::info!(
         choice = report.decision.choice.name(),

@@ -1,10 +1,12 @@
-//! Deciding an approval: one read, the domain's ruling, one conditional transaction.
+//! Deciding an approval: the approval (read, or the snapshot the reviewer was shown), the
+//! domain's ruling, one conditional transaction.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use tracing::Instrument;
 
 use super::records::{OutboxMessage, Stored, Tx, decode, keys};
+use super::snapshot::Snapshot;
 use super::{AWAITING_ACTION_VER, Agent, CAS_ATTEMPTS, Delivery, Engine, EngineError};
 use super::{RunReport, deadline};
 use crate::domain::action::{Action, ActionStatus, NotExecuted, ProposedCall, ToolOutcome};
@@ -18,7 +20,7 @@ use crate::domain::identity::{Actor, Identity};
 use crate::domain::ids::ApprovalId;
 use crate::domain::policy::{Requirement, Verdict};
 use crate::ports::queue::ResumeMessage;
-use crate::ports::store::StoreError;
+use crate::ports::store::{Condition, StoreError};
 
 /// The outcome of a decision, including one replayed for a repeated `decision_id`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -47,6 +49,21 @@ impl Engine {
         approval_id: &ApprovalId,
         request: DecisionRequest,
     ) -> Result<DecisionReport, EngineError> {
+        self.decide_shown(who, approval_id, request, None).await
+    }
+
+    /// [`Engine::decide`], ruled on the approval as the reviewer was shown it when `snapshot`
+    /// is the one they were given with it: one conditional transaction and no read while that
+    /// is still the stored approval. A stale or forged snapshot decides as if there were none;
+    /// one that cannot be decoded is refused as bad input, and nothing is written.
+    pub async fn decide_shown(
+        &self,
+        who: &Identity,
+        approval_id: &ApprovalId,
+        request: DecisionRequest,
+        snapshot: Option<&str>,
+    ) -> Result<DecisionReport, EngineError> {
+        let snapshot = snapshot.map(Snapshot::parse).transpose()?;
         let too_long = request.choice.text().is_some_and(|t| t.len() > MAX_TEXT);
         if too_long {
             return Err(EngineError::BadInput(format!(
@@ -62,7 +79,7 @@ impl Engine {
             action = tracing::field::Empty,
             version = tracing::field::Empty,
         );
-        self.decide_approval(who, approval_id, request)
+        self.decide_approval(who, approval_id, request, snapshot)
             .instrument(span)
             .await
     }
@@ -72,26 +89,59 @@ impl Engine {
         who: &Identity,
         approval_id: &ApprovalId,
         request: DecisionRequest,
+        snapshot: Option<Snapshot>,
     ) -> Result<DecisionReport, EngineError> {
         let approval_pk = keys::approval_pk(&who.tenant, approval_id);
+        // The approval as the reviewer was shown it, for the first attempt: ruled on without a
+        // read, its write holding only if the stored approval is still exactly that one.
+        let mut shown = match snapshot {
+            Some(snapshot) => snapshot.approval(who, approval_id)?,
+            None => None,
+        };
         // After a lost race, the approval as the refusal found it: no read before trying again.
         let mut found: Option<Option<Stored<Approval>>> = None;
         for _ in 0..CAS_ATTEMPTS {
-            let stored = match found.take() {
-                Some(stored) => stored,
-                None => self.load_approval(&who.tenant, approval_id).await?,
+            let (stored, condition) = match shown.take() {
+                Some(shown) => shown,
+                None => {
+                    let stored = match found.take() {
+                        Some(stored) => stored,
+                        None => self.load_approval(&who.tenant, approval_id).await?,
+                    };
+                    let Some(stored) = stored else {
+                        return Err(EngineError::not_found(format!("approval {approval_id}")));
+                    };
+                    let read = Condition::VersionIs(stored.ver);
+                    (stored, read)
+                }
             };
-            let Some(stored) = stored else {
-                return Err(EngineError::not_found(format!("approval {approval_id}")));
-            };
+            // A ruling that writes nothing cannot be checked by a condition: one made from a
+            // snapshot is made again on the stored approval, so a stale or forged snapshot
+            // never refuses or replays a decision wrongly.
+            let from_snapshot = matches!(condition, Condition::Unchanged { .. });
+            macro_rules! or_read_again {
+                ($result:expr) => {
+                    match $result {
+                        Ok(value) => value,
+                        Err(_) if from_snapshot => continue,
+                        Err(error) => return Err(error),
+                    }
+                };
+            }
             let mut approval = stored.value;
             let span = tracing::Span::current();
             span.record("run", tracing::field::display(&approval.run_id));
             span.record("action", tracing::field::display(&approval.action_id));
             span.record("version", tracing::field::display(approval.action_version));
             let now = self.now();
-            let agent = self.agent(&approval.agent)?.clone();
+            let agent = or_read_again!(self.agent(&approval.agent)).clone();
             let (decision, edited_args) = match approval.decide(who, &request, &agent.policy, now) {
+                Ok(Decided::AlreadyRecorded(_)) if from_snapshot => continue,
+                Err(ref refusal)
+                    if from_snapshot && !matches!(refusal, Refusal::Expired { .. }) =>
+                {
+                    continue;
+                }
                 Ok(Decided::AlreadyRecorded(decision)) => {
                     return self.replay(approval, decision).await;
                 }
@@ -106,7 +156,7 @@ impl Engine {
                     self.write_expiry(
                         &mut tx,
                         &approval,
-                        stored.ver,
+                        condition,
                         Actor::system("deadline"),
                         now,
                     );
@@ -163,15 +213,23 @@ impl Engine {
                 }
                 DecisionEffect::Edited { .. } => {
                     let args = edited_args.expect("an edit brings the new arguments");
-                    self.write_edit(&agent, &mut tx, &mut approval, &decision, args, now)?
+                    or_read_again!(self.write_edit(
+                        &agent,
+                        &mut tx,
+                        &mut approval,
+                        &decision,
+                        args,
+                        now
+                    ))
                 }
                 DecisionEffect::Answered { took_effect } => {
-                    self.write_answer(&mut tx, &approval, &decision, *took_effect, now)
-                        .await?;
+                    let answer =
+                        self.write_answer(&mut tx, &approval, &decision, *took_effect, now);
+                    or_read_again!(answer.await);
                     None
                 }
             };
-            tx.update_approval(&approval, stored.ver);
+            tx.update_approval_if(&approval, condition);
             self.follow_up_later(
                 &mut tx,
                 (&approval.tenant, &approval.run_id, &approval.id),
@@ -319,11 +377,12 @@ impl Engine {
     }
 
     /// Expires an approval already marked expired: approval, action, audit, resume message.
+    /// The approval's write holds on `read`: how the expiry's ruling read it.
     pub(super) fn write_expiry(
         &self,
         tx: &mut Tx,
         approval: &Approval,
-        ver: u64,
+        read: Condition,
         actor: Actor,
         now: DateTime<Utc>,
     ) {
@@ -346,7 +405,7 @@ impl Engine {
             &approval.tenant,
             AuditEntry::new(&approval.run_id, actor, event, now),
         );
-        tx.update_approval(approval, ver);
+        tx.update_approval_if(approval, read);
         self.follow_up_later(tx, (&approval.tenant, &approval.run_id, &approval.id), now);
         self.settle_action(tx, &action);
     }

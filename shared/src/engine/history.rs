@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use super::records::{Stored, decode, keys, run_from_items};
+use super::snapshot::Shown;
 use super::{Engine, EngineError};
 use crate::domain::action::{Action, ActionStatus};
 use crate::domain::approval::{Approval, ApprovalStatus};
@@ -28,6 +29,12 @@ impl Engine {
     /// Approvals that wait on a decision in this tenant, soonest deadline first. Overdue ones
     /// the sweep has not expired yet are included: deciding them expires them.
     pub async fn pending(&self, tenant: &TenantId) -> Result<Vec<Approval>, EngineError> {
+        let shown = self.pending_shown(tenant).await?;
+        Ok(shown.into_iter().map(|s| s.approval).collect())
+    }
+
+    /// [`Engine::pending`], each approval with the snapshot a decision on it may bring back.
+    pub async fn pending_shown(&self, tenant: &TenantId) -> Result<Vec<Shown>, EngineError> {
         let index = keys::pending_index(tenant);
         let mut approvals = Vec::new();
         let mut after: Option<String> = None;
@@ -37,7 +44,7 @@ impl Engine {
                 .query_index(&index, "", "\u{10FFFF}", after.as_deref(), 500)
                 .await?;
             for item in &page.items {
-                approvals.push(decode::<Approval>(item)?.value);
+                approvals.push(Shown::of(item)?);
             }
             match page.next {
                 Some(next) => after = Some(next),

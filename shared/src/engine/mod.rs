@@ -11,6 +11,7 @@ mod history;
 mod notify;
 pub mod records;
 mod resume;
+mod snapshot;
 mod sweep;
 
 use std::collections::VecDeque;
@@ -26,6 +27,7 @@ pub use error::{EngineError, ErrorKind};
 pub use history::History;
 pub use notify::{DEFAULT_REMIND_BEFORE, MAX_NOTICE_ATTEMPTS, NoticeReport};
 pub use resume::ResumeReport;
+pub use snapshot::{Shown, Snapshot};
 pub use sweep::SweepReport;
 
 use crate::domain::approval::Approval;

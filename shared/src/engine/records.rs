@@ -652,7 +652,24 @@ impl Tx {
         value: &T,
         ver: u64,
     ) {
-        self.put(pk, sk, gsi1, value, ver + 1, Condition::VersionIs(ver));
+        self.update_if(pk, sk, gsi1, value, Condition::VersionIs(ver));
+    }
+
+    /// A write on `condition` (`Unchanged`: the item is still exactly what the change was
+    /// ruled on), at the version after the one the condition expects, or 1 if it expects none.
+    pub fn update_if<T: Serialize>(
+        &mut self,
+        pk: String,
+        sk: String,
+        gsi1: Option<IndexKey>,
+        value: &T,
+        condition: Condition,
+    ) {
+        let ver = match &condition {
+            Condition::VersionIs(ver) | Condition::Unchanged { ver, .. } => ver + 1,
+            Condition::Always | Condition::NotExists => 1,
+        };
+        self.put(pk, sk, gsi1, value, ver, condition);
     }
 
     /// A new approval, in its stored form ([`approval_body`]), with the index entry its status
@@ -674,18 +691,20 @@ impl Tx {
     /// An approval's compare-and-set, in its stored form, with the index entry its status
     /// gives it.
     pub fn update_approval(&mut self, approval: &Approval, ver: u64) {
+        self.update_approval_if(approval, Condition::VersionIs(ver));
+    }
+
+    /// [`Tx::update_approval`] holding on `read`: how the approval ruled on was read (its
+    /// version, or the exact snapshot a reviewer was shown).
+    pub fn update_approval_if(&mut self, approval: &Approval, read: Condition) {
         let pk = keys::approval_pk(&approval.tenant, &approval.id);
         let index = approval_index(approval);
         let body = approval_body(approval);
-        let condition = Condition::VersionIs(ver);
-        self.put_body(
-            pk,
-            keys::APPROVAL_SK.into(),
-            index,
-            body,
-            ver + 1,
-            condition,
-        );
+        let ver = match &read {
+            Condition::VersionIs(ver) | Condition::Unchanged { ver, .. } => ver + 1,
+            Condition::Always | Condition::NotExists => 1,
+        };
+        self.put_body(pk, keys::APPROVAL_SK.into(), index, body, ver, read);
     }
 
     /// A new action version, with the reconcile index entry its status gives it.

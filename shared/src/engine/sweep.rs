@@ -395,7 +395,7 @@ impl Engine {
         self.write_expiry(
             &mut tx,
             &approval.value,
-            approval.ver,
+            Condition::VersionIs(approval.ver),
             Actor::system("sweep"),
             now,
         );

@@ -21,11 +21,18 @@ pub struct Item {
 }
 
 /// What must hold for one write of a transaction to apply.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Condition {
     Always,
     NotExists,
     VersionIs(u64),
+    /// The item exists at version `ver` with exactly `body`: what a caller ruled on without
+    /// reading it (a decision made from the snapshot a reviewer was shown) is still what is
+    /// stored, so the ruling holds as if the item had been read first.
+    Unchanged {
+        ver: u64,
+        body: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,9 +56,9 @@ impl Write {
         }
     }
 
-    pub fn condition(&self) -> Condition {
+    pub fn condition(&self) -> &Condition {
         match self {
-            Write::Put { condition, .. } | Write::Delete { condition, .. } => *condition,
+            Write::Put { condition, .. } | Write::Delete { condition, .. } => condition,
         }
     }
 }

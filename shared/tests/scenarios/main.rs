@@ -29,6 +29,7 @@ mod expiry;
 mod races;
 mod recovery;
 mod resume;
+mod snapshots;
 mod turns;
 
 use std::future::Future;

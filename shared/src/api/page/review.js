@@ -5,6 +5,8 @@
 // is ever parsed as HTML, and the Content-Security-Policy allows no inline code.
 
 const TOKEN_KEY = "countersign.token";
+/** The largest request body the API reads (16 KiB), less room for a decision's own fields. */
+const MAX_SNAPSHOT = 16 * 1024 - 4096;
 const DEV_SECRET_KEY = "countersign.devSecret";
 
 const STATUS_LABELS = {
@@ -785,9 +787,15 @@ async function decide(id, choice, extra = {}) {
   const decisionId = state.submissions.get(key) || newDecisionId();
   state.submissions.set(key, decisionId);
   setBusy(id, true);
+  // The approval as this page shows it: while it is unchanged, the server decides without
+  // reading it again. A comment's answer carries none, and one too large for a request body
+  // (many long comments) is left out: the server then reads the approval first.
+  const snapshot = item.view.snapshot;
+  const shown = snapshot && snapshot.length <= MAX_SNAPSHOT ? { snapshot } : {};
   const reply = await api("POST", `approvals/${encodeURIComponent(id)}/decisions`, {
     decision_id: decisionId,
     ...body,
+    ...shown,
   });
   const answered = reply.status !== 0 && reply.status < 500;
   if (answered) state.submissions.delete(key);
