@@ -60,7 +60,13 @@ pub fn wider_than_private(dir: &Path) -> io::Result<Vec<(PathBuf, u32)>> {
         }
         for entry in std::fs::read_dir(dir)? {
             let entry = entry?;
-            let meta = entry.metadata()?;
+            let meta = match entry.metadata() {
+                Ok(meta) => meta,
+                // Gone since the listing: the `-wal` or `-shm` file of a store whose last
+                // connection just closed in another process. Nothing there to warn about.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            };
             if meta.is_file() && mode(&meta) & 0o077 != 0 {
                 wide.push((entry.path(), mode(&meta)));
             }
@@ -115,6 +121,34 @@ mod tests {
         assert!(wider_than_private(&dir).unwrap().is_empty());
         drop(store);
         std::fs::remove_dir_all(dir.parent().unwrap()).unwrap();
+    }
+
+    #[test]
+    fn files_that_come_and_go_while_the_directory_is_read_are_no_error() {
+        // As a store's `-wal` and `-shm` files do when another process's last connection
+        // closes while this one opens the directory.
+        let dir = fresh("churn");
+        create(&dir).unwrap();
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let churn = {
+            let (dir, done) = (dir.clone(), done.clone());
+            std::thread::spawn(move || {
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    for i in 0..64 {
+                        create_private_file(&dir.join(format!("f{i}"))).unwrap();
+                    }
+                    for i in 0..64 {
+                        std::fs::remove_file(dir.join(format!("f{i}"))).unwrap();
+                    }
+                }
+            })
+        };
+        for _ in 0..500 {
+            assert_eq!(wider_than_private(&dir).unwrap(), []);
+        }
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        churn.join().unwrap();
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]
