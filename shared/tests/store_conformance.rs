@@ -438,6 +438,19 @@ async fn a_refusal_says_what_each_failed_write_found(store: Arc<dyn ItemStore>) 
     assert_eq!(store.get("P", "b").await.unwrap().unwrap().ver, 2);
 }
 
+/// What a one-write transaction refused on its condition found.
+async fn refused_alone(store: &Arc<dyn ItemStore>, write: Write) -> Option<Item> {
+    let refused = store.transact_or_found(vec![write]).await.unwrap_err();
+    assert_eq!(
+        refused.error,
+        StoreError::ConditionFailed { failed: vec![0] }
+    );
+    refused
+        .found(0)
+        .cloned()
+        .expect("the refusal says what it found")
+}
+
 fn unchanged(item: Item, ver: u64, body: &str) -> Write {
     Write::Put {
         item,
@@ -472,29 +485,17 @@ async fn unchanged_holds_only_on_the_same_version_and_body(store: Arc<dyn ItemSt
         None,
         "nothing written"
     );
-    let alone = store
-        .transact_or_found(vec![unchanged(item("P", "a", 2, "decided"), 1, forged)])
-        .await
-        .unwrap_err();
-    assert_eq!(alone.found(0), Some(&Some(item("P", "a", 1, shown))));
+    let stored = Some(item("P", "a", 1, shown));
+    let alone = unchanged(item("P", "a", 2, "decided"), 1, forged);
+    assert_eq!(refused_alone(&store, alone).await, stored);
 
     // The same body at another version: refused.
-    let refused = store
-        .transact_or_found(vec![unchanged(item("P", "a", 3, "decided"), 2, shown)])
-        .await
-        .unwrap_err();
-    assert_eq!(
-        refused.error,
-        StoreError::ConditionFailed { failed: vec![0] }
-    );
-    assert_eq!(refused.found(0), Some(&Some(item("P", "a", 1, shown))));
+    let other_version = unchanged(item("P", "a", 3, "decided"), 2, shown);
+    assert_eq!(refused_alone(&store, other_version).await, stored);
 
     // An item that is not there is not unchanged.
-    let missing = store
-        .transact_or_found(vec![unchanged(item("P", "gone", 2, "x"), 1, shown)])
-        .await
-        .unwrap_err();
-    assert_eq!(missing.found(0), Some(&None));
+    let missing = unchanged(item("P", "gone", 2, "x"), 1, shown);
+    assert_eq!(refused_alone(&store, missing).await, None);
 
     // Exactly as stored: it holds, alone and in a transaction.
     store
