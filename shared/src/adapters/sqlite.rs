@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::oneshot;
 
 use super::state_dir;
@@ -203,36 +203,70 @@ fn write_groups(mut conn: Connection, queue: mpsc::Receiver<Pending>, commits: &
 /// Applies each transaction of a group in a savepoint of its own, then commits those that held
 /// in one SQL transaction. A transaction whose condition fails, or whose statements fail, is
 /// rolled back to its savepoint alone; if the commit fails, none of them was written.
+///
+/// The transaction and savepoint statements are prepared once per connection and kept, as the
+/// writes' are: parsing `BEGIN IMMEDIATE` and `COMMIT` again at every commit was CPU for nothing.
 fn commit_group<'a>(
     conn: &mut Connection,
     group: impl ExactSizeIterator<Item = &'a [Write]>,
 ) -> Vec<Result<(), StoreError>> {
     let n = group.len();
-    let mut tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
-        Ok(tx) => tx,
-        Err(e) => return vec![Err(sql_error(e)); n],
+    if let Err(e) = run_cached(conn, "BEGIN IMMEDIATE") {
+        return vec![Err(sql_error(e)); n];
+    }
+    let mut outcomes = Vec::with_capacity(n);
+    // Set when a transaction's writes could not be undone alone: the group is not written.
+    let mut broken = None;
+    for writes in group {
+        outcomes.push(match n {
+            // Alone in its group (always, one lifecycle at a time): the SQL transaction is its
+            // own and rolls back whole if it fails, so it needs no savepoint.
+            1 => apply(conn, writes),
+            _ => in_savepoint(conn, writes).unwrap_or_else(|undo| {
+                let outcome = Err(undo.clone());
+                broken = Some(undo);
+                outcome
+            }),
+        });
+    }
+    let committed = match (broken, outcomes.iter().any(Result::is_ok)) {
+        (Some(failed), _) => Err(failed),
+        (None, true) => run_cached(conn, "COMMIT").map_err(sql_error),
+        (None, false) => {
+            let _ = run_cached(conn, "ROLLBACK");
+            return outcomes;
+        }
     };
-    let mut outcomes: Vec<Result<(), StoreError>> = match n {
-        // Alone in its group (always, one lifecycle at a time): the SQL transaction is its own
-        // and rolls back whole if it fails, so it needs no savepoint.
-        1 => group.map(|writes| apply(&tx, writes)).collect(),
-        _ => group
-            .map(|writes| {
-                let savepoint = tx.savepoint().map_err(sql_error)?;
-                apply(&savepoint, writes)?;
-                savepoint.commit().map_err(sql_error)
-            })
-            .collect(),
-    };
-    if outcomes.iter().any(Result::is_ok)
-        && let Err(e) = tx.commit()
-    {
-        let failed = sql_error(e);
+    if let Err(failed) = committed {
+        // Nothing of the group stays. A transaction SQLite rolled back already has nothing
+        // left to roll back, so this one's refusal changes nothing.
+        let _ = run_cached(conn, "ROLLBACK");
         for outcome in outcomes.iter_mut().filter(|o| o.is_ok()) {
             *outcome = Err(failed.clone());
         }
     }
     outcomes
+}
+
+/// One transaction of a group: its writes in a savepoint, released if they all held, rolled
+/// back to it if not. The outer error says its writes could not be undone alone.
+fn in_savepoint(conn: &Connection, writes: &[Write]) -> Result<Result<(), StoreError>, StoreError> {
+    if let Err(e) = run_cached(conn, "SAVEPOINT tx") {
+        return Ok(Err(sql_error(e)));
+    }
+    let outcome =
+        apply(conn, writes).and_then(|()| run_cached(conn, "RELEASE tx").map_err(sql_error));
+    if outcome.is_err() {
+        run_cached(conn, "ROLLBACK TO tx")
+            .and_then(|()| run_cached(conn, "RELEASE tx"))
+            .map_err(sql_error)?;
+    }
+    Ok(outcome)
+}
+
+/// Runs a statement without parameters or rows, prepared once per connection.
+fn run_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(drop)
 }
 
 /// Checks every write's condition against the store as it stands, then applies them all.
