@@ -155,6 +155,14 @@ fn connect(path: &Path) -> rusqlite::Result<Connection> {
     conn.busy_timeout(BUSY_TIMEOUT)?;
     // Money moves on these commits: every commit reaches the disk before it returns.
     conn.pragma_update(None, "synchronous", "FULL")?;
+    // The query plans stay those of the statements' first preparation. Without this, SQLite
+    // (built with STAT4, as rusqlite bundles it) marks the parameters of range and LIMIT terms as
+    // able to change a plan and prepares the statement again whenever one is bound: every page
+    // read paid a parse and a plan. The store's queries have one sensible plan each.
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
+        true,
+    )?;
     Ok(conn)
 }
 
@@ -324,6 +332,12 @@ fn sql_error(e: rusqlite::Error) -> StoreError {
     }
 }
 
+const PARTITION_FROM: &str = "SELECT pk, sk, gsi1pk, gsi1sk, ver, body FROM items WHERE pk = ?1 AND sk >= ?2 AND sk < ?3 ORDER BY sk LIMIT ?4";
+const PARTITION_AFTER: &str = "SELECT pk, sk, gsi1pk, gsi1sk, ver, body FROM items WHERE pk = ?1 AND sk > ?2 AND sk < ?3 ORDER BY sk LIMIT ?4";
+const INDEX_PAGE: &str = "SELECT pk, sk, gsi1pk, gsi1sk, ver, body FROM items
+    WHERE gsi1pk = ?1 AND gsi1sk >= ?2 AND gsi1sk <= ?3 AND (gsi1sk, pk, sk) > (?4, ?5, ?6)
+    ORDER BY gsi1sk, pk, sk LIMIT ?7";
+
 fn row_to_item(row: &rusqlite::Row<'_>) -> rusqlite::Result<Item> {
     let gsi1pk: Option<String> = row.get(2)?;
     let gsi1sk: Option<String> = row.get(3)?;
@@ -397,16 +411,18 @@ impl ItemStore for SqliteStore {
                 );
                 self.read(move |conn| {
                     let sql = if exclusive {
-                        "SELECT pk, sk, gsi1pk, gsi1sk, ver, body FROM items WHERE pk = ?1 AND sk > ?2 AND sk < ?3 ORDER BY sk LIMIT ?4"
+                        PARTITION_AFTER
                     } else {
-                        "SELECT pk, sk, gsi1pk, gsi1sk, ver, body FROM items WHERE pk = ?1 AND sk >= ?2 AND sk < ?3 ORDER BY sk LIMIT ?4"
+                        PARTITION_FROM
                     };
                     let mut stmt = conn.prepare_cached(sql).map_err(sql_error)?;
                     let items = stmt
                         .query_map(params![pk, from, to, (limit + 1) as i64], row_to_item)
                         .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
                         .map_err(sql_error)?;
-                    Ok(page(items, limit, |i| serde_json::json!([i.sk]).to_string()))
+                    Ok(page(items, limit, |i| {
+                        serde_json::json!([i.sk]).to_string()
+                    }))
                 })
                 .await
             }
@@ -415,15 +431,12 @@ impl ItemStore for SqliteStore {
                 let after = after.map(read_index_cursor).transpose()?;
                 self.read(move |conn| {
                     let (a_gsi, a_pk, a_sk) = after.unwrap_or_default();
-                    let mut stmt = conn
-                        .prepare_cached(
-                            "SELECT pk, sk, gsi1pk, gsi1sk, ver, body FROM items
-                             WHERE gsi1pk = ?1 AND gsi1sk >= ?2 AND gsi1sk <= ?3 AND (gsi1sk, pk, sk) > (?4, ?5, ?6)
-                             ORDER BY gsi1sk, pk, sk LIMIT ?7",
-                        )
-                        .map_err(sql_error)?;
+                    let mut stmt = conn.prepare_cached(INDEX_PAGE).map_err(sql_error)?;
                     let items = stmt
-                        .query_map(params![pk, from, to, a_gsi, a_pk, a_sk, (limit + 1) as i64], row_to_item)
+                        .query_map(
+                            params![pk, from, to, a_gsi, a_pk, a_sk, (limit + 1) as i64],
+                            row_to_item,
+                        )
                         .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
                         .map_err(sql_error)?;
                     Ok(page(items, limit, index_cursor))
@@ -541,6 +554,58 @@ mod tests {
             written, 2,
             "the winner's own item and A, nothing of the losers"
         );
+    }
+
+    #[tokio::test]
+    async fn pages_of_any_size_reuse_their_prepared_statements() {
+        let store = SqliteStore::open(&scratch("pages")).unwrap();
+        let item = |sk: String| Item {
+            pk: "P".into(),
+            sk,
+            gsi1: Some(IndexKey {
+                pk: "I".into(),
+                sk: "k".into(),
+            }),
+            ver: 1,
+            body: "{}".into(),
+        };
+        let writes = (0..5)
+            .map(|n| Write::Put {
+                item: item(format!("s{n}")),
+                condition: Condition::NotExists,
+            })
+            .collect();
+        store.transact(writes).await.unwrap();
+        let dyn_store: &dyn ItemStore = &store;
+        for limit in 1..=4 {
+            let page = dyn_store.query("P", "s", None, limit).await.unwrap();
+            assert_eq!(page.items.len(), limit);
+            let after = dyn_store
+                .query("P", "s", page.next.as_deref(), limit)
+                .await
+                .unwrap();
+            assert_eq!(after.items.len(), limit.min(5 - limit));
+            let index = dyn_store
+                .query_index("I", "a", "z", None, limit)
+                .await
+                .unwrap();
+            assert_eq!(index.items.len(), limit);
+        }
+        // One lifecycle at a time, every read took the one pooled connection.
+        let reprepared = store
+            .read(|conn| {
+                [PARTITION_FROM, PARTITION_AFTER, INDEX_PAGE]
+                    .iter()
+                    .map(|sql| {
+                        conn.prepare_cached(sql)
+                            .map(|stmt| stmt.get_status(rusqlite::StatementStatus::RePrepare))
+                            .map_err(sql_error)
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .await
+            .unwrap();
+        assert_eq!(reprepared, [0, 0, 0]);
     }
 
     async fn query_count(store: &SqliteStore) -> usize {
