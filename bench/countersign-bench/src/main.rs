@@ -162,6 +162,15 @@ struct GroupCommits {
     per_lifecycle: f64,
 }
 
+/// The CPU the process used while the lifecycles ran (every thread: the engine, the store's
+/// writer and readers, the kernel's work for them), from /proc.
+#[derive(Debug, Serialize)]
+struct LifecycleCpu {
+    user_seconds: f64,
+    system_seconds: f64,
+    ms_per_lifecycle: f64,
+}
+
 async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
     let (runs, concurrency) = (args.runs, args.concurrency.max(1));
     let load_before = report::load_average();
@@ -175,7 +184,15 @@ async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
         false => Deciding::FromSnapshot,
     };
     let commits_before = rig.commits();
+    let cpu_before = report::cpu_seconds();
     let (elapsed, samples) = lifecycle::lifecycles(&rig, 0..runs, concurrency, deciding).await?;
+    let cpu = report::cpu_seconds()
+        .zip(cpu_before)
+        .map(|((user, system), (user0, system0))| LifecycleCpu {
+            user_seconds: user - user0,
+            system_seconds: system - system0,
+            ms_per_lifecycle: 1000.0 * (user - user0 + system - system0) / runs as f64,
+        });
     let lived = rig.meter.take();
     let (key_units, registry_bytes) = rig.meter.take_keys();
     let commits = rig
@@ -270,6 +287,7 @@ async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
         },
         "schedules": rig.schedules,
         "group_commits": commits,
+        "cpu": cpu,
         "load_average": { "before": load_before, "after": load_after },
         "cost_per_million_approvals": cost,
         "partition_keys": {
@@ -295,6 +313,12 @@ async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
         text.push_str(&format!(
             "  commits    {} SQL commits (one fsync each) for {} transactions: {:.2} transactions per commit, {:.2} commits per lifecycle\n",
             c.commits, c.transactions, c.per_commit, c.per_lifecycle
+        ));
+    }
+    if let Some(cpu) = &cpu {
+        text.push_str(&format!(
+            "  cpu        {:.2} s user + {:.2} s system for the lifecycles: {:.2} ms of CPU per lifecycle\n",
+            cpu.user_seconds, cpu.system_seconds, cpu.ms_per_lifecycle
         ));
     }
     let line = |name: &str, samples: &[std::time::Duration], note: &str| match Latency::of(samples)

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::oneshot;
 
 use super::state_dir;
@@ -155,6 +155,14 @@ fn connect(path: &Path) -> rusqlite::Result<Connection> {
     conn.busy_timeout(BUSY_TIMEOUT)?;
     // Money moves on these commits: every commit reaches the disk before it returns.
     conn.pragma_update(None, "synchronous", "FULL")?;
+    // The query plans stay those of the statements' first preparation. Without this, SQLite
+    // (built with STAT4, as rusqlite bundles it) marks the parameters of range and LIMIT terms as
+    // able to change a plan and prepares the statement again whenever one is bound: every page
+    // read paid a parse and a plan. The store's queries have one sensible plan each.
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
+        true,
+    )?;
     Ok(conn)
 }
 
@@ -203,36 +211,70 @@ fn write_groups(mut conn: Connection, queue: mpsc::Receiver<Pending>, commits: &
 /// Applies each transaction of a group in a savepoint of its own, then commits those that held
 /// in one SQL transaction. A transaction whose condition fails, or whose statements fail, is
 /// rolled back to its savepoint alone; if the commit fails, none of them was written.
+///
+/// The transaction and savepoint statements are prepared once per connection and kept, as the
+/// writes' are: parsing `BEGIN IMMEDIATE` and `COMMIT` again at every commit was CPU for nothing.
 fn commit_group<'a>(
     conn: &mut Connection,
     group: impl ExactSizeIterator<Item = &'a [Write]>,
 ) -> Vec<Result<(), StoreError>> {
     let n = group.len();
-    let mut tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
-        Ok(tx) => tx,
-        Err(e) => return vec![Err(sql_error(e)); n],
+    if let Err(e) = run_cached(conn, "BEGIN IMMEDIATE") {
+        return vec![Err(sql_error(e)); n];
+    }
+    let mut outcomes = Vec::with_capacity(n);
+    // Set when a transaction's writes could not be undone alone: the group is not written.
+    let mut broken = None;
+    for writes in group {
+        outcomes.push(match n {
+            // Alone in its group (always, one lifecycle at a time): the SQL transaction is its
+            // own and rolls back whole if it fails, so it needs no savepoint.
+            1 => apply(conn, writes),
+            _ => in_savepoint(conn, writes).unwrap_or_else(|undo| {
+                let outcome = Err(undo.clone());
+                broken = Some(undo);
+                outcome
+            }),
+        });
+    }
+    let committed = match (broken, outcomes.iter().any(Result::is_ok)) {
+        (Some(failed), _) => Err(failed),
+        (None, true) => run_cached(conn, "COMMIT").map_err(sql_error),
+        (None, false) => {
+            let _ = run_cached(conn, "ROLLBACK");
+            return outcomes;
+        }
     };
-    let mut outcomes: Vec<Result<(), StoreError>> = match n {
-        // Alone in its group (always, one lifecycle at a time): the SQL transaction is its own
-        // and rolls back whole if it fails, so it needs no savepoint.
-        1 => group.map(|writes| apply(&tx, writes)).collect(),
-        _ => group
-            .map(|writes| {
-                let savepoint = tx.savepoint().map_err(sql_error)?;
-                apply(&savepoint, writes)?;
-                savepoint.commit().map_err(sql_error)
-            })
-            .collect(),
-    };
-    if outcomes.iter().any(Result::is_ok)
-        && let Err(e) = tx.commit()
-    {
-        let failed = sql_error(e);
+    if let Err(failed) = committed {
+        // Nothing of the group stays. A transaction SQLite rolled back already has nothing
+        // left to roll back, so this one's refusal changes nothing.
+        let _ = run_cached(conn, "ROLLBACK");
         for outcome in outcomes.iter_mut().filter(|o| o.is_ok()) {
             *outcome = Err(failed.clone());
         }
     }
     outcomes
+}
+
+/// One transaction of a group: its writes in a savepoint, released if they all held, rolled
+/// back to it if not. The outer error says its writes could not be undone alone.
+fn in_savepoint(conn: &Connection, writes: &[Write]) -> Result<Result<(), StoreError>, StoreError> {
+    if let Err(e) = run_cached(conn, "SAVEPOINT tx") {
+        return Ok(Err(sql_error(e)));
+    }
+    let outcome =
+        apply(conn, writes).and_then(|()| run_cached(conn, "RELEASE tx").map_err(sql_error));
+    if outcome.is_err() {
+        run_cached(conn, "ROLLBACK TO tx")
+            .and_then(|()| run_cached(conn, "RELEASE tx"))
+            .map_err(sql_error)?;
+    }
+    Ok(outcome)
+}
+
+/// Runs a statement without parameters or rows, prepared once per connection.
+fn run_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(drop)
 }
 
 /// Checks every write's condition against the store as it stands, then applies them all.
@@ -299,6 +341,12 @@ fn sql_error(e: rusqlite::Error) -> StoreError {
         _ => StoreError::Unavailable(e.to_string()),
     }
 }
+
+const PARTITION_FROM: &str = "SELECT pk, sk, gsi1pk, gsi1sk, ver, body FROM items WHERE pk = ?1 AND sk >= ?2 AND sk < ?3 ORDER BY sk LIMIT ?4";
+const PARTITION_AFTER: &str = "SELECT pk, sk, gsi1pk, gsi1sk, ver, body FROM items WHERE pk = ?1 AND sk > ?2 AND sk < ?3 ORDER BY sk LIMIT ?4";
+const INDEX_PAGE: &str = "SELECT pk, sk, gsi1pk, gsi1sk, ver, body FROM items
+    WHERE gsi1pk = ?1 AND gsi1sk >= ?2 AND gsi1sk <= ?3 AND (gsi1sk, pk, sk) > (?4, ?5, ?6)
+    ORDER BY gsi1sk, pk, sk LIMIT ?7";
 
 fn row_to_item(row: &rusqlite::Row<'_>) -> rusqlite::Result<Item> {
     let gsi1pk: Option<String> = row.get(2)?;
@@ -373,16 +421,18 @@ impl ItemStore for SqliteStore {
                 );
                 self.read(move |conn| {
                     let sql = if exclusive {
-                        "SELECT pk, sk, gsi1pk, gsi1sk, ver, body FROM items WHERE pk = ?1 AND sk > ?2 AND sk < ?3 ORDER BY sk LIMIT ?4"
+                        PARTITION_AFTER
                     } else {
-                        "SELECT pk, sk, gsi1pk, gsi1sk, ver, body FROM items WHERE pk = ?1 AND sk >= ?2 AND sk < ?3 ORDER BY sk LIMIT ?4"
+                        PARTITION_FROM
                     };
                     let mut stmt = conn.prepare_cached(sql).map_err(sql_error)?;
                     let items = stmt
                         .query_map(params![pk, from, to, (limit + 1) as i64], row_to_item)
                         .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
                         .map_err(sql_error)?;
-                    Ok(page(items, limit, |i| serde_json::json!([i.sk]).to_string()))
+                    Ok(page(items, limit, |i| {
+                        serde_json::json!([i.sk]).to_string()
+                    }))
                 })
                 .await
             }
@@ -391,15 +441,12 @@ impl ItemStore for SqliteStore {
                 let after = after.map(read_index_cursor).transpose()?;
                 self.read(move |conn| {
                     let (a_gsi, a_pk, a_sk) = after.unwrap_or_default();
-                    let mut stmt = conn
-                        .prepare_cached(
-                            "SELECT pk, sk, gsi1pk, gsi1sk, ver, body FROM items
-                             WHERE gsi1pk = ?1 AND gsi1sk >= ?2 AND gsi1sk <= ?3 AND (gsi1sk, pk, sk) > (?4, ?5, ?6)
-                             ORDER BY gsi1sk, pk, sk LIMIT ?7",
-                        )
-                        .map_err(sql_error)?;
+                    let mut stmt = conn.prepare_cached(INDEX_PAGE).map_err(sql_error)?;
                     let items = stmt
-                        .query_map(params![pk, from, to, a_gsi, a_pk, a_sk, (limit + 1) as i64], row_to_item)
+                        .query_map(
+                            params![pk, from, to, a_gsi, a_pk, a_sk, (limit + 1) as i64],
+                            row_to_item,
+                        )
                         .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
                         .map_err(sql_error)?;
                     Ok(page(items, limit, index_cursor))
@@ -517,6 +564,58 @@ mod tests {
             written, 2,
             "the winner's own item and A, nothing of the losers"
         );
+    }
+
+    #[tokio::test]
+    async fn pages_of_any_size_reuse_their_prepared_statements() {
+        let store = SqliteStore::open(&scratch("pages")).unwrap();
+        let item = |sk: String| Item {
+            pk: "P".into(),
+            sk,
+            gsi1: Some(IndexKey {
+                pk: "I".into(),
+                sk: "k".into(),
+            }),
+            ver: 1,
+            body: "{}".into(),
+        };
+        let writes = (0..5)
+            .map(|n| Write::Put {
+                item: item(format!("s{n}")),
+                condition: Condition::NotExists,
+            })
+            .collect();
+        store.transact(writes).await.unwrap();
+        let dyn_store: &dyn ItemStore = &store;
+        for limit in 1..=4 {
+            let page = dyn_store.query("P", "s", None, limit).await.unwrap();
+            assert_eq!(page.items.len(), limit);
+            let after = dyn_store
+                .query("P", "s", page.next.as_deref(), limit)
+                .await
+                .unwrap();
+            assert_eq!(after.items.len(), limit.min(5 - limit));
+            let index = dyn_store
+                .query_index("I", "a", "z", None, limit)
+                .await
+                .unwrap();
+            assert_eq!(index.items.len(), limit);
+        }
+        // One lifecycle at a time, every read took the one pooled connection.
+        let reprepared = store
+            .read(|conn| {
+                [PARTITION_FROM, PARTITION_AFTER, INDEX_PAGE]
+                    .iter()
+                    .map(|sql| {
+                        conn.prepare_cached(sql)
+                            .map(|stmt| stmt.get_status(rusqlite::StatementStatus::RePrepare))
+                            .map_err(sql_error)
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .await
+            .unwrap();
+        assert_eq!(reprepared, [0, 0, 0]);
     }
 
     async fn query_count(store: &SqliteStore) -> usize {

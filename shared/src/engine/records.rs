@@ -462,16 +462,58 @@ const RECENT_MESSAGES: &str = "messages_recent";
 /// audit item of the write that would take it past.
 const RUN_ITEM_BUDGET: usize = 1024;
 
-/// A run's item with the messages from `keep` on (those before are in audit items).
-fn run_body(run: &Run, keep: usize) -> String {
-    let mut body = serde_json::to_value(run).expect("engine records serialize");
-    if let Some(fields) = body.as_object_mut() {
-        fields.remove("messages");
-        fields.insert(LOGGED_MESSAGES.into(), keep.into());
-        let recent = serde_json::to_value(&run.messages[keep..]).expect("engine records serialize");
-        fields.insert(RECENT_MESSAGES.into(), recent);
+/// A run's item for each split of its conversation (the messages from `keep` on in the item,
+/// those before in audit items): the run's own fields and each message serialized once, not
+/// once per split tried.
+struct RunBodies {
+    /// The run's fields but its conversation: a JSON object without its closing brace.
+    fields: String,
+    /// The messages from `from` on, each serialized.
+    messages: Vec<String>,
+    from: usize,
+}
+
+impl RunBodies {
+    fn new(run: &Run, from: usize) -> Self {
+        let mut fields = serde_json::to_value(run).expect("engine records serialize");
+        if let Some(fields) = fields.as_object_mut() {
+            fields.remove("messages");
+        }
+        let mut fields = fields.to_string();
+        fields.pop();
+        let messages = run.messages[from..]
+            .iter()
+            .map(|m| serde_json::to_string(m).expect("engine records serialize"))
+            .collect();
+        Self {
+            fields,
+            messages,
+            from,
+        }
     }
-    body.to_string()
+
+    /// The item with the messages from `keep` on (`keep` at least `from`).
+    fn body(&self, keep: usize) -> String {
+        let recent = &self.messages[keep - self.from..];
+        let mut body = String::with_capacity(
+            self.fields.len() + 48 + recent.iter().map(|m| m.len() + 1).sum::<usize>(),
+        );
+        body.push_str(&self.fields);
+        if self.fields.len() > 1 {
+            body.push(',');
+        }
+        body.push_str(&format!(
+            "\"{LOGGED_MESSAGES}\":{keep},\"{RECENT_MESSAGES}\":["
+        ));
+        for (n, message) in recent.iter().enumerate() {
+            if n > 0 {
+                body.push(',');
+            }
+            body.push_str(message);
+        }
+        body.push_str("]}");
+        body
+    }
 }
 
 /// DynamoDB's size of an item (each attribute's name and value, as the adapter writes it),
@@ -782,9 +824,10 @@ impl Tx {
             audit.events.insert(0, started.clone());
         }
         let order_len = keys::AUDIT_PREFIX.len() + AUDIT_ORDER_LEN;
+        let bodies = RunBodies::new(value, logged);
         let mut best: Option<(usize, usize, String)> = None;
         for keep in (logged..=value.messages.len()).rev() {
-            let body = run_body(value, keep);
+            let body = bodies.body(keep);
             let mut moved = audit.clone();
             if keep > logged {
                 moved.from = logged;
