@@ -382,7 +382,14 @@ async fn a_decision_sent_with_the_snapshot_it_was_shown_with_is_taken_even_after
         .post(&path, "erin", json!({"text": "receipt attached?"}))
         .await;
     assert_eq!(commented.status, 201, "{}", commented.json);
-    assert_ne!(&server.approval(&c102.approval).await["snapshot"], snapshot);
+    let after_comment = server.approval(&c102.approval).await["snapshot"].clone();
+    assert_ne!(&after_comment, snapshot);
+    // The comment's answer is the approval as the comment wrote it, snapshot and all.
+    assert_eq!(
+        commented.json["snapshot"], after_comment,
+        "{}",
+        commented.json
+    );
 
     // The snapshot from before the comment: ruled on the stored approval, comment kept.
     let approved = server

@@ -246,20 +246,21 @@ pub struct CommentBody {
     pub text: String,
 }
 
-/// `POST /approvals/{id}/comments`: a comment that decides nothing; 201 with the approval.
+/// `POST /approvals/{id}/comments`: a comment that decides nothing; 201 with the approval and
+/// its snapshot as written.
 pub(super) async fn comment(
     State(state): State<DecideState>,
     Caller(who): Caller,
     IdPath(id): IdPath<ApprovalId>,
     JsonBody(body): JsonBody<CommentBody>,
 ) -> Result<(axum::http::StatusCode, Json<ApprovalView>), ApiError> {
-    let approval = state.engine.comment(&who, &id, &body.text).await?;
-    record_run(&approval);
+    let shown = state.engine.comment(&who, &id, &body.text).await?;
+    record_run(&shown.approval);
     tracing::info!("commented");
     Ok((
         axum::http::StatusCode::CREATED,
-        Json(ApprovalView::of(
-            approval,
+        Json(ApprovalView::shown(
+            shown,
             &state.engine,
             state.engine.now(),
         )),

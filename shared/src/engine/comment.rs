@@ -3,8 +3,9 @@
 //! and recorded in the audit log, in one transaction.
 
 use super::records::Tx;
+use super::snapshot::Shown;
 use super::{CAS_ATTEMPTS, Engine, EngineError};
-use crate::domain::approval::{Approval, Comment};
+use crate::domain::approval::Comment;
 use crate::domain::audit::{AuditEntry, AuditEvent};
 use crate::domain::identity::{Actor, Identity};
 use crate::domain::ids::ApprovalId;
@@ -17,13 +18,15 @@ pub const MAX_COMMENTS: usize = 100;
 
 impl Engine {
     /// Adds `text` as `who`'s comment on an approval of their tenant, whatever its status.
-    /// Anyone who may read the approval may comment; a comment decides nothing.
+    /// Anyone who may read the approval may comment; a comment decides nothing. The approval
+    /// comes back as written, with its snapshot: a decision the commenter then makes from it
+    /// needs no read.
     pub async fn comment(
         &self,
         who: &Identity,
         approval_id: &ApprovalId,
         text: &str,
-    ) -> Result<Approval, EngineError> {
+    ) -> Result<Shown, EngineError> {
         let text = text.trim();
         if text.is_empty() {
             return Err(EngineError::BadInput("a comment needs some text".into()));
@@ -60,7 +63,7 @@ impl Engine {
                 AuditEntry::new(&approval.run_id, Actor::person(&who.person), event, now),
             );
             match self.commit(tx).await {
-                Ok(_) => return Ok(approval),
+                Ok(_) => return Ok(Shown::written(approval, stored.ver + 1)),
                 Err(StoreError::ConditionFailed { .. }) => continue,
                 Err(error) => return Err(error.into()),
             }

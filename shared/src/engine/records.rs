@@ -307,7 +307,7 @@ const APPROVAL_KEYED: [&str; 2] = ["id", "tenant"];
 ///   as [`Approval::decide`] records them; kept where they differ).
 ///
 /// [`decode`] fills them back. The audit's `decision` event keeps its own copy.
-fn approval_body(approval: &Approval) -> String {
+pub(super) fn approval_body(approval: &Approval) -> String {
     let mut body = serde_json::to_value(approval).expect("engine records serialize");
     if let Some(fields) = body.as_object_mut() {
         for keyed in APPROVAL_KEYED {

@@ -191,6 +191,40 @@ async fn given_a_comment_since_dana_was_shown_the_approval_when_she_approves_wit
     assert_eq!(stored.decisions.len(), 1);
 }
 
+async fn given_dana_commented_when_she_approves_with_the_snapshot_her_comment_gave_then_the_decision_is_one_request_to_the_store(
+    h: &Harness,
+) {
+    let (p, requests, _, approval) = counted_and_paused(h).await;
+    let commented = p
+        .comment(&h.person("dana"), &approval.id, "receipt checked")
+        .await
+        .unwrap();
+    assert_eq!(commented.approval.comments.len(), 1);
+    let before = requests.counts();
+
+    let report = decide_shown(
+        h,
+        &p,
+        "dana",
+        &approval,
+        approve("d-dana"),
+        &commented.snapshot,
+    )
+    .await
+    .unwrap();
+
+    let after = requests.counts();
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1, after.2 - before.2),
+        (0, 0, 1),
+        "(reads, query pages, transactions): the comment's snapshot is what is stored"
+    );
+    assert_eq!(report.approval.status, ApprovalStatus::Approved);
+    let stored = p.approval(&acme(), &approval.id).await.unwrap();
+    assert_eq!(stored.comments.len(), 1);
+    assert_eq!(stored.decisions.len(), 1);
+}
+
 async fn given_erin_rejected_since_dana_was_shown_the_approval_when_dana_approves_with_that_snapshot_then_she_is_refused_and_the_rejection_stands(
     h: &Harness,
 ) {
@@ -348,6 +382,7 @@ on_both_stores!([
     given_the_snapshot_dana_was_shown_when_she_approves_then_the_decision_is_one_request_to_the_store,
     given_the_snapshot_dana_was_shown_when_she_lowers_the_amount_then_the_edit_is_one_request_too,
     given_a_comment_since_dana_was_shown_the_approval_when_she_approves_with_that_snapshot_then_it_is_approved_and_the_comment_kept,
+    given_dana_commented_when_she_approves_with_the_snapshot_her_comment_gave_then_the_decision_is_one_request_to_the_store,
     given_erin_rejected_since_dana_was_shown_the_approval_when_dana_approves_with_that_snapshot_then_she_is_refused_and_the_rejection_stands,
     given_dana_approved_with_a_snapshot_when_she_sends_the_same_decision_again_with_it_then_it_is_replayed,
     given_dana_and_erin_shown_the_same_approval_when_both_decide_at_once_with_it_then_one_decision_is_taken,

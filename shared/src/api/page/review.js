@@ -787,9 +787,9 @@ async function decide(id, choice, extra = {}) {
   const decisionId = state.submissions.get(key) || newDecisionId();
   state.submissions.set(key, decisionId);
   setBusy(id, true);
-  // The approval as this page shows it: while it is unchanged, the server decides without
-  // reading it again. A comment's answer carries none, and one too large for a request body
-  // (many long comments) is left out: the server then reads the approval first.
+  // The approval as this page shows it (as read, or as this page's comment left it): while it
+  // is unchanged, the server decides without reading it again. One too large for a request
+  // body (many long comments) is left out: the server then reads the approval first.
   const snapshot = item.view.snapshot;
   const shown = snapshot && snapshot.length <= MAX_SNAPSHOT ? { snapshot } : {};
   const reply = await api("POST", `approvals/${encodeURIComponent(id)}/decisions`, {
