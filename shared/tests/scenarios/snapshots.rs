@@ -25,6 +25,12 @@ impl Requests {
             self.transactions.load(Ordering::SeqCst),
         )
     }
+
+    /// (reads of one item, query pages, transactions) since `before`, an earlier [`Self::counts`].
+    fn since(&self, before: (usize, usize, usize)) -> (usize, usize, usize) {
+        let now = self.counts();
+        (now.0 - before.0, now.1 - before.1, now.2 - before.2)
+    }
 }
 
 struct Counting {
@@ -124,9 +130,8 @@ async fn given_the_snapshot_dana_was_shown_when_she_approves_then_the_decision_i
         .await
         .unwrap();
 
-    let after = requests.counts();
     assert_eq!(
-        (after.0 - before.0, after.1 - before.1, after.2 - before.2),
+        requests.since(before),
         (0, 0, 1),
         "one transaction, no read"
     );
@@ -140,11 +145,7 @@ async fn given_the_snapshot_dana_was_shown_when_she_approves_then_the_decision_i
     let (p, requests, _, approval) = counted_and_paused(h).await;
     let before = requests.counts();
     h.decided(&p, "dana", &approval.id, approve("d-dana")).await;
-    let after = requests.counts();
-    assert_eq!(
-        (after.0 - before.0, after.1 - before.1, after.2 - before.2),
-        (1, 0, 1)
-    );
+    assert_eq!(requests.since(before), (1, 0, 1));
 }
 
 async fn given_the_snapshot_dana_was_shown_when_she_lowers_the_amount_then_the_edit_is_one_request_too(
@@ -158,11 +159,7 @@ async fn given_the_snapshot_dana_was_shown_when_she_lowers_the_amount_then_the_e
         .await
         .unwrap();
 
-    let after = requests.counts();
-    assert_eq!(
-        (after.0 - before.0, after.1 - before.1, after.2 - before.2),
-        (0, 0, 1)
-    );
+    assert_eq!(requests.since(before), (0, 0, 1));
     assert_eq!(report.approval.status, ApprovalStatus::Superseded);
     let next = report.next_approval.expect("version 2's approval");
     assert_eq!(next.action_version, v(2));
@@ -213,9 +210,8 @@ async fn given_dana_commented_when_she_approves_with_the_snapshot_her_comment_ga
     .await
     .unwrap();
 
-    let after = requests.counts();
     assert_eq!(
-        (after.0 - before.0, after.1 - before.1, after.2 - before.2),
+        requests.since(before),
         (0, 0, 1),
         "(reads, query pages, transactions): the comment's snapshot is what is stored"
     );
