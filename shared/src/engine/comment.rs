@@ -3,7 +3,7 @@
 //! and recorded in the audit log, in one transaction.
 
 use super::records::Tx;
-use super::snapshot::Shown;
+use super::snapshot::{Shown, Snapshot};
 use super::{CAS_ATTEMPTS, Engine, EngineError};
 use crate::domain::approval::Comment;
 use crate::domain::audit::{AuditEntry, AuditEvent};
@@ -53,7 +53,8 @@ impl Engine {
                 at: now,
             });
             let mut tx = Tx::new();
-            tx.update_approval(&approval, stored.ver);
+            // The approval as written here: the commenter may decide from it without a read.
+            let snapshot = Snapshot::of(tx.update_approval(&approval, stored.ver)).encode();
             let event = AuditEvent::Commented {
                 approval_id: approval.id.clone(),
                 text: text.to_string(),
@@ -63,7 +64,7 @@ impl Engine {
                 AuditEntry::new(&approval.run_id, Actor::person(&who.person), event, now),
             );
             match self.commit(tx).await {
-                Ok(_) => return Ok(Shown::written(approval, stored.ver + 1)),
+                Ok(_) => return Ok(Shown { approval, snapshot }),
                 Err(StoreError::ConditionFailed { .. }) => continue,
                 Err(error) => return Err(error.into()),
             }

@@ -307,7 +307,7 @@ const APPROVAL_KEYED: [&str; 2] = ["id", "tenant"];
 ///   as [`Approval::decide`] records them; kept where they differ).
 ///
 /// [`decode`] fills them back. The audit's `decision` event keeps its own copy.
-pub(super) fn approval_body(approval: &Approval) -> String {
+fn approval_body(approval: &Approval) -> String {
     let mut body = serde_json::to_value(approval).expect("engine records serialize");
     if let Some(fields) = body.as_object_mut() {
         for keyed in APPROVAL_KEYED {
@@ -645,23 +645,26 @@ impl Tx {
         sk: String,
         gsi1: Option<IndexKey>,
         value: &T,
-        ver: u64,
         condition: Condition,
     ) {
         let body = serde_json::to_string(value).expect("engine records serialize");
-        self.put_body(pk, sk, gsi1, body, ver, condition);
+        self.put_body(pk, sk, gsi1, body, condition);
     }
 
-    /// [`Tx::put`] of a body already serialized.
+    /// [`Tx::put`] of a body already serialized. The item's version follows from the condition:
+    /// 1 for an item written without one to compare, the next after the one it expects.
     fn put_body(
         &mut self,
         pk: String,
         sk: String,
         gsi1: Option<IndexKey>,
         body: String,
-        ver: u64,
         condition: Condition,
-    ) {
+    ) -> &Item {
+        let ver = match &condition {
+            Condition::VersionIs(ver) | Condition::Unchanged { ver, .. } => ver + 1,
+            Condition::Always | Condition::NotExists => 1,
+        };
         self.writes.push(Write::Put {
             item: Item {
                 pk,
@@ -672,6 +675,10 @@ impl Tx {
             },
             condition,
         });
+        match self.writes.last() {
+            Some(Write::Put { item, .. }) => item,
+            _ => unreachable!("a put was just pushed"),
+        }
     }
 
     /// A new item: the write fails if it exists.
@@ -682,7 +689,7 @@ impl Tx {
         gsi1: Option<IndexKey>,
         value: &T,
     ) {
-        self.put(pk, sk, gsi1, value, 1, Condition::NotExists);
+        self.put(pk, sk, gsi1, value, Condition::NotExists);
     }
 
     /// A compare-and-set: the write fails unless the item is still at `ver`.
@@ -694,59 +701,32 @@ impl Tx {
         value: &T,
         ver: u64,
     ) {
-        self.update_if(pk, sk, gsi1, value, Condition::VersionIs(ver));
-    }
-
-    /// A write on `condition` (`Unchanged`: the item is still exactly what the change was
-    /// ruled on), at the version after the one the condition expects, or 1 if it expects none.
-    pub fn update_if<T: Serialize>(
-        &mut self,
-        pk: String,
-        sk: String,
-        gsi1: Option<IndexKey>,
-        value: &T,
-        condition: Condition,
-    ) {
-        let ver = match &condition {
-            Condition::VersionIs(ver) | Condition::Unchanged { ver, .. } => ver + 1,
-            Condition::Always | Condition::NotExists => 1,
-        };
-        self.put(pk, sk, gsi1, value, ver, condition);
+        self.put(pk, sk, gsi1, value, Condition::VersionIs(ver));
     }
 
     /// A new approval, in its stored form ([`approval_body`]), with the index entry its status
     /// gives it.
     pub fn create_approval(&mut self, approval: &Approval) {
-        let pk = keys::approval_pk(&approval.tenant, &approval.id);
-        let index = approval_index(approval);
-        let body = approval_body(approval);
-        self.put_body(
-            pk,
-            keys::APPROVAL_SK.into(),
-            index,
-            body,
-            1,
-            Condition::NotExists,
-        );
+        self.put_approval(approval, Condition::NotExists);
     }
 
     /// An approval's compare-and-set, in its stored form, with the index entry its status
-    /// gives it.
-    pub fn update_approval(&mut self, approval: &Approval, ver: u64) {
-        self.update_approval_if(approval, Condition::VersionIs(ver));
+    /// gives it. Returns the item as written.
+    pub fn update_approval(&mut self, approval: &Approval, ver: u64) -> &Item {
+        self.put_approval(approval, Condition::VersionIs(ver))
     }
 
     /// [`Tx::update_approval`] holding on `read`: how the approval ruled on was read (its
     /// version, or the exact snapshot a reviewer was shown).
     pub fn update_approval_if(&mut self, approval: &Approval, read: Condition) {
+        self.put_approval(approval, read);
+    }
+
+    fn put_approval(&mut self, approval: &Approval, condition: Condition) -> &Item {
         let pk = keys::approval_pk(&approval.tenant, &approval.id);
         let index = approval_index(approval);
         let body = approval_body(approval);
-        let ver = match &read {
-            Condition::VersionIs(ver) | Condition::Unchanged { ver, .. } => ver + 1,
-            Condition::Always | Condition::NotExists => 1,
-        };
-        self.put_body(pk, keys::APPROVAL_SK.into(), index, body, ver, read);
+        self.put_body(pk, keys::APPROVAL_SK.into(), index, body, condition)
     }
 
     /// A new action version, with the reconcile index entry its status gives it.
@@ -763,7 +743,7 @@ impl Tx {
 
     /// Written whatever is there (idempotent registries).
     pub fn upsert<T: Serialize>(&mut self, pk: String, sk: String, value: &T) {
-        self.put(pk, sk, None, value, 1, Condition::Always);
+        self.put(pk, sk, None, value, Condition::Always);
     }
 
     pub fn delete(&mut self, pk: String, sk: String, condition: Condition) {
@@ -863,10 +843,11 @@ impl Tx {
         }
         run.value.logging_messages = Some(keep);
         let sk = keys::RUN_SK.to_string();
-        match run.ver {
-            0 => self.put_body(pk, sk, index, body, 1, Condition::NotExists),
-            ver => self.put_body(pk, sk, index, body, ver + 1, Condition::VersionIs(ver)),
-        }
+        let condition = match run.ver {
+            0 => Condition::NotExists,
+            ver => Condition::VersionIs(ver),
+        };
+        self.put_body(pk, sk, index, body, condition);
     }
 
     pub fn outbox(
@@ -890,7 +871,7 @@ impl Tx {
         };
         let (pk, sk) = entry.key();
         let gsi1 = keys::outbox(shards, now, &entry.id);
-        self.put(pk, sk, Some(gsi1), &entry, 1, Condition::NotExists);
+        self.put(pk, sk, Some(gsi1), &entry, Condition::NotExists);
         self.outbox.push(entry);
     }
 
@@ -900,7 +881,7 @@ impl Tx {
         if !self.audit.is_empty() {
             let sk = format!("{}{}", keys::AUDIT_PREFIX, audit_order());
             for (pk, item) in std::mem::take(&mut self.audit) {
-                self.put(pk, sk.clone(), None, &item, 1, Condition::NotExists);
+                self.put(pk, sk.clone(), None, &item, Condition::NotExists);
             }
         }
         (self.writes, self.outbox)

@@ -13,7 +13,7 @@
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
-use super::records::{Stored, approval_body, decode, keys};
+use super::records::{Stored, decode, keys};
 use super::{Engine, EngineError};
 use crate::domain::approval::Approval;
 use crate::domain::identity::Identity;
@@ -98,20 +98,6 @@ impl Shown {
             approval: decode::<Approval>(item)?.value,
             snapshot: Snapshot::of(item).encode(),
         })
-    }
-
-    /// `approval` as this process just wrote it at version `ver` (through
-    /// [`Tx::update_approval`](super::records::Tx::update_approval)), so the one who changed it
-    /// can decide from what they see without a read.
-    pub(super) fn written(approval: Approval, ver: u64) -> Self {
-        let snapshot = Snapshot {
-            ver,
-            body: approval_body(&approval),
-        };
-        Self {
-            approval,
-            snapshot: snapshot.encode(),
-        }
     }
 }
 
