@@ -1146,6 +1146,39 @@ mod tests {
     }
 
     #[test]
+    fn a_decided_action_is_its_own_outbox_entry_handed_over_at_the_version_it_is_written() {
+        let approval = approval();
+        let mut action = approval.awaiting_action();
+        action
+            .approve(approval.authorized_by(), approval.created_at)
+            .unwrap();
+        let mut tx = Tx::new();
+        tx.resume_action(IndexShards::DEFAULT, &action, Condition::VersionIs(1));
+        let (writes, outgoing) = tx.into_parts();
+
+        let [Write::Put { item, condition }] = &writes[..] else {
+            panic!("one put, and no outbox item: {writes:?}")
+        };
+        assert_eq!(*condition, Condition::VersionIs(1));
+        assert_eq!(item.sk, keys::action_sk(&action.id, action.version));
+        let index = item.gsi1.as_ref().expect("in the outbox index");
+        assert!(keys::is_outbox(index), "{index:?}");
+        assert_eq!(*index, resume_key(IndexShards::DEFAULT, &action));
+        assert!(index.sk.starts_with(&keys::sortable(action.updated_at)));
+        assert!(outgoing.notices.is_empty());
+        let [handed] = &outgoing.resumes[..] else {
+            panic!("one resume handed over")
+        };
+        assert_eq!((handed.ver, &handed.value), (2, &action));
+        assert_eq!(resume_message(&handed.value).key(), action.key());
+        assert!(!keys::is_outbox(&reconcile_key(
+            IndexShards::DEFAULT,
+            &action,
+            action.updated_at
+        )));
+    }
+
+    #[test]
     fn an_audit_order_is_as_long_as_a_write_sizes_it() {
         assert_eq!(audit_order().len(), AUDIT_ORDER_LEN);
     }
