@@ -161,7 +161,6 @@ async fn given_a_resume_message_delivered_twice_or_after_the_dedup_window_then_n
         run_id: paused.run_id.clone(),
         action_id: paused.approvals[0].action_id.clone(),
         version: ActionVersion::FIRST,
-        outbox: None,
     };
     aws.queue.publish(&message).await.unwrap();
     let second = consume(&aws.queue, &engine).await;
@@ -203,7 +202,6 @@ async fn given_messages_of_one_run_then_they_share_a_group_keyed_by_action_and_v
         run_id: shared::domain::ids::RunId::parse("run-fifo").unwrap(),
         action_id: shared::domain::ids::ActionId::parse("act-fifo").unwrap(),
         version: ActionVersion::FIRST.next(),
-        outbox: None,
     };
     aws.queue.publish(&message).await.unwrap();
     aws.queue.publish(&message).await.unwrap();

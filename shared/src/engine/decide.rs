@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use tracing::Instrument;
 
-use super::records::{OutboxMessage, Stored, Tx, decode, keys};
+use super::records::{Stored, Tx, decode, keys};
 use super::snapshot::Snapshot;
 use super::{AWAITING_ACTION_VER, Agent, CAS_ATTEMPTS, Delivery, Engine, EngineError};
 use super::{RunReport, deadline};
@@ -19,7 +19,6 @@ use crate::domain::audit::{AuditEntry, AuditEvent};
 use crate::domain::identity::{Actor, Identity};
 use crate::domain::ids::ApprovalId;
 use crate::domain::policy::{Requirement, Verdict};
-use crate::ports::queue::ResumeMessage;
 use crate::ports::store::{Condition, StoreError};
 
 /// The outcome of a decision, including one replayed for a repeated `decision_id`.
@@ -320,13 +319,7 @@ impl Engine {
         action
             .record(&outcome, now)
             .map_err(|e| EngineError::Corrupt(e.to_string()))?;
-        tx.update(
-            keys::run_pk(&action.tenant, &action.run_id),
-            keys::action_sk(&action.id, action.version),
-            None,
-            &action,
-            stored.ver,
-        );
+        tx.resume_action(self.index_shards, &action, Condition::VersionIs(stored.ver));
         let event = AuditEvent::Reconciled {
             action_id: action.id.clone(),
             version: action.version,
@@ -341,39 +334,14 @@ impl Engine {
             &action.tenant,
             AuditEntry::new(&action.run_id, Actor::person(by), event, now),
         );
-        self.resume_later(tx, &action);
         Ok(())
     }
 
-    /// Writes an action that left `awaiting_approval` and, if it is settled or approved, the
-    /// message that resumes its run.
+    /// Writes an action that left `awaiting_approval`, approved or settled: its item enters
+    /// the outbox index as the pending delivery of the message that resumes its run.
     fn settle_action(&self, tx: &mut Tx, action: &Action) {
-        let pk = keys::run_pk(&action.tenant, &action.run_id);
-        tx.update(
-            pk,
-            keys::action_sk(&action.id, action.version),
-            None,
-            action,
-            AWAITING_ACTION_VER,
-        );
-        self.resume_later(tx, action);
-    }
-
-    fn resume_later(&self, tx: &mut Tx, action: &Action) {
-        let message = ResumeMessage {
-            tenant: action.tenant.clone(),
-            run_id: action.run_id.clone(),
-            action_id: action.id.clone(),
-            version: action.version,
-            outbox: None,
-        };
-        tx.outbox(
-            self.index_shards,
-            &action.tenant,
-            &action.run_id,
-            OutboxMessage::Resume(message),
-            action.updated_at,
-        );
+        let waiting = Condition::VersionIs(AWAITING_ACTION_VER);
+        tx.resume_action(self.index_shards, action, waiting);
     }
 
     /// Expires an approval already marked expired: approval, action, audit, resume message.
@@ -473,13 +441,7 @@ impl Engine {
                     &action.tenant,
                     AuditEntry::new(&action.run_id, Actor::person(editor), event, now),
                 );
-                tx.create(
-                    keys::run_pk(&action.tenant, &action.run_id),
-                    keys::action_sk(&action.id, version),
-                    None,
-                    &action,
-                );
-                self.resume_later(tx, &action);
+                tx.resume_action(self.index_shards, &action, Condition::NotExists);
                 None
             }
             Verdict::RequireApproval(requirement) => {
@@ -500,13 +462,7 @@ impl Engine {
                     &next.tenant,
                     AuditEntry::new(&next.run_id, Actor::person(editor), event, now),
                 );
-                if next.status == ApprovalStatus::Approved {
-                    let mut action = next.awaiting_action();
-                    action
-                        .approve(next.authorized_by(), now)
-                        .expect("a new version can be approved");
-                    self.resume_later(tx, &action);
-                }
+                // An approved next version was written with its resume due (open_approval).
                 Some(next)
             }
         };
@@ -595,9 +551,10 @@ impl Engine {
     ) -> Result<DecisionReport, EngineError> {
         // The first attempt may have committed and stopped before it delivered: finish that.
         // Notices keep to their own schedule; the sweep posts them when they are due.
-        let mut undelivered = self.undelivered(&approval.tenant, &approval.run_id).await?;
-        undelivered.retain(|entry| matches!(entry.value.message, OutboxMessage::Resume(_)));
-        self.deliver_stored(undelivered).await;
+        let undelivered = self
+            .awaiting_resume(&approval.tenant, &approval.run_id)
+            .await?;
+        self.deliver_stored(undelivered, vec![]).await;
         let next_approval = match &approval.superseded_by {
             Some(next) => self
                 .load_approval(&approval.tenant, next)

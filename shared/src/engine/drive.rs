@@ -6,7 +6,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tracing::Instrument;
 
-use super::records::{EscalationDue, OutboxEntry, Stored, Tx, keys};
+use super::records::{EscalationDue, Outgoing, Stored, Tx, keys};
 use super::{AWAITING_ACTION_VER, Agent, Engine, EngineError, RunReport, deadline};
 use crate::domain::action::{Action, ActionStatus, NotExecuted, ProposedCall, ToolOutcome};
 use crate::domain::approval::{Approval, ApprovalStatus};
@@ -20,7 +20,7 @@ use crate::domain::policy::{Requirement, Verdict};
 use crate::domain::run::{HeldCall, PausedTurn, Run};
 use crate::ports::model::ModelRequest;
 use crate::ports::scheduler::Wake;
-use crate::ports::store::StoreError;
+use crate::ports::store::{Condition, StoreError};
 use crate::ports::tools::ToolCall;
 
 /// A request to start a run.
@@ -55,7 +55,7 @@ impl StartRun {
 const MAX_TASK_LEN: usize = 4_000;
 
 /// Where a run stands after the engine drove it, and the notices its last write queued.
-type Driven = (RunReport, Vec<OutboxEntry>);
+type Driven = (RunReport, Outgoing);
 
 impl Engine {
     /// Starts a run and drives it until it is done, failed or paused for a person.
@@ -289,12 +289,18 @@ impl Engine {
             AuditEntry::new(&approval.run_id, proposer, event, approval.created_at),
         );
         debug_assert_eq!(AWAITING_ACTION_VER, 1, "created actions start at version 1");
-        tx.create(
-            keys::run_pk(tenant, &approval.run_id),
-            keys::action_sk(&action.id, action.version),
-            None,
-            &action,
-        );
+        match approval.status {
+            // Approved as it opens: its resume is due with this write.
+            ApprovalStatus::Approved => {
+                tx.resume_action(self.index_shards, &action, Condition::NotExists)
+            }
+            _ => tx.create(
+                keys::run_pk(tenant, &approval.run_id),
+                keys::action_sk(&action.id, action.version),
+                None,
+                &action,
+            ),
+        }
     }
 
     /// Pauses the run on the held calls: run, actions, approvals and audit in one transaction.
@@ -386,7 +392,7 @@ impl Engine {
 
     /// Commits a transaction that writes the run being driven. Losing its compare-and-set means
     /// someone else moved the run on: a cancel, or the sweep after the run's lease ran out.
-    async fn commit_run(&self, tx: Tx, run: &Run) -> Result<Vec<OutboxEntry>, EngineError> {
+    async fn commit_run(&self, tx: Tx, run: &Run) -> Result<Outgoing, EngineError> {
         match self.commit(tx).await {
             Ok(outbox) => Ok(outbox),
             Err(StoreError::ConditionFailed { .. }) => {

@@ -30,6 +30,7 @@ pub use resume::ResumeReport;
 pub use snapshot::{Shown, Snapshot};
 pub use sweep::SweepReport;
 
+use crate::domain::action::Action;
 use crate::domain::approval::Approval;
 use crate::domain::ids::{ActionId, ActionVersion, AgentName, ApprovalId, RunId, TenantId};
 use crate::domain::policy::MAX_TTL;
@@ -40,7 +41,7 @@ use crate::ports::notifier::Notifier;
 use crate::ports::queue::ResumeQueue;
 use crate::ports::scheduler::{Scheduler, SweepOnly};
 use crate::ports::store::{ItemStore, StoreError, query_all};
-use records::{OutboxEntry, OutboxMessage, Stored, Tx, decode, keys, load};
+use records::{OutboxEntry, Outgoing, Stored, Tx, decode, keys, load, resume_message};
 
 /// How a settled action's resume message reaches the run.
 #[derive(Clone)]
@@ -185,11 +186,11 @@ impl Engine {
         self.clock.now()
     }
 
-    /// Applies one transaction; on success its outbox entries are returned for delivery.
-    async fn commit(&self, tx: Tx) -> Result<Vec<OutboxEntry>, StoreError> {
-        let (writes, outbox) = tx.into_parts();
+    /// Applies one transaction; on success what it hands over for delivery is returned.
+    async fn commit(&self, tx: Tx) -> Result<Outgoing, StoreError> {
+        let (writes, outgoing) = tx.into_parts();
         self.store.transact(writes).await?;
-        Ok(outbox)
+        Ok(outgoing)
     }
 
     /// [`Engine::commit`], and when it is refused, what the write to the item `watched` found
@@ -199,11 +200,11 @@ impl Engine {
         &self,
         tx: Tx,
         watched: (&str, &str),
-    ) -> Result<Vec<OutboxEntry>, (StoreError, Option<Option<crate::ports::store::Item>>)> {
-        let (writes, outbox) = tx.into_parts();
+    ) -> Result<Outgoing, (StoreError, Option<Option<crate::ports::store::Item>>)> {
+        let (writes, outgoing) = tx.into_parts();
         let index = writes.iter().position(|w| w.key() == watched);
         match self.store.transact_or_found(writes).await {
-            Ok(()) => Ok(outbox),
+            Ok(()) => Ok(outgoing),
             Err(refused) => {
                 let found = index.and_then(|i| refused.found(i).cloned());
                 Err((refused.error, found))
@@ -211,88 +212,109 @@ impl Engine {
         }
     }
 
-    /// Delivers outbox entries right after their transaction committed. A resume message's
-    /// entry stays until its consumer acts on it (the consumer deletes it once that write commits),
-    /// so the decision's own transaction is its only write; an entry nobody consumed is the
-    /// sweep's to deliver again after a grace period. Delivery is idempotent.
-    async fn deliver(&self, entries: Vec<OutboxEntry>) -> NoticeReport {
+    /// Delivers what a transaction handed over, right after it committed. A resume message's
+    /// action stays in the outbox index until its consumer acts on it (the claim, or the
+    /// result held, takes it out), so the decision's own transaction is its only write; one
+    /// nobody acted on is the sweep's to deliver again after a grace period. Delivery is
+    /// idempotent.
+    async fn deliver(&self, outgoing: Outgoing) -> NoticeReport {
         // Entries this process just wrote are at their first item version.
-        let fresh = entries.into_iter().map(|value| Stored { value, ver: 1 });
-        self.deliver_entries(fresh.collect(), true).await
+        let notices = outgoing
+            .notices
+            .into_iter()
+            .map(|value| Stored { value, ver: 1 })
+            .collect();
+        self.deliver_all(outgoing.resumes, notices, true).await
     }
 
-    /// Delivers stored outbox entries again (the sweep's stragglers, a replayed decision's),
-    /// removing each resume message's entry once it is handed over.
-    async fn deliver_stored(&self, entries: Vec<Stored<OutboxEntry>>) -> NoticeReport {
-        self.deliver_entries(entries, false).await
+    /// Delivers again what is still due (the sweep's stragglers, a replayed decision's):
+    /// each resume message's action leaves the outbox index once its message is handed over.
+    async fn deliver_stored(
+        &self,
+        resumes: Vec<Stored<Action>>,
+        notices: Vec<Stored<OutboxEntry>>,
+    ) -> NoticeReport {
+        self.deliver_all(resumes, notices, false).await
     }
 
     /// Resume messages one by one (a run resumed in this process may write more), then the
     /// notices, posted together.
-    async fn deliver_entries(
+    async fn deliver_all(
         &self,
-        entries: Vec<Stored<OutboxEntry>>,
+        resumes: Vec<Stored<Action>>,
+        mut notices: Vec<Stored<OutboxEntry>>,
         by_writer: bool,
     ) -> NoticeReport {
-        let mut pending: VecDeque<Stored<OutboxEntry>> = entries.into();
-        let mut notices = Vec::new();
-        while let Some(stored) = pending.pop_front() {
-            let entry = &stored.value;
-            let message = match &entry.message {
-                OutboxMessage::Resume(message) => message,
-                OutboxMessage::Notify(_) => {
-                    notices.push(stored);
-                    continue;
-                }
-            };
-            // Whether the entry is still there to remove once the message is delivered.
+        let mut pending: VecDeque<Stored<Action>> = resumes.into();
+        while let Some(action) = pending.pop_front() {
+            let message = resume_message(&action.value);
+            // Whether the action is still in the outbox index, to take out now.
             let delivered = match &self.delivery {
-                // The consumer removed the entry after the write that acted on the message, unless
-                // it had nothing to do.
-                Delivery::InProcess => match self.resume_once(message).await {
+                // The resume took it out with the write that acted on the message, unless it
+                // had nothing to do.
+                Delivery::InProcess => match self.resume_once(&message).await {
                     Ok((report, more)) => {
-                        pending.extend(more.into_iter().map(|value| Stored { value, ver: 1 }));
-                        Ok(matches!(report, ResumeReport::Ignored { .. })
-                            || message.outbox.is_none())
+                        pending.extend(more.resumes);
+                        notices.extend(
+                            more.notices
+                                .into_iter()
+                                .map(|value| Stored { value, ver: 1 }),
+                        );
+                        Ok(matches!(report, ResumeReport::Ignored { .. }))
                     }
                     Err(e) => Err(e.to_string()),
                 },
-                // The writer leaves the entry to the consumer; anyone else hands it over once.
-                Delivery::Queue(queue) => match queue.publish(message).await {
-                    Ok(()) => Ok(!by_writer || message.outbox.is_none()),
+                // The writer leaves it to the consumer; anyone else hands it over once.
+                Delivery::Queue(queue) => match queue.publish(&message).await {
+                    Ok(()) => Ok(!by_writer),
                     Err(e) => Err(e.to_string()),
                 },
             };
             match delivered {
                 Ok(false) => {}
-                Ok(true) => {
-                    let (pk, sk) = entry.key();
-                    let mut tx = Tx::new();
-                    tx.delete(pk, sk, crate::ports::store::Condition::Always);
-                    if let Err(error) = self.commit(tx).await {
-                        tracing::warn!(outbox = %entry.id, %error, "delivered, but the outbox entry stays; the sweep will deliver it again");
-                    }
-                }
+                Ok(true) => self.dequeue(&action).await,
                 Err(error) => {
-                    tracing::warn!(outbox = %entry.id, %error, "not delivered; the sweep will try again")
+                    tracing::warn!(action = %action.value.key(), %error, "not delivered; the sweep will try again")
                 }
             }
         }
         self.post_notices(notices).await
     }
 
-    /// The outbox entries of one run still waiting for delivery, oldest first.
-    async fn undelivered(
+    /// Takes an action out of the outbox index once its resume message was handed over or
+    /// acted on: a plain write of the action as it was read, compare-and-set on its version
+    /// (its index entry is then the one its status gives it: none for a decided action). A
+    /// newer write wins: a claim already moved it, or another process took it out.
+    async fn dequeue(&self, action: &Stored<Action>) {
+        let mut tx = Tx::new();
+        tx.update_action(self.index_shards, &action.value, action.ver);
+        match self.commit(tx).await {
+            Ok(_) => {}
+            Err(StoreError::ConditionFailed { .. }) => {
+                tracing::debug!(action = %action.value.key(), "already moved on");
+            }
+            Err(error) => {
+                tracing::warn!(action = %action.value.key(), %error, "handed over, but the action stays in the outbox index; the sweep will deliver it again, to no effect")
+            }
+        }
+    }
+
+    /// The actions of one run whose resume message is still due (in the outbox index), oldest
+    /// first.
+    async fn awaiting_resume(
         &self,
         tenant: &TenantId,
         run: &RunId,
-    ) -> Result<Vec<Stored<OutboxEntry>>, EngineError> {
+    ) -> Result<Vec<Stored<Action>>, EngineError> {
         let pk = keys::run_pk(tenant, run);
-        let items = query_all(self.store.as_ref(), &pk, keys::OUTBOX_PREFIX).await?;
-        let mut entries: Vec<Stored<OutboxEntry>> =
-            items.iter().map(decode).collect::<Result<_, _>>()?;
-        entries.sort_by_key(|entry| entry.value.created_at);
-        Ok(entries)
+        let items = query_all(self.store.as_ref(), &pk, keys::ACTION_PREFIX).await?;
+        let mut actions: Vec<Stored<Action>> = items
+            .iter()
+            .filter(|item| item.gsi1.as_ref().is_some_and(keys::is_outbox))
+            .map(decode)
+            .collect::<Result<_, _>>()?;
+        actions.sort_by_key(|action| action.value.updated_at);
+        Ok(actions)
     }
 
     async fn load_run(
@@ -329,7 +351,7 @@ impl Engine {
         run: &RunId,
         action: &ActionId,
         version: ActionVersion,
-    ) -> Result<Option<Stored<crate::domain::action::Action>>, EngineError> {
+    ) -> Result<Option<Stored<Action>>, EngineError> {
         load(
             self.store.as_ref(),
             &keys::run_pk(tenant, run),

@@ -256,9 +256,7 @@ impl Engine {
         &self,
         stored: Stored<OutboxEntry>,
     ) -> Result<Option<Claimed>, EngineError> {
-        let OutboxMessage::Notify(message) = &stored.value.message else {
-            return Ok(None);
-        };
+        let OutboxMessage::Notify(message) = &stored.value.message;
         let outbox = &stored.value;
         let (pk, sk) = outbox.key();
         let now = self.now();
@@ -291,7 +289,7 @@ impl Engine {
         };
 
         let mut tx = Tx::new();
-        let lease = keys::outbox(self.index_shards, now + NOTICE_LEASE, &outbox.id);
+        let lease = keys::outbox(self.index_shards, now + NOTICE_LEASE, outbox.id.as_str());
         tx.update(pk, sk, Some(lease), outbox, stored.ver);
         match self.commit(tx).await {
             Ok(_) => {}
@@ -422,7 +420,7 @@ impl Engine {
                     tx.update(
                         pk,
                         sk,
-                        Some(keys::outbox(self.index_shards, next, &outbox.id)),
+                        Some(keys::outbox(self.index_shards, next, outbox.id.as_str())),
                         &outbox,
                         ver,
                     );

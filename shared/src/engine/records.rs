@@ -32,11 +32,12 @@ pub mod keys {
     pub const AUDIT_PREFIX: &str = "RUN#";
     pub const OUTBOX_PREFIX: &str = "OUTBOX#";
     pub const TENANTS_PK: &str = "TENANTS";
-    /// Index partitions written by every tenant: undelivered outbox items (by when they are
-    /// due), actions whose outcome is not settled, runs being driven (by when their lease runs
-    /// out), approvals with an escalation to come. Each is split over [`IndexShards`]
-    /// partitions, `OUTBOX#0` to `OUTBOX#n-1` and so on, so no one partition key takes every
-    /// tenant's writes; [`shard_pks`] names them all for the sweep.
+    /// Index partitions written by every tenant: the undelivered outbox (notices' items, and
+    /// decided actions awaiting their resume, by when they are due), actions whose outcome is
+    /// not settled, runs being driven (by when their lease runs out), approvals with an
+    /// escalation to come. Each is split over [`IndexShards`] partitions, `OUTBOX#0` to
+    /// `OUTBOX#n-1` and so on, so no one partition key takes every tenant's writes;
+    /// [`shard_pks`] names them all for the sweep.
     pub const OUTBOX_INDEX: &str = "OUTBOX";
     pub const RECONCILE_INDEX: &str = "RECONCILE";
     pub const RUNNING_INDEX: &str = "RUNNING";
@@ -126,13 +127,21 @@ pub mod keys {
         at.to_rfc3339_opts(SecondsFormat::Millis, true)
     }
 
-    /// An outbox entry, by when it is next due: when it was written, or, for a notice, its
-    /// next attempt or the end of its claim.
-    pub fn outbox(shards: IndexShards, at: DateTime<Utc>, id: &OutboxId) -> IndexKey {
+    /// An entry of the outbox index, by when it is next due: an outbox item (a notice) at its
+    /// next attempt or the end of its claim; an action whose resume message is due at when it
+    /// was decided. `id` is the outbox item's id, or the action's `action_id:version`.
+    pub fn outbox(shards: IndexShards, at: DateTime<Utc>, id: &str) -> IndexKey {
         IndexKey {
-            pk: shard_pk(OUTBOX_INDEX, shards, id.as_str()),
+            pk: shard_pk(OUTBOX_INDEX, shards, id),
             sk: format!("{}#{id}", sortable(at)),
         }
+    }
+
+    /// Whether an index key is in the outbox index.
+    pub fn is_outbox(key: &IndexKey) -> bool {
+        key.pk
+            .strip_prefix(OUTBOX_INDEX)
+            .is_some_and(|shard| shard.starts_with('#'))
     }
 
     /// The upper bound of index keys due at `at`.
@@ -256,6 +265,24 @@ pub(crate) fn action_index(shards: IndexShards, action: &Action) -> Option<Index
     }
 }
 
+/// The index entry of an action whose resume message is due: the outbox index, at when the
+/// action was decided (or settled), so the action's own item is the pending delivery of that
+/// message until its resume claims it (the claim moves it to the reconcile index) or holds its
+/// result, or the sweep hands the message over again.
+pub(crate) fn resume_key(shards: IndexShards, action: &Action) -> IndexKey {
+    keys::outbox(shards, action.updated_at, &action.key())
+}
+
+/// The message that resumes an action's run: `action_id:version` of that run is settled.
+pub fn resume_message(action: &Action) -> ResumeMessage {
+    ResumeMessage {
+        tenant: action.tenant.clone(),
+        run_id: action.run_id.clone(),
+        action_id: action.id.clone(),
+        version: action.version,
+    }
+}
+
 /// A record and the item version it was read at, for compare-and-set.
 #[derive(Debug, Clone)]
 pub struct Stored<T> {
@@ -359,11 +386,11 @@ pub struct EscalationDue {
     pub approval_id: ApprovalId,
 }
 
-/// What waits in the outbox until it is delivered.
+/// What waits in an outbox item until it is delivered. (A resume message has no item of its
+/// own: the decided action waits in the outbox index itself, [`resume_key`].)
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum OutboxMessage {
-    Resume(ResumeMessage),
     Notify(NotifyMessage),
 }
 
@@ -625,11 +652,26 @@ impl Stored<Run> {
     }
 }
 
+/// What a committed transaction hands over for delivery: the outbox items it wrote (notices),
+/// and the actions whose resume message it made due, each at the item version it wrote.
+#[derive(Debug, Default)]
+pub struct Outgoing {
+    pub notices: Vec<OutboxEntry>,
+    pub resumes: Vec<Stored<Action>>,
+}
+
+impl Outgoing {
+    pub fn extend(&mut self, more: Outgoing) {
+        self.notices.extend(more.notices);
+        self.resumes.extend(more.resumes);
+    }
+}
+
 /// One atomic change: records, their audit events and their outbox messages.
 #[derive(Default)]
 pub struct Tx {
     writes: Vec<Write>,
-    outbox: Vec<OutboxEntry>,
+    outgoing: Outgoing,
     /// The audit events of this transaction, by the partition of the run they are about.
     audit: Vec<(String, AuditItem)>,
 }
@@ -739,6 +781,21 @@ impl Tx {
     pub fn update_action(&mut self, shards: IndexShards, action: &Action, ver: u64) {
         let (pk, sk) = action_key(action);
         self.update(pk, sk, action_index(shards, action), action, ver);
+    }
+
+    /// An action whose resume message is now due (approved, or settled without running), with
+    /// `condition` on its item: the action's item enters the outbox index ([`resume_key`]) and
+    /// is the message's pending delivery; no outbox item is written. The message goes out after
+    /// the commit ([`Tx::into_parts`]).
+    pub fn resume_action(&mut self, shards: IndexShards, action: &Action, condition: Condition) {
+        let (pk, sk) = action_key(action);
+        let body = serde_json::to_string(action).expect("engine records serialize");
+        let index = Some(resume_key(shards, action));
+        let ver = self.put_body(pk, sk, index, body, condition).ver;
+        self.outgoing.resumes.push(Stored {
+            value: action.clone(),
+            ver,
+        });
     }
 
     /// Written whatever is there (idempotent registries).
@@ -855,36 +912,31 @@ impl Tx {
         shards: IndexShards,
         tenant: &TenantId,
         run_id: &RunId,
-        mut message: OutboxMessage,
+        message: OutboxMessage,
         now: DateTime<Utc>,
     ) {
-        let id = OutboxId::generate();
-        if let OutboxMessage::Resume(resume) = &mut message {
-            resume.outbox = Some(id.clone());
-        }
         let entry = OutboxEntry {
-            id,
+            id: OutboxId::generate(),
             tenant: tenant.clone(),
             run_id: run_id.clone(),
             created_at: now,
             message,
         };
         let (pk, sk) = entry.key();
-        let gsi1 = keys::outbox(shards, now, &entry.id);
+        let gsi1 = keys::outbox(shards, now, entry.id.as_str());
         self.put(pk, sk, Some(gsi1), &entry, Condition::NotExists);
-        self.outbox.push(entry);
+        self.outgoing.notices.push(entry);
     }
 
-    /// The writes, each run's audit item last, and the outbox entries to deliver once they
-    /// commit.
-    pub fn into_parts(mut self) -> (Vec<Write>, Vec<OutboxEntry>) {
+    /// The writes, each run's audit item last, and what to deliver once they commit.
+    pub fn into_parts(mut self) -> (Vec<Write>, Outgoing) {
         if !self.audit.is_empty() {
             let sk = format!("{}{}", keys::AUDIT_PREFIX, audit_order());
             for (pk, item) in std::mem::take(&mut self.audit) {
                 self.put(pk, sk.clone(), None, &item, Condition::NotExists);
             }
         }
-        (self.writes, self.outbox)
+        (self.writes, self.outgoing)
     }
 }
 
@@ -1091,6 +1143,39 @@ mod tests {
             matches!(&error, EngineError::Corrupt(why) if why.contains("not an approval's key")),
             "{error}"
         );
+    }
+
+    #[test]
+    fn a_decided_action_is_its_own_outbox_entry_handed_over_at_the_version_it_is_written() {
+        let approval = approval();
+        let mut action = approval.awaiting_action();
+        action
+            .approve(approval.authorized_by(), approval.created_at)
+            .unwrap();
+        let mut tx = Tx::new();
+        tx.resume_action(IndexShards::DEFAULT, &action, Condition::VersionIs(1));
+        let (writes, outgoing) = tx.into_parts();
+
+        let [Write::Put { item, condition }] = &writes[..] else {
+            panic!("one put, and no outbox item: {writes:?}")
+        };
+        assert_eq!(*condition, Condition::VersionIs(1));
+        assert_eq!(item.sk, keys::action_sk(&action.id, action.version));
+        let index = item.gsi1.as_ref().expect("in the outbox index");
+        assert!(keys::is_outbox(index), "{index:?}");
+        assert_eq!(*index, resume_key(IndexShards::DEFAULT, &action));
+        assert!(index.sk.starts_with(&keys::sortable(action.updated_at)));
+        assert!(outgoing.notices.is_empty());
+        let [handed] = &outgoing.resumes[..] else {
+            panic!("one resume handed over")
+        };
+        assert_eq!((handed.ver, &handed.value), (2, &action));
+        assert_eq!(resume_message(&handed.value).key(), action.key());
+        assert!(!keys::is_outbox(&reconcile_key(
+            IndexShards::DEFAULT,
+            &action,
+            action.updated_at
+        )));
     }
 
     #[test]

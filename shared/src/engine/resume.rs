@@ -4,7 +4,7 @@
 use serde::Serialize;
 use tracing::Instrument;
 
-use super::records::{OutboxEntry, Stored, Tx, action_index, keys, outbox_key};
+use super::records::{Outgoing, Stored, Tx, action_index, decode, keys};
 use super::{CAS_ATTEMPTS, Engine, EngineError};
 use super::{RunReport, deadline};
 use crate::domain::action::{Action, ActionStatus, ToolOutcome};
@@ -15,7 +15,7 @@ use crate::domain::notice::NoticeKind;
 use crate::domain::policy::MAX_TTL;
 use crate::domain::run::Run;
 use crate::ports::queue::ResumeMessage;
-use crate::ports::store::{Condition, StoreError};
+use crate::ports::store::StoreError;
 
 /// What one resume message did.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -31,32 +31,16 @@ pub enum ResumeReport {
     Unknown { key: String },
 }
 
-fn ignored(reason: impl Into<String>) -> (ResumeReport, Vec<OutboxEntry>) {
+fn ignored(reason: impl Into<String>) -> (ResumeReport, Outgoing) {
     (
         ResumeReport::Ignored {
             reason: reason.into(),
         },
-        vec![],
+        Outgoing::default(),
     )
 }
 
 impl Engine {
-    /// Deletes the message's outbox entry once the write that acts on it has committed: the run
-    /// has the message's effect, so nothing needs to deliver it again. A write of its own (a
-    /// plain DeleteItem, whatever is there: half a transaction's units): if it is lost, the
-    /// sweep delivers the message again after its grace period, the redelivery finds nothing to
-    /// do (the action is claimed, or the run holds its result), and its entry goes then. (A
-    /// message without an entry was cleaned up by whoever delivered it.)
-    async fn consume(&self, message: &ResumeMessage) {
-        let Some(id) = &message.outbox else { return };
-        let (pk, sk) = outbox_key(&message.tenant, &message.run_id, id);
-        let mut tx = Tx::new();
-        tx.delete(pk, sk, Condition::Always);
-        if let Err(error) = self.commit(tx).await {
-            tracing::warn!(outbox = %id, %error, "acted on, but the outbox entry stays; the sweep will deliver it again, to no effect");
-        }
-    }
-
     /// Handles one resume message. Safe to receive any number of times.
     pub async fn resume(&self, message: &ResumeMessage) -> Result<ResumeReport, EngineError> {
         let (report, outbox) = self.resume_once(message).await?;
@@ -67,7 +51,7 @@ impl Engine {
     pub(super) async fn resume_once(
         &self,
         message: &ResumeMessage,
-    ) -> Result<(ResumeReport, Vec<OutboxEntry>), EngineError> {
+    ) -> Result<(ResumeReport, Outgoing), EngineError> {
         let span = tracing::info_span!(
             "resume",
             tenant = %message.tenant,
@@ -81,7 +65,7 @@ impl Engine {
     async fn resume_in(
         &self,
         message: &ResumeMessage,
-    ) -> Result<(ResumeReport, Vec<OutboxEntry>), EngineError> {
+    ) -> Result<(ResumeReport, Outgoing), EngineError> {
         let Some(run) = self.load_run(&message.tenant, &message.run_id).await? else {
             return Ok(ignored("no such run"));
         };
@@ -91,27 +75,26 @@ impl Engine {
                 run.value.status, message.action_id
             )));
         }
-        let action = self
-            .load_action(
-                &message.tenant,
-                &message.run_id,
-                &message.action_id,
-                message.version,
-            )
-            .await?;
-        let Some(action) = action else {
+        let (pk, sk) = (
+            keys::run_pk(&message.tenant, &message.run_id),
+            keys::action_sk(&message.action_id, message.version),
+        );
+        let Some(item) = self.store.get(&pk, &sk).await? else {
             return Ok(ignored(format!(
                 "no version {} of {}",
                 message.version, message.action_id
             )));
         };
+        let action: Stored<Action> = decode(&item)?;
+        // Whether the action still waits in the outbox index for this message.
+        let queued = item.gsi1.as_ref().is_some_and(keys::is_outbox);
         match action.value.status {
-            ActionStatus::Approved => self.execute(run, action, message).await,
+            ActionStatus::Approved => self.execute(run, action).await,
             ActionStatus::Rejected
             | ActionStatus::Expired
             | ActionStatus::Cancelled
             | ActionStatus::Succeeded
-            | ActionStatus::Failed => self.hold_result(run, &action.value, message).await,
+            | ActionStatus::Failed => self.hold_result(run, action, queued).await,
             status => Ok(ignored(format!(
                 "action {} is {status}",
                 action.value.key()
@@ -120,42 +103,17 @@ impl Engine {
     }
 
     /// Claims the approved version (`approved → executing`), calls the tool with the key
-    /// `action_id:version`, and records the outcome.
+    /// `action_id:version`, and records the outcome. The claim's write moves the action from
+    /// the outbox index to the reconcile index: the message is consumed with it.
     async fn execute(
         &self,
         run: Stored<Run>,
-        mut action: Stored<Action>,
-        message: &ResumeMessage,
-    ) -> Result<(ResumeReport, Vec<OutboxEntry>), EngineError> {
-        let intact = action.value.args.hash() == action.value.args_hash;
-        let now = self.now();
-        action
-            .value
-            .claim(now)
-            .map_err(|e| EngineError::Corrupt(e.to_string()))?;
-        let mut tx = Tx::new();
-        let (tenant, run_id) = (action.value.tenant.clone(), action.value.run_id.clone());
-        tx.update_action(self.index_shards, &action.value, action.ver);
-        let authorized = action.value.authorized_by.clone();
-        tx.audit(
-            &tenant,
-            AuditEntry::new(
-                &run_id,
-                Actor::system("resume"),
-                AuditEvent::executing(&action.value, &authorized),
-                now,
-            ),
-        );
-        match self.commit(tx).await {
-            Ok(_) => {
-                action.ver += 1;
-                self.consume(message).await;
-            }
-            Err(StoreError::ConditionFailed { .. }) => {
-                return Ok(ignored("another worker claimed this action"));
-            }
-            Err(error) => return Err(error.into()),
-        }
+        read: Stored<Action>,
+    ) -> Result<(ResumeReport, Outgoing), EngineError> {
+        let intact = read.value.args.hash() == read.value.args_hash;
+        let Some(action) = self.claim(read).await? else {
+            return Ok(ignored("another worker claimed this action"));
+        };
         let outcome = if intact {
             match self.agent(&run.value.agent) {
                 Ok(agent) => self.call_tool(agent, &action.value).await,
@@ -172,6 +130,50 @@ impl Engine {
         self.record_outcome(run, action, outcome, false).await
     }
 
+    /// The claim's compare-and-set, `None` when another worker claimed the action first. A
+    /// version that moved while the action stayed approved (taken out of the outbox index
+    /// after its message was handed over again) is read again and claimed at its new version.
+    async fn claim(&self, mut read: Stored<Action>) -> Result<Option<Stored<Action>>, EngineError> {
+        for _ in 0..CAS_ATTEMPTS {
+            let now = self.now();
+            let mut action = read.value.clone();
+            action
+                .claim(now)
+                .map_err(|e| EngineError::Corrupt(e.to_string()))?;
+            let mut tx = Tx::new();
+            tx.update_action(self.index_shards, &action, read.ver);
+            let authorized = action.authorized_by.clone();
+            tx.audit(
+                &action.tenant,
+                AuditEntry::new(
+                    &action.run_id,
+                    Actor::system("resume"),
+                    AuditEvent::executing(&action, &authorized),
+                    now,
+                ),
+            );
+            match self.commit(tx).await {
+                Ok(_) => {
+                    return Ok(Some(Stored {
+                        value: action,
+                        ver: read.ver + 1,
+                    }));
+                }
+                Err(StoreError::ConditionFailed { .. }) => {
+                    let again = self
+                        .load_action(&action.tenant, &action.run_id, &action.id, action.version)
+                        .await?;
+                    match again {
+                        Some(again) if again.value.status == ActionStatus::Approved => read = again,
+                        _ => return Ok(None),
+                    }
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
+        Err(EngineError::Contended)
+    }
+
     /// Records a tool's outcome for a claimed (or unknown) action and, when definite, holds it
     /// with the run in the same transaction.
     pub(super) async fn record_outcome(
@@ -180,7 +182,7 @@ impl Engine {
         mut action: Stored<Action>,
         outcome: ToolOutcome,
         reconciling: bool,
-    ) -> Result<(ResumeReport, Vec<OutboxEntry>), EngineError> {
+    ) -> Result<(ResumeReport, Outgoing), EngineError> {
         let now = self.now();
         action
             .value
@@ -275,22 +277,27 @@ impl Engine {
     }
 
     /// Holds the told result of a settled action with its run, continuing the run if the turn
-    /// is complete.
+    /// is complete. Once that commits, an action still `queued` in the outbox index is taken out
+    /// by a plain write of its own ([`Engine::dequeue`]): one write unit where a transaction's
+    /// item costs two. If it is lost, the sweep delivers the message again after its grace, the
+    /// redelivery finds the result held and does nothing, and the action leaves the index then.
     async fn hold_result(
         &self,
         mut run: Stored<Run>,
-        action: &Action,
-        message: &ResumeMessage,
-    ) -> Result<(ResumeReport, Vec<OutboxEntry>), EngineError> {
+        action: Stored<Action>,
+        queued: bool,
+    ) -> Result<(ResumeReport, Outgoing), EngineError> {
         for _ in 0..CAS_ATTEMPTS {
-            if !run.value.is_waiting_on(&action.id) {
+            if !run.value.is_waiting_on(&action.value.id) {
                 return Ok(ignored("the run already holds this result"));
             }
             let mut tx = Tx::new();
-            let continues = self.hold_result_in(&mut tx, &mut run, action)?;
+            let continues = self.hold_result_in(&mut tx, &mut run, &action.value)?;
             match self.commit(tx).await {
                 Ok(outbox) => {
-                    self.consume(message).await;
+                    if queued {
+                        self.dequeue(&action).await;
+                    }
                     return self.after_hold(run, continues, outbox).await;
                 }
                 Err(StoreError::ConditionFailed { .. }) => {
@@ -344,8 +351,8 @@ impl Engine {
         &self,
         run: Stored<Run>,
         continues: bool,
-        mut outbox: Vec<OutboxEntry>,
-    ) -> Result<(ResumeReport, Vec<OutboxEntry>), EngineError> {
+        mut outbox: Outgoing,
+    ) -> Result<(ResumeReport, Outgoing), EngineError> {
         let mut run = run;
         run.written();
         if !continues {

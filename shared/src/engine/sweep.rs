@@ -9,8 +9,7 @@ use serde::Serialize;
 use tracing::Instrument;
 
 use super::records::{
-    EscalationDue, OutboxEntry, OutboxMessage, STALE_EXECUTION, Stored, Tx, decode, keys,
-    reconcile_key,
+    EscalationDue, OutboxEntry, Outgoing, STALE_EXECUTION, Stored, Tx, decode, keys, reconcile_key,
 };
 use super::{Delivery, Engine, EngineError, NoticeReport};
 use crate::domain::action::{Action, ActionStatus, ToolOutcome};
@@ -49,8 +48,9 @@ struct RunNamed {
     tenant: TenantId,
 }
 
-/// How long a resume message's outbox entry may wait for its writer to publish it and its
-/// consumer to act on it (which removes it) before the sweep delivers it again.
+/// How long an action may wait in the outbox index for its writer to publish its resume
+/// message and its consumer to act on it (which takes it out) before the sweep delivers the
+/// message again.
 const OUTBOX_GRACE: Duration = Duration::seconds(30);
 /// How long to wait before asking a tool again about an unknown outcome.
 const RECHECK: Duration = Duration::minutes(5);
@@ -73,7 +73,7 @@ impl Engine {
         self.sweeps.fetch_add(1, Ordering::Relaxed);
 
         let tenants = query_all(self.store.as_ref(), keys::TENANTS_PK, "TENANT#").await?;
-        let mut outbox = Vec::new();
+        let mut outbox = Outgoing::default();
         for item in &tenants {
             let tenant = decode::<TenantId>(item)?.value;
             let left = budget.saturating_sub(report.expired.len() + report.reminded.len());
@@ -99,17 +99,22 @@ impl Engine {
         let due = self
             .due_in(keys::OUTBOX_INDEX, &keys::due_until(now), budget)
             .await?;
-        let mut stragglers: Vec<Stored<OutboxEntry>> =
-            due.iter().map(decode).collect::<Result<_, _>>()?;
-        stragglers.retain(|entry| match entry.value.message {
-            OutboxMessage::Resume(_) => entry.value.created_at <= now - grace,
-            OutboxMessage::Notify(_) => true,
-        });
-        report.redelivered = stragglers
-            .iter()
-            .filter(|entry| matches!(entry.value.message, OutboxMessage::Resume(_)))
-            .count();
-        let posted = self.deliver_stored(stragglers).await;
+        // The index holds outbox items (notices) and actions whose resume message is due.
+        let resumes_due = keys::due_until(now - grace);
+        let (mut resumes, mut notices) = (Vec::new(), Vec::new());
+        for item in &due {
+            match item.sk.starts_with(keys::ACTION_PREFIX) {
+                true => {
+                    let key = item.gsi1.as_ref().map_or("", |k| k.sk.as_str());
+                    if key <= resumes_due.as_str() {
+                        resumes.push(decode::<Action>(item)?);
+                    }
+                }
+                false => notices.push(decode::<OutboxEntry>(item)?),
+            }
+        }
+        report.redelivered = resumes.len();
+        let posted = self.deliver_stored(resumes, notices).await;
         report.notices.add(posted);
 
         let until = keys::due_until(self.now());
@@ -197,7 +202,7 @@ impl Engine {
         tenant: &TenantId,
         budget: usize,
         report: &mut SweepReport,
-        outbox: &mut Vec<OutboxEntry>,
+        outbox: &mut Outgoing,
     ) -> Result<(), EngineError> {
         let now = self.now();
         let lead = self.notifies().then_some(self.remind_before);
@@ -268,7 +273,7 @@ impl Engine {
         &self,
         budget: usize,
         report: &mut SweepReport,
-        outbox: &mut Vec<OutboxEntry>,
+        outbox: &mut Outgoing,
     ) -> Result<(), EngineError> {
         let now = self.now();
         let due = self
@@ -295,7 +300,7 @@ impl Engine {
         &self,
         marker: Stored<EscalationDue>,
         now: DateTime<Utc>,
-    ) -> Result<Option<(ApprovalId, Vec<OutboxEntry>)>, EngineError> {
+    ) -> Result<Option<(ApprovalId, Outgoing)>, EngineError> {
         let EscalationDue {
             tenant,
             approval_id,
@@ -352,7 +357,7 @@ impl Engine {
 
     /// Commits what the sweep wrote for one record: its outbox entries, or `None` when a
     /// condition failed (a decision, or another sweep, got there first).
-    async fn commit_first(&self, tx: Tx) -> Result<Option<Vec<OutboxEntry>>, EngineError> {
+    async fn commit_first(&self, tx: Tx) -> Result<Option<Outgoing>, EngineError> {
         match self.commit(tx).await {
             Ok(entries) => Ok(Some(entries)),
             Err(StoreError::ConditionFailed { .. }) => Ok(None),
@@ -367,7 +372,7 @@ impl Engine {
         mut approval: Stored<Approval>,
         now: DateTime<Utc>,
         lead: Duration,
-    ) -> Result<Option<(ApprovalId, Vec<OutboxEntry>)>, EngineError> {
+    ) -> Result<Option<(ApprovalId, Outgoing)>, EngineError> {
         if !approval.value.remind(now, lead) {
             return Ok(None);
         }
@@ -387,7 +392,7 @@ impl Engine {
         &self,
         mut approval: Stored<Approval>,
         now: DateTime<Utc>,
-    ) -> Result<Option<(ApprovalId, Vec<OutboxEntry>)>, EngineError> {
+    ) -> Result<Option<(ApprovalId, Outgoing)>, EngineError> {
         if !approval.value.expire(now) {
             return Ok(None);
         }

@@ -3,20 +3,17 @@
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use crate::domain::ids::{ActionId, ActionVersion, OutboxId, RunId, TenantId, idempotency_key};
+use crate::domain::ids::{ActionId, ActionVersion, RunId, TenantId, idempotency_key};
 
 /// "Action `action_id:version` of this run is settled: resume it." Keyed for deduplication.
+/// Until its resume acts on it, the action's own item waits in the outbox index as the message's
+/// pending delivery; the write that acts on it (the claim, or the result held) takes it out.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResumeMessage {
     pub tenant: TenantId,
     pub run_id: RunId,
     pub action_id: ActionId,
     pub version: ActionVersion,
-    /// The outbox entry that carries this message. The consumer deletes it in the write that
-    /// acts on the message, so the writer need not delete it after publishing. Absent in a
-    /// message whose writer deleted its entry itself.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub outbox: Option<OutboxId>,
 }
 
 impl ResumeMessage {

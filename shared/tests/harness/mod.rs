@@ -426,26 +426,7 @@ pub fn resume_message(approval: &Approval) -> ResumeMessage {
         run_id: approval.run_id.clone(),
         action_id: approval.action_id.clone(),
         version: approval.action_version,
-        outbox: None,
     }
-}
-
-/// What published messages address, without the outbox entry each names (every message the
-/// engine writes names its entry, for the consumer to remove).
-pub fn addressed(messages: &[ResumeMessage]) -> Vec<ResumeMessage> {
-    messages
-        .iter()
-        .map(|m| {
-            assert!(
-                m.outbox.is_some(),
-                "the message names its outbox entry: {m:?}"
-            );
-            ResumeMessage {
-                outbox: None,
-                ..m.clone()
-            }
-        })
-        .collect()
 }
 
 /// Paid amounts, in cents, with the call that paid each.

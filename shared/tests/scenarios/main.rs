@@ -57,9 +57,9 @@ use serde_json::json;
 use dynamodb_backend::DynamoDb;
 use harness::{
     AnswerLost, Around, Counted, Embedded, Gate, Hangs, Harness, Process, QueueDown,
-    ReconcilesTogether, RecordingQueue, Script, Slow, Stalls, acme, addressed, approve, decision,
-    edit, event_names, on_reimburse, paid, reject, results_after_turn, resume_message,
-    scripted_task, start_of_test, told_about,
+    ReconcilesTogether, RecordingQueue, Script, Slow, Stalls, acme, approve, decision, edit,
+    event_names, on_reimburse, paid, reject, results_after_turn, resume_message, scripted_task,
+    start_of_test, told_about,
 };
 
 fn person(name: &str) -> PersonId {
@@ -160,7 +160,7 @@ async fn approved_through_a_queue(
     let (report, approval) = h.start_paused(&decider, "c-102").await;
     h.decided(&decider, "dana", &approval.id, approve("d-1"))
         .await;
-    assert_eq!(addressed(&queue.published()), [resume_message(&approval)]);
+    assert_eq!(queue.published(), [resume_message(&approval)]);
     (decider, queue, report, approval)
 }
 

@@ -1,6 +1,8 @@
 //! Executing exactly once: resume messages delivered again, the outbox, a queue that is down,
 //! and the audit that traces it all.
 
+use shared::ports::store::{Condition, Item, ItemStore, Page, Query, StoreError, Write};
+
 use super::*;
 
 // ---------------------------------------------------------------------------------------------
@@ -113,6 +115,225 @@ async fn given_a_queued_resume_when_its_consumer_acts_on_it_then_its_outbox_entr
     assert_eq!(h.payments().await.len(), 1);
 }
 
+/// The outbox index's entries, whatever they are due, and the outbox items of the run.
+async fn outbox_of(p: &Process, run: &RunReport) -> (Vec<shared::ports::store::Item>, usize) {
+    let index = p
+        .index_shards(keys::OUTBOX_INDEX, IndexShards::DEFAULT)
+        .await;
+    let items = p
+        .store
+        .query(
+            &keys::run_pk(&run.tenant, &run.run_id),
+            keys::OUTBOX_PREFIX,
+            None,
+            100,
+        )
+        .await
+        .unwrap()
+        .items;
+    (index.into_iter().flatten().collect(), items.len())
+}
+
+async fn given_an_approval_through_a_queue_then_the_action_itself_waits_in_the_outbox_index_until_its_claim_and_the_sweep_sends_a_lost_message_again_which_runs_once(
+    h: &Harness,
+) {
+    let (decider, queue, report, approval) = approved_through_a_queue(h).await;
+
+    // No outbox item: the approved action's own item is the pending delivery.
+    let (index, items) = outbox_of(&decider, &report).await;
+    assert_eq!(items, 0, "no outbox item for the resume message");
+    assert_eq!(index.len(), 1, "{index:?}");
+    let waiting = shared::engine::records::decode::<Action>(&index[0]).unwrap();
+    assert_eq!(index[0].sk, keys::action_sk(&approval.action_id, v(1)));
+    assert_eq!(waiting.value.status, ActionStatus::Approved);
+
+    // The message is lost. Within the grace its writer may still be at it; after, the sweep
+    // sends it again, once, and takes the action out of the index.
+    assert_eq!(decider.sweep(100).await.unwrap().redelivered, 0);
+    h.clock.advance(Duration::minutes(1));
+    let sweeper = h
+        .process_with(|tools| tools, Delivery::Queue(queue.clone()))
+        .await;
+    assert_eq!(sweeper.sweep(100).await.unwrap().redelivered, 1);
+    assert_eq!(
+        sweeper.sweep(100).await.unwrap().redelivered,
+        0,
+        "sent once"
+    );
+    assert_eq!(queue.published(), vec![resume_message(&approval); 2]);
+    assert!(outbox_of(&sweeper, &report).await.0.is_empty());
+
+    // The message sent again claims the action (at its version after the sweep's write) and
+    // runs it; the lost one, should it turn up, finds it claimed.
+    let consumer = h.process().await;
+    let resumed = consumer.resume(&queue.published()[1]).await.unwrap();
+    assert!(
+        matches!(resumed, ResumeReport::Continued { .. }),
+        "{resumed:?}"
+    );
+    let again = consumer.resume(&queue.published()[0]).await.unwrap();
+    assert!(matches!(again, ResumeReport::Ignored { .. }), "{again:?}");
+    assert_eq!(
+        h.run(&consumer, &report.run_id).await.status,
+        RunStatus::Done
+    );
+    assert_eq!(h.payments().await.len(), 1, "ran once");
+    assert!(outbox_of(&consumer, &report).await.0.is_empty());
+    h.clock.advance(Duration::minutes(1));
+    assert_eq!(consumer.sweep(100).await.unwrap().redelivered, 0);
+}
+
+async fn given_an_approval_through_a_queue_when_its_consumer_claims_it_then_the_claim_takes_the_action_out_of_the_outbox_index(
+    h: &Harness,
+) {
+    let (_, queue, report, approval) = approved_through_a_queue(h).await;
+    // A tool whose answer is lost leaves the action claimed: executing, then unknown.
+    let calls = Arc::new(AtomicUsize::new(0));
+    let lost = h
+        .reimbursing_through(AnswerLost(Counted::new(&calls)))
+        .await;
+
+    let resumed = lost.resume(&queue.published()[0]).await.unwrap();
+
+    assert!(
+        matches!(resumed, ResumeReport::Unknown { .. }),
+        "{resumed:?}"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert!(outbox_of(&lost, &report).await.0.is_empty());
+    let reconciling = lost
+        .index_shards(keys::RECONCILE_INDEX, IndexShards::DEFAULT)
+        .await;
+    let claimed: Vec<&str> = reconciling
+        .iter()
+        .flatten()
+        .map(|i| i.sk.as_str())
+        .collect();
+    assert_eq!(claimed, [keys::action_sk(&approval.action_id, v(1))]);
+}
+
+/// A store where, just before the first claim of an action (its write to `executing`), another
+/// process takes the action out of the outbox index, as the sweep does once it handed the
+/// message over again: the action's item rewritten as it is, its version one on.
+struct TakenOutBeforeTheClaim {
+    inner: Arc<dyn ItemStore>,
+    done: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl ItemStore for TakenOutBeforeTheClaim {
+    async fn get(&self, pk: &str, sk: &str) -> Result<Option<Item>, StoreError> {
+        self.inner.get(pk, sk).await
+    }
+
+    async fn page(&self, query: Query<'_>) -> Result<Page, StoreError> {
+        self.inner.page(query).await
+    }
+
+    async fn transact(&self, writes: Vec<Write>) -> Result<(), StoreError> {
+        let claim = writes.iter().find_map(|w| match w {
+            Write::Put { item, .. }
+                if item.sk.starts_with(keys::ACTION_PREFIX)
+                    && item.body.contains("\"status\":\"executing\"") =>
+            {
+                Some((item.pk.clone(), item.sk.clone()))
+            }
+            _ => None,
+        });
+        if let Some((pk, sk)) = claim
+            && !self.done.swap(true, Ordering::SeqCst)
+        {
+            let stored = self.inner.get(&pk, &sk).await?.expect("the action");
+            let taken_out = Item {
+                gsi1: None,
+                ver: stored.ver + 1,
+                ..stored.clone()
+            };
+            let condition = Condition::VersionIs(stored.ver);
+            self.inner
+                .transact(vec![Write::Put {
+                    item: taken_out,
+                    condition,
+                }])
+                .await?;
+        }
+        self.inner.transact(writes).await
+    }
+}
+
+async fn given_an_approved_action_taken_out_of_the_outbox_index_between_its_read_and_its_claim_when_the_message_is_consumed_then_it_is_claimed_at_its_new_version_and_runs_once(
+    h: &Harness,
+) {
+    let (_, queue, report, _) = approved_through_a_queue(h).await;
+    let consumer = h
+        .process_configured(
+            Arc::new(shared::example::expense::OfflineExpenseAgent),
+            |inner| {
+                Arc::new(TakenOutBeforeTheClaim {
+                    inner,
+                    done: Default::default(),
+                })
+            },
+            |b| b,
+        )
+        .await;
+
+    let resumed = consumer.resume(&queue.published()[0]).await.unwrap();
+
+    assert!(
+        matches!(resumed, ResumeReport::Continued { .. }),
+        "{resumed:?}"
+    );
+    assert_eq!(
+        h.run(&consumer, &report.run_id).await.status,
+        RunStatus::Done
+    );
+    assert_eq!(h.payments().await.len(), 1, "ran once");
+    let again = consumer.resume(&queue.published()[0]).await.unwrap();
+    assert!(matches!(again, ResumeReport::Ignored { .. }), "{again:?}");
+    assert_eq!(h.payments().await.len(), 1);
+}
+
+async fn given_a_rejection_through_a_queue_when_its_resume_holds_the_result_then_the_action_leaves_the_outbox_index(
+    h: &Harness,
+) {
+    let queue = Arc::new(RecordingQueue::default());
+    let decider = h
+        .process_with(|tools| tools, Delivery::Queue(queue.clone()))
+        .await;
+    let (report, approval) = h.start_paused(&decider, "c-102").await;
+    h.decided(
+        &decider,
+        "dana",
+        &approval.id,
+        reject("d-1", "not this one"),
+    )
+    .await;
+    let (index, items) = outbox_of(&decider, &report).await;
+    assert_eq!((index.len(), items), (1, 0), "{index:?}");
+    assert_eq!(
+        shared::engine::records::decode::<Action>(&index[0])
+            .unwrap()
+            .value
+            .status,
+        ActionStatus::Rejected
+    );
+
+    let consumer = h.process().await;
+    let resumed = consumer.resume(&queue.published()[0]).await.unwrap();
+
+    assert!(
+        matches!(resumed, ResumeReport::Continued { .. }),
+        "{resumed:?}"
+    );
+    assert!(outbox_of(&consumer, &report).await.0.is_empty());
+    let again = consumer.resume(&queue.published()[0]).await.unwrap();
+    assert!(matches!(again, ResumeReport::Ignored { .. }), "{again:?}");
+    h.clock.advance(Duration::minutes(1));
+    assert_eq!(consumer.sweep(100).await.unwrap().redelivered, 0);
+    assert!(h.payments().await.is_empty());
+}
+
 async fn given_the_resume_queue_is_down_when_a_payment_is_approved_then_the_decision_stands_and_the_sweep_publishes_it_later(
     h: &Harness,
 ) {
@@ -141,7 +362,7 @@ async fn given_the_resume_queue_is_down_when_a_payment_is_approved_then_the_deci
         0,
         "published once"
     );
-    assert_eq!(addressed(&queue.published()), [resume_message(&approval)]);
+    assert_eq!(queue.published(), [resume_message(&approval)]);
 
     let consumer = h.process().await;
     let message = &queue.published()[0];
@@ -312,6 +533,10 @@ on_both_stores!([
     given_a_finished_run_when_its_resume_message_is_delivered_again_then_nothing_runs_twice,
     given_a_queued_resume_when_its_consumer_acts_on_it_then_its_outbox_entry_goes_with_that_write_and_the_sweep_sends_nothing_again,
     given_the_resume_queue_is_down_when_a_payment_is_approved_then_the_decision_stands_and_the_sweep_publishes_it_later,
+    given_an_approval_through_a_queue_then_the_action_itself_waits_in_the_outbox_index_until_its_claim_and_the_sweep_sends_a_lost_message_again_which_runs_once,
+    given_an_approval_through_a_queue_when_its_consumer_claims_it_then_the_claim_takes_the_action_out_of_the_outbox_index,
+    given_a_rejection_through_a_queue_when_its_resume_holds_the_result_then_the_action_leaves_the_outbox_index,
+    given_an_approved_action_taken_out_of_the_outbox_index_between_its_read_and_its_claim_when_the_message_is_consumed_then_it_is_claimed_at_its_new_version_and_runs_once,
     given_an_edited_approval_when_either_approval_history_is_read_then_it_traces_both_versions_to_the_outcome,
     given_a_finished_run_when_its_requester_cancels_it_then_it_conflicts_as_run_finished,
     given_an_approved_payment_when_its_approval_history_is_read_then_it_traces_proposal_decision_execution_and_outcome,

@@ -136,7 +136,7 @@ async fn given_the_snapshot_dana_was_shown_when_she_approves_then_the_decision_i
         "one transaction, no read"
     );
     assert_eq!(report.approval.status, ApprovalStatus::Approved);
-    assert_eq!(addressed(&queue.published()), [resume_message(&approval)]);
+    assert_eq!(queue.published(), [resume_message(&approval)]);
     let stored = p.approval(&acme(), &approval.id).await.unwrap();
     assert_eq!(stored.status, ApprovalStatus::Approved);
     assert_eq!(stored.decisions.len(), 1);
@@ -282,7 +282,7 @@ async fn given_dana_approved_with_a_snapshot_when_she_sends_the_same_decision_ag
     assert_eq!(again.approval.status, ApprovalStatus::Approved);
     let stored = p.approval(&acme(), &approval.id).await.unwrap();
     assert_eq!(stored.decisions.len(), 1);
-    let published = addressed(&queue.published());
+    let published = queue.published();
     assert!(published.iter().all(|m| *m == resume_message(&approval)));
 }
 
