@@ -282,17 +282,11 @@ fn apply(tx: &Connection, writes: &[Write]) -> Result<(), StoreError> {
     let mut failed = Vec::new();
     for (i, write) in writes.iter().enumerate() {
         let (pk, sk) = write.key();
-        let current: Option<i64> = tx
-            .prepare_cached("SELECT ver FROM items WHERE pk = ?1 AND sk = ?2")
-            .and_then(|mut stmt| stmt.query_row(params![pk, sk], |r| r.get(0)).optional())
-            .map_err(sql_error)?;
         let holds = match write.condition() {
             Condition::Always => true,
-            Condition::NotExists => current.is_none(),
-            Condition::VersionIs(v) => current == Some(*v as i64),
-            Condition::Unchanged { ver, body } => {
-                current == Some(*ver as i64) && body_is(tx, pk, sk, body)?
-            }
+            Condition::NotExists => current_ver(tx, pk, sk)?.is_none(),
+            Condition::VersionIs(v) => current_ver(tx, pk, sk)? == Some(*v as i64),
+            Condition::Unchanged { ver, body } => is_unchanged(tx, pk, sk, *ver, body)?,
         };
         if !holds {
             failed.push(i);
@@ -326,10 +320,23 @@ fn apply(tx: &Connection, writes: &[Write]) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Whether the item at `pk`/`sk` holds exactly `body`.
-fn body_is(tx: &Connection, pk: &str, sk: &str, body: &str) -> Result<bool, StoreError> {
-    tx.prepare_cached("SELECT 1 FROM items WHERE pk = ?1 AND sk = ?2 AND body = ?3")
-        .and_then(|mut stmt| stmt.exists(params![pk, sk, body]))
+/// The version of the item at `pk`/`sk`, if there is one.
+fn current_ver(tx: &Connection, pk: &str, sk: &str) -> Result<Option<i64>, StoreError> {
+    tx.prepare_cached("SELECT ver FROM items WHERE pk = ?1 AND sk = ?2")
+        .and_then(|mut stmt| stmt.query_row(params![pk, sk], |r| r.get(0)).optional())
+        .map_err(sql_error)
+}
+
+/// Whether the item at `pk`/`sk` is there at version `ver` holding exactly `body`.
+fn is_unchanged(
+    tx: &Connection,
+    pk: &str,
+    sk: &str,
+    ver: u64,
+    body: &str,
+) -> Result<bool, StoreError> {
+    tx.prepare_cached("SELECT 1 FROM items WHERE pk = ?1 AND sk = ?2 AND ver = ?3 AND body = ?4")
+        .and_then(|mut stmt| stmt.exists(params![pk, sk, ver as i64, body]))
         .map_err(sql_error)
 }
 
