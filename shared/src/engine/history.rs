@@ -12,7 +12,7 @@ use crate::domain::approval::{Approval, ApprovalStatus};
 use crate::domain::audit::{AuditEntry, AuditEvent};
 use crate::domain::ids::{ActionId, ActionVersion, ApprovalId, RunId, TenantId};
 use crate::domain::run::Run;
-use crate::ports::store::query_all;
+use crate::ports::store::{Item, query_all};
 
 /// One run's history, reconstructed from the audit log and the records.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -29,26 +29,33 @@ impl Engine {
     /// Approvals that wait on a decision in this tenant, soonest deadline first. Overdue ones
     /// the sweep has not expired yet are included: deciding them expires them.
     pub async fn pending(&self, tenant: &TenantId) -> Result<Vec<Approval>, EngineError> {
-        let shown = self.pending_shown(tenant).await?;
-        Ok(shown.into_iter().map(|s| s.approval).collect())
+        let items = self.pending_items(tenant).await?;
+        items
+            .iter()
+            .map(|item| Ok(decode::<Approval>(item)?.value))
+            .collect()
     }
 
     /// [`Engine::pending`], each approval with the snapshot a decision on it may bring back.
     pub async fn pending_shown(&self, tenant: &TenantId) -> Result<Vec<Shown>, EngineError> {
+        let items = self.pending_items(tenant).await?;
+        items.iter().map(Shown::of).collect()
+    }
+
+    /// The items of the tenant's pending approvals, from the sparse index, every page of it.
+    async fn pending_items(&self, tenant: &TenantId) -> Result<Vec<Item>, EngineError> {
         let index = keys::pending_index(tenant);
-        let mut approvals = Vec::new();
+        let mut items = Vec::new();
         let mut after: Option<String> = None;
         loop {
             let page = self
                 .store
                 .query_index(&index, "", "\u{10FFFF}", after.as_deref(), 500)
                 .await?;
-            for item in &page.items {
-                approvals.push(Shown::of(item)?);
-            }
+            items.extend(page.items);
             match page.next {
                 Some(next) => after = Some(next),
-                None => return Ok(approvals),
+                None => return Ok(items),
             }
         }
     }
