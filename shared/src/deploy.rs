@@ -118,8 +118,8 @@ pub fn log_to_stderr(default_filter: &str) {
 /// Its HTTPS client trusts the system bundle's roots, read once (see `adapters::trust`).
 pub async fn sdk_config() -> SdkConfig {
     let loader = from_lambda_env(aws_config::defaults(BehaviorVersion::latest()));
-    match trust::roots() {
-        Some(roots) => loader.http_client(sdk_https_client(&roots.pem)),
+    match trust::bundle_pem() {
+        Some(pem) => loader.http_client(sdk_https_client(pem)),
         None => loader,
     }
     .load()
@@ -148,7 +148,7 @@ fn from_lambda_env(loader: aws_config::ConfigLoader) -> aws_config::ConfigLoader
 
 /// The SDK's default HTTPS client (hyper with rustls on aws-lc, its proxy settings from the
 /// environment), with the given roots instead of the platform loader's.
-fn sdk_https_client(pem: &[u8]) -> aws_sdk_dynamodb::config::SharedHttpClient {
+fn sdk_https_client(pem: Vec<u8>) -> aws_sdk_dynamodb::config::SharedHttpClient {
     use aws_smithy_http_client::tls::{self, TlsContext, TrustStore};
     use aws_smithy_http_client::{Builder, ConnectorBuilder, proxy::ProxyConfig};
 

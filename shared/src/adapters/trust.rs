@@ -1,12 +1,12 @@
-//! The root certificates Countersign's HTTPS clients trust, read once per process from the
-//! system's bundle file.
+//! The root certificates Countersign's HTTPS clients trust, read from the system's bundle file:
+//! once for the AWS SDK's client, once for all the reqwest clients of a process.
 //!
 //! Left to themselves, the AWS SDK's HTTPS client and every reqwest client load the platform's
 //! roots through rustls-native-certs, which reads the bundle file and then every file of the
 //! certificate directory (on Debian, about 145 more files holding the same CAs again), and
 //! reqwest does it once more for each client it builds: most of a function's start-up beyond
 //! hello world's. The bundle alone holds every root (Lambda's AL2023 keeps them in one file
-//! and no directory of its own), so one read of it is enough. An explicit `SSL_CERT_DIR` is
+//! and no directory of its own), so reading it is enough. An explicit `SSL_CERT_DIR` is
 //! honoured as before: then the clients load the platform's roots themselves.
 //!
 //! reqwest clients are given the roots as DER, decoded once per process with a plain base64
@@ -24,25 +24,6 @@ const BUNDLES: &[&str] = &[
     "/etc/ssl/ca-bundle.pem",
     "/etc/ssl/cert.pem",
 ];
-
-/// The roots of one bundle file, as PEM and, decoded when a reqwest client first needs them,
-/// as reqwest takes them (once per process).
-pub struct Roots {
-    pub path: PathBuf,
-    pub pem: Vec<u8>,
-    certificates: OnceLock<Vec<reqwest::Certificate>>,
-}
-
-impl Roots {
-    fn certificates(&self) -> &[reqwest::Certificate] {
-        self.certificates.get_or_init(|| {
-            ders(&self.pem)
-                .iter()
-                .filter_map(|der| reqwest::Certificate::from_der(der).ok())
-                .collect()
-        })
-    }
-}
 
 /// The DER of each `CERTIFICATE` block of a PEM file; a block that is not base64 is skipped
 /// (as rustls-native-certs skips what it cannot read), and any other kind of block ignored.
@@ -69,33 +50,56 @@ fn ders(pem: &[u8]) -> Vec<Vec<u8>> {
     ders
 }
 
-/// The system's roots, read on first use; `None` when the clients should load the platform's
-/// roots themselves (`SSL_CERT_DIR` set, or no readable bundle that holds a certificate).
-pub fn roots() -> Option<&'static Roots> {
-    static ROOTS: OnceLock<Option<Roots>> = OnceLock::new();
-    ROOTS
-        .get_or_init(|| {
-            let from_env = |name| std::env::var_os(name).filter(|v| !v.is_empty());
-            if from_env("SSL_CERT_DIR").is_some() {
-                return None;
-            }
-            match from_env("SSL_CERT_FILE") {
-                Some(file) => read(Path::new(&file)),
-                None => BUNDLES.iter().find_map(|path| read(Path::new(path))),
-            }
-        })
-        .as_ref()
+/// The system bundle's PEM, read now: `None` when the clients should load the platform's roots
+/// themselves (`SSL_CERT_DIR` set, or no readable bundle that holds a certificate).
+///
+/// Which file is the bundle is settled once per process; its text is not kept. Each caller gets
+/// the file read afresh and owns it: the SDK's trust store takes its PEM by value, so handing
+/// it a copy of a kept buffer would cost a second 220 KB of memory to fault in and fill, in
+/// every function's init. The first call, which looks for the bundle, hands over the read it
+/// looked with.
+pub fn bundle_pem() -> Option<Vec<u8>> {
+    static BUNDLE: OnceLock<Option<PathBuf>> = OnceLock::new();
+    let mut found = None;
+    let path = BUNDLE.get_or_init(|| {
+        let from_env = |name| std::env::var_os(name).filter(|v| !v.is_empty());
+        if from_env("SSL_CERT_DIR").is_some() {
+            return None;
+        }
+        let (path, pem) = match from_env("SSL_CERT_FILE") {
+            Some(file) => read(Path::new(&file))?,
+            None => BUNDLES.iter().find_map(|path| read(Path::new(path)))?,
+        };
+        found = Some(pem);
+        Some(path)
+    });
+    match found {
+        Some(pem) => Some(pem),
+        None => read(path.as_deref()?).map(|(_, pem)| pem),
+    }
 }
 
-fn read(path: &Path) -> Option<Roots> {
+/// The file's text, when it holds at least one certificate.
+fn read(path: &Path) -> Option<(PathBuf, Vec<u8>)> {
     let pem = std::fs::read(path).ok()?;
     let holds_one = pem
         .windows(CERTIFICATE.len())
         .any(|w| w == CERTIFICATE.as_bytes());
-    holds_one.then(|| Roots {
-        path: path.to_path_buf(),
-        pem,
-        certificates: OnceLock::new(),
+    holds_one.then(|| (path.to_path_buf(), pem))
+}
+
+/// The bundle's roots as reqwest takes them, decoded when a reqwest client first needs them
+/// (once per process); empty when the clients load the platform's roots themselves.
+fn certificates() -> &'static [reqwest::Certificate] {
+    static CERTIFICATES: OnceLock<Vec<reqwest::Certificate>> = OnceLock::new();
+    CERTIFICATES.get_or_init(|| {
+        let Some(pem) = bundle_pem() else {
+            return Vec::new();
+        };
+        ders(&pem)
+            .iter()
+            .filter_map(|der| reqwest::Certificate::from_der(der).ok())
+            .collect()
     })
 }
 
@@ -104,11 +108,9 @@ const CERTIFICATE: &str = "-----BEGIN CERTIFICATE-----";
 /// A reqwest client builder that trusts the bundle's roots, read once for every client.
 pub fn client_builder() -> reqwest::ClientBuilder {
     let builder = reqwest::Client::builder();
-    match roots() {
-        Some(roots) if !roots.certificates().is_empty() => {
-            builder.tls_certs_only(roots.certificates().iter().cloned())
-        }
-        _ => builder,
+    match certificates() {
+        [] => builder,
+        roots => builder.tls_certs_only(roots.iter().cloned()),
     }
 }
 
@@ -124,9 +126,15 @@ mod tests {
         std::fs::write(&empty, "").unwrap();
         assert!(read(&empty).is_none());
         assert!(read(&dir.join("missing.pem")).is_none());
-        if let Some(system) = BUNDLES.iter().find_map(|p| read(Path::new(p))) {
-            assert!(!system.certificates().is_empty());
-        }
+        // The process's own choice: the bundle, unless the environment names a directory.
+        let dir_named = std::env::var_os("SSL_CERT_DIR").is_some_and(|v| !v.is_empty());
+        let bundle = std::env::var_os("SSL_CERT_FILE")
+            .filter(|v| !v.is_empty())
+            .map(|file| read(Path::new(&file)).is_some())
+            .unwrap_or_else(|| BUNDLES.iter().any(|p| read(Path::new(p)).is_some()));
+        let expected = bundle && !dir_named;
+        assert_eq!(bundle_pem().is_some(), expected);
+        assert_eq!(!certificates().is_empty(), expected);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -147,15 +155,14 @@ mod tests {
 
     #[test]
     fn the_system_bundle_decodes_to_one_der_certificate_per_block() {
-        let Some(system) = BUNDLES.iter().find_map(|p| read(Path::new(p))) else {
+        let Some((_, pem)) = BUNDLES.iter().find_map(|p| read(Path::new(p))) else {
             return;
         };
-        let blocks = system
-            .pem
+        let blocks = pem
             .windows(CERTIFICATE.len())
             .filter(|w| *w == CERTIFICATE.as_bytes())
             .count();
-        let ders = ders(&system.pem);
+        let ders = ders(&pem);
         assert_eq!(ders.len(), blocks);
         // Each is an X.509 certificate: a DER SEQUENCE with a two-byte length.
         assert!(ders.iter().all(|der| der.starts_with(&[0x30, 0x82])));
