@@ -294,12 +294,7 @@ impl Engine {
             ApprovalStatus::Approved => {
                 tx.resume_action(self.index_shards, &action, Condition::NotExists)
             }
-            _ => tx.create(
-                keys::run_pk(tenant, &approval.run_id),
-                keys::action_sk(&action.id, action.version),
-                None,
-                &action,
-            ),
+            _ => tx.create_action(self.index_shards, &action),
         }
     }
 
@@ -499,12 +494,7 @@ impl Engine {
         action.authorized_by = vec![];
         let mut tx = Tx::new();
         let (tenant, run_id) = (action.tenant.clone(), action.run_id.clone());
-        tx.create(
-            keys::run_pk(&tenant, &run_id),
-            keys::action_sk(&action.id, action.version),
-            None,
-            &action,
-        );
+        tx.create_action(self.index_shards, &action);
         let proposed = AuditEvent::proposed(&action, Verdict::Deny { reason }, None);
         tx.audit(
             &tenant,

@@ -688,9 +688,9 @@ impl Tx {
         gsi1: Option<IndexKey>,
         value: &T,
         condition: Condition,
-    ) {
+    ) -> &Item {
         let body = serde_json::to_string(value).expect("engine records serialize");
-        self.put_body(pk, sk, gsi1, body, condition);
+        self.put_body(pk, sk, gsi1, body, condition)
     }
 
     /// [`Tx::put`] of a body already serialized. The item's version follows from the condition:
@@ -789,9 +789,8 @@ impl Tx {
     /// the commit ([`Tx::into_parts`]).
     pub fn resume_action(&mut self, shards: IndexShards, action: &Action, condition: Condition) {
         let (pk, sk) = action_key(action);
-        let body = serde_json::to_string(action).expect("engine records serialize");
         let index = Some(resume_key(shards, action));
-        let ver = self.put_body(pk, sk, index, body, condition).ver;
+        let ver = self.put(pk, sk, index, action, condition).ver;
         self.outgoing.resumes.push(Stored {
             value: action.clone(),
             ver,
