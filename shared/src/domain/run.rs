@@ -247,11 +247,21 @@ impl Run {
         Ok(())
     }
 
-    pub fn fail(&mut self, error: String, now: DateTime<Utc>) {
+    /// `running` or `awaiting_approval → failed`. A finished run never changes again: the store
+    /// writes its item for the last time, with the events that finished it.
+    pub fn fail(&mut self, error: String, now: DateTime<Utc>) -> Result<(), RunError> {
+        if self.status.is_finished() {
+            return Err(RunError::WrongStatus {
+                run: self.id.clone(),
+                status: self.status,
+                expected: RunStatus::Running,
+            });
+        }
         self.status = RunStatus::Failed;
         self.error = Some(error);
         self.paused = None;
         self.updated_at = now;
+        Ok(())
     }
 
     pub fn cancel(&mut self, now: DateTime<Utc>) -> Result<(), RunError> {
@@ -374,5 +384,17 @@ mod tests {
         r.finish("done".into(), Utc::now()).unwrap();
         assert!(r.cancel(Utc::now()).is_err());
         assert_eq!(r.status, RunStatus::Done);
+    }
+
+    #[test]
+    fn a_finished_run_cannot_fail_afterwards() {
+        let mut r = run();
+        r.finish("done".into(), Utc::now()).unwrap();
+        assert!(r.fail("late".into(), Utc::now()).is_err());
+        assert_eq!((r.status, r.error), (RunStatus::Done, None));
+        let mut r = run();
+        r.cancel(Utc::now()).unwrap();
+        assert!(r.fail("late".into(), Utc::now()).is_err());
+        assert_eq!(r.status, RunStatus::Cancelled);
     }
 }

@@ -551,7 +551,9 @@ impl Engine {
     async fn fail_run(&self, mut run: Stored<Run>, error: String) -> Result<Driven, EngineError> {
         let now = self.now();
         tracing::warn!(%error, "run failed");
-        run.value.fail(error.clone(), now);
+        run.value
+            .fail(error.clone(), now)
+            .map_err(|e| EngineError::Unavailable(e.to_string()))?;
         let event = AuditEvent::Failed { error };
         self.end_run(run, Actor::system("engine"), event, now).await
     }

@@ -482,6 +482,9 @@ fn is_zero(n: &usize) -> bool {
 /// The run item's own fields: how many messages its audit items hold (with the task, message
 /// 0), and the messages after those, which the run item carries itself while it fits.
 const LOGGED_MESSAGES: &str = "messages_logged";
+/// A finished run's item: the events of the transaction that finished it, which its item, never
+/// written again, holds in place of an audit item.
+const FINAL_EVENTS: &str = "events";
 const RECENT_MESSAGES: &str = "messages_recent";
 
 /// What a run's item may weigh and still be one write unit on DynamoDB (1 KB): the messages
@@ -564,7 +567,9 @@ pub struct RunRead {
 
 /// A run from the items of its partition (all of them, or those from its item on). Each audit
 /// item is decoded once, for its events and its messages; items other than the run's and its
-/// audit items are passed over. `None` when the run's item is not among them.
+/// audit items are passed over. The log opens with the run's `started` ([`started`]) and, for a
+/// finished run, closes with the events its item holds. `None` when the run's item is not
+/// among them.
 pub fn run_from_items(items: &[Item]) -> Result<Option<RunRead>, EngineError> {
     let mut record = None;
     let mut events = Vec::new();
@@ -583,21 +588,42 @@ pub fn run_from_items(items: &[Item]) -> Result<Option<RunRead>, EngineError> {
     let Some(record) = record else {
         return Ok(None);
     };
-    let run = decode_run(record, logged)?;
-    let log = events
-        .into_iter()
-        .map(|e| AuditEntry::new(&run.value.id, e.actor, e.event, e.at))
+    let (run, last) = decode_run(record, logged)?;
+    let run_id = &run.value.id;
+    let log = std::iter::once(started(&run.value))
+        .chain(
+            events
+                .into_iter()
+                .chain(last)
+                .map(|e| AuditEntry::new(run_id, e.actor, e.event, e.at)),
+        )
         .collect();
     Ok(Some(RunRead { run, log }))
 }
 
+/// A run's `started` event: the run's own fields, fixed when its item is created and never
+/// changed, so its log holds them once, in the run's item.
+fn started(run: &Run) -> AuditEntry {
+    let event = AuditEvent::Started {
+        task: run.task.clone(),
+        requested_by: run.requested_by.clone(),
+        policy_version: run.policy_version,
+    };
+    AuditEntry::new(
+        &run.id,
+        Actor::person(&run.requested_by),
+        event,
+        run.created_at,
+    )
+}
+
 /// A run from its item and its conversation: the messages its audit items hold (each item's,
 /// from its position; `parts` is every audit item's with messages), then those the run's item
-/// carries.
+/// carries. With it, the events the item holds if the run is finished.
 fn decode_run(
     item: &Item,
     mut parts: Vec<(usize, Vec<Message>)>,
-) -> Result<Stored<Run>, EngineError> {
+) -> Result<(Stored<Run>, Vec<LoggedEvent>), EngineError> {
     let corrupt = |why: String| EngineError::Corrupt(format!("{}/{}: {why}", item.pk, item.sk));
     let mut body: serde_json::Value =
         serde_json::from_str(&item.body).map_err(|e| corrupt(e.to_string()))?;
@@ -614,8 +640,17 @@ fn decode_run(
         .transpose()
         .map_err(|e| corrupt(e.to_string()))?
         .unwrap_or_default();
+    let last: Vec<LoggedEvent> = fields
+        .remove(FINAL_EVENTS)
+        .map(serde_json::from_value)
+        .transpose()
+        .map_err(|e| corrupt(e.to_string()))?
+        .unwrap_or_default();
     fields.insert("messages".into(), serde_json::Value::Array(vec![]));
     let mut run: Run = serde_json::from_value(body).map_err(|e| corrupt(e.to_string()))?;
+    if !last.is_empty() && !run.status.is_finished() {
+        return Err(corrupt(format!("a {} run holds final events", run.status)));
+    }
     run.messages = vec![Message::user_text(run.task.clone())];
     run.stored_messages = logged;
     parts.sort_by_key(|(from, _)| *from);
@@ -635,10 +670,11 @@ fn decode_run(
         )));
     }
     run.messages.extend(recent);
-    Ok(Stored {
+    let run = Stored {
         value: run,
         ver: item.ver,
-    })
+    };
+    Ok((run, last))
 }
 
 impl Stored<Run> {
@@ -674,6 +710,8 @@ pub struct Tx {
     outgoing: Outgoing,
     /// The audit events of this transaction, by the partition of the run they are about.
     audit: Vec<(String, AuditItem)>,
+    /// The writes of runs that finish here: each holds this transaction's events about its run.
+    finished: Vec<usize>,
 }
 
 impl Tx {
@@ -830,37 +868,39 @@ impl Tx {
             .push(event);
     }
 
-    /// The run's item: created with its `started` event if it was never written (version 0),
-    /// else compare-and-set on its version. The messages the audit does not hold yet are split
-    /// between the run's item and this transaction's audit item (the events already added to
-    /// it counted): the run's item keeps the latest while it stays one write unit (1 KB on
+    /// The run's item: created if it was never written (version 0), else compare-and-set on
+    /// its version. Its `started` event is not written: it is the run's own fields, fixed at
+    /// its creation ([`started`]). The messages the audit does not hold yet are split between
+    /// the run's item and this transaction's audit item (the events already added to it
+    /// counted): the run's item keeps the latest while it stays one write unit (1 KB on
     /// DynamoDB), at the split where the two cost the fewest units, the audit item taking all
     /// it can at no extra cost. So the run's item stays small, a message is logged once, and a
-    /// short turn costs no audit write unit of its own. After the commit, [`Stored::written`].
+    /// short turn costs no audit write unit of its own. A finished run's item is written for
+    /// the last time: it keeps its unlogged messages, and this transaction's events about the
+    /// run ride in it ([`Tx::into_parts`]) instead of an audit item of their own. After the
+    /// commit, [`Stored::written`].
     pub fn run(&mut self, shards: IndexShards, run: &mut Stored<Run>) {
         let value = &run.value;
         let pk = keys::run_pk(&value.tenant, &value.id);
         let index = run_index(shards, value);
         let logged = value.stored_messages.min(value.messages.len());
-        let mut audit = match self.audit.iter().find(|(p, _)| *p == pk) {
+        let bodies = RunBodies::new(value, logged);
+        let sk = keys::RUN_SK.to_string();
+        let condition = match run.ver {
+            0 => Condition::NotExists,
+            ver => Condition::VersionIs(ver),
+        };
+        if value.status.is_finished() {
+            run.value.logging_messages = Some(logged);
+            self.put_body(pk, sk, index, bodies.body(logged), condition);
+            self.finished.push(self.writes.len() - 1);
+            return;
+        }
+        let audit = match self.audit.iter().find(|(p, _)| *p == pk) {
             Some((_, item)) => item.clone(),
             None => AuditItem::default(),
         };
-        // A run written for the first time opens its log with `started`.
-        let started = (run.ver == 0).then(|| LoggedEvent {
-            at: value.created_at,
-            actor: Actor::person(&value.requested_by),
-            event: AuditEvent::Started {
-                task: value.task.clone(),
-                requested_by: value.requested_by.clone(),
-                policy_version: value.policy_version,
-            },
-        });
-        if let Some(started) = &started {
-            audit.events.insert(0, started.clone());
-        }
         let order_len = keys::AUDIT_PREFIX.len() + AUDIT_ORDER_LEN;
-        let bodies = RunBodies::new(value, logged);
         let mut best: Option<(usize, usize, String)> = None;
         for keep in (logged..=value.messages.len()).rev() {
             let body = bodies.body(keep);
@@ -894,15 +934,7 @@ impl Tx {
             item.from = logged;
             item.messages = value.messages[logged..keep].to_vec();
         }
-        if let Some(started) = started {
-            self.audit_item(pk.clone()).events.insert(0, started);
-        }
         run.value.logging_messages = Some(keep);
-        let sk = keys::RUN_SK.to_string();
-        let condition = match run.ver {
-            0 => Condition::NotExists,
-            ver => Condition::VersionIs(ver),
-        };
         self.put_body(pk, sk, index, body, condition);
     }
 
@@ -927,8 +959,26 @@ impl Tx {
         self.outgoing.notices.push(entry);
     }
 
-    /// The writes, each run's audit item last, and what to deliver once they commit.
+    /// The writes, each run's audit item last (a finished run's events in its own item), and
+    /// what to deliver once they commit.
     pub fn into_parts(mut self) -> (Vec<Write>, Outgoing) {
+        for at in std::mem::take(&mut self.finished) {
+            let Write::Put { item, .. } = &mut self.writes[at] else {
+                unreachable!("a run's write is a put")
+            };
+            let Some(found) = self.audit.iter().position(|(pk, _)| *pk == item.pk) else {
+                continue;
+            };
+            let (_, audit) = self.audit.remove(found);
+            debug_assert!(
+                audit.messages.is_empty(),
+                "a finished run keeps its messages"
+            );
+            let events = serde_json::to_string(&audit.events).expect("engine records serialize");
+            item.body.pop();
+            item.body
+                .push_str(&format!(",\"{FINAL_EVENTS}\":{events}}}"));
+        }
         if !self.audit.is_empty() {
             let sk = format!("{}{}", keys::AUDIT_PREFIX, audit_order());
             for (pk, item) in std::mem::take(&mut self.audit) {
@@ -1007,6 +1057,110 @@ mod tests {
             audit >= 2,
             "the long turns were logged: {audit} audit items"
         );
+    }
+
+    fn started_run() -> Stored<Run> {
+        use crate::domain::ids::{AgentName, PersonId};
+        let value = Run::start(
+            RunId::parse("run-1").unwrap(),
+            TenantId::parse("acme").unwrap(),
+            AgentName::parse("expense").unwrap(),
+            PersonId::parse("ben").unwrap(),
+            None,
+            "Settle claim c-102",
+            1,
+            Utc::now(),
+        );
+        Stored { value, ver: 0 }
+    }
+
+    /// The items `tx` writes, as a partition holding only them reads back.
+    fn written(tx: Tx) -> Vec<Item> {
+        let (writes, _) = tx.into_parts();
+        let mut items: Vec<Item> = writes
+            .into_iter()
+            .map(|write| match write {
+                Write::Put { item, .. } => item,
+                Write::Delete { .. } => panic!("a run's writes put"),
+            })
+            .collect();
+        items.sort_by(|a, b| a.sk.cmp(&b.sk));
+        items
+    }
+
+    #[test]
+    fn a_new_run_is_one_item_whose_own_fields_are_its_started_event() {
+        let mut run = started_run();
+        let mut tx = Tx::new();
+        tx.run(IndexShards::DEFAULT, &mut run);
+        let items = written(tx);
+        assert_eq!(items.len(), 1, "no audit item: {items:?}");
+        assert_eq!(items[0].sk, keys::RUN_SK);
+        let read = run_from_items(&items).unwrap().unwrap();
+        let [started] = &read.log[..] else {
+            panic!("one event: {:?}", read.log)
+        };
+        assert_eq!(started.at, run.value.created_at);
+        assert_eq!(started.actor, Actor::person(&run.value.requested_by));
+        assert_eq!(
+            started.event,
+            AuditEvent::Started {
+                task: "Settle claim c-102".into(),
+                requested_by: run.value.requested_by.clone(),
+                policy_version: 1,
+            }
+        );
+    }
+
+    #[test]
+    fn a_finished_run_holds_the_events_that_finished_it_in_its_own_item_after_the_rest_of_its_log()
+    {
+        let mut run = started_run();
+        let mut tx = Tx::new();
+        tx.run(IndexShards::DEFAULT, &mut run);
+        let mut items = written(tx);
+        run.written();
+        let now = run.value.created_at + chrono::Duration::seconds(3);
+        run.value
+            .messages
+            .push(Message::user_text("the claim is paid"));
+        run.value.finish("Paid $250.".into(), now).unwrap();
+        let mut tx = Tx::new();
+        let event = AuditEvent::Done {
+            answer: "Paid $250.".into(),
+        };
+        tx.audit(
+            &run.value.tenant,
+            AuditEntry::new(&run.value.id, Actor::Agent, event.clone(), now),
+        );
+        tx.run(IndexShards::DEFAULT, &mut run);
+        let (writes, _) = tx.into_parts();
+        let [Write::Put { item, condition }] = &writes[..] else {
+            panic!("one write, no audit item: {writes:?}")
+        };
+        assert_eq!(*condition, Condition::VersionIs(1));
+        assert!(
+            item.gsi1.is_none(),
+            "a finished run leaves the running index"
+        );
+        items.retain(|i| i.sk != keys::RUN_SK);
+        items.push(item.clone());
+        let read = run_from_items(&items).unwrap().unwrap();
+        let names: Vec<&str> = read.log.iter().map(|e| e.event.name()).collect();
+        assert_eq!(names, ["started", "done"]);
+        assert_eq!((read.log[1].at, &read.log[1].event), (now, &event));
+        assert_eq!(read.run.value.messages, run.value.messages);
+        assert_eq!(read.run.value.status, RunStatus::Done);
+
+        // Final events on a run that is not finished are a corrupt item.
+        let mut body: serde_json::Value = serde_json::from_str(&item.body).unwrap();
+        body["status"] = "running".into();
+        let item = Item {
+            body: body.to_string(),
+            ..item.clone()
+        };
+        let error = run_from_items(&[item]).err().expect("refused");
+        assert!(matches!(&error, EngineError::Corrupt(why) if why.contains("final events")));
     }
 
     /// An approval like the bench's: a reimbursement capped at the limit, one day to decide.

@@ -421,11 +421,10 @@ impl Engine {
         mut run: Stored<Run>,
         now: DateTime<Utc>,
     ) -> Result<Option<RunId>, EngineError> {
-        if run.value.status != RunStatus::Running {
+        let error = ABANDONED.to_string();
+        if run.value.status != RunStatus::Running || run.value.fail(error.clone(), now).is_err() {
             return Ok(None);
         }
-        let error = ABANDONED.to_string();
-        run.value.fail(error.clone(), now);
         let mut tx = Tx::new();
         let (tenant, run_id) = (run.value.tenant.clone(), run.value.id.clone());
         let event = AuditEvent::Failed { error };
