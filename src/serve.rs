@@ -64,8 +64,9 @@ pub struct Options {
     pub max_connections: u32,
 }
 
-/// Serves until SIGTERM or ctrl-c, then finishes the requests in flight. Meanwhile it sweeps
-/// every `sweep_every`, as the recurring schedule does in AWS.
+/// Serves until SIGTERM or ctrl-c, then finishes the requests in flight and the resumes Slack
+/// decisions left running. Meanwhile it sweeps every `sweep_every`, as the recurring schedule
+/// does in AWS.
 pub async fn run(local: Local, state: &Path, options: Options) -> Result<(), Failure> {
     let key = token::dev_key(state)?;
     let jwt = Arc::new(BearerJwt::hs256(&key).map_err(|e| failure(e.to_string()))?);
@@ -115,7 +116,9 @@ pub async fn run(local: Local, state: &Path, options: Options) -> Result<(), Fai
     if !options.sweep_every.is_zero() {
         tokio::spawn(sweep_forever(engine.clone(), options.sweep_every));
     }
-    let app = api::local_router(engine, auth, local.claims, dev, slack).layer(
+    // A Slack click is answered before the run it settles resumes; that resume runs here.
+    let background = api::Background::default();
+    let app = api::local_router(engine, auth, local.claims, dev, slack, background.clone()).layer(
         middleware::from_fn_with_state(options.body_timeout, body_within),
     );
     // One flushed line: scripts and tests read the address from it (port 0 picks a free one).
@@ -127,6 +130,8 @@ pub async fn run(local: Local, state: &Path, options: Options) -> Result<(), Fai
     tracing::info!(%bound, "serving the decision API");
 
     accept_until_stopped(listener, app, &options).await;
+    // The resumes Slack decisions left running finish too, as the requests in flight did.
+    background.finished().await;
     Ok(())
 }
 

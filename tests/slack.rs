@@ -1,9 +1,11 @@
 //! Slack against a real `countersign serve`, configured only by environment as a deployment
 //! is: notices posted through a loopback stand-in for Slack's Web API with buttons and a link
 //! to the review page, a click signed as Slack signs it deciding as the mapped person, its
-//! answer posted to the stand-in `response_url`, and the message updated in place.
+//! answer posted to the stand-in `response_url`, and the message updated in place; and Slack
+//! answered while the tool the click approved is still running, the run finishing after.
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use shared::adapters::slack::{SigningSecret, sign};
@@ -48,6 +50,121 @@ async fn slack_stand_in() -> (String, Calls) {
     (base, calls)
 }
 
+/// How long a test waits for what the server does after it answered.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// What `probe` finds, once it finds something; the test fails if that takes longer than
+/// [`PATIENCE`].
+async fn eventually<T, F: Future<Output = Option<T>>>(
+    what: &str,
+    mut probe: impl FnMut() -> F,
+) -> T {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        if let Some(found) = probe().await {
+            return found;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not within {PATIENCE:?}: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// What `countersign serve` needs to post notices through the stand-in `slack` and take its
+/// clicks.
+fn slack_env(slack: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("COUNTERSIGN_SLACK_SIGNING_SECRET", SECRET.into()),
+        (
+            "COUNTERSIGN_SLACK_BOT_TOKEN",
+            "xoxb-countersign-test".into(),
+        ),
+        ("COUNTERSIGN_SLACK_CHANNEL", "C0REVIEW1".into()),
+        ("COUNTERSIGN_SLACK_API_URL", format!("{slack}/api/")),
+        ("COUNTERSIGN_SLACK_HOOKS_URL", format!("{slack}/actions/")),
+        (
+            "COUNTERSIGN_PUBLIC_URL",
+            "https://review.acme.example".into(),
+        ),
+        ("COUNTERSIGN_WEBHOOKS", String::new()),
+    ]
+}
+
+/// The Approve button of the one notice posted so far.
+fn approve_button(calls: &Calls) -> Value {
+    let posts = calls_to(calls, "/api/chat.postMessage");
+    assert_eq!(posts.len(), 1, "{posts:?}");
+    let actions = posts[0]["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["type"] == "actions")
+        .expect("buttons")
+        .clone();
+    actions["elements"][0].clone()
+}
+
+/// The form Slack posts when `user` clicks `button` on the notice, as its block_actions payload
+/// documents.
+fn click_body(slack: &str, button: &Value, user: &str) -> String {
+    let payload = json!({
+        "type": "block_actions",
+        "user": {"id": user, "team_id": "T0ACME001"},
+        "team": {"id": "T0ACME001", "domain": "acme"},
+        "container": {"type": "message", "message_ts": "1700000000.000001", "channel_id": "C0REVIEW1"},
+        "channel": {"id": "C0REVIEW1"},
+        "response_url": format!("{slack}/actions/T0ACME001/1/abc"),
+        "actions": [{
+            "type": "button",
+            "block_id": "countersign.decide",
+            "action_id": button["action_id"],
+            "value": button["value"],
+            "text": button["text"],
+            "action_ts": "1700000001.000002",
+        }],
+    });
+    interaction_form(&payload)
+}
+
+/// Posts an interaction's `body` to the server with these signature headers: the status and
+/// the answer.
+async fn post_interaction(
+    server: &Server,
+    body: &str,
+    timestamp: &str,
+    signature: &str,
+) -> (u16, Value) {
+    let reply = server
+        .http
+        .post(format!("{}/slack/interactions", server.base))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .header("x-slack-request-timestamp", timestamp)
+        .header("x-slack-signature", signature)
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    (reply.status().as_u16(), reply.json().await.unwrap())
+}
+
+fn unix_now() -> String {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        .to_string()
+}
+
+/// `user`'s click on `button`, signed now as Slack signs it: the status and the answer.
+async fn click(server: &Server, slack: &str, button: &Value, user: &str) -> (u16, Value) {
+    let body = click_body(slack, button, user);
+    let now = unix_now();
+    let signature = sign(&SigningSecret::new(SECRET).unwrap(), &now, body.as_bytes());
+    post_interaction(server, &body, &now, &signature).await
+}
+
 fn calls_to(calls: &Calls, path: &str) -> Vec<Value> {
     calls
         .lock()
@@ -61,25 +178,7 @@ fn calls_to(calls: &Calls, path: &str) -> Vec<Value> {
 #[tokio::test]
 async fn a_click_in_slack_decides_and_the_message_tells_the_outcome() {
     let (slack, calls) = slack_stand_in().await;
-    let server = Server::start_with_env(
-        "slack",
-        &["--sweep-every", "0s"],
-        &[
-            ("COUNTERSIGN_SLACK_SIGNING_SECRET", SECRET.into()),
-            (
-                "COUNTERSIGN_SLACK_BOT_TOKEN",
-                "xoxb-countersign-test".into(),
-            ),
-            ("COUNTERSIGN_SLACK_CHANNEL", "C0REVIEW1".into()),
-            ("COUNTERSIGN_SLACK_API_URL", format!("{slack}/api/")),
-            ("COUNTERSIGN_SLACK_HOOKS_URL", format!("{slack}/actions/")),
-            (
-                "COUNTERSIGN_PUBLIC_URL",
-                "https://review.acme.example".into(),
-            ),
-            ("COUNTERSIGN_WEBHOOKS", String::new()),
-        ],
-    );
+    let server = Server::start_with_env("slack", &["--sweep-every", "0s"], &slack_env(&slack));
     let paused = server.paused_run("ben", "c-102", None).await;
 
     let posts = calls_to(&calls, "/api/chat.postMessage");
@@ -90,62 +189,22 @@ async fn a_click_in_slack_decides_and_the_message_tells_the_outcome() {
     let details = blocks[1]["text"]["text"].as_str().unwrap();
     let link = format!("https://review.acme.example/#approval={}", paused.approval);
     assert!(details.contains(&link), "{details}");
-    let actions = blocks
-        .iter()
-        .find(|b| b["type"] == "actions")
-        .expect("buttons");
-    let approve = actions["elements"][0].clone();
+    let approve = approve_button(&calls);
     assert_eq!(
         approve["action_id"],
         format!("countersign.approve.{}.v1", paused.approval)
     );
 
-    let payload = json!({
-        "type": "block_actions",
-        "user": {"id": "U0DANA001", "username": "dana", "team_id": "T0ACME001"},
-        "team": {"id": "T0ACME001", "domain": "acme"},
-        "container": {"type": "message", "message_ts": "1700000000.000001", "channel_id": "C0REVIEW1"},
-        "channel": {"id": "C0REVIEW1"},
-        "response_url": format!("{slack}/actions/T0ACME001/1/abc"),
-        "actions": [{
-            "type": "button",
-            "block_id": "countersign.decide",
-            "action_id": approve["action_id"],
-            "value": approve["value"],
-            "text": approve["text"],
-            "action_ts": "1700000001.000002",
-        }],
-    });
-    let body = interaction_form(&payload);
-    let url = format!("{}/slack/interactions", server.base);
-    let post = |timestamp: String, signature: String| {
-        server
-            .http
-            .post(&url)
-            .header("content-type", "application/x-www-form-urlencoded")
-            .header("x-slack-request-timestamp", timestamp)
-            .header("x-slack-signature", signature)
-            .body(body.clone())
-            .send()
-    };
-
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-        .to_string();
-    let unsigned = post(now.clone(), "v0=00".into()).await.unwrap();
-    assert_eq!(unsigned.status(), 401);
+    let body = click_body(&slack, &approve, "U0DANA001");
+    let (status, _) = post_interaction(&server, &body, &unix_now(), "v0=00").await;
+    assert_eq!(status, 401);
     assert_eq!(
         server.approval(&paused.approval).await["status"],
         "awaiting_approval"
     );
 
-    let secret = SigningSecret::new(SECRET).unwrap();
-    let signature = sign(&secret, &now, body.as_bytes());
-    let reply = post(now, signature).await.unwrap();
-    assert_eq!(reply.status(), 200);
-    let answer: Value = reply.json().await.unwrap();
+    let (status, answer) = click(&server, &slack, &approve, "U0DANA001").await;
+    assert_eq!(status, 200, "{answer}");
     assert_eq!(answer["response_type"], "ephemeral");
     let told = answer["text"].as_str().unwrap();
     assert!(
@@ -162,8 +221,13 @@ async fn a_click_in_slack_decides_and_the_message_tells_the_outcome() {
     assert_eq!(stored["status"], "approved");
     assert_eq!(stored["decisions"][0]["by"], "dana");
 
-    // The decision and the action's result each update the message in place.
-    let updates = calls_to(&calls, "/api/chat.update");
+    // The decision and the action's result each update the message in place, once the run
+    // resumed after the answer.
+    let updates = eventually("the message updated twice", || async {
+        let updates = calls_to(&calls, "/api/chat.update");
+        (updates.len() >= 2).then_some(updates)
+    })
+    .await;
     assert_eq!(updates.len(), 2, "{updates:?}");
     let last = &updates[1];
     assert_eq!(last["ts"], "1700000000.000001");
@@ -184,4 +248,206 @@ async fn a_click_in_slack_decides_and_the_message_tells_the_outcome() {
             .all(|b| b["type"] != "actions"),
         "the buttons are gone"
     );
+}
+
+/// A loopback stand-in for the refunds agent's orders service whose refunds wait: each refund
+/// request is counted when it arrives, and answered only once the test releases it.
+struct HeldOrders {
+    url: String,
+    arrived: tokio::sync::watch::Receiver<usize>,
+    release: tokio::sync::watch::Sender<bool>,
+}
+
+#[derive(Clone)]
+struct HeldState {
+    arrived: Arc<tokio::sync::watch::Sender<usize>>,
+    released: tokio::sync::watch::Receiver<bool>,
+}
+
+async fn get_order(axum::extract::Path(order): axum::extract::Path<String>) -> axum::Json<Value> {
+    axum::Json(json!({
+        "order_id": order, "customer": "cus_7", "currency": "USD",
+        "paid_cents": 14_900, "refundable_cents": 14_900,
+    }))
+}
+
+async fn held_refund(
+    axum::extract::State(state): axum::extract::State<HeldState>,
+    axum::extract::Path(order): axum::extract::Path<String>,
+    body: axum::Json<Value>,
+) -> (axum::http::StatusCode, axum::Json<Value>) {
+    state.arrived.send_modify(|n| *n += 1);
+    let mut released = state.released.clone();
+    released.wait_for(|r| *r).await.unwrap();
+    let refund =
+        json!({"refund_id": "rf_1", "order_id": order, "amount_cents": body.0["amount_cents"]});
+    (axum::http::StatusCode::CREATED, axum::Json(refund))
+}
+
+impl HeldOrders {
+    async fn start() -> Self {
+        let (arrived_tx, arrived) = tokio::sync::watch::channel(0);
+        let (release, released) = tokio::sync::watch::channel(false);
+        let app = axum::Router::new()
+            .route("/orders/{order}", axum::routing::get(get_order))
+            .route("/orders/{order}/refunds", axum::routing::post(held_refund))
+            .with_state(HeldState {
+                arrived: Arc::new(arrived_tx),
+                released,
+            });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        Self {
+            url,
+            arrived,
+            release,
+        }
+    }
+}
+
+/// The shipped people, with mia (a finance manager) mapped to a Slack user.
+fn people_with_mia_in_slack() -> std::path::PathBuf {
+    let shipped = include_str!("../shared/example/people.toml");
+    let mia = r#"roles = ["employee", "finance_manager"]"#;
+    assert_eq!(
+        shipped.matches(mia).count(),
+        1,
+        "mia is the one finance manager"
+    );
+    let dir = common::fresh_path("countersign-slack-people");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("people.toml");
+    std::fs::write(
+        &path,
+        shipped.replace(mia, &format!("{mia}\nslack = \"U0MIA0001\"")),
+    )
+    .unwrap();
+    path
+}
+
+/// A server with the refunds agent and a Slack app, whose orders service holds refunds; sam's
+/// refund of ord_55 waits for a finance manager, and mia approves it in Slack. What the test
+/// needs once Slack has its answer.
+struct ApprovedInSlack {
+    server: Server,
+    orders: HeldOrders,
+    calls: Calls,
+    run: String,
+    /// The refund's action id.
+    refund: Value,
+    answer: Value,
+    people: std::path::PathBuf,
+}
+
+impl ApprovedInSlack {
+    async fn click(name: &str) -> Self {
+        let (slack, calls) = slack_stand_in().await;
+        let orders = HeldOrders::start().await;
+        let people = people_with_mia_in_slack();
+        let mut env = slack_env(&slack);
+        env.push(("ORDERS_URL", orders.url.clone()));
+        let server = Server::start_with_env(
+            name,
+            &["--sweep-every", "0s", "--people", people.to_str().unwrap()],
+            &env,
+        );
+        let started = server
+            .start_agent(
+                "sam",
+                "refunds",
+                "Refund ord_55: the blender arrived damaged.",
+            )
+            .await;
+        assert_eq!(started.status, 201, "{}", started.json);
+        assert_eq!(
+            started.json["status"], "awaiting_approval",
+            "{}",
+            started.json
+        );
+        let run = started.json["run_id"].as_str().unwrap().to_string();
+        let refund = started.json["approvals"][0]["action_id"].clone();
+
+        let (status, answer) = click(&server, &slack, &approve_button(&calls), "U0MIA0001").await;
+        assert_eq!(status, 200, "{answer}");
+        let told = answer["text"].as_str().unwrap();
+        assert!(
+            told.starts_with("You approved issue_refund version 1"),
+            "{told}"
+        );
+        Self {
+            server,
+            orders,
+            calls,
+            run,
+            refund,
+            answer,
+            people,
+        }
+    }
+
+    /// Returns once the refund reached the orders service, where it waits.
+    async fn until_refund_held(&mut self) {
+        tokio::time::timeout(PATIENCE, self.orders.arrived.wait_for(|n| *n == 1))
+            .await
+            .expect("the refund reaches the orders service")
+            .unwrap();
+    }
+}
+
+impl Drop for ApprovedInSlack {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(self.people.parent().unwrap());
+    }
+}
+
+#[tokio::test]
+async fn slack_is_answered_while_the_approved_tool_still_runs_and_the_run_finishes_after() {
+    // The refund cannot come back before the test lets it: an answer to the click is one given
+    // before the tool's call ended.
+    let mut s = ApprovedInSlack::click("slack-later").await;
+    s.until_refund_held().await;
+    // The call is under way and has not come back: the answer did not wait for it.
+    let events = s.server.events_of_action(&s.run, &s.refund).await;
+    assert_eq!(
+        events.last().map(String::as_str),
+        Some("executing"),
+        "{events:?}"
+    );
+    assert_eq!(
+        calls_to(&s.calls, "/actions/T0ACME001/1/abc"),
+        std::slice::from_ref(&s.answer),
+        "one answer went to the response_url"
+    );
+
+    // Released, the refund comes back and the run finishes.
+    s.orders.release.send(true).unwrap();
+    let audit = eventually("the run is done", || async {
+        let audit = s.server.audit(&s.run).await;
+        (audit["run"]["status"] == "done").then_some(audit)
+    })
+    .await;
+    let events = s.server.events_of_action(&s.run, &s.refund).await;
+    assert_eq!(
+        events.iter().filter(|e| *e == "executed").count(),
+        1,
+        "{events:?}"
+    );
+    assert_eq!(*s.orders.arrived.borrow(), 1, "one refund: {audit}");
+}
+
+#[tokio::test]
+async fn a_server_told_to_stop_finishes_the_run_a_slack_click_resumed_before_it_exits() {
+    let mut s = ApprovedInSlack::click("slack-stop").await;
+    s.until_refund_held().await;
+    s.server.terminate();
+    // It stopped taking requests while the refund is still held.
+    s.server.until_not_listening(PATIENCE).await;
+
+    s.orders.release.send(true).unwrap();
+    let status = s.server.exited(PATIENCE).await;
+    assert!(status.success(), "{status}");
+    let history = s.server.history(&s.run);
+    assert_eq!(history["run"]["status"], "done", "{}", history["entries"]);
+    assert_eq!(*s.orders.arrived.borrow(), 1);
 }

@@ -31,6 +31,7 @@ use shared::engine::Engine;
 use shared::example::expense::OfflineExpenseAgent;
 use shared::ports::clock::Clock;
 use shared::ports::notifier::{Notifier, Several};
+use shared::ports::store::{Item, ItemStore, Page, Query, StoreError, Write};
 
 use harness::{Embedded, Harness, Process, acme, approve, decision};
 use notices::{Received, Receiver};
@@ -136,6 +137,11 @@ impl SlackSetup {
     }
 
     async fn new() -> Self {
+        Self::over(|store| store).await
+    }
+
+    /// [`SlackSetup::new`], its engine's store connection wrapped in `wrap`.
+    async fn over(wrap: impl FnOnce(Arc<dyn ItemStore>) -> Arc<dyn ItemStore>) -> Self {
         let h = Harness::new(Embedded::fresh()).await;
         let notices = Receiver::ok().await;
         let slack = Receiver::ok().await;
@@ -144,11 +150,9 @@ impl SlackSetup {
             .with_rendering(BUTTONS);
         let notifier: Arc<dyn Notifier> = Arc::new(webhooks);
         let Process { engine, .. } = h
-            .process_configured(
-                Arc::new(OfflineExpenseAgent),
-                |store| store,
-                |b| b.notifier(notifier),
-            )
+            .process_configured(Arc::new(OfflineExpenseAgent), wrap, |b| {
+                b.notifier(notifier)
+            })
             .await;
         let engine = Arc::new(engine);
         let hooks = format!("http://{}/", slack.host());
@@ -496,6 +500,79 @@ async fn a_decision_in_the_api_is_the_same_as_in_slack() {
     let stored = s.stored(&approval).await;
     assert_eq!(stored.decisions.len(), 1);
     assert_eq!(stored.decisions[0].by.as_str(), "erin");
+}
+
+/// A store whose actions cannot be read once `broken`: a decision reads none, the resume that
+/// follows it does.
+struct ActionsUnreadable {
+    inner: Arc<dyn ItemStore>,
+    broken: Arc<std::sync::atomic::AtomicBool>,
+}
+
+#[async_trait::async_trait]
+impl ItemStore for ActionsUnreadable {
+    async fn get(&self, pk: &str, sk: &str) -> Result<Option<Item>, StoreError> {
+        let broken = self.broken.load(std::sync::atomic::Ordering::SeqCst);
+        if broken && sk.starts_with(shared::engine::records::keys::ACTION_PREFIX) {
+            return Err(StoreError::Unavailable("actions cannot be read".into()));
+        }
+        self.inner.get(pk, sk).await
+    }
+
+    async fn page(&self, query: Query<'_>) -> Result<Page, StoreError> {
+        self.inner.page(query).await
+    }
+
+    async fn transact(&self, writes: Vec<Write>) -> Result<(), StoreError> {
+        self.inner.transact(writes).await
+    }
+}
+
+#[tokio::test]
+async fn a_resume_that_fails_after_the_answer_is_told_in_a_second_message_and_the_sweep_resumes_the_run()
+ {
+    let broken = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let s = SlackSetup::over(|inner| {
+        Arc::new(ActionsUnreadable {
+            inner,
+            broken: broken.clone(),
+        })
+    })
+    .await;
+    let (report, approval) = s.c102_paused().await;
+    broken.store(true, std::sync::atomic::Ordering::SeqCst);
+
+    let body = s.click_body(&s.button(&approval, "Approve"), "U0DANA001");
+    let (status, answer) = s.signed(&body).await;
+    assert_eq!(status, 200, "{answer}");
+    let text = answer["text"].as_str().unwrap();
+    assert!(
+        text.starts_with("You approved reimburse version 1"),
+        "{text}"
+    );
+    tokio::time::timeout(StdDuration::from_secs(30), s.slack.until_requests(2))
+        .await
+        .expect("a second message to the response_url");
+    let told = s.slack.requests();
+    assert_eq!(told.len(), 2);
+    assert_eq!(told[0].body, answer, "the answer first");
+    assert_eq!(told[1].body["response_type"], "ephemeral");
+    let late = told[1].body["text"].as_str().unwrap();
+    assert!(
+        late.starts_with("Your decision is recorded, but its run did not resume yet (")
+            && late.contains("actions cannot be read"),
+        "{late}"
+    );
+    assert_eq!(s.stored(&approval).await.status, ApprovalStatus::Approved);
+    assert!(s.h.payments().await.is_empty());
+
+    // The store back, the sweep resumes the run: the approved payment is made once.
+    broken.store(false, std::sync::atomic::Ordering::SeqCst);
+    let swept = s.engine.sweep(100).await.unwrap();
+    assert_eq!(swept.redelivered, 1, "{swept:?}");
+    assert_eq!(s.h.payments().await.len(), 1);
+    let run = s.engine.run(&acme(), &report.run_id).await.unwrap();
+    assert_eq!(run.status, shared::domain::run::RunStatus::Done);
 }
 
 // ---------------------------------------------------------------------------------------------

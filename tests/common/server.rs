@@ -246,6 +246,49 @@ impl Server {
         self.entries(run, |e| e["event"] == "decision").await
     }
 
+    /// Sends the server SIGTERM, as a service manager stops it.
+    pub fn terminate(&self) {
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill -TERM: {status}");
+    }
+
+    /// Returns once nothing listens at the server's address any more; the test fails if that
+    /// takes longer than `within`.
+    pub async fn until_not_listening(&self, within: Duration) {
+        let deadline = tokio::time::Instant::now() + within;
+        while tokio::net::TcpStream::connect(self.addr()).await.is_ok() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "still listening after {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The server's exit status, once it exited; the test fails if that takes longer than
+    /// `within`.
+    pub async fn exited(&mut self, within: Duration) -> std::process::ExitStatus {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("the server's status") {
+                return status;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the server did not exit within {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// `countersign audit RUN` over the server's state, without the server: the run's history.
+    pub fn history(&self, run: &str) -> Value {
+        serde_json::from_slice(&self.countersign_stdout(&["--json", "audit", run])).unwrap()
+    }
+
     /// `countersign ARGS` over the server's state: what it printed, once it succeeded.
     fn countersign_stdout(&self, args: &[&str]) -> Vec<u8> {
         stdout_of(

@@ -14,6 +14,7 @@
 
 mod approvals;
 pub mod auth;
+mod background;
 pub mod dev;
 pub mod error;
 pub mod extract;
@@ -36,6 +37,7 @@ pub use auth::{
     AuthError, Authenticate, BearerJwt, GatewayClaims, IssuedToken, KeyError, TokenClaims,
     VerifiedClaims,
 };
+pub use background::Background;
 pub use dev::DevSignIn;
 pub use error::ApiError;
 
@@ -78,6 +80,7 @@ fn decide_part(
     engine: Arc<Engine>,
     auth: Arc<dyn Authenticate>,
     slack: Option<Arc<SlackApp>>,
+    background: Background,
 ) -> Router {
     let mut router = Router::new()
         .route("/approvals", get(approvals::list))
@@ -96,7 +99,11 @@ fn decide_part(
             Router::new()
                 .route("/slack/interactions", post(slack::interactions))
                 .layer(DefaultBodyLimit::max(slack::MAX_INTERACTION_BYTES))
-                .with_state(slack::SlackState { engine, slack }),
+                .with_state(slack::SlackState {
+                    engine,
+                    slack,
+                    background,
+                }),
         );
     }
     router
@@ -144,17 +151,19 @@ async fn protect_response(mut response: Response) -> Response {
 /// `POST /runs/{id}/cancel`, `GET /runs/{id}/audit`; and the review page, `GET /` and
 /// `GET /review/{file}`.
 pub fn router(engine: Arc<Engine>, auth: Arc<dyn Authenticate>) -> Router {
-    finish(decide_part(engine, auth, None))
+    finish(decide_part(engine, auth, None, Background::default()))
 }
 
 /// As [`router`], and with a Slack app, `POST /slack/interactions`: its buttons' clicks,
-/// authenticated by Slack's request signature instead of a bearer token.
+/// authenticated by Slack's request signature instead of a bearer token. With a queue (the
+/// decide function) a click's decision publishes its resume message before the answer; an
+/// embedded engine resumes the run on a task of its own after it, which nobody waits for.
 pub fn router_with_slack(
     engine: Arc<Engine>,
     auth: Arc<dyn Authenticate>,
     slack: Option<Arc<SlackApp>>,
 ) -> Router {
-    finish(decide_part(engine, auth, slack))
+    finish(decide_part(engine, auth, slack, Background::default()))
 }
 
 /// `POST /runs`: starts the expense agent on one of `claims`.
@@ -168,16 +177,19 @@ pub fn start_routes(
 
 /// Every route, for one process that hosts them all (the local server); with `dev`, the
 /// development sign-in (`GET /dev/people` and `POST /dev/token`); with `slack`, the Slack app's
-/// `POST /slack/interactions`.
+/// `POST /slack/interactions`, whose decisions resume their run on a task of `background`
+/// once Slack has its answer (the decision API's `POST /approvals/{id}/decisions` resumes it
+/// before it answers, and says where the run stands).
 pub fn local_router(
     engine: Arc<Engine>,
     auth: Arc<dyn Authenticate>,
     claims: Arc<Claims>,
     dev: Option<DevSignIn>,
     slack: Option<Arc<SlackApp>>,
+    background: Background,
 ) -> Router {
-    let mut router =
-        decide_part(engine.clone(), auth.clone(), slack).merge(start_part(engine, auth, claims));
+    let mut router = decide_part(engine.clone(), auth.clone(), slack, background)
+        .merge(start_part(engine, auth, claims));
     if let Some(dev) = dev {
         router = router.merge(dev::routes(dev));
     }

@@ -9,6 +9,12 @@
 //! Slack's retry is one decision. The outcome, or why it was refused, is told to the person who
 //! clicked as an ephemeral message through the interaction's `response_url`; the same message
 //! is the HTTP answer's body.
+//!
+//! Slack shows an error when its request is not answered within three seconds, and a tool may
+//! take longer: with an embedded engine (the local server), the run a decision settles is
+//! resumed on a task of its own once the answer is out, not within the request. A resume that
+//! fails there is logged and, for a click, told in a second ephemeral message; its action
+//! waits in the outbox index, and the sweep resumes the run.
 
 use std::sync::Arc;
 
@@ -19,7 +25,9 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use tracing::Instrument;
 
+use super::background::Background;
 use super::error::ApiError;
 use crate::adapters::slack::{
     Button, ButtonChoice, EDIT_CALLBACK, SlackApp, edit_modal, ephemeral,
@@ -28,7 +36,7 @@ use crate::domain::approval::{Approval, ApprovalStatus, Choice, DecisionEffect, 
 use crate::domain::identity::Identity;
 use crate::domain::ids::{ActionVersion, ApprovalId, DecisionId};
 use crate::domain::money::Amount;
-use crate::engine::{DecisionReport, Engine};
+use crate::engine::{DecisionReport, Deferred, Engine};
 
 /// Slack's interaction payloads carry the whole message clicked on: more than the API's usual
 /// body limit.
@@ -38,6 +46,40 @@ pub const MAX_INTERACTION_BYTES: usize = 64 * 1024;
 pub(super) struct SlackState {
     pub engine: Arc<Engine>,
     pub slack: Arc<SlackApp>,
+    /// Where the resumes decisions left for after the answer run.
+    pub background: Background,
+}
+
+impl SlackState {
+    /// Delivers what a decision deferred (in the embedded mode, resumes its run) on a task of
+    /// its own, now that the person has their answer. A resume that fails is logged and, with
+    /// a `response_url`, told to them.
+    fn resume_after_answer(&self, deferred: Deferred, response_url: Option<&str>) {
+        if deferred.is_empty() {
+            return;
+        }
+        let (engine, slack) = (self.engine.clone(), self.slack.clone());
+        let response_url = response_url.map(str::to_string);
+        let work = async move {
+            let failed = engine.deliver_deferred(deferred).await;
+            if failed.is_empty() {
+                return;
+            }
+            tracing::warn!(
+                ?failed,
+                "a run a Slack decision settled did not resume; the sweep will"
+            );
+            if let Some(url) = response_url {
+                let text = format!(
+                    "Your decision is recorded, but its run did not resume yet ({}); Countersign's \
+                     sweep tries again.",
+                    failed.join("; ")
+                );
+                slack.respond(&url, &ephemeral(&text)).await;
+            }
+        };
+        self.background.spawn(work.in_current_span());
+    }
 }
 
 #[derive(Deserialize)]
@@ -96,18 +138,27 @@ async fn click(state: &SlackState, payload: &Value) -> Response {
         Err(why) => return bad_payload(why),
     };
     let user = payload["user"]["id"].as_str().unwrap_or_default();
+    let response_url = payload["response_url"].as_str();
     let message = match button.choice {
         ButtonChoice::Edit => {
             let trigger = payload["trigger_id"].as_str().unwrap_or_default();
             open_edit(state, &button, user, trigger).await
         }
-        _ => Some(decide(state, &button, user).await),
+        _ => {
+            let (message, deferred) = decide(state, &button, user).await;
+            if let Some(url) = response_url {
+                state.slack.respond(url, &message).await;
+            }
+            // Told first, resumed after: a late word on the resume comes after this one.
+            state.resume_after_answer(deferred, response_url);
+            return Json(message).into_response();
+        }
     };
     let Some(message) = message else {
         // The edit form opened: nothing to tell.
         return Json(json!({})).into_response();
     };
-    if let Some(url) = payload["response_url"].as_str() {
+    if let Some(url) = response_url {
         state.slack.respond(url, &message).await;
     }
     Json(message).into_response()
@@ -150,17 +201,21 @@ async fn bind(
     Ok((who, approval, version))
 }
 
-/// Decides the button's choice as the Slack user's person, and says what came of it.
-async fn decide(state: &SlackState, button: &Button, user: &str) -> Value {
+/// Decides the button's choice as the Slack user's person, and says what came of it; with
+/// what the decision left to deliver once that is said.
+async fn decide(state: &SlackState, button: &Button, user: &str) -> (Value, Deferred) {
     let refused = |error: ApiError| ephemeral(&refusal(&error, user, button));
     let (who, approval, version) = match bind(state, button, user).await {
         Ok(bound) => bound,
-        Err(error) => return refused(error),
+        Err(error) => return (refused(error), Deferred::default()),
     };
     let approval_id = approval.id;
     let decision_id = match DecisionId::parse(&format!("{}.{user}", button.action_id)) {
         Ok(id) => id,
-        Err(e) => return refused(ApiError::bad_request("invalid_field", e.to_string())),
+        Err(e) => {
+            let invalid = ApiError::bad_request("invalid_field", e.to_string());
+            return (refused(invalid), Deferred::default());
+        }
     };
     let choice = match button.choice {
         ButtonChoice::Reject => Choice::Reject {
@@ -173,13 +228,19 @@ async fn decide(state: &SlackState, button: &Button, user: &str) -> Value {
         action_version: version,
         choice,
     };
-    match state.engine.decide(&who, &approval_id, request).await {
+    let (decided, deferred) = state
+        .engine
+        .decide_deferred(&who, &approval_id, request)
+        .await;
+    let message = match decided {
         Ok(report) => {
             tracing::info!(user, person = %who.person, approval = %approval_id, replayed = report.replayed, "decided in Slack");
             ephemeral(&outcome(&report))
         }
+        // A late decision expires the approval: its run resumes all the same.
         Err(error) => refused(error.into()),
-    }
+    };
+    (message, deferred)
 }
 
 /// Opens the edit form for a person who could edit the approval; `None` once it is open, else
@@ -297,13 +358,20 @@ async fn submission(state: &SlackState, payload: &Value) -> Response {
         action_version: version,
         choice: Choice::Edit { amount, note },
     };
-    match state.engine.decide(&who, &approval.id, request).await {
+    let (decided, deferred) = state
+        .engine
+        .decide_deferred(&who, &approval.id, request)
+        .await;
+    let answer = match decided {
         Ok(report) => {
             tracing::info!(user, person = %who.person, approval = %approval.id, replayed = report.replayed, "edited in Slack");
             Json(json!({"response_action": "clear"})).into_response()
         }
         Err(error) => errors(refusal(&error.into(), user, &button)),
-    }
+    };
+    // A form's submission has no response_url: a resume that fails is only logged.
+    state.resume_after_answer(deferred, None);
+    answer
 }
 
 fn sentence(text: &str) -> String {

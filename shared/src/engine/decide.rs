@@ -5,9 +5,9 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use tracing::Instrument;
 
-use super::records::{Stored, Tx, decode, keys};
+use super::records::{Outgoing, Stored, Tx, decode, keys};
 use super::snapshot::Snapshot;
-use super::{AWAITING_ACTION_VER, Agent, CAS_ATTEMPTS, Delivery, Engine, EngineError};
+use super::{AWAITING_ACTION_VER, Agent, CAS_ATTEMPTS, Deferred, Delivery, Engine, EngineError};
 use super::{RunReport, deadline};
 use crate::domain::action::{Action, ActionStatus, NotExecuted, ProposedCall, ToolOutcome};
 use crate::domain::approval::{
@@ -32,7 +32,8 @@ pub struct DecisionReport {
     /// After an edit that still needs people: the approval of the new version.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next_approval: Option<Approval>,
-    /// Where the run stands, when this process resumed it itself.
+    /// Where the run stands, when this process resumed it itself (not when the resume was
+    /// deferred).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub run: Option<RunReport>,
 }
@@ -62,6 +63,39 @@ impl Engine {
         request: DecisionRequest,
         snapshot: Option<&str>,
     ) -> Result<DecisionReport, EngineError> {
+        self.decide_delivering(who, approval_id, request, snapshot, None)
+            .await
+    }
+
+    /// [`Engine::decide`], the decision recorded (or refused) just the same, but in the
+    /// embedded mode the run it settles is not resumed here: what the decision hands over is
+    /// returned, for the caller to deliver with [`Engine::deliver_deferred`] once it has
+    /// answered (a Slack click must be answered within seconds, a tool may take longer). The
+    /// report then says nothing of the run. With a queue, the resume message is published as
+    /// [`Engine::decide`] publishes it, and nothing is left.
+    pub async fn decide_deferred(
+        &self,
+        who: &Identity,
+        approval_id: &ApprovalId,
+        request: DecisionRequest,
+    ) -> (Result<DecisionReport, EngineError>, Deferred) {
+        let mut deferred = Deferred::default();
+        let later = matches!(self.delivery, Delivery::InProcess).then_some(&mut deferred);
+        let decided = self
+            .decide_delivering(who, approval_id, request, None, later)
+            .await;
+        (decided, deferred)
+    }
+
+    /// A decision that delivers what it hands over itself, or keeps it in `later`.
+    async fn decide_delivering(
+        &self,
+        who: &Identity,
+        approval_id: &ApprovalId,
+        request: DecisionRequest,
+        snapshot: Option<&str>,
+        later: Option<&mut Deferred>,
+    ) -> Result<DecisionReport, EngineError> {
         let snapshot = snapshot.map(Snapshot::parse).transpose()?;
         let too_long = request.choice.text().is_some_and(|t| t.len() > MAX_TEXT);
         if too_long {
@@ -78,7 +112,7 @@ impl Engine {
             action = tracing::field::Empty,
             version = tracing::field::Empty,
         );
-        self.decide_approval(who, approval_id, request, snapshot)
+        self.decide_approval(who, approval_id, request, snapshot, later)
             .instrument(span)
             .await
     }
@@ -89,6 +123,7 @@ impl Engine {
         approval_id: &ApprovalId,
         request: DecisionRequest,
         snapshot: Option<Snapshot>,
+        mut later: Option<&mut Deferred>,
     ) -> Result<DecisionReport, EngineError> {
         let approval_pk = keys::approval_pk(&who.tenant, approval_id);
         // The approval as the reviewer was shown it, for the first attempt: ruled on without a
@@ -142,7 +177,7 @@ impl Engine {
                     continue;
                 }
                 Ok(Decided::AlreadyRecorded(decision)) => {
-                    return self.replay(approval, decision).await;
+                    return self.replay(approval, decision, later).await;
                 }
                 Ok(Decided::New {
                     decision,
@@ -161,7 +196,10 @@ impl Engine {
                     );
                     match self.commit(tx).await {
                         Ok(outbox) => {
-                            tokio::join!(self.unschedule_wakeups(&approval), self.deliver(outbox));
+                            tokio::join!(
+                                self.unschedule_wakeups(&approval),
+                                self.deliver_or_keep(outbox, later.as_deref_mut())
+                            );
                             return Err(Refusal::Expired { expires_at }.into());
                         }
                         Err(StoreError::ConditionFailed { .. }) => continue,
@@ -256,8 +294,12 @@ impl Engine {
                             self.schedule_wakeups(next).await;
                         }
                     };
-                    tokio::join!(unschedule, schedule, self.deliver(outbox));
-                    let run = self.run_after_delivery(&approval).await?;
+                    let deferring = later.is_some();
+                    tokio::join!(unschedule, schedule, self.deliver_or_keep(outbox, later));
+                    let run = match deferring {
+                        true => None,
+                        false => self.run_after_delivery(&approval).await?,
+                    };
                     return Ok(DecisionReport {
                         approval,
                         decision,
@@ -544,17 +586,34 @@ impl Engine {
         Ok(next)
     }
 
+    /// What a committed decision handed over: delivered now, or kept in `later`.
+    async fn deliver_or_keep(&self, outgoing: Outgoing, later: Option<&mut Deferred>) {
+        match later {
+            Some(later) => later.keep(outgoing),
+            None => {
+                self.deliver(outgoing).await;
+            }
+        }
+    }
+
     async fn replay(
         &self,
         approval: Approval,
         decision: Decision,
+        later: Option<&mut Deferred>,
     ) -> Result<DecisionReport, EngineError> {
         // The first attempt may have committed and stopped before it delivered: finish that.
         // Notices keep to their own schedule; the sweep posts them when they are due.
         let undelivered = self
             .awaiting_resume(&approval.tenant, &approval.run_id)
             .await?;
-        self.deliver_stored(undelivered, vec![]).await;
+        let deferring = later.is_some();
+        match later {
+            Some(later) => later.keep_stored(undelivered),
+            None => {
+                self.deliver_stored(undelivered, vec![]).await;
+            }
+        }
         let next_approval = match &approval.superseded_by {
             Some(next) => self
                 .load_approval(&approval.tenant, next)
@@ -562,7 +621,10 @@ impl Engine {
                 .map(|s| s.value),
             None => None,
         };
-        let run = self.run_after_delivery(&approval).await?;
+        let run = match deferring {
+            true => None,
+            false => self.run_after_delivery(&approval).await?,
+        };
         Ok(DecisionReport {
             approval,
             decision,

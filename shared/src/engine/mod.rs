@@ -52,6 +52,40 @@ pub enum Delivery {
     Queue(Arc<dyn ResumeQueue>),
 }
 
+/// What a decision left to deliver once its caller has answered: in the embedded mode, the
+/// resume of the run it settled and the notices that go with it (with a queue, a decision
+/// publishes at once and leaves nothing). [`Engine::deliver_deferred`] delivers it; if it never
+/// is (the process stopped first), the settled action waits in the outbox index and the sweep
+/// resumes the run.
+#[derive(Debug, Default)]
+#[must_use = "deliver it with Engine::deliver_deferred, or the run waits for the sweep"]
+pub struct Deferred {
+    resumes: Vec<Stored<Action>>,
+    notices: Vec<Stored<OutboxEntry>>,
+}
+
+impl Deferred {
+    pub fn is_empty(&self) -> bool {
+        self.resumes.is_empty() && self.notices.is_empty()
+    }
+
+    /// What a committed transaction handed over, kept for later.
+    fn keep(&mut self, outgoing: Outgoing) {
+        // Entries this process just wrote are at their first item version.
+        let notices = outgoing
+            .notices
+            .into_iter()
+            .map(|value| Stored { value, ver: 1 });
+        self.notices.extend(notices);
+        self.resumes.extend(outgoing.resumes);
+    }
+
+    /// Resume messages read back as still due (a replayed decision's), kept for later.
+    fn keep_stored(&mut self, resumes: Vec<Stored<Action>>) {
+        self.resumes.extend(resumes);
+    }
+}
+
 pub struct Engine {
     store: Arc<dyn ItemStore>,
     agents: Agents,
@@ -242,9 +276,21 @@ impl Engine {
     async fn deliver_all(
         &self,
         resumes: Vec<Stored<Action>>,
-        mut notices: Vec<Stored<OutboxEntry>>,
+        notices: Vec<Stored<OutboxEntry>>,
         by_writer: bool,
     ) -> NoticeReport {
+        self.deliver_reporting(resumes, notices, by_writer).await.0
+    }
+
+    /// [`Engine::deliver_all`], and why each resume message that was not delivered was not
+    /// (its action stays in the outbox index for the sweep).
+    async fn deliver_reporting(
+        &self,
+        resumes: Vec<Stored<Action>>,
+        mut notices: Vec<Stored<OutboxEntry>>,
+        by_writer: bool,
+    ) -> (NoticeReport, Vec<String>) {
+        let mut undelivered = Vec::new();
         let mut pending: VecDeque<Stored<Action>> = resumes.into();
         while let Some(action) = pending.pop_front() {
             let message = resume_message(&action.value);
@@ -274,11 +320,21 @@ impl Engine {
                 Ok(false) => {}
                 Ok(true) => self.dequeue(&action).await,
                 Err(error) => {
-                    tracing::warn!(action = %action.value.key(), %error, "not delivered; the sweep will try again")
+                    tracing::warn!(action = %action.value.key(), %error, "not delivered; the sweep will try again");
+                    undelivered.push(format!("{}: {error}", action.value.key()));
                 }
             }
         }
-        self.post_notices(notices).await
+        (self.post_notices(notices).await, undelivered)
+    }
+
+    /// Delivers what [`Engine::decide_deferred`] left to deliver: in the embedded mode, resumes
+    /// the run the decision settled, here. Returns why each resume that failed did (its action
+    /// stays in the outbox index, and the sweep resumes the run); empty when all went through.
+    pub async fn deliver_deferred(&self, deferred: Deferred) -> Vec<String> {
+        self.deliver_reporting(deferred.resumes, deferred.notices, false)
+            .await
+            .1
     }
 
     /// Takes an action out of the outbox index once its resume message was handed over or

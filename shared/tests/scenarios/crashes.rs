@@ -417,6 +417,89 @@ async fn given_overdue_runs_and_outbox_entries_in_every_shard_of_the_index_when_
     assert!(again.abandoned.is_empty(), "{again:?}");
 }
 
+/// A Slack click on the local server: its decision is recorded, and its run's resume is left
+/// for after Slack's answer. A retry of the click leaves the same resume; delivered twice, it
+/// pays once.
+async fn given_a_decision_whose_resume_is_deferred_when_it_is_delivered_after_a_retry_then_the_run_finishes_and_pays_once(
+    h: &Harness,
+) {
+    let p = h.process().await;
+    let (report, approval) = h.start_paused(&p, "c-102").await;
+    let dana = h.person("dana");
+
+    let (decided, first) = p.decide_deferred(&dana, &approval.id, approve("d-1")).await;
+    let decided = decided.unwrap();
+    assert_eq!(decided.decision.effect, DecisionEffect::Approved);
+    assert!(
+        decided.run.is_none(),
+        "the run was not resumed: {decided:?}"
+    );
+    assert!(!first.is_empty());
+    assert!(
+        h.payments().await.is_empty(),
+        "nothing paid before delivery"
+    );
+    let waiting = h.run(&p, &report.run_id).await;
+    assert_eq!(waiting.status, RunStatus::AwaitingApproval);
+
+    let (again, retried) = p.decide_deferred(&dana, &approval.id, approve("d-1")).await;
+    assert!(again.unwrap().replayed);
+    assert!(
+        !retried.is_empty(),
+        "the replay leaves the resume still due"
+    );
+
+    assert_eq!(p.deliver_deferred(retried).await, Vec::<String>::new());
+    assert_eq!(p.deliver_deferred(first).await, Vec::<String>::new());
+    let key = format!("{}:1", approval.action_id);
+    assert_eq!(
+        paid(&h.payments().await),
+        [("c-102".to_string(), 25_000, key)]
+    );
+    assert_eq!(h.run(&p, &report.run_id).await.status, RunStatus::Done);
+}
+
+/// The process stops after the decision and before its deferred resume ran: the settled action
+/// waits in the outbox index, and the sweep resumes the run.
+async fn given_a_deferred_resume_that_never_ran_when_the_sweep_runs_then_it_resumes_the_run_once(
+    h: &Harness,
+) {
+    let p = h.process().await;
+    let (report, approval) = h.start_paused(&p, "c-102").await;
+    let (decided, deferred) = p
+        .decide_deferred(&h.person("dana"), &approval.id, approve("d-1"))
+        .await;
+    decided.unwrap();
+    drop(deferred);
+    assert!(h.payments().await.is_empty());
+
+    let sweeper = h.process().await;
+    let swept = sweeper.sweep(100).await.unwrap();
+
+    assert_eq!(swept.redelivered, 1, "{swept:?}");
+    let key = format!("{}:1", approval.action_id);
+    assert_eq!(
+        paid(&h.payments().await),
+        [("c-102".to_string(), 25_000, key)]
+    );
+    assert_eq!(
+        h.run(&sweeper, &report.run_id).await.status,
+        RunStatus::Done
+    );
+    let again = sweeper.sweep(100).await.unwrap();
+    assert_eq!(again.redelivered, 0, "{again:?}");
+}
+
+// Only an embedded engine resumes in process, and so only it defers a resume.
+on_backend!(
+    embedded_deferred,
+    Embedded::fresh(),
+    [
+        given_a_decision_whose_resume_is_deferred_when_it_is_delivered_after_a_retry_then_the_run_finishes_and_pays_once,
+        given_a_deferred_resume_that_never_ran_when_the_sweep_runs_then_it_resumes_the_run_once,
+    ]
+);
+
 on_both_stores!([
     given_a_process_that_died_before_paying_when_the_sweep_finds_the_stale_execution_then_it_asks_the_tool_and_never_pays_blindly,
     given_a_process_that_died_after_paying_when_the_sweep_finds_the_stale_execution_then_it_records_the_payment_it_finds,
