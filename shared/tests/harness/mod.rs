@@ -330,13 +330,15 @@ impl Harness {
         (p, report, approval, edited)
     }
 
+    /// The ledger, over a connection of its own.
+    pub async fn ledger(&self) -> Ledger {
+        Ledger::new(self.backend.connect().await)
+    }
+
     /// The payments in the ledger, read through a connection of their own.
     pub async fn payments(&self) -> Vec<Settlement> {
-        let store = self.backend.connect().await;
-        Ledger::new(store)
-            .payments(&acme())
-            .await
-            .expect("the ledger reads")
+        let ledger = self.ledger().await;
+        ledger.payments(&acme()).await.expect("the ledger reads")
     }
 
     pub async fn run(&self, engine: &Engine, id: &RunId) -> Run {

@@ -132,7 +132,7 @@ pub(crate) async fn given_a_stale_execution_when_two_sweeps_record_its_unknown_o
     assert_eq!(history.run.status, RunStatus::AwaitingApproval);
 }
 
-async fn given_a_slow_payment_the_sweep_reconciled_as_not_paid_when_the_call_lands_afterwards_then_it_does_not_pay(
+async fn given_a_slow_payment_the_sweep_reconciled_as_not_paid_when_the_call_lands_afterwards_then_it_does_not_pay_and_another_call_still_can(
     h: &Harness,
 ) {
     let gate = Gate::new();
@@ -172,6 +172,25 @@ async fn given_a_slow_payment_the_sweep_reconciled_as_not_paid_when_the_call_lan
     assert_eq!(
         about_payment,
         ["proposed", "decision", "executing", "reconciled"]
+    );
+
+    // The claim stays open: voiding that call on it holds back no other. Another run pays it,
+    // once, and the voided call is still void.
+    let (p, _, again) = h.paused_on("c-102").await;
+    h.decided(&p, "dana", &again.id, approve("d-2")).await;
+    let other_key = format!("{}:1", again.action_id);
+    assert_eq!(
+        paid(&h.payments().await),
+        [("c-102".to_string(), 25_000, other_key)]
+    );
+    let ledger = h.ledger().await;
+    let voided = ledger.call(&acme(), "c-102", &key).await.unwrap();
+    assert!(
+        matches!(
+            voided,
+            Some(shared::example::expense::KeyState::Void { .. })
+        ),
+        "{voided:?}"
     );
 }
 
@@ -504,7 +523,7 @@ on_both_stores!([
     given_a_process_that_died_before_paying_when_the_sweep_finds_the_stale_execution_then_it_asks_the_tool_and_never_pays_blindly,
     given_a_process_that_died_after_paying_when_the_sweep_finds_the_stale_execution_then_it_records_the_payment_it_finds,
     given_a_stale_execution_when_two_sweeps_record_its_unknown_outcome_at_once_then_neither_fails_and_it_is_recorded_once,
-    given_a_slow_payment_the_sweep_reconciled_as_not_paid_when_the_call_lands_afterwards_then_it_does_not_pay,
+    given_a_slow_payment_the_sweep_reconciled_as_not_paid_when_the_call_lands_afterwards_then_it_does_not_pay_and_another_call_still_can,
     given_an_allowed_payment_slower_than_the_lease_when_the_sweep_settles_it_and_fails_the_run_then_the_late_call_pays_nothing_and_its_process_reports_a_conflict,
     given_a_process_that_died_while_driving_a_run_when_its_lease_runs_out_then_the_sweep_fails_it_and_a_run_within_its_lease_is_left_alone,
     given_a_run_that_resumed_on_a_process_that_died_when_its_lease_runs_out_then_the_sweep_fails_it_but_never_while_it_waited_on_a_person,

@@ -140,32 +140,28 @@ impl Books {
         }
     }
 
-    /// What became of the call with this key, read back from the ledger. When nothing is
-    /// recorded, the key is voided first, so the call, if it is only slow, can never settle
-    /// after this answer said it did not.
+    /// What became of the call with this key, read back from the claim its args name. When
+    /// nothing is recorded, the key is voided on that claim first, so the call, if it is only
+    /// slow, can never settle after this answer said it did not. A call whose args name no claim
+    /// was refused before it wrote anything, and its args never change: there is nothing to void.
     async fn reconcile(&self, call: &ToolCall<'_>) -> Option<ToolOutcome> {
         let (tenant, key) = (call.tenant, call.idempotency_key);
-        let state = match self.ledger.call(tenant, key).await.ok()? {
+        let Some(claim_id) = call.args.str("claim_id") else {
+            return Some(failed(format!(
+                "the call {key} names no claim, so it settled nothing and never will"
+            )));
+        };
+        let state = match self.ledger.call(tenant, claim_id, key).await.ok()? {
             Some(state) => state,
             None => {
-                // Settlements written before key items existed carry their key on the claim.
-                if let Ok(claim) = self.claim(call)
-                    && let Some(s) = self.ledger.get(tenant, &claim.id).await.ok()?
-                    && s.idempotency_key == key
-                {
-                    return Some(settled(&s));
-                }
-                self.ledger.void(tenant, key, self.clock.now()).await.ok()?
+                let voided = self.ledger.void(tenant, claim_id, key, self.clock.now());
+                voided.await.ok()?
             }
         };
         Some(match state {
             KeyState::Settled { settlement } => settled(&settlement),
             KeyState::Void { .. } => failed(format!(
-                "nothing was recorded for the call {key}{}; it is void now and will never settle",
-                call.args
-                    .str("claim_id")
-                    .map(|id| format!(" on claim {id}"))
-                    .unwrap_or_default()
+                "nothing was recorded for the call {key} on claim {claim_id}; it is void now and will never settle"
             )),
         })
     }
