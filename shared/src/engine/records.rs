@@ -1017,18 +1017,7 @@ mod tests {
     #[test]
     fn a_conversation_reads_back_whole_however_it_is_split_between_the_run_and_its_audit() {
         use crate::domain::conversation::{Block, Speaker};
-        use crate::domain::ids::{AgentName, PersonId};
-        let value = Run::start(
-            RunId::parse("run-1").unwrap(),
-            TenantId::parse("acme").unwrap(),
-            AgentName::parse("expense").unwrap(),
-            PersonId::parse("ben").unwrap(),
-            None,
-            "Settle claim c-102",
-            1,
-            Utc::now(),
-        );
-        let mut run = Stored { value, ver: 0 };
+        let mut run = started_run();
         let mut items = Vec::new();
         assert_eq!(write_and_read(&mut run, &mut items).value.messages.len(), 1);
         // Short turns ride in the run's item; long ones push it past 1 KB and go to the audit.
