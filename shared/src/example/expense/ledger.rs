@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::domain::ids::{PersonId, RunId, TenantId};
 use crate::domain::money::Amount;
+use crate::engine::records::Stored;
 use crate::ports::store::{Condition, Item, ItemStore, StoreError, Write, query_all};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -91,18 +92,11 @@ impl ClaimItem {
     }
 }
 
-/// A claim's item as read, with the version a compare-and-set holds on.
-#[derive(Debug, Clone)]
-struct Stored {
-    value: ClaimItem,
-    ver: u64,
-}
-
 /// What one write of a claim's item did.
 enum Put {
     Written,
     /// Its condition failed: what is stored now, if anything.
-    Refused(Option<Stored>),
+    Refused(Option<Stored<ClaimItem>>),
 }
 
 /// How many times a settlement or a void is tried again after another writer changed the
@@ -125,7 +119,7 @@ fn sk(claim_id: &str) -> String {
     format!("{CLAIM_PREFIX}{claim_id}")
 }
 
-fn read(item: &Item) -> Result<Stored, StoreError> {
+fn read(item: &Item) -> Result<Stored<ClaimItem>, StoreError> {
     let value = serde_json::from_str(&item.body).map_err(|e| {
         StoreError::Unavailable(format!("the ledger item {} is corrupt: {e}", item.sk))
     })?;
@@ -144,7 +138,7 @@ impl Ledger {
         &self,
         tenant: &TenantId,
         claim_id: &str,
-    ) -> Result<Option<Stored>, StoreError> {
+    ) -> Result<Option<Stored<ClaimItem>>, StoreError> {
         match self.store.get(&pk(tenant), &sk(claim_id)).await? {
             Some(item) => read(&item).map(Some),
             None => Ok(None),
@@ -222,7 +216,7 @@ impl Ledger {
     ) -> Result<Recorded, StoreError> {
         let claim_id = settlement.claim_id.clone();
         let key = settlement.idempotency_key.clone();
-        let mut stored: Option<Stored> = None;
+        let mut stored: Option<Stored<ClaimItem>> = None;
         for _ in 0..ATTEMPTS {
             let (voided, read_at) = match stored {
                 None => (Vec::new(), None),
@@ -262,7 +256,7 @@ impl Ledger {
         idempotency_key: &str,
         at: DateTime<Utc>,
     ) -> Result<KeyState, StoreError> {
-        let mut stored: Option<Stored> = None;
+        let mut stored: Option<Stored<ClaimItem>> = None;
         for _ in 0..ATTEMPTS {
             let (mut value, read_at) = match stored {
                 None => (ClaimItem::default(), None),
