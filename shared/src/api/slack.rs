@@ -139,19 +139,15 @@ async fn click(state: &SlackState, payload: &Value) -> Response {
     };
     let user = payload["user"]["id"].as_str().unwrap_or_default();
     let response_url = payload["response_url"].as_str();
-    let message = match button.choice {
+    let (message, deferred) = match button.choice {
         ButtonChoice::Edit => {
             let trigger = payload["trigger_id"].as_str().unwrap_or_default();
-            open_edit(state, &button, user, trigger).await
+            let opened = open_edit(state, &button, user, trigger).await;
+            (opened, Deferred::default())
         }
         _ => {
             let (message, deferred) = decide(state, &button, user).await;
-            if let Some(url) = response_url {
-                state.slack.respond(url, &message).await;
-            }
-            // Told first, resumed after: a late word on the resume comes after this one.
-            state.resume_after_answer(deferred, response_url);
-            return Json(message).into_response();
+            (Some(message), deferred)
         }
     };
     let Some(message) = message else {
@@ -161,6 +157,8 @@ async fn click(state: &SlackState, payload: &Value) -> Response {
     if let Some(url) = response_url {
         state.slack.respond(url, &message).await;
     }
+    // Told first, resumed after: a late word on the resume comes after this one.
+    state.resume_after_answer(deferred, response_url);
     Json(message).into_response()
 }
 
