@@ -634,18 +634,16 @@ fn decode_run(
         .remove(LOGGED_MESSAGES)
         .and_then(|n| n.as_u64())
         .ok_or_else(|| corrupt(format!("no {LOGGED_MESSAGES}")))? as usize;
-    let recent: Vec<Message> = fields
-        .remove(RECENT_MESSAGES)
-        .map(serde_json::from_value)
-        .transpose()
-        .map_err(|e| corrupt(e.to_string()))?
-        .unwrap_or_default();
-    let last: Vec<LoggedEvent> = fields
-        .remove(FINAL_EVENTS)
-        .map(serde_json::from_value)
-        .transpose()
-        .map_err(|e| corrupt(e.to_string()))?
-        .unwrap_or_default();
+    // The run item's own lists, each absent when empty.
+    let mut list = |name: &str| {
+        fields
+            .remove(name)
+            .unwrap_or_else(|| serde_json::Value::Array(vec![]))
+    };
+    let recent: Vec<Message> =
+        serde_json::from_value(list(RECENT_MESSAGES)).map_err(|e| corrupt(e.to_string()))?;
+    let last: Vec<LoggedEvent> =
+        serde_json::from_value(list(FINAL_EVENTS)).map_err(|e| corrupt(e.to_string()))?;
     fields.insert("messages".into(), serde_json::Value::Array(vec![]));
     let mut run: Run = serde_json::from_value(body).map_err(|e| corrupt(e.to_string()))?;
     if !last.is_empty() && !run.status.is_finished() {
@@ -997,11 +995,7 @@ mod tests {
     fn write_and_read(run: &mut Stored<Run>, items: &mut Vec<Item>) -> Stored<Run> {
         let mut tx = Tx::new();
         tx.run(IndexShards::DEFAULT, run);
-        let (writes, _) = tx.into_parts();
-        for write in writes {
-            let Write::Put { item, .. } = write else {
-                panic!("a run write puts")
-            };
+        for item in written(tx) {
             items.retain(|i| (&i.pk, &i.sk) != (&item.pk, &item.sk));
             items.push(item);
         }
