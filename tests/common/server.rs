@@ -89,7 +89,13 @@ impl Server {
             child,
             base,
             state,
-            http: reqwest::Client::new(),
+            // The server closes a keep-alive connection idle for its header timeout (10 s); a
+            // client that kept one longer could send on it as it closes (IncompleteMessage), so
+            // the pool lets its connections go well before that.
+            http: reqwest::Client::builder()
+                .pool_idle_timeout(Duration::from_secs(3))
+                .build()
+                .unwrap(),
             tokens: Mutex::new(HashMap::new()),
         }
     }
