@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::args::{Args, ArgsHash};
+use super::audit::LogSlot;
 use super::conversation::ToolResultText;
 use super::identity::Actor;
 use super::ids::{ActionId, ActionVersion, ApprovalId, RunId, TenantId, idempotency_key};
@@ -155,6 +156,19 @@ pub struct Action {
     pub result: Option<ToolResultText>,
     pub proposed_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// The claim that let this version run, once it was claimed: the action's item holds the
+    /// `executing` event, written once by the claim and carried unchanged by every later write.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claimed: Option<Claimed>,
+}
+
+/// Who claimed an approved version to run (`approved → executing`), when, and where that
+/// `executing` event sits in the run's log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Claimed {
+    pub at: DateTime<Utc>,
+    pub by: Actor,
+    pub logged: LogSlot,
 }
 
 impl Action {
@@ -177,6 +191,7 @@ impl Action {
             result: None,
             proposed_at: now,
             updated_at: now,
+            claimed: None,
         }
     }
 
@@ -214,8 +229,20 @@ impl Action {
     }
 
     /// `approved → executing`: only the process that makes this transition runs the tool.
-    pub fn claim(&mut self, now: DateTime<Utc>) -> Result<(), InvalidTransition> {
-        self.to(&[ActionStatus::Approved], ActionStatus::Executing, now)
+    /// `logged` is where its `executing` event sits in the run's log.
+    pub fn claim(
+        &mut self,
+        now: DateTime<Utc>,
+        by: Actor,
+        logged: LogSlot,
+    ) -> Result<(), InvalidTransition> {
+        self.to(&[ActionStatus::Approved], ActionStatus::Executing, now)?;
+        self.claimed = Some(Claimed {
+            at: now,
+            by,
+            logged,
+        });
+        Ok(())
     }
 
     pub fn record(
@@ -324,12 +351,16 @@ pub(crate) mod tests {
     fn only_an_approved_action_can_be_claimed_and_only_once() {
         let mut a = action();
         assert!(
-            a.claim(Utc::now()).is_err(),
+            a.claim(Utc::now(), Actor::Agent, LogSlot::new("0", 0))
+                .is_err(),
             "awaiting approval must not run"
         );
         a.approve(vec![Actor::Agent], Utc::now()).unwrap();
-        a.claim(Utc::now()).unwrap();
-        let again = a.claim(Utc::now()).unwrap_err();
+        a.claim(Utc::now(), Actor::Agent, LogSlot::new("0", 0))
+            .unwrap();
+        let again = a
+            .claim(Utc::now(), Actor::Agent, LogSlot::new("0", 0))
+            .unwrap_err();
         assert_eq!(again.from, ActionStatus::Executing);
     }
 
@@ -337,7 +368,8 @@ pub(crate) mod tests {
     fn an_unknown_outcome_is_settled_only_by_a_definite_one() {
         let mut a = action();
         a.approve(vec![], Utc::now()).unwrap();
-        a.claim(Utc::now()).unwrap();
+        a.claim(Utc::now(), Actor::Agent, LogSlot::new("0", 0))
+            .unwrap();
         a.record(
             &ToolOutcome::Unknown {
                 detail: "timeout".into(),
@@ -348,7 +380,8 @@ pub(crate) mod tests {
         assert_eq!(a.status, ActionStatus::Unknown);
         assert!(!a.is_settled());
         assert!(
-            a.claim(Utc::now()).is_err(),
+            a.claim(Utc::now(), Actor::Agent, LogSlot::new("0", 0))
+                .is_err(),
             "unknown is never claimed again"
         );
         assert!(

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use super::action::{Action, ActionStatus, ProposedCall};
 use super::args::{Args, ArgsHash};
+use super::audit::LogSlot;
 use super::identity::{Actor, Identity};
 use super::ids::{
     ActionId, ActionVersion, AgentName, ApprovalId, DecisionId, PersonId, Role, RunId, TenantId,
@@ -129,6 +130,10 @@ pub struct Decision {
     pub args_hash: ArgsHash,
     pub at: DateTime<Utc>,
     pub effect: DecisionEffect,
+    /// Where its `decision` event sits in the run's log: the approval's item holds that event,
+    /// written once by this decision and carried unchanged by every later write of the approval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logged: Option<LogSlot>,
 }
 
 /// Why a decision is refused. Nothing is written for any of these except `Expired`.
@@ -430,6 +435,7 @@ impl Approval {
             args_hash: self.args_hash.clone(),
             at: now,
             effect: effect.clone(),
+            logged: None,
         };
         self.decisions.push(decision.clone());
         match effect {
@@ -534,6 +540,7 @@ impl Approval {
             result: None,
             proposed_at: self.created_at,
             updated_at: self.created_at,
+            claimed: None,
         }
     }
 

@@ -209,19 +209,14 @@ impl Engine {
                 Err(refusal) => return Err(refusal.into()),
             };
 
+            // The approval's item holds the decision's `decision` event, first of this write's.
             let mut tx = Tx::new();
-            let event = AuditEvent::Decision {
-                approval_id: approval.id.clone(),
-                action_id: approval.action_id.clone(),
-                version: approval.action_version,
-                args_hash: approval.args_hash.clone(),
-                choice: decision.choice.clone(),
-                effect: decision.effect.clone(),
-            };
-            tx.audit(
-                &approval.tenant,
-                AuditEntry::new(&approval.run_id, Actor::person(&who.person), event, now),
-            );
+            let mut decision = decision;
+            decision.logged = Some(tx.log_slot(&approval.tenant, &approval.run_id));
+            *approval
+                .decisions
+                .last_mut()
+                .expect("a new decision is the approval's last") = decision.clone();
             let next_approval = match &decision.effect {
                 DecisionEffect::Counted { .. } => None,
                 DecisionEffect::Approved => {
@@ -578,6 +573,8 @@ impl Engine {
             args_hash: next.args_hash.clone(),
             at: now,
             effect: effect.clone(),
+            // Its event is in this write's audit item, after the new version's own.
+            logged: None,
         });
         if effect == DecisionEffect::Approved {
             next.status = ApprovalStatus::Approved;

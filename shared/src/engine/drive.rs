@@ -418,28 +418,21 @@ impl Engine {
             version: agent.policy.version,
         };
         let authorized = vec![policy.clone()];
-        action
-            .approve(authorized.clone(), now)
-            .and_then(|_| action.claim(now))
-            .expect("a new action is approved then claimed");
         let (tenant, run_id) = (action.tenant.clone(), action.run_id.clone());
 
         let mut tx = Tx::new();
-        tx.create_action(self.index_shards, &action);
         let proposed = AuditEvent::proposed(&action, Verdict::Allow, None);
         tx.audit(
             &tenant,
             AuditEntry::new(&run_id, Actor::Agent, proposed, now),
         );
-        tx.audit(
-            &tenant,
-            AuditEntry::new(
-                &run_id,
-                policy,
-                AuditEvent::executing(&action, &authorized),
-                now,
-            ),
-        );
+        // Its `executing` event, after `proposed`, is held by the action's item.
+        let logged = tx.log_slot(&tenant, &run_id);
+        action
+            .approve(authorized, now)
+            .and_then(|_| action.claim(now, policy, logged))
+            .expect("a new action is approved then claimed");
+        tx.create_action(self.index_shards, &action);
         self.commit(tx).await?;
 
         let outcome = self.call_tool(agent, &action).await;

@@ -1,10 +1,10 @@
 //! Reading what happened: pending approvals, one approval, a run's full history.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use serde::Serialize;
 
-use super::records::{Stored, decode, keys, run_from_items};
+use super::records::{Stored, decode, held_by_action, held_by_approval, keys, run_from_items};
 use super::snapshot::Shown;
 use super::{Engine, EngineError};
 use crate::domain::action::{Action, ActionStatus};
@@ -80,9 +80,6 @@ impl Engine {
 
     pub async fn history(&self, tenant: &TenantId, id: &RunId) -> Result<History, EngineError> {
         let items = query_all(self.store.as_ref(), &keys::run_pk(tenant, id), "").await?;
-        let read =
-            run_from_items(&items)?.ok_or_else(|| EngineError::not_found(format!("run {id}")))?;
-        let (run, entries) = (read.run.value, read.log);
         let mut actions = Vec::new();
         for item in items
             .iter()
@@ -90,13 +87,35 @@ impl Engine {
         {
             actions.push(decode::<Action>(item)?.value);
         }
-        let actions = in_proposal_order(actions, &entries);
-        let mut approvals = Vec::new();
-        for approval_id in actions.iter().filter_map(|a| a.approval_id.as_ref()) {
+        // Every approval of the run: its actions' and any the log names (a recovery's), read
+        // once each. The log read first leaves out the events records hold.
+        let listed = run_from_items(&items, [])?
+            .ok_or_else(|| EngineError::not_found(format!("run {id}")))?
+            .log;
+        let named: BTreeSet<&ApprovalId> = actions
+            .iter()
+            .filter_map(|a| a.approval_id.as_ref())
+            .chain(listed.iter().filter_map(|e| e.event.approval_id()))
+            .collect();
+        let mut approvals = HashMap::new();
+        for approval_id in named {
             if let Some(stored) = self.load_approval(tenant, approval_id).await? {
-                approvals.push(stored.value);
+                approvals.insert(approval_id.clone(), stored.value);
             }
         }
+        // The claims' `executing` and the decisions' `decision` are held by their records.
+        let held = actions
+            .iter()
+            .filter_map(held_by_action)
+            .chain(approvals.values().flat_map(held_by_approval));
+        let read = run_from_items(&items, held)?
+            .ok_or_else(|| EngineError::not_found(format!("run {id}")))?;
+        let (run, entries) = (read.run.value, read.log);
+        let actions = in_proposal_order(actions, &entries);
+        let approvals = actions
+            .iter()
+            .filter_map(|a| approvals.remove(a.approval_id.as_ref()?))
+            .collect();
         Ok(History {
             run,
             actions,

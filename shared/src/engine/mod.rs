@@ -385,7 +385,7 @@ impl Engine {
             keys::RUN_SK,
         )
         .await?;
-        Ok(records::run_from_items(&items)?.map(|read| read.run))
+        Ok(records::run_from_items(&items, [])?.map(|read| read.run))
     }
 
     async fn load_approval(

@@ -2,6 +2,7 @@
 //! builder that writes a change and its audit events together: the events of one transaction
 //! about one run go into one append-only audit item, in the order they were added.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use chrono::{DateTime, SecondsFormat, Utc};
@@ -11,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use super::error::EngineError;
 use crate::domain::action::{Action, ActionStatus};
 use crate::domain::approval::{Approval, ApprovalStatus};
-use crate::domain::audit::{AuditEntry, AuditEvent};
+use crate::domain::audit::{AuditEntry, AuditEvent, LogSlot};
 use crate::domain::conversation::Message;
 use crate::domain::identity::Actor;
 use crate::domain::ids::{ActionId, ActionVersion, ApprovalId, OutboxId, RunId, TenantId};
@@ -324,6 +325,8 @@ pub async fn load<T: DeserializeOwned>(
 const DECISION_OWN: [&str; 2] = ["action_version", "args_hash"];
 /// An approval's fields its partition key names.
 const APPROVAL_KEYED: [&str; 2] = ["id", "tenant"];
+/// When an approval was resolved: left out where its last decision resolved it.
+const RESOLVED_AT: &str = "resolved_at";
 
 /// The body of an approval's item: the approval's JSON (as the API shows it) less what the
 /// item need not repeat, so a decided approval stays one write unit (1 KB) on DynamoDB:
@@ -331,9 +334,12 @@ const APPROVAL_KEYED: [&str; 2] = ["id", "tenant"];
 /// - fields that are unset (`null`: `previous`, `superseded_by`, `resolved_at` and
 ///   `reminded_at` until they are set), which read back as unset;
 /// - a decision's `action_version` and `args_hash` where they are the approval's own (always,
-///   as [`Approval::decide`] records them; kept where they differ).
+///   as [`Approval::decide`] records them; kept where they differ);
+/// - `resolved_at` where the last decision resolved it (its `at`): a resolved approval always
+///   has a `resolved_at`, so one that reads back without it takes its last decision's.
 ///
-/// [`decode`] fills them back. The audit's `decision` event keeps its own copy.
+/// [`decode`] fills them back. The `decision` events are the decisions themselves, each with
+/// where it sits in the run's log ([`held_by_approval`]).
 fn approval_body(approval: &Approval) -> String {
     let mut body = serde_json::to_value(approval).expect("engine records serialize");
     if let Some(fields) = body.as_object_mut() {
@@ -341,6 +347,14 @@ fn approval_body(approval: &Approval) -> String {
             fields.remove(keyed);
         }
         fields.retain(|_, value| !value.is_null());
+        debug_assert!(
+            approval.status == ApprovalStatus::AwaitingApproval || approval.resolved_at.is_some(),
+            "a resolved approval says when"
+        );
+        let last_at = approval.decisions.last().map(|d| d.at);
+        if approval.resolved_at.is_some() && approval.resolved_at == last_at {
+            fields.remove(RESOLVED_AT);
+        }
         let own = DECISION_OWN.map(|name| fields.get(name).cloned());
         if let Some(serde_json::Value::Array(decisions)) = fields.get_mut("decisions") {
             for decision in decisions.iter_mut().filter_map(|d| d.as_object_mut()) {
@@ -367,6 +381,7 @@ fn approval_value(item: &Item) -> Result<serde_json::Value, String> {
         fields.entry(name).or_insert_with(|| value.into());
     }
     let own = DECISION_OWN.map(|name| fields.get(name).cloned());
+    let mut last_at = None;
     if let Some(serde_json::Value::Array(decisions)) = fields.get_mut("decisions") {
         for decision in decisions.iter_mut().filter_map(|d| d.as_object_mut()) {
             for (name, own) in DECISION_OWN.iter().zip(&own) {
@@ -374,7 +389,14 @@ fn approval_value(item: &Item) -> Result<serde_json::Value, String> {
                     decision.entry(*name).or_insert_with(|| own.clone());
                 }
             }
+            last_at = decision.get("at").cloned();
         }
+    }
+    let awaiting = serde_json::to_value(ApprovalStatus::AwaitingApproval).expect("a status");
+    if fields.get("status") != Some(&awaiting)
+        && let Some(at) = last_at
+    {
+        fields.entry(RESOLVED_AT).or_insert(at);
     }
     Ok(body)
 }
@@ -473,6 +495,9 @@ struct AuditItem {
     messages: Vec<Message>,
     #[serde(default, skip_serializing_if = "is_zero")]
     from: usize,
+    /// The transaction's events about the run so far, those its records hold counted.
+    #[serde(skip)]
+    places: usize,
 }
 
 fn is_zero(n: &usize) -> bool {
@@ -485,6 +510,9 @@ const LOGGED_MESSAGES: &str = "messages_logged";
 /// A finished run's item: the events of the transaction that finished it, which its item, never
 /// written again, holds in place of an audit item.
 const FINAL_EVENTS: &str = "events";
+/// A final event's field that is its run's own field of the same name (`done`'s answer,
+/// `failed`'s error): the run's item holds it once, in the run's field.
+const FINAL_FROM_RUN: [(&str, &str); 2] = [("done", "answer"), ("failed", "error")];
 const RECENT_MESSAGES: &str = "messages_recent";
 
 /// What a run's item may weigh and still be one write unit on DynamoDB (1 KB): the messages
@@ -508,6 +536,8 @@ impl RunBodies {
         let mut fields = serde_json::to_value(run).expect("engine records serialize");
         if let Some(fields) = fields.as_object_mut() {
             fields.remove("messages");
+            // Unset fields read back as unset.
+            fields.retain(|_, value| !value.is_null());
         }
         let mut fields = fields.to_string();
         fields.pop();
@@ -567,19 +597,23 @@ pub struct RunRead {
 
 /// A run from the items of its partition (all of them, or those from its item on). Each audit
 /// item is decoded once, for its events and its messages; items other than the run's and its
-/// audit items are passed over. The log opens with the run's `started` ([`started`]) and, for a
-/// finished run, closes with the events its item holds. `None` when the run's item is not
-/// among them.
-pub fn run_from_items(items: &[Item]) -> Result<Option<RunRead>, EngineError> {
+/// audit items are passed over. The log opens with the run's `started` ([`started`]), puts the
+/// events records hold (`held`: [`held_by_action`], [`held_by_approval`]) at their places among
+/// the audit items' and, for a finished run, closes with the events its item holds. `None` when
+/// the run's item is not among them.
+pub fn run_from_items(
+    items: &[Item],
+    held: impl IntoIterator<Item = (LogSlot, AuditEntry)>,
+) -> Result<Option<RunRead>, EngineError> {
     let mut record = None;
-    let mut events = Vec::new();
+    let mut log = Log::default();
     let mut logged = Vec::new();
     for item in items {
         if item.sk == keys::RUN_SK {
             record = Some(item);
-        } else if item.sk.starts_with(keys::AUDIT_PREFIX) {
+        } else if let Some(order) = item.sk.strip_prefix(keys::AUDIT_PREFIX) {
             let audit = decode::<AuditItem>(item)?.value;
-            events.extend(audit.events);
+            log.listed(order, audit.events);
             if !audit.messages.is_empty() {
                 logged.push((audit.from, audit.messages));
             }
@@ -588,17 +622,101 @@ pub fn run_from_items(items: &[Item]) -> Result<Option<RunRead>, EngineError> {
     let Some(record) = record else {
         return Ok(None);
     };
+    for (slot, entry) in held {
+        let (order, place) = slot.parts().ok_or_else(|| {
+            EngineError::Corrupt(format!("{}: no log slot in {slot:?}", record.pk))
+        })?;
+        log.held(order, place, entry);
+    }
     let (run, last) = decode_run(record, logged)?;
     let run_id = &run.value.id;
     let log = std::iter::once(started(&run.value))
+        .chain(log.in_order(run_id))
         .chain(
-            events
-                .into_iter()
-                .chain(last)
+            last.into_iter()
                 .map(|e| AuditEntry::new(run_id, e.actor, e.event, e.at)),
         )
         .collect();
     Ok(Some(RunRead { run, log }))
+}
+
+/// A run's events by the transaction that wrote them (its order): those its audit item lists,
+/// in the order listed, and those records hold, each at its place among them.
+#[derive(Default)]
+struct Log(BTreeMap<String, Written>);
+
+/// One transaction's events about a run: listed by its audit item, held by records (by place).
+#[derive(Default)]
+struct Written(Vec<LoggedEvent>, Vec<(usize, LoggedEvent)>);
+
+impl Log {
+    fn listed(&mut self, order: &str, events: Vec<LoggedEvent>) {
+        self.0
+            .entry(order.to_string())
+            .or_default()
+            .0
+            .extend(events);
+    }
+
+    fn held(&mut self, order: &str, place: usize, entry: AuditEntry) {
+        let event = LoggedEvent {
+            at: entry.at,
+            actor: entry.actor,
+            event: entry.event,
+        };
+        self.0
+            .entry(order.to_string())
+            .or_default()
+            .1
+            .push((place, event));
+    }
+
+    fn in_order(self, run: &RunId) -> impl Iterator<Item = AuditEntry> {
+        self.0.into_values().flat_map(|Written(listed, mut held)| {
+            held.sort_by_key(|(place, _)| *place);
+            let mut listed = listed.into_iter();
+            let mut held = held.into_iter().peekable();
+            let mut events = Vec::new();
+            while let Some(event) = held
+                .next_if(|(place, _)| *place == events.len())
+                .map(|(_, event)| event)
+                .or_else(|| listed.next())
+                .or_else(|| held.next().map(|(_, event)| event))
+            {
+                events.push(event);
+            }
+            events
+                .into_iter()
+                .map(|e| AuditEntry::new(run, e.actor, e.event, e.at))
+                .collect::<Vec<_>>()
+        })
+    }
+}
+
+/// The `executing` event a claimed action's item holds ([`Action::claimed`]).
+pub fn held_by_action(action: &Action) -> Option<(LogSlot, AuditEntry)> {
+    let claimed = action.claimed.as_ref()?;
+    let event = AuditEvent::executing(action, &action.authorized_by);
+    let entry = AuditEntry::new(&action.run_id, claimed.by.clone(), event, claimed.at);
+    Some((claimed.logged.clone(), entry))
+}
+
+/// The `decision` events an approval's item holds, one per decision
+/// ([`crate::domain::approval::Decision::logged`]).
+pub fn held_by_approval(approval: &Approval) -> impl Iterator<Item = (LogSlot, AuditEntry)> + '_ {
+    approval.decisions.iter().filter_map(|decision| {
+        let event = AuditEvent::Decision {
+            approval_id: approval.id.clone(),
+            action_id: approval.action_id.clone(),
+            version: decision.action_version,
+            args_hash: decision.args_hash.clone(),
+            choice: decision.choice.clone(),
+            effect: decision.effect.clone(),
+        };
+        let actor = Actor::person(&decision.by);
+        let entry = AuditEntry::new(&approval.run_id, actor, event, decision.at);
+        Some((decision.logged.clone()?, entry))
+    })
 }
 
 /// A run's `started` event: the run's own fields, fixed when its item is created and never
@@ -642,8 +760,18 @@ fn decode_run(
     };
     let recent: Vec<Message> =
         serde_json::from_value(list(RECENT_MESSAGES)).map_err(|e| corrupt(e.to_string()))?;
+    let mut last = list(FINAL_EVENTS);
+    for event in last.as_array_mut().into_iter().flatten() {
+        for (name, field) in FINAL_FROM_RUN {
+            if event["event"] == name
+                && let (Some(event), Some(own)) = (event.as_object_mut(), fields.get(field))
+            {
+                event.entry(field).or_insert_with(|| own.clone());
+            }
+        }
+    }
     let last: Vec<LoggedEvent> =
-        serde_json::from_value(list(FINAL_EVENTS)).map_err(|e| corrupt(e.to_string()))?;
+        serde_json::from_value(last).map_err(|e| corrupt(e.to_string()))?;
     fields.insert("messages".into(), serde_json::Value::Array(vec![]));
     let mut run: Run = serde_json::from_value(body).map_err(|e| corrupt(e.to_string()))?;
     if !last.is_empty() && !run.status.is_finished() {
@@ -710,6 +838,8 @@ pub struct Tx {
     audit: Vec<(String, AuditItem)>,
     /// The writes of runs that finish here: each holds this transaction's events about its run.
     finished: Vec<usize>,
+    /// Where this transaction sits in its runs' logs: its audit items' key, made when first needed.
+    order: Option<String>,
 }
 
 impl Tx {
@@ -861,9 +991,25 @@ impl Tx {
             actor: entry.actor,
             event: entry.event,
         };
-        self.audit_item(keys::run_pk(tenant, &entry.run_id))
-            .events
-            .push(event);
+        let item = self.audit_item(keys::run_pk(tenant, &entry.run_id));
+        item.events.push(event);
+        item.places += 1;
+    }
+
+    /// The place of an event about `run` that a record this transaction writes holds instead of
+    /// its audit item (a claim's `executing`, a decision's `decision`): after the events added so
+    /// far, before those added next. The reader puts it back there ([`run_from_items`]).
+    pub fn log_slot(&mut self, tenant: &TenantId, run: &RunId) -> LogSlot {
+        let item = self.audit_item(keys::run_pk(tenant, run));
+        let place = item.places;
+        item.places += 1;
+        LogSlot::new(self.order(), place)
+    }
+
+    /// This transaction's audit order ([`audit_order`]): the same for each of its audit items
+    /// and the slots of the events its records hold.
+    fn order(&mut self) -> &str {
+        self.order.get_or_insert_with(audit_order)
     }
 
     /// The run's item: created if it was never written (version 0), else compare-and-set on
@@ -968,17 +1114,33 @@ impl Tx {
                 continue;
             };
             let (_, audit) = self.audit.remove(found);
+            if audit.events.is_empty() {
+                continue;
+            }
             debug_assert!(
                 audit.messages.is_empty(),
                 "a finished run keeps its messages"
             );
-            let events = serde_json::to_string(&audit.events).expect("engine records serialize");
+            let run: serde_json::Value =
+                serde_json::from_str(&item.body).expect("a run's body just serialized");
+            let mut events = serde_json::to_value(&audit.events).expect("engine records serialize");
+            for event in events.as_array_mut().into_iter().flatten() {
+                for (name, field) in FINAL_FROM_RUN {
+                    if event["event"] == name && run.get(field).is_some_and(|v| *v == event[field])
+                    {
+                        event.as_object_mut().map(|e| e.remove(field));
+                    }
+                }
+            }
             item.body.pop();
             item.body
                 .push_str(&format!(",\"{FINAL_EVENTS}\":{events}}}"));
         }
+        // A run whose events this transaction added are all held by its records gets no item.
+        self.audit
+            .retain(|(_, item)| !(item.events.is_empty() && item.messages.is_empty()));
         if !self.audit.is_empty() {
-            let sk = format!("{}{}", keys::AUDIT_PREFIX, audit_order());
+            let sk = format!("{}{}", keys::AUDIT_PREFIX, self.order());
             for (pk, item) in std::mem::take(&mut self.audit) {
                 self.put(pk, sk.clone(), None, &item, Condition::NotExists);
             }
@@ -1002,7 +1164,7 @@ mod tests {
         run.written();
         // In key order, as a query of the run's partition returns them.
         items.sort_by(|a, b| a.sk.cmp(&b.sk));
-        let read = run_from_items(items).unwrap().expect("the run's item");
+        let read = run_from_items(items, []).unwrap().expect("the run's item");
         let names: Vec<&str> = read.log.iter().map(|e| e.event.name()).collect();
         assert_eq!(names, ["started"], "the log reads back with the run");
         read.run
@@ -1079,7 +1241,7 @@ mod tests {
         let items = written(tx);
         assert_eq!(items.len(), 1, "no audit item: {items:?}");
         assert_eq!(items[0].sk, keys::RUN_SK);
-        let read = run_from_items(&items).unwrap().unwrap();
+        let read = run_from_items(&items, []).unwrap().unwrap();
         let [started] = &read.log[..] else {
             panic!("one event: {:?}", read.log)
         };
@@ -1126,9 +1288,12 @@ mod tests {
             item.gsi1.is_none(),
             "a finished run leaves the running index"
         );
+        // The answer is held once, as the run's, and nothing unset is written.
+        assert_eq!(item.body.matches("Paid $250.").count(), 1, "{}", item.body);
+        assert!(!item.body.contains("null"), "{}", item.body);
         items.retain(|i| i.sk != keys::RUN_SK);
         items.push(item.clone());
-        let read = run_from_items(&items).unwrap().unwrap();
+        let read = run_from_items(&items, []).unwrap().unwrap();
         let names: Vec<&str> = read.log.iter().map(|e| e.event.name()).collect();
         assert_eq!(names, ["started", "done"]);
         assert_eq!((read.log[1].at, &read.log[1].event), (now, &event));
@@ -1142,8 +1307,45 @@ mod tests {
             body: body.to_string(),
             ..item.clone()
         };
-        let error = run_from_items(&[item]).err().expect("refused");
+        let error = run_from_items(&[item], []).err().expect("refused");
         assert!(matches!(&error, EngineError::Corrupt(why) if why.contains("final events")));
+    }
+
+    #[test]
+    fn an_event_a_record_holds_reads_back_at_its_place_among_its_transactions_and_after_earlier_ones()
+     {
+        let mut run = started_run();
+        let mut tx = Tx::new();
+        tx.run(IndexShards::DEFAULT, &mut run);
+        let mut items = written(tx);
+        let (tenant, id) = (run.value.tenant.clone(), run.value.id.clone());
+        let paused = |n: usize| AuditEvent::Paused {
+            approvals: vec![ApprovalId::parse(&format!("ap-{n}")).unwrap()],
+        };
+        let entry = |n: usize| AuditEntry::new(&id, Actor::Agent, paused(n), Utc::now());
+
+        // An earlier transaction whose one event a record holds: no audit item at all.
+        let mut tx = Tx::new();
+        let first = tx.log_slot(&tenant, &id);
+        assert!(written(tx).is_empty(), "no audit item for a held event");
+        // A later one: an event, a held one, another event.
+        let mut tx = Tx::new();
+        tx.audit(&tenant, entry(2));
+        let held = tx.log_slot(&tenant, &id);
+        tx.audit(&tenant, entry(4));
+        items.extend(written(tx));
+        items.sort_by(|a, b| a.sk.cmp(&b.sk));
+
+        let read = run_from_items(&items, [(held, entry(3)), (first, entry(1))])
+            .unwrap()
+            .unwrap();
+        let events: Vec<&AuditEvent> = read.log.iter().skip(1).map(|e| &e.event).collect();
+        assert_eq!(events, [&paused(1), &paused(2), &paused(3), &paused(4)]);
+
+        let error = run_from_items(&items, [(serde_json::from_str("\"x\"").unwrap(), entry(5))])
+            .err()
+            .expect("refused");
+        assert!(matches!(&error, EngineError::Corrupt(why) if why.contains("log slot")));
     }
 
     /// An approval like the bench's: a reimbursement capped at the limit, one day to decide.
@@ -1215,6 +1417,8 @@ mod tests {
                 },
                 at,
                 effect: DecisionEffect::Approved,
+                // As the engine writes it: the approval's item holds the `decision` event.
+                logged: Some(LogSlot::new(&audit_order(), 0)),
             });
         }
         approval.status = ApprovalStatus::Approved;
@@ -1259,6 +1463,9 @@ mod tests {
         let approval = decided(approval(), &[ActionVersion::FIRST]);
         let item = approval_item(&approval);
         let units = |body: &str| write_units(&item.pk, item.sk.len(), None, body);
+        // Its decision resolved it, holding the `decision` event and its place in the log.
+        assert!(!item.body.contains(RESOLVED_AT), "{}", item.body);
+        assert!(item.body.contains("\"logged\""), "{}", item.body);
         assert_eq!(units(&serde_json::to_string(&approval).unwrap()), 2);
         assert_eq!(units(&item.body), 1);
         let open = approval_item(&self::approval());

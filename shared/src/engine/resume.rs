@@ -137,21 +137,13 @@ impl Engine {
         for _ in 0..CAS_ATTEMPTS {
             let now = self.now();
             let mut action = read.value.clone();
-            action
-                .claim(now)
-                .map_err(|e| EngineError::Corrupt(e.to_string()))?;
+            // The action's item holds the claim's `executing` event: one item, a plain write.
             let mut tx = Tx::new();
+            let logged = tx.log_slot(&action.tenant, &action.run_id);
+            action
+                .claim(now, Actor::system("resume"), logged)
+                .map_err(|e| EngineError::Corrupt(e.to_string()))?;
             tx.update_action(self.index_shards, &action, read.ver);
-            let authorized = action.authorized_by.clone();
-            tx.audit(
-                &action.tenant,
-                AuditEntry::new(
-                    &action.run_id,
-                    Actor::system("resume"),
-                    AuditEvent::executing(&action, &authorized),
-                    now,
-                ),
-            );
             match self.commit(tx).await {
                 Ok(_) => {
                     return Ok(Some(Stored {
