@@ -30,7 +30,7 @@ pub use resume::ResumeReport;
 pub use snapshot::{Shown, Snapshot};
 pub use sweep::SweepReport;
 
-use crate::domain::action::Action;
+use crate::domain::action::{Action, ActionStatus};
 use crate::domain::approval::Approval;
 use crate::domain::ids::{ActionId, ActionVersion, AgentName, ApprovalId, RunId, TenantId};
 use crate::domain::policy::MAX_TTL;
@@ -369,6 +369,8 @@ impl Engine {
             .filter(|item| item.gsi1.as_ref().is_some_and(keys::is_outbox))
             .map(decode)
             .collect::<Result<_, _>>()?;
+        // A claimed one keeps its entry while its call runs: its message was consumed.
+        actions.retain(|action| action.value.status != ActionStatus::Executing);
         actions.sort_by_key(|action| action.value.updated_at);
         Ok(actions)
     }

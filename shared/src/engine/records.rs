@@ -949,6 +949,28 @@ impl Tx {
         self.update(pk, sk, action_index(shards, action), action, ver);
     }
 
+    /// An approved action's claim (`approved → executing`), compare-and-set on the version
+    /// `approved` was read at. An action that waits in the outbox index for the message being
+    /// consumed (`queued`) keeps its entry there as it is: the index updates the entry in place
+    /// (1 write unit, where moving it to the reconcile index took a delete and a put), and the
+    /// sweep tells a claimed action from an undelivered one by its status, moving a claim that
+    /// outlives the grace to the reconcile index then. One taken out of the outbox index already
+    /// enters the reconcile index.
+    pub fn claim_action(
+        &mut self,
+        shards: IndexShards,
+        approved: &Stored<Action>,
+        queued: bool,
+        claimed: &Action,
+    ) {
+        let (pk, sk) = action_key(claimed);
+        let index = match queued {
+            true => Some(resume_key(shards, &approved.value)),
+            false => action_index(shards, claimed),
+        };
+        self.update(pk, sk, index, claimed, approved.ver);
+    }
+
     /// An action whose resume message is now due (approved, or settled without running), with
     /// `condition` on its item: the action's item enters the outbox index ([`resume_key`]) and
     /// is the message's pending delivery; no outbox item is written. The message goes out after
@@ -1519,6 +1541,45 @@ mod tests {
             &action,
             action.updated_at
         )));
+    }
+
+    #[test]
+    fn a_claim_keeps_the_outbox_entry_it_consumed_and_one_taken_out_enters_the_reconcile_index() {
+        let approval = approval();
+        let mut approved = approval.awaiting_action();
+        approved
+            .approve(approval.authorized_by(), approval.created_at)
+            .unwrap();
+        let read = Stored {
+            value: approved.clone(),
+            ver: 2,
+        };
+        let later = approval.created_at + chrono::Duration::seconds(5);
+        for queued in [true, false] {
+            let mut tx = Tx::new();
+            let logged = tx.log_slot(&approved.tenant, &approved.run_id);
+            let mut claimed = approved.clone();
+            claimed
+                .claim(later, Actor::system("resume"), logged)
+                .unwrap();
+            tx.claim_action(IndexShards::DEFAULT, &read, queued, &claimed);
+            let [Write::Put { item, condition }] = &tx.into_parts().0[..] else {
+                panic!("the claim is one write, its event held by the action")
+            };
+            assert_eq!(*condition, Condition::VersionIs(2));
+            let index = item.gsi1.clone().expect("indexed while it runs");
+            match queued {
+                true => assert_eq!(index, resume_key(IndexShards::DEFAULT, &approved)),
+                false => assert_eq!(
+                    index,
+                    reconcile_key(IndexShards::DEFAULT, &claimed, later + STALE_EXECUTION)
+                ),
+            }
+            let read_back = decode::<Action>(item).unwrap().value;
+            let (slot, entry) = held_by_action(&read_back).expect("its executing event");
+            assert_eq!(slot.parts().map(|(_, place)| place), Some(0));
+            assert_eq!((entry.event.name(), entry.at), ("executing", later));
+        }
     }
 
     #[test]

@@ -89,7 +89,7 @@ impl Engine {
         // Whether the action still waits in the outbox index for this message.
         let queued = item.gsi1.as_ref().is_some_and(keys::is_outbox);
         match action.value.status {
-            ActionStatus::Approved => self.execute(run, action).await,
+            ActionStatus::Approved => self.execute(run, action, queued).await,
             ActionStatus::Rejected
             | ActionStatus::Expired
             | ActionStatus::Cancelled
@@ -103,15 +103,17 @@ impl Engine {
     }
 
     /// Claims the approved version (`approved → executing`), calls the tool with the key
-    /// `action_id:version`, and records the outcome. The claim's write moves the action from
-    /// the outbox index to the reconcile index: the message is consumed with it.
+    /// `action_id:version`, and records the outcome. The message is consumed with the claim: the
+    /// action keeps its outbox entry (`queued`) as executing ([`Tx::claim_action`]), and leaves
+    /// the index when its outcome is recorded.
     async fn execute(
         &self,
         run: Stored<Run>,
         read: Stored<Action>,
+        queued: bool,
     ) -> Result<(ResumeReport, Outgoing), EngineError> {
         let intact = read.value.args.hash() == read.value.args_hash;
-        let Some(action) = self.claim(read).await? else {
+        let Some(action) = self.claim(read, queued).await? else {
             return Ok(ignored("another worker claimed this action"));
         };
         let outcome = if intact {
@@ -133,7 +135,11 @@ impl Engine {
     /// The claim's compare-and-set, `None` when another worker claimed the action first. A
     /// version that moved while the action stayed approved (taken out of the outbox index
     /// after its message was handed over again) is read again and claimed at its new version.
-    async fn claim(&self, mut read: Stored<Action>) -> Result<Option<Stored<Action>>, EngineError> {
+    async fn claim(
+        &self,
+        mut read: Stored<Action>,
+        mut queued: bool,
+    ) -> Result<Option<Stored<Action>>, EngineError> {
         for _ in 0..CAS_ATTEMPTS {
             let now = self.now();
             let mut action = read.value.clone();
@@ -143,7 +149,7 @@ impl Engine {
             action
                 .claim(now, Actor::system("resume"), logged)
                 .map_err(|e| EngineError::Corrupt(e.to_string()))?;
-            tx.update_action(self.index_shards, &action, read.ver);
+            tx.claim_action(self.index_shards, &read, queued, &action);
             match self.commit(tx).await {
                 Ok(_) => {
                     return Ok(Some(Stored {
@@ -156,7 +162,10 @@ impl Engine {
                         .load_action(&action.tenant, &action.run_id, &action.id, action.version)
                         .await?;
                     match again {
-                        Some(again) if again.value.status == ActionStatus::Approved => read = again,
+                        // Taken out of the outbox index: its version moved while approved.
+                        Some(again) if again.value.status == ActionStatus::Approved => {
+                            (read, queued) = (again, false);
+                        }
                         _ => return Ok(None),
                     }
                 }

@@ -99,15 +99,20 @@ impl Engine {
         let due = self
             .due_in(keys::OUTBOX_INDEX, &keys::due_until(now), budget)
             .await?;
-        // The index holds outbox items (notices) and actions whose resume message is due.
+        // The index holds outbox items (notices), actions whose resume message is due, and
+        // actions claimed from that message (its consumer kept the entry as it was).
         let resumes_due = keys::due_until(now - grace);
-        let (mut resumes, mut notices) = (Vec::new(), Vec::new());
+        let (mut resumes, mut claimed, mut notices) = (Vec::new(), Vec::new(), Vec::new());
         for item in &due {
             match item.sk.starts_with(keys::ACTION_PREFIX) {
                 true => {
                     let key = item.gsi1.as_ref().map_or("", |k| k.sk.as_str());
                     if key <= resumes_due.as_str() {
-                        resumes.push(decode::<Action>(item)?);
+                        let action = decode::<Action>(item)?;
+                        match action.value.status {
+                            ActionStatus::Executing => claimed.push(action),
+                            _ => resumes.push(action),
+                        }
                     }
                 }
                 false => notices.push(decode::<OutboxEntry>(item)?),
@@ -116,6 +121,12 @@ impl Engine {
         report.redelivered = resumes.len();
         let posted = self.deliver_stored(resumes, notices).await;
         report.notices.add(posted);
+        // A call still running after the grace: its message was consumed, and its outcome is
+        // now the reconcile index's to watch, from when its execution goes stale (the loop
+        // below, in this same sweep, if it already has).
+        for action in &claimed {
+            self.dequeue(action).await;
+        }
 
         let until = keys::due_until(self.now());
         let due = self.due_in(keys::RECONCILE_INDEX, &until, budget).await?;

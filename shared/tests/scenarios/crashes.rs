@@ -24,6 +24,17 @@ async fn approving_on(
     (report, approval, decide)
 }
 
+/// The actions among the entries of `index`, every shard, by their item's sort key.
+async fn actions_in(p: &Process, index: &str) -> Vec<String> {
+    let entries = p.index_shards(index, IndexShards::DEFAULT).await;
+    entries
+        .into_iter()
+        .flatten()
+        .filter(|item| item.sk.starts_with(keys::ACTION_PREFIX))
+        .map(|item| item.sk)
+        .collect()
+}
+
 /// Starts c-102, has dana approve it on a process whose reimburse hangs, and kills that process
 /// once the call is in flight. The action is left `executing`.
 async fn approve_on_a_process_that_dies_while_paying(
@@ -53,11 +64,18 @@ async fn given_a_process_that_died_before_paying_when_the_sweep_finds_the_stale_
         approve_on_a_process_that_dies_while_paying(h, Hangs::before_effect).await;
     let calls = Arc::new(AtomicUsize::new(0));
     let sweeper = h.counted_process(&calls).await;
+    // The claim kept the outbox entry its decision gave the action; the sweep sends nothing
+    // again for a claimed action, and moves it to the reconcile index until it goes stale.
+    let claimed = [keys::action_sk(&approval.action_id, v(1))];
+    assert_eq!(actions_in(&sweeper, keys::OUTBOX_INDEX).await, claimed);
+    assert!(actions_in(&sweeper, keys::RECONCILE_INDEX).await.is_empty());
     let early = sweeper.sweep(100).await.unwrap();
     assert!(
-        early.reconciled.is_empty() && early.unknown.is_empty(),
+        early.reconciled.is_empty() && early.unknown.is_empty() && early.redelivered == 0,
         "{early:?}"
     );
+    assert!(actions_in(&sweeper, keys::OUTBOX_INDEX).await.is_empty());
+    assert_eq!(actions_in(&sweeper, keys::RECONCILE_INDEX).await, claimed);
     h.clock.advance(Duration::minutes(16));
 
     let swept = sweeper.sweep(100).await.unwrap();
