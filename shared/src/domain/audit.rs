@@ -1,5 +1,7 @@
 //! The append-only audit log: every event is written in the same transaction as the change it
-//! explains, and never rewritten.
+//! explains, with its place in the log, and never changed. Most sit in audit items written once;
+//! a few are held by the record whose change they are (a run's `started` and final events, a
+//! claim's `executing`, a decision's `decision`), whose later writes carry them unchanged.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
