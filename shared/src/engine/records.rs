@@ -1241,6 +1241,16 @@ mod tests {
         Stored { value, ver: 0 }
     }
 
+    /// [`started_run`] as its creation leaves it: the run one version on, and its items.
+    fn created_run() -> (Stored<Run>, Vec<Item>) {
+        let mut run = started_run();
+        let mut tx = Tx::new();
+        tx.run(IndexShards::DEFAULT, &mut run);
+        let items = written(tx);
+        run.written();
+        (run, items)
+    }
+
     /// The items `tx` writes, as a partition holding only them reads back.
     fn written(tx: Tx) -> Vec<Item> {
         let (writes, _) = tx.into_parts();
@@ -1282,11 +1292,7 @@ mod tests {
     #[test]
     fn a_finished_run_holds_the_events_that_finished_it_in_its_own_item_after_the_rest_of_its_log()
     {
-        let mut run = started_run();
-        let mut tx = Tx::new();
-        tx.run(IndexShards::DEFAULT, &mut run);
-        let mut items = written(tx);
-        run.written();
+        let (mut run, mut items) = created_run();
         let now = run.value.created_at + chrono::Duration::seconds(3);
         run.value
             .messages
@@ -1336,10 +1342,7 @@ mod tests {
     #[test]
     fn an_event_a_record_holds_reads_back_at_its_place_among_its_transactions_and_after_earlier_ones()
      {
-        let mut run = started_run();
-        let mut tx = Tx::new();
-        tx.run(IndexShards::DEFAULT, &mut run);
-        let mut items = written(tx);
+        let (run, mut items) = created_run();
         let (tenant, id) = (run.value.tenant.clone(), run.value.id.clone());
         let paused = |n: usize| AuditEvent::Paused {
             approvals: vec![ApprovalId::parse(&format!("ap-{n}")).unwrap()],
