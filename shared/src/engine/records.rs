@@ -1513,13 +1513,18 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_decided_action_is_its_own_outbox_entry_handed_over_at_the_version_it_is_written() {
-        let approval = approval();
+    /// The action `approval` asks for, approved when the approval opened.
+    fn approved_action(approval: &Approval) -> Action {
         let mut action = approval.awaiting_action();
         action
             .approve(approval.authorized_by(), approval.created_at)
             .unwrap();
+        action
+    }
+
+    #[test]
+    fn a_decided_action_is_its_own_outbox_entry_handed_over_at_the_version_it_is_written() {
+        let action = approved_action(&approval());
         let mut tx = Tx::new();
         tx.resume_action(IndexShards::DEFAULT, &action, Condition::VersionIs(1));
         let (writes, outgoing) = tx.into_parts();
@@ -1549,10 +1554,7 @@ mod tests {
     #[test]
     fn a_claim_keeps_the_outbox_entry_it_consumed_and_one_taken_out_enters_the_reconcile_index() {
         let approval = approval();
-        let mut approved = approval.awaiting_action();
-        approved
-            .approve(approval.authorized_by(), approval.created_at)
-            .unwrap();
+        let approved = approved_action(&approval);
         let read = Stored {
             value: approved.clone(),
             ver: 2,
