@@ -13,9 +13,12 @@ use shared::adapters::slack::{SigningSecret, sign};
 mod common;
 #[path = "../shared/tests/support/slack_form.rs"]
 mod slack_form;
+#[path = "../shared/tests/support/slack_post.rs"]
+mod slack_post;
 
 use common::server::Server;
 use slack_form::interaction_form;
+use slack_post::post_interaction;
 
 const SECRET: &str = "0123456789abcdef0123456789abcdef";
 
@@ -130,23 +133,8 @@ fn click_body(slack: &str, button: &Value, user: &str) -> String {
 
 /// Posts an interaction's `body` to the server with these signature headers: the status and
 /// the answer.
-async fn post_interaction(
-    server: &Server,
-    body: &str,
-    timestamp: &str,
-    signature: &str,
-) -> (u16, Value) {
-    let reply = server
-        .http
-        .post(format!("{}/slack/interactions", server.base))
-        .header("content-type", "application/x-www-form-urlencoded")
-        .header("x-slack-request-timestamp", timestamp)
-        .header("x-slack-signature", signature)
-        .body(body.to_string())
-        .send()
-        .await
-        .unwrap();
-    (reply.status().as_u16(), reply.json().await.unwrap())
+async fn post_to(server: &Server, body: &str, timestamp: &str, signature: &str) -> (u16, Value) {
+    post_interaction(&server.http, &server.base, body, timestamp, signature).await
 }
 
 fn unix_now() -> String {
@@ -162,7 +150,7 @@ async fn click(server: &Server, slack: &str, button: &Value, user: &str) -> (u16
     let body = click_body(slack, button, user);
     let now = unix_now();
     let signature = sign(&SigningSecret::new(SECRET).unwrap(), &now, body.as_bytes());
-    post_interaction(server, &body, &now, &signature).await
+    post_to(server, &body, &now, &signature).await
 }
 
 fn calls_to(calls: &Calls, path: &str) -> Vec<Value> {
@@ -196,7 +184,7 @@ async fn a_click_in_slack_decides_and_the_message_tells_the_outcome() {
     );
 
     let body = click_body(&slack, &approve, "U0DANA001");
-    let (status, _) = post_interaction(&server, &body, &unix_now(), "v0=00").await;
+    let (status, _) = post_to(&server, &body, &unix_now(), "v0=00").await;
     assert_eq!(status, 401);
     assert_eq!(
         server.approval(&paused.approval).await["status"],

@@ -15,6 +15,8 @@ mod support;
 mod notices;
 #[path = "support/slack_form.rs"]
 mod slack_form;
+#[path = "support/slack_post.rs"]
+mod slack_post;
 
 use std::sync::Arc;
 use std::time::Duration as StdDuration;
@@ -36,6 +38,7 @@ use shared::ports::store::{Item, ItemStore, Page, Query, StoreError, Write};
 use harness::{Embedded, Harness, Process, acme, approve, decision};
 use notices::{Received, Receiver};
 use slack_form::interaction_form;
+use slack_post::post_interaction;
 
 const QUICK: StdDuration = StdDuration::from_millis(500);
 
@@ -242,18 +245,7 @@ impl SlackSetup {
 
     /// Posts `body` to /slack/interactions with the given timestamp and signature headers.
     async fn post(&self, body: &str, timestamp: &str, signature: &str) -> (u16, Value) {
-        let reply = self
-            .http
-            .post(format!("{}/slack/interactions", self.api))
-            .header("content-type", "application/x-www-form-urlencoded")
-            .header("x-slack-request-timestamp", timestamp)
-            .header("x-slack-signature", signature)
-            .body(body.to_string())
-            .send()
-            .await
-            .unwrap();
-        let status = reply.status().as_u16();
-        (status, reply.json().await.unwrap())
+        post_interaction(&self.http, &self.api, body, timestamp, signature).await
     }
 
     async fn signed_owned(&self, body: String) -> (u16, Value) {
