@@ -71,12 +71,7 @@ impl Deferred {
 
     /// What a committed transaction handed over, kept for later.
     fn keep(&mut self, outgoing: Outgoing) {
-        // Entries this process just wrote are at their first item version.
-        let notices = outgoing
-            .notices
-            .into_iter()
-            .map(|value| Stored { value, ver: 1 });
-        self.notices.extend(notices);
+        self.notices.extend(just_written(outgoing.notices));
         self.resumes.extend(outgoing.resumes);
     }
 
@@ -84,6 +79,11 @@ impl Deferred {
     fn keep_stored(&mut self, resumes: Vec<Stored<Action>>) {
         self.resumes.extend(resumes);
     }
+}
+
+/// Outbox entries a transaction of this process just wrote, at their first item version.
+fn just_written(notices: Vec<OutboxEntry>) -> impl Iterator<Item = Stored<OutboxEntry>> {
+    notices.into_iter().map(|value| Stored { value, ver: 1 })
 }
 
 pub struct Engine {
@@ -252,12 +252,7 @@ impl Engine {
     /// nobody acted on is the sweep's to deliver again after a grace period. Delivery is
     /// idempotent.
     async fn deliver(&self, outgoing: Outgoing) -> NoticeReport {
-        // Entries this process just wrote are at their first item version.
-        let notices = outgoing
-            .notices
-            .into_iter()
-            .map(|value| Stored { value, ver: 1 })
-            .collect();
+        let notices = just_written(outgoing.notices).collect();
         self.deliver_all(outgoing.resumes, notices, true).await
     }
 
@@ -301,11 +296,7 @@ impl Engine {
                 Delivery::InProcess => match self.resume_once(&message).await {
                     Ok((report, more)) => {
                         pending.extend(more.resumes);
-                        notices.extend(
-                            more.notices
-                                .into_iter()
-                                .map(|value| Stored { value, ver: 1 }),
-                        );
+                        notices.extend(just_written(more.notices));
                         Ok(matches!(report, ResumeReport::Ignored { .. }))
                     }
                     Err(e) => Err(e.to_string()),

@@ -1267,10 +1267,7 @@ mod tests {
 
     #[test]
     fn a_new_run_is_one_item_whose_own_fields_are_its_started_event() {
-        let mut run = started_run();
-        let mut tx = Tx::new();
-        tx.run(IndexShards::DEFAULT, &mut run);
-        let items = written(tx);
+        let (run, items) = created_run();
         assert_eq!(items.len(), 1, "no audit item: {items:?}");
         assert_eq!(items[0].sk, keys::RUN_SK);
         let read = run_from_items(&items, []).unwrap().unwrap();
