@@ -6,6 +6,8 @@
 //! the process is spawned to the moment the stub receives its first
 //! `GET /2018-06-01/runtime/invocation/next`: everything the function does before it can take
 //! an event. The stub never answers; the process is killed once the request arrived.
+//! The binaries are started in turn, one start of each per round, so that the machine's load
+//! weighs on them alike.
 //!
 //! ```text
 //! cold-start [--runs N] [--bin-dir target/release] [--lambda-dir target/lambda]
@@ -241,7 +243,7 @@ fn main() -> ExitCode {
         Ok(options) => options,
         Err(why) => return usage(&why),
     };
-    let mut rows = Vec::new();
+    let mut binaries = Vec::new();
     for name in &options.names {
         let binary = options.bin_dir.join(name);
         if !binary.exists() {
@@ -252,9 +254,14 @@ fn main() -> ExitCode {
             eprintln!("error: {name}: {why}");
             return ExitCode::FAILURE;
         }
-        let mut samples = Vec::with_capacity(options.runs);
-        for _ in 0..options.runs {
-            match one_start(&binary, name, &options.env) {
+        binaries.push(binary);
+    }
+    // The binaries are started in turn, one start of each per round, so that a change in the
+    // machine's load during the run weighs on each of them alike, the baseline included.
+    let mut samples = vec![Vec::with_capacity(options.runs); binaries.len()];
+    for _ in 0..options.runs {
+        for ((binary, name), samples) in binaries.iter().zip(&options.names).zip(&mut samples) {
+            match one_start(binary, name, &options.env) {
                 Ok(took) => samples.push(took),
                 Err(why) => {
                     eprintln!("error: {name}: {why}");
@@ -262,13 +269,16 @@ fn main() -> ExitCode {
                 }
             }
         }
+    }
+    let mut rows = Vec::new();
+    for ((name, binary), mut samples) in options.names.iter().zip(&binaries).zip(samples) {
         samples.sort();
         let package = options.lambda_dir.join(name);
         rows.push(Row {
             name: name.clone(),
             arm64: size(&package.join("bootstrap")),
             arm64_zip: size(&package.join("bootstrap.zip")),
-            native: size(&binary),
+            native: size(binary),
             samples,
         });
     }
