@@ -258,9 +258,9 @@ fn main() -> ExitCode {
     }
     // The binaries are started in turn, one start of each per round, so that a change in the
     // machine's load during the run weighs on each of them alike, the baseline included.
-    let mut samples = vec![Vec::with_capacity(options.runs); binaries.len()];
+    let mut taken = vec![Vec::with_capacity(options.runs); binaries.len()];
     for _ in 0..options.runs {
-        for ((binary, name), samples) in binaries.iter().zip(&options.names).zip(&mut samples) {
+        for ((binary, name), samples) in binaries.iter().zip(&options.names).zip(&mut taken) {
             match one_start(binary, name, &options.env) {
                 Ok(took) => samples.push(took),
                 Err(why) => {
@@ -271,7 +271,7 @@ fn main() -> ExitCode {
         }
     }
     let mut rows = Vec::new();
-    for ((name, binary), mut samples) in options.names.iter().zip(&binaries).zip(samples) {
+    for ((name, binary), mut samples) in options.names.iter().zip(&binaries).zip(taken) {
         samples.sort();
         let package = options.lambda_dir.join(name);
         rows.push(Row {
