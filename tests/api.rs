@@ -46,7 +46,8 @@ async fn a_claim_started_over_http_is_paid_once_a_finance_reviewer_approves() {
         approval["args_hash"]
             .as_str()
             .unwrap()
-            .starts_with("sha256:")
+            .starts_with("v2:sha256:"),
+        "the hash of the agent, the tool and the arguments"
     );
     assert!(!approval["explanation"].as_str().unwrap().is_empty());
     assert!(approval["reason"].as_str().unwrap().contains("finance"));

@@ -8,7 +8,9 @@ use super::args::{Args, ArgsHash};
 use super::audit::LogSlot;
 use super::conversation::ToolResultText;
 use super::identity::Actor;
-use super::ids::{ActionId, ActionVersion, ApprovalId, RunId, TenantId, idempotency_key};
+use super::ids::{
+    ActionId, ActionVersion, AgentName, ApprovalId, RunId, TenantId, idempotency_key,
+};
 use super::names::shown_by_serde_name;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -124,6 +126,8 @@ pub struct InvalidTransition {
 /// The facts of one proposed call version.
 #[derive(Debug, Clone)]
 pub struct ProposedCall {
+    /// The agent that proposes it: the hash binds a decision to it.
+    pub agent: AgentName,
     pub id: ActionId,
     pub version: ActionVersion,
     pub tenant: TenantId,
@@ -132,6 +136,13 @@ pub struct ProposedCall {
     pub tool: String,
     pub args: Args,
     pub explanation: String,
+}
+
+impl ProposedCall {
+    /// What a decision on this call is bound to, with its version: agent, tool and arguments.
+    pub fn hash(&self) -> ArgsHash {
+        ArgsHash::of_call(&self.agent, &self.tool, &self.args)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -174,7 +185,7 @@ pub struct Claimed {
 impl Action {
     /// A new version as the agent (or an edit) proposes it, before policy or people decide.
     pub fn propose(call: ProposedCall, now: DateTime<Utc>) -> Self {
-        let args_hash = call.args.hash();
+        let args_hash = call.hash();
         Self {
             id: call.id,
             version: call.version,
@@ -197,6 +208,11 @@ impl Action {
 
     pub fn key(&self) -> String {
         idempotency_key(&self.id, self.version)
+    }
+
+    /// Whether the stored arguments are still the ones its hash was made of, for `agent`.
+    pub fn intact(&self, agent: &AgentName) -> bool {
+        self.args_hash.binds(agent, &self.tool, &self.args)
     }
 
     fn to(
@@ -325,6 +341,7 @@ pub(crate) mod tests {
     /// The call the domain's unit tests propose: reimburse claim c-102, USD 250, for acme.
     pub(crate) fn proposed_call(explanation: &str) -> ProposedCall {
         ProposedCall {
+            agent: AgentName::parse("expense").unwrap(),
             id: ActionId::parse("act-1").unwrap(),
             version: ActionVersion::FIRST,
             tenant: TenantId::parse("acme").unwrap(),
@@ -343,7 +360,7 @@ pub(crate) mod tests {
     #[test]
     fn the_hash_is_taken_at_proposal() {
         let a = action();
-        assert_eq!(a.args_hash, a.args.hash());
+        assert!(a.intact(&AgentName::parse("expense").unwrap()));
         assert_eq!(a.key(), "act-1:1");
     }
 

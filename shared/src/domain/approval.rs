@@ -247,6 +247,7 @@ pub struct Asking {
 impl Approval {
     /// A new approval of one proposed call version, waiting for people on policy's terms.
     pub fn open(call: ProposedCall, requirement: &Requirement, asking: Asking) -> Self {
+        let args_hash = call.hash();
         Self {
             id: ApprovalId::generate(),
             tenant: call.tenant,
@@ -258,7 +259,7 @@ impl Approval {
             tool_use_id: call.tool_use_id,
             tool: call.tool,
             hints: asking.hints,
-            args_hash: call.args.hash(),
+            args_hash,
             args: call.args,
             explanation: call.explanation,
             previous: None,
@@ -284,6 +285,7 @@ impl Approval {
     /// Its tool cannot reconcile it, so a person must; it waits until one answers.
     pub fn recovery(action: &Action, owner: Role, detail: &str, asking: Asking) -> Self {
         let call = ProposedCall {
+            agent: asking.agent.clone(),
             id: action.id.clone(),
             version: action.version,
             tenant: action.tenant.clone(),
@@ -306,6 +308,8 @@ impl Approval {
         };
         let mut recovery = Self::open(call, &requirement, asking);
         recovery.kind = ApprovalKind::Recovery;
+        // The version as it was approved, under the hash scheme it was approved with.
+        recovery.args_hash = action.args_hash.clone();
         recovery
     }
 

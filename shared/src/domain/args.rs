@@ -1,10 +1,13 @@
-//! A tool call's arguments and the hash that binds a decision to them.
+//! A tool call's arguments and the hash that binds a decision to them: to the agent, the tool
+//! and the arguments together, so one decision can never cover another tool's call.
 
 use std::fmt::{self, Write as _};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
+
+use super::ids::AgentName;
 
 /// A tool call's arguments: always a JSON object.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -58,11 +61,10 @@ impl Args {
         out
     }
 
-    pub fn hash(&self) -> ArgsHash {
-        ArgsHash(format!(
-            "sha256:{}",
-            hex::encode(Sha256::digest(self.canonical().as_bytes()))
-        ))
+    /// The hash of the first scheme, over the arguments alone: what approvals stored before
+    /// the hash covered the agent and the tool are verified with.
+    fn legacy_hash(&self) -> ArgsHash {
+        ArgsHash(format!("{LEGACY_SCHEME}{}", sha256_hex(&self.canonical())))
     }
 }
 
@@ -112,18 +114,48 @@ checked_conversions!(Args, Value, ArgsError, |value| Self::new(value), |args| {
     Value::Object(args.0)
 });
 
-/// SHA-256 of the canonical arguments, written `sha256:<hex>`.
+/// How a hash of the first scheme (the arguments alone) starts: `sha256:<hex>`.
+const LEGACY_SCHEME: &str = "sha256:";
+/// How a hash of the current scheme starts: `v2:sha256:<hex>`, over the canonical object
+/// `{"agent", "args", "tool"}`.
+const SCHEME: &str = "v2:sha256:";
+
+fn sha256_hex(text: &str) -> String {
+    hex::encode(Sha256::digest(text.as_bytes()))
+}
+
+/// What a decision is bound to besides the version: SHA-256 of the agent's name, the tool's and
+/// the canonical arguments, written `v2:sha256:<hex>`. Hashes of the first scheme
+/// (`sha256:<hex>`, the arguments alone) still verify, as they were made.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ArgsHash(String);
 
 impl ArgsHash {
+    /// The hash of one call: `agent` proposing `tool` with `args`.
+    pub fn of_call(agent: &AgentName, tool: &str, args: &Args) -> Self {
+        let call = serde_json::json!({"agent": agent.as_str(), "tool": tool, "args": args.0});
+        let mut canonical = String::new();
+        write_canonical(&call, &mut canonical);
+        Self(format!("{SCHEME}{}", sha256_hex(&canonical)))
+    }
+
+    /// Whether this hash is the one of `agent` proposing `tool` with `args`, under the scheme
+    /// it was made with.
+    pub fn binds(&self, agent: &AgentName, tool: &str, args: &Args) -> bool {
+        if self.0.starts_with(SCHEME) {
+            *self == Self::of_call(agent, tool, args)
+        } else {
+            *self == args.legacy_hash()
+        }
+    }
+
     pub fn as_str(&self) -> &str {
         &self.0
     }
 
     /// The first hex digits, enough for a person to compare two hashes by eye.
     pub fn short(&self) -> &str {
-        let hex = self.0.trim_start_matches("sha256:");
+        let hex = self.0.rsplit(':').next().unwrap_or_default();
         &hex[..hex.len().min(12)]
     }
 }
@@ -143,19 +175,27 @@ mod tests {
         Args::new(v).unwrap()
     }
 
+    fn hash(args: &Args) -> ArgsHash {
+        hash_of("expense", "reimburse", args)
+    }
+
+    fn hash_of(agent: &str, tool: &str, args: &Args) -> ArgsHash {
+        ArgsHash::of_call(&AgentName::parse(agent).unwrap(), tool, args)
+    }
+
     #[test]
     fn key_order_and_whitespace_do_not_change_the_hash() {
         let a: Value =
             serde_json::from_str(r#"{"b": {"y": 1, "x": [2, 1]}, "a": "c-102"}"#).unwrap();
         let b: Value = serde_json::from_str(r#"{"a":"c-102","b":{"x":[2,1],"y":1}}"#).unwrap();
-        assert_eq!(args(a).hash(), args(b).hash());
+        assert_eq!(hash(&args(a)), hash(&args(b)));
     }
 
     #[test]
     fn integral_floats_hash_like_integers() {
         assert_eq!(
-            args(json!({"amount_cents": 25000.0})).hash(),
-            args(json!({"amount_cents": 25000})).hash()
+            hash(&args(json!({"amount_cents": 25000.0}))),
+            hash(&args(json!({"amount_cents": 25000})))
         );
         assert_eq!(args(json!({"n": 1.5})).canonical(), r#"{"n":1.5}"#);
     }
@@ -163,20 +203,54 @@ mod tests {
     #[test]
     fn any_change_of_value_changes_the_hash() {
         let base = args(json!({"claim_id": "c-102", "amount_cents": 25000}));
-        assert_ne!(base.hash(), base.with("amount_cents", json!(24999)).hash());
-        assert_ne!(base.hash(), base.with("claim_id", json!("c-103")).hash());
+        assert_ne!(hash(&base), hash(&base.with("amount_cents", json!(24999))));
+        assert_ne!(hash(&base), hash(&base.with("claim_id", json!("c-103"))));
         assert_ne!(
-            args(json!({"x": [1, 2]})).hash(),
-            args(json!({"x": [2, 1]})).hash()
+            hash(&args(json!({"x": [1, 2]}))),
+            hash(&args(json!({"x": [2, 1]})))
         );
+    }
+
+    #[test]
+    fn two_tools_or_two_agents_with_the_same_arguments_hash_differently() {
+        let customer = args(json!({"customer_id": "cus_9"}));
+        let lookup = hash_of("support", "lookup_customer", &customer);
+        assert_ne!(lookup, hash_of("support", "cancel_customer", &customer));
+        assert_ne!(lookup, hash_of("billing", "lookup_customer", &customer));
+        assert!(lookup.binds(
+            &AgentName::parse("support").unwrap(),
+            "lookup_customer",
+            &customer
+        ));
+        assert!(!lookup.binds(
+            &AgentName::parse("support").unwrap(),
+            "cancel_customer",
+            &customer
+        ));
+    }
+
+    #[test]
+    fn a_hash_of_the_first_scheme_still_verifies_its_arguments() {
+        let a = args(json!({"claim_id": "c-102", "amount_cents": 25000}));
+        // As an approval stored it before the hash covered the agent and the tool.
+        let stored: ArgsHash = serde_json::from_value(json!(
+            "sha256:b604fd708eeaef79e59d1b70d25ba4a4edcc960282a3aaa0aa2916738bc38b42"
+        ))
+        .unwrap();
+        let agent = AgentName::parse("expense").unwrap();
+        assert!(stored.binds(&agent, "reimburse", &a));
+        assert!(!stored.binds(&agent, "reimburse", &a.with("amount_cents", json!(1))));
+        assert_eq!(stored.short(), "b604fd708eea");
     }
 
     #[test]
     fn the_canonical_form_is_compact_sorted_json() {
         let a = args(json!({"z": null, "a": {"k": true, "b": "é\"q"}}));
         assert_eq!(a.canonical(), r#"{"a":{"b":"é\"q","k":true},"z":null}"#);
-        assert!(a.hash().as_str().starts_with("sha256:"));
-        assert_eq!(a.hash().as_str().len(), "sha256:".len() + 64);
+        let h = hash(&a);
+        assert!(h.as_str().starts_with("v2:sha256:"));
+        assert_eq!(h.as_str().len(), "v2:sha256:".len() + 64);
+        assert_eq!(h.short().len(), 12);
     }
 
     #[test]

@@ -440,6 +440,7 @@ impl Engine {
 
         let version = approval.action_version.next();
         let proposal = ProposedCall {
+            agent: approval.agent.clone(),
             id: approval.action_id.clone(),
             version,
             tenant: approval.tenant.clone(),

@@ -183,6 +183,7 @@ impl Engine {
                 };
                 let call = held(None);
                 let proposal = ProposedCall {
+                    agent: agent.name.clone(),
                     id: call.action_id.clone(),
                     version: ActionVersion::FIRST,
                     tenant: run.value.tenant.clone(),

@@ -238,6 +238,7 @@ mod tests {
 
     fn action(id: &str, version: u32) -> Action {
         let call = ProposedCall {
+            agent: crate::domain::ids::AgentName::parse("expense").unwrap(),
             id: ActionId::parse(id).unwrap(),
             version: ActionVersion::new(version).unwrap(),
             tenant: TenantId::parse("acme").unwrap(),

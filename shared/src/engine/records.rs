@@ -1433,9 +1433,11 @@ mod tests {
                 action_version: *version,
                 args_hash: match own {
                     true => approval.args_hash.clone(),
-                    false => crate::domain::args::Args::new(serde_json::json!({"n": n}))
-                        .unwrap()
-                        .hash(),
+                    false => crate::domain::args::ArgsHash::of_call(
+                        &approval.agent,
+                        &approval.tool,
+                        &crate::domain::args::Args::new(serde_json::json!({"n": n})).unwrap(),
+                    ),
                 },
                 at,
                 effect: DecisionEffect::Approved,

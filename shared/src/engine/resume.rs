@@ -112,7 +112,7 @@ impl Engine {
         read: Stored<Action>,
         queued: bool,
     ) -> Result<(ResumeReport, Outgoing), EngineError> {
-        let intact = read.value.args.hash() == read.value.args_hash;
+        let intact = read.value.intact(&run.value.agent);
         let Some(action) = self.claim(read, queued).await? else {
             return Ok(ignored("another worker claimed this action"));
         };
