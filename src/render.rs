@@ -372,6 +372,12 @@ fn event_line(entry: &AuditEntry, tools: &std::collections::BTreeMap<String, Str
                 clip(result)
             )
         }
+        AuditEvent::Refused {
+            tool, args, why, ..
+        } => {
+            let args = args.as_ref().map(|a| format!(" {}", clip(&a.canonical())));
+            format!("{tool}{} refused: {why}", args.unwrap_or_default())
+        }
         AuditEvent::Resumed { results } => format!(
             "{results} result{} back to the agent",
             if *results == 1 { "" } else { "s" }

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::Client;
-use aws_sdk_dynamodb::error::{DisplayErrorContext, SdkError};
+use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::operation::delete_item::DeleteItemError;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
@@ -16,8 +16,8 @@ use aws_sdk_dynamodb::types::{
 };
 
 use crate::ports::store::{
-    Condition, IndexKey, Item, ItemStore, Page, Query, Range, Refused, StoreError, Write,
-    check_transaction,
+    Condition, ITEM_LIMIT, IndexKey, Item, ItemStore, Page, Query, Range, Refused, StoreError,
+    Write, check_transaction,
 };
 
 /// The name of the sparse index, as the table definition in template.yaml names it.
@@ -126,12 +126,63 @@ fn start_key(cursor: Option<&str>) -> Result<Option<Attributes>, StoreError> {
     ))
 }
 
-fn unavailable<E, R>(error: SdkError<E, R>) -> StoreError
+/// A failed request as a typed store error, by what DynamoDB said: "unavailable" only where it
+/// could not be reached or failed on its side.
+fn store_error<E, R>(error: SdkError<E, R>) -> StoreError
 where
-    E: std::error::Error + 'static,
+    E: std::error::Error + ProvideErrorMetadata + 'static,
     R: std::fmt::Debug,
 {
-    StoreError::Unavailable(DisplayErrorContext(&error).to_string())
+    match &error {
+        SdkError::ServiceError(context) => {
+            let service = context.err();
+            let message = service.message().unwrap_or_default();
+            refusal(service.code().unwrap_or_default(), message)
+                .unwrap_or_else(|| StoreError::Unavailable(DisplayErrorContext(&error).to_string()))
+        }
+        _ => StoreError::Unavailable(DisplayErrorContext(&error).to_string()),
+    }
+}
+
+/// What an error code of DynamoDB's (a request's, or a cancelled transaction's reason for one
+/// write) means for the engine; `None` for a failure on DynamoDB's side.
+fn refusal(code: &str, message: &str) -> Option<StoreError> {
+    let with = |what: &str| match message {
+        "" => what.to_string(),
+        message => format!("{what}: {message}"),
+    };
+    Some(match code {
+        "ValidationException" | "ValidationError" if message.contains("Item size") => {
+            StoreError::TooLarge {
+                what: with("an item"),
+                limit: ITEM_LIMIT,
+            }
+        }
+        "ItemCollectionSizeLimitExceededException" | "ItemCollectionSizeLimitExceeded" => {
+            StoreError::TooLarge {
+                what: with("a partition's item collection"),
+                limit: 10 * 1024 * 1024 * 1024,
+            }
+        }
+        "ValidationException"
+        | "ValidationError"
+        | "ResourceNotFoundException"
+        | "ConditionalCheckFailedException"
+        | "SerializationException" => StoreError::Invalid(with(code)),
+        "ProvisionedThroughputExceededException"
+        | "ProvisionedThroughputExceeded"
+        | "ThrottlingException"
+        | "ThrottlingError"
+        | "RequestLimitExceeded" => StoreError::Throttled(with(code)),
+        "TransactionConflictException"
+        | "TransactionConflict"
+        | "TransactionInProgressException"
+        | "ReplicatedWriteConflictException" => StoreError::Contended,
+        "AccessDeniedException" | "UnrecognizedClientException" | "MissingAuthenticationToken" => {
+            StoreError::Invalid(with("the store refused this process's credentials"))
+        }
+        _ => return None,
+    })
 }
 
 /// A write's condition expression, the values it names, and the attribute names it needs
@@ -179,7 +230,7 @@ fn single_write_error<E, R>(
     refusal: impl FnOnce(&E) -> Option<SingleRefusal>,
 ) -> Refused
 where
-    E: std::error::Error + 'static,
+    E: std::error::Error + ProvideErrorMetadata + 'static,
     R: std::fmt::Debug,
 {
     let refused = match &error {
@@ -195,7 +246,7 @@ where
                 .collect(),
         ),
         Some(SingleRefusal::Conflict) => (StoreError::Contended, Vec::new()),
-        None => (unavailable(error), Vec::new()),
+        None => (store_error(error), Vec::new()),
     };
     Refused { error, found }
 }
@@ -307,7 +358,7 @@ impl ItemStore for DynamoStore {
             .set_return_consumed_capacity(self.consumed_capacity.clone())
             .send()
             .await
-            .map_err(unavailable)?;
+            .map_err(store_error)?;
         output.item().map(from_attributes).transpose()
     }
 
@@ -353,7 +404,7 @@ impl ItemStore for DynamoStore {
             request.key_condition_expression(key_condition),
             |request, (name, value)| request.expression_attribute_values(name, s(value)),
         );
-        let output = request.send().await.map_err(unavailable)?;
+        let output = request.send().await.map_err(store_error)?;
         let items = output
             .items()
             .iter()
@@ -412,22 +463,23 @@ impl ItemStore for DynamoStore {
                             found,
                         });
                     }
-                    if reasons
-                        .iter()
-                        .any(|r| r.code() == Some("TransactionConflict"))
-                    {
-                        return Err(refused(StoreError::Contended));
-                    }
-                    Err(refused(StoreError::Unavailable(format!(
-                        "the transaction was cancelled: {cancelled}"
-                    ))))
+                    // The first reason that names a cause: each write's is "None" but the
+                    // one that cancelled it.
+                    let cause = reasons.iter().find_map(|r| {
+                        refusal(
+                            r.code().unwrap_or_default(),
+                            r.message().unwrap_or_default(),
+                        )
+                    });
+                    Err(refused(cause.unwrap_or_else(|| {
+                        StoreError::Unavailable(format!(
+                            "the transaction was cancelled: {cancelled}"
+                        ))
+                    })))
                 }
-                TransactWriteItemsError::TransactionInProgressException(_) => {
-                    Err(refused(StoreError::Contended))
-                }
-                other => Err(refused(StoreError::Unavailable(other.to_string()))),
+                _ => Err(refused(store_error(SdkError::ServiceError(context)))),
             },
-            Err(other) => Err(refused(unavailable(other))),
+            Err(other) => Err(refused(store_error(other))),
         }
     }
 }

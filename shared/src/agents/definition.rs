@@ -77,6 +77,19 @@ pub struct ToolDefinition {
     pub claimant: Option<String>,
 }
 
+impl ToolDefinition {
+    /// Whether its input schema is the one its MCP server lists (the entry gives none).
+    fn schema_is_listed(&self) -> bool {
+        matches!(
+            self.binding,
+            ToolBinding::Mcp {
+                input_schema: None,
+                ..
+            }
+        )
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Definition {
     pub name: AgentName,
@@ -329,12 +342,20 @@ impl Definition {
                     format!("the built-in tool is named {}", bound.spec().name),
                 ));
             }
+            // An MCP entry without a schema of its own is checked once its server lists it.
+            if !tool.schema_is_listed() {
+                self.policy
+                    .check_fields(&tool.name, &bound.spec().input_schema)
+                    .map_err(|(field, why)| DefinitionError::new(&self.policy_file, &field, why))?;
+            }
             toolbox = toolbox.with(bound);
             if let Some(arg) = &tool.claimant {
                 claimant_args.insert(tool.name.clone(), arg.clone());
             }
         }
         if !servers.is_empty() {
+            // An entry's own schema was checked at load; the listing's is checked once listed.
+            let schema_listed = || self.tools.iter().filter(|tool| tool.schema_is_listed());
             toolbox = toolbox.with_source(Arc::new(McpTools {
                 file: self.file.clone(),
                 policy_file: self.policy_file.clone(),
@@ -352,21 +373,10 @@ impl Definition {
                         (tool.name.clone(), remote)
                     })
                     .collect(),
-                claimants: self
-                    .tools
-                    .iter()
-                    // An entry's own schema was checked at load.
-                    .filter(|tool| {
-                        matches!(
-                            tool.binding,
-                            ToolBinding::Mcp {
-                                input_schema: None,
-                                ..
-                            }
-                        )
-                    })
+                claimants: schema_listed()
                     .filter_map(|tool| Some((tool.name.clone(), tool.claimant.clone()?)))
                     .collect(),
+                listed_schemas: schema_listed().map(|tool| tool.name.clone()).collect(),
                 policy: self.policy.clone(),
                 script_tools: match &self.model.offline {
                     Some(Offline::Script(script)) => script.tools().map(str::to_string).collect(),
@@ -654,6 +664,89 @@ mod tests {
             assert_eq!(wiring.http.is_built(), drives, "drives: {drives}");
         }
         std::fs::remove_dir_all(dir).ok();
+    }
+
+    /// An HTTP refund tool whose amount is `amount_cents`, an integer the schema requires.
+    const REFUND_TOOL: &str = r#"
+[tools.issue_refund]
+description = "Refunds an order."
+input_schema = { type = "object", properties = { order_id = { type = "string" }, amount_cents = { type = "integer" }, note = { type = "string" }, tip = { type = "number" } }, required = ["order_id", "amount_cents"] }
+http = { method = "POST", url = "http://127.0.0.1:9/orders/{order_id}/refunds" }
+"#;
+
+    /// The error building `REFUND_TOOL` under a policy gating it on `amount_field`.
+    fn built_with_amount_field(rule: &str) -> Result<(), DefinitionError> {
+        let policy = format!(
+            "name = \"refunds\"\nversion = 1\ndefault_ttl = \"1h\"\n[tools.issue_refund]\ndecision = \"approve\"\napprover_role = \"finance\"\n{rule}\n[[tools.issue_refund.thresholds]]\nabove = \"$100\"\nquorum = 1\nreason = \"Large refunds need finance.\"\n"
+        );
+        let definition = load(REFUND_TOOL, &policy).expect("the files parse");
+        let dir = crate::testing::scratch_dir("amount-field");
+        let store: Arc<dyn crate::ports::store::ItemStore> =
+            Arc::new(crate::adapters::sqlite::SqliteStore::open_dir(&dir).unwrap());
+        let wiring = Wiring::new(
+            store,
+            Arc::new(crate::ports::clock::SystemClock),
+            crate::example::expense::default_claims(),
+        );
+        let built = definition.build(&wiring).map(|_| ());
+        std::fs::remove_dir_all(dir).ok();
+        built
+    }
+
+    #[test]
+    fn a_policy_amount_field_must_be_a_required_integer_argument_of_its_tool() {
+        assert_eq!(
+            built_with_amount_field("amount_field = \"amount_cents\""),
+            Ok(())
+        );
+        let cases = [
+            (
+                "amount_field = \"amount\"",
+                "tools.issue_refund.amount_field",
+                "amount is not one of issue_refund's arguments",
+            ),
+            (
+                "amount_field = \"tip\"",
+                "tools.issue_refund.amount_field",
+                "issue_refund's argument tip must have type \"integer\" (whole cents)",
+            ),
+            (
+                "amount_field = \"note\"",
+                "tools.issue_refund.amount_field",
+                "issue_refund's argument note must have type \"integer\" (whole cents)",
+            ),
+        ];
+        for (rule, field, message) in cases {
+            let error = built_with_amount_field(rule).expect_err(rule);
+            assert_eq!(error.file, "test/policy.toml", "{rule}");
+            assert_eq!(error.field, field, "{rule}");
+            assert_eq!(error.message, message, "{rule}");
+        }
+    }
+
+    #[test]
+    fn a_policy_amount_field_the_schema_does_not_require_is_refused() {
+        let optional = REFUND_TOOL.replace(
+            r#"required = ["order_id", "amount_cents"]"#,
+            r#"required = ["order_id"]"#,
+        );
+        let policy = "name = \"refunds\"\nversion = 1\ndefault_ttl = \"1h\"\n[tools.issue_refund]\ndecision = \"approve\"\napprover_role = \"finance\"\namount_field = \"amount_cents\"\n[[tools.issue_refund.thresholds]]\nabove = \"$100\"\nquorum = 1\nreason = \"r\"\n";
+        let definition = load(&optional, policy).expect("the files parse");
+        let dir = crate::testing::scratch_dir("amount-required");
+        let store: Arc<dyn crate::ports::store::ItemStore> =
+            Arc::new(crate::adapters::sqlite::SqliteStore::open_dir(&dir).unwrap());
+        let wiring = Wiring::new(
+            store,
+            Arc::new(crate::ports::clock::SystemClock),
+            crate::example::expense::default_claims(),
+        );
+        let error = definition.build(&wiring).map(|_| ()).expect_err("refused");
+        std::fs::remove_dir_all(dir).ok();
+        assert_eq!(error.field, "tools.issue_refund.amount_field");
+        assert_eq!(
+            error.message,
+            "issue_refund's input schema must list amount_cents under required"
+        );
     }
 
     #[test]

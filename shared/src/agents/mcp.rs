@@ -133,6 +133,9 @@ pub(super) struct McpTools {
     pub entries: BTreeMap<String, Option<(String, String)>>,
     /// Per tool entry, the argument naming a claimant, checked against the listed schema.
     pub claimants: BTreeMap<String, String>,
+    /// The tool entries whose schema is the listing's (they give none of their own): the
+    /// policy's fields for them are checked once listed.
+    pub listed_schemas: Vec<String>,
     pub policy: Arc<Policy>,
     /// The tools the offline script calls.
     pub script_tools: Vec<String>,
@@ -164,6 +167,9 @@ impl McpTools {
                     ));
                 };
                 self.check_claimant(entry, &tool.spec())?;
+                if self.listed_schemas.contains(entry) {
+                    self.check_policy_fields(entry, &tool.spec())?;
+                }
             }
             let bound = |remote: &str| {
                 self.entries
@@ -212,6 +218,7 @@ impl McpTools {
                         format!("{field} lists {name}, which {other} lists too"),
                     ));
                 }
+                self.check_policy_fields(name, &tool.spec())?;
                 listed.insert(name.to_string(), (field.clone(), Arc::new(tool.clone())));
             }
         }
@@ -246,6 +253,12 @@ impl McpTools {
             .into_iter()
             .map(|(name, (_, tool))| (name, tool))
             .collect())
+    }
+
+    fn check_policy_fields(&self, tool: &str, spec: &ToolSpec) -> Result<(), DefinitionError> {
+        self.policy
+            .check_fields(tool, &spec.input_schema)
+            .map_err(|(field, why)| DefinitionError::new(&self.policy_file, &field, why))
     }
 
     fn check_claimant(&self, entry: &str, spec: &ToolSpec) -> Result<(), DefinitionError> {

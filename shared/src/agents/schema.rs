@@ -16,6 +16,8 @@ pub fn check(schema: &Value) -> Result<(), String> {
         return Err("the schema's type must be \"object\": a tool takes named arguments".into());
     }
     check_node(schema, "")?;
+    // Every call is checked against it: it must be a schema the checker can use.
+    crate::domain::schema::Schema::compile(schema)?;
     Ok(())
 }
 

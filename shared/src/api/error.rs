@@ -293,6 +293,12 @@ mod tests {
             StoreError::Unavailable("down".into()).into(),
             StoreError::Contended.into(),
             StoreError::ConditionFailed { failed: vec![0] }.into(),
+            StoreError::TooLarge {
+                what: "an item".into(),
+                limit: 400 * 1024,
+            }
+            .into(),
+            StoreError::Throttled("busy".into()).into(),
             EngineError::Corrupt("unreadable".into()),
             EngineError::Unavailable("down".into()),
         ]);
@@ -311,6 +317,8 @@ mod tests {
                 | EngineError::Store(StoreError::ConditionFailed { .. })
                 | EngineError::Store(StoreError::Contended)
                 | EngineError::Store(StoreError::Invalid(_))
+                | EngineError::Store(StoreError::TooLarge { .. })
+                | EngineError::Store(StoreError::Throttled(_))
                 | EngineError::Store(StoreError::Unavailable(_)) => {}
                 EngineError::Refused(refusal) => match refusal {
                     Refusal::OwnRequest { .. }

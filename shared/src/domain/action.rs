@@ -6,6 +6,7 @@ use serde_json::Value;
 
 use super::args::{Args, ArgsHash};
 use super::audit::LogSlot;
+use super::budget;
 use super::conversation::ToolResultText;
 use super::identity::Actor;
 use super::ids::{
@@ -269,11 +270,11 @@ impl Action {
         let (to, result) = match outcome {
             ToolOutcome::Succeeded { result } => (
                 ActionStatus::Succeeded,
-                ToolResultText::ok(result_text(result)),
+                ToolResultText::ok(kept(result_text(result))),
             ),
             ToolOutcome::Failed { error } => (
                 ActionStatus::Failed,
-                ToolResultText::error(format!("The call failed: {error}")),
+                ToolResultText::error(kept(format!("The call failed: {error}"))),
             ),
             ToolOutcome::Unknown { .. } => {
                 (ActionStatus::Unknown, ToolResultText::error(UNKNOWN_TEXT))
@@ -325,6 +326,12 @@ impl Action {
 }
 
 pub const UNKNOWN_TEXT: &str = "The outcome of this call is unknown: it may have taken effect. It will be reconciled; do not retry it.";
+
+/// A result as stored and told to the model: within its share, else cut with a note of what
+/// was cut, how long the whole was and its hash ([`budget::cut`]).
+pub fn kept(text: String) -> String {
+    budget::cut(&text, budget::RESULT, "result").unwrap_or(text)
+}
 
 fn result_text(result: &Value) -> String {
     match result {

@@ -57,7 +57,7 @@ impl Args {
     /// written as integers. Equal arguments always give the same bytes.
     pub fn canonical(&self) -> String {
         let mut out = String::new();
-        write_canonical(&Value::Object(self.0.clone()), &mut out);
+        write_object(&self.0, &mut out);
         out
     }
 
@@ -74,22 +74,31 @@ impl fmt::Display for Args {
     }
 }
 
+/// The canonical form of any JSON value, as [`Args::canonical`] writes arguments.
+pub fn canonical(value: &Value) -> String {
+    let mut out = String::new();
+    write_canonical(value, &mut out);
+    out
+}
+
+fn write_object(map: &Map<String, Value>, out: &mut String) {
+    let mut keys: Vec<&String> = map.keys().collect();
+    keys.sort();
+    out.push('{');
+    for (i, key) in keys.into_iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&Value::String(key.clone()).to_string());
+        out.push(':');
+        write_canonical(&map[key], out);
+    }
+    out.push('}');
+}
+
 fn write_canonical(value: &Value, out: &mut String) {
     match value {
-        Value::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort();
-            out.push('{');
-            for (i, key) in keys.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                out.push_str(&Value::String(key.clone()).to_string());
-                out.push(':');
-                write_canonical(&map[key], out);
-            }
-            out.push('}');
-        }
+        Value::Object(map) => write_object(map, out),
         Value::Array(items) => {
             out.push('[');
             for (i, item) in items.iter().enumerate() {
@@ -134,9 +143,7 @@ impl ArgsHash {
     /// The hash of one call: `agent` proposing `tool` with `args`.
     pub fn of_call(agent: &AgentName, tool: &str, args: &Args) -> Self {
         let call = serde_json::json!({"agent": agent.as_str(), "tool": tool, "args": args.0});
-        let mut canonical = String::new();
-        write_canonical(&call, &mut canonical);
-        Self(format!("{SCHEME}{}", sha256_hex(&canonical)))
+        Self(format!("{SCHEME}{}", sha256_hex(&canonical(&call))))
     }
 
     /// Whether this hash is the one of `agent` proposing `tool` with `args`, under the scheme

@@ -63,6 +63,16 @@ pub enum AuditEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         approval_id: Option<ApprovalId>,
     },
+    /// A proposed call answered before policy ruled on it: no such tool, or arguments that
+    /// do not match the tool's schema or are past their share. Nothing went to a person or the
+    /// tool; `args` is kept where it fits its share.
+    Refused {
+        action_id: ActionId,
+        tool: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        args: Option<Args>,
+        why: String,
+    },
     Paused {
         approvals: Vec<ApprovalId>,
     },
@@ -205,7 +215,7 @@ impl AuditEvent {
             ToolOutcome::Unknown { detail } => AuditEvent::Unknown {
                 action_id: action.id.clone(),
                 version: action.version,
-                detail: detail.clone(),
+                detail: super::action::kept(detail.clone()),
             },
             _ => AuditEvent::Executed {
                 action_id: action.id.clone(),
@@ -240,6 +250,7 @@ impl AuditEvent {
     /// The action version this event is about, if any.
     pub fn action(&self) -> Option<(&ActionId, ActionVersion)> {
         match self {
+            AuditEvent::Refused { action_id, .. } => Some((action_id, ActionVersion::FIRST)),
             AuditEvent::Proposed {
                 action_id, version, ..
             }

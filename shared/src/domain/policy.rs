@@ -215,6 +215,38 @@ impl Policy {
         }
     }
 
+    /// Checks the amount this policy reads of `tool`'s calls against the tool's input schema,
+    /// so a rule cannot load and then deny every call: the field a gate compares (and the only
+    /// one a reviewer may edit) must be a required integer argument. On a mismatch, the policy
+    /// file's field and what is wrong.
+    pub fn check_fields(&self, tool: &str, schema: &Value) -> Result<(), (String, String)> {
+        let Some(ToolRule::Approve {
+            gate: Gate::AboveAmount { field, .. },
+            ..
+        }) = self.tools.get(tool)
+        else {
+            return Ok(());
+        };
+        let at = format!("tools.{tool}.amount_field");
+        let Some(property) = schema["properties"].get(field) else {
+            return Err((at, format!("{field} is not one of {tool}'s arguments")));
+        };
+        if property["type"] != "integer" {
+            return Err((
+                at,
+                format!("{tool}'s argument {field} must have type \"integer\" (whole cents)"),
+            ));
+        }
+        let required = schema["required"].as_array();
+        if !required.is_some_and(|r| r.iter().any(|name| name == field.as_str())) {
+            return Err((
+                at,
+                format!("{tool}'s input schema must list {field} under required"),
+            ));
+        }
+        Ok(())
+    }
+
     /// Whether a caller may ask for this time to decide when starting a run.
     pub fn check_ttl(&self, ttl: Duration) -> Result<(), String> {
         if ttl > self.max_ttl {

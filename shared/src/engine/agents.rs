@@ -2,17 +2,20 @@
 //! A run names its agent, so a resume, a decision or the sweep uses that agent's rules and tools,
 //! whichever process handles it. Definitions files become agents in [`crate::agents`].
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
+use serde_json::Value;
 
 use super::error::EngineError;
 use crate::domain::approval::Asking;
 use crate::domain::args::Args;
+use crate::domain::budget;
 use crate::domain::ids::{AgentName, PersonId, Role};
 use crate::domain::policy::{Policy, ToolHints, Verdict};
 use crate::domain::run::Run;
+use crate::domain::schema::Schema;
 use crate::ports::model::Model;
 use crate::ports::tools::Toolbox;
 
@@ -46,6 +49,18 @@ pub struct Agent {
     /// Who answers "did this take effect?" when a call's outcome is unknown and its tool cannot
     /// reconcile it.
     pub recovery_owner: Option<Role>,
+    /// Each tool's input schema, compiled the first time a call of it is checked (a tool of an
+    /// MCP server is known once listed), or why it cannot be.
+    schemas: Mutex<HashMap<String, Arc<Result<Schema, String>>>>,
+}
+
+/// Why a proposed call is answered without policy ruling on it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Unfit {
+    /// What the model is told and the audit says.
+    pub why: String,
+    /// The arguments, where they are an object within their share: the audit keeps them.
+    pub args: Option<Args>,
 }
 
 impl Agent {
@@ -59,6 +74,7 @@ impl Agent {
             limits: Limits::default(),
             claimant_args: BTreeMap::new(),
             recovery_owner: None,
+            schemas: Mutex::default(),
         }
     }
 
@@ -85,6 +101,49 @@ impl Agent {
     /// What a tool says about itself, as policy may match it.
     pub fn hints(&self, tool: &str) -> ToolHints {
         self.tools.get(tool).map(|t| t.hints()).unwrap_or_default()
+    }
+
+    /// The one gate every proposed call passes before policy rules on it, whoever proposed it:
+    /// a tool of this agent, arguments that are a JSON object within their share
+    /// ([`budget::ARGS`], canonical), and that match the tool's input schema. Pure: nothing is
+    /// written here.
+    pub fn check_call(&self, tool: &str, input: Value) -> Result<Args, Unfit> {
+        let unfit = |why: String, args: Option<Args>| Unfit { why, args };
+        if self.tools.get(tool).is_none() {
+            return Err(unfit(format!("there is no tool named {tool}"), None));
+        }
+        let args = Args::new(input).map_err(|e| unfit(e.to_string(), None))?;
+        let len = args.canonical().len();
+        if let Some(why) = budget::too_large(len, budget::ARGS) {
+            return Err(unfit(why, None));
+        }
+        let schema = self.schema(tool);
+        let checked = match schema.as_ref() {
+            Ok(schema) => schema
+                .check(&args)
+                .map_err(|why| format!("the arguments do not match the tool's schema: {why}")),
+            Err(why) => Err(format!("the tool's schema cannot be used: {why}")),
+        };
+        match checked {
+            Ok(()) => Ok(args),
+            Err(why) => Err(unfit(why, Some(args))),
+        }
+    }
+
+    /// A tool's compiled input schema, compiled once per process.
+    fn schema(&self, tool: &str) -> Arc<Result<Schema, String>> {
+        let mut schemas = self.schemas.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(schema) = schemas.get(tool) {
+            return schema.clone();
+        }
+        let spec = self.tools.get(tool).map(|t| t.spec());
+        let compiled = match spec {
+            Some(spec) => Schema::compile(&spec.input_schema),
+            None => Err(format!("there is no tool named {tool}")),
+        };
+        let compiled = Arc::new(compiled);
+        schemas.insert(tool.to_string(), compiled.clone());
+        compiled
     }
 
     /// What policy says about one proposed call of this agent.

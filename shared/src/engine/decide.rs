@@ -450,6 +450,13 @@ impl Engine {
             args,
             explanation: approval.explanation.clone(),
         };
+        // The next version passes the gate every proposed call passes, before policy.
+        if let Err(unfit) = agent.check_call(&proposal.tool, proposal.args.as_value()) {
+            return Err(EngineError::PolicyRefused(format!(
+                "the edited call cannot be proposed: {}",
+                unfit.why
+            )));
+        }
         // The same tool, so the hints policy matched on the first version rule on this one.
         let verdict = agent
             .policy

@@ -7,11 +7,11 @@ use chrono::{DateTime, Utc};
 use tracing::Instrument;
 
 use super::records::{EscalationDue, Outgoing, Stored, Tx, keys};
-use super::{AWAITING_ACTION_VER, Agent, Engine, EngineError, RunReport, deadline};
+use super::{AWAITING_ACTION_VER, Agent, Engine, EngineError, RunReport, Unfit, deadline};
 use crate::domain::action::{Action, ActionStatus, NotExecuted, ProposedCall, ToolOutcome};
 use crate::domain::approval::{Approval, ApprovalStatus};
-use crate::domain::args::Args;
 use crate::domain::audit::{AuditEntry, AuditEvent};
+use crate::domain::budget;
 use crate::domain::conversation::{Message, Speaker, ToolResultText};
 use crate::domain::identity::{Actor, Identity};
 use crate::domain::ids::{ActionId, ActionVersion, AgentName, PersonId, RunId, TenantId};
@@ -142,9 +142,12 @@ impl Engine {
                         .await;
                 }
             };
+            let mut content = reply.content;
+            // Calls whose arguments are past their share are answered without being kept.
+            let oversized = budget::fit_reply(&mut content);
             let assistant = Message {
                 role: Speaker::Assistant,
-                content: reply.content,
+                content,
             };
             let explanation = assistant.text();
             let uses: Vec<(String, String, serde_json::Value)> = assistant
@@ -172,16 +175,25 @@ impl Engine {
                     calls.push(held(Some(ToolResultText::error(told))));
                     continue;
                 }
-                let args = match Args::new(input) {
+                let call = held(None);
+                let checked = match oversized.iter().find(|(id, _)| *id == tool_use_id) {
+                    Some((_, why)) => Err(Unfit {
+                        why: why.clone(),
+                        args: None,
+                    }),
+                    None => agent.check_call(&tool, input),
+                };
+                let args = match checked {
                     Ok(args) => args,
-                    Err(error) => {
-                        let why = error.to_string();
-                        let told = NotExecuted::BadArguments { why: &why }.told();
-                        calls.push(held(Some(ToolResultText::error(told))));
+                    Err(unfit) => {
+                        let told = self.record_refused(&run.value, &call, tool, unfit).await?;
+                        calls.push(HeldCall {
+                            result: Some(told),
+                            ..call
+                        });
                         continue;
                     }
                 };
-                let call = held(None);
                 let proposal = ProposedCall {
                     agent: agent.name.clone(),
                     id: call.action_id.clone(),
@@ -471,6 +483,32 @@ impl Engine {
             }
             Err(error) => Err(error.into()),
         }
+    }
+
+    /// A call answered before policy ruled on it ([`Agent::check_call`]): audited, never shown
+    /// to a person, never sent. What the model is told comes back.
+    async fn record_refused(
+        &self,
+        run: &Run,
+        call: &HeldCall,
+        tool: String,
+        unfit: Unfit,
+    ) -> Result<ToolResultText, EngineError> {
+        tracing::info!(%tool, why = %unfit.why, "refused before policy");
+        let told = NotExecuted::BadArguments { why: &unfit.why }.told();
+        let event = AuditEvent::Refused {
+            action_id: call.action_id.clone(),
+            tool,
+            args: unfit.args,
+            why: unfit.why,
+        };
+        let mut tx = Tx::new();
+        tx.audit(
+            &run.tenant,
+            AuditEntry::new(&run.id, Actor::system("engine"), event, self.now()),
+        );
+        self.commit(tx).await?;
+        Ok(ToolResultText::error(told))
     }
 
     async fn record_denied(

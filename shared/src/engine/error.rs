@@ -115,6 +115,8 @@ impl EngineError {
             EngineError::Directory(DirectoryError::Invalid(_)) => "directory_invalid",
             EngineError::Contended => "contended",
             EngineError::Store(StoreError::Invalid(_)) => "bad_input",
+            EngineError::Store(StoreError::TooLarge { .. }) => "too_large",
+            EngineError::Store(StoreError::Throttled(_)) => "throttled",
             EngineError::Store(_) | EngineError::Corrupt(_) | EngineError::Unavailable(_) => {
                 "unavailable"
             }

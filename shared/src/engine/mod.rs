@@ -20,7 +20,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-pub use agents::{Agent, Agents, Limits};
+pub use agents::{Agent, Agents, Limits, Unfit};
 pub use decide::DecisionReport;
 pub use drive::StartRun;
 pub use error::{EngineError, ErrorKind};

@@ -20,6 +20,32 @@ pub struct Item {
     pub body: String,
 }
 
+impl Item {
+    /// Its size as DynamoDB counts it against the item limit: each attribute's name and value
+    /// (`pk`, `sk`, `ver` as a number, `body`, and `gsi1pk`/`gsi1sk` when indexed). Both
+    /// stores refuse an item past [`ITEM_LIMIT`] by this one measure.
+    pub fn stored_size(&self) -> usize {
+        let index = self.gsi1.as_ref().map_or(0, |k| {
+            "gsi1pk".len() + k.pk.len() + "gsi1sk".len() + k.sk.len()
+        });
+        // A number is stored in about one byte per two digits, plus one.
+        let ver = "ver".len() + self.ver.to_string().len().div_ceil(2) + 1;
+        "pk".len()
+            + self.pk.len()
+            + "sk".len()
+            + self.sk.len()
+            + "body".len()
+            + self.body.len()
+            + ver
+            + index
+    }
+}
+
+/// The largest item either store keeps: DynamoDB's 400 KB, names and values counted.
+pub const ITEM_LIMIT: usize = crate::domain::budget::ITEM_LIMIT;
+/// The most one transaction may write, its items together (DynamoDB's 4 MB).
+pub const TRANSACTION_LIMIT: usize = 4 * 1024 * 1024;
+
 /// What must hold for one write of a transaction to apply.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Condition {
@@ -78,8 +104,17 @@ pub enum StoreError {
     /// Another transaction touched the same items at the same moment; trying again may succeed.
     #[error("the store is busy with a conflicting transaction")]
     Contended,
+    /// An item past [`ITEM_LIMIT`], or a transaction past [`TRANSACTION_LIMIT`]: nothing was
+    /// written, and the same write will never fit.
+    #[error("{what} is larger than the store keeps ({limit} bytes); nothing was written")]
+    TooLarge { what: String, limit: usize },
+    /// The store refuses requests beyond its provisioned or account rate for now.
+    #[error("the store is throttling requests: {0}")]
+    Throttled(String),
+    /// The store refused the request as malformed, with its own words.
     #[error("the request was not valid: {0}")]
     Invalid(String),
+    /// The store could not be reached, or failed on its side.
     #[error("the store is unavailable: {0}")]
     Unavailable(String),
 }
@@ -219,6 +254,25 @@ pub fn check_transaction(writes: &[Write]) -> Result<(), StoreError> {
             "{} writes, more than {MAX_WRITES}",
             writes.len()
         )));
+    }
+    let mut total = 0;
+    for write in writes {
+        if let Write::Put { item, .. } = write {
+            let bytes = item.stored_size();
+            if bytes > ITEM_LIMIT {
+                return Err(StoreError::TooLarge {
+                    what: format!("the item {}/{} ({bytes} bytes)", item.pk, item.sk),
+                    limit: ITEM_LIMIT,
+                });
+            }
+            total += bytes;
+        }
+    }
+    if total > TRANSACTION_LIMIT {
+        return Err(StoreError::TooLarge {
+            what: format!("a transaction of {} writes ({total} bytes)", writes.len()),
+            limit: TRANSACTION_LIMIT,
+        });
     }
     let mut keys: Vec<(&str, &str)> = writes.iter().map(Write::key).collect();
     keys.sort();

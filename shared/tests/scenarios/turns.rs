@@ -154,7 +154,7 @@ async fn given_two_approvals_in_one_turn_when_the_first_is_decided_then_the_run_
     assert_eq!(times(&history.entries, ["resumed"]), [1]);
 }
 
-async fn given_the_agent_calls_a_tool_the_policy_does_not_name_when_the_turn_runs_then_it_is_not_executed_and_the_model_is_told(
+async fn given_the_agent_calls_a_tool_it_does_not_have_when_the_turn_runs_then_it_is_refused_before_policy_and_the_model_is_told(
     h: &Harness,
 ) {
     let script = Script::default().then_call(&[
@@ -169,26 +169,132 @@ async fn given_the_agent_calls_a_tool_the_policy_does_not_name_when_the_turn_run
     let run = h.run(&p, &report.run_id).await;
     let results = results_after_turn(&run, 0);
     assert_eq!(results.len(), 2);
-    assert!(
-        results[0]
-            .1
-            .content
-            .starts_with("Not executed: policy denies"),
-        "{}",
-        results[0].1.content
+    assert_eq!(
+        results[0].1.content,
+        "Not executed: there is no tool named wire_money."
     );
-    assert!(!results[0].1.is_error);
     assert!(results[1].1.content.contains("\"id\":\"c-102\""));
     let history = p.history(&acme(), &report.run_id).await.unwrap();
-    let wire = history
-        .actions
+    assert!(history.actions.iter().all(|a| a.tool != "wire_money"));
+    assert_eq!(refusals(&history), ["there is no tool named wire_money"]);
+}
+
+/// Why each refused call of a run was refused, in order.
+fn refusals(history: &History) -> Vec<String> {
+    history
+        .entries
         .iter()
-        .find(|a| a.tool == "wire_money")
-        .unwrap();
-    assert_eq!(wire.status, ActionStatus::Rejected);
-    assert!(history.entries.iter().all(
-        |e| !matches!(&e.event, AuditEvent::Executing { action_id, .. } if *action_id == wire.id)
-    ));
+        .filter_map(|e| match &e.event {
+            AuditEvent::Refused { why, .. } => Some(why.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+async fn given_a_payment_missing_its_amount_or_with_a_field_the_schema_forbids_when_proposed_then_no_person_sees_it_and_the_model_is_told_why(
+    h: &Harness,
+) {
+    let script = Script::default().then_call(&[
+        ("reimburse", json!({"claim_id": "c-102"})),
+        (
+            "reimburse",
+            json!({"claim_id": "c-102", "amount_cents": 25_000, "pay_to": "ben-offshore"}),
+        ),
+    ]);
+    let p = h.scripted_process(script).await;
+
+    let report = p.start(scripted_task("ben")).await.unwrap();
+
+    assert_eq!(report.status, RunStatus::Done, "{report:?}");
+    assert!(report.approvals.is_empty());
+    assert!(
+        p.pending(&acme()).await.unwrap().is_empty(),
+        "nobody is asked"
+    );
+    assert!(h.payments().await.is_empty(), "nothing is sent");
+    let run = h.run(&p, &report.run_id).await;
+    let results = results_after_turn(&run, 0);
+    for (_, told) in &results {
+        assert!(
+            told.content
+                .starts_with("Not executed: the arguments do not match the tool's schema: "),
+            "{}",
+            told.content
+        );
+    }
+    assert!(results[0].1.content.contains("amount_cents"));
+    assert!(results[1].1.content.contains("pay_to"));
+    let history = p.history(&acme(), &report.run_id).await.unwrap();
+    assert!(history.actions.is_empty(), "no action was proposed");
+    assert!(history.approvals.is_empty());
+    let refused = refusals(&history);
+    assert_eq!(refused.len(), 2);
+    assert!(
+        refused[0].contains("\"amount_cents\" is a required property"),
+        "{refused:?}"
+    );
+}
+
+async fn given_an_argument_of_450_kb_when_proposed_then_it_is_refused_as_too_large_and_nothing_of_it_is_stored(
+    h: &Harness,
+) {
+    let document = "x".repeat(450 * 1024);
+    let script = Script::default()
+        .then_call(&[("decline", json!({"claim_id": "c-102", "reason": document}))]);
+    let p = h.scripted_process(script).await;
+
+    let report = p.start(scripted_task("ben")).await.unwrap();
+
+    assert_eq!(report.status, RunStatus::Done, "{report:?}");
+    assert!(
+        report.approvals.is_empty(),
+        "nothing is proposed to a person"
+    );
+    let run = h.run(&p, &report.run_id).await;
+    assert_eq!(
+        results_after_turn(&run, 0)[0].1.content,
+        "Not executed: the arguments are too large: 451 KiB of JSON, at most 32 KiB."
+    );
+    let history = p.history(&acme(), &report.run_id).await.unwrap();
+    assert_eq!(
+        refusals(&history),
+        ["the arguments are too large: 451 KiB of JSON, at most 32 KiB"]
+    );
+    let refused_args = history.entries.iter().find_map(|e| match &e.event {
+        AuditEvent::Refused { args, .. } => Some(args.clone()),
+        _ => None,
+    });
+    assert_eq!(refused_args, Some(None), "the audit keeps no part of it");
+}
+
+async fn given_calls_whose_arguments_together_pass_the_turns_share_when_proposed_then_the_ones_past_it_are_refused(
+    h: &Harness,
+) {
+    // Three declines of 30 KiB each: two fit the turn's 64 KiB, the third does not.
+    let reason = "r".repeat(30 * 1024);
+    let script = Script::default().then_call(&[
+        decline("c-102", &reason),
+        decline("c-103", &reason),
+        decline("c-104", &reason),
+    ]);
+    let p = h.scripted_process(script).await;
+
+    let report = p.start(scripted_task("ben")).await.unwrap();
+
+    assert_eq!(report.status, RunStatus::AwaitingApproval);
+    assert_eq!(report.approvals.len(), 2);
+    let history = p.history(&acme(), &report.run_id).await.unwrap();
+    let refused = refusals(&history);
+    assert_eq!(refused.len(), 1);
+    assert!(
+        refused[0].starts_with("the arguments are too large: 30"),
+        "{refused:?}"
+    );
+    assert!(
+        refused[0]
+            .ends_with("at most 3.9 KiB left of the 64 KiB one reply's calls may carry together"),
+        "{refused:?}"
+    );
 }
 
 async fn given_a_run_that_needs_a_second_decision_after_the_first_when_both_are_decided_then_it_pauses_twice_and_finishes(
@@ -315,7 +421,10 @@ on_both_stores!([
     given_a_turn_with_a_read_and_a_payment_when_the_payment_is_approved_then_both_results_go_back_together_after_the_pause,
     given_a_read_turn_then_a_paused_payment_when_it_is_approved_then_the_run_read_back_holds_the_whole_conversation_in_order,
     given_two_approvals_in_one_turn_when_the_first_is_decided_then_the_run_waits_for_the_second_and_resumes_once_with_both,
-    given_the_agent_calls_a_tool_the_policy_does_not_name_when_the_turn_runs_then_it_is_not_executed_and_the_model_is_told,
+    given_the_agent_calls_a_tool_it_does_not_have_when_the_turn_runs_then_it_is_refused_before_policy_and_the_model_is_told,
+    given_a_payment_missing_its_amount_or_with_a_field_the_schema_forbids_when_proposed_then_no_person_sees_it_and_the_model_is_told_why,
+    given_an_argument_of_450_kb_when_proposed_then_it_is_refused_as_too_large_and_nothing_of_it_is_stored,
+    given_calls_whose_arguments_together_pass_the_turns_share_when_proposed_then_the_ones_past_it_are_refused,
     given_a_run_that_needs_a_second_decision_after_the_first_when_both_are_decided_then_it_pauses_twice_and_finishes,
     given_two_approvers_approve_paying_more_than_was_claimed_when_it_runs_then_the_tool_refuses_and_the_model_is_told,
     given_an_agent_that_never_stops_calling_tools_when_it_reaches_the_turn_limit_then_the_run_fails,
