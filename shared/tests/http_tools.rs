@@ -65,6 +65,8 @@ const TEN_MB: usize = 10 * 1024 * 1024;
 struct Orders {
     /// The refunds made, by idempotency key.
     refunds: Mutex<HashMap<String, Value>>,
+    /// Keys a lookup did not find: they never take effect (so its 404 means "did not").
+    void: Mutex<Vec<String>>,
     /// Every request, by route name.
     hits: Mutex<HashMap<&'static str, usize>>,
     /// What the echo route last saw.
@@ -104,6 +106,9 @@ impl Orders {
             .to_string();
         let args: Value = serde_json::from_slice(body)
             .map_err(|_| (StatusCode::BAD_REQUEST, "the body is not JSON"))?;
+        if self.void.lock().unwrap().contains(&key) {
+            return Err((StatusCode::CONFLICT, "a lookup voided this key"));
+        }
         let mut refunds = self.refunds.lock().unwrap();
         let next = refunds.len() + 1;
         let refund = refunds.entry(key.clone()).or_insert_with(|| {
@@ -141,15 +146,20 @@ async fn refunds<const THEN_500: bool>(
     }
 }
 
+/// The lookup: a key it does not find is voided first, so its 404 means "never will".
 async fn by_key(State(orders): Shared, Path(key): Path<String>) -> Response {
     orders.hit("by_key");
-    match orders.refunds.lock().unwrap().get(&key) {
+    let refunds = orders.refunds.lock().unwrap();
+    match refunds.get(&key) {
         Some(refund) => axum::Json(refund.clone()).into_response(),
-        None => (
-            StatusCode::NOT_FOUND,
-            axum::Json(json!({"error": "no refund"})),
-        )
-            .into_response(),
+        None => {
+            orders.void.lock().unwrap().push(key);
+            (
+                StatusCode::NOT_FOUND,
+                axum::Json(json!({"error": "no refund"})),
+            )
+                .into_response()
+        }
     }
 }
 
@@ -394,7 +404,18 @@ const REFUND: &str = r#"
     url = "${ORDERS_URL}/refunds/by-key/{idempotency_key}"
     headers = { Authorization = "Bearer ${ORDERS_TOKEN}" }
     timeout = "2s"
+    not_found = "did_not_take_effect"
 "#;
+
+/// [`REFUND`] whose lookup's 404 says nothing on purpose: the sweep asks again.
+fn refund_asking_again() -> String {
+    REFUND.replace("not_found = \"did_not_take_effect\"\n", "")
+}
+
+/// [`REFUND`] whose lookup is the echo route, with `more` added to its table.
+fn refund_looked_up_by_echo(more: &str) -> String {
+    REFUND.replace("/refunds/by-key/", "/echo/by-key/") + more
+}
 
 struct Call {
     tenant: TenantId,
@@ -566,18 +587,72 @@ async fn given_an_endpoint_that_commits_then_answers_500_when_called_then_the_ou
 }
 
 #[tokio::test]
-async fn given_a_key_the_service_never_saw_when_reconciled_then_it_did_not_take_effect() {
-    let (_orders, tool) = orders_and(|addr| tool_at(addr, REFUND)).await;
-    let call = Call::new(json!({"order_id": "ord_55"}), "act-never:1");
+async fn given_a_lookup_whose_404_means_did_not_when_the_key_was_never_seen_then_it_did_not_take_effect_and_never_will()
+ {
+    let (orders, tool) = orders_and(|addr| tool_at(addr, REFUND)).await;
+    let call = Call::new(
+        json!({"order_id": "ord_55", "amount_cents": 7500}),
+        "act-never:1",
+    );
 
     let settled = tool
         .reconcile(call.as_call())
         .await
-        .expect("a 404 is an answer");
+        .expect("a 404 is an answer where the binding says so");
 
     let error = failed_error(&settled);
     assert!(error.contains("did not take effect"), "{error}");
     assert!(error.contains("act-never:1"), "{error}");
+    // The service voided the key: the request arriving late is refused, so it never will.
+    let late = tool.call(call.as_call()).await;
+    assert!(failed_error(&late).contains("409"), "{late:?}");
+    assert_eq!(orders.effects(), 0);
+}
+
+#[tokio::test]
+async fn given_a_lookup_whose_404_says_nothing_on_purpose_when_the_key_is_not_found_then_it_cannot_tell_yet()
+ {
+    let (orders, tool) = orders_and(|addr| tool_at(addr, &refund_asking_again())).await;
+    let call = Call::new(json!({"order_id": "ord_55"}), "act-never:1");
+
+    assert_eq!(tool.reconcile(call.as_call()).await, None);
+    assert_eq!(tool.reconcile(call.as_call()).await, None);
+
+    assert_eq!(orders.hits("by_key"), 2);
+    assert_eq!(
+        tool.gives_up_after(),
+        Some(Duration::from_secs(24 * 60 * 60))
+    );
+}
+
+#[tokio::test]
+async fn given_a_lookup_when_it_asks_then_the_key_is_in_its_path_as_is_and_its_header_and_no_argument_goes_unasked()
+ {
+    let (_orders, tool) = orders_and(|addr| tool_at(addr, &refund_looked_up_by_echo(""))).await;
+
+    let seen = tool.reconcile(Call::refund_55().as_call()).await.unwrap();
+
+    let seen = succeeded_result(&seen);
+    assert_eq!(seen["method"], "GET");
+    assert_eq!(seen["path"], "/echo/by-key/act-h1:2");
+    assert_eq!(seen["query"], Value::Null);
+    assert_eq!(seen["idempotency_key"], "act-h1:2");
+    assert_eq!(seen["body"], "");
+    assert_eq!(seen["authorized"], true);
+}
+
+#[tokio::test]
+async fn given_a_lookup_that_names_query_arguments_when_it_asks_then_it_sends_only_those() {
+    let more = "    query = [\"order_id\"]\n    give_up_after = \"2h\"\n";
+    let (_orders, tool) = orders_and(|addr| tool_at(addr, &refund_looked_up_by_echo(more))).await;
+
+    let seen = tool.reconcile(Call::refund_55().as_call()).await.unwrap();
+
+    assert_eq!(succeeded_result(&seen)["query"], "order_id=ord_55");
+    assert_eq!(
+        tool.gives_up_after(),
+        Some(Duration::from_secs(2 * 60 * 60))
+    );
 }
 
 #[tokio::test]
@@ -742,10 +817,10 @@ async fn given_a_secret_token_from_the_environment_then_no_outcome_or_debug_text
     outcomes.push(refund_55(&tool).await);
     outcomes.push(tool.reconcile(Call::refund_55().as_call()).await.unwrap());
 
-    // The careless service quoted the token: it reaches the model redacted.
+    // The careless service quoted the header: it reaches the model redacted, scheme and all.
     let quoted = failed_error(&outcomes[0]);
     assert!(
-        quoted.contains("Bearer [redacted] may not refund"),
+        quoted.contains("403 Forbidden: [redacted] may not refund"),
         "{quoted}"
     );
     for outcome in &outcomes {

@@ -57,6 +57,16 @@ pub fn mentions_env(text: &str) -> bool {
 /// Replaces every `${NAME}` in `text` with the variable's value. `field` names where the text
 /// came from (such as `tools.issue_refund.http.headers.Authorization`) for the error.
 pub fn expand(text: &str, field: &str, env: Lookup<'_>) -> Result<String, EnvError> {
+    expand_noting(text, field, env).map(|(text, _)| text)
+}
+
+/// [`expand`], and the values it filled in (a default included), which may be secrets.
+pub fn expand_noting(
+    text: &str,
+    field: &str,
+    env: Lookup<'_>,
+) -> Result<(String, Vec<String>), EnvError> {
+    let mut filled = Vec::new();
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(start) = rest.find("${") {
@@ -84,10 +94,11 @@ pub fn expand(text: &str, field: &str, env: Lookup<'_>) -> Result<String, EnvErr
                 var: name.to_string(),
             })?;
         out.push_str(&value);
+        filled.push(value);
         rest = &after[end + 1..];
     }
     out.push_str(rest);
-    Ok(out)
+    Ok((out, filled))
 }
 
 #[cfg(test)]
@@ -113,6 +124,19 @@ mod tests {
         assert_eq!(fallback, "http://localhost:1/x");
         let set = expand("${ORDERS_TOKEN:-unused}", "h", &env).unwrap();
         assert_eq!(set, "s3cret");
+    }
+
+    #[test]
+    fn the_values_filled_in_are_noted_defaults_included() {
+        let (url, filled) = expand_noting(
+            "${NOPE:-http://localhost:1}/x?k=${ORDERS_TOKEN}",
+            "url",
+            &env,
+        )
+        .unwrap();
+        assert_eq!(url, "http://localhost:1/x?k=s3cret");
+        assert_eq!(filled, ["http://localhost:1", "s3cret"]);
+        assert!(expand_noting("plain", "x", &env).unwrap().1.is_empty());
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! A tool bound to an HTTP endpoint: the `http` binding of an agent definition.
+//! A tool bound to an HTTP endpoint: the `http` binding of an agent definition. What a service
+//! must do to be bound this way is docs/services.md.
 //!
 //! ```toml
 //! [tools.issue_refund.http]
@@ -8,44 +9,53 @@
 //! timeout = "10s"                     # optional, default 10s, at most 60s
 //! max_response_bytes = 65536          # optional, default 64 KiB, at most 1 MiB
 //!
-//! [tools.issue_refund.http.reconcile]  # optional
+//! [tools.issue_refund.http.reconcile]  # optional: the lookup
 //! method = "GET"
 //! url = "${ORDERS_URL}/refunds/by-key/{idempotency_key}"
 //! headers = { Authorization = "Bearer ${ORDERS_TOKEN}" }
 //! timeout = "5s"
+//! not_found = "did_not_take_effect"   # optional, default "ask_again"
+//! give_up_after = "24h"               # optional, default 24h, 1 minute to 30 days
+//! query = ["order_id"]                # optional: arguments sent as query parameters
 //! ```
 //!
 //! The contract:
 //! - `${VAR}` in the URL and in header values is filled from the environment when the binding
-//!   is resolved, at start-up; an unset variable fails at once, naming the field.
+//!   is resolved, at start-up; an unset variable fails at once, naming the field. A URL with
+//!   credentials (`http://user:password@host`) is refused: they belong in a header.
 //! - `{name}` in the URL's path is filled from the call's top-level argument `name` (a string or
-//!   an integer), percent-encoded as one path segment; `{idempotency_key}` is the call's key. A
-//!   missing argument fails the call before anything is sent. Placeholders live in the path only.
+//!   an integer), percent-encoded as one path segment, `:` left as is (RFC 3986 allows it in a
+//!   segment); `{idempotency_key}` is the call's key, `act_…:1` as is. A missing argument fails
+//!   the call before anything is sent. Placeholders live in the path only.
 //! - POST, PUT and PATCH send the exact approved arguments as the JSON body; GET and DELETE send
 //!   no body, and the arguments the path does not use go as query parameters. Every request
 //!   carries `Idempotency-Key: <action_id>:<version>`, `Accept: application/json`,
 //!   `Content-Type: application/json` when it has a body, and the configured headers.
 //! - 2xx: succeeded, with the body as the result (JSON, or a JSON string when it is not JSON,
-//!   `null` when empty). At most `max_response_bytes` are read, as they stream in; a longer
-//!   body is cut and the result says so (`{"body": "<the first bytes>", "cut": "<why>"}`), as
-//!   does a 2xx body that breaks off (the status already said the call took effect).
+//!   `null` when empty). At most `max_response_bytes` are kept; a longer body is cut and the
+//!   result says so (`{"body": "<the first bytes>", "cut": "<why>"}`), as does a 2xx body that
+//!   breaks off (the status already said the call took effect).
 //! - 4xx other than 408, 425 and 429: failed, with the status and the body's error message; the
 //!   model reads it as a plain result.
 //! - 408, 425, 429, 5xx, 3xx (redirects are never followed), a timeout, or a connection lost
 //!   after the request was sent: unknown. The call may have taken effect, so it is never sent
-//!   again; the sweep asks the reconcile binding, or a person decides.
+//!   again; the sweep asks the reconcile lookup, or a person decides.
 //! - No connection at all (refused, DNS failure): failed, saying nothing was sent. A timeout
 //!   while still connecting counts as a timeout (unknown): the conservative reading.
-//! - Reconcile sends its request with the same key (its URL may use `{idempotency_key}` and the
-//!   arguments). 2xx: the call took effect, with that body as its result. 404 or 410: it did not
-//!   take effect. This relies on the service's promise that, once it has answered 404 for a key,
-//!   it never lets that key take effect (it refuses the late request, or records the key as
-//!   spent). Anything else, a timeout or no connection: not known yet; the sweep asks again.
-//! - Secrets: header values and any URL filled from `${VAR}` never appear in a result, an
-//!   error, a log line or `Debug` output; values of variables used in headers are scrubbed from
-//!   what the service answers too. Logs name only the tool, method, host, status and time taken.
+//! - The lookup sends no body, whatever its method, and the same `Idempotency-Key` header; the
+//!   call's arguments reach it only through its path's placeholders and the ones its `query`
+//!   names. 2xx: the call took effect, with that body as its result. 404 or 410: it did not
+//!   take effect, only where the binding says `not_found = "did_not_take_effect"` (the
+//!   service's promise that a key it answered 404 for never takes effect later). Any other
+//!   answer, a timeout or no connection: not known yet. The sweep asks again, and once
+//!   `give_up_after` has passed since the outcome became unknown, a person of the agent's
+//!   recovery owner role decides (without one, the sweep keeps asking).
+//! - Secrets: every header value (and the credentials after its scheme word, as in
+//!   `Bearer <token>`) and every value a `${VAR}` filled in, the URL's included, never appear
+//!   in a result, an error, a log line or `Debug` output. They are scrubbed from what the
+//!   service answers before it is cut to size, so a cut never keeps a secret's first bytes.
+//!   Logs name only the tool, method, host, status and time taken.
 
-use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::{Arc, OnceLock};
@@ -72,10 +82,16 @@ pub const MAX_TIMEOUT: Duration = Duration::from_secs(60);
 pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 64 * 1024;
 /// The most a binding may ask to read.
 pub const MAX_RESPONSE_BYTES: usize = 1024 * 1024;
+/// How long the sweep keeps asking the lookup before a person decides, unless the binding says:
+/// a day covers a service's nightly batch and an outage of a working day.
+pub const DEFAULT_GIVE_UP_AFTER: Duration = Duration::from_secs(24 * 60 * 60);
+/// The bounds of `give_up_after`: at least one more ask, at most a month of asking.
+pub const MIN_GIVE_UP_AFTER: Duration = Duration::from_secs(60);
+pub const MAX_GIVE_UP_AFTER: Duration = Duration::from_secs(30 * 24 * 60 * 60);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How much of a refusal's message the model reads.
 const MAX_ERROR_TEXT: usize = 300;
-/// Shorter variable values are not scrubbed from answers: they would match everywhere.
+/// Shorter secrets are not scrubbed from answers: they would match everywhere.
 const MIN_SCRUBBED_SECRET: usize = 4;
 const REDACTED: &str = "[redacted]";
 const KEY_PLACEHOLDER: &str = "idempotency_key";
@@ -134,22 +150,40 @@ pub struct HttpBinding {
     /// A duration such as `10s` or `500ms`.
     pub timeout: Option<String>,
     pub max_response_bytes: Option<u64>,
-    /// How to ask, with the same key, whether a call whose outcome is unknown took effect: a
-    /// request of the same fields, without a reconcile of its own.
-    #[serde(default, deserialize_with = "reconcile_request")]
-    pub reconcile: Option<Box<HttpBinding>>,
+    /// How to ask, with the same key, whether a call whose outcome is unknown took effect.
+    pub reconcile: Option<Box<ReconcileBinding>>,
 }
 
-fn reconcile_request<'de, D: serde::Deserializer<'de>>(
-    deserializer: D,
-) -> Result<Option<Box<HttpBinding>>, D::Error> {
-    let reconcile = Option::<Box<HttpBinding>>::deserialize(deserializer)?;
-    if reconcile.as_ref().is_some_and(|r| r.reconcile.is_some()) {
-        return Err(serde::de::Error::custom(
-            "a reconcile request has no reconcile of its own",
-        ));
-    }
-    Ok(reconcile)
+/// The lookup of an HTTP binding, as written: "did the call with this key take effect?" Its
+/// request's fields are the call's, written again: serde's `flatten` cannot refuse unknown ones.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReconcileBinding {
+    pub method: String,
+    pub url: String,
+    #[serde(default)]
+    pub headers: Headers,
+    pub timeout: Option<String>,
+    pub max_response_bytes: Option<u64>,
+    /// What a 404 or 410 from the lookup means.
+    #[serde(default)]
+    pub not_found: NotFound,
+    /// How long the sweep keeps asking before a person decides: a duration such as `24h`.
+    pub give_up_after: Option<String>,
+    /// The call's arguments the lookup sends as query parameters; none unless named.
+    #[serde(default)]
+    pub query: Vec<String>,
+}
+
+/// What a lookup's 404 or 410 says about the call.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NotFound {
+    /// Nothing yet: the service may not have the call's effect recorded yet, or at this path.
+    #[default]
+    AskAgain,
+    /// It did not take effect, and never will: the service voids a key its lookup did not find.
+    DidNotTakeEffect,
 }
 
 /// A binding's headers as written. `Debug` shows their names only: a value may hold a secret
@@ -171,16 +205,81 @@ fn redacted<'a>(names: impl Iterator<Item = &'a str>) -> Vec<String> {
     names.map(|name| format!("{name}: {REDACTED}")).collect()
 }
 
+/// What a call and its lookup both write: one request.
+struct Request<'a> {
+    method: &'a str,
+    url: &'a str,
+    headers: &'a Headers,
+    timeout: Option<&'a str>,
+    max_response_bytes: Option<u64>,
+}
+
 impl HttpBinding {
     /// Fills `${VAR}` from `env` and checks everything that can be checked before a call.
     /// `field` is where the binding sits in its file, such as `tools.issue_refund.http`.
     pub fn resolve(&self, field: &str, env: Lookup<'_>) -> Result<ResolvedHttp, BindingError> {
-        let call = Endpoint::resolve(field, self, env)?;
-        let reconcile = match &self.reconcile {
-            Some(r) => Some(Endpoint::resolve(&format!("{field}.reconcile"), r, env)?),
+        let request = Request {
+            method: &self.method,
+            url: &self.url,
+            headers: &self.headers,
+            timeout: self.timeout.as_deref(),
+            max_response_bytes: self.max_response_bytes,
+        };
+        let mut call = Endpoint::resolve(field, &request, env)?;
+        let mut reconcile = match &self.reconcile {
+            Some(r) => Some(r.resolve(&format!("{field}.reconcile"), env)?),
             None => None,
         };
+        // Either request's secrets may come back in the other's answer (a stored request).
+        if let Some(lookup) = &mut reconcile {
+            let all = call.secrets.with(&lookup.endpoint.secrets);
+            lookup.endpoint.secrets = all.clone();
+            call.secrets = all;
+        }
         Ok(ResolvedHttp { call, reconcile })
+    }
+}
+
+impl ReconcileBinding {
+    fn resolve(&self, field: &str, env: Lookup<'_>) -> Result<KeyLookup, BindingError> {
+        let request = Request {
+            method: &self.method,
+            url: &self.url,
+            headers: &self.headers,
+            timeout: self.timeout.as_deref(),
+            max_response_bytes: self.max_response_bytes,
+        };
+        let mut endpoint = Endpoint::resolve(field, &request, env)?;
+        let query_field = format!("{field}.query");
+        for (at, name) in self.query.iter().enumerate() {
+            if !is_argument_name(name) || name == KEY_PLACEHOLDER {
+                return Err(BindingError::invalid(
+                    &query_field,
+                    format!("{name:?} is not an argument name (letters, digits and _)"),
+                ));
+            }
+            if self.query[..at].contains(name) {
+                return Err(BindingError::invalid(
+                    &query_field,
+                    format!("names {name} twice"),
+                ));
+            }
+        }
+        endpoint.arguments = Arguments::Query(self.query.clone());
+        let give_up_after = match self.give_up_after.as_deref() {
+            None => DEFAULT_GIVE_UP_AFTER,
+            Some(text) => parse_duration(
+                &format!("{field}.give_up_after"),
+                text,
+                MIN_GIVE_UP_AFTER,
+                MAX_GIVE_UP_AFTER,
+            )?,
+        };
+        Ok(KeyLookup {
+            endpoint,
+            not_found: self.not_found,
+            give_up_after,
+        })
     }
 }
 
@@ -188,7 +287,15 @@ impl HttpBinding {
 #[derive(Debug, Clone)]
 pub struct ResolvedHttp {
     call: Endpoint,
-    reconcile: Option<Endpoint>,
+    reconcile: Option<KeyLookup>,
+}
+
+/// The lookup, ready to ask.
+#[derive(Debug, Clone)]
+struct KeyLookup {
+    endpoint: Endpoint,
+    not_found: NotFound,
+    give_up_after: Duration,
 }
 
 impl ResolvedHttp {
@@ -209,17 +316,24 @@ impl ResolvedHttp {
         self.reconcile.is_some()
     }
 
-    /// The arguments the URLs' paths name (the call's and the reconcile's), without
-    /// `idempotency_key`: a definition can check each against the tool's input schema.
-    pub fn path_arguments(&self) -> BTreeSet<&str> {
-        std::iter::once(&self.call)
-            .chain(&self.reconcile)
-            .flat_map(|e| &e.pieces)
-            .filter_map(|p| match p {
-                Piece::Arg(name) if name != KEY_PLACEHOLDER => Some(name.as_str()),
-                _ => None,
-            })
-            .collect()
+    /// The arguments the binding names, each with the field naming it (`url`, `reconcile.url`,
+    /// `reconcile.query`), without `idempotency_key`: a definition can check each against the
+    /// tool's input schema.
+    pub fn named_arguments(&self) -> Vec<(&'static str, &str)> {
+        let mut named: Vec<(&'static str, &str)> =
+            self.call.path_arguments().map(|a| ("url", a)).collect();
+        if let Some(lookup) = &self.reconcile {
+            named.extend(
+                lookup
+                    .endpoint
+                    .path_arguments()
+                    .map(|a| ("reconcile.url", a)),
+            );
+            if let Arguments::Query(names) = &lookup.endpoint.arguments {
+                named.extend(names.iter().map(|n| ("reconcile.query", n.as_str())));
+            }
+        }
+        named
     }
 }
 
@@ -230,18 +344,29 @@ enum Piece {
     Arg(String),
 }
 
+/// Where a request carries the call's arguments, besides its path's placeholders.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Arguments {
+    /// The exact arguments as the JSON body: a call by POST, PUT or PATCH.
+    Body,
+    /// Every argument the path does not use, as query parameters: a call by GET or DELETE.
+    RestAsQuery,
+    /// Only these, as query parameters: a lookup, which names them or sends none.
+    Query(Vec<String>),
+}
+
 #[derive(Clone)]
 struct Endpoint {
     method: Method,
     pieces: Vec<Piece>,
+    arguments: Arguments,
     /// The URL as the file writes it, `${VAR}` unfilled: what `Debug` shows.
     written: String,
     headers: HeaderMap,
     timeout: Duration,
     max_response_bytes: usize,
     host: String,
-    /// Values of the variables the headers used, scrubbed from anything the service answers.
-    secrets: Vec<String>,
+    secrets: Secrets,
 }
 
 impl fmt::Debug for Endpoint {
@@ -252,6 +377,7 @@ impl fmt::Debug for Endpoint {
             .field("url", &self.written)
             .field("host", &self.host)
             .field("headers", &headers)
+            .field("arguments", &self.arguments)
             .field("timeout", &self.timeout)
             .field("max_response_bytes", &self.max_response_bytes)
             .finish()
@@ -259,24 +385,24 @@ impl fmt::Debug for Endpoint {
 }
 
 impl Endpoint {
-    fn resolve(field: &str, request: &HttpBinding, env: Lookup<'_>) -> Result<Self, BindingError> {
-        let method = parse_method(&format!("{field}.method"), &request.method)?;
+    /// The arguments its URL's path names, without `idempotency_key`.
+    fn path_arguments(&self) -> impl Iterator<Item = &str> {
+        self.pieces.iter().filter_map(|p| match p {
+            Piece::Arg(name) if name != KEY_PLACEHOLDER => Some(name.as_str()),
+            _ => None,
+        })
+    }
+
+    fn resolve(field: &str, request: &Request<'_>, env: Lookup<'_>) -> Result<Self, BindingError> {
+        let method = parse_method(&format!("{field}.method"), request.method)?;
 
         let url_field = format!("{field}.url");
-        let url_from_env = env_template::mentions_env(&request.url);
-        let url = env_template::expand(&request.url, &url_field, env)?;
+        let url_from_env = env_template::mentions_env(request.url);
+        let (url, mut secrets) = env_template::expand_noting(request.url, &url_field, env)?;
         let pieces = parse_template(&url, &url_field, !url_from_env)?;
         let host = check_url(&pieces, &url_field)?;
 
         let mut headers = HeaderMap::new();
-        let seen = RefCell::new(Vec::new());
-        let recording = |name: &str| {
-            let value = env(name);
-            if let Some(v) = &value {
-                seen.borrow_mut().push(v.clone());
-            }
-            value
-        };
         for (name, value) in &request.headers.0 {
             let header_field = format!("{field}.headers.{name}");
             let header = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
@@ -294,7 +420,7 @@ impl Endpoint {
                     "Countersign sets this header itself",
                 ));
             }
-            let text = env_template::expand(value, &header_field, &recording)?;
+            let (text, filled) = env_template::expand_noting(value, &header_field, env)?;
             let mut value = HeaderValue::from_str(&text).map_err(|_| {
                 BindingError::invalid(
                     &header_field,
@@ -303,16 +429,22 @@ impl Endpoint {
             })?;
             value.set_sensitive(true);
             headers.insert(header, value);
+            secrets.extend(filled);
+            // The credentials of `Scheme credentials` may come back without their scheme.
+            if let Some((_, credentials)) = text.split_once(' ') {
+                secrets.push(credentials.trim().to_string());
+            }
+            secrets.push(text);
         }
-        let mut secrets = seen.into_inner();
-        secrets.retain(|s| s.len() >= MIN_SCRUBBED_SECRET);
-        // Longest first, so a secret that contains another is scrubbed whole.
-        secrets.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
-        secrets.dedup();
 
-        let timeout = match request.timeout.as_deref() {
+        let timeout = match request.timeout {
             None => DEFAULT_TIMEOUT,
-            Some(text) => parse_timeout(&format!("{field}.timeout"), text)?,
+            Some(text) => parse_duration(
+                &format!("{field}.timeout"),
+                text,
+                Duration::ZERO,
+                MAX_TIMEOUT,
+            )?,
         };
         let max_response_bytes = match request.max_response_bytes {
             None => DEFAULT_MAX_RESPONSE_BYTES,
@@ -324,16 +456,101 @@ impl Endpoint {
                 ));
             }
         };
+        let arguments = match has_body(&method) {
+            true => Arguments::Body,
+            false => Arguments::RestAsQuery,
+        };
         Ok(Self {
             method,
             pieces,
+            arguments,
             written: request.url.to_string(),
             headers,
             timeout,
             max_response_bytes,
             host,
-            secrets,
+            secrets: Secrets::new(secrets),
         })
+    }
+}
+
+/// What a binding sends that must never be stored: its header values and the values its
+/// `${VAR}` filled in. Longest first, so a secret that contains another is scrubbed whole.
+#[derive(Clone, Default)]
+struct Secrets(Vec<String>);
+
+impl Secrets {
+    fn new(mut found: Vec<String>) -> Self {
+        found.retain(|s| s.len() >= MIN_SCRUBBED_SECRET);
+        found.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+        found.dedup();
+        Self(found)
+    }
+
+    /// Both sets together.
+    fn with(&self, other: &Secrets) -> Secrets {
+        Secrets::new(self.0.iter().chain(&other.0).cloned().collect())
+    }
+
+    /// How many bytes past a cut must be read so that a secret crossing it is seen whole.
+    fn longest(&self) -> usize {
+        self.0.first().map_or(0, String::len)
+    }
+
+    /// Replaces every secret with `[redacted]`.
+    fn scrub(&self, text: &str) -> String {
+        let mut text = text.to_string();
+        for secret in &self.0 {
+            if text.contains(secret.as_str()) {
+                text = text.replace(secret.as_str(), REDACTED);
+            }
+        }
+        text
+    }
+
+    fn scrub_value(&self, value: Value) -> Value {
+        if self.0.is_empty() {
+            return value;
+        }
+        match value {
+            Value::String(s) => Value::String(self.scrub(&s)),
+            Value::Array(items) => {
+                Value::Array(items.into_iter().map(|v| self.scrub_value(v)).collect())
+            }
+            Value::Object(map) => Value::Object(
+                map.into_iter()
+                    .map(|(k, v)| (self.scrub(&k), self.scrub_value(v)))
+                    .collect(),
+            ),
+            other => other,
+        }
+    }
+
+    /// `text` scrubbed, then cut to at most `limit` bytes of whole characters: the cut never
+    /// keeps a secret's first bytes.
+    fn scrub_then_cut(&self, text: &str, limit: usize) -> String {
+        let scrubbed = self.scrub(text);
+        let mut end = scrubbed.len().min(limit);
+        while !scrubbed.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.without_partial_tail(&scrubbed[..end]).to_string()
+    }
+
+    /// A cut text without the first bytes of a secret it may end in (a body that broke off
+    /// there): nothing after them can show it is a secret, so they go.
+    fn without_partial_tail<'t>(&self, text: &'t str) -> &'t str {
+        let partial = self
+            .0
+            .iter()
+            .filter_map(|secret| {
+                (1..secret.len())
+                    .rev()
+                    .find(|&n| secret.is_char_boundary(n) && text.ends_with(&secret[..n]))
+            })
+            .max()
+            .unwrap_or(0);
+        &text[..text.len() - partial]
     }
 }
 
@@ -351,23 +568,33 @@ fn parse_method(field: &str, text: &str) -> Result<Method, BindingError> {
     }
 }
 
-fn parse_timeout(field: &str, text: &str) -> Result<Duration, BindingError> {
-    let timeout = humantime::parse_duration(text).map_err(|e| {
+/// A duration such as `10s`, more than zero, at least `shortest` and at most `longest`.
+fn parse_duration(
+    field: &str,
+    text: &str,
+    shortest: Duration,
+    longest: Duration,
+) -> Result<Duration, BindingError> {
+    let duration = humantime::parse_duration(text).map_err(|e| {
         BindingError::invalid(
             field,
             format!("{text:?} is not a duration such as \"10s\" or \"500ms\": {e}"),
         )
     })?;
-    if timeout.is_zero() || timeout > MAX_TIMEOUT {
+    if duration.is_zero() || duration < shortest || duration > longest {
+        let lower = match shortest.is_zero() {
+            true => "more than 0".to_string(),
+            false => format!("at least {}", humantime::format_duration(shortest)),
+        };
         return Err(BindingError::invalid(
             field,
             format!(
-                "{text:?} must be more than 0 and at most {}",
-                humantime::format_duration(MAX_TIMEOUT)
+                "{text:?} must be {lower} and at most {}",
+                humantime::format_duration(longest)
             ),
         ));
     }
-    Ok(timeout)
+    Ok(duration)
 }
 
 /// Splits a URL into text and `{name}` placeholders. `show` says whether the URL may be echoed
@@ -393,12 +620,7 @@ fn parse_template(url: &str, field: &str, show: bool) -> Result<Vec<Piece>, Bind
             )
         })?;
         let name = &after[..end];
-        let valid = name
-            .chars()
-            .next()
-            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-        if !valid {
+        if !is_argument_name(name) {
             let shown = if show {
                 format!("{{{name}}}")
             } else {
@@ -418,6 +640,14 @@ fn parse_template(url: &str, field: &str, show: bool) -> Result<Vec<Piece>, Bind
         pieces.push(Piece::Text(rest.to_string()));
     }
     Ok(pieces)
+}
+
+/// Whether `name` can name a top-level argument: a letter or `_`, then letters, digits, `_`.
+fn is_argument_name(name: &str) -> bool {
+    name.chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 /// Checks that the URL is http(s) with a host and that placeholders sit in its path; returns
@@ -453,6 +683,14 @@ fn check_url(pieces: &[Piece], field: &str) -> Result<String, BindingError> {
         .host_str()
         .filter(|h| !h.is_empty())
         .ok_or_else(not_http)?;
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(BindingError::invalid(
+            field,
+            "carries credentials (user:password@ before the host), which would be sent as \
+             Basic auth where nothing can keep them out of what is stored; send them in a \
+             header instead, such as headers = { Authorization = \"Basic ${ORDERS_BASIC_AUTH}\" }",
+        ));
+    }
     let host = match url.port() {
         Some(port) => format!("{host}:{port}"),
         None => host.to_string(),
@@ -475,11 +713,13 @@ fn check_url(pieces: &[Piece], field: &str) -> Result<String, BindingError> {
     Ok(host)
 }
 
-/// Percent-encodes `value` as one path segment: everything but RFC 3986's unreserved bytes.
+/// Percent-encodes `value` as one path segment: everything but RFC 3986's unreserved bytes and
+/// `:`, which a segment may hold as is. A key `act_…:1` then reaches a service that does not
+/// decode its path as the key it was sent in the header.
 fn encode_segment(value: &str) -> String {
     let mut out = String::with_capacity(value.len());
     for byte in value.bytes() {
-        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~' | b':') {
             out.push(byte as char);
         } else {
             out.push_str(&format!("%{byte:02X}"));
@@ -493,8 +733,7 @@ fn encode_segment(value: &str) -> String {
 struct Unfillable(String);
 
 impl Endpoint {
-    /// The URL of one call: placeholders filled, and for GET and DELETE the other arguments as
-    /// query parameters.
+    /// The URL of one call: placeholders filled, and the query parameters its arguments say.
     fn url_for(&self, args: &Args, key: &str) -> Result<Url, Unfillable> {
         let mut text = String::new();
         let mut used = BTreeSet::new();
@@ -529,51 +768,32 @@ impl Endpoint {
         }
         let mut url = Url::parse(&text)
             .map_err(|_| Unfillable("the URL could not be built from the arguments".into()))?;
-        if !has_body(&self.method)
-            && let Value::Object(map) = args.as_value()
-        {
-            let rest: Vec<(String, String)> = map
-                .into_iter()
-                .filter(|(name, value)| !used.contains(name.as_str()) && !value.is_null())
-                .map(|(name, value)| match value {
-                    Value::String(s) => (name, s),
-                    other => (name, other.to_string()),
+        let as_text = |value: &Value| match value {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        let query: Vec<(String, String)> = match &self.arguments {
+            Arguments::Body => Vec::new(),
+            Arguments::RestAsQuery => match args.as_value() {
+                Value::Object(map) => map
+                    .iter()
+                    .filter(|(name, value)| !used.contains(name.as_str()) && !value.is_null())
+                    .map(|(name, value)| (name.clone(), as_text(value)))
+                    .collect(),
+                _ => Vec::new(),
+            },
+            Arguments::Query(names) => names
+                .iter()
+                .filter_map(|name| {
+                    let value = args.get(name).filter(|v| !v.is_null())?;
+                    Some((name.clone(), as_text(value)))
                 })
-                .collect();
-            if !rest.is_empty() {
-                url.query_pairs_mut().extend_pairs(rest);
-            }
+                .collect(),
+        };
+        if !query.is_empty() {
+            url.query_pairs_mut().extend_pairs(query);
         }
         Ok(url)
-    }
-
-    /// Replaces every secret the headers used with `[redacted]`.
-    fn scrub(&self, text: &str) -> String {
-        let mut text = text.to_string();
-        for secret in &self.secrets {
-            if text.contains(secret.as_str()) {
-                text = text.replace(secret.as_str(), REDACTED);
-            }
-        }
-        text
-    }
-
-    fn scrub_value(&self, value: Value) -> Value {
-        if self.secrets.is_empty() {
-            return value;
-        }
-        match value {
-            Value::String(s) => Value::String(self.scrub(&s)),
-            Value::Array(items) => {
-                Value::Array(items.into_iter().map(|v| self.scrub_value(v)).collect())
-            }
-            Value::Object(map) => Value::Object(
-                map.into_iter()
-                    .map(|(k, v)| (self.scrub(&k), self.scrub_value(v)))
-                    .collect(),
-            ),
-            other => other,
-        }
     }
 }
 
@@ -630,7 +850,7 @@ async fn send(
     let mut request = client
         .request(endpoint.method.clone(), url)
         .timeout(endpoint.timeout);
-    if has_body(&endpoint.method) {
+    if endpoint.arguments == Arguments::Body {
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         let body = serde_json::to_vec(&call.args.as_value())
             .map_err(|_| Unfillable("the arguments could not be written as JSON".into()))?;
@@ -651,17 +871,20 @@ async fn send(
     };
     let status = response.status();
     let limit = endpoint.max_response_bytes;
+    // Past the limit by a secret's length, so one crossing the cut is scrubbed before it.
+    let read = limit + endpoint.secrets.longest();
     let mut body = Vec::new();
     let cut = loop {
         match response.chunk().await {
             Ok(Some(chunk)) => {
-                let room = limit - body.len();
+                let room = read - body.len();
                 if chunk.len() > room {
                     body.extend_from_slice(&chunk[..room]);
                     break Some(Cut::TooLong);
                 }
                 body.extend_from_slice(&chunk);
             }
+            Ok(None) if body.len() > limit => break Some(Cut::TooLong),
             Ok(None) => break None,
             Err(error) if error.is_timeout() => {
                 break Some(Cut::BrokeOff("no more of it came in time".into()));
@@ -685,27 +908,33 @@ fn text_of(bytes: &[u8]) -> String {
     }
 }
 
-/// A 2xx body as a result: its JSON, or its text as a JSON string; a cut body says so.
-fn result_of(body: &[u8], cut: Option<&Cut>, limit: usize) -> Value {
+/// A 2xx body as a result: its JSON, or its text as a JSON string; a cut body says so. Secrets
+/// are scrubbed before the cut to `limit` bytes.
+fn result_of(body: &[u8], cut: Option<&Cut>, limit: usize, secrets: &Secrets) -> Value {
     match cut {
         None if body.is_empty() => Value::Null,
-        None => serde_json::from_slice(body).unwrap_or_else(|_| Value::String(text_of(body))),
+        None => match serde_json::from_slice(body) {
+            Ok(value) => secrets.scrub_value(value),
+            Err(_) => Value::String(secrets.scrub(&text_of(body))),
+        },
         Some(Cut::TooLong) => json!({
-            "body": text_of(body),
+            "body": secrets.scrub_then_cut(&text_of(body), limit),
             "cut": format!("the response was longer than {limit} bytes; only the first {limit} are kept"),
         }),
         Some(Cut::BrokeOff(why)) => json!({
-            "body": text_of(body),
+            "body": secrets.scrub_then_cut(&text_of(body), limit),
             "cut": format!("the response broke off after {} bytes: {why}", body.len()),
         }),
     }
 }
 
-/// The error message of a refusal's body, cut short: a JSON `error`, `error.message`,
-/// `message`, `detail` or `title`, or else the body's text.
-fn message_of(body: &[u8]) -> String {
-    let text = match serde_json::from_slice::<Value>(body) {
-        Ok(value) => {
+/// The error message of a refusal's body, scrubbed and then cut short: a JSON `error`,
+/// `error.message`, `message`, `detail` or `title`, or else the body's text (a cut body's, cut
+/// at `limit` bytes after scrubbing).
+fn message_of(body: &[u8], cut: Option<&Cut>, limit: usize, secrets: &Secrets) -> String {
+    let text = match (cut, serde_json::from_slice::<Value>(body)) {
+        (Some(_), _) => secrets.scrub_then_cut(&text_of(body), limit),
+        (None, Ok(value)) => {
             let found = [
                 value.get("error").and_then(Value::as_str),
                 value.pointer("/error/message").and_then(Value::as_str),
@@ -717,19 +946,20 @@ fn message_of(body: &[u8]) -> String {
             .flatten()
             .next()
             .map(str::to_string);
-            found.unwrap_or_else(|| value.to_string())
+            secrets.scrub(&found.unwrap_or_else(|| value.to_string()))
         }
-        Err(_) => text_of(body),
+        (None, Err(_)) => secrets.scrub(&text_of(body)),
     };
     let text = text.trim();
     match text.char_indices().nth(MAX_ERROR_TEXT) {
-        Some((at, _)) => format!("{}…", &text[..at]),
+        Some((at, _)) => format!("{}…", secrets.without_partial_tail(&text[..at])),
         None => text.to_string(),
     }
 }
 
-fn with_message(status: StatusCode, body: &[u8]) -> String {
-    let message = message_of(body);
+/// `status: message` of an answer that is not a success, as the model and the audit read it.
+fn with_message(status: StatusCode, body: &[u8], cut: Option<&Cut>, endpoint: &Endpoint) -> String {
+    let message = message_of(body, cut, endpoint.max_response_bytes, &endpoint.secrets);
     if message.is_empty() {
         format!("{status}")
     } else {
@@ -766,16 +996,21 @@ impl HttpTool {
             },
             Exchange::Answered { status, body, cut } if status.is_success() => {
                 ToolOutcome::Succeeded {
-                    result: result_of(&body, cut.as_ref(), endpoint.max_response_bytes),
+                    result: result_of(
+                        &body,
+                        cut.as_ref(),
+                        endpoint.max_response_bytes,
+                        &endpoint.secrets,
+                    ),
                 }
             }
-            Exchange::Answered { status, body, .. }
+            Exchange::Answered { status, body, cut }
                 if status.is_client_error() && !matches!(status.as_u16(), 408 | 425 | 429) =>
             {
                 ToolOutcome::Failed {
                     error: format!(
                         "the service refused the call ({})",
-                        with_message(status, &body)
+                        with_message(status, &body, cut.as_ref(), endpoint)
                     ),
                 }
             }
@@ -784,10 +1019,10 @@ impl HttpTool {
                     "the service answered with a redirect ({status}), which is never followed; {NOT_SENT_AGAIN}"
                 ),
             },
-            Exchange::Answered { status, body, .. } => ToolOutcome::Unknown {
+            Exchange::Answered { status, body, cut } => ToolOutcome::Unknown {
                 detail: format!(
                     "the service answered {}; {NOT_SENT_AGAIN}",
-                    with_message(status, &body)
+                    with_message(status, &body, cut.as_ref(), endpoint)
                 ),
             },
             Exchange::TimedOut => ToolOutcome::Unknown {
@@ -801,16 +1036,19 @@ impl HttpTool {
         }
     }
 
+    /// `outcome` with no secret in it: what the service answered is scrubbed before it is cut,
+    /// and this is the last pass over everything, the transport's own words included.
     fn scrubbed(&self, endpoint: &Endpoint, outcome: ToolOutcome) -> ToolOutcome {
+        let secrets = &endpoint.secrets;
         match outcome {
             ToolOutcome::Succeeded { result } => ToolOutcome::Succeeded {
-                result: endpoint.scrub_value(result),
+                result: secrets.scrub_value(result),
             },
             ToolOutcome::Failed { error } => ToolOutcome::Failed {
-                error: endpoint.scrub(&error),
+                error: secrets.scrub(&error),
             },
             ToolOutcome::Unknown { detail } => ToolOutcome::Unknown {
-                detail: endpoint.scrub(&detail),
+                detail: secrets.scrub(&detail),
             },
         }
     }
@@ -878,8 +1116,13 @@ impl Tool for HttpTool {
         self.binding.reconcile.is_some()
     }
 
+    fn gives_up_after(&self) -> Option<Duration> {
+        self.binding.reconcile.as_ref().map(|l| l.give_up_after)
+    }
+
     async fn reconcile(&self, call: ToolCall<'_>) -> Option<ToolOutcome> {
-        let endpoint = self.binding.reconcile.as_ref()?;
+        let lookup = self.binding.reconcile.as_ref()?;
+        let endpoint = &lookup.endpoint;
         let started = Instant::now();
         let exchange = match send(self.client.get(), endpoint, &call).await {
             Ok(exchange) => exchange,
@@ -893,17 +1136,29 @@ impl Tool for HttpTool {
             Exchange::Answered { status, body, cut } if status.is_success() => match cut {
                 Some(Cut::BrokeOff(_)) => return None,
                 cut => ToolOutcome::Succeeded {
-                    result: result_of(&body, cut.as_ref(), endpoint.max_response_bytes),
+                    result: result_of(
+                        &body,
+                        cut.as_ref(),
+                        endpoint.max_response_bytes,
+                        &endpoint.secrets,
+                    ),
                 },
             },
             Exchange::Answered { status, .. }
                 if matches!(status, StatusCode::NOT_FOUND | StatusCode::GONE) =>
             {
-                ToolOutcome::Failed {
-                    error: format!(
-                        "the service has no record of the call with key {} ({status}), so it did not take effect",
-                        call.idempotency_key
-                    ),
+                match lookup.not_found {
+                    NotFound::DidNotTakeEffect => ToolOutcome::Failed {
+                        error: format!(
+                            "the service has no record of the call with key {} ({status}) and says it never will, so it did not take effect",
+                            call.idempotency_key
+                        ),
+                    },
+                    // Said on purpose only: a lookup at the wrong path answers 404 too.
+                    NotFound::AskAgain => {
+                        tracing::info!(tool = %self.spec.name, %status, "the lookup has no record of the key yet; asking again later");
+                        return None;
+                    }
                 }
             }
             _ => return None,
@@ -971,6 +1226,23 @@ mod tests {
         urls.iter().map(refused).collect()
     }
 
+    /// Why `text` does not parse as a `T`.
+    fn parse_error<T: serde::de::DeserializeOwned + fmt::Debug>(text: &str) -> String {
+        toml::from_str::<T>(text).unwrap_err().to_string()
+    }
+
+    /// The documented binding after each `change` is refused at `field`, saying `says`.
+    fn refused_at<C: FnOnce(&mut HttpBinding)>(
+        field: &str,
+        changes: impl IntoIterator<Item = (C, &'static str)>,
+    ) {
+        for (change, says) in changes {
+            let error = error_with(change);
+            assert!(error.starts_with(&format!("{FIELD}.{field}: ")), "{error}");
+            assert!(error.contains(says), "{error}");
+        }
+    }
+
     /// The error the documented binding resolves to after `change`.
     fn error_with(change: impl FnOnce(&mut HttpBinding)) -> String {
         let mut b = refund();
@@ -994,11 +1266,78 @@ mod tests {
         assert_eq!(resolved.host(), "127.0.0.1:8790");
         assert_eq!(resolved.timeout(), Duration::from_secs(10));
         assert!(resolved.has_reconcile());
+        let lookup = resolved.reconcile.as_ref().unwrap();
+        assert_eq!(lookup.endpoint.timeout, Duration::from_secs(5));
+        assert_eq!(lookup.not_found, NotFound::AskAgain);
+        assert_eq!(lookup.give_up_after, DEFAULT_GIVE_UP_AFTER);
+        assert_eq!(lookup.endpoint.arguments, Arguments::Query(Vec::new()));
+        assert_eq!(resolved.named_arguments(), [("url", "order_id")]);
+    }
+
+    #[test]
+    fn a_lookup_says_what_404_means_how_long_to_ask_and_which_arguments_it_sends() {
+        let mut b = refund();
+        let lookup = b.reconcile.as_mut().unwrap();
+        lookup.not_found = NotFound::DidNotTakeEffect;
+        lookup.give_up_after = Some("2h".into());
+        lookup.query = vec!["order_id".into()];
+        let resolved = resolved(b);
+        let lookup = resolved.reconcile.as_ref().unwrap();
+        assert_eq!(lookup.not_found, NotFound::DidNotTakeEffect);
+        assert_eq!(lookup.give_up_after, Duration::from_secs(2 * 3600));
         assert_eq!(
-            resolved.reconcile.as_ref().unwrap().timeout,
-            Duration::from_secs(5)
+            resolved.named_arguments(),
+            [("url", "order_id"), ("reconcile.query", "order_id")]
         );
-        assert_eq!(resolved.path_arguments(), BTreeSet::from(["order_id"]));
+
+        let written: ReconcileBinding = toml::from_str(
+            "method = \"GET\"\nurl = \"https://x.example/k/{idempotency_key}\"\n\
+             not_found = \"did_not_take_effect\"\ngive_up_after = \"3d\"\nquery = [\"a\"]\n",
+        )
+        .unwrap();
+        assert_eq!(written.not_found, NotFound::DidNotTakeEffect);
+        let error = parse_error::<ReconcileBinding>(
+            "method = \"GET\"\nurl = \"https://x.example\"\nnot_found = \"failed\"\n",
+        );
+        assert!(error.contains("did_not_take_effect"), "{error}");
+    }
+
+    #[test]
+    fn a_bad_give_up_after_or_query_names_the_field() {
+        let patience = |text: &'static str| {
+            move |b: &mut HttpBinding| {
+                b.reconcile.as_mut().unwrap().give_up_after = Some(text.into())
+            }
+        };
+        refused_at(
+            "reconcile.give_up_after",
+            [
+                (patience("soon"), "is not a duration"),
+                (patience("30s"), "at least 1m"),
+                (patience("31days"), "at most 30days"),
+            ],
+        );
+        let query = |names: &'static [&'static str]| {
+            move |b: &mut HttpBinding| {
+                b.reconcile.as_mut().unwrap().query = names.iter().map(|n| n.to_string()).collect()
+            }
+        };
+        refused_at(
+            "reconcile.query",
+            [
+                (query(&["order-id"]), "is not an argument name"),
+                (query(&["idempotency_key"]), "is not an argument name"),
+                (query(&["a", "a"]), "names a twice"),
+            ],
+        );
+    }
+
+    #[test]
+    fn reconcile_only_fields_are_refused_on_the_call() {
+        let error = parse_error::<HttpBinding>(
+            "method = \"POST\"\nurl = \"https://x.example\"\nnot_found = \"did_not_take_effect\"\n",
+        );
+        assert!(error.contains("not_found"), "{error}");
     }
 
     #[test]
@@ -1015,27 +1354,20 @@ url = "https://orders.example/x""#,
 
     #[test]
     fn an_unknown_field_is_refused() {
-        let error = toml::from_str::<HttpBinding>(
+        let error = parse_error::<HttpBinding>(
             "method = \"GET\"\nurl = \"https://x.example\"\nretries = 3\n",
-        )
-        .unwrap_err()
-        .to_string();
+        );
         assert!(error.contains("retries"), "{error}");
     }
 
     #[test]
     fn a_reconcile_with_a_reconcile_of_its_own_is_refused() {
-        let error = toml::from_str::<HttpBinding>(
+        let error = parse_error::<HttpBinding>(
             "method = \"POST\"\nurl = \"https://x.example\"\n\
              [reconcile]\nmethod = \"GET\"\nurl = \"https://x.example/r\"\n\
              [reconcile.reconcile]\nmethod = \"GET\"\nurl = \"https://x.example/rr\"\n",
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(
-            error.contains("a reconcile request has no reconcile of its own"),
-            "{error}"
         );
+        assert!(error.contains("unknown field `reconcile`"), "{error}");
     }
 
     #[test]
@@ -1080,18 +1412,15 @@ url = "https://orders.example/x""#,
 
     #[test]
     fn timeouts_must_parse_and_stay_within_a_minute() {
-        for (text, says) in [
-            ("soon", "is not a duration"),
-            ("61s", "at most 1m"),
-            ("0s", "more than 0"),
-        ] {
-            let error = error_with(|b| b.timeout = Some(text.into()));
-            assert!(
-                error.starts_with("tools.issue_refund.http.timeout: "),
-                "{error}"
-            );
-            assert!(error.contains(says), "{error}");
-        }
+        let timeout = |text: &'static str| move |b: &mut HttpBinding| b.timeout = Some(text.into());
+        refused_at(
+            "timeout",
+            [
+                (timeout("soon"), "is not a duration"),
+                (timeout("61s"), "at most 1m"),
+                (timeout("0s"), "more than 0"),
+            ],
+        );
         let mut b = refund();
         b.reconcile.as_mut().unwrap().timeout = Some("2m".into());
         assert!(error_of(&b).starts_with("tools.issue_refund.http.reconcile.timeout: "));
@@ -1168,10 +1497,31 @@ url = "https://orders.example/x""#,
         );
         let url = url_of(&resolved.call, json!({"order_id": 55}), "act-1:2");
         assert_eq!(url.path(), "/orders/55/refunds");
-        let lookup = resolved.reconcile.as_ref().unwrap();
-        let url = url_of(lookup, json!({"order_id": "ord_55"}), "act-1:2");
-        assert_eq!(url.path(), "/refunds/by-key/act-1%3A2");
-        assert_eq!(url.query(), Some("order_id=ord_55"));
+        let url = url_of(&resolved.call, json!({"order_id": "ord:55"}), "act-1:2");
+        assert_eq!(url.path(), "/orders/ord:55/refunds");
+    }
+
+    #[test]
+    fn the_lookup_puts_the_key_in_its_path_as_is_and_sends_only_the_arguments_it_names() {
+        let lookup = &resolved(refund()).reconcile.unwrap().endpoint;
+        let url = url_of(
+            lookup,
+            json!({"order_id": "ord_55", "amount_cents": 1}),
+            "act-1:2",
+        );
+        assert_eq!(url.path(), "/refunds/by-key/act-1:2");
+        assert_eq!(url.query(), None);
+
+        let mut b = refund();
+        b.reconcile.as_mut().unwrap().query = vec!["order_id".into(), "note".into()];
+        let lookup = &resolved(b).reconcile.unwrap().endpoint;
+        let url = url_of(
+            lookup,
+            json!({"order_id": "ord 55", "amount_cents": 1}),
+            "act-1:2",
+        );
+        assert_eq!(url.path(), "/refunds/by-key/act-1:2");
+        assert_eq!(url.query(), Some("order_id=ord+55"));
     }
 
     #[test]
@@ -1253,24 +1603,110 @@ url = "https://orders.example/orders/{order_id}?v=1""#,
         let resolved = resolved(refund());
         let scrubbed = resolved
             .call
-            .scrub_value(json!({"echo": ["Bearer s3cret-token"]}));
-        assert_eq!(scrubbed, json!({"echo": ["Bearer [redacted]"]}));
+            .secrets
+            .scrub_value(json!({"echo": ["Bearer s3cret-token", "s3cret-token"]}));
+        assert_eq!(scrubbed, json!({"echo": ["[redacted]", "[redacted]"]}));
+    }
+
+    #[test]
+    fn every_header_value_and_every_filled_variable_is_a_secret() {
+        let resolved = resolved(binding(
+            r#"
+            method = "GET"
+            url = "${ORDERS_URL}/x?k=${ORDERS_TOKEN}"
+            headers = { X-Literal = "literal-secret-value-123", Authorization = "Basic dXNlcjpwdw==" }
+            "#,
+        ));
+        let secrets = &resolved.call.secrets.0;
+        for secret in [
+            "http://127.0.0.1:8790",
+            "s3cret-token",
+            "literal-secret-value-123",
+            "Basic dXNlcjpwdw==",
+            "dXNlcjpwdw==",
+        ] {
+            assert!(secrets.iter().any(|s| s == secret), "{secret}: {secrets:?}");
+        }
+    }
+
+    #[test]
+    fn the_call_and_its_lookup_scrub_each_others_secrets() {
+        let mut b = refund();
+        b.headers
+            .0
+            .insert("X-Call-Only".into(), "call-only-secret".into());
+        let resolved = resolved(b);
+        let lookup = &resolved.reconcile.as_ref().unwrap().endpoint.secrets;
+        assert_eq!(lookup.scrub("call-only-secret"), REDACTED);
+    }
+
+    #[test]
+    fn url_credentials_are_refused_without_showing_them() {
+        let errors = refused_urls(
+            &[
+                "http://user:pw-123@orders.example/x",
+                "https://only-user@orders.example/x",
+            ],
+            "carries credentials",
+        );
+        for error in errors {
+            assert!(
+                !error.contains("pw-123") && !error.contains("only-user"),
+                "{error}"
+            );
+            assert!(error.contains("header"), "{error}");
+        }
+        let mut b = refund();
+        b.reconcile.as_mut().unwrap().url = "http://u:p@orders.example/{idempotency_key}".into();
+        let error = b.resolve(FIELD, &env).unwrap_err();
+        assert_eq!(error.field(), "tools.issue_refund.http.reconcile.url");
+    }
+
+    #[test]
+    fn a_cut_is_made_after_scrubbing_so_it_keeps_none_of_a_secrets_bytes() {
+        let secrets = Secrets::new(vec!["Bearer tok-SECRET-abcdef".into()]);
+        let body = format!("{}Bearer tok-SECRET-abcdef and more", "x".repeat(90));
+        let cut = secrets.scrub_then_cut(&body, 100);
+        assert_eq!(cut, format!("{}[redacted]", "x".repeat(90)));
+        // A body that broke off inside a secret keeps none of it either.
+        let broken = format!("{}Bearer tok-SEC", "x".repeat(10));
+        assert_eq!(secrets.scrub_then_cut(&broken, 100), "x".repeat(10));
+        let message = message_of(
+            format!("{}Bearer tok-SECRET-abcdef", "y".repeat(295)).as_bytes(),
+            None,
+            4096,
+            &secrets,
+        );
+        assert!(!message.contains("Bearer tok"), "{message}");
+        assert!(message.ends_with("[reda…"), "{message}");
+        // A refusal cut at the limit, its message shorter than the model's share.
+        let cut = format!("{}Bearer tok-SECRET-abcdef and more", "z".repeat(40));
+        let message = message_of(cut.as_bytes(), Some(&Cut::TooLong), 50, &secrets);
+        assert_eq!(message, "z".repeat(40) + "[redacted]");
     }
 
     #[test]
     fn refusal_messages_are_found_and_cut_short() {
+        let none = Secrets::default();
         assert_eq!(
-            message_of(br#"{"error": "amount too high"}"#),
+            message_of(br#"{"error": "amount too high"}"#, None, 64, &none),
             "amount too high"
         );
         assert_eq!(
-            message_of(br#"{"error": {"message": "no such order"}}"#),
+            message_of(
+                br#"{"error": {"message": "no such order"}}"#,
+                None,
+                64,
+                &none
+            ),
             "no such order"
         );
-        assert_eq!(message_of(b"plain words"), "plain words");
+        assert_eq!(message_of(b"plain words", None, 64, &none), "plain words");
         let long = "x".repeat(1000);
         assert_eq!(
-            message_of(long.as_bytes()).chars().count(),
+            message_of(long.as_bytes(), None, 4096, &none)
+                .chars()
+                .count(),
             MAX_ERROR_TEXT + 1
         );
     }
@@ -1279,7 +1715,8 @@ url = "https://orders.example/orders/{order_id}?v=1""#,
     fn a_cut_body_keeps_whole_characters_and_says_it_was_cut() {
         let body = "é".as_bytes();
         assert_eq!(text_of(&body[..1]), "");
-        let result = result_of(b"{\"a\":", Some(&Cut::TooLong), 5);
+        let none = Secrets::default();
+        let result = result_of(b"{\"a\":", Some(&Cut::TooLong), 5, &none);
         assert_eq!(result["body"], "{\"a\":");
         assert!(
             result["cut"]
@@ -1287,7 +1724,7 @@ url = "https://orders.example/orders/{order_id}?v=1""#,
                 .unwrap()
                 .contains("longer than 5 bytes")
         );
-        assert_eq!(result_of(b"not json", None, 64), json!("not json"));
-        assert_eq!(result_of(b"", None, 64), Value::Null);
+        assert_eq!(result_of(b"not json", None, 64, &none), json!("not json"));
+        assert_eq!(result_of(b"", None, 64, &none), Value::Null);
     }
 }

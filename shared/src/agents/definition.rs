@@ -305,17 +305,21 @@ impl Definition {
                 ToolBinding::Http(binding) => {
                     let resolved = binding
                         .resolve(&format!("{field}.http"), wiring.env)
-                        .map_err(|e| DefinitionError::new(&self.file, "", e.to_string()))?;
+                        .map_err(|e| binding_error(&self.file, e))?;
                     let spec = tool.spec.clone().expect("an HTTP tool has its spec");
-                    if let Some(missing) = resolved
-                        .path_arguments()
+                    if let Some((at, missing)) = resolved
+                        .named_arguments()
                         .into_iter()
-                        .find(|arg| spec.input_schema["properties"].get(*arg).is_none())
+                        .find(|(_, arg)| spec.input_schema["properties"].get(*arg).is_none())
                     {
+                        let named = match at.ends_with("url") {
+                            true => format!("{{{missing}}}"),
+                            false => missing.to_string(),
+                        };
                         return Err(DefinitionError::new(
                             &self.file,
-                            &format!("{field}.http.url"),
-                            format!("{{{missing}}} is not one of the tool's arguments"),
+                            &format!("{field}.http.{at}"),
+                            format!("{named} is not one of the tool's arguments"),
                         ));
                     }
                     if wiring.drives {
@@ -666,20 +670,77 @@ mod tests {
         std::fs::remove_dir_all(dir).ok();
     }
 
-    /// An HTTP refund tool whose amount is `amount_cents`, an integer the schema requires.
+    /// What building `agent` under the test policy, with no environment, is refused with.
+    fn build_refused(agent: &str) -> DefinitionError {
+        let dir = crate::testing::scratch_dir("http-binding");
+        let store: Arc<dyn crate::ports::store::ItemStore> =
+            Arc::new(crate::adapters::sqlite::SqliteStore::open_dir(&dir).unwrap());
+        let wiring = Wiring {
+            env: &|_| None,
+            ..Wiring::new(
+                store,
+                Arc::new(crate::ports::clock::SystemClock),
+                crate::example::expense::default_claims(),
+            )
+        };
+        let Err(error) = loaded(agent).build(&wiring) else {
+            panic!("the definition should not build");
+        };
+        std::fs::remove_dir_all(dir).ok();
+        error
+    }
+
     const REFUND_TOOL: &str = r#"
+[tools.issue_refund]
+description = "Refund an order."
+input_schema = { type = "object", properties = { order_id = { type = "string" } } }
+"#;
+
+    #[test]
+    fn an_http_url_with_credentials_is_refused_naming_the_file_and_field_not_the_credentials() {
+        let error = build_refused(&format!(
+            "{REFUND_TOOL}[tools.issue_refund.http]\nmethod = \"POST\"\n\
+             url = \"http://refunder:hunter22@orders.example/orders/{{order_id}}/refunds\"\n"
+        ));
+        assert_eq!(error.file, "test/agent.toml");
+        assert_eq!(error.field, "tools.issue_refund.http.url");
+        assert!(error.message.contains("in a header"), "{error}");
+        assert!(!error.to_string().contains("hunter22"), "{error}");
+    }
+
+    #[test]
+    fn a_lookup_query_argument_the_schema_lacks_names_its_field() {
+        let error = build_refused(&format!(
+            "{REFUND_TOOL}[tools.issue_refund.http]\nmethod = \"POST\"\n\
+             url = \"http://orders.example/orders/{{order_id}}/refunds\"\n\
+             [tools.issue_refund.http.reconcile]\nmethod = \"GET\"\n\
+             url = \"http://orders.example/refunds/by-key/{{idempotency_key}}\"\n\
+             query = [\"customer\"]\n"
+        ));
+        assert_eq!(error.file, "test/agent.toml");
+        assert_eq!(error.field, "tools.issue_refund.http.reconcile.query");
+        assert!(
+            error
+                .message
+                .contains("customer is not one of the tool's arguments"),
+            "{error}"
+        );
+    }
+
+    /// An HTTP refund tool whose amount is `amount_cents`, an integer the schema requires.
+    const GATED_REFUND_TOOL: &str = r#"
 [tools.issue_refund]
 description = "Refunds an order."
 input_schema = { type = "object", properties = { order_id = { type = "string" }, amount_cents = { type = "integer" }, note = { type = "string" }, tip = { type = "number" } }, required = ["order_id", "amount_cents"] }
 http = { method = "POST", url = "http://127.0.0.1:9/orders/{order_id}/refunds" }
 "#;
 
-    /// The error building `REFUND_TOOL` under a policy gating it on `amount_field`.
+    /// The error building `GATED_REFUND_TOOL` under a policy gating it on `amount_field`.
     fn built_with_amount_field(rule: &str) -> Result<(), DefinitionError> {
         let policy = format!(
             "name = \"refunds\"\nversion = 1\ndefault_ttl = \"1h\"\n[tools.issue_refund]\ndecision = \"approve\"\napprover_role = \"finance\"\n{rule}\n[[tools.issue_refund.thresholds]]\nabove = \"$100\"\nquorum = 1\nreason = \"Large refunds need finance.\"\n"
         );
-        let definition = load(REFUND_TOOL, &policy).expect("the files parse");
+        let definition = load(GATED_REFUND_TOOL, &policy).expect("the files parse");
         let dir = crate::testing::scratch_dir("amount-field");
         let store: Arc<dyn crate::ports::store::ItemStore> =
             Arc::new(crate::adapters::sqlite::SqliteStore::open_dir(&dir).unwrap());
@@ -726,7 +787,7 @@ http = { method = "POST", url = "http://127.0.0.1:9/orders/{order_id}/refunds" }
 
     #[test]
     fn a_policy_amount_field_the_schema_does_not_require_is_refused() {
-        let optional = REFUND_TOOL.replace(
+        let optional = GATED_REFUND_TOOL.replace(
             r#"required = ["order_id", "amount_cents"]"#,
             r#"required = ["order_id"]"#,
         );

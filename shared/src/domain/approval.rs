@@ -297,7 +297,7 @@ impl Approval {
         };
         let requirement = Requirement {
             reason: format!(
-                "Nobody can tell whether {} {} took effect ({detail}), and the tool cannot be asked. Did it?",
+                "Nobody can tell whether {} {} took effect ({detail}). Did it?",
                 action.tool,
                 action.key()
             ),

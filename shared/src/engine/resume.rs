@@ -240,7 +240,7 @@ impl Engine {
             {
                 // The run waits for reconciliation, or moved on (cancelled): record the action alone.
                 if let Some(recovery) = &recovery {
-                    self.open_recovery(&mut tx, recovery);
+                    self.open_recovery(&mut tx, recovery, "resume");
                 }
                 let outbox = match self.commit(tx).await {
                     Ok(outbox) => outbox,
@@ -378,14 +378,29 @@ impl Engine {
         action: &Action,
         detail: &str,
     ) -> Result<Option<Approval>, EngineError> {
+        let reconciles = self.agent(&run.agent).is_ok_and(|agent| {
+            agent
+                .tools
+                .get(&action.tool)
+                .is_some_and(|t| t.reconciles())
+        });
+        if reconciles {
+            return Ok(None);
+        }
+        self.recovery_question(run, action, &format!("{detail}; the tool cannot be asked"))
+    }
+
+    /// The question "did it take effect?" for the run's agent's recovery owner, if it names one.
+    fn recovery_question(
+        &self,
+        run: &Run,
+        action: &Action,
+        detail: &str,
+    ) -> Result<Option<Approval>, EngineError> {
         let Ok(agent) = self.agent(&run.agent) else {
             return Ok(None);
         };
-        let reconciles = agent
-            .tools
-            .get(&action.tool)
-            .is_some_and(|t| t.reconciles());
-        let Some(owner) = agent.recovery_owner.clone().filter(|_| !reconciles) else {
+        let Some(owner) = agent.recovery_owner.clone() else {
             return Ok(None);
         };
         let now = self.now();
@@ -401,8 +416,42 @@ impl Engine {
         Ok(Some(Approval::recovery(action, owner, detail, asking)))
     }
 
+    /// Hands an unknown outcome its tool could not settle within `patience` to the run's
+    /// agent's recovery owner: the action leaves the reconcile index and the recovery opens, in
+    /// one write. `None` where the agent names no owner (the sweep keeps asking) or another
+    /// sweep moved the action first; else the notices to deliver.
+    pub(super) async fn give_up_reconciling(
+        &self,
+        run: &Stored<Run>,
+        action: &Stored<Action>,
+        patience: std::time::Duration,
+    ) -> Result<Option<Outgoing>, EngineError> {
+        let detail = format!(
+            "its service could not tell within {} of asking",
+            humantime::format_duration(patience)
+        );
+        let Some(recovery) = self.recovery_question(&run.value, &action.value, &detail)? else {
+            return Ok(None);
+        };
+        let (tenant, run_id) = (&action.value.tenant, &action.value.run_id);
+        let mut tx = Tx::new();
+        tx.update(
+            keys::run_pk(tenant, run_id),
+            keys::action_sk(&action.value.id, action.value.version),
+            None,
+            &action.value,
+            action.ver,
+        );
+        self.open_recovery(&mut tx, &recovery, "sweep");
+        match self.commit(tx).await {
+            Ok(outbox) => Ok(Some(outbox)),
+            Err(StoreError::ConditionFailed { .. }) => Ok(None),
+            Err(error) => Err(error.into()),
+        }
+    }
+
     /// Writes a recovery as it opens: the approval, its audit event, and its notices.
-    fn open_recovery(&self, tx: &mut Tx, recovery: &Approval) {
+    fn open_recovery(&self, tx: &mut Tx, recovery: &Approval, by: &str) {
         let tenant = &recovery.tenant;
         tx.create_approval(recovery);
         let event = AuditEvent::RecoveryRequested {
@@ -415,7 +464,7 @@ impl Engine {
             tenant,
             AuditEntry::new(
                 &recovery.run_id,
-                Actor::system("resume"),
+                Actor::system(by),
                 event,
                 recovery.created_at,
             ),

@@ -37,6 +37,8 @@ pub struct SweepReport {
     pub reconciled: Vec<String>,
     /// Actions still without a definite outcome.
     pub unknown: Vec<String>,
+    /// Actions whose tool could not tell in its time, now a question for the recovery owner.
+    pub to_recovery_owner: Vec<String>,
     /// Runs whose driving process stopped (their lease ran out), now failed.
     pub abandoned: Vec<RunId>,
 }
@@ -165,6 +167,7 @@ impl Engine {
             || !report.notices.is_empty()
             || report.redelivered > 0
             || !report.reconciled.is_empty()
+            || !report.to_recovery_owner.is_empty()
             || !report.abandoned.is_empty();
         if worked {
             tracing::info!(
@@ -176,6 +179,7 @@ impl Engine {
                 notices_failed = report.notices.failed,
                 redelivered = report.redelivered,
                 reconciled = report.reconciled.len(),
+                to_recovery_owner = report.to_recovery_owner.len(),
                 abandoned = report.abandoned.len(),
                 "swept"
             );
@@ -466,6 +470,7 @@ impl Engine {
             .as_ref()
             .and_then(|run| self.agent(&run.value.agent).ok())
             .and_then(|agent| agent.tools.get(&action.value.tool).cloned());
+        let patience = tool.as_ref().and_then(|tool| tool.gives_up_after());
         let answer = match tool {
             Some(tool) => {
                 let call = ToolCall {
@@ -479,6 +484,23 @@ impl Engine {
             None => None,
         };
         let now = self.now();
+        let settled = matches!(
+            answer,
+            Some(ToolOutcome::Succeeded { .. } | ToolOutcome::Failed { .. })
+        );
+        let asked_long_enough = patience.is_some_and(|patience| {
+            Duration::from_std(patience).is_ok_and(|p| now - action.value.updated_at >= p)
+        });
+        if let (Some(patience), Some(run)) = (patience, &run)
+            && !settled
+            && action.value.status == ActionStatus::Unknown
+            && asked_long_enough
+            && let Some(outbox) = self.give_up_reconciling(run, &action, patience).await?
+        {
+            report.notices.add(self.deliver(outbox).await);
+            report.to_recovery_owner.push(key);
+            return Ok(());
+        }
         match (answer, run) {
             (
                 Some(outcome @ (ToolOutcome::Succeeded { .. } | ToolOutcome::Failed { .. })),

@@ -45,6 +45,13 @@ pub trait Tool: Send + Sync {
         false
     }
 
+    /// How long, from when an outcome became unknown, the sweep keeps asking
+    /// [`Tool::reconcile`] before it hands the question to the agent's recovery owner (a
+    /// person); `None`: for as long as it takes.
+    fn gives_up_after(&self) -> Option<std::time::Duration> {
+        None
+    }
+
     /// After an unknown outcome: did the call with this key take effect? `None` if the tool
     /// cannot tell yet. The engine never calls `call` again for that key.
     async fn reconcile(&self, call: ToolCall<'_>) -> Option<ToolOutcome> {

@@ -69,6 +69,11 @@ impl Embedded {
             dir: std::env::temp_dir().join(name),
         }
     }
+
+    /// Where its files are, for a test that reads what was written to disk.
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
+    }
 }
 
 #[async_trait]
