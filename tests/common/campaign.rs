@@ -20,7 +20,6 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use aws_sdk_sqs::types::QueueAttributeName;
-
 use serde_json::Value;
 use shared::deploy::{self, Backing, Setup};
 use shared::domain::action::ActionStatus;
@@ -503,9 +502,10 @@ impl Campaign {
         figures
     }
 
-    /// A crash loop: approves `crash_loops` of the opened approvals that one person decides,
-    /// then has each resume message received by five workers killed before their first write
-    /// (their store never answers), so its next receive moves it to the dead-letter queue.
+    /// A crash loop: approves `crash_loops` (at most a worker's batch of 10) of the opened
+    /// approvals that one person decides, then has each resume message received by five
+    /// workers killed before their first write (their store never answers), so its next
+    /// receive moves it to the dead-letter queue.
     /// Between the second and third, the sweep finds the messages not acted on and hands them
     /// over again under their writers' deduplication ids, which the queue drops (the first are
     /// still there), as SQS does within its five minutes whatever became of the first. Returns
@@ -519,7 +519,7 @@ impl Campaign {
         let looped: Vec<Opened> = opened
             .iter()
             .filter(|o| o.quorum == 1)
-            .take(self.crash_loops)
+            .take(self.crash_loops.min(10))
             .cloned()
             .collect();
         for o in &looped {
