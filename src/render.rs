@@ -321,6 +321,22 @@ fn event_line(entry: &AuditEntry, tools: &std::collections::BTreeMap<String, Str
         AuditEvent::Escalated { approval_id, to } => {
             format!("{approval_id} escalated: {to} may decide it too")
         }
+        AuditEvent::ResumeResent {
+            action_id,
+            version,
+            resent,
+        } => format!(
+            "{} {action_id}:{version}: nothing acted on its resume message; sent again (re-send {resent})",
+            tool(action_id)
+        ),
+        AuditEvent::ResumeGivenUp {
+            action_id,
+            version,
+            resent,
+        } => format!(
+            "{} {action_id}:{version}: its resume message was not acted on after {resent} re-sends; it waits in the dead-letter queue for a person to move it back",
+            tool(action_id)
+        ),
         AuditEvent::Executing {
             action_id,
             version,

@@ -1,10 +1,13 @@
 //! The fault campaign on both stores: approvals opened by the expense agent, deciders racing on
-//! each and (on DynamoDB) resume workers, SIGKILLed at seeded random moments; then the sweep with
-//! the clock past every lease and deadline, and the checks: no claim paid twice, nothing paid
-//! without a winning approval, no rejected approval paid, every run terminal, every unknown
-//! outcome reconciled. `scripts/fault-campaign` runs the same campaign longer; these variables
-//! set it (the defaults are CI's): FAULT_CAMPAIGN_APPROVALS, FAULT_CAMPAIGN_SEED (else from the
-//! time, printed), FAULT_CAMPAIGN_PARALLEL, FAULT_CAMPAIGN_KILL_SHARE, FAULT_CAMPAIGN_WORKERS.
+//! each and (on DynamoDB) resume workers, SIGKILLed at seeded random moments, and a few resume
+//! messages five killed workers received, in the dead-letter queue; then the sweep with the
+//! clock past every lease and deadline, nobody moving a dead letter back, and the checks: no
+//! claim paid twice, nothing paid without a winning approval, no rejected approval paid, every
+//! run terminal, every unknown outcome reconciled, every dead-lettered resume healed by the
+//! sweep. `scripts/fault-campaign` runs the same campaign longer; these variables set it (the
+//! defaults are CI's): FAULT_CAMPAIGN_APPROVALS, FAULT_CAMPAIGN_SEED (else from the time,
+//! printed), FAULT_CAMPAIGN_PARALLEL, FAULT_CAMPAIGN_KILL_SHARE, FAULT_CAMPAIGN_WORKERS,
+//! FAULT_CAMPAIGN_CRASH_LOOPS.
 
 #[path = "../shared/tests/support/aws.rs"]
 mod aws;
@@ -14,13 +17,12 @@ mod common;
 
 use std::sync::Arc;
 
-use aws_sdk_sqs::types::QueueAttributeName;
 use campaign::{Campaign, DeadLetters, Figures, Store};
 use shared::adapters::sqlite::SqliteStore;
 
 /// How long a killed worker's message stays invisible on the campaign's own queue, instead of
 /// template.yaml's 720 s.
-const VISIBILITY_SECONDS: &str = "2";
+const VISIBILITY_SECONDS: u32 = 2;
 
 fn campaign(name: &str, store: Store) -> Campaign {
     let seed = campaign::setting(
@@ -41,6 +43,7 @@ fn campaign(name: &str, store: Store) -> Campaign {
         parallel: campaign::setting("FAULT_CAMPAIGN_PARALLEL", 3),
         kill_share: campaign::setting("FAULT_CAMPAIGN_KILL_SHARE", 0.3),
         workers: campaign::setting("FAULT_CAMPAIGN_WORKERS", 2),
+        crash_loops: campaign::setting("FAULT_CAMPAIGN_CRASH_LOOPS", 3),
     }
 }
 
@@ -74,42 +77,14 @@ async fn killed_deciders_and_workers_never_pay_twice_or_unapproved_and_leave_no_
  {
     aws::assert_serial().await;
     let stack = aws::FreshStack::new("fault-campaign").await;
-    let sqs = aws_sdk_sqs::Client::new(&stack.config);
-    let queue_url = stack.settings.queue_url.clone();
-    let dlq_url = sqs
-        .create_queue()
-        .queue_name(
-            queue_url
-                .rsplit('/')
-                .next()
-                .unwrap()
-                .replace(".fifo", "-dlq.fifo"),
-        )
-        .attributes(QueueAttributeName::FifoQueue, "true")
-        .send()
-        .await
-        .expect("the campaign's dead-letter queue")
-        .queue_url
-        .unwrap();
-    let dlq_arn = aws::queue_attributes(&sqs, &dlq_url, QueueAttributeName::QueueArn).await
-        [&QueueAttributeName::QueueArn]
-        .clone();
-    sqs.set_queue_attributes()
-        .queue_url(&queue_url)
-        .attributes(QueueAttributeName::VisibilityTimeout, VISIBILITY_SECONDS)
-        .attributes(
-            QueueAttributeName::RedrivePolicy,
-            serde_json::json!({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": 5}).to_string(),
-        )
-        .send()
-        .await
-        .expect("the campaign's queue takes a short visibility timeout and its own dead letters");
+    let (dlq_url, max_receives) = stack.dead_letter_queue(VISIBILITY_SECONDS).await;
     let store = Store::DynamoDb {
         env: stack.env(),
         dead_letters: DeadLetters {
-            sqs,
-            queue_url,
+            sqs: aws_sdk_sqs::Client::new(&stack.config),
+            queue_url: stack.settings.queue_url.clone(),
             dlq_url,
+            max_receives,
         },
     };
     let campaign = campaign("dynamodb", store);
@@ -122,5 +97,11 @@ async fn killed_deciders_and_workers_never_pay_twice_or_unapproved_and_leave_no_
         .send()
         .await;
     verdict(&figures);
+    assert!(figures.crash_looped > 0, "nothing crash-looped:\n{figures}");
+    assert!(
+        figures.dead_lettered >= figures.crash_looped && figures.resent >= figures.crash_looped,
+        "every crash-looped resume went to the dead-letter queue and was sent again by the sweep:\n{figures}"
+    );
+    assert_eq!(figures.resumes_given_up, 0, "{figures}");
     campaign::remove(&dir);
 }

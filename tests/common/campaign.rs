@@ -1,20 +1,25 @@
 //! The fault campaign: many approvals opened by the expense agent, then deciders (`countersign
 //! review approve/reject/edit`, several racing on one approval) and, on DynamoDB, resume workers
 //! (`countersign worker`), each a real process, SIGKILLed at seeded random moments while others
-//! race them. Then the sweep runs with the clock moved past every lease and deadline
-//! (`--clock-offset`, a debug-build testing aid), and the outcome is judged from the store itself:
-//! the runs, actions and approvals the engine recorded, and the ledger the tools wrote.
+//! race them. On DynamoDB a few approved runs' resume messages first go through a crash loop:
+//! five workers receive each and are killed before their first write, so it ends in the
+//! dead-letter queue. Then the sweep runs with the clock moved past every lease and deadline
+//! (`--clock-offset`, a debug-build testing aid), nobody moves a dead letter back, and the
+//! outcome is judged from the store itself: the runs, actions and approvals the engine recorded,
+//! and the ledger the tools wrote.
 //!
 //! `tests/fault_campaign.rs` runs it in CI; `scripts/fault-campaign` runs it longer.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use aws_sdk_sqs::types::QueueAttributeName;
 use serde_json::Value;
 use shared::deploy::{self, Backing, Setup};
 use shared::domain::action::ActionStatus;
@@ -76,66 +81,109 @@ pub enum Store {
     /// processes resume the runs.
     DynamoDb {
         env: Vec<(&'static str, String)>,
-        /// The queue's own dead-letter queue, redriven as an operator would.
+        /// The queue's own dead-letter queue, which nobody moves messages back from.
         dead_letters: DeadLetters,
     },
 }
 
-/// A resume queue and its dead-letter queue: a message five killed workers received goes there
-/// (template.yaml's maxReceiveCount), and an operator moves it back (its alarm says so).
+/// A resume queue and its dead-letter queue: a message workers received `max_receives` times
+/// and never deleted goes there (template.yaml's maxReceiveCount), and its alarm fires.
 pub struct DeadLetters {
     pub sqs: aws_sdk_sqs::Client,
     pub queue_url: String,
     pub dlq_url: String,
+    pub max_receives: usize,
 }
 
 impl DeadLetters {
-    /// Moves every dead-lettered message back to the queue, as `aws sqs start-message-move-task`
-    /// would (under a new deduplication id: the old one may still be in SQS's five minutes).
-    pub async fn redrive(&self) -> usize {
-        let mut moved = 0;
+    /// How many messages of the queue at `url` are visible, and how many were received and
+    /// are not yet back.
+    async fn counts(&self, url: &str) -> (usize, usize) {
+        let attributes = self
+            .sqs
+            .get_queue_attributes()
+            .queue_url(url)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+            .send()
+            .await
+            .expect("the queue answers")
+            .attributes
+            .unwrap_or_default();
+        let count = |name: &QueueAttributeName| {
+            attributes
+                .get(name)
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0)
+        };
+        (
+            count(&QueueAttributeName::ApproximateNumberOfMessages),
+            count(&QueueAttributeName::ApproximateNumberOfMessagesNotVisible),
+        )
+    }
+
+    /// Messages waiting in the dead-letter queue, which its alarm counts.
+    pub async fn dead(&self) -> usize {
+        self.counts(&self.dlq_url).await.0
+    }
+
+    /// Waits until the resume queue holds `visible` messages to receive and `received` ones
+    /// not yet back; panics naming `what` after a while.
+    async fn wait_for(&self, visible: usize, received: usize, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            let received = self
-                .sqs
-                .receive_message()
-                .queue_url(&self.dlq_url)
-                .max_number_of_messages(10)
-                .message_system_attribute_names(
-                    aws_sdk_sqs::types::MessageSystemAttributeName::MessageGroupId,
-                )
-                .send()
-                .await
-                .expect("the dead-letter queue answers");
-            let messages = received.messages();
-            if messages.is_empty() {
-                return moved;
+            let counts = self.counts(&self.queue_url).await;
+            if counts == (visible, received) {
+                return;
             }
-            for m in messages {
-                let group = m
-                    .attributes()
-                    .and_then(|a| {
-                        a.get(&aws_sdk_sqs::types::MessageSystemAttributeName::MessageGroupId)
-                    })
-                    .cloned()
-                    .unwrap_or_default();
-                self.sqs
-                    .send_message()
-                    .queue_url(&self.queue_url)
-                    .message_body(m.body().unwrap_or_default())
-                    .message_group_id(group)
-                    .message_deduplication_id(format!("redrive-{}", m.message_id().unwrap_or("?")))
-                    .send()
-                    .await
-                    .expect("the redriven message is queued");
-                self.sqs
-                    .delete_message()
-                    .queue_url(&self.dlq_url)
-                    .receipt_handle(m.receipt_handle().unwrap_or_default())
-                    .send()
-                    .await
-                    .expect("the dead letter is removed");
-                moved += 1;
+            assert!(
+                Instant::now() < deadline,
+                "{what}: the queue holds {counts:?} (visible, received), not ({visible}, {received})"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// A TCP endpoint that takes connections and never answers: a worker whose store is this one
+/// receives its messages and then waits, before any write, until it is killed.
+struct Unanswering {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    accepting: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Unanswering {
+    fn open() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+        listener
+            .set_nonblocking(true)
+            .expect("a non-blocking listener");
+        let addr = listener.local_addr().expect("its address");
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = stop.clone();
+        let accepting = std::thread::spawn(move || {
+            let mut held = Vec::new();
+            while !stopping.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((connection, _)) => held.push(connection),
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
             }
+        });
+        Self {
+            addr,
+            stop,
+            accepting: Some(accepting),
+        }
+    }
+}
+
+impl Drop for Unanswering {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(accepting) = self.accepting.take() {
+            let _ = accepting.join();
         }
     }
 }
@@ -153,6 +201,8 @@ pub struct Campaign {
     pub kill_share: f64,
     /// Resume workers kept alive at once on DynamoDB, each killed at a random moment.
     pub workers: usize,
+    /// Approved runs whose resume message goes through a crash loop on DynamoDB.
+    pub crash_loops: usize,
 }
 
 /// What a campaign did and found.
@@ -184,7 +234,13 @@ pub struct Figures {
     /// Resume messages the sweep found undelivered and sent again.
     pub redelivered: usize,
     pub sweep_rounds: usize,
-    /// Resume messages five killed workers had received, moved back from the dead-letter queue.
+    /// Resume messages the sweep sent again under a deduplication id of their own.
+    pub resent: usize,
+    /// Resume messages the sweep stopped sending again, leaving their runs to a person.
+    pub resumes_given_up: usize,
+    /// Approved runs whose resume message five killed workers received on purpose.
+    pub crash_looped: usize,
+    /// Resume messages in the dead-letter queue at the end (nobody moved one back).
     pub dead_lettered: usize,
     pub runs_stuck: usize,
     /// Every broken rule, in words; the campaign passes when this is empty.
@@ -226,11 +282,11 @@ impl fmt::Display for Figures {
             "  sweep ({} rounds): {} unknown outcomes reconciled, {} abandoned runs failed, {} resume messages redelivered",
             self.sweep_rounds, self.reconciled, self.abandoned, self.redelivered
         )?;
-        if self.dead_lettered > 0 {
+        if self.dead_lettered + self.resent + self.resumes_given_up > 0 {
             writeln!(
                 f,
-                "  dead-lettered resume messages redriven: {}",
-                self.dead_lettered
+                "  resume messages: {} dead-lettered ({} crash-looped on purpose), none moved back; {} sent again by the sweep, {} given up",
+                self.dead_lettered, self.crash_looped, self.resent, self.resumes_given_up
             )?;
         }
         writeln!(
@@ -385,10 +441,23 @@ impl Campaign {
         figures.processes += opened.len();
         figures.runs = opened.len();
 
+        let looped = match &campaign.store {
+            Store::DynamoDb { dead_letters, .. } => {
+                campaign
+                    .crash_loop(&opened, dead_letters, &mut figures)
+                    .await
+            }
+            Store::Embedded => vec![],
+        };
+        let racing: Vec<Opened> = opened
+            .iter()
+            .filter(|o| !looped.iter().any(|l| l.run == o.run))
+            .cloned()
+            .collect();
         let c = campaign.clone();
-        let (opened, mut figures) = tokio::task::spawn_blocking(move || {
-            c.race(&opened, &mut rng, &mut figures);
-            (opened, figures)
+        let mut figures = tokio::task::spawn_blocking(move || {
+            c.race(&racing, &mut rng, &mut figures);
+            figures
         })
         .await
         .unwrap();
@@ -407,10 +476,7 @@ impl Campaign {
             })
             .await
             .unwrap();
-            if let Store::DynamoDb { dead_letters, .. } = &campaign.store {
-                figures.dead_lettered += dead_letters.redrive().await;
-            }
-            verdict = campaign.judge(&store, &opened).await;
+            verdict = campaign.judge(&store, &opened, &looped).await;
             if verdict.runs_stuck == 0 && verdict.violations.is_empty() {
                 break;
             }
@@ -420,6 +486,9 @@ impl Campaign {
             }
         }
         figures.phases[2] = phase.elapsed();
+        if let Store::DynamoDb { dead_letters, .. } = &campaign.store {
+            figures.dead_lettered = dead_letters.dead().await;
+        }
         figures.approvals = verdict.approvals;
         figures.payments = verdict.payments;
         figures.declines = verdict.declines;
@@ -431,6 +500,72 @@ impl Campaign {
         figures.violations.extend(verdict.violations);
         figures.elapsed = started.elapsed();
         figures
+    }
+
+    /// A crash loop: approves `crash_loops` (at most a worker's batch of 10) of the opened
+    /// approvals that one person decides, then has each resume message received by five
+    /// workers killed before their first write (their store never answers), so its next
+    /// receive moves it to the dead-letter queue.
+    /// Between the second and third, the sweep finds the messages not acted on and hands them
+    /// over again under their writers' deduplication ids, which the queue drops (the first are
+    /// still there), as SQS does within its five minutes whatever became of the first. Returns
+    /// the runs whose messages looped; the race leaves them alone.
+    async fn crash_loop(
+        &self,
+        opened: &[Opened],
+        dead_letters: &DeadLetters,
+        figures: &mut Figures,
+    ) -> Vec<Opened> {
+        let looped: Vec<Opened> = opened
+            .iter()
+            .filter(|o| o.quorum == 1)
+            .take(self.crash_loops.min(10))
+            .cloned()
+            .collect();
+        for o in &looped {
+            let (exit, _, stderr) = self.json(&["review", "approve", &o.approval, "--as", "dana"]);
+            assert_eq!(exit, 0, "approving {}: {stderr}", o.approval);
+            figures.processes += 1;
+            figures.decisions += 1;
+        }
+        let n = looped.len();
+        let store = Unanswering::open();
+        for receive in 1..=dead_letters.max_receives {
+            dead_letters
+                .wait_for(n, 0, "the messages back after their visibility timeout")
+                .await;
+            let mut worker = self
+                .command(&["worker"])
+                .env(
+                    "AWS_ENDPOINT_URL_DYNAMODB",
+                    format!("http://{}", store.addr),
+                )
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("countersign starts");
+            figures.processes += 1;
+            dead_letters
+                .wait_for(0, n, "the worker received the messages")
+                .await;
+            worker.kill().expect("SIGKILL");
+            let _ = worker.wait();
+            figures.killed += 1;
+            figures.killed_workers += 1;
+            if receive == 2 {
+                let (exit, swept, stderr) =
+                    self.json(&["review", "expire", "--clock-offset", "1m"]);
+                assert_eq!(exit, 0, "the sweep: {stderr}");
+                figures.processes += 1;
+                figures.redelivered += swept["sweep"]["redelivered"].as_u64().unwrap_or(0) as usize;
+                dead_letters
+                    .wait_for(n, 0, "the queue dropped the copies the sweep handed over")
+                    .await;
+            }
+        }
+        figures.crash_looped = n;
+        looped
     }
 
     /// The expense agent opens one approval per claim, a few processes at a time.
@@ -655,6 +790,8 @@ impl Campaign {
             figures.reconciled += count("reconciled");
             figures.abandoned += count("abandoned");
             figures.redelivered += redelivered;
+            figures.resent += count("resent");
+            figures.resumes_given_up += count("resumes_given_up");
             if count("expired") + count("reconciled") + count("abandoned") + redelivered == 0 {
                 break;
             }
@@ -686,8 +823,14 @@ impl Campaign {
         Some(answer)
     }
 
-    /// Reads every run's records and the ledger, and names every rule broken.
-    async fn judge(&self, store: &Arc<dyn ItemStore>, opened: &[Opened]) -> Verdict {
+    /// Reads every run's records and the ledger, and names every rule broken; the runs whose
+    /// messages looped must have run their approved call once, with its key, and finished.
+    async fn judge(
+        &self,
+        store: &Arc<dyn ItemStore>,
+        opened: &[Opened],
+        looped: &[Opened],
+    ) -> Verdict {
         let setup = Setup::load(None, Some(&self.claims())).expect("the campaign's setup");
         let backing = Backing {
             store: store.clone(),
@@ -701,6 +844,8 @@ impl Campaign {
         // action_id:version -> (approval status, the amount it was approved for)
         let mut decided: BTreeMap<String, (ApprovalStatus, Option<i64>)> = BTreeMap::new();
         let mut succeeded = BTreeSet::new();
+        // The key each looped run's approved call must have been settled with, once.
+        let mut healed: BTreeMap<String, String> = BTreeMap::new();
         for o in opened {
             let run_id = RunId::parse(&o.run).unwrap();
             let history = match engine.history(&tenant, &run_id).await {
@@ -712,6 +857,21 @@ impl Campaign {
                     continue;
                 }
             };
+            if looped.iter().any(|l| l.run == o.run) {
+                let approved = history.actions.iter().find(|a| {
+                    a.approval_id.as_ref().map(|id| id.as_str()) == Some(o.approval.as_str())
+                });
+                match (history.run.status, approved) {
+                    (RunStatus::Done, Some(action)) => {
+                        healed.insert(action.key(), o.run.clone());
+                    }
+                    (status, _) => verdict.violations.push(format!(
+                        "{} (its resume crash-looped) is {} without its approved call",
+                        o.run,
+                        status.as_str()
+                    )),
+                }
+            }
             if !matches!(
                 history.run.status,
                 RunStatus::Done | RunStatus::Failed | RunStatus::Cancelled
@@ -804,6 +964,17 @@ impl Campaign {
                 verdict.violations.push(format!(
                     "{} settled by {}, but the engine did not record that call as succeeded",
                     s.claim_id, s.idempotency_key
+                ));
+            }
+        }
+        for (key, run) in &healed {
+            let settled = settlements
+                .iter()
+                .filter(|s| &s.idempotency_key == key)
+                .count();
+            if settled != 1 {
+                verdict.violations.push(format!(
+                    "{run} (its resume crash-looped): its approved call {key} settled {settled} times"
                 ));
             }
         }

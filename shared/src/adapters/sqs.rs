@@ -1,5 +1,6 @@
-//! The resume queue on SQS FIFO: deduplicated by `action_id:version`, grouped by run so one run
-//! resumes in order. Consumers receive, resume, then delete.
+//! The resume queue on SQS FIFO: deduplicated by `action_id:version` (a re-send by the sweep by
+//! that and its number), grouped by run so one run resumes in order. Consumers receive, resume,
+//! then delete.
 
 use std::time::Duration;
 
@@ -83,7 +84,7 @@ impl ResumeQueue for SqsQueue {
             .queue_url(&self.url)
             .message_body(body)
             .message_group_id(message.group())
-            .message_deduplication_id(message.key())
+            .message_deduplication_id(message.deduplication_id())
             .send()
             .await
             .map_err(|e| QueueError(DisplayErrorContext(&e).to_string()))?;

@@ -125,6 +125,21 @@ pub enum AuditEvent {
         approval_id: ApprovalId,
         text: String,
     },
+    /// Nothing acted on the resume message of a settled action within its lease (the workers
+    /// that received it died, or it went to the dead-letter queue): the sweep sent it again,
+    /// its `resent`-th re-send.
+    ResumeResent {
+        action_id: ActionId,
+        version: ActionVersion,
+        resent: u32,
+    },
+    /// The sweep stopped sending a resume message nothing acted on: the run waits until a
+    /// person moves the message back from the dead-letter queue.
+    ResumeGivenUp {
+        action_id: ActionId,
+        version: ActionVersion,
+        resent: u32,
+    },
     Executing {
         action_id: ActionId,
         version: ActionVersion,
@@ -261,6 +276,12 @@ impl AuditEvent {
                 action_id, version, ..
             }
             | AuditEvent::Expired {
+                action_id, version, ..
+            }
+            | AuditEvent::ResumeResent {
+                action_id, version, ..
+            }
+            | AuditEvent::ResumeGivenUp {
                 action_id, version, ..
             }
             | AuditEvent::Executing {

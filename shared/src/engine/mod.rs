@@ -249,41 +249,30 @@ impl Engine {
     /// Delivers what a transaction handed over, right after it committed. A resume message's
     /// action stays in the outbox index until its consumer acts on it (the claim, or the
     /// result held, takes it out), so the decision's own transaction is its only write; one
-    /// nobody acted on is the sweep's to deliver again after a grace period. Delivery is
-    /// idempotent.
+    /// nobody acted on is the sweep's to hand over again after a grace period, and again after
+    /// each lease until something acts on it. Delivery is idempotent.
     async fn deliver(&self, outgoing: Outgoing) -> NoticeReport {
         let notices = just_written(outgoing.notices).collect();
-        self.deliver_all(outgoing.resumes, notices, true).await
+        self.deliver_stored(outgoing.resumes, notices).await
     }
 
-    /// Delivers again what is still due (the sweep's stragglers, a replayed decision's):
-    /// each resume message's action leaves the outbox index once its message is handed over.
+    /// Delivers what is due, read back or just written (the sweep's stragglers in the embedded
+    /// mode, a replayed decision's): resume messages one by one (a run resumed in this process
+    /// may write more), then the notices, posted together.
     async fn deliver_stored(
         &self,
         resumes: Vec<Stored<Action>>,
         notices: Vec<Stored<OutboxEntry>>,
     ) -> NoticeReport {
-        self.deliver_all(resumes, notices, false).await
+        self.deliver_reporting(resumes, notices).await.0
     }
 
-    /// Resume messages one by one (a run resumed in this process may write more), then the
-    /// notices, posted together.
-    async fn deliver_all(
-        &self,
-        resumes: Vec<Stored<Action>>,
-        notices: Vec<Stored<OutboxEntry>>,
-        by_writer: bool,
-    ) -> NoticeReport {
-        self.deliver_reporting(resumes, notices, by_writer).await.0
-    }
-
-    /// [`Engine::deliver_all`], and why each resume message that was not delivered was not
+    /// [`Engine::deliver_stored`], and why each resume message that was not delivered was not
     /// (its action stays in the outbox index for the sweep).
     async fn deliver_reporting(
         &self,
         resumes: Vec<Stored<Action>>,
         mut notices: Vec<Stored<OutboxEntry>>,
-        by_writer: bool,
     ) -> (NoticeReport, Vec<String>) {
         let mut undelivered = Vec::new();
         let mut pending: VecDeque<Stored<Action>> = resumes.into();
@@ -301,9 +290,10 @@ impl Engine {
                     }
                     Err(e) => Err(e.to_string()),
                 },
-                // The writer leaves it to the consumer; anyone else hands it over once.
+                // Left to the consumer: until it acts on the message, the entry is what the
+                // sweep hands over again should the message be lost on the way.
                 Delivery::Queue(queue) => match queue.publish(&message).await {
-                    Ok(()) => Ok(!by_writer),
+                    Ok(()) => Ok(false),
                     Err(e) => Err(e.to_string()),
                 },
             };
@@ -323,13 +313,13 @@ impl Engine {
     /// the run the decision settled, here. Returns why each resume that failed did (its action
     /// stays in the outbox index, and the sweep resumes the run); empty when all went through.
     pub async fn deliver_deferred(&self, deferred: Deferred) -> Vec<String> {
-        self.deliver_reporting(deferred.resumes, deferred.notices, false)
+        self.deliver_reporting(deferred.resumes, deferred.notices)
             .await
             .1
     }
 
-    /// Takes an action out of the outbox index once its resume message was handed over or
-    /// acted on: a plain write of the action as it was read, compare-and-set on its version
+    /// Takes an action out of the outbox index once its resume message was acted on (or
+    /// found nothing to do): a plain write of the action as it was read, compare-and-set on its version
     /// (its index entry is then the one its status gives it: none for a decided action). A
     /// newer write wins: a claim already moved it, or another process took it out.
     async fn dequeue(&self, action: &Stored<Action>) {
@@ -341,7 +331,7 @@ impl Engine {
                 tracing::debug!(action = %action.value.key(), "already moved on");
             }
             Err(error) => {
-                tracing::warn!(action = %action.value.key(), %error, "handed over, but the action stays in the outbox index; the sweep will deliver it again, to no effect")
+                tracing::warn!(action = %action.value.key(), %error, "acted on, but the action stays in the outbox index; the sweep will deliver it again, to no effect")
             }
         }
     }

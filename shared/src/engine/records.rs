@@ -269,7 +269,8 @@ pub(crate) fn action_index(shards: IndexShards, action: &Action) -> Option<Index
 /// The index entry of an action whose resume message is due: the outbox index, at when the
 /// action was decided (or settled), so the action's own item is the pending delivery of that
 /// message until its resume claims it (the claim moves it to the reconcile index) or holds its
-/// result, or the sweep hands the message over again.
+/// result. The sweep, handing the message over again, moves the entry to when that hand-over's
+/// lease runs out.
 pub(crate) fn resume_key(shards: IndexShards, action: &Action) -> IndexKey {
     keys::outbox(shards, action.updated_at, &action.key())
 }
@@ -281,6 +282,7 @@ pub fn resume_message(action: &Action) -> ResumeMessage {
         run_id: action.run_id.clone(),
         action_id: action.id.clone(),
         version: action.version,
+        resent: 0,
     }
 }
 

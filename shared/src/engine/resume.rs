@@ -57,7 +57,8 @@ impl Engine {
             tenant = %message.tenant,
             run = %message.run_id,
             action = %message.action_id,
-            version = %message.version
+            version = %message.version,
+            resent = message.resent
         );
         self.resume_in(message).instrument(span).await
     }
@@ -133,8 +134,9 @@ impl Engine {
     }
 
     /// The claim's compare-and-set, `None` when another worker claimed the action first. A
-    /// version that moved while the action stayed approved (taken out of the outbox index
-    /// after its message was handed over again) is read again and claimed at its new version.
+    /// version that moved while the action stayed approved (the sweep handed its message over
+    /// again, giving its outbox entry a new lease) is read again and claimed at its new
+    /// version, into the reconcile index.
     async fn claim(
         &self,
         mut read: Stored<Action>,
@@ -162,7 +164,7 @@ impl Engine {
                         .load_action(&action.tenant, &action.run_id, &action.id, action.version)
                         .await?;
                     match again {
-                        // Taken out of the outbox index: its version moved while approved.
+                        // Handed over again: its version moved while approved.
                         Some(again) if again.value.status == ActionStatus::Approved => {
                             (read, queued) = (again, false);
                         }
@@ -280,8 +282,9 @@ impl Engine {
     /// Holds the told result of a settled action with its run, continuing the run if the turn
     /// is complete. Once that commits, an action still `queued` in the outbox index is taken out
     /// by a plain write of its own ([`Engine::dequeue`]): one write unit where a transaction's
-    /// item costs two. If it is lost, the sweep delivers the message again after its grace, the
-    /// redelivery finds the result held and does nothing, and the action leaves the index then.
+    /// item costs two. If it is lost, the sweep delivers the message again after its grace or
+    /// lease, the redelivery finds the result held and does nothing, and the action leaves the
+    /// index then.
     async fn hold_result(
         &self,
         mut run: Stored<Run>,

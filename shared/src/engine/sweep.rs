@@ -1,15 +1,17 @@
 //! The sweep: expires overdue approvals, marks reminders due, delivers outbox stragglers (resume
-//! messages and notices), and reconciles actions whose outcome is unknown. Bounded work per
-//! call; safe to run twice at once (every write is a CAS, and notices are claimed before posting).
+//! messages, sent again with back-off until something acts on them, and notices), and
+//! reconciles actions whose outcome is unknown. Bounded work per call; safe to run twice at once
+//! (every write is a CAS, and notices are claimed before posting).
 
 use std::sync::atomic::Ordering;
 
 use chrono::{DateTime, Duration, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tracing::Instrument;
 
 use super::records::{
     EscalationDue, OutboxEntry, Outgoing, STALE_EXECUTION, Stored, Tx, decode, keys, reconcile_key,
+    resume_message,
 };
 use super::{Delivery, Engine, EngineError, NoticeReport};
 use crate::domain::action::{Action, ActionStatus, ToolOutcome};
@@ -19,6 +21,7 @@ use crate::domain::identity::Actor;
 use crate::domain::ids::{ApprovalId, RunId, TenantId};
 use crate::domain::notice::NoticeKind;
 use crate::domain::run::{Run, RunStatus};
+use crate::ports::queue::ResumeQueue;
 use crate::ports::store::{Condition, Item, StoreError, query_all};
 use crate::ports::tools::ToolCall;
 
@@ -31,6 +34,13 @@ pub struct SweepReport {
     pub escalated: Vec<ApprovalId>,
     /// Resume messages found undelivered and delivered again.
     pub redelivered: usize,
+    /// `action_id:version` of resume messages nothing acted on within their lease (the workers
+    /// that received them died, or they went to the dead-letter queue), sent again under a
+    /// deduplication id of their own.
+    pub resent: Vec<String>,
+    /// `action_id:version` of resume messages the sweep stopped sending again: each run waits
+    /// for a person to move its message back from the dead-letter queue.
+    pub resumes_given_up: Vec<String>,
     /// The notices this sweep posted: new reminders, retries, and ones their writer left.
     pub notices: NoticeReport,
     /// `action_id:version` of actions whose outcome the tool settled.
@@ -41,6 +51,28 @@ pub struct SweepReport {
     pub to_recovery_owner: Vec<String>,
     /// Runs whose driving process stopped (their lease ran out), now failed.
     pub abandoned: Vec<RunId>,
+}
+
+/// An action waiting in the outbox index for its resume message to be acted on, as the sweep
+/// reads and writes it: the action, and how many times the sweep handed the message over. Only
+/// the sweep knows the count; the write that acts on the message (the claim, or the result
+/// held) writes the action alone, and the count goes with the entry.
+#[derive(Serialize, Deserialize)]
+struct AwaitingResume {
+    #[serde(flatten)]
+    action: Action,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    handed_over: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// How long the sweep waits for something to act on a resume message it handed over for the
+/// `n`-th time before it hands the message over again.
+fn resend_lease(n: u32) -> Duration {
+    RESEND_AFTER * 2_i32.pow(n.saturating_sub(1).min(MOST_HANDOVERS))
 }
 
 /// The run an index entry of the running runs is about.
@@ -54,6 +86,15 @@ struct RunNamed {
 /// message and its consumer to act on it (which takes it out) before the sweep delivers the
 /// message again.
 const OUTBOX_GRACE: Duration = Duration::seconds(30);
+/// How long a resume message the sweep handed over may go without anything acting on it
+/// before the sweep sends it again: about as long as the queue itself delivers a message its
+/// workers receive and drop before it dead-letters it (template.yaml: 5 receives, 720 s
+/// apart). Doubled after each hand-over.
+const RESEND_AFTER: Duration = Duration::hours(1);
+/// How many times the sweep hands one resume message over (the first under its writer's
+/// deduplication id, the others as re-sends, about 31 hours in all) before it leaves the
+/// message to the dead-letter queue and a person.
+const MOST_HANDOVERS: u32 = 5;
 /// How long to wait before asking a tool again about an unknown outcome.
 const RECHECK: Duration = Duration::minutes(5);
 /// How many pages of a tenant's approvals due soon one sweep reads, past the ones it acts on.
@@ -101,28 +142,64 @@ impl Engine {
         let due = self
             .due_in(keys::OUTBOX_INDEX, &keys::due_until(now), budget)
             .await?;
-        // The index holds outbox items (notices), actions whose resume message is due, and
+        // The index holds outbox items (notices), actions whose resume message is due (first
+        // after the grace, then when the lease of the sweep's last hand-over runs out), and
         // actions claimed from that message (its consumer kept the entry as it was).
-        let resumes_due = keys::due_until(now - grace);
+        let (after_grace, now_key) = (keys::due_until(now - grace), keys::due_until(now));
         let (mut resumes, mut claimed, mut notices) = (Vec::new(), Vec::new(), Vec::new());
         for item in &due {
-            match item.sk.starts_with(keys::ACTION_PREFIX) {
-                true => {
-                    let key = item.gsi1.as_ref().map_or("", |k| k.sk.as_str());
-                    if key <= resumes_due.as_str() {
-                        let action = decode::<Action>(item)?;
-                        match action.value.status {
-                            ActionStatus::Executing => claimed.push(action),
-                            _ => resumes.push(action),
-                        }
-                    }
-                }
-                false => notices.push(decode::<OutboxEntry>(item)?),
+            if !item.sk.starts_with(keys::ACTION_PREFIX) {
+                notices.push(decode::<OutboxEntry>(item)?);
+                continue;
+            }
+            let key = item.gsi1.as_ref().map_or("", |k| k.sk.as_str());
+            let waiting = decode::<AwaitingResume>(item)?;
+            let due_by = match waiting.value.handed_over {
+                0 => &after_grace,
+                _ => &now_key,
+            };
+            if key > due_by.as_str() {
+                continue;
+            }
+            match waiting.value.action.status {
+                ActionStatus::Executing => claimed.push(Stored {
+                    value: waiting.value.action,
+                    ver: waiting.ver,
+                }),
+                _ => resumes.push(waiting),
             }
         }
-        report.redelivered = resumes.len();
-        let posted = self.deliver_stored(resumes, notices).await;
-        report.notices.add(posted);
+        match &self.delivery {
+            Delivery::InProcess => {
+                report.redelivered = resumes.len();
+                let resumes = resumes
+                    .into_iter()
+                    .map(|w| Stored {
+                        value: w.value.action,
+                        ver: w.ver,
+                    })
+                    .collect();
+                let posted = self.deliver_stored(resumes, notices).await;
+                report.notices.add(posted);
+            }
+            Delivery::Queue(queue) => {
+                for waiting in resumes {
+                    let action = &waiting.value.action;
+                    let span = tracing::info_span!(
+                        "hand_over",
+                        tenant = %action.tenant,
+                        run = %action.run_id,
+                        action = %action.id,
+                        version = %action.version
+                    );
+                    self.hand_over(queue.as_ref(), waiting, &mut report)
+                        .instrument(span)
+                        .await?;
+                }
+                let posted = self.deliver_stored(vec![], notices).await;
+                report.notices.add(posted);
+            }
+        }
         // A call still running after the grace: its message was consumed, and its outcome is
         // now the reconcile index's to watch, from when its execution goes stale (the loop
         // below, in this same sweep, if it already has).
@@ -166,6 +243,8 @@ impl Engine {
             || !report.escalated.is_empty()
             || !report.notices.is_empty()
             || report.redelivered > 0
+            || !report.resent.is_empty()
+            || !report.resumes_given_up.is_empty()
             || !report.reconciled.is_empty()
             || !report.to_recovery_owner.is_empty()
             || !report.abandoned.is_empty();
@@ -178,6 +257,8 @@ impl Engine {
                 notices_retrying = report.notices.retrying,
                 notices_failed = report.notices.failed,
                 redelivered = report.redelivered,
+                resent = report.resent.len(),
+                resumes_given_up = report.resumes_given_up.len(),
                 reconciled = report.reconciled.len(),
                 to_recovery_owner = report.to_recovery_owner.len(),
                 abandoned = report.abandoned.len(),
@@ -185,6 +266,79 @@ impl Engine {
             );
         }
         Ok(report)
+    }
+
+    /// Hands a resume message nothing acted on within its grace or lease over to the queue
+    /// again, and gives its action's outbox entry the next, longer lease, in one compare-and-set
+    /// that holds the re-send's audit event. The first hand-over shares the writer's
+    /// deduplication id, so the queue drops it if the writer's message went out; each re-send
+    /// has its own, so it gets through though the first died in the dead-letter queue. Past
+    /// the last, the entry leaves the index and the message is left to a person.
+    async fn hand_over(
+        &self,
+        queue: &dyn ResumeQueue,
+        waiting: Stored<AwaitingResume>,
+        report: &mut SweepReport,
+    ) -> Result<(), EngineError> {
+        let AwaitingResume {
+            action,
+            handed_over,
+        } = waiting.value;
+        let key = action.key();
+        let now = self.now();
+        let log =
+            |event: AuditEvent| AuditEntry::new(&action.run_id, Actor::system("sweep"), event, now);
+        let mut tx = Tx::new();
+        if handed_over >= MOST_HANDOVERS {
+            let resent = handed_over - 1;
+            tx.update_action(self.index_shards, &action, waiting.ver);
+            let event = AuditEvent::ResumeGivenUp {
+                action_id: action.id.clone(),
+                version: action.version,
+                resent,
+            };
+            tx.audit(&action.tenant, log(event));
+            if self.commit_first(tx).await?.is_some() {
+                tracing::error!(%key, resent, "nothing acted on the resume message; left to the dead-letter queue and a person");
+                report.resumes_given_up.push(key);
+            }
+            return Ok(());
+        }
+        let mut message = resume_message(&action);
+        message.resent = handed_over;
+        if let Err(error) = queue.publish(&message).await {
+            tracing::warn!(%key, %error, "not handed over; the sweep tries again");
+            return Ok(());
+        }
+        let (pk, sk) = (
+            keys::run_pk(&action.tenant, &action.run_id),
+            keys::action_sk(&action.id, action.version),
+        );
+        let lease = resend_lease(handed_over + 1);
+        let index = keys::outbox(self.index_shards, now + lease, &key);
+        if handed_over > 0 {
+            let event = AuditEvent::ResumeResent {
+                action_id: action.id.clone(),
+                version: action.version,
+                resent: handed_over,
+            };
+            tx.audit(&action.tenant, log(event));
+        }
+        let leased = AwaitingResume {
+            action,
+            handed_over: handed_over + 1,
+        };
+        tx.update(pk, sk, Some(index), &leased, waiting.ver);
+        if self.commit_first(tx).await?.is_none() {
+            tracing::debug!(%key, "acted on, or handed over by another sweep, meanwhile");
+            return Ok(());
+        }
+        report.redelivered += 1;
+        if handed_over > 0 {
+            tracing::warn!(%key, resent = handed_over, next = %keys::sortable(now + lease), "nothing acted on the resume message within its lease; sent again");
+            report.resent.push(key);
+        }
+        Ok(())
     }
 
     /// Up to `budget` entries of a sharded index due by `until`: each shard in turn, from

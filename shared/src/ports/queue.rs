@@ -14,12 +14,31 @@ pub struct ResumeMessage {
     pub run_id: RunId,
     pub action_id: ActionId,
     pub version: ActionVersion,
+    /// Which re-send this is: 0 for the writer's message (and the sweep's first hand-over of
+    /// it), n for the sweep's n-th re-send after nothing acted on the message within its lease.
+    #[serde(default, skip_serializing_if = "is_first")]
+    pub resent: u32,
+}
+
+fn is_first(resent: &u32) -> bool {
+    *resent == 0
 }
 
 impl ResumeMessage {
-    /// The deduplication key: `action_id:version`.
+    /// The message's key, `action_id:version`: the same for every send of it.
     pub fn key(&self) -> String {
         idempotency_key(&self.action_id, self.version)
+    }
+
+    /// What a queue deduplicates this send by: the key for the writer's message, so the sweep
+    /// handing it over again is dropped if the writer's went out; the key and the re-send's
+    /// number for a re-send, which must get through though the first one died in the
+    /// dead-letter queue (SQS drops a repeated id for five minutes, wherever the first went).
+    pub fn deduplication_id(&self) -> String {
+        match self.resent {
+            0 => self.key(),
+            n => format!("{}#{n}", self.key()),
+        }
     }
 
     /// Messages of one run are delivered in order.
@@ -35,4 +54,47 @@ pub struct QueueError(pub String);
 #[async_trait]
 pub trait ResumeQueue: Send + Sync {
     async fn publish(&self, message: &ResumeMessage) -> Result<(), QueueError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(resent: u32) -> ResumeMessage {
+        ResumeMessage {
+            tenant: TenantId::parse("acme").unwrap(),
+            run_id: RunId::parse("run-1").unwrap(),
+            action_id: ActionId::parse("act-1").unwrap(),
+            version: ActionVersion::FIRST,
+            resent,
+        }
+    }
+
+    #[test]
+    fn a_resend_keeps_the_key_and_group_and_is_deduplicated_by_an_id_of_its_own() {
+        let (first, second) = (message(0), message(2));
+        assert_eq!(
+            (first.key(), second.key()),
+            ("act-1:1".into(), "act-1:1".into())
+        );
+        assert_eq!(first.group(), second.group());
+        assert_eq!(first.deduplication_id(), "act-1:1");
+        assert_eq!(second.deduplication_id(), "act-1:1#2");
+    }
+
+    #[test]
+    fn the_writers_message_reads_as_before_and_a_resend_says_which_it_is() {
+        let first = serde_json::to_value(message(0)).unwrap();
+        assert!(first.get("resent").is_none(), "{first}");
+        let old = r#"{"tenant":"acme","run_id":"run-1","action_id":"act-1","version":1}"#;
+        assert_eq!(
+            serde_json::from_str::<ResumeMessage>(old).unwrap(),
+            message(0)
+        );
+        let again = serde_json::to_string(&message(3)).unwrap();
+        assert_eq!(
+            serde_json::from_str::<ResumeMessage>(&again).unwrap(),
+            message(3)
+        );
+    }
 }

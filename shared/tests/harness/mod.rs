@@ -433,6 +433,7 @@ pub fn resume_message(approval: &Approval) -> ResumeMessage {
         run_id: approval.run_id.clone(),
         action_id: approval.action_id.clone(),
         version: approval.action_version,
+        resent: 0,
     }
 }
 

@@ -148,7 +148,7 @@ async fn given_an_approval_through_a_queue_then_the_action_itself_waits_in_the_o
     assert_eq!(waiting.value.status, ActionStatus::Approved);
 
     // The message is lost. Within the grace its writer may still be at it; after, the sweep
-    // sends it again, once, and takes the action out of the index.
+    // sends it again, once, and leaves the action in the index until its lease runs out.
     assert_eq!(decider.sweep(100).await.unwrap().redelivered, 0);
     h.clock.advance(Duration::minutes(1));
     let sweeper = h
@@ -161,7 +161,13 @@ async fn given_an_approval_through_a_queue_then_the_action_itself_waits_in_the_o
         "sent once"
     );
     assert_eq!(queue.published(), vec![resume_message(&approval); 2]);
-    assert!(outbox_of(&sweeper, &report).await.0.is_empty());
+    let (index, _) = outbox_of(&sweeper, &report).await;
+    assert_eq!(index.len(), 1, "{index:?}");
+    assert!(
+        index[0].gsi1.as_ref().unwrap().sk
+            > keys::due_until(shared::ports::clock::Clock::now(h.clock.as_ref())),
+        "due again when its lease runs out: {index:?}"
+    );
 
     // The message sent again claims the action (at its version after the sweep's write) and
     // runs it; the lost one, should it turn up, finds it claimed.
@@ -181,6 +187,89 @@ async fn given_an_approval_through_a_queue_then_the_action_itself_waits_in_the_o
     assert!(outbox_of(&consumer, &report).await.0.is_empty());
     h.clock.advance(Duration::minutes(1));
     assert_eq!(consumer.sweep(100).await.unwrap().redelivered, 0);
+}
+
+async fn given_a_resume_message_nothing_acts_on_when_each_lease_runs_out_then_the_sweep_sends_it_again_waiting_longer_each_time_and_after_the_last_leaves_it_to_a_person(
+    h: &Harness,
+) {
+    let (_, queue, report, approval) = approved_through_a_queue(h).await;
+    let sweeper = h
+        .process_with(|tools| tools, Delivery::Queue(queue.clone()))
+        .await;
+    let key = format!("{}:1", approval.action_id);
+
+    // Past the grace: handed over under the writer's deduplication id, which a queue drops if
+    // the writer's message went out.
+    h.clock.advance(Duration::minutes(1));
+    let first = sweeper.sweep(100).await.unwrap();
+    assert_eq!((first.redelivered, first.resent.len()), (1, 0), "{first:?}");
+    // Its workers keep dying: each lease, twice the one before, ends in a re-send under a
+    // deduplication id of its own.
+    for hours in [1, 2, 4, 8] {
+        h.clock
+            .advance(Duration::hours(hours) - Duration::minutes(1));
+        let early = sweeper.sweep(100).await.unwrap();
+        assert_eq!(early.redelivered, 0, "within the lease of {hours} h");
+        h.clock.advance(Duration::minutes(2));
+        let swept = sweeper.sweep(100).await.unwrap();
+        assert_eq!(swept.resent, from_ref(&key), "after {hours} h: {swept:?}");
+    }
+    let ids: Vec<String> = queue
+        .published()
+        .iter()
+        .map(|m| m.deduplication_id())
+        .collect();
+    let fresh: Vec<String> = (1..=4).map(|n| format!("{key}#{n}")).collect();
+    assert_eq!(ids[..2], [key.clone(), key.clone()]);
+    assert_eq!(ids[2..], fresh[..]);
+    assert!(queue.published().iter().all(|m| m.key() == key));
+
+    // The last lease runs out: the sweep sends nothing more and says the run needs a person.
+    h.clock.advance(Duration::hours(16) + Duration::minutes(1));
+    let given_up = sweeper.sweep(100).await.unwrap();
+    assert_eq!(given_up.resumes_given_up, from_ref(&key), "{given_up:?}");
+    assert_eq!(queue.published().len(), 6, "nothing sent");
+    assert!(outbox_of(&sweeper, &report).await.0.is_empty());
+    h.clock.advance(Duration::days(3));
+    assert_eq!(sweeper.sweep(100).await.unwrap().redelivered, 0);
+    let history = sweeper.history(&acme(), &report.run_id).await.unwrap();
+    let names = event_names(&history.entries);
+    let resent: Vec<&AuditEntry> = history
+        .entries
+        .iter()
+        .filter(|e| e.event.name() == "resume_resent")
+        .collect();
+    assert_eq!(resent.len(), 4, "{names:?}");
+    assert!(resent.iter().all(|e| e.actor == Actor::system("sweep")));
+    assert_eq!(
+        history.entries.last().unwrap().event,
+        AuditEvent::ResumeGivenUp {
+            action_id: approval.action_id.clone(),
+            version: v(1),
+            resent: 4,
+        }
+    );
+    assert!(
+        h.payments().await.is_empty(),
+        "the approved call has not run"
+    );
+
+    // A person moves the last message back from the dead-letter queue: the call runs once.
+    let consumer = h.process().await;
+    let last = queue.published().last().unwrap().clone();
+    let resumed = consumer.resume(&last).await.unwrap();
+    assert!(
+        matches!(resumed, ResumeReport::Continued { .. }),
+        "{resumed:?}"
+    );
+    for earlier in queue.published() {
+        let again = consumer.resume(&earlier).await.unwrap();
+        assert!(matches!(again, ResumeReport::Ignored { .. }), "{again:?}");
+    }
+    assert_eq!(
+        paid(&h.payments().await),
+        [("c-102".to_string(), 25_000, key)]
+    );
 }
 
 async fn given_an_approval_through_a_queue_when_its_consumer_claims_it_and_the_outcome_is_unknown_then_the_action_moves_from_the_outbox_index_to_the_reconcile_index(
@@ -213,8 +302,8 @@ async fn given_an_approval_through_a_queue_when_its_consumer_claims_it_and_the_o
 }
 
 /// A store where, just before the first claim of an action (its write to `executing`), another
-/// process takes the action out of the outbox index, as the sweep does once it handed the
-/// message over again: the action's item rewritten as it is, its version one on.
+/// process rewrites the action's item, its version one on, as the sweep does when it hands the
+/// message over again (there with a new lease in the outbox index; here out of it).
 struct TakenOutBeforeTheClaim {
     inner: Arc<dyn ItemStore>,
     done: std::sync::atomic::AtomicBool,
@@ -535,6 +624,7 @@ on_both_stores!([
     given_the_resume_queue_is_down_when_a_payment_is_approved_then_the_decision_stands_and_the_sweep_publishes_it_later,
     given_an_approval_through_a_queue_then_the_action_itself_waits_in_the_outbox_index_until_its_claim_and_the_sweep_sends_a_lost_message_again_which_runs_once,
     given_an_approval_through_a_queue_when_its_consumer_claims_it_and_the_outcome_is_unknown_then_the_action_moves_from_the_outbox_index_to_the_reconcile_index,
+    given_a_resume_message_nothing_acts_on_when_each_lease_runs_out_then_the_sweep_sends_it_again_waiting_longer_each_time_and_after_the_last_leaves_it_to_a_person,
     given_a_rejection_through_a_queue_when_its_resume_holds_the_result_then_the_action_leaves_the_outbox_index,
     given_an_approved_action_taken_out_of_the_outbox_index_between_its_read_and_its_claim_when_the_message_is_consumed_then_it_is_claimed_at_its_new_version_and_runs_once,
     given_an_edited_approval_when_either_approval_history_is_read_then_it_traces_both_versions_to_the_outcome,

@@ -147,6 +147,53 @@ impl FreshStack {
         Self { config, settings }
     }
 
+    /// Gives this test's queue a dead-letter queue of its own, with the redrive template.yaml
+    /// sets (a message received `maxReceiveCount` times without being deleted goes there), and
+    /// a visibility timeout of `visibility_seconds`, so a message its consumers receive and drop
+    /// comes back soon. Returns the dead-letter queue's URL, and after how many receives a
+    /// message goes there.
+    pub async fn dead_letter_queue(&self, visibility_seconds: u32) -> (String, usize) {
+        let sqs = aws_sdk_sqs::Client::new(&self.config);
+        let queue_url = &self.settings.queue_url;
+        let redrive: serde_json::Value =
+            queue_attributes(&sqs, queue_url, QueueAttributeName::RedrivePolicy)
+                .await
+                .get(&QueueAttributeName::RedrivePolicy)
+                .map(|policy| serde_json::from_str(policy).expect("a redrive policy is JSON"))
+                .expect("the queue copies template.yaml's redrive policy");
+        let dlq_url = sqs
+            .create_queue()
+            .queue_name(format!("{}-dlq.fifo", self.settings.table))
+            .attributes(QueueAttributeName::FifoQueue, "true")
+            .send()
+            .await
+            .expect("a dead-letter queue of this test's own")
+            .queue_url
+            .expect("a queue URL");
+        let dlq_arn = queue_attributes(&sqs, &dlq_url, QueueAttributeName::QueueArn).await
+            [&QueueAttributeName::QueueArn]
+            .clone();
+        let max_receives = redrive["maxReceiveCount"]
+            .as_u64()
+            .or_else(|| redrive["maxReceiveCount"].as_str()?.parse().ok())
+            .expect("a maxReceiveCount");
+        let policy = serde_json::json!({
+            "deadLetterTargetArn": dlq_arn,
+            "maxReceiveCount": max_receives,
+        });
+        sqs.set_queue_attributes()
+            .queue_url(queue_url)
+            .attributes(
+                QueueAttributeName::VisibilityTimeout,
+                visibility_seconds.to_string(),
+            )
+            .attributes(QueueAttributeName::RedrivePolicy, policy.to_string())
+            .send()
+            .await
+            .expect("the queue takes a short visibility timeout and its own dead letters");
+        (dlq_url, max_receives as usize)
+    }
+
     pub fn aws(&self) -> Aws {
         Aws::new(&self.config, &self.settings)
     }
