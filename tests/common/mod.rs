@@ -56,6 +56,13 @@ pub struct Countersign {
     env: Vec<(&'static str, String)>,
 }
 
+/// What a command printed for people.
+pub struct Printed {
+    pub exit: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
 pub struct Ran {
     pub exit: i32,
     pub json: Value,
@@ -95,6 +102,32 @@ impl Countersign {
             json,
             stderr: String::from_utf8_lossy(&output.stderr).into(),
         }
+    }
+
+    /// `countersign ARGS` as a person runs it, without `--json`: what it printed.
+    pub fn print(&self, args: &[&str]) -> Printed {
+        let output = Command::new(env!("CARGO_BIN_EXE_countersign"))
+            .args(args)
+            .arg("--state")
+            .arg(&self.state)
+            .env_remove("ANTHROPIC_API_KEY")
+            .env_remove("COUNTERSIGN_AGENTS")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .output()
+            .expect("countersign runs");
+        Printed {
+            exit: output.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&output.stdout).into(),
+            stderr: String::from_utf8_lossy(&output.stderr).into(),
+        }
+    }
+
+    /// [`Countersign::print`] of a command that must succeed: its stdout.
+    #[track_caller]
+    pub fn printed(&self, args: &[&str]) -> String {
+        let printed = self.print(args);
+        assert_eq!(printed.exit, 0, "{args:?} failed: {}", printed.stderr);
+        printed.stdout
     }
 
     pub fn ok(&self, args: &[&str]) -> Value {

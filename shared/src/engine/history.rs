@@ -1,6 +1,6 @@
 //! Reading what happened: pending approvals, one approval, a run's full history.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::Serialize;
 
@@ -13,6 +13,12 @@ use crate::domain::audit::{AuditEntry, AuditEvent};
 use crate::domain::ids::{ActionId, ActionVersion, ApprovalId, RunId, TenantId};
 use crate::domain::run::Run;
 use crate::ports::store::{Item, query_all};
+
+/// The one field of a run's item a reviewer's list reads.
+#[derive(serde::Deserialize)]
+struct TaskOf {
+    task: String,
+}
 
 /// One run's history, reconstructed from the audit log and the records.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -76,6 +82,26 @@ impl Engine {
         stored
             .map(|s| s.value)
             .ok_or_else(|| EngineError::not_found(format!("run {id}")))
+    }
+
+    /// The task of each of these runs, so a reviewer reads what an approval is for: one read
+    /// of each run's own item, not its log. A run that is not found is left out.
+    pub async fn tasks<'a>(
+        &self,
+        tenant: &TenantId,
+        runs: impl IntoIterator<Item = &'a RunId>,
+    ) -> Result<BTreeMap<RunId, String>, EngineError> {
+        let mut tasks = BTreeMap::new();
+        for run in runs.into_iter().collect::<BTreeSet<_>>() {
+            let item = self
+                .store
+                .get(&keys::run_pk(tenant, run), keys::RUN_SK)
+                .await?;
+            if let Some(item) = item {
+                tasks.insert(run.clone(), decode::<TaskOf>(&item)?.value.task);
+            }
+        }
+        Ok(tasks)
     }
 
     pub async fn history(&self, tenant: &TenantId, id: &RunId) -> Result<History, EngineError> {
