@@ -4,41 +4,13 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-
+use common::agents::TempDir;
 use common::orders::OrdersService;
 use common::server::Server;
-use common::{Countersign, fresh_path, only_approval};
-use serde_json::json;
+use common::{Countersign, only_approval};
+use serde_json::{Value, json};
 
 const TASK: &str = "Refund USD 125 for order ord_55: the blender arrived damaged.";
-
-/// A directory removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let dir = fresh_path(&format!("countersign-{name}"));
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
-
-    /// An agent's directory in it, with these files.
-    fn agent(&self, name: &str, files: &[(&str, &str)]) -> String {
-        let dir = self.0.join(name);
-        std::fs::create_dir_all(&dir).unwrap();
-        for (file, text) in files {
-            std::fs::write(dir.join(file), text).unwrap();
-        }
-        dir.to_str().unwrap().to_string()
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// What a terminal acts on: escape sequences, carriage returns, bells, C1 controls, reordering.
 fn raw_controls(text: &str) -> Vec<char> {
@@ -50,62 +22,36 @@ fn raw_controls(text: &str) -> Vec<char> {
         .collect()
 }
 
-const PAYOUTS_AGENT: &str = r#"name = "payouts"
-system_prompt = "You pay what you are asked to."
-
-[model]
-provider = "scripted"
-offline = "script.toml"
-
-[tools.pay]
-description = "Pays someone, in cents."
-input_schema = { type = "object", properties = { to = { type = "string" }, amount_cents = { type = "integer" } }, required = ["to", "amount_cents"], additionalProperties = false }
-
-[tools.pay.http]
-method = "POST"
-url = "http://127.0.0.1:9/pay"
-timeout = "1s"
-"#;
-
-const PAYOUTS_POLICY: &str = r#"name = "payouts"
-version = 1
-default_ttl = "1h"
-
-[tools.pay]
-decision = "approve"
-approver_role = "finance_manager"
-quorum = 1
-reason = "Every payout needs a finance manager."
-"#;
-
 /// The agent's words carry a clear-screen, a title-setting OSC ended by a bell, and a carriage
 /// return before a line that imitates the audit's.
-const PAYOUTS_SCRIPT: &str = r#"[[turns]]
+const CONTROLS_SCRIPT: &str = r#"[[turns]]
 say = "Paying as asked.\u001b[2J\u001b]0;all approved\u0007\r                                  allowed by policy\u009b31m\u202e"
-calls = [{ tool = "pay", args = { to = "mallory\u001b[8m", amount_cents = 500 } }]
+calls = [{ tool = "pay_bonus", args = { employee = "mallory\u001b[8m", amount_cents = 500 } }]
 
 [[turns]]
 say = "Paid: {last_result}"
 "#;
 
+/// A bonus for ana, which a finance manager decides.
+const BONUS_SCRIPT: &str = r#"[[turns]]
+say = "Paying."
+calls = [{ tool = "pay_bonus", args = { employee = "ana", amount_cents = 500 } }]
+
+[[turns]]
+say = "{last_result}"
+"#;
+
 #[tokio::test]
 async fn control_characters_of_a_task_an_explanation_and_a_comment_are_printed_escaped() {
     let definitions = TempDir::new("cli-text-controls");
-    let payouts = definitions.agent(
-        "payouts",
-        &[
-            ("agent.toml", PAYOUTS_AGENT),
-            ("policy.toml", PAYOUTS_POLICY),
-            ("script.toml", PAYOUTS_SCRIPT),
-        ],
-    );
-    let env = [("COUNTERSIGN_AGENTS", payouts.clone())];
+    let bonuses = definitions.bonuses_agent(CONTROLS_SCRIPT);
+    let env = [("COUNTERSIGN_AGENTS", bonuses.clone())];
     let server = Server::start_with_env("cli-text-controls", &["--sweep-every", "0s"], &env);
 
     // Given a run whose task, whose agent's words and a comment on its approval carry ESC, CR,
     // OSC and BEL (any member of the tenant may write the task and the comment).
     let task = "Pay mallory\u{1b}[2J\u{1b}]0;pwned\u{7}\r2026-01-01T00:00:00.000Z  done";
-    let started = server.start_agent("sam", "payouts", task).await;
+    let started = server.start_agent("sam", "bonuses", task).await;
     assert_eq!(started.status, 201, "{}", started.json);
     let run = started.json["run_id"].as_str().unwrap().to_string();
     let approval = started.json["approvals"][0]["id"]
@@ -126,7 +72,7 @@ async fn control_characters_of_a_task_an_explanation_and_a_comment_are_printed_e
     let printed = |args: &[&str]| {
         let output = common::countersign(&server.state)
             .args(args)
-            .env("COUNTERSIGN_AGENTS", &payouts)
+            .env("COUNTERSIGN_AGENTS", &bonuses)
             .output()
             .unwrap();
         assert!(output.status.success(), "{args:?}: {output:?}");
@@ -151,7 +97,10 @@ async fn control_characters_of_a_task_an_explanation_and_a_comment_are_printed_e
     }
     assert!(review.contains("\\u{9b}31m\\u{202e}"), "{review}");
     // The call's arguments are JSON, whose own escapes show them.
-    assert!(review.contains(r#""to":"mallory\u001b[8m""#), "{review}");
+    assert!(
+        review.contains(r#""employee":"mallory\u001b[8m""#),
+        "{review}"
+    );
     assert!(review.contains("comment: sam: \\u{1b}[1A"), "{review}");
     // The audit's own lines are the only ones that start with a time: the task's forged one,
     // the explanation's and the comment's stay inside the lines that hold them.
@@ -182,19 +131,17 @@ fn refunds(name: &str, orders: &OrdersService) -> Countersign {
     Countersign::fresh(name).with_env(orders.embedded_env())
 }
 
+/// sam asks the refunds agent to do `task`: where the run stands.
+fn sam_asks(cs: &Countersign, task: &str) -> Value {
+    cs.ok(&["run", "--agent", "refunds", task, "--as", "sam"])
+}
+
 #[test]
 fn an_approver_whose_approved_call_fails_is_told_so_on_stdout() {
     let orders = OrdersService::start("cli-text-failed");
     let cs = refunds("cli-text-failed", &orders);
     // ord_42 was refunded in full: the refund sam's task asks for is refused by the service.
-    let started = cs.ok(&[
-        "run",
-        "--agent",
-        "refunds",
-        "Refund the lost mugs of ord_42.",
-        "--as",
-        "sam",
-    ]);
+    let started = sam_asks(&cs, "Refund the lost mugs of ord_42.");
     let (approval, waiting) = only_approval(&started);
 
     let approved = cs.printed(&["review", "approve", &approval, "--as", "mia"]);
@@ -219,7 +166,7 @@ fn a_call_whose_outcome_is_unknown_is_said_to_be_held_and_the_sweep_says_it_reco
     // The service stores the refund, then answers 500.
     let orders = OrdersService::start_with("cli-text-unknown", &["--fault", "commit-then-500"]);
     let cs = refunds("cli-text-unknown", &orders);
-    let started = cs.ok(&["run", "--agent", "refunds", TASK, "--as", "sam"]);
+    let started = sam_asks(&cs, TASK);
     let (approval, waiting) = only_approval(&started);
     let key = format!("{}:1", waiting["action_id"].as_str().unwrap());
 
@@ -266,14 +213,7 @@ fn an_overdue_approval_expired_by_the_sweep_is_named_with_where_its_run_stands()
 #[test]
 fn an_agent_that_is_not_loaded_is_named_with_how_to_load_it() {
     let definitions = TempDir::new("cli-text-missing");
-    let payouts = definitions.agent(
-        "payouts",
-        &[
-            ("agent.toml", PAYOUTS_AGENT),
-            ("policy.toml", PAYOUTS_POLICY),
-            ("script.toml", "[[turns]]\nsay = \"Paying.\"\ncalls = [{ tool = \"pay\", args = { to = \"ana\", amount_cents = 500 } }]\n\n[[turns]]\nsay = \"{last_result}\"\n"),
-        ],
-    );
+    let bonuses = definitions.bonuses_agent(BONUS_SCRIPT);
     let cs = Countersign::fresh("cli-text-missing");
 
     let missing = cs.print(&["run", "--agent", "support", "Help.", "--as", "sam"]);
@@ -294,12 +234,19 @@ fn an_agent_that_is_not_loaded_is_named_with_how_to_load_it() {
     );
 
     // A run of an agent loaded for one command is decided by a process that loads it too.
-    let started = cs.ok(&["run", "--agent", &payouts, "Pay ana.", "--as", "sam"]);
+    let started = cs.ok(&[
+        "run",
+        "--agent",
+        &bonuses,
+        "A bonus for ana.",
+        "--as",
+        "sam",
+    ]);
     let (approval, _) = only_approval(&started);
     let without = cs.print(&["review", "approve", &approval, "--as", "mia"]);
     assert_eq!(without.exit, 1, "{}", without.stderr);
     assert!(
-        without.stderr.contains("agent payouts is not loaded here"),
+        without.stderr.contains("agent bonuses is not loaded here"),
         "{}",
         without.stderr
     );
@@ -325,14 +272,7 @@ fn the_expense_examples_commands_say_so_and_its_ledger_does_not_speak_for_other_
             "{command}: {help}"
         );
     }
-    cs.ok(&[
-        "run",
-        "--agent",
-        "refunds",
-        "Goodwill for ord_77, please.",
-        "--as",
-        "sam",
-    ]);
+    sam_asks(&cs, "Goodwill for ord_77, please.");
 
     let ledger = cs.printed(&["ledger"]);
 
@@ -369,7 +309,7 @@ fn the_expense_examples_commands_say_so_and_its_ledger_does_not_speak_for_other_
 fn an_edited_version_explains_itself_in_its_editors_note_and_a_told_reason_keeps_one_full_stop() {
     let orders = OrdersService::start("cli-text-edit");
     let cs = refunds("cli-text-edit", &orders);
-    let started = cs.ok(&["run", "--agent", "refunds", TASK, "--as", "sam"]);
+    let started = sam_asks(&cs, TASK);
     let (approval, _) = only_approval(&started);
     let note = "Damage covers the jug only; USD 75 per the repair quote.";
 
@@ -394,7 +334,7 @@ fn an_edited_version_explains_itself_in_its_editors_note_and_a_told_reason_keeps
     assert_eq!(proposed[1], note);
 
     // A rejection's reason that ends in a full stop is told with one.
-    let again = cs.ok(&["run", "--agent", "refunds", TASK, "--as", "sam"]);
+    let again = sam_asks(&cs, TASK);
     let (second, _) = only_approval(&again);
     let rejected = cs.ok(&[
         "review",
@@ -417,15 +357,8 @@ fn the_offline_refunds_agent_follows_the_order_its_task_names() {
     let orders = OrdersService::start("cli-text-cases");
     let cs = refunds("cli-text-cases", &orders);
 
-    let goodwill = cs.ok(&[
-        "run",
-        "--agent",
-        "refunds",
-        "Goodwill for ord_77, please.",
-        "--as",
-        "sam",
-    ]);
-    let default = cs.ok(&["run", "--agent", "refunds", TASK, "--as", "sam"]);
+    let goodwill = sam_asks(&cs, "Goodwill for ord_77, please.");
+    let default = sam_asks(&cs, TASK);
 
     // ord_77's case: a small refund, which policy lets run; its words quote the task.
     assert_eq!(goodwill["status"], "done", "{goodwill}");
@@ -446,20 +379,12 @@ fn the_offline_refunds_agent_follows_the_order_its_task_names() {
 #[test]
 fn a_script_placeholder_the_script_does_not_have_stops_the_process_naming_its_file() {
     let definitions = TempDir::new("cli-text-placeholder");
-    let payouts = definitions.agent(
-        "payouts",
-        &[
-            ("agent.toml", PAYOUTS_AGENT),
-            ("policy.toml", PAYOUTS_POLICY),
-            ("script.toml", "[[turns]]\nsay = \"Paying {whom}.\"\n"),
-        ],
-    );
+    let bonuses = definitions.bonuses_agent("[[turns]]\nsay = \"Paying {whom}.\"\n");
     let cs = Countersign::fresh("cli-text-placeholder");
 
-    let refused = cs.print(&["review", "--agents", &payouts]);
+    let refused = cs.print(&["review", "--agents", &bonuses]);
 
     assert_eq!(refused.exit, 2, "{}", refused.stderr);
     assert!(refused.stderr.contains("script.toml"), "{}", refused.stderr);
     assert!(refused.stderr.contains("{whom}"), "{}", refused.stderr);
-    assert!(Path::new(&payouts).join("script.toml").is_file());
 }

@@ -371,15 +371,18 @@ async function onTokenSignIn(event) {
 
 // ---------------------------------------------------------------- the queue
 
+/** Whether a list was read; if not, its error line says why (a 401 signs out). */
+function listed(reply, errorId) {
+  $(errorId).hidden = reply.ok;
+  if (reply.ok) return true;
+  if (reply.status === 401) signOut(describe(reply));
+  else $(errorId).textContent = describe(reply);
+  return false;
+}
+
 async function loadQueue() {
   const reply = await api("GET", "approvals");
-  if (!reply.ok) {
-    if (reply.status === 401) return signOut(describe(reply));
-    $("queue-error").textContent = describe(reply);
-    $("queue-error").hidden = false;
-    return;
-  }
-  $("queue-error").hidden = true;
+  if (!listed(reply, "queue-error")) return;
   state.skewMs = Date.parse(reply.data.now) - Date.now();
   const items = new Map();
   const order = [];
@@ -416,13 +419,7 @@ const DECIDED_SHOWN = 20;
 /** What was decided lately in the organisation, newest first. */
 async function loadDecided() {
   const reply = await api("GET", `approvals/decided?limit=${DECIDED_SHOWN}`);
-  if (!reply.ok) {
-    if (reply.status === 401) return signOut(describe(reply));
-    $("decided-error").textContent = describe(reply);
-    $("decided-error").hidden = false;
-    return;
-  }
-  $("decided-error").hidden = true;
+  if (!listed(reply, "decided-error")) return;
   const decided = reply.data.approvals;
   $("decided").replaceChildren(...decided.map(decidedCard));
   $("decided-empty").hidden = decided.length > 0;
@@ -499,17 +496,7 @@ function decidedCard(v) {
       " · run ",
       el("code", { text: v.run_id }),
     ),
-    el(
-      "div",
-      { class: "actions" },
-      el("button", {
-        type: "button",
-        class: "audit-link",
-        "data-run-id": v.run_id,
-        "aria-label": `Audit trail of run ${v.run_id}`,
-        text: "Audit trail",
-      }),
-    ),
+    el("div", { class: "actions" }, auditButton(v.run_id)),
   );
   return el("li", {}, article);
 }
@@ -674,20 +661,23 @@ function buildCard(item) {
     actions.append(rejectForm(v));
   }
   actions.append(commentForm(v));
-  actions.append(
-    el("button", {
-      type: "button",
-      class: "audit-link",
-      "data-run-id": v.run_id,
-      "aria-label": `Audit trail of run ${v.run_id}`,
-      text: "Audit trail",
-    }),
-  );
+  actions.append(auditButton(v.run_id));
   if (item.pinned && !awaiting) {
     actions.append(el("button", { type: "button", class: "dismiss", text: "Dismiss" }));
   }
   article.append(actions);
   return el("li", {}, article);
+}
+
+/** The button that opens a run's audit trail. */
+function auditButton(runId) {
+  return el("button", {
+    type: "button",
+    class: "audit-link",
+    "data-run-id": runId,
+    "aria-label": `Audit trail of run ${runId}`,
+    text: "Audit trail",
+  });
 }
 
 function decisionText(d) {
