@@ -461,7 +461,7 @@ pub fn sweep(swept: &Swept<'_>) -> String {
     if report.redelivered > 0 {
         let _ = writeln!(
             out,
-            "resumed {} run{} whose message was not delivered",
+            "delivered again {} resume message{} left undelivered: their runs go on",
             report.redelivered,
             if report.redelivered == 1 { "" } else { "s" }
         );
@@ -805,6 +805,55 @@ mod tests {
             Plain(text).to_string(),
             "ok\\u{1b}[2J\\u{1b}]0;title\\u{7}\\rapproved by policy\\nnext\\t\\u{9b}\\u{202e}end"
         );
+    }
+
+    #[test]
+    fn the_sweep_says_everything_it_did_and_nothing_was_due_only_when_it_did_nothing() {
+        let approval = |id: &str| ApprovalId::parse(id).unwrap();
+        let report = SweepReport {
+            reminded: vec![approval("ap-reminded")],
+            escalated: vec![approval("ap-escalated")],
+            redelivered: 2,
+            reconciled: vec!["act-1:1".into()],
+            unknown: vec!["act-2:1".into()],
+            abandoned: vec![RunId::parse("run-abandoned").unwrap()],
+            notices: shared::engine::NoticeReport {
+                sent: 3,
+                retrying: 1,
+                failed: 0,
+            },
+            ..SweepReport::default()
+        };
+        let swept = Swept {
+            report: &report,
+            expired: Vec::new(),
+            escalated: vec![(approval("ap-escalated"), Some(Role::parse("cfo").unwrap()))],
+        };
+
+        let text = sweep(&swept);
+
+        for line in [
+            "reminded ap-reminded: its deadline is near",
+            "escalated ap-escalated: the cfo role may decide it too",
+            "reconciled act-1:1: its tool said what became of it, and its run goes on",
+            "still unknown act-2:1: its tool is asked again later",
+            "delivered again 2 resume messages left undelivered: their runs go on",
+            "abandoned run-abandoned: the process driving it stopped, so it failed",
+            "notices: 3 sent, 1 to try again, 0 given up",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "{line:?} is not in:\n{text}"
+            );
+        }
+        assert!(!text.contains("Nothing"), "{text}");
+        let idle = SweepReport::default();
+        let nothing = Swept {
+            report: &idle,
+            expired: Vec::new(),
+            escalated: Vec::new(),
+        };
+        assert_eq!(sweep(&nothing), "Nothing was due.\n");
     }
 
     #[test]
