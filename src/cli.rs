@@ -55,7 +55,8 @@ pub const CLOCK_OFFSET_ENV: &str = "COUNTERSIGN_CLOCK_OFFSET";
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Start the expense agent on a claim, for the employee who filed it.
+    /// The expense example only: start its agent on one of the example's claims, for the
+    /// employee who filed it. Any other agent starts with `run --agent NAME`.
     Agent {
         /// The claim to process, such as c-102.
         claim: String,
@@ -108,7 +109,8 @@ pub enum Command {
         #[arg(long, default_value = "12h", value_parser = parse_duration)]
         ttl: std::time::Duration,
     },
-    /// Claims paid and declined.
+    /// The expense example only: the claims its agent paid and declined. Other agents' calls
+    /// are not in it; `audit` shows what each run did.
     Ledger,
     /// Resume runs from the SQS queue, as the resume function does (needs COUNTERSIGN_STORE=dynamodb).
     Worker {

@@ -149,6 +149,33 @@ impl Local {
             .map_err(|e| Failure::from(EngineError::from(e)))
     }
 
+    /// Whether this process has the agent: without it, it cannot start, decide or resume the
+    /// agent's runs, and the user is told how to load its definition.
+    pub fn loaded(&self, name: &shared::domain::ids::AgentName) -> Result<(), Failure> {
+        if self.engine.agent(name).is_ok() {
+            return Ok(());
+        }
+        let loaded: Vec<String> = self
+            .engine
+            .agents()
+            .names()
+            .map(|n| n.to_string())
+            .collect();
+        Err(Failure {
+            code: "not_found",
+            message: format!(
+                "agent {name} is not loaded here (loaded: {}): give its definition's directory \
+                 with --agents DIR or COUNTERSIGN_AGENTS=DIR, to this command and to every \
+                 command that decides or resumes its runs",
+                match loaded.is_empty() {
+                    true => "none".to_string(),
+                    false => loaded.join(", "),
+                }
+            ),
+            exit: 1,
+        })
+    }
+
     /// Every tenant that has started a run, for views across the whole local deployment.
     pub async fn tenants(&self) -> Result<Vec<shared::domain::ids::TenantId>, Failure> {
         let items = query_all(self.store.as_ref(), keys::TENANTS_PK, "")

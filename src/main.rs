@@ -14,9 +14,9 @@ use std::process::ExitCode;
 use clap::Parser;
 use serde_json::{Value, json};
 use shared::domain::approval::{Choice, DecisionRequest};
-use shared::domain::ids::{ActionVersion, AgentName, ApprovalId, DecisionId, RunId};
+use shared::domain::ids::{ActionVersion, AgentName, ApprovalId, DecisionId, RunId, TenantId};
 use shared::domain::run::RunStatus;
-use shared::engine::StartRun;
+use shared::engine::{History, RunReport, StartRun};
 use shared::example::expense;
 
 use cli::{Cli, Command, Review};
@@ -44,7 +44,7 @@ async fn main() -> ExitCode {
             let mut stdout = std::io::stdout().lock();
             let _ = match json {
                 true => writeln!(stdout, "{}", output.json),
-                false => write!(stdout, "{}", output.text),
+                false => write!(stdout, "{}", render::terminal(&output.text)),
             };
             ExitCode::SUCCESS
         }
@@ -55,7 +55,7 @@ async fn main() -> ExitCode {
                     json!({"error": {"code": failure.code, "message": failure.message}})
                 );
             }
-            eprintln!("error: {}", failure.message);
+            eprintln!("error: {}", render::terminal(&failure.message));
             ExitCode::from(failure.exit as u8)
         }
     }
@@ -92,6 +92,7 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
     let local = Local::connect(&cli.global).await?;
     match cli.command {
         Command::Agent { claim, ttl } => {
+            local.loaded(&AgentName::parse(expense::AGENT)?)?;
             let mut start = expense::task_for(&local.claims, &claim)?;
             start.approval_ttl = ttl;
             start_run(&local, start).await
@@ -113,6 +114,7 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
                 }
                 _ => AgentName::parse(&agent)?,
             };
+            local.loaded(&agent)?;
             let start = StartRun {
                 approval_ttl: ttl,
                 ..StartRun::for_person(&who, agent, task)
@@ -128,62 +130,36 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
                 None => local.tenants().await?,
             };
             let mut approvals = Vec::new();
+            let mut tasks = std::collections::BTreeMap::new();
             for tenant in &tenants {
-                approvals.extend(local.engine.pending(tenant).await?);
+                let waiting = local.engine.pending(tenant).await?;
+                tasks.extend(
+                    local
+                        .engine
+                        .tasks(tenant, waiting.iter().map(|a| &a.run_id))
+                        .await?,
+                );
+                approvals.extend(waiting);
             }
             approvals.sort_by_key(|a| a.expires_at);
             let now = local.engine.now();
+            let listed: Vec<Value> = approvals
+                .iter()
+                .map(|a| {
+                    let mut listed = json_of(a);
+                    listed["task"] = json!(tasks.get(&a.run_id));
+                    listed
+                })
+                .collect();
             Ok(Output {
-                text: render::pending(&approvals, now),
-                json: json!({"approvals": approvals, "now": now}),
+                text: render::pending(&approvals, &tasks, now),
+                json: json!({"approvals": listed, "now": now}),
             })
         }
         Command::Review {
             action: Some(Review::Expire),
             ..
-        } => {
-            shared::agents::prepare_all(&local.engine).await;
-            let report = local.engine.sweep(1_000).await?;
-            let mut text = String::new();
-            let mut runs = Vec::new();
-            for approval_id in &report.expired {
-                for tenant in local.tenants().await? {
-                    if let Ok(approval) = local.engine.approval(&tenant, approval_id).await {
-                        let run = local.engine.run(&tenant, &approval.run_id).await?;
-                        text.push_str(&format!(
-                            "expired {approval_id} ({} version {})\n",
-                            approval.tool, approval.action_version
-                        ));
-                        let report = shared::engine::RunReport::of(&run, vec![]);
-                        match report.status {
-                            RunStatus::AwaitingApproval if local.aws.is_some() => text.push_str(&format!(
-                                "[{}] queued: the run resumes when a worker takes its message\n",
-                                report.run_id
-                            )),
-                            _ => text.push_str(&render::run(&report)),
-                        }
-                        runs.push(report);
-                    }
-                }
-            }
-            if report.expired.is_empty() {
-                text.push_str("Nothing was overdue.\n");
-            }
-            for approval_id in &report.reminded {
-                text.push_str(&format!("reminder due for {approval_id}\n"));
-            }
-            let notices = report.notices;
-            if !notices.is_empty() {
-                text.push_str(&format!(
-                    "notices: {} sent, {} to try again, {} given up\n",
-                    notices.sent, notices.retrying, notices.failed
-                ));
-            }
-            Ok(Output {
-                text,
-                json: json!({"sweep": report, "runs": runs}),
-            })
-        }
+        } => expire(&local).await,
         Command::Review {
             action: Some(review),
             ..
@@ -254,7 +230,11 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
             let (payments, declined): (Vec<_>, Vec<_>) = settlements
                 .into_iter()
                 .partition(|s| matches!(s.outcome, expense::SettlementOutcome::Paid { .. }));
-            let text = render::ledger(&payments, &declined);
+            let expense = local
+                .engine
+                .agent(&AgentName::parse(expense::AGENT)?)
+                .is_ok();
+            let text = render::ledger(&payments, &declined, expense);
             Ok(Output {
                 text,
                 json: json!({"payments": payments, "declined": declined}),
@@ -267,10 +247,72 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
 async fn start_run(local: &Local, start: StartRun) -> Result<Output, Failure> {
     shared::agents::prepare(&local.engine, &start.agent).await?;
     let report = local.engine.start(start).await?;
+    let history = waits_on_calls(local, &report).await;
     Ok(Output {
-        text: render::run(&report),
+        text: render::run(&report, history.as_ref()),
         json: json_of(&report),
     })
+}
+
+/// The run's history, when it waits on something other than a reviewer (a call whose outcome
+/// is unknown), so its text can say what.
+async fn waits_on_calls(local: &Local, report: &RunReport) -> Option<History> {
+    let waits = report.status == RunStatus::AwaitingApproval && report.approvals.is_empty();
+    match waits {
+        true => local
+            .engine
+            .history(&report.tenant, &report.run_id)
+            .await
+            .ok(),
+        false => None,
+    }
+}
+
+/// `review expire`: one sweep, and what became of each run it expired an approval of.
+async fn expire(local: &Local) -> Result<Output, Failure> {
+    shared::agents::prepare_all(&local.engine).await;
+    let report = local.engine.sweep(1_000).await?;
+    let tenants = local.tenants().await?;
+    let mut swept = render::Swept {
+        report: &report,
+        expired: Vec::new(),
+        escalated: Vec::new(),
+    };
+    let mut runs = Vec::new();
+    for approval_id in &report.expired {
+        let Some(approval) = find_approval(local, &tenants, approval_id).await else {
+            continue;
+        };
+        let run = local.engine.run(&approval.tenant, &approval.run_id).await?;
+        let run = shared::engine::RunReport::of(&run, vec![]);
+        runs.push(run.clone());
+        let queued = run.status == RunStatus::AwaitingApproval && local.aws.is_some();
+        swept.expired.push((approval, (!queued).then_some(run)));
+    }
+    for approval_id in &report.escalated {
+        let role = find_approval(local, &tenants, approval_id)
+            .await
+            .and_then(|a| a.escalated_to.last().cloned());
+        swept.escalated.push((approval_id.clone(), role));
+    }
+    Ok(Output {
+        text: render::sweep(&swept),
+        json: json!({"sweep": report, "runs": runs}),
+    })
+}
+
+/// An approval of one of the tenants, by id.
+async fn find_approval(
+    local: &Local,
+    tenants: &[TenantId],
+    id: &ApprovalId,
+) -> Option<shared::domain::approval::Approval> {
+    for tenant in tenants {
+        if let Ok(approval) = local.engine.approval(tenant, id).await {
+            return Some(approval);
+        }
+    }
+    None
 }
 
 async fn decide(local: &Local, review: Review) -> Result<Output, Failure> {
@@ -298,16 +340,12 @@ async fn decide(local: &Local, review: Review) -> Result<Output, Failure> {
     };
     let approval_id = ApprovalId::parse(&submission.approval)?;
     let who = local.identify(&submission.person)?;
+    let approval = local.engine.approval(&who.tenant, &approval_id).await?;
+    local.loaded(&approval.agent)?;
     let action_version = match submission.version {
         Some(v) => ActionVersion::new(v)?,
         // The approval id names one action version; deciding it by id decides that version.
-        None => {
-            local
-                .engine
-                .approval(&who.tenant, &approval_id)
-                .await?
-                .action_version
-        }
+        None => approval.action_version,
     };
     let decision_id = match submission.decision_id {
         Some(id) => DecisionId::parse(&id)?,
@@ -323,8 +361,14 @@ async fn decide(local: &Local, review: Review) -> Result<Output, Failure> {
     };
     shared::agents::prepare_all(&local.engine).await;
     let report = local.engine.decide(&who, &approval_id, request).await?;
+    // What became of the call it let run, read back from the run's history.
+    let history = local
+        .engine
+        .history(&who.tenant, &report.approval.run_id)
+        .await
+        .ok();
     Ok(Output {
-        text: render::decision(&report),
+        text: render::decision(&report, history.as_ref()),
         json: json_of(&report),
     })
 }

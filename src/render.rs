@@ -1,46 +1,195 @@
 //! Text for people. (`--json` prints the engine's own records instead.)
+//!
+//! Every text that comes from data (an agent's words, a comment, a task, a reason, a tool's
+//! result, a name) is printed through [`Plain`], so it shows its control characters escaped
+//! and cannot move the cursor, rewrite a line, set the terminal's title or forge a line of its
+//! own; [`terminal`] escapes what a whole output would still carry, line breaks aside.
 
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
 
 use chrono::{DateTime, Utc};
+use shared::domain::action::{Action, ActionStatus};
 use shared::domain::approval::{Approval, ApprovalKind, Choice, DecisionEffect};
 use shared::domain::audit::{AuditEntry, AuditEvent};
+use shared::domain::ids::{ActionId, ApprovalId, Role, RunId};
 use shared::domain::policy::Verdict;
 use shared::domain::run::RunStatus;
-use shared::engine::{DecisionReport, History, RunReport};
+use shared::engine::{DecisionReport, History, RunReport, SweepReport};
 use shared::example::expense::{Settlement, SettlementOutcome};
 
-/// `[run-…] done: …`, or paused with one line per approval it waits on.
-pub fn run(report: &RunReport) -> String {
+/// Stored text as a terminal may print it: control characters (C0, DEL, C1, line breaks
+/// included) and the characters that reorder text (bidirectional overrides and isolates) show
+/// escaped, `\n`, `\r`, `\t` or `\u{1b}`; everything else as it is.
+pub struct Plain<T>(pub T);
+
+impl<T: fmt::Display> fmt::Display for Plain<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            Escaping {
+                out: f,
+                lines: false
+            },
+            "{}",
+            self.0
+        )
+    }
+}
+
+/// A whole output as a terminal may print it: as [`Plain`], but its line breaks kept, where
+/// the layout put them (text from data has had its own escaped already).
+pub fn terminal(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let _ = Escaping {
+        out: &mut out,
+        lines: true,
+    }
+    .write_str(text);
+    out
+}
+
+/// Writes through to `out`, escaping what a terminal would act on.
+struct Escaping<W> {
+    out: W,
+    /// Line breaks pass through.
+    lines: bool,
+}
+
+impl<W: fmt::Write> fmt::Write for Escaping<W> {
+    fn write_str(&mut self, text: &str) -> fmt::Result {
+        for c in text.chars() {
+            match c {
+                '\n' if self.lines => self.out.write_char(c)?,
+                '\n' => self.out.write_str("\\n")?,
+                '\r' => self.out.write_str("\\r")?,
+                '\t' => self.out.write_str("\\t")?,
+                c if acts_on_terminal(c) => write!(self.out, "\\u{{{:x}}}", u32::from(c))?,
+                c => self.out.write_char(c)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Control characters, and the invisible ones that reorder the text around them or break it.
+fn acts_on_terminal(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
+                | '\u{2028}' | '\u{2029}'
+        )
+}
+
+/// `[run-…] done: …`, or paused with one line per approval it waits on, or with the calls
+/// whose outcome it waits for (`history`, where the caller read it, names them).
+pub fn run(report: &RunReport, history: Option<&History>) -> String {
     let mut out = String::new();
     let id = &report.run_id;
+    let unsettled: Vec<&Action> = history.map(unsettled).unwrap_or_default();
     match report.status {
         RunStatus::Done => writeln!(
             out,
             "[{id}] done: {}",
-            report.answer.as_deref().unwrap_or_default()
+            Plain(report.answer.as_deref().unwrap_or_default())
         ),
         RunStatus::Failed => writeln!(
             out,
             "[{id}] failed: {}",
-            report.error.as_deref().unwrap_or_default()
+            Plain(report.error.as_deref().unwrap_or_default())
         ),
         RunStatus::Cancelled => writeln!(out, "[{id}] cancelled"),
         RunStatus::Running => writeln!(out, "[{id}] running"),
-        RunStatus::AwaitingApproval => {
+        RunStatus::AwaitingApproval if !report.approvals.is_empty() => {
             let _ = writeln!(out, "[{id}] paused, waiting for a reviewer:");
             for a in &report.approvals {
                 let _ = writeln!(
                     out,
                     "  {}  {} {}  version {}  why: {}",
-                    a.id, a.tool, a.args, a.action_version, a.reason
+                    a.id,
+                    Plain(&a.tool),
+                    Plain(&a.args),
+                    a.action_version,
+                    Plain(&a.reason)
                 );
             }
             Ok(())
         }
+        RunStatus::AwaitingApproval => match (history, unsettled.is_empty()) {
+            (Some(history), false) => {
+                let _ = writeln!(out, "[{id}] paused, waiting for the outcome of a call:");
+                for action in unsettled {
+                    let _ = writeln!(out, "  {}", call(action, history));
+                }
+                Ok(())
+            }
+            _ => writeln!(
+                out,
+                "[{id}] paused: nothing waits for a reviewer; it resumes when its message is \
+                 delivered (a worker, or the sweep: countersign review expire)"
+            ),
+        },
     }
     .expect("writing to a string");
     out
+}
+
+/// The newest version of each call of a run whose outcome is not settled yet.
+fn unsettled(history: &History) -> Vec<&Action> {
+    let mut newest: Vec<&Action> = Vec::new();
+    for action in &history.actions {
+        match newest.iter_mut().find(|a| a.id == action.id) {
+            Some(kept) if kept.version < action.version => *kept = action,
+            Some(_) => {}
+            None => newest.push(action),
+        }
+    }
+    newest.retain(|a| matches!(a.status, ActionStatus::Unknown | ActionStatus::Executing));
+    newest
+}
+
+/// What became of one call version, in a line: its tool and key, then its outcome and, for
+/// one not settled, who settles it.
+pub fn call(action: &Action, history: &History) -> String {
+    let head = format!("{} {}", Plain(&action.tool), action.key());
+    let told = action
+        .result
+        .as_ref()
+        .map(|r| clip(&r.content))
+        .unwrap_or_default();
+    let about = |event: &AuditEvent| event.action() == Some((&action.id, action.version));
+    match action.status {
+        ActionStatus::Succeeded => format!("{head} succeeded: {}", Plain(told)),
+        ActionStatus::Failed => format!("{head} failed (the agent is told): {}", Plain(told)),
+        ActionStatus::Unknown => {
+            let detail = history.entries.iter().rev().find_map(|e| match &e.event {
+                AuditEvent::Unknown { detail, .. } if about(&e.event) => Some(detail.as_str()),
+                _ => None,
+            });
+            let recovery = history.entries.iter().rev().find_map(|e| match &e.event {
+                AuditEvent::RecoveryRequested {
+                    approval_id, owner, ..
+                } if about(&e.event) => Some((approval_id, owner)),
+                _ => None,
+            });
+            let settles = match recovery {
+                Some((approval, owner)) => format!(
+                    "{approval} asks the {owner} role whether it took effect (countersign review answer)"
+                ),
+                None => "the sweep asks its tool again (countersign review expire)".into(),
+            };
+            format!(
+                "{head} outcome unknown ({}): held for reconciliation; {settles}",
+                Plain(detail.unwrap_or("no answer"))
+            )
+        }
+        ActionStatus::Approved => format!("{head} approved: it runs when its run resumes"),
+        ActionStatus::Executing => format!("{head} running, no outcome recorded yet"),
+        ActionStatus::AwaitingApproval => format!("{head} waits for a reviewer"),
+        ActionStatus::Superseded => format!("{head} superseded by an edit"),
+        ActionStatus::Rejected | ActionStatus::Expired | ActionStatus::Cancelled => {
+            format!("{head} {}, not run: {}", action.status, Plain(told))
+        }
+    }
 }
 
 pub fn time_left(expires_at: DateTime<Utc>, now: DateTime<Utc>) -> String {
@@ -57,22 +206,31 @@ pub fn time_left(expires_at: DateTime<Utc>, now: DateTime<Utc>) -> String {
 }
 
 fn who_may(a: &Approval) -> String {
-    let not: Vec<String> = a.requested_by.iter().map(|p| p.to_string()).collect();
-    let approved: Vec<String> = a.approvers().iter().map(|p| p.to_string()).collect();
-    let mut text = format!("{} (not {})", a.approver_role, not.join(", "));
+    let mut text = format!(
+        "{} (not {})",
+        Plain(&a.approver_role),
+        Plain(join(&a.requested_by))
+    );
     let _ = write!(
         text,
         "; {} of {} approvals still needed",
         a.still_needed(),
         a.quorum
     );
+    let approved = a.approvers();
     if !approved.is_empty() {
-        let _ = write!(text, "; approved so far by {}", approved.join(", "));
+        let _ = write!(text, "; approved so far by {}", Plain(join(&approved)));
     }
     text
 }
 
-pub fn pending(approvals: &[Approval], now: DateTime<Utc>) -> String {
+/// One card per approval: what it is for (`tasks`: each run's task, by run id), the agent's
+/// words, the exact call, why a person decides, who may, and until when.
+pub fn pending(
+    approvals: &[Approval],
+    tasks: &std::collections::BTreeMap<RunId, String>,
+    now: DateTime<Utc>,
+) -> String {
     if approvals.is_empty() {
         return "Nothing waits for a decision.\n".into();
     }
@@ -86,25 +244,45 @@ pub fn pending(approvals: &[Approval], now: DateTime<Utc>) -> String {
         let _ = writeln!(
             out,
             "{}  {}  version {}  run {}  {when}",
-            a.id, a.tool, a.action_version, a.run_id,
+            a.id,
+            Plain(&a.tool),
+            a.action_version,
+            a.run_id,
         );
-        let _ = writeln!(out, "  agent:  {}", a.explanation);
-        let _ = writeln!(out, "  call:   {} {}", a.tool, a.args);
+        let task = tasks.get(&a.run_id).map(String::as_str);
+        let _ = writeln!(
+            out,
+            "  task:   {} agent: {}",
+            a.agent,
+            Plain(task.unwrap_or("(its run cannot be read)"))
+        );
+        // An edited version's words are its editor's, not the agent's.
+        let said_by = match a.previous {
+            Some(_) => "editor: ",
+            None => "agent:  ",
+        };
+        let _ = writeln!(out, "  {said_by}{}", Plain(&a.explanation));
+        let _ = writeln!(out, "  call:   {} {}", Plain(&a.tool), Plain(&a.args));
         if let Some(previous) = &a.previous {
             let note = previous
                 .note
                 .as_deref()
-                .map(|n| format!(": {n}"))
+                .map(|n| format!(": {}", Plain(n)))
                 .unwrap_or_default();
             let _ = writeln!(
                 out,
                 "  edit:   {} changed version {} {}{note}",
-                previous.edited_by, previous.version, previous.args
+                previous.edited_by,
+                previous.version,
+                Plain(&previous.args)
             );
         }
         let _ = writeln!(out, "  hash:   {}", a.args_hash);
-        let _ = writeln!(out, "  why:    {}", a.reason);
+        let _ = writeln!(out, "  why:    {}", Plain(&a.reason));
         let _ = writeln!(out, "  who:    {}", who_may(a));
+        for comment in &a.comments {
+            let _ = writeln!(out, "  comment: {}: {}", comment.by, Plain(&comment.text));
+        }
         if recovery {
             continue;
         }
@@ -118,7 +296,9 @@ pub fn pending(approvals: &[Approval], now: DateTime<Utc>) -> String {
     out
 }
 
-pub fn decision(report: &DecisionReport) -> String {
+/// The decision, what became of the call it let run (`history`: its run's, read after it),
+/// and where the run stands.
+pub fn decision(report: &DecisionReport, history: Option<&History>) -> String {
     let mut out = String::new();
     let d = &report.decision;
     let a = &report.approval;
@@ -138,7 +318,7 @@ pub fn decision(report: &DecisionReport) -> String {
             "{} approved {} ({} version {}, {})",
             d.by,
             a.id,
-            a.tool,
+            Plain(&a.tool),
             d.action_version,
             d.args_hash.short()
         ),
@@ -157,12 +337,14 @@ pub fn decision(report: &DecisionReport) -> String {
                 d.by, a.id
             )
         }
-        (Choice::Reject { reason }, _) => format!("{} rejected {}: {reason}", d.by, a.id),
+        (Choice::Reject { reason }, _) => {
+            format!("{} rejected {}: {}", d.by, a.id, Plain(reason))
+        }
         (_, DecisionEffect::Answered { took_effect }) => format!(
             "{} answered {}: {} {} {}",
             d.by,
             a.id,
-            a.tool,
+            Plain(&a.tool),
             shared::domain::ids::idempotency_key(&a.action_id, a.action_version),
             if *took_effect {
                 "took effect"
@@ -173,8 +355,41 @@ pub fn decision(report: &DecisionReport) -> String {
         (choice, effect) => format!("{} {} {}: {effect:?}", d.by, choice.name(), a.id),
     };
     let _ = writeln!(out, "{what}{replay}");
+    // The version the decision let run: the approved one, or the edit's.
+    let ran = match &d.effect {
+        DecisionEffect::Approved | DecisionEffect::Answered { .. } => Some(a.action_version),
+        DecisionEffect::Edited { new_version } => Some(*new_version),
+        DecisionEffect::Counted { .. } | DecisionEffect::Rejected => None,
+    };
+    let action = ran.and_then(|version| {
+        history?
+            .actions
+            .iter()
+            .find(|x| x.id == a.action_id && x.version == version)
+    });
+    let mut told = None;
+    if let (Some(action), Some(history)) = (action, history)
+        && action.status != ActionStatus::AwaitingApproval
+    {
+        let _ = writeln!(out, "{}", call(action, history));
+        told = Some(action);
+    }
+    // A run that waits only on the call just told of says so in a word.
+    let waits_on_it = |run: &RunReport| {
+        run.status == RunStatus::AwaitingApproval
+            && run.approvals.is_empty()
+            && history.is_some_and(|h| {
+                unsettled(h)
+                    .iter()
+                    .map(|a| a.key())
+                    .eq(told.map(Action::key))
+            })
+    };
     match &report.run {
-        Some(run) => out.push_str(&self::run(run)),
+        Some(run) if waits_on_it(run) => {
+            let _ = writeln!(out, "[{}] paused until that outcome is settled", run.run_id);
+        }
+        Some(run) => out.push_str(&self::run(run, history)),
         None if a.status != shared::domain::approval::ApprovalStatus::AwaitingApproval
             && !report.replayed =>
         {
@@ -189,17 +404,100 @@ pub fn decision(report: &DecisionReport) -> String {
     out
 }
 
+/// What one sweep did: `expired`, each approval it expired with where its run stands (`None`:
+/// queued for a worker); `escalated`, each approval it escalated with the role it now also
+/// goes to.
+pub struct Swept<'a> {
+    pub report: &'a SweepReport,
+    pub expired: Vec<(Approval, Option<RunReport>)>,
+    pub escalated: Vec<(ApprovalId, Option<Role>)>,
+}
+
+/// Everything the sweep did, a line each; "Nothing was due." only when it did nothing.
+pub fn sweep(swept: &Swept<'_>) -> String {
+    let mut out = String::new();
+    let report = swept.report;
+    for (approval, run) in &swept.expired {
+        let _ = writeln!(
+            out,
+            "expired {} ({} version {})",
+            approval.id,
+            Plain(&approval.tool),
+            approval.action_version
+        );
+        match run {
+            Some(run) => out.push_str(&self::run(run, None)),
+            None => {
+                let _ = writeln!(
+                    out,
+                    "[{}] queued: the run resumes when a worker takes its message",
+                    approval.run_id
+                );
+            }
+        }
+    }
+    for approval in &report.reminded {
+        let _ = writeln!(out, "reminded {approval}: its deadline is near");
+    }
+    for (approval, role) in &swept.escalated {
+        let _ = match role {
+            Some(role) => writeln!(
+                out,
+                "escalated {approval}: the {} role may decide it too",
+                Plain(role)
+            ),
+            None => writeln!(out, "escalated {approval}"),
+        };
+    }
+    for key in &report.reconciled {
+        let _ = writeln!(
+            out,
+            "reconciled {key}: its tool said what became of it, and its run goes on"
+        );
+    }
+    for key in &report.unknown {
+        let _ = writeln!(out, "still unknown {key}: its tool is asked again later");
+    }
+    if report.redelivered > 0 {
+        let _ = writeln!(
+            out,
+            "delivered again {} resume message{} left undelivered: their runs go on",
+            report.redelivered,
+            if report.redelivered == 1 { "" } else { "s" }
+        );
+    }
+    for run in &report.abandoned {
+        let _ = writeln!(
+            out,
+            "abandoned {run}: the process driving it stopped, so it failed"
+        );
+    }
+    let notices = &report.notices;
+    if !notices.is_empty() {
+        let _ = writeln!(
+            out,
+            "notices: {} sent, {} to try again, {} given up",
+            notices.sent, notices.retrying, notices.failed
+        );
+    }
+    if out.is_empty() {
+        out.push_str("Nothing was due.\n");
+    }
+    out
+}
+
 fn event_line(entry: &AuditEntry, tools: &std::collections::BTreeMap<String, String>) -> String {
-    let tool = |action: &shared::domain::ids::ActionId| {
-        tools.get(action.as_str()).cloned().unwrap_or_default()
-    };
+    let tool = |action: &ActionId| Plain(tools.get(action.as_str()).cloned().unwrap_or_default());
     match &entry.event {
         AuditEvent::Started {
             task,
             requested_by,
             policy_version,
         } => {
-            format!("for {requested_by}: {task} (policy v{policy_version})")
+            format!(
+                "for {requested_by}: {} (policy v{policy_version})",
+                Plain(task)
+            )
         }
         AuditEvent::Proposed {
             tool,
@@ -213,24 +511,27 @@ fn event_line(entry: &AuditEntry, tools: &std::collections::BTreeMap<String, Str
         } => {
             let ruling = match verdict {
                 Verdict::Allow => "allowed by policy".to_string(),
-                Verdict::Deny { reason } => format!("denied by policy: {reason}"),
+                Verdict::Deny { reason } => format!("denied by policy: {}", Plain(reason)),
                 Verdict::RequireApproval(r) => format!(
                     "needs {} {} approval{} ({}): {}",
                     r.quorum,
-                    r.approver_role,
+                    Plain(&r.approver_role),
                     if r.quorum == 1 { "" } else { "s" },
                     approval_id
                         .as_ref()
                         .map(|a| a.to_string())
                         .unwrap_or_default(),
-                    r.reason
+                    Plain(&r.reason)
                 ),
             };
             format!(
-                "{tool} v{version} {args} {}\n{:>34}{ruling}\n{:>34}explanation: {explanation}",
+                "{} v{version} {} {}\n{:>34}{ruling}\n{:>34}explanation: {}",
+                Plain(tool),
+                Plain(args),
                 args_hash.short(),
                 "",
-                ""
+                "",
+                Plain(explanation)
             )
         }
         AuditEvent::Paused { approvals } => format!("waiting on {}", join(approvals)),
@@ -240,14 +541,15 @@ fn event_line(entry: &AuditEntry, tools: &std::collections::BTreeMap<String, Str
             version,
             owner,
         } => format!(
-            "{} {action_id}:{version}: did it take effect? asked of {owner} ({approval_id})",
-            tool(action_id)
+            "{} {action_id}:{version}: did it take effect? asked of {} ({approval_id})",
+            tool(action_id),
+            Plain(owner)
         ),
         AuditEvent::Notified {
             approval_id,
             notice,
             destination,
-        } => format!("{notice} for {approval_id} sent to {destination}"),
+        } => format!("{notice} for {approval_id} sent to {}", Plain(destination)),
         AuditEvent::NotificationFailed {
             approval_id,
             notice,
@@ -255,9 +557,10 @@ fn event_line(entry: &AuditEntry, tools: &std::collections::BTreeMap<String, Str
             attempts,
             error,
         } => format!(
-            "{notice} for {approval_id} to {destination} given up after {attempts} attempt{}: {}",
+            "{notice} for {approval_id} to {} given up after {attempts} attempt{}: {}",
+            Plain(destination),
             if *attempts == 1 { "" } else { "s" },
-            clip(error)
+            Plain(clip(error))
         ),
         AuditEvent::Decision {
             approval_id,
@@ -272,12 +575,12 @@ fn event_line(entry: &AuditEntry, tools: &std::collections::BTreeMap<String, Str
                 Choice::Edit { amount, note } => format!(
                     "edit to {amount}{}",
                     note.as_deref()
-                        .map(|n| format!(" ({n})"))
+                        .map(|n| format!(" ({})", Plain(n)))
                         .unwrap_or_default()
                 ),
-                Choice::Reject { reason } => format!("reject: {reason}"),
+                Choice::Reject { reason } => format!("reject: {}", Plain(reason)),
                 other => match other.text() {
-                    Some(note) => format!("{} ({note})", other.name()),
+                    Some(note) => format!("{} ({})", other.name(), Plain(note)),
                     None => other.name().to_string(),
                 },
             };
@@ -317,9 +620,11 @@ fn event_line(entry: &AuditEntry, tools: &std::collections::BTreeMap<String, Str
         AuditEvent::Cancelled { approvals } => {
             format!("run cancelled; approvals cancelled: {}", join(approvals))
         }
-        AuditEvent::Commented { approval_id, text } => format!("on {approval_id}: {text}"),
+        AuditEvent::Commented { approval_id, text } => {
+            format!("on {approval_id}: {}", Plain(text))
+        }
         AuditEvent::Escalated { approval_id, to } => {
-            format!("{approval_id} escalated: {to} may decide it too")
+            format!("{approval_id} escalated: {} may decide it too", Plain(to))
         }
         AuditEvent::ResumeResent {
             action_id,
@@ -347,7 +652,7 @@ fn event_line(entry: &AuditEntry, tools: &std::collections::BTreeMap<String, Str
                 "{} {action_id}:{version} {} authorized by {}",
                 tool(action_id),
                 args_hash.short(),
-                join(authorized_by)
+                Plain(join(authorized_by))
             )
         }
         AuditEvent::Executed {
@@ -361,8 +666,8 @@ fn event_line(entry: &AuditEntry, tools: &std::collections::BTreeMap<String, Str
             format!(
                 "{} {action_id}:{version} {how} (authorized by {}): {}",
                 tool(action_id),
-                join(authorized_by),
-                clip(result)
+                Plain(join(authorized_by)),
+                Plain(clip(result))
             )
         }
         AuditEvent::Unknown {
@@ -371,8 +676,9 @@ fn event_line(entry: &AuditEntry, tools: &std::collections::BTreeMap<String, Str
             detail,
         } => {
             format!(
-                "{} {action_id}:{version} outcome unknown: {detail}",
-                tool(action_id)
+                "{} {action_id}:{version} outcome unknown: {}",
+                tool(action_id),
+                Plain(detail)
             )
         }
         AuditEvent::Reconciled {
@@ -385,7 +691,7 @@ fn event_line(entry: &AuditEntry, tools: &std::collections::BTreeMap<String, Str
             format!(
                 "{} {action_id}:{version} {how}: {}",
                 tool(action_id),
-                clip(result)
+                Plain(clip(result))
             )
         }
         AuditEvent::Refused {
@@ -398,8 +704,8 @@ fn event_line(entry: &AuditEntry, tools: &std::collections::BTreeMap<String, Str
             "{results} result{} back to the agent",
             if *results == 1 { "" } else { "s" }
         ),
-        AuditEvent::Done { answer } => answer.clone(),
-        AuditEvent::Failed { error } => error.clone(),
+        AuditEvent::Done { answer } => Plain(answer).to_string(),
+        AuditEvent::Failed { error } => Plain(error).to_string(),
     }
 }
 
@@ -411,7 +717,7 @@ fn clip(text: &str) -> String {
     }
 }
 
-fn join<T: std::fmt::Display>(items: &[T]) -> String {
+fn join<T: fmt::Display>(items: &[T]) -> String {
     items
         .iter()
         .map(|i| i.to_string())
@@ -424,7 +730,10 @@ pub fn history(h: &History) -> String {
     let _ = writeln!(
         out,
         "run {} ({}) for {}: {}",
-        h.run.id, h.run.status, h.run.requested_by, h.run.task
+        h.run.id,
+        h.run.status,
+        h.run.requested_by,
+        Plain(&h.run.task)
     );
     let tools = h
         .actions
@@ -439,18 +748,30 @@ pub fn history(h: &History) -> String {
             out,
             "{at}  {:<10} {:<8} {}",
             entry.event.name(),
-            entry.actor.to_string(),
+            Plain(&entry.actor).to_string(),
             event_line(entry, &tools)
         );
     }
     out
 }
 
-/// Payments made, then claims declined.
-pub fn ledger(payments: &[Settlement], declined: &[Settlement]) -> String {
+/// The expense example's ledger: payments made, then claims declined. `expense` says whether
+/// this process has the expense agent at all; the ledger knows nothing of other agents' calls.
+pub fn ledger(payments: &[Settlement], declined: &[Settlement], expense: bool) -> String {
     let mut out = String::new();
-    if payments.is_empty() {
-        out.push_str("No payment has been made.\n");
+    if payments.is_empty() && declined.is_empty() {
+        out.push_str(match expense {
+            true => {
+                "The expense example's ledger is empty: no claim has been paid or declined. \
+                 (It holds only the expense agent's claims; other agents' calls are in \
+                 countersign audit.)\n"
+            }
+            false => {
+                "There is no expense ledger here: the expense example is not loaded (see \
+                 --agents). Other agents' calls are in countersign audit.\n"
+            }
+        });
+        return out;
     }
     let mut total = 0;
     for s in payments {
@@ -459,33 +780,113 @@ pub fn ledger(payments: &[Settlement], declined: &[Settlement]) -> String {
             let _ = writeln!(
                 out,
                 "{}  {:<6} {:>10}  by {} in {}",
-                s.claim_id,
+                Plain(&s.claim_id),
                 s.employee.to_string(),
                 amount.to_string(),
-                s.idempotency_key,
+                Plain(&s.idempotency_key),
                 s.run_id
             );
         }
     }
-    if !payments.is_empty() {
-        let total = shared::domain::money::Amount::from_cents(total).expect("a sum of amounts");
-        let _ = writeln!(
-            out,
-            "{:<13} {:>10}  in {} payment{}",
-            "total",
-            total.to_string(),
-            payments.len(),
-            if payments.len() == 1 { "" } else { "s" }
-        );
+    match payments.len() {
+        0 => out.push_str("No claim has been paid.\n"),
+        n => {
+            let total = shared::domain::money::Amount::from_cents(total).expect("a sum of amounts");
+            let _ = writeln!(
+                out,
+                "{:<13} {:>10}  in {n} payment{}",
+                "total",
+                total.to_string(),
+                if n == 1 { "" } else { "s" }
+            );
+        }
     }
     for s in declined {
         if let SettlementOutcome::Declined { reason } = &s.outcome {
             let _ = writeln!(
                 out,
-                "declined {}  {}: {reason}  by {}",
-                s.claim_id, s.employee, s.idempotency_key
+                "declined {}  {}: {}  by {}",
+                Plain(&s.claim_id),
+                s.employee,
+                Plain(reason),
+                Plain(&s.idempotency_key)
             );
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_text_shows_its_control_characters_escaped() {
+        let text = "ok\u{1b}[2J\u{1b}]0;title\u{7}\rapproved by policy\nnext\t\u{9b}\u{202e}end";
+        assert_eq!(
+            Plain(text).to_string(),
+            "ok\\u{1b}[2J\\u{1b}]0;title\\u{7}\\rapproved by policy\\nnext\\t\\u{9b}\\u{202e}end"
+        );
+    }
+
+    #[test]
+    fn the_sweep_says_everything_it_did_and_nothing_was_due_only_when_it_did_nothing() {
+        let approval = |id: &str| ApprovalId::parse(id).unwrap();
+        let report = SweepReport {
+            reminded: vec![approval("ap-reminded")],
+            escalated: vec![approval("ap-escalated")],
+            redelivered: 2,
+            reconciled: vec!["act-1:1".into()],
+            unknown: vec!["act-2:1".into()],
+            abandoned: vec![RunId::parse("run-abandoned").unwrap()],
+            notices: shared::engine::NoticeReport {
+                sent: 3,
+                retrying: 1,
+                failed: 0,
+            },
+            ..SweepReport::default()
+        };
+        let swept = Swept {
+            report: &report,
+            expired: Vec::new(),
+            escalated: vec![(approval("ap-escalated"), Some(Role::parse("cfo").unwrap()))],
+        };
+
+        let text = sweep(&swept);
+
+        for line in [
+            "reminded ap-reminded: its deadline is near",
+            "escalated ap-escalated: the cfo role may decide it too",
+            "reconciled act-1:1: its tool said what became of it, and its run goes on",
+            "still unknown act-2:1: its tool is asked again later",
+            "delivered again 2 resume messages left undelivered: their runs go on",
+            "abandoned run-abandoned: the process driving it stopped, so it failed",
+            "notices: 3 sent, 1 to try again, 0 given up",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "{line:?} is not in:\n{text}"
+            );
+        }
+        assert!(!text.contains("Nothing"), "{text}");
+        let idle = SweepReport::default();
+        let nothing = Swept {
+            report: &idle,
+            expired: Vec::new(),
+            escalated: Vec::new(),
+        };
+        assert_eq!(sweep(&nothing), "Nothing was due.\n");
+    }
+
+    #[test]
+    fn a_whole_output_keeps_its_line_breaks_and_escapes_the_rest() {
+        assert_eq!(
+            terminal("one\u{1b}[1m\ntwo\u{7}\r\n"),
+            "one\\u{1b}[1m\ntwo\\u{7}\\r\n"
+        );
+        assert_eq!(
+            terminal("plain, ünïcode, “quoted”\n"),
+            "plain, ünïcode, “quoted”\n"
+        );
+    }
 }

@@ -62,7 +62,7 @@ pub async fn run(local: &Local, once: bool) -> Result<Output, Failure> {
                     }
                     let line = match &report {
                         shared::engine::ResumeReport::Continued { run }
-                        | shared::engine::ResumeReport::Held { run } => render::run(run),
+                        | shared::engine::ResumeReport::Held { run } => render::run(run, None),
                         shared::engine::ResumeReport::Ignored { reason } => {
                             format!("{}: nothing to do ({reason})\n", message.key())
                         }
@@ -72,7 +72,10 @@ pub async fn run(local: &Local, once: bool) -> Result<Output, Failure> {
                     };
                     text.push_str(&format!("resumed {}\n{line}", message.key()));
                     if !once {
-                        print!("resumed {}\n{line}", message.key());
+                        print!(
+                            "{}",
+                            render::terminal(&format!("resumed {}\n{line}", message.key()))
+                        );
                     }
                     resumed.push(json!({"message": message, "report": report}));
                 }

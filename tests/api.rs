@@ -782,3 +782,74 @@ async fn the_server_sweeps_on_its_own_so_an_unanswered_approval_expires_and_the_
         .await;
     assert_eq!(events, ["proposed", "expired"]);
 }
+
+#[tokio::test]
+async fn each_approval_names_its_task_and_what_was_decided_lately_says_by_whom_and_how_the_call_ended()
+ {
+    let server = Server::start("decided");
+    let c102 = server.paused_run("ben", "c-102", None).await;
+    let c104 = server.paused_run("chen", "c-104", None).await;
+
+    let waiting = server.get("/approvals", "dana").await;
+    assert_eq!(waiting.status, 200, "{}", waiting.json);
+    let card = item_where(&waiting.json["approvals"], "id", &c102.approval);
+    assert_eq!(card["agent"], "expense");
+    assert_eq!(card["task"], "Process expense claim c-102.");
+    assert_eq!(
+        server.approval(&c104.approval).await["task"],
+        "Process expense claim c-104."
+    );
+    let nothing = server.get("/approvals/decided", "dana").await;
+    assert_eq!(nothing.status, 200, "{}", nothing.json);
+    assert_eq!(nothing.json["approvals"], json!([]));
+
+    // dana approves c-102 (paid), then erin rejects c-104.
+    server.dana_approves(&c102.approval).await;
+    let reject = json!({"decision_id": "erin-1", "action_version": 1, "choice": "reject", "reason": "No receipt."});
+    server.decided("erin", &c104.approval, reject).await;
+
+    let decided = server.get("/approvals/decided", "chen").await;
+
+    assert_eq!(decided.status, 200, "{}", decided.json);
+    let listed = &decided.json["approvals"];
+    assert_eq!(texts(listed, "id"), [&c104.approval, &c102.approval]);
+    let rejected = &listed[0];
+    assert_eq!(rejected["status"], "rejected");
+    assert_eq!(rejected["task"], "Process expense claim c-104.");
+    assert_eq!(rejected["decisions"][0]["by"], "erin");
+    assert_eq!(rejected["decisions"][0]["reason"], "No receipt.");
+    assert_eq!(rejected["call"]["status"], "rejected");
+    let approved = &listed[1];
+    assert_eq!(approved["decisions"][0]["by"], "dana");
+    assert_eq!(approved["call"]["status"], "succeeded");
+    assert_eq!(approved["call"]["version"], 1);
+    assert!(
+        approved["call"]["result"]["content"]
+            .as_str()
+            .unwrap()
+            .contains("$250.00"),
+        "{approved}"
+    );
+    assert!(approved.get("snapshot").is_none(), "nothing to decide");
+
+    // Bounded; another tenant's reviewer sees none of it; bad limits and parameters are refused.
+    let newest = server.get("/approvals/decided?limit=1", "dana").await;
+    assert_eq!(texts(&newest.json["approvals"], "id"), [&c104.approval]);
+    let globex = server.get("/approvals/decided", "zoe").await;
+    assert_eq!(globex.json["approvals"], json!([]));
+    for (query, code) in [
+        ("limit=0", "invalid_field"),
+        ("limit=51", "invalid_field"),
+        ("limit=ten", "invalid_field"),
+        ("since=yesterday", "unknown_field"),
+    ] {
+        let refused = server
+            .get(&format!("/approvals/decided?{query}"), "dana")
+            .await;
+        assert_refused(&refused, 400, code);
+    }
+    let anonymous = server
+        .send(reqwest::Method::GET, "/approvals/decided", None, None)
+        .await;
+    assert_refused(&anonymous, 401, "missing_token");
+}

@@ -988,3 +988,70 @@ async fn a_recovery_owner_answers_an_unknown_refund_in_the_page_and_the_run_ends
     assert_eq!(audit["run"]["status"], "done", "{audit}");
     mia.close().await;
 }
+
+#[tokio::test]
+async fn each_card_names_its_agent_and_task_and_what_was_decided_shows_who_decided_and_how_the_call_ended()
+ {
+    // Two agents share one review list: ben's expense claim and sam's refund.
+    let (server, c102, mut driver) = under_review("decided", "ben", "c-102").await;
+    let task = "Refund USD 125 for order ord_55: the blender arrived damaged.";
+    let refund = server.start_agent("sam", "refunds", task).await;
+    assert_eq!(refund.status, 201, "{}", refund.json);
+    let refund = card(refund.json["approvals"][0]["id"].as_str().unwrap());
+    let dana = driver.signed_in(&server, "dana").await;
+    let item = card(&c102.approval);
+
+    let claim = dana
+        .text_containing(&format!("{item} .task"), "Process expense claim c-102.")
+        .await;
+    assert_eq!(claim, "Process expense claim c-102.");
+    assert_eq!(dana.text(&format!("{item} .agent")).await, "expense");
+    assert_eq!(dana.text(&format!("{refund} .task")).await, task);
+    assert_eq!(dana.text(&format!("{refund} .agent")).await, "refunds");
+    dana.text_containing(
+        "#decided-section",
+        "Nothing was decided in your organisation yet.",
+    )
+    .await;
+
+    // When dana approves the claim, it leaves the queue for the recently decided list.
+    dana.decide_card(&item, "button.approve", "You approved reimburse version 1")
+        .await;
+
+    let decided = format!("[data-decided-id=\"{}\"]", c102.approval);
+    let shown = dana
+        .text_containing(&decided, "dana approved version 1")
+        .await;
+    for expected in [
+        "Approved",
+        "expense",
+        "Process expense claim c-102.",
+        "Version 1 succeeded",
+    ] {
+        assert!(
+            shown.contains(expected),
+            "{expected:?} is not shown:\n{shown}"
+        );
+    }
+    assert!(
+        shown.contains("$250.00"),
+        "what the call came back with:\n{shown}"
+    );
+    dana.close().await;
+
+    // Then erin, arriving later (from a notice's link, say), reads who decided it and how it
+    // ended, and its audit trail is one click away.
+    let erin = driver.signed_in(&server, "erin").await;
+    erin.text_containing(&decided, "dana approved version 1")
+        .await;
+    erin.click(&format!("{decided} button.audit-link")).await;
+    let audit = erin
+        .text_containing(
+            "#audit:not([hidden])",
+            &format!("Audit trail of run {}", c102.run),
+        )
+        .await;
+    assert!(audit.contains("done"), "{audit}");
+    erin.close().await;
+    assert_eq!(server.payments(), [("c-102".to_string(), 25_000)]);
+}

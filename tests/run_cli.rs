@@ -5,29 +5,12 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::fresh_path;
+use common::agents::TempDir;
 use common::orders::OrdersService;
 use common::{Countersign, only_approval};
 use serde_json::json;
 
 const TASK: &str = "Refund USD 125 for order ord_55: the blender arrived damaged.";
-
-/// A directory removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let dir = fresh_path(&format!("countersign-{name}"));
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// The shipped refunds definition copied into `into/returns`, renamed "returns": a team's own
 /// agent, two files and no Rust.
@@ -130,35 +113,6 @@ fn a_teams_own_definition_directory_runs_and_its_approval_is_decided_by_a_later_
     orders.only_refund("ord_55", 12_500, &key);
 }
 
-const BONUSES_AGENT: &str = r#"name = "bonuses"
-system_prompt = "You pay the bonuses a manager asks for."
-
-[model]
-provider = "scripted"
-offline = "script.toml"
-
-[tools.pay_bonus]
-description = "Pays an employee a bonus, in cents."
-input_schema = { type = "object", properties = { employee = { type = "string" }, amount_cents = { type = "integer", minimum = 1 } }, required = ["employee", "amount_cents"], additionalProperties = false }
-claimant = "employee"
-
-[tools.pay_bonus.http]
-method = "POST"
-url = "http://127.0.0.1:9/bonuses"
-timeout = "1s"
-"#;
-
-const BONUSES_POLICY: &str = r#"name = "bonuses"
-version = 1
-default_ttl = "1h"
-
-[tools.pay_bonus]
-decision = "approve"
-approver_role = "finance_manager"
-quorum = 1
-reason = "Every bonus needs a finance manager."
-"#;
-
 const BONUSES_SCRIPT: &str = r#"[[turns]]
 say = "Mia's bonus, as asked."
 calls = [{ tool = "pay_bonus", args = { employee = "mia", amount_cents = 50000 } }]
@@ -167,54 +121,14 @@ calls = [{ tool = "pay_bonus", args = { employee = "mia", amount_cents = 50000 }
 say = "The bonus came back: {last_result}"
 "#;
 
-const BONUSES_PEOPLE: &str = r#"[[people]]
-name = "sam"
-tenant = "acme"
-roles = ["employee"]
-
-[[people]]
-name = "mia"
-tenant = "acme"
-roles = ["employee", "finance_manager"]
-
-[[people]]
-name = "max"
-tenant = "acme"
-roles = ["employee", "finance_manager"]
-"#;
-
-/// A team's bonuses agent, written as data: `pay_bonus` names in `employee` a person who may not
-/// approve their own bonus (`claimant`), whoever asked for it.
-fn bonuses_agent(into: &Path) -> PathBuf {
-    let dir = into.join("bonuses");
-    std::fs::create_dir_all(&dir).unwrap();
-    for (path, text) in [
-        (dir.join("agent.toml"), BONUSES_AGENT),
-        (dir.join("policy.toml"), BONUSES_POLICY),
-        (dir.join("script.toml"), BONUSES_SCRIPT),
-        (into.join("people.toml"), BONUSES_PEOPLE),
-    ] {
-        std::fs::write(path, text).unwrap();
-    }
-    dir
-}
-
 #[test]
 fn a_definition_names_the_argument_whose_person_may_not_approve_the_call() {
     let definitions = TempDir::new("run-claimant");
-    let bonuses = bonuses_agent(&definitions.0);
+    let bonuses = definitions.bonuses_agent(BONUSES_SCRIPT);
     let cs = Countersign::fresh("run-claimant").with_env(vec![
         ("COUNTERSIGN_STORE", "embedded".to_string()),
-        ("COUNTERSIGN_AGENTS", bonuses.to_str().unwrap().to_string()),
-        (
-            "COUNTERSIGN_PEOPLE",
-            definitions
-                .0
-                .join("people.toml")
-                .to_str()
-                .unwrap()
-                .to_string(),
-        ),
+        ("COUNTERSIGN_AGENTS", bonuses),
+        ("COUNTERSIGN_PEOPLE", definitions.people()),
     ]);
 
     // Given sam asks for a bonus for mia, a finance manager herself.

@@ -2,6 +2,7 @@
 
 #![allow(dead_code)]
 
+pub mod agents;
 pub mod orders;
 pub mod server;
 pub mod walkthrough;
@@ -56,6 +57,13 @@ pub struct Countersign {
     env: Vec<(&'static str, String)>,
 }
 
+/// What a command printed for people.
+pub struct Printed {
+    pub exit: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
 pub struct Ran {
     pub exit: i32,
     pub json: Value,
@@ -77,15 +85,23 @@ impl Countersign {
         self
     }
 
-    pub fn run(&self, args: &[&str]) -> Ran {
-        let output = Command::new(env!("CARGO_BIN_EXE_countersign"))
+    /// `countersign ARGS` over this state directory, with this harness's variables.
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_countersign"));
+        command
             .args(args)
-            .arg("--json")
             .arg("--state")
             .arg(&self.state)
             .env_remove("ANTHROPIC_API_KEY")
             .env_remove("COUNTERSIGN_AGENTS")
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .envs(self.env.iter().map(|(k, v)| (k, v)));
+        command
+    }
+
+    pub fn run(&self, args: &[&str]) -> Ran {
+        let output = self
+            .command(args)
+            .arg("--json")
             .output()
             .expect("countersign runs");
         let stdout = String::from_utf8_lossy(&output.stdout);
@@ -95,6 +111,24 @@ impl Countersign {
             json,
             stderr: String::from_utf8_lossy(&output.stderr).into(),
         }
+    }
+
+    /// `countersign ARGS` as a person runs it, without `--json`: what it printed.
+    pub fn print(&self, args: &[&str]) -> Printed {
+        let output = self.command(args).output().expect("countersign runs");
+        Printed {
+            exit: output.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&output.stdout).into(),
+            stderr: String::from_utf8_lossy(&output.stderr).into(),
+        }
+    }
+
+    /// [`Countersign::print`] of a command that must succeed: its stdout.
+    #[track_caller]
+    pub fn printed(&self, args: &[&str]) -> String {
+        let printed = self.print(args);
+        assert_eq!(printed.exit, 0, "{args:?} failed: {}", printed.stderr);
+        printed.stdout
     }
 
     pub fn ok(&self, args: &[&str]) -> Value {

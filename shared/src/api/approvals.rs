@@ -1,7 +1,8 @@
-//! Approvals: what waits in the caller's tenant, one approval in full, and deciding it.
+//! Approvals: what waits in the caller's tenant, what was decided lately, one approval in
+//! full, and deciding it.
 
 use axum::Json;
-use axum::extract::State;
+use axum::extract::{RawQuery, State};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -9,11 +10,12 @@ use serde_json::Value;
 use super::DecideState;
 use super::error::ApiError;
 use super::extract::{Caller, IdPath, JsonBody};
+use crate::domain::action::Action;
 use crate::domain::approval::{Approval, Choice, DecisionRequest};
-use crate::domain::ids::{ActionVersion, ApprovalId, DecisionId, PersonId};
+use crate::domain::ids::{ActionVersion, ApprovalId, DecisionId, PersonId, TenantId};
 use crate::domain::money::Amount;
 use crate::domain::policy::{EditDirection, Policy, ToolRule};
-use crate::engine::{DecisionReport, Engine, Shown};
+use crate::engine::{DecisionReport, Engine, MAX_RESOLVED, Shown};
 
 /// An approval as a reviewer reads it: the stored approval (exact call, version, args hash,
 /// explanation, reason, deadline, decisions, previous version) and what it still needs.
@@ -29,6 +31,9 @@ pub struct ApprovalView {
     pub editable_amount: Option<EditableAmount>,
     /// The deadline passed; a decision now expires it.
     pub overdue: bool,
+    /// What the run was asked to do, so a reviewer knows what the call is for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub task: Option<String>,
     /// The approval as shown here, opaque: a decision that sends it back is decided in one
     /// conditional write while the approval is still exactly this (it is read again if not).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -51,6 +56,7 @@ impl ApprovalView {
             editable_amount: policy.and_then(|policy| editable_amount(policy, &approval)),
             overdue: approval.is_overdue(now),
             approval,
+            task: None,
             snapshot: None,
         }
     }
@@ -87,6 +93,19 @@ pub struct ApprovalList {
     pub now: DateTime<Utc>,
 }
 
+/// Each view with its run's task, one read per run. A task that cannot be read is left out:
+/// the approval is still shown, and a comment already written is still answered.
+async fn with_tasks(engine: &Engine, tenant: &TenantId, views: &mut [&mut ApprovalView]) {
+    let runs = views.iter().map(|v| &v.approval.run_id);
+    let tasks = engine.tasks(tenant, runs).await.unwrap_or_else(|error| {
+        tracing::warn!(%error, "the runs' tasks were not read");
+        Default::default()
+    });
+    for view in views.iter_mut() {
+        view.task = tasks.get(&view.approval.run_id).cloned();
+    }
+}
+
 /// `GET /approvals`: what waits for a decision in the caller's tenant, soonest deadline first.
 pub(super) async fn list(
     State(state): State<DecideState>,
@@ -95,13 +114,17 @@ pub(super) async fn list(
     let now = state.engine.now();
     let approvals = state.engine.pending_shown(&who.tenant).await?;
     let engine = &state.engine;
-    Ok(Json(ApprovalList {
-        approvals: approvals
-            .into_iter()
-            .map(|a| ApprovalView::shown(a, engine, now))
-            .collect(),
-        now,
-    }))
+    let mut approvals: Vec<ApprovalView> = approvals
+        .into_iter()
+        .map(|a| ApprovalView::shown(a, engine, now))
+        .collect();
+    with_tasks(
+        engine,
+        &who.tenant,
+        &mut approvals.iter_mut().collect::<Vec<_>>(),
+    )
+    .await;
+    Ok(Json(ApprovalList { approvals, now }))
 }
 
 /// `GET /approvals/{id}`.
@@ -112,11 +135,82 @@ pub(super) async fn read(
 ) -> Result<Json<ApprovalView>, ApiError> {
     let shown = state.engine.approval_shown(&who.tenant, &id).await?;
     record_run(&shown.approval);
-    Ok(Json(ApprovalView::shown(
-        shown,
-        &state.engine,
-        state.engine.now(),
-    )))
+    let mut view = ApprovalView::shown(shown, &state.engine, state.engine.now());
+    with_tasks(&state.engine, &who.tenant, &mut [&mut view]).await;
+    Ok(Json(view))
+}
+
+/// An approval that no longer waits, as the review page's "recently decided" view reads it:
+/// what was decided and by whom (its decisions), and how the call ended.
+#[derive(Debug, Serialize)]
+pub struct DecidedView {
+    #[serde(flatten)]
+    pub view: ApprovalView,
+    /// The call as it stands now: the version the approval let run (an edit's new one), or the
+    /// one it stopped, with its status and what it came back with.
+    pub call: Option<Action>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DecidedList {
+    pub approvals: Vec<DecidedView>,
+    pub now: DateTime<Utc>,
+}
+
+/// How many resolved approvals `GET /approvals/decided` lists without a `limit`.
+const DECIDED_BY_DEFAULT: usize = 20;
+
+/// `GET /approvals/decided?limit=N`: the caller's tenant's approvals resolved most recently,
+/// newest first, each with its run's task and how its call ended.
+pub(super) async fn decided(
+    State(state): State<DecideState>,
+    Caller(who): Caller,
+    RawQuery(query): RawQuery,
+) -> Result<Json<DecidedList>, ApiError> {
+    let limit = decided_limit(query.as_deref().unwrap_or_default())?;
+    let now = state.engine.now();
+    let resolved = state.engine.recently_decided(&who.tenant, limit).await?;
+    let mut approvals: Vec<DecidedView> = resolved
+        .into_iter()
+        .map(|r| DecidedView {
+            view: ApprovalView::of(r.approval, &state.engine, now),
+            call: r.call,
+        })
+        .collect();
+    let mut views: Vec<&mut ApprovalView> = approvals.iter_mut().map(|d| &mut d.view).collect();
+    with_tasks(&state.engine, &who.tenant, &mut views).await;
+    Ok(Json(DecidedList { approvals, now }))
+}
+
+/// The `limit` of `GET /approvals/decided`: a whole number from 1 to [`MAX_RESOLVED`], the
+/// query's only parameter.
+fn decided_limit(query: &str) -> Result<usize, ApiError> {
+    let pairs: Vec<(String, String)> = serde_urlencoded::from_str(query)
+        .map_err(|_| ApiError::bad_request("invalid_field", "the query string does not parse"))?;
+    let mut limit = DECIDED_BY_DEFAULT;
+    for (name, value) in pairs {
+        match name.as_str() {
+            "limit" => {
+                limit = value
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=MAX_RESOLVED).contains(n))
+                    .ok_or_else(|| {
+                        ApiError::bad_request(
+                            "invalid_field",
+                            format!("limit is a whole number from 1 to {MAX_RESOLVED}"),
+                        )
+                    })?;
+            }
+            _ => {
+                return Err(ApiError::bad_request(
+                    "unknown_field",
+                    format!("{name} is not a parameter of this list; it takes limit"),
+                ));
+            }
+        }
+    }
+    Ok(limit)
 }
 
 fn record_run(approval: &Approval) {
@@ -257,14 +351,9 @@ pub(super) async fn comment(
     let shown = state.engine.comment(&who, &id, &body.text).await?;
     record_run(&shown.approval);
     tracing::info!("commented");
-    Ok((
-        axum::http::StatusCode::CREATED,
-        Json(ApprovalView::shown(
-            shown,
-            &state.engine,
-            state.engine.now(),
-        )),
-    ))
+    let mut view = ApprovalView::shown(shown, &state.engine, state.engine.now());
+    with_tasks(&state.engine, &who.tenant, &mut [&mut view]).await;
+    Ok((axum::http::StatusCode::CREATED, Json(view)))
 }
 
 /// `POST /approvals/{id}/decisions`: approve, edit (a lower amount) or reject one version.

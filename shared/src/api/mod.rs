@@ -2,8 +2,8 @@
 //! and served directly by `countersign serve` in the local mode. `openapi.yaml` beside this file
 //! documents it.
 //!
-//! - [`router`]: the decide routes (list, read and decide approvals; cancel a run; read its
-//!   audit) and the review page (`GET /`, `GET /review/{file}`, no token needed), hosted by the
+//! - [`router`]: the decide routes (list, read and decide approvals, list the ones decided
+//!   lately; cancel a run; read its audit) and the review page (`GET /`, `GET /review/{file}`, no token needed), hosted by the
 //!   decide function.
 //! - [`start_routes`]: `POST /runs`, hosted by the start function.
 //! - [`local_router`]: both, for the local server, and its development sign-in (`/dev/...`).
@@ -84,6 +84,7 @@ fn decide_part(
 ) -> Router {
     let mut router = Router::new()
         .route("/approvals", get(approvals::list))
+        .route("/approvals/decided", get(approvals::decided))
         .route("/approvals/{id}", get(approvals::read))
         .route("/approvals/{id}/decisions", post(approvals::decide))
         .route("/approvals/{id}/comments", post(approvals::comment))
@@ -147,9 +148,9 @@ async fn protect_response(mut response: Response) -> Response {
     response
 }
 
-/// The decide API: `GET /approvals`, `GET /approvals/{id}`, `POST /approvals/{id}/decisions`,
-/// `POST /runs/{id}/cancel`, `GET /runs/{id}/audit`; and the review page, `GET /` and
-/// `GET /review/{file}`.
+/// The decide API: `GET /approvals`, `GET /approvals/decided`, `GET /approvals/{id}`,
+/// `POST /approvals/{id}/decisions`, `POST /runs/{id}/cancel`, `GET /runs/{id}/audit`; and the
+/// review page, `GET /` and `GET /review/{file}`.
 pub fn router(engine: Arc<Engine>, auth: Arc<dyn Authenticate>) -> Router {
     finish(decide_part(engine, auth, None, Background::default()))
 }
@@ -240,6 +241,7 @@ mod tests {
             "/dev/people:",
             "/dev/token:",
             "/approvals:",
+            "/approvals/decided:",
             "/approvals/{id}:",
             "/approvals/{id}/decisions:",
             "/runs:",

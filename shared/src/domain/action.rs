@@ -85,13 +85,14 @@ impl NotExecuted<'_> {
             NotExecuted::OverTurnLimit { limit } => {
                 (format!("at most {limit} calls per turn."), false)
             }
-            NotExecuted::BadArguments { why } => (format!("{why}."), false),
+            NotExecuted::BadArguments { why } => (sentence(why), false),
             NotExecuted::Denied { reason } => {
                 (format!("policy denies this call ({reason})."), true)
             }
-            NotExecuted::Rejected { by, reason } => {
-                (format!("{by} rejected this call: {reason}."), true)
-            }
+            NotExecuted::Rejected { by, reason } => (
+                sentence(&format!("{by} rejected this call: {reason}")),
+                true,
+            ),
             NotExecuted::Expired { deadline } => (
                 format!(
                     "nobody decided before the deadline ({deadline}), so the approval expired."
@@ -111,6 +112,15 @@ impl NotExecuted<'_> {
             why.trim_end_matches(Self::DO_NOT_RETRY)
                 .trim_end_matches('.'),
         )
+    }
+}
+
+/// `text` ending in one full stop, whether or not a person's words already had one.
+fn sentence(text: &str) -> String {
+    let text = text.trim_end();
+    match text.ends_with(['.', '!', '?']) {
+        true => text.to_string(),
+        false => format!("{text}."),
     }
 }
 
@@ -445,5 +455,22 @@ pub(crate) mod tests {
                 .is_err()
         );
         assert!(a.approve(vec![], Utc::now()).is_err());
+    }
+
+    #[test]
+    fn a_reason_with_its_own_full_stop_is_told_with_one() {
+        let told = |reason: &str| NotExecuted::Rejected { by: "mia", reason }.told();
+        let expected =
+            "Not executed: mia rejected this call: Retention team calls first. Do not retry it.";
+        assert_eq!(told("Retention team calls first."), expected);
+        assert_eq!(told("Retention team calls first"), expected);
+        assert_eq!(
+            told("Why now?"),
+            "Not executed: mia rejected this call: Why now? Do not retry it."
+        );
+        assert_eq!(
+            NotExecuted::reason_in(expected),
+            Some("mia rejected this call: Retention team calls first")
+        );
     }
 }

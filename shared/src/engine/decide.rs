@@ -40,6 +40,18 @@ pub struct DecisionReport {
 
 const MAX_TEXT: usize = 2_000;
 
+/// What an edited version says for itself: its editor's note, or what the editor changed. The
+/// agent's words were about the version it proposed, not this one.
+fn edited_explanation(decision: &Decision) -> String {
+    match &decision.choice {
+        Choice::Edit {
+            note: Some(note), ..
+        } if !note.trim().is_empty() => note.trim().to_string(),
+        Choice::Edit { amount, .. } => format!("{} lowered the amount to {amount}.", decision.by),
+        _ => String::new(),
+    }
+}
+
 impl Engine {
     /// Decides an approval for an authenticated person. Refusals write nothing, except a late
     /// decision, which expires the approval.
@@ -448,7 +460,7 @@ impl Engine {
             tool_use_id: approval.tool_use_id.clone(),
             tool: approval.tool.clone(),
             args,
-            explanation: approval.explanation.clone(),
+            explanation: edited_explanation(decision),
         };
         // The next version passes the gate every proposed call passes, before policy.
         if let Err(unfit) = agent.check_call(&proposal.tool, proposal.args.as_value()) {

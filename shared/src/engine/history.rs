@@ -1,6 +1,6 @@
 //! Reading what happened: pending approvals, one approval, a run's full history.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::Serialize;
 
@@ -8,11 +8,28 @@ use super::records::{Stored, decode, held_by_action, held_by_approval, keys, run
 use super::snapshot::Shown;
 use super::{Engine, EngineError};
 use crate::domain::action::{Action, ActionStatus};
-use crate::domain::approval::{Approval, ApprovalStatus};
+use crate::domain::approval::{Approval, ApprovalStatus, DecisionEffect};
 use crate::domain::audit::{AuditEntry, AuditEvent};
 use crate::domain::ids::{ActionId, ActionVersion, ApprovalId, RunId, TenantId};
 use crate::domain::run::Run;
 use crate::ports::store::{Item, query_all};
+
+/// An approval that no longer waits, with its call as it stands now: the version it let run
+/// (an edit's new one) or the one it stopped. What a reviewer arriving late reads.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Resolved {
+    pub approval: Approval,
+    pub call: Option<Action>,
+}
+
+/// The most resolved approvals one read lists.
+pub const MAX_RESOLVED: usize = 50;
+
+/// The one field of a run's item a reviewer's list reads.
+#[derive(serde::Deserialize)]
+struct TaskOf {
+    task: String,
+}
 
 /// One run's history, reconstructed from the audit log and the records.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -60,6 +77,35 @@ impl Engine {
         }
     }
 
+    /// The tenant's approvals resolved most recently (decided, expired, cancelled, answered),
+    /// newest first: at most `limit`, up to [`MAX_RESOLVED`]. One page of the tenant's
+    /// resolved list, then one read of each approval's call.
+    pub async fn recently_decided(
+        &self,
+        tenant: &TenantId,
+        limit: usize,
+    ) -> Result<Vec<Resolved>, EngineError> {
+        let limit = limit.clamp(1, MAX_RESOLVED);
+        let page = self
+            .store
+            .query_index(&keys::decided_index(tenant), "", "\u{10FFFF}", None, limit)
+            .await?;
+        let mut resolved = Vec::with_capacity(page.items.len());
+        for item in &page.items {
+            let approval = decode::<Approval>(item)?.value;
+            let version = match approval.decisions.last().map(|d| &d.effect) {
+                Some(DecisionEffect::Edited { new_version }) => *new_version,
+                _ => approval.action_version,
+            };
+            let call = self
+                .load_action(tenant, &approval.run_id, &approval.action_id, version)
+                .await?
+                .map(|stored| stored.value);
+            resolved.push(Resolved { approval, call });
+        }
+        Ok(resolved)
+    }
+
     pub async fn approval(
         &self,
         tenant: &TenantId,
@@ -76,6 +122,26 @@ impl Engine {
         stored
             .map(|s| s.value)
             .ok_or_else(|| EngineError::not_found(format!("run {id}")))
+    }
+
+    /// The task of each of these runs, so a reviewer reads what an approval is for: one read
+    /// of each run's own item, not its log. A run that is not found is left out.
+    pub async fn tasks<'a>(
+        &self,
+        tenant: &TenantId,
+        runs: impl IntoIterator<Item = &'a RunId>,
+    ) -> Result<BTreeMap<RunId, String>, EngineError> {
+        let mut tasks = BTreeMap::new();
+        for run in runs.into_iter().collect::<BTreeSet<_>>() {
+            let item = self
+                .store
+                .get(&keys::run_pk(tenant, run), keys::RUN_SK)
+                .await?;
+            if let Some(item) = item {
+                tasks.insert(run.clone(), decode::<TaskOf>(&item)?.value.task);
+            }
+        }
+        Ok(tasks)
     }
 
     pub async fn history(&self, tenant: &TenantId, id: &RunId) -> Result<History, EngineError> {

@@ -24,7 +24,7 @@ pub use agents::{Agent, Agents, Limits, Unfit};
 pub use decide::DecisionReport;
 pub use drive::StartRun;
 pub use error::{EngineError, ErrorKind};
-pub use history::History;
+pub use history::{History, MAX_RESOLVED, Resolved};
 pub use notify::{DEFAULT_REMIND_BEFORE, MAX_NOTICE_ATTEMPTS, NoticeReport};
 pub use resume::ResumeReport;
 pub use snapshot::{Shown, Snapshot};

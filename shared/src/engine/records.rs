@@ -84,6 +84,28 @@ pub mod keys {
         }
     }
 
+    /// Resolved approvals of a tenant, the newest first.
+    pub fn decided_index(tenant: &TenantId) -> String {
+        format!("TENANT#{tenant}#DECIDED")
+    }
+
+    /// A resolved approval in its tenant's list of them. The key sorts the newest first (the
+    /// milliseconds from `resolved_at` to a far date) and is short: it is written on the
+    /// approval's item, which stays within one write unit once decided.
+    pub fn decided(tenant: &TenantId, resolved_at: DateTime<Utc>) -> IndexKey {
+        IndexKey {
+            pk: decided_index(tenant),
+            sk: newest_first(resolved_at),
+        }
+    }
+
+    /// A time as a key that sorts later times first: fixed width, milliseconds.
+    pub fn newest_first(at: DateTime<Utc>) -> String {
+        // 2286-11-20T17:46:39.999Z: the last millisecond thirteen digits hold.
+        const FAR: i64 = 9_999_999_999_999;
+        format!("{:013}", (FAR - at.timestamp_millis()).clamp(0, FAR))
+    }
+
     /// The partition of a sharded index that holds the record `id`: the same one every time,
     /// so a record that is rewritten (a lease that moves, a notice retried) stays in it.
     pub fn shard_pk(index: &str, shards: IndexShards, id: &str) -> String {
@@ -239,10 +261,19 @@ pub(crate) fn run_index(shards: IndexShards, run: &Run) -> Option<IndexKey> {
         .then(|| keys::lease(shards, &run.tenant, &run.id, run.updated_at + RUN_LEASE))
 }
 
-/// The index entry of an approval: its tenant's pending list, by deadline, while it waits.
+/// The index entry of an approval: its tenant's pending list, by deadline, while it waits;
+/// then its tenant's resolved ones, newest first. Its write that resolves it moves the entry
+/// (one index unit more than leaving the pending list for nothing).
 pub(crate) fn approval_index(approval: &Approval) -> Option<IndexKey> {
-    (approval.status == ApprovalStatus::AwaitingApproval)
-        .then(|| keys::pending(&approval.tenant, approval.expires_at, &approval.id))
+    Some(match approval.status {
+        ApprovalStatus::AwaitingApproval => {
+            keys::pending(&approval.tenant, approval.expires_at, &approval.id)
+        }
+        _ => keys::decided(
+            &approval.tenant,
+            approval.resolved_at.unwrap_or(approval.created_at),
+        ),
+    })
 }
 
 /// Where an action version is kept: in its run's partition.
@@ -1499,6 +1530,26 @@ mod tests {
             write_units(&open.pk, open.sk.len(), open.gsi1.as_ref(), &open.body),
             1
         );
+    }
+
+    #[test]
+    fn a_resolved_approval_moves_from_its_tenants_pending_list_to_its_resolved_one_newest_first() {
+        let open = approval();
+        let pending = approval_item(&open)
+            .gsi1
+            .expect("a waiting approval is listed");
+        assert_eq!(pending.pk, keys::pending_index(&open.tenant));
+        let decided = decided(open, &[ActionVersion::FIRST]);
+        let resolved_at = decided.resolved_at.expect("resolved");
+        let listed = approval_item(&decided)
+            .gsi1
+            .expect("a resolved approval is listed");
+        assert_eq!(listed, keys::decided(&decided.tenant, resolved_at));
+        assert_eq!(listed.pk, format!("TENANT#{}#DECIDED", decided.tenant));
+        // Short and of one width, so a later resolution sorts first as text.
+        let later = keys::newest_first(resolved_at + chrono::Duration::milliseconds(1));
+        assert_eq!((listed.sk.len(), later.len()), (13, 13));
+        assert!(later < listed.sk, "{later} !< {}", listed.sk);
     }
 
     #[test]

@@ -408,8 +408,55 @@ async fn given_two_decisions_on_the_version_both_read_when_one_commits_first_the
     assert_eq!(stored.decisions.len(), 1);
 }
 
+async fn given_an_edited_and_a_rejected_approval_when_the_tenant_reads_what_was_decided_then_each_comes_newest_first_with_how_its_call_ended(
+    h: &Harness,
+) {
+    let (p, _, edited, _) = h.edited_by_dana("c-102", 200).await;
+    h.clock.advance(Duration::minutes(1));
+    let (_, c104) = h.start_paused(&p, "c-104").await;
+    h.decided(&p, "erin", &c104.id, reject("d-104", "No receipt."))
+        .await;
+    let (_, waiting) = h.start_paused(&p, "c-105").await;
+
+    let decided = p.recently_decided(&acme(), 10).await.unwrap();
+
+    // c-104's rejection, the newest; then c-102's version 1 (superseded by dana's edit) and
+    // the approval of version 2 her edit opened and approved, in either order (one instant).
+    let ids: Vec<&ApprovalId> = decided.iter().map(|d| &d.approval.id).collect();
+    assert_eq!(ids.len(), 3, "{ids:?}");
+    assert_eq!(ids[0], &c104.id);
+    assert!(!ids.contains(&&waiting.id), "what waits is not decided");
+    let rejected = &decided[0];
+    assert_eq!(rejected.approval.status, ApprovalStatus::Rejected);
+    assert_eq!(rejected.approval.decisions[0].by, person("erin"));
+    let stopped = rejected.call.as_ref().expect("its call");
+    assert_eq!(
+        (stopped.version, stopped.status),
+        (v(1), ActionStatus::Rejected)
+    );
+    let superseded = decided
+        .iter()
+        .find(|d| d.approval.id == edited.id)
+        .expect("version 1's approval");
+    assert_eq!(superseded.approval.status, ApprovalStatus::Superseded);
+    let ran = superseded.call.as_ref().expect("the edited call");
+    assert_eq!((ran.version, ran.status), (v(2), ActionStatus::Succeeded));
+    assert!(
+        ran.result.as_ref().unwrap().content.contains("$200.00"),
+        "{ran:?}"
+    );
+
+    // Bounded, and the tenant's own.
+    let newest = p.recently_decided(&acme(), 1).await.unwrap();
+    assert_eq!(newest.len(), 1);
+    assert_eq!(newest[0].approval.id, c104.id);
+    let globex = TenantId::parse("globex").unwrap();
+    assert!(p.recently_decided(&globex, 10).await.unwrap().is_empty());
+}
+
 // Each scenario on the embedded store and on DynamoDB (moto over HTTP).
 on_both_stores!([
+    given_an_edited_and_a_rejected_approval_when_the_tenant_reads_what_was_decided_then_each_comes_newest_first_with_how_its_call_ended,
     given_c101_a_small_taxi_when_the_agent_runs_then_it_is_paid_42_without_a_person,
     given_c102_lodging_over_the_limit_when_the_agent_runs_then_it_pauses_on_reimbursing_250,
     given_c101_was_paid_when_the_agent_runs_c103_then_it_pauses_on_declining_a_duplicate,

@@ -1,5 +1,6 @@
 // Countersign review page: sign in with a bearer token, read what waits for a decision in your
-// organisation, and approve, edit (lower only) or reject it through the HTTP API.
+// organisation, and approve, edit (lower only) or reject it through the HTTP API; below, what
+// was decided lately, by whom, and how each call ended.
 //
 // No framework and no build. The DOM is built with textContent only, so nothing the API returns
 // is ever parsed as HTML, and the Content-Security-Policy allows no inline code.
@@ -259,6 +260,7 @@ function signOut(message) {
   state.order = [];
   state.submissions.clear();
   $("approvals").replaceChildren();
+  $("decided").replaceChildren();
   $("queue").hidden = true;
   $("audit").hidden = true;
   $("whoami").hidden = true;
@@ -369,15 +371,18 @@ async function onTokenSignIn(event) {
 
 // ---------------------------------------------------------------- the queue
 
+/** Whether a list was read; if not, its error line says why (a 401 signs out). */
+function listed(reply, errorId) {
+  $(errorId).hidden = reply.ok;
+  if (reply.ok) return true;
+  if (reply.status === 401) signOut(describe(reply));
+  else $(errorId).textContent = describe(reply);
+  return false;
+}
+
 async function loadQueue() {
   const reply = await api("GET", "approvals");
-  if (!reply.ok) {
-    if (reply.status === 401) return signOut(describe(reply));
-    $("queue-error").textContent = describe(reply);
-    $("queue-error").hidden = false;
-    return;
-  }
-  $("queue-error").hidden = true;
+  if (!listed(reply, "queue-error")) return;
   state.skewMs = Date.parse(reply.data.now) - Date.now();
   const items = new Map();
   const order = [];
@@ -403,6 +408,102 @@ async function loadQueue() {
   state.order = order;
   renderQueue();
   showLinked();
+  await loadDecided();
+}
+
+// ---------------------------------------------------------------- recently decided
+
+/** How many decided approvals the page lists. */
+const DECIDED_SHOWN = 20;
+
+/** What was decided lately in the organisation, newest first. */
+async function loadDecided() {
+  const reply = await api("GET", `approvals/decided?limit=${DECIDED_SHOWN}`);
+  if (!listed(reply, "decided-error")) return;
+  const decided = reply.data.approvals;
+  $("decided").replaceChildren(...decided.map(decidedCard));
+  $("decided-empty").hidden = decided.length > 0;
+}
+
+/** The words for an approval nobody decided, by its status. */
+const UNDECIDED = {
+  expired: "Nobody decided before the deadline; the approval expired.",
+  cancelled: "The run was cancelled before anyone decided.",
+};
+
+/** How the call ended, or where it stands: its version, status and what it came back with. */
+function callText(call) {
+  if (!call) return "Not recorded.";
+  const told = call.result && call.result.content ? call.result.content : "";
+  const shortened = told.length > 300 ? `${told.slice(0, 300)}…` : told;
+  const version = `Version ${call.version}`;
+  switch (call.status) {
+    case "succeeded":
+      return `${version} succeeded: ${shortened}`;
+    case "failed":
+      return `${version} failed: ${shortened}`;
+    case "unknown":
+      return `${version}: the outcome is unknown; it is held for reconciliation.`;
+    case "approved":
+      return `${version} is approved and runs when its run resumes.`;
+    case "executing":
+      return `${version} is running.`;
+    case "awaiting_approval":
+      return `${version} waits for a decision.`;
+    case "superseded":
+      return `${version} was replaced by an edit.`;
+    default:
+      return `${version} did not run (${call.status.replace(/_/g, " ")}): ${shortened}`;
+  }
+}
+
+/** One decided approval: what, for which task, who decided what, and how the call ended. */
+function decidedCard(v) {
+  const id = v.id;
+  const facts = el("dl", { class: "facts" });
+  const fact = (term, cls, ...value) => facts.append(el("dt", { text: term }), el("dd", { class: cls }, ...value));
+  fact("Agent", "agent", v.agent || "");
+  fact("Task", "task", v.task || "(its run could not be read)");
+  const decisions = (v.decisions || []).map((d) => el("li", { text: decisionText(d) }));
+  fact(
+    "Decided",
+    "decisions",
+    decisions.length ? el("ul", {}, decisions) : UNDECIDED[v.status] || STATUS_LABELS[v.status] || v.status,
+  );
+  fact("The call", "call", callText(v.call));
+  if (v.resolved_at) fact("Resolved", "resolved", timeNode(v.resolved_at));
+  const article = el(
+    "article",
+    {
+      class: "approval resolved",
+      "data-decided-id": id,
+      "data-status": v.status,
+      "aria-labelledby": `decided-title-${id}`,
+    },
+    el(
+      "h3",
+      { id: `decided-title-${id}` },
+      el("code", { text: v.tool }),
+      `, version ${v.action_version}`,
+      el("span", { class: "badge status", text: STATUS_LABELS[v.status] || v.status }),
+    ),
+    facts,
+    el(
+      "p",
+      { class: "ids" },
+      "approval ",
+      el("code", { text: id }),
+      " · run ",
+      el("code", { text: v.run_id }),
+    ),
+    el("div", { class: "actions" }, auditButton(v.run_id)),
+  );
+  return el("li", {}, article);
+}
+
+function onDecidedClick(event) {
+  const button = event.target.closest("button.audit-link");
+  if (button) showAudit(button.dataset.runId, button);
 }
 
 /** Reads one approval again, after the server said it moved on. */
@@ -475,7 +576,11 @@ function buildCard(item) {
 
   const facts = el("dl", { class: "facts" });
   const fact = (term, cls, ...value) => facts.append(el("dt", { text: term }), el("dd", { class: cls }, ...value));
-  fact("The agent says", "explanation", el("blockquote", { text: v.explanation }));
+  fact("Agent", "agent", v.agent || "");
+  fact("Task", "task", v.task || "(its run could not be read)");
+  // An edited version's words are its editor's, not the agent's.
+  const saying = v.previous ? `${v.previous.edited_by} says` : "The agent says";
+  fact(saying, "explanation", el("blockquote", { text: v.explanation }));
   fact("Why a person decides", "reason", `${v.reason} (policy version ${v.policy_version})`);
   const excluded = (v.requested_by || []).join(" and ");
   const escalated = (v.escalated_to || []).length ? ` (escalated: or the ${v.escalated_to.join(" or ")} role)` : "";
@@ -556,20 +661,23 @@ function buildCard(item) {
     actions.append(rejectForm(v));
   }
   actions.append(commentForm(v));
-  actions.append(
-    el("button", {
-      type: "button",
-      class: "audit-link",
-      "data-run-id": v.run_id,
-      "aria-label": `Audit trail of run ${v.run_id}`,
-      text: "Audit trail",
-    }),
-  );
+  actions.append(auditButton(v.run_id));
   if (item.pinned && !awaiting) {
     actions.append(el("button", { type: "button", class: "dismiss", text: "Dismiss" }));
   }
   article.append(actions);
   return el("li", {}, article);
+}
+
+/** The button that opens a run's audit trail. */
+function auditButton(runId) {
+  return el("button", {
+    type: "button",
+    class: "audit-link",
+    "data-run-id": runId,
+    "aria-label": `Audit trail of run ${runId}`,
+    text: "Audit trail",
+  });
 }
 
 function decisionText(d) {
@@ -581,6 +689,10 @@ function decisionText(d) {
       return `${d.by} lowered the amount to ${dollars(d.amount)} (${d.amount} cents)${d.note ? `: “${d.note}”` : ""} (${when})`;
     case "reject":
       return `${d.by} rejected version ${d.action_version}: “${d.reason}” (${when})`;
+    case "took_effect":
+      return `${d.by} said version ${d.action_version} took effect${d.note ? `: “${d.note}”` : ""} (${when})`;
+    case "did_not_take_effect":
+      return `${d.by} said version ${d.action_version} did not take effect${d.note ? `: “${d.note}”` : ""} (${when})`;
     default:
       return `${d.by}: ${d.choice} (${when})`;
   }
@@ -1057,6 +1169,7 @@ function start() {
   $("audit-close").addEventListener("click", closeAudit);
   $("approvals").addEventListener("click", onQueueClick);
   $("approvals").addEventListener("submit", onQueueSubmit);
+  $("decided").addEventListener("click", onDecidedClick);
   $("queue-heading").setAttribute("tabindex", "-1");
   document.addEventListener("visibilitychange", () => {
     if (document.visibilityState === "visible" && state.token && state.busy.size === 0) loadQueue();
