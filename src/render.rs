@@ -458,6 +458,24 @@ pub fn sweep(swept: &Swept<'_>) -> String {
     for key in &report.unknown {
         let _ = writeln!(out, "still unknown {key}: its tool is asked again later");
     }
+    for key in &report.to_recovery_owner {
+        let _ = writeln!(
+            out,
+            "to the recovery owner {key}: its tool could not tell in time, so a person answers"
+        );
+    }
+    for key in &report.resent {
+        let _ = writeln!(
+            out,
+            "sent again {key}: its resume message was not acted on, so its run goes on"
+        );
+    }
+    for key in &report.resumes_given_up {
+        let _ = writeln!(
+            out,
+            "gave up resending {key}: its resume message waits in the dead-letter queue for an operator"
+        );
+    }
     if report.redelivered > 0 {
         let _ = writeln!(
             out,
@@ -697,8 +715,15 @@ fn event_line(entry: &AuditEntry, tools: &std::collections::BTreeMap<String, Str
         AuditEvent::Refused {
             tool, args, why, ..
         } => {
-            let args = args.as_ref().map(|a| format!(" {}", clip(&a.canonical())));
-            format!("{tool}{} refused: {why}", args.unwrap_or_default())
+            let args = args
+                .as_ref()
+                .map(|a| format!(" {}", Plain(clip(&a.canonical()))));
+            format!(
+                "{} refused before policy{}: {}",
+                Plain(tool),
+                args.unwrap_or_default(),
+                Plain(why)
+            )
         }
         AuditEvent::Resumed { results } => format!(
             "{results} result{} back to the agent",
@@ -838,6 +863,9 @@ mod tests {
             redelivered: 2,
             reconciled: vec!["act-1:1".into()],
             unknown: vec!["act-2:1".into()],
+            to_recovery_owner: vec!["act-3:1".into()],
+            resent: vec!["act-4:1".into()],
+            resumes_given_up: vec!["act-5:1".into()],
             abandoned: vec![RunId::parse("run-abandoned").unwrap()],
             notices: shared::engine::NoticeReport {
                 sent: 3,
@@ -859,6 +887,9 @@ mod tests {
             "escalated ap-escalated: the cfo role may decide it too",
             "reconciled act-1:1: its tool said what became of it, and its run goes on",
             "still unknown act-2:1: its tool is asked again later",
+            "to the recovery owner act-3:1: its tool could not tell in time, so a person answers",
+            "sent again act-4:1: its resume message was not acted on, so its run goes on",
+            "gave up resending act-5:1: its resume message waits in the dead-letter queue for an operator",
             "delivered again 2 resume messages left undelivered: their runs go on",
             "abandoned run-abandoned: the process driving it stopped, so it failed",
             "notices: 3 sent, 1 to try again, 0 given up",
