@@ -6,7 +6,9 @@ mod support;
 use std::sync::Arc;
 
 use shared::adapters::sqlite::SqliteStore;
-use shared::ports::store::{Condition, IndexKey, Item, ItemStore, StoreError, Write, query_all};
+use shared::ports::store::{
+    Condition, ITEM_LIMIT, IndexKey, Item, ItemStore, StoreError, Write, query_all,
+};
 
 async fn embedded(name: &str) -> Arc<dyn ItemStore> {
     let nanos = std::time::SystemTime::now()
@@ -516,6 +518,84 @@ async fn unchanged_holds_only_on_the_same_version_and_body(store: Arc<dyn ItemSt
     assert_eq!(store.get("P", "a").await.unwrap().unwrap().ver, 3);
 }
 
+/// An indexed item whose size, as both stores count it, is exactly `size`.
+fn sized(sk: &str, size: usize) -> Item {
+    let mut item = Item {
+        body: String::new(),
+        ..indexed("LIMIT", sk, "IDX", "2026-01-01#limit")
+    };
+    let body = size - item.stored_size();
+    item.body = format!(
+        "\"{}\"",
+        "é".repeat((body - 2) / 2) + &"x".repeat((body - 2) % 2)
+    );
+    assert_eq!(item.stored_size(), size);
+    item
+}
+
+async fn an_item_at_the_limit_is_kept_and_one_byte_more_is_refused_with_nothing_written(
+    store: Arc<dyn ItemStore>,
+) {
+    let at_limit = sized("at", ITEM_LIMIT);
+    store
+        .transact(vec![create(at_limit.clone())])
+        .await
+        .unwrap();
+    assert_eq!(store.get("LIMIT", "at").await.unwrap(), Some(at_limit));
+
+    let past = sized("past", ITEM_LIMIT + 1);
+    for writes in [
+        vec![create(past.clone())],
+        vec![
+            create(item("LIMIT", "beside", 1, "{}")),
+            create(past.clone()),
+        ],
+    ] {
+        let refused = store.transact(writes).await.unwrap_err();
+        let StoreError::TooLarge { what, limit } = &refused else {
+            panic!("{refused:?}")
+        };
+        assert_eq!(*limit, ITEM_LIMIT);
+        assert!(
+            what.contains("LIMIT/past") && what.contains("400001 bytes"),
+            "{what}"
+        );
+        assert_eq!(store.get("LIMIT", "past").await.unwrap(), None);
+        assert_eq!(store.get("LIMIT", "beside").await.unwrap(), None);
+    }
+}
+
+/// DynamoDB itself takes an item the stores count as at the limit, so what passes the stores'
+/// one measure is never refused by DynamoDB; one well past its own limit it refuses.
+#[tokio::test]
+async fn dynamodb_takes_an_item_at_the_limit_as_counted_and_refuses_one_past_its_own() {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    let stack = support::aws::FreshStack::new("item-limit").await;
+    let client = aws_sdk_dynamodb::Client::new(&stack.config);
+    let put = |item: Item| {
+        let s = |v: &str| AttributeValue::S(v.to_string());
+        let index = item.gsi1.clone().unwrap();
+        client
+            .put_item()
+            .table_name(&stack.settings.table)
+            .item("pk", s(&item.pk))
+            .item("sk", s(&item.sk))
+            .item("ver", AttributeValue::N(item.ver.to_string()))
+            .item("body", s(&item.body))
+            .item("gsi1pk", s(&index.pk))
+            .item("gsi1sk", s(&index.sk))
+            .send()
+    };
+    put(sized("at", ITEM_LIMIT))
+        .await
+        .expect("DynamoDB keeps it");
+    let refused = put(sized("past", 410 * 1024))
+        .await
+        .expect_err("DynamoDB refuses it");
+    let refused = aws_sdk_dynamodb::error::DisplayErrorContext(&refused).to_string();
+    assert!(refused.contains("Item size has exceeded"), "{refused}");
+}
+
 macro_rules! conformance {
     ($backend:ident: $($test:ident),* $(,)?) => {
         mod $backend {
@@ -552,4 +632,5 @@ both!(
     malformed_transactions_are_refused_before_writing,
     a_refusal_says_what_each_failed_write_found,
     unchanged_holds_only_on_the_same_version_and_body,
+    an_item_at_the_limit_is_kept_and_one_byte_more_is_refused_with_nothing_written,
 );

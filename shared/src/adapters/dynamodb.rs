@@ -483,3 +483,52 @@ impl ItemStore for DynamoStore {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_refusal_dynamodb_can_give_is_typed_by_its_cause() {
+        let size = "Item size has exceeded the maximum allowed size";
+        for code in ["ValidationException", "ValidationError"] {
+            assert!(matches!(
+                refusal(code, size),
+                Some(StoreError::TooLarge {
+                    limit: ITEM_LIMIT,
+                    ..
+                })
+            ));
+        }
+        assert_eq!(
+            refusal(
+                "ValidationException",
+                "One or more parameter values were invalid"
+            ),
+            Some(StoreError::Invalid(
+                "ValidationException: One or more parameter values were invalid".into()
+            ))
+        );
+        for code in [
+            "ProvisionedThroughputExceededException",
+            "ThrottlingException",
+            "RequestLimitExceeded",
+            "ThrottlingError",
+        ] {
+            assert!(
+                matches!(refusal(code, ""), Some(StoreError::Throttled(_))),
+                "{code}"
+            );
+        }
+        for code in ["TransactionConflict", "TransactionInProgressException"] {
+            assert_eq!(refusal(code, ""), Some(StoreError::Contended), "{code}");
+        }
+        assert!(matches!(
+            refusal("AccessDeniedException", "not authorized"),
+            Some(StoreError::Invalid(why)) if why.contains("credentials")
+        ));
+        // DynamoDB failing on its side is the one case of "unavailable".
+        assert_eq!(refusal("InternalServerError", "oops"), None);
+        assert_eq!(refusal("None", ""), None);
+    }
+}

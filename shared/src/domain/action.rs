@@ -48,6 +48,20 @@ pub enum ToolOutcome {
     },
 }
 
+impl ToolOutcome {
+    /// What a call that ran becomes when its outcome could not be stored: unknown, for
+    /// reconciliation to settle, with the store's reason.
+    pub fn unstored(error: impl std::fmt::Display) -> Self {
+        ToolOutcome::Unknown {
+            detail: format!("the tool answered, but its outcome could not be stored: {error}"),
+        }
+    }
+
+    pub fn is_unknown(&self) -> bool {
+        matches!(self, ToolOutcome::Unknown { .. })
+    }
+}
+
 /// Why a proposed call did not run, as the model reads it: a plain answer, never an error to
 /// work around. The one place these words are written, and read back.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -23,8 +23,10 @@ use sha2::{Digest, Sha256};
 use super::args::canonical;
 use super::conversation::Block;
 
-/// DynamoDB's item limit, 400 KB: attribute names and values, in bytes.
-pub const ITEM_LIMIT: usize = 400 * 1024;
+/// The largest item either store keeps: DynamoDB's 400 KB item, attribute names and values,
+/// read as 400,000 bytes. DynamoDB itself takes a little more (409,600), the local stack less
+/// (405,000): an item within this is taken by both.
+pub const ITEM_LIMIT: usize = 400_000;
 /// One proposed call's arguments, as canonical JSON.
 pub const ARGS: usize = 32 * 1024;
 /// All the calls of one model reply, their canonical arguments together.

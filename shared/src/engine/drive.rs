@@ -226,6 +226,13 @@ impl Engine {
                     .into_iter()
                     .map(|c| c.result.expect("ran or refused").into_block(&c.tool_use_id));
                 run.value.push_results(results.collect());
+                if run.value.unstored_size() > budget::UNWRITTEN_MESSAGES {
+                    // No later write may have to carry more than one transaction can.
+                    let mut tx = Tx::new();
+                    tx.run(self.index_shards, &mut run);
+                    self.commit_run(tx, &run.value).await?;
+                    run.written();
+                }
                 continue;
             }
             return self.pause(run, calls, approvals).await;
@@ -448,40 +455,52 @@ impl Engine {
         tx.create_action(self.index_shards, &action);
         self.commit(tx).await?;
 
-        let outcome = self.call_tool(agent, &action).await;
-        let now = self.now();
-        action
-            .record(&outcome, now)
-            .expect("an executing action records its outcome");
-        let mut tx = Tx::new();
-        tx.update_action(self.index_shards, &action, 1);
-        tx.audit(
-            &tenant,
-            AuditEntry::new(
-                &run_id,
-                Actor::system("engine"),
-                AuditEvent::outcome(&action, &outcome),
-                now,
-            ),
-        );
-        match self.commit(tx).await {
-            Ok(_) => Ok(action.result.expect("recorded")),
-            // The call outlived the stale-execution limit and the sweep recorded its outcome
-            // through the tool's reconciliation: that record stands, and is what the model reads.
-            Err(StoreError::ConditionFailed { .. }) => {
-                let recorded = self
-                    .load_action(&tenant, &run_id, &action.id, action.version)
-                    .await?;
-                recorded
-                    .and_then(|stored| stored.value.result)
-                    .ok_or_else(|| {
-                        EngineError::Corrupt(format!(
-                            "{} was recorded without a result",
-                            action.key()
-                        ))
-                    })
-            }
-            Err(error) => Err(error.into()),
+        let executing = action;
+        let mut outcome = self.call_tool(agent, &executing).await;
+        loop {
+            let now = self.now();
+            let mut action = executing.clone();
+            action
+                .record(&outcome, now)
+                .expect("an executing action records its outcome");
+            let mut tx = Tx::new();
+            tx.update_action(self.index_shards, &action, 1);
+            tx.audit(
+                &tenant,
+                AuditEntry::new(
+                    &run_id,
+                    Actor::system("engine"),
+                    AuditEvent::outcome(&action, &outcome),
+                    now,
+                ),
+            );
+            return match self.commit(tx).await {
+                Ok(_) => Ok(action.result.expect("recorded")),
+                // The call outlived the stale-execution limit and the sweep recorded its
+                // outcome through the tool's reconciliation: that record stands, and is what
+                // the model reads.
+                Err(StoreError::ConditionFailed { .. }) => {
+                    let recorded = self
+                        .load_action(&tenant, &run_id, &action.id, action.version)
+                        .await?;
+                    recorded
+                        .and_then(|stored| stored.value.result)
+                        .ok_or_else(|| {
+                            EngineError::Corrupt(format!(
+                                "{} was recorded without a result",
+                                action.key()
+                            ))
+                        })
+                }
+                // The tool ran and its outcome could not be written: held as unknown at once,
+                // with the true reason, rather than left executing until its lease runs out.
+                Err(error) if !outcome.is_unknown() => {
+                    tracing::warn!(key = %action.key(), %error, "outcome not stored; held as unknown");
+                    outcome = ToolOutcome::unstored(&error);
+                    continue;
+                }
+                Err(error) => Err(error.into()),
+            };
         }
     }
 

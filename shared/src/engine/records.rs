@@ -13,6 +13,7 @@ use super::error::EngineError;
 use crate::domain::action::{Action, ActionStatus};
 use crate::domain::approval::{Approval, ApprovalStatus};
 use crate::domain::audit::{AuditEntry, AuditEvent, LogSlot};
+use crate::domain::budget;
 use crate::domain::conversation::Message;
 use crate::domain::identity::Actor;
 use crate::domain::ids::{ActionId, ActionVersion, ApprovalId, OutboxId, RunId, TenantId};
@@ -537,6 +538,51 @@ fn is_zero(n: &usize) -> bool {
     *n == 0
 }
 
+/// Between a transaction's audit key and the number of a part past its first
+/// (`RUN#<order>~01`): parts sort after the first and in order, and read back as one item.
+const AUDIT_PART: char = '~';
+
+impl AuditItem {
+    /// This item's body, or the bodies of the parts it is split into where it is past
+    /// [`budget::AUDIT_ITEM`]: the events, then the messages, in order, each part as full as
+    /// it may be. Every event and message is within its share, so each part fits the store.
+    fn bodies(self) -> Vec<String> {
+        let whole = serde_json::to_string(&self).expect("engine records serialize");
+        if whole.len() <= budget::AUDIT_ITEM {
+            return vec![whole];
+        }
+        let mut parts = vec![AuditItem::default()];
+        let mut size = 0;
+        let next_part = |parts: &mut Vec<AuditItem>, size: &mut usize, len: usize| {
+            let last = parts.last().expect("a part");
+            let started = !(last.events.is_empty() && last.messages.is_empty());
+            if started && *size + len > budget::AUDIT_ITEM {
+                parts.push(AuditItem::default());
+                *size = 0;
+            }
+            *size += len;
+        };
+        for event in self.events {
+            let len = serde_json::to_string(&event).map_or(0, |e| e.len() + 1);
+            next_part(&mut parts, &mut size, len);
+            parts.last_mut().expect("a part").events.push(event);
+        }
+        for (n, message) in self.messages.into_iter().enumerate() {
+            let len = serde_json::to_string(&message).map_or(0, |m| m.len() + 1);
+            next_part(&mut parts, &mut size, len);
+            let part = parts.last_mut().expect("a part");
+            if part.messages.is_empty() {
+                part.from = self.from + n;
+            }
+            part.messages.push(message);
+        }
+        parts
+            .iter()
+            .map(|part| serde_json::to_string(part).expect("engine records serialize"))
+            .collect()
+    }
+}
+
 /// The run item's own fields: how many messages its audit items hold (with the task, message
 /// 0), and the messages after those, which the run item carries itself while it fits.
 const LOGGED_MESSAGES: &str = "messages_logged";
@@ -552,6 +598,10 @@ const RECENT_MESSAGES: &str = "messages_recent";
 /// after the logged ones ride in the run's item while it stays within this, and move into the
 /// audit item of the write that would take it past.
 const RUN_ITEM_BUDGET: usize = 1024;
+
+/// What a finished run's item, written for the last time, may hold with its messages and its
+/// last transaction's events: past it, they go to audit items instead.
+const FINISHED_RUN_ITEM: usize = budget::AUDIT_ITEM / 2;
 
 /// A run's item for each split of its conversation (the messages from `keep` on in the item,
 /// those before in audit items): the run's own fields and each message serialized once, not
@@ -645,6 +695,8 @@ pub fn run_from_items(
         if item.sk == keys::RUN_SK {
             record = Some(item);
         } else if let Some(order) = item.sk.strip_prefix(keys::AUDIT_PREFIX) {
+            // A transaction's audit item split in parts: each part continues the one before.
+            let order = order.split(AUDIT_PART).next().unwrap_or(order);
             let audit = decode::<AuditItem>(item)?.value;
             log.listed(order, audit.events);
             if !audit.messages.is_empty() {
@@ -1090,8 +1142,21 @@ impl Tx {
             ver => Condition::VersionIs(ver),
         };
         if value.status.is_finished() {
-            run.value.logging_messages = Some(logged);
-            self.put_body(pk, sk, index, bodies.body(logged), condition);
+            // It keeps its unlogged messages while they fit its share; older ones go to the
+            // audit item (the events then stay there too, [`Tx::into_parts`]).
+            let mut keep = logged;
+            let mut body = bodies.body(keep);
+            while body.len() > FINISHED_RUN_ITEM && keep < value.messages.len() {
+                keep += 1;
+                body = bodies.body(keep);
+            }
+            if keep > logged {
+                let item = self.audit_item(pk.clone());
+                item.from = logged;
+                item.messages = value.messages[logged..keep].to_vec();
+            }
+            run.value.logging_messages = Some(keep);
+            self.put_body(pk, sk, index, body, condition);
             self.finished.push(self.writes.len() - 1);
             return;
         }
@@ -1168,14 +1233,11 @@ impl Tx {
             let Some(found) = self.audit.iter().position(|(pk, _)| *pk == item.pk) else {
                 continue;
             };
-            let (_, audit) = self.audit.remove(found);
-            if audit.events.is_empty() {
+            // Messages the run's item could not keep take its events to their audit item.
+            if self.audit[found].1.events.is_empty() || !self.audit[found].1.messages.is_empty() {
                 continue;
             }
-            debug_assert!(
-                audit.messages.is_empty(),
-                "a finished run keeps its messages"
-            );
+            let (_, audit) = self.audit.remove(found);
             let run: serde_json::Value =
                 serde_json::from_str(&item.body).expect("a run's body just serialized");
             let mut events = serde_json::to_value(&audit.events).expect("engine records serialize");
@@ -1187,6 +1249,11 @@ impl Tx {
                     }
                 }
             }
+            if item.body.len() + events.to_string().len() > budget::AUDIT_ITEM {
+                // Too much to ride in the run's item: they keep an audit item of their own.
+                self.audit.push((item.pk.clone(), audit));
+                continue;
+            }
             item.body.pop();
             item.body
                 .push_str(&format!(",\"{FINAL_EVENTS}\":{events}}}"));
@@ -1197,7 +1264,13 @@ impl Tx {
         if !self.audit.is_empty() {
             let sk = format!("{}{}", keys::AUDIT_PREFIX, self.order());
             for (pk, item) in std::mem::take(&mut self.audit) {
-                self.put(pk, sk.clone(), None, &item, Condition::NotExists);
+                for (n, body) in item.bodies().into_iter().enumerate() {
+                    let sk = match n {
+                        0 => sk.clone(),
+                        n => format!("{sk}{AUDIT_PART}{n:02}"),
+                    };
+                    self.put_body(pk.clone(), sk, None, body, Condition::NotExists);
+                }
             }
         }
         (self.writes, self.outgoing)

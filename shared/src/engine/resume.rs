@@ -130,7 +130,22 @@ impl Engine {
                     .into(),
             }
         };
-        self.record_outcome(run, action, outcome, false).await
+        if outcome.is_unknown() {
+            return self.record_outcome(run, action, outcome, false).await;
+        }
+        let recorded = self
+            .record_outcome(run.clone(), action.clone(), outcome, false)
+            .await;
+        match recorded {
+            // The tool ran and its outcome could not be written: held as unknown at once, with
+            // the true reason, rather than left executing until its lease runs out.
+            Err(EngineError::Store(error)) => {
+                tracing::warn!(key = %action.value.key(), %error, "outcome not stored; held as unknown");
+                self.record_outcome(run, action, ToolOutcome::unstored(&error), false)
+                    .await
+            }
+            other => other,
+        }
     }
 
     /// The claim's compare-and-set, `None` when another worker claimed the action first. A

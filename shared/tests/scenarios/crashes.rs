@@ -2,6 +2,7 @@
 //! and expired leases, and never pays blindly.
 
 use super::*;
+use shared::ports::store::StoreError;
 
 /// Starts c-102 on a process whose reimburse is wrapped in `around`, and has dana approve it
 /// on a task of its own: the run, its approval, and the task deciding.
@@ -537,7 +538,105 @@ on_backend!(
     ]
 );
 
+/// A store connection that refuses, once, the transaction recording a payment as succeeded,
+/// as DynamoDB refuses a write past the table's rate.
+struct RefusesTheOutcomeOnce {
+    inner: Arc<dyn shared::ports::store::ItemStore>,
+    refused: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl shared::ports::store::ItemStore for RefusesTheOutcomeOnce {
+    async fn get(
+        &self,
+        pk: &str,
+        sk: &str,
+    ) -> Result<Option<shared::ports::store::Item>, StoreError> {
+        self.inner.get(pk, sk).await
+    }
+
+    async fn page(
+        &self,
+        query: shared::ports::store::Query<'_>,
+    ) -> Result<shared::ports::store::Page, StoreError> {
+        self.inner.page(query).await
+    }
+
+    async fn transact(&self, writes: Vec<shared::ports::store::Write>) -> Result<(), StoreError> {
+        let records_success = writes.iter().any(|w| match w {
+            shared::ports::store::Write::Put { item, .. } => {
+                item.sk.starts_with(keys::ACTION_PREFIX)
+                    && item.body.contains(r#""tool":"reimburse""#)
+                    && item.body.contains(r#""status":"succeeded""#)
+            }
+            _ => false,
+        });
+        if records_success && !self.refused.swap(true, Ordering::SeqCst) {
+            return Err(StoreError::Throttled(
+                "ProvisionedThroughputExceededException: the write rate is over the table's".into(),
+            ));
+        }
+        self.inner.transact(writes).await
+    }
+}
+
+async fn given_a_store_that_refuses_to_record_a_payment_that_ran_when_it_is_refused_then_the_call_is_held_as_unknown_at_once_with_the_true_reason_and_settled_once(
+    h: &Harness,
+) {
+    let refusing = h
+        .process_configured(
+            Arc::new(shared::example::expense::OfflineExpenseAgent),
+            |store| {
+                Arc::new(RefusesTheOutcomeOnce {
+                    inner: store,
+                    refused: Default::default(),
+                })
+            },
+            |builder| builder,
+        )
+        .await;
+    let (report, approval) = h.start_paused(&refusing, "c-102").await;
+
+    let decided = refusing
+        .decide(&h.person("dana"), &approval.id, approve("d-1"))
+        .await
+        .expect("the decision is recorded");
+
+    assert_eq!(h.payments().await.len(), 1, "the payment ran once");
+    let reader = h.process().await;
+    let history = reader.history(&acme(), &report.run_id).await.unwrap();
+    let action = action_of(&history, &approval);
+    assert_eq!(action.status, ActionStatus::Unknown, "{decided:?}");
+    let detail = history
+        .entries
+        .iter()
+        .find_map(|e| match &e.event {
+            AuditEvent::Unknown { detail, .. } => Some(detail.clone()),
+            _ => None,
+        })
+        .expect("an unknown event");
+    assert!(
+        detail.contains("could not be stored")
+            && detail.contains("ProvisionedThroughputExceededException"),
+        "{detail}"
+    );
+    assert_eq!(
+        actions_in(&reader, keys::RECONCILE_INDEX).await,
+        [keys::action_sk(&approval.action_id, v(1))],
+        "held for reconciliation at once, not left executing"
+    );
+
+    // The sweep asks the tool, which finds the payment by its key: recorded once, run done.
+    h.clock.advance(Duration::minutes(6));
+    let swept = reader.sweep(100).await.unwrap();
+    assert_eq!(swept.reconciled, [format!("{}:1", approval.action_id)]);
+    let run = h.run(&reader, &report.run_id).await;
+    assert_eq!(run.status, RunStatus::Done);
+    assert_eq!(h.payments().await.len(), 1, "never paid twice");
+}
+
 on_both_stores!([
+    given_a_store_that_refuses_to_record_a_payment_that_ran_when_it_is_refused_then_the_call_is_held_as_unknown_at_once_with_the_true_reason_and_settled_once,
     given_a_process_that_died_before_paying_when_the_sweep_finds_the_stale_execution_then_it_asks_the_tool_and_never_pays_blindly,
     given_a_process_that_died_after_paying_when_the_sweep_finds_the_stale_execution_then_it_records_the_payment_it_finds,
     given_a_stale_execution_when_two_sweeps_record_its_unknown_outcome_at_once_then_neither_fails_and_it_is_recorded_once,
