@@ -12,11 +12,14 @@ use serde::{Deserialize, Serialize};
 use super::error::EngineError;
 use crate::domain::action::{Action, ActionStatus};
 use crate::domain::approval::{Approval, ApprovalStatus};
+use crate::domain::args::{Args, ArgsHash};
 use crate::domain::audit::{AuditEntry, AuditEvent, LogSlot};
 use crate::domain::budget;
 use crate::domain::conversation::Message;
 use crate::domain::identity::Actor;
-use crate::domain::ids::{ActionId, ActionVersion, ApprovalId, OutboxId, RunId, TenantId};
+use crate::domain::ids::{
+    ActionId, ActionVersion, AgentName, ApprovalId, OutboxId, RunId, TenantId,
+};
 use crate::domain::notice::NoticeKind;
 use crate::domain::run::{Run, RunStatus};
 use crate::ports::queue::ResumeMessage;
@@ -369,6 +372,7 @@ const RESOLVED_AT: &str = "resolved_at";
 ///   `reminded_at` until they are set), which read back as unset;
 /// - a decision's `action_version` and `args_hash` where they are the approval's own (always,
 ///   as [`Approval::decide`] records them; kept where they differ);
+/// - its `args_hash` where it is the hash of its own agent, tool and arguments;
 /// - `resolved_at` where the last decision resolved it (its `at`): a resolved approval always
 ///   has a `resolved_at`, so one that reads back without it takes its last decision's.
 ///
@@ -399,8 +403,29 @@ fn approval_body(approval: &Approval) -> String {
                 }
             }
         }
+        if approval.args_hash == ArgsHash::of_call(&approval.agent, &approval.tool, &approval.args)
+        {
+            fields.remove(ARGS_HASH);
+        }
     }
     body.to_string()
+}
+
+/// An approval's hash, left out of its item where it is the one its agent, tool and arguments
+/// give (every approval made since the hash covered them), and made again from them on reading.
+const ARGS_HASH: &str = "args_hash";
+
+/// The hash an approval's JSON without one stands for: its agent's, tool's and arguments'.
+fn own_hash(fields: &serde_json::Map<String, serde_json::Value>) -> Result<String, String> {
+    let agent: AgentName = serde_json::from_value(fields.get("agent").cloned().unwrap_or_default())
+        .map_err(|e| format!("agent: {e}"))?;
+    let tool = fields
+        .get("tool")
+        .and_then(|t| t.as_str())
+        .ok_or("no tool")?;
+    let args: Args = serde_json::from_value(fields.get("args").cloned().unwrap_or_default())
+        .map_err(|e| format!("args: {e}"))?;
+    Ok(ArgsHash::of_call(&agent, tool, &args).as_str().to_string())
 }
 
 /// An approval's JSON from its item ([`approval_body`]), the fields left out filled back: its
@@ -413,6 +438,10 @@ fn approval_value(item: &Item) -> Result<serde_json::Value, String> {
     let fields = body.as_object_mut().ok_or("not an object")?;
     for (name, value) in APPROVAL_KEYED.into_iter().zip([id, tenant]) {
         fields.entry(name).or_insert_with(|| value.into());
+    }
+    if !fields.contains_key(ARGS_HASH) {
+        let hash = own_hash(fields)?;
+        fields.insert(ARGS_HASH.into(), hash.into());
     }
     let own = DECISION_OWN.map(|name| fields.get(name).cloned());
     let mut last_at = None;
@@ -1568,6 +1597,10 @@ mod tests {
             let item = approval_item(&approval);
             let body: serde_json::Value = serde_json::from_str(&item.body).unwrap();
             let fields = body.as_object().unwrap();
+            assert!(
+                !fields.contains_key("args_hash"),
+                "its own agent, tool and arguments give it"
+            );
             for keyed in ["id", "tenant"] {
                 assert!(!fields.contains_key(keyed), "{keyed} is in the key");
             }
@@ -1589,6 +1622,22 @@ mod tests {
     }
 
     #[test]
+    fn an_approval_made_under_the_first_hash_scheme_keeps_its_hash_and_reads_back_whole() {
+        let mut legacy = approval();
+        legacy.args_hash = serde_json::from_value(serde_json::json!(
+            "sha256:b604fd708eeaef79e59d1b70d25ba4a4edcc960282a3aaa0aa2916738bc38b42"
+        ))
+        .unwrap();
+        let item = approval_item(&legacy);
+        assert!(
+            item.body.contains("\"args_hash\":\"sha256:b604"),
+            "{}",
+            item.body
+        );
+        assert_eq!(decode::<Approval>(&item).unwrap().value, legacy);
+    }
+
+    #[test]
     fn a_decided_approval_is_one_write_unit_where_its_api_form_is_two() {
         let approval = decided(approval(), &[ActionVersion::FIRST]);
         let item = approval_item(&approval);
@@ -1598,6 +1647,8 @@ mod tests {
         assert!(item.body.contains("\"logged\""), "{}", item.body);
         assert_eq!(units(&serde_json::to_string(&approval).unwrap()), 2);
         assert_eq!(units(&item.body), 1);
+        // With its entry in the tenant's decided list, and room to spare for longer ids.
+        assert!(item.stored_size() <= 1024 - 64, "{}", item.stored_size());
         let open = approval_item(&self::approval());
         assert_eq!(
             write_units(&open.pk, open.sk.len(), open.gsi1.as_ref(), &open.body),
