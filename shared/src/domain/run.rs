@@ -67,6 +67,21 @@ pub enum RunError {
     NotHeld { run: RunId, action: ActionId },
 }
 
+/// How a call from outside came (the MCP gateway, or the gate API) and the key a repeated
+/// identical call finds it by.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GateOrigin {
+    pub via: GateVia,
+    pub call_key: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GateVia {
+    Mcp,
+    Api,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Run {
     pub id: RunId,
@@ -91,6 +106,10 @@ pub struct Run {
     /// Overrides the policy's time to decide for this run's approvals.
     #[serde(default, with = "optional_secs")]
     pub approval_ttl: Option<Duration>,
+    /// Set on a run that holds one call an agent outside Countersign proposed: no model drives
+    /// it, and it ends with that call's outcome.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate: Option<GateOrigin>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     /// How many of `messages` the store's append-only audit items hold, the first (the task,
@@ -129,6 +148,7 @@ impl Run {
             error: None,
             policy_version,
             approval_ttl: None,
+            gate: None,
             created_at: now,
             updated_at: now,
             stored_messages: 1,

@@ -12,7 +12,7 @@ use crate::domain::action::{Action, ActionStatus, NotExecuted, ProposedCall, Too
 use crate::domain::approval::{Approval, ApprovalStatus};
 use crate::domain::audit::{AuditEntry, AuditEvent};
 use crate::domain::budget;
-use crate::domain::conversation::{Message, Speaker, ToolResultText};
+use crate::domain::conversation::{Block, Message, Speaker, ToolResultText};
 use crate::domain::identity::{Actor, Identity};
 use crate::domain::ids::{ActionId, ActionVersion, AgentName, PersonId, RunId, TenantId};
 use crate::domain::notice::NoticeKind;
@@ -55,7 +55,16 @@ impl StartRun {
 const MAX_TASK_LEN: usize = 4_000;
 
 /// Where a run stands after the engine drove it, and the notices its last write queued.
-type Driven = (RunReport, Outgoing);
+pub(super) type Driven = (RunReport, Outgoing);
+
+/// One call as proposed: the tool, its arguments as given, what the proposer said of it, and
+/// why its arguments were not kept, if they were past their share.
+pub(super) struct Proposed {
+    pub tool: String,
+    pub input: serde_json::Value,
+    pub explanation: String,
+    pub oversized: Option<String>,
+}
 
 impl Engine {
     /// Starts a run and drives it until it is done, failed or paused for a person.
@@ -121,6 +130,21 @@ impl Engine {
     /// Runs model turns until the run finishes or pauses. The run record is written when it
     /// pauses, finishes or fails, each time compare-and-set on its version.
     pub(super) async fn drive(&self, mut run: Stored<Run>) -> Result<Driven, EngineError> {
+        if run.value.gate.is_some() {
+            // A call from outside: its run ends with the call's outcome, which it now holds.
+            let answer = run
+                .value
+                .messages
+                .last()
+                .into_iter()
+                .flat_map(|m| &m.content)
+                .find_map(|b| match b {
+                    Block::ToolResult { content, .. } => Some(content.clone()),
+                    _ => None,
+                })
+                .unwrap_or_default();
+            return self.finish_run(run, answer).await;
+        }
         let agent = self.agent(&run.value.agent)?.clone();
         let Some(model) = agent.model.clone() else {
             return Err(EngineError::Unavailable(
@@ -175,50 +199,21 @@ impl Engine {
                     calls.push(held(Some(ToolResultText::error(told))));
                     continue;
                 }
-                let call = held(None);
-                let checked = match oversized.iter().find(|(id, _)| *id == tool_use_id) {
-                    Some((_, why)) => Err(Unfit {
-                        why: why.clone(),
-                        args: None,
-                    }),
-                    None => agent.check_call(&tool, input),
-                };
-                let args = match checked {
-                    Ok(args) => args,
-                    Err(unfit) => {
-                        let told = self.record_refused(&run.value, &call, tool, unfit).await?;
-                        calls.push(HeldCall {
-                            result: Some(told),
-                            ..call
-                        });
-                        continue;
-                    }
-                };
-                let proposal = ProposedCall {
-                    agent: agent.name.clone(),
-                    id: call.action_id.clone(),
-                    version: ActionVersion::FIRST,
-                    tenant: run.value.tenant.clone(),
-                    run_id: run.value.id.clone(),
-                    tool_use_id,
+                let oversized = oversized
+                    .iter()
+                    .find(|(id, _)| *id == tool_use_id)
+                    .map(|(_, why)| why.clone());
+                let proposed = Proposed {
                     tool,
-                    args,
+                    input,
                     explanation: explanation.clone(),
+                    oversized,
                 };
-                let verdict = agent.evaluate(&proposal.tool, &proposal.args);
-                let result = match verdict {
-                    Verdict::Allow => Some(self.run_allowed(&agent, proposal).await?),
-                    Verdict::Deny { reason } => {
-                        Some(self.record_denied(&agent, proposal, reason).await?)
-                    }
-                    Verdict::RequireApproval(requirement) => {
-                        let approval =
-                            self.approval_for(&agent, &run.value, proposal, requirement)?;
-                        approvals.push(approval);
-                        None
-                    }
-                };
-                calls.push(HeldCall { result, ..call });
+                let (call, approval) = self
+                    .propose_one(&agent, &run.value, held(None), proposed)
+                    .await?;
+                calls.push(call);
+                approvals.extend(approval);
             }
 
             if approvals.is_empty() {
@@ -243,6 +238,59 @@ impl Engine {
             format!("the agent did not finish within {limit} model turns"),
         )
         .await
+    }
+
+    /// One proposed call, whoever proposed it (the model of a run the engine drives, or an agent
+    /// outside through the gate): checked ([`Agent::check_call`]), ruled on by policy, and run,
+    /// refused, or held for a person. Comes back as the run's held call, with its result when it
+    /// was settled here, and the approval to open with the pause when a person must decide.
+    pub(super) async fn propose_one(
+        &self,
+        agent: &Agent,
+        run: &Run,
+        call: HeldCall,
+        proposed: Proposed,
+    ) -> Result<(HeldCall, Option<Approval>), EngineError> {
+        let checked = match proposed.oversized {
+            Some(why) => Err(Unfit { why, args: None }),
+            None => agent.check_call(&proposed.tool, proposed.input),
+        };
+        let args = match checked {
+            Ok(args) => args,
+            Err(unfit) => {
+                let told = self
+                    .record_refused(run, &call, proposed.tool, unfit)
+                    .await?;
+                let call = HeldCall {
+                    result: Some(told),
+                    ..call
+                };
+                return Ok((call, None));
+            }
+        };
+        let proposal = ProposedCall {
+            agent: agent.name.clone(),
+            id: call.action_id.clone(),
+            version: ActionVersion::FIRST,
+            tenant: run.tenant.clone(),
+            run_id: run.id.clone(),
+            tool_use_id: call.tool_use_id.clone(),
+            tool: proposed.tool,
+            args,
+            explanation: proposed.explanation,
+        };
+        let (result, approval) = match agent.evaluate(&proposal.tool, &proposal.args) {
+            Verdict::Allow => (Some(self.run_allowed(agent, proposal).await?), None),
+            Verdict::Deny { reason } => (
+                Some(self.record_denied(agent, proposal, reason).await?),
+                None,
+            ),
+            Verdict::RequireApproval(requirement) => (
+                None,
+                Some(self.approval_for(agent, run, proposal, requirement)?),
+            ),
+        };
+        Ok((HeldCall { result, ..call }, approval))
     }
 
     fn approval_for(
@@ -319,7 +367,7 @@ impl Engine {
     }
 
     /// Pauses the run on the held calls: run, actions, approvals and audit in one transaction.
-    async fn pause(
+    pub(super) async fn pause(
         &self,
         mut run: Stored<Run>,
         calls: Vec<HeldCall>,
@@ -578,7 +626,7 @@ impl Engine {
         tool.call(call).await
     }
 
-    async fn finish_run(
+    pub(super) async fn finish_run(
         &self,
         mut run: Stored<Run>,
         answer: String,

@@ -32,6 +32,8 @@ pub mod keys {
     pub const RUN_SK: &str = "RUN";
     pub const APPROVAL_SK: &str = "APPROVAL";
     pub const ACTION_PREFIX: &str = "ACTION#";
+    /// The item that finds a call from outside by its key ([`call_pk`]).
+    pub const CALL_SK: &str = "CALL";
     /// Audit items sort after their run's item, and share its prefix, so one query reads a run
     /// with its conversation (which its audit items carry).
     pub const AUDIT_PREFIX: &str = "RUN#";
@@ -50,6 +52,11 @@ pub mod keys {
     pub const ESCALATE_INDEX: &str = "ESCALATE";
     /// The marker item, with its approval, that puts it in the escalation index.
     pub const ESCALATION_SK: &str = "ESCALATION";
+
+    /// A call from outside, by its key: a partition of its own, so no tenant's calls share one.
+    pub fn call_pk(tenant: &TenantId, key: &str) -> String {
+        format!("TENANT#{tenant}#CALL#{key}")
+    }
 
     pub fn run_pk(tenant: &TenantId, run: &RunId) -> String {
         format!("TENANT#{tenant}#RUN#{run}")

@@ -26,6 +26,7 @@ mod crashes;
 mod decisions;
 mod edits;
 mod expiry;
+mod gate;
 mod limits;
 mod races;
 mod recovery;

@@ -1,0 +1,391 @@
+//! The gate: one call proposed by an agent Countersign does not drive (an MCP client through the
+//! gateway, an agent with its own loop through the gate API). The call becomes the one action
+//! of a run of its own, through the same path as a model's call ([`Engine::propose_one`]): the
+//! tool's schema, the agent's policy, approvals, versions, edits, expiry, escalation, audit and
+//! the recovery owner work unchanged. No model drives the run: it ends with its call's outcome.
+//!
+//! A repeated identical call finds the first by its key and attaches to it: never a second
+//! approval, never a second execution. The key is the caller's own id for the call when it
+//! gives one (attachable for good), else who asks which agent for which tool with which
+//! arguments (attachable while the call is open and for [`ATTACHABLE`] after its outcome; an
+//! identical call after that is a new call).
+
+use std::time::Duration as StdDuration;
+
+use chrono::Duration;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::drive::Proposed;
+use super::records::{Stored, Tx, keys, load};
+use super::{Engine, EngineError, History};
+use crate::domain::action::{Action, ActionStatus};
+use crate::domain::approval::{Approval, ApprovalStatus};
+use crate::domain::args::{Args, canonical};
+use crate::domain::budget;
+use crate::domain::conversation::{Block, Message, Speaker, ToolResultText};
+use crate::domain::ids::{ActionId, AgentName, PersonId, RunId, TenantId};
+use crate::domain::run::{GateOrigin, GateVia, HeldCall, Run, RunStatus};
+use crate::ports::store::StoreError;
+
+/// How long after its outcome a call known by its arguments stays attachable: an identical
+/// call within it returns that outcome; one after it is a new call.
+pub const ATTACHABLE: Duration = Duration::hours(24);
+
+/// The longest a caller's own id for a call may be.
+const MAX_CALL_ID: usize = 200;
+
+/// One call from outside, as its caller proposes it.
+#[derive(Debug, Clone)]
+pub struct GateCall {
+    pub tenant: TenantId,
+    pub agent: AgentName,
+    /// Who asks, from authentication: never an approver of the call.
+    pub requested_by: PersonId,
+    pub tool: String,
+    pub args: Value,
+    /// The caller's own id for this call (its framework's tool-call id), if it has one.
+    pub call_id: Option<String>,
+    pub via: GateVia,
+}
+
+/// Where a call stands, as its caller reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallStatus {
+    /// Taken, not yet ruled on or not yet run.
+    Running,
+    AwaitingApproval,
+    Succeeded,
+    Failed,
+    /// It may have taken effect: reconciled with the tool, or answered by the recovery owner.
+    Unknown,
+    Rejected,
+    Expired,
+    Cancelled,
+    /// Policy denies it.
+    Denied,
+    /// Answered before policy ruled on it: no such tool, or arguments that do not fit.
+    Refused,
+}
+
+impl CallStatus {
+    /// Nothing more will happen to the call.
+    pub fn is_settled(self) -> bool {
+        !matches!(
+            self,
+            CallStatus::Running | CallStatus::AwaitingApproval | CallStatus::Unknown
+        )
+    }
+}
+
+/// A call's state: what its caller is told.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CallState {
+    pub run_id: RunId,
+    pub status: CallStatus,
+    pub tool: String,
+    /// The action, once proposed, and the version that ran or waits (an edit makes version 2).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub action_id: Option<ActionId>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version: Option<u32>,
+    /// The exact arguments of that version.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub args: Option<Args>,
+    /// What the caller's agent is told of the call: the tool's result, or why it did not run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub result: Option<ToolResultText>,
+    /// The approval it waits on: who must decide, by when.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub approval: Option<Approval>,
+    /// This call found an earlier identical one and is its state.
+    pub attached: bool,
+}
+
+/// The item that finds a call by its key: which run holds it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct CallKeyed {
+    run_id: RunId,
+}
+
+impl GateCall {
+    /// The key a repeated identical call finds this one by: the caller's own id for it, or the
+    /// hash of who asks which agent for which tool with which arguments.
+    fn key(&self) -> Result<String, EngineError> {
+        let named = match &self.call_id {
+            Some(id) if id.is_empty() || id.len() > MAX_CALL_ID => {
+                return Err(EngineError::BadInput(format!(
+                    "a call id has 1 to {MAX_CALL_ID} characters"
+                )));
+            }
+            Some(id) => serde_json::json!({"agent": self.agent.as_str(), "call_id": id}),
+            None => serde_json::json!({
+                "agent": self.agent.as_str(),
+                "requested_by": self.requested_by.as_str(),
+                "tool": self.tool,
+                "args": self.args,
+            }),
+        };
+        let kind = if self.call_id.is_some() { "id" } else { "args" };
+        let hash = hex::encode(Sha256::digest(canonical(&named).as_bytes()));
+        Ok(format!("{kind}-{}", &hash[..40]))
+    }
+}
+
+impl Engine {
+    /// Takes one call from outside: attaches to an earlier identical call, or makes it the one
+    /// action of a new run and takes it through policy as a model's call is. Returns its state
+    /// once it is settled or waits on a person; [`Engine::call_state`] reads it again later.
+    pub async fn gate_call(&self, call: GateCall) -> Result<CallState, EngineError> {
+        let agent = self.agent(&call.agent)?.clone();
+        agent
+            .tools
+            .prepare()
+            .await
+            .map_err(|e| EngineError::Unavailable(e.to_string()))?;
+        let key = call.key()?;
+        let (pk, sk) = (keys::call_pk(&call.tenant, &key), keys::CALL_SK.to_string());
+        let keyed = load::<CallKeyed>(self.store.as_ref(), &pk, &sk).await?;
+        let replaces = match &keyed {
+            Some(keyed) => match self.attachable(&call, &keyed.value.run_id).await? {
+                Some(state) => return Ok(state),
+                None => Some(keyed.ver),
+            },
+            None => None,
+        };
+
+        let now = self.now();
+        let task = format!(
+            "{} through the {}: {}",
+            call.tool,
+            match call.via {
+                GateVia::Mcp => "MCP gateway",
+                GateVia::Api => "gate API",
+            },
+            clipped(&canonical(&call.args), 400)
+        );
+        let mut run = Run::start(
+            RunId::generate(),
+            call.tenant.clone(),
+            call.agent.clone(),
+            call.requested_by.clone(),
+            None,
+            &task,
+            agent.policy.version,
+            now,
+        );
+        run.gate = Some(GateOrigin {
+            via: call.via,
+            call_key: key,
+        });
+        let tool_use_id = call
+            .call_id
+            .clone()
+            .unwrap_or_else(|| format!("gate_{}", run.id));
+        let mut content = vec![Block::ToolUse {
+            id: tool_use_id.clone(),
+            name: call.tool.clone(),
+            input: call.args.clone(),
+        }];
+        let oversized = budget::fit_reply(&mut content).pop().map(|(_, why)| why);
+        let Some(Block::ToolUse { input, .. }) = content.first().cloned() else {
+            unreachable!("one call")
+        };
+        run.messages.push(Message {
+            role: Speaker::Assistant,
+            content,
+        });
+        let mut run = Stored { value: run, ver: 0 };
+
+        let mut tx = Tx::new();
+        tx.run(self.index_shards, &mut run);
+        let keyed = CallKeyed {
+            run_id: run.value.id.clone(),
+        };
+        match replaces {
+            Some(ver) => tx.update(pk.clone(), sk.clone(), None, &keyed, ver),
+            None => tx.create(pk.clone(), sk.clone(), None, &keyed),
+        }
+        let register = !self.is_registered(&call.tenant);
+        if register {
+            tx.upsert(
+                keys::TENANTS_PK.into(),
+                keys::tenant_sk(&call.tenant),
+                &call.tenant,
+            );
+        }
+        match self.commit(tx).await {
+            Ok(_) => {}
+            // An identical call made its run first: this one is that call.
+            Err(StoreError::ConditionFailed { .. }) => {
+                let keyed = load::<CallKeyed>(self.store.as_ref(), &pk, &sk)
+                    .await?
+                    .ok_or(EngineError::Contended)?;
+                return self.attached_state(&call.tenant, &keyed.value.run_id).await;
+            }
+            Err(error) => return Err(error.into()),
+        }
+        run.written();
+        if register {
+            self.registered(&call.tenant);
+        }
+
+        let held = HeldCall {
+            tool_use_id,
+            action_id: ActionId::generate(),
+            result: None,
+        };
+        let proposed = Proposed {
+            tool: call.tool.clone(),
+            input,
+            explanation: String::new(),
+            oversized,
+        };
+        let (held, approval) = self.propose_one(&agent, &run.value, held, proposed).await?;
+        let outbox = match approval {
+            Some(approval) => self.pause(run, vec![held], vec![approval]).await?.1,
+            None => {
+                let result = held.result.clone().expect("settled without a person");
+                run.value
+                    .push_results(vec![result.clone().into_block(&held.tool_use_id)]);
+                self.finish_run(run, result.content).await?.1
+            }
+        };
+        self.deliver(outbox).await;
+        self.call_state(&call.tenant, &keyed.run_id).await
+    }
+
+    /// The state of a call taken through the gate, by its run.
+    pub async fn call_state(
+        &self,
+        tenant: &TenantId,
+        run: &RunId,
+    ) -> Result<CallState, EngineError> {
+        let history = self.history(tenant, run).await?;
+        if history.run.gate.is_none() {
+            return Err(EngineError::not_found(format!("call {run}")));
+        }
+        Ok(state_of(&history))
+    }
+
+    /// Waits until the call is settled or `wait` has passed, reading its state again at growing
+    /// intervals; a call that waits on a person past the wait comes back as it stands.
+    pub async fn wait_for_call(
+        &self,
+        tenant: &TenantId,
+        run: &RunId,
+        wait: StdDuration,
+    ) -> Result<CallState, EngineError> {
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut pause = StdDuration::from_millis(20);
+        loop {
+            let state = self.call_state(tenant, run).await?;
+            let now = tokio::time::Instant::now();
+            if state.status.is_settled() || now >= deadline {
+                return Ok(state);
+            }
+            tokio::time::sleep(pause.min(deadline - now)).await;
+            pause = (pause * 2).min(StdDuration::from_millis(500));
+        }
+    }
+
+    /// The earlier call `call` attaches to, if it is still attachable.
+    async fn attachable(
+        &self,
+        call: &GateCall,
+        run: &RunId,
+    ) -> Result<Option<CallState>, EngineError> {
+        let Ok(history) = self.history(&call.tenant, run).await else {
+            return Ok(None);
+        };
+        let mut state = state_of(&history);
+        state.attached = true;
+        let stale = call.call_id.is_none()
+            && history.run.status.is_finished()
+            && state.status != CallStatus::Unknown
+            && history.run.updated_at + ATTACHABLE < self.now();
+        Ok((!stale).then_some(state))
+    }
+
+    async fn attached_state(
+        &self,
+        tenant: &TenantId,
+        run: &RunId,
+    ) -> Result<CallState, EngineError> {
+        let mut state = self.call_state(tenant, run).await?;
+        state.attached = true;
+        Ok(state)
+    }
+}
+
+/// The first `max` bytes of `text`, at a character boundary, marked where cut.
+fn clipped(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
+/// A call's state from its run's history: its action's latest version, its open approval.
+fn state_of(history: &History) -> CallState {
+    let run = &history.run;
+    let action: Option<&Action> = history.actions.last();
+    let approval = action
+        .and_then(|a| a.approval_id.as_ref())
+        .and_then(|id| history.approvals.iter().find(|a| a.id == *id))
+        .cloned();
+    let status = match action {
+        None => match run.status {
+            RunStatus::Running => CallStatus::Running,
+            RunStatus::Cancelled => CallStatus::Cancelled,
+            // Answered before an action was proposed.
+            _ => CallStatus::Refused,
+        },
+        Some(action) => match action.status {
+            ActionStatus::AwaitingApproval => CallStatus::AwaitingApproval,
+            ActionStatus::Approved | ActionStatus::Executing => CallStatus::Running,
+            ActionStatus::Succeeded => CallStatus::Succeeded,
+            ActionStatus::Failed => CallStatus::Failed,
+            ActionStatus::Unknown => CallStatus::Unknown,
+            ActionStatus::Expired => CallStatus::Expired,
+            ActionStatus::Cancelled => CallStatus::Cancelled,
+            ActionStatus::Superseded => CallStatus::Running,
+            ActionStatus::Rejected => match approval.as_ref().map(|a| a.status) {
+                Some(ApprovalStatus::Rejected) => CallStatus::Rejected,
+                _ => CallStatus::Denied,
+            },
+        },
+    };
+    let result = action
+        .and_then(|a| a.result.clone())
+        .or_else(|| match status {
+            CallStatus::Refused => run.answer.clone().map(ToolResultText::error),
+            _ => None,
+        });
+    CallState {
+        run_id: run.id.clone(),
+        status,
+        tool: action
+            .map(|a| a.tool.clone())
+            .or_else(|| {
+                run.messages
+                    .iter()
+                    .flat_map(|m| m.tool_uses())
+                    .map(|u| u.name.to_string())
+                    .next()
+            })
+            .unwrap_or_default(),
+        action_id: action.map(|a| a.id.clone()),
+        version: action.map(|a| a.version.get()),
+        args: action.map(|a| a.args.clone()),
+        result,
+        approval: approval.filter(|a| a.status == ApprovalStatus::AwaitingApproval),
+        attached: false,
+    }
+}

@@ -1,0 +1,253 @@
+//! The gate: calls from an agent Countersign does not drive, one at a time, each the one action
+//! of a run of its own; a repeated identical call attaches to the first.
+
+use super::*;
+use shared::domain::ids::AgentName;
+use shared::domain::run::GateVia;
+use shared::engine::{ATTACHABLE, CallState, CallStatus, GateCall};
+
+/// `ben` asks the expense agent for `tool` with `args`, through the MCP gateway.
+fn call(tool: &str, args: serde_json::Value) -> GateCall {
+    GateCall {
+        tenant: acme(),
+        agent: AgentName::parse("expense").unwrap(),
+        requested_by: person("ben"),
+        tool: tool.into(),
+        args,
+        call_id: None,
+        via: GateVia::Mcp,
+    }
+}
+
+fn pay_c102() -> GateCall {
+    call(
+        "reimburse",
+        json!({"claim_id": "c-102", "amount_cents": 25_000}),
+    )
+}
+
+async fn gated(p: &Process, call: GateCall) -> CallState {
+    p.gate_call(call).await.expect("the gate takes the call")
+}
+
+async fn given_an_allowed_call_from_outside_when_it_is_made_then_it_runs_once_and_its_result_comes_back(
+    h: &Harness,
+) {
+    let p = h.process().await;
+
+    let state = gated(&p, call("get_claim", json!({"claim_id": "c-102"}))).await;
+
+    assert_eq!(state.status, CallStatus::Succeeded, "{state:?}");
+    assert!(!state.attached);
+    assert!(
+        state
+            .result
+            .as_ref()
+            .unwrap()
+            .content
+            .contains("\"id\":\"c-102\"")
+    );
+    let history = p.history(&acme(), &state.run_id).await.unwrap();
+    assert_eq!(history.run.status, RunStatus::Done);
+    assert_eq!(history.run.requested_by, person("ben"));
+    assert_eq!(
+        event_names(&history.entries),
+        ["started", "proposed", "executing", "executed", "done"]
+    );
+}
+
+async fn given_a_gated_call_when_it_is_made_again_before_and_after_its_approval_then_one_approval_and_one_payment_and_the_outcome_comes_back(
+    h: &Harness,
+) {
+    let p = h.process().await;
+
+    let first = gated(&p, pay_c102()).await;
+    assert_eq!(first.status, CallStatus::AwaitingApproval, "{first:?}");
+    let approval = first.approval.clone().expect("who must decide, by when");
+    assert_eq!(approval.approver_role, finance());
+    assert_eq!(approval.requested_by, [person("ben")]);
+    assert!(h.payments().await.is_empty(), "nothing ran");
+
+    let again = gated(&p, pay_c102()).await;
+    assert!(again.attached);
+    assert_eq!(again.run_id, first.run_id);
+    assert_eq!(again.approval.as_ref().map(|a| &a.id), Some(&approval.id));
+    assert_eq!(p.pending(&acme()).await.unwrap().len(), 1, "one approval");
+
+    let other = h.process().await;
+    h.decided(&other, "dana", &approval.id, approve("d-1"))
+        .await;
+
+    let after = gated(&p, pay_c102()).await;
+    assert!(after.attached);
+    assert_eq!(after.status, CallStatus::Succeeded, "{after:?}");
+    assert_eq!(after.version, Some(1));
+    assert!(
+        after
+            .result
+            .unwrap()
+            .content
+            .contains("\"paid_cents\":25000")
+    );
+    let payments = h.payments().await;
+    assert_eq!(payments.len(), 1, "paid once");
+    assert_eq!(
+        payments[0].idempotency_key,
+        format!("{}:1", after.action_id.clone().unwrap())
+    );
+    let run = h.run(&p, &first.run_id).await;
+    assert_eq!(run.status, RunStatus::Done);
+}
+
+async fn given_two_identical_calls_at_once_when_both_are_taken_then_they_are_one_call(h: &Harness) {
+    let (a, b) = (h.process().await, h.process().await);
+
+    let (one, two) = tokio::join!(gated(&a, pay_c102()), gated(&b, pay_c102()));
+
+    assert_eq!(one.run_id, two.run_id);
+    assert!(one.attached != two.attached, "{one:?} {two:?}");
+    assert_eq!(a.pending(&acme()).await.unwrap().len(), 1);
+}
+
+async fn given_a_call_with_the_callers_own_id_when_it_comes_again_then_it_is_the_same_call_whatever_its_arguments(
+    h: &Harness,
+) {
+    let p = h.process().await;
+    let with_id = |args| GateCall {
+        call_id: Some("call_7f3".into()),
+        ..call("get_claim", args)
+    };
+
+    let first = gated(&p, with_id(json!({"claim_id": "c-101"}))).await;
+    let again = gated(&p, with_id(json!({"claim_id": "c-103"}))).await;
+
+    assert_eq!(again.run_id, first.run_id);
+    assert!(again.attached);
+    assert!(again.result.unwrap().content.contains("\"id\":\"c-101\""));
+}
+
+async fn given_calls_that_do_not_fit_or_that_policy_denies_or_a_person_rejects_then_each_is_told_why_and_nothing_runs(
+    h: &Harness,
+) {
+    let p = h.process().await;
+
+    let refused = gated(&p, call("reimburse", json!({"claim_id": "c-102"}))).await;
+    assert_eq!(refused.status, CallStatus::Refused, "{refused:?}");
+    assert!(
+        refused
+            .result
+            .unwrap()
+            .content
+            .contains("do not match the tool's schema")
+    );
+
+    let unknown_tool = gated(&p, call("wire_money", json!({"to": "ben"}))).await;
+    assert_eq!(unknown_tool.status, CallStatus::Refused);
+
+    let decline = gated(
+        &p,
+        call(
+            "decline",
+            json!({"claim_id": "c-103", "reason": "duplicate"}),
+        ),
+    )
+    .await;
+    assert_eq!(decline.status, CallStatus::AwaitingApproval);
+    let approval = decline.approval.unwrap();
+    h.decided(
+        &p,
+        "dana",
+        &approval.id,
+        reject("d-r", "It is not a duplicate."),
+    )
+    .await;
+    let rejected = p.call_state(&acme(), &decline.run_id).await.unwrap();
+    assert_eq!(rejected.status, CallStatus::Rejected);
+    let told = rejected.result.unwrap().content;
+    assert!(told.contains("It is not a duplicate."), "{told}");
+    assert!(h.payments().await.is_empty());
+    assert!(p.pending(&acme()).await.unwrap().is_empty());
+}
+
+async fn given_a_gated_call_a_reviewer_lowers_when_it_is_read_then_version_2_ran_with_the_lowered_arguments(
+    h: &Harness,
+) {
+    let p = h.process().await;
+    let first = gated(&p, pay_c102()).await;
+
+    h.decided(&p, "dana", &first.approval.unwrap().id, edit("d-e", 200))
+        .await;
+
+    let state = p.call_state(&acme(), &first.run_id).await.unwrap();
+    assert_eq!(state.status, CallStatus::Succeeded, "{state:?}");
+    assert_eq!(state.version, Some(2));
+    assert_eq!(state.args.unwrap().int("amount_cents"), Some(20_000));
+    assert_eq!(h.payments().await.len(), 1);
+}
+
+async fn given_a_caller_waiting_on_a_call_when_another_process_decides_it_then_the_wait_ends_with_the_outcome(
+    h: &Harness,
+) {
+    let p = Arc::new(h.process().await);
+    let first = gated(&p, pay_c102()).await;
+    let approval = first.approval.clone().unwrap();
+    let waiter = {
+        let p = p.clone();
+        let run = first.run_id.clone();
+        tokio::spawn(async move {
+            p.wait_for_call(&acme(), &run, StdDuration::from_secs(20))
+                .await
+        })
+    };
+    tokio::time::sleep(StdDuration::from_millis(100)).await;
+    let other = h.process().await;
+    h.decided(&other, "dana", &approval.id, approve("d-1"))
+        .await;
+
+    let state = waiter.await.unwrap().unwrap();
+    assert_eq!(state.status, CallStatus::Succeeded, "{state:?}");
+
+    // Nobody decides the next one: the wait ends with it still waiting.
+    let decline = gated(
+        &p,
+        call(
+            "decline",
+            json!({"claim_id": "c-103", "reason": "duplicate"}),
+        ),
+    )
+    .await;
+    let waited = p
+        .wait_for_call(&acme(), &decline.run_id, StdDuration::from_millis(200))
+        .await
+        .unwrap();
+    assert_eq!(waited.status, CallStatus::AwaitingApproval);
+}
+
+async fn given_a_settled_call_known_by_its_arguments_when_the_same_call_comes_after_the_window_then_it_is_a_new_call(
+    h: &Harness,
+) {
+    let p = h.process().await;
+    let read = || call("get_claim", json!({"claim_id": "c-102"}));
+    let first = gated(&p, read()).await;
+    h.clock.advance(Duration::minutes(30));
+    let within = gated(&p, read()).await;
+    assert_eq!(within.run_id, first.run_id, "attached within the window");
+
+    h.clock.advance(ATTACHABLE);
+    let after = gated(&p, read()).await;
+
+    assert_ne!(after.run_id, first.run_id);
+    assert!(!after.attached);
+    assert_eq!(after.status, CallStatus::Succeeded);
+}
+
+on_both_stores!([
+    given_an_allowed_call_from_outside_when_it_is_made_then_it_runs_once_and_its_result_comes_back,
+    given_a_gated_call_when_it_is_made_again_before_and_after_its_approval_then_one_approval_and_one_payment_and_the_outcome_comes_back,
+    given_two_identical_calls_at_once_when_both_are_taken_then_they_are_one_call,
+    given_a_call_with_the_callers_own_id_when_it_comes_again_then_it_is_the_same_call_whatever_its_arguments,
+    given_calls_that_do_not_fit_or_that_policy_denies_or_a_person_rejects_then_each_is_told_why_and_nothing_runs,
+    given_a_gated_call_a_reviewer_lowers_when_it_is_read_then_version_2_ran_with_the_lowered_arguments,
+    given_a_caller_waiting_on_a_call_when_another_process_decides_it_then_the_wait_ends_with_the_outcome,
+    given_a_settled_call_known_by_its_arguments_when_the_same_call_comes_after_the_window_then_it_is_a_new_call,
+]);
