@@ -118,9 +118,21 @@ pub async fn run(local: Local, state: &Path, options: Options) -> Result<(), Fai
     }
     // A Slack click is answered before the run it settles resumes; that resume runs here.
     let background = api::Background::default();
-    let app = api::local_router(engine, auth, local.claims, dev, slack, background.clone()).layer(
-        middleware::from_fn_with_state(options.body_timeout, body_within),
-    );
+    let gateway =
+        shared::deploy::mcp_settings_from_env().map_err(|e| Failure::usage(e.to_string()))?;
+    let app = api::local_router(
+        engine,
+        auth,
+        local.claims,
+        dev,
+        slack,
+        background.clone(),
+        gateway,
+    )
+    .layer(middleware::from_fn_with_state(
+        options.body_timeout,
+        body_within,
+    ));
     // One flushed line: scripts and tests read the address from it (port 0 picks a free one).
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout, "listening on http://{bound}")
@@ -193,11 +205,12 @@ async fn accept_until_stopped(listener: TcpListener, app: Router, options: &Opti
 /// API refuses it (400 `body_too_large`); one that is late is 408 and ends the connection.
 async fn body_within(State(timeout): State<Duration>, request: Request, next: Next) -> Response {
     let (parts, body) = request.into_parts();
-    match tokio::time::timeout(timeout, axum::body::to_bytes(body, api::MAX_BODY_BYTES)).await {
+    let limit = api::body_limit(parts.uri.path());
+    match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await {
         Ok(Ok(bytes)) => next.run(Request::from_parts(parts, bytes.into())).await,
         Ok(Err(_)) => ApiError::bad_request(
             "body_too_large",
-            format!("the body is larger than {} bytes", api::MAX_BODY_BYTES),
+            format!("the body is larger than {limit} bytes"),
         )
         .into_response(),
         Err(_) => {

@@ -319,6 +319,26 @@ impl Notifications {
 
 const SLACK_SIGNING_SECRET: &str = "COUNTERSIGN_SLACK_SIGNING_SECRET";
 
+/// The longest `COUNTERSIGN_MCP_WAIT` may be: longer, a client gives up first.
+const MAX_MCP_WAIT: Duration = Duration::from_secs(600);
+
+/// The MCP gateway's settings: `COUNTERSIGN_MCP_WAIT`, how long a call that waits on a person
+/// is held open (default 45s, at most 10m; the decide function's is 25s, under API Gateway's
+/// 30 s), and `COUNTERSIGN_PUBLIC_URL`, the review page its answers link each approval to.
+pub fn mcp_settings_from_env() -> Result<crate::api::mcp::Settings, ConfigError> {
+    let wait = duration_var("COUNTERSIGN_MCP_WAIT")?.unwrap_or(crate::api::mcp::DEFAULT_WAIT);
+    if wait > MAX_MCP_WAIT {
+        return Err(ConfigError(
+            "COUNTERSIGN_MCP_WAIT must be at most 10m".into(),
+        ));
+    }
+    let public_url = var("COUNTERSIGN_PUBLIC_URL")
+        .map(|text| webhook::public_url(&text))
+        .transpose()
+        .map_err(|e| ConfigError(format!("COUNTERSIGN_PUBLIC_URL: {e}")))?;
+    Ok(crate::api::mcp::Settings { wait, public_url })
+}
+
 /// The Slack app that takes clicks on the notices' buttons, when
 /// `COUNTERSIGN_SLACK_SIGNING_SECRET` is set (then notices carry Approve and Reject buttons).
 /// Slack users are people by the `slack` ids of `COUNTERSIGN_SLACK_PEOPLE` (a people directory

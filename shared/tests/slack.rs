@@ -170,7 +170,12 @@ impl SlackSetup {
             SlackWebApi::new(&web.url, "xoxb-countersign-test", QUICK).unwrap(),
         ));
         let auth: Arc<dyn Authenticate> = Arc::new(BearerJwt::hs256(&[7; 32]).unwrap());
-        let router = shared::api::router_with_slack(engine.clone(), auth, Some(Arc::new(app)));
+        let router = shared::api::router_with_slack(
+            engine.clone(),
+            auth,
+            Some(Arc::new(app)),
+            shared::api::mcp::Settings::default(),
+        );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let api = format!("http://{}", listener.local_addr().unwrap());
         tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });

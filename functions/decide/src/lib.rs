@@ -8,15 +8,16 @@ use shared::api::{self, Authenticate};
 use shared::engine::Engine;
 
 pub fn app(engine: Arc<Engine>, auth: Arc<dyn Authenticate>) -> axum::Router {
-    app_with_slack(engine, auth, None)
+    app_with_slack(engine, auth, None, api::mcp::Settings::default())
 }
 
 /// With a Slack app, also `POST /slack/interactions` (routed without the JWT authorizer: Slack
-/// signs its requests instead).
+/// signs its requests instead); the MCP gateway, `/mcp/{agent}`, with `gateway`'s settings.
 pub fn app_with_slack(
     engine: Arc<Engine>,
     auth: Arc<dyn Authenticate>,
     slack: Option<Arc<SlackApp>>,
+    gateway: api::mcp::Settings,
 ) -> axum::Router {
-    shared::lambda::with_gateway_claims(api::router_with_slack(engine, auth, slack))
+    shared::lambda::with_gateway_claims(api::router_with_slack(engine, auth, slack, gateway))
 }

@@ -15,5 +15,7 @@ async fn main() -> Result<(), Error> {
     let auth = shared::lambda::auth_from_env()?;
     // Slack users are people by COUNTERSIGN_SLACK_PEOPLE, a file of the agents layer.
     let slack = shared::deploy::slack_from_env(None)?;
-    lambda_http::run(decide::app_with_slack(engine, auth, slack)).await
+    // The MCP gateway holds a waiting call under API Gateway's 30 s (COUNTERSIGN_MCP_WAIT).
+    let gateway = shared::deploy::mcp_settings_from_env()?;
+    lambda_http::run(decide::app_with_slack(engine, auth, slack, gateway)).await
 }

@@ -161,6 +161,7 @@ async fn a_slack_click_arrives_without_an_authorizer_signed_by_slack_and_decides
         Arc::new(process.engine),
         Arc::new(auth),
         Some(Arc::new(slack)),
+        shared::api::mcp::Settings::default(),
     );
 
     let value = json!({

@@ -401,6 +401,7 @@ mod tests {
             include_str!("runs.rs"),
             include_str!("dev.rs"),
             include_str!("slack.rs"),
+            include_str!("mcp.rs"),
         ] {
             codes.extend(codes_written_in(source));
         }

@@ -7,6 +7,8 @@
 //!   decide function.
 //! - [`start_routes`]: `POST /runs`, hosted by the start function.
 //! - [`local_router`]: both, for the local server, and its development sign-in (`/dev/...`).
+//! - [`mcp::routes`]: `/mcp/{agent}`, the MCP gateway over Streamable HTTP, with the decide
+//!   routes.
 //!
 //! Identity comes only from an [`Authenticate`]: [`BearerJwt`] locally, [`GatewayClaims`] behind
 //! API Gateway's JWT authorizer (the Lambda adapter inserts [`VerifiedClaims`] into each
@@ -18,6 +20,7 @@ mod background;
 pub mod dev;
 pub mod error;
 pub mod extract;
+pub mod mcp;
 mod page;
 mod runs;
 mod slack;
@@ -47,6 +50,14 @@ use crate::example::expense::Claims;
 
 /// The largest request body the API reads; a larger one is a 400 `body_too_large`.
 pub const MAX_BODY_BYTES: usize = 16 * 1024;
+
+/// The largest request body a path takes: an MCP call carries its arguments whole.
+pub fn body_limit(path: &str) -> usize {
+    match path.starts_with("/mcp/") {
+        true => mcp::MAX_BODY_BYTES,
+        false => MAX_BODY_BYTES,
+    }
+}
 
 /// The OpenAPI 3.1 description of every route.
 pub const OPENAPI_YAML: &str = include_str!("openapi.yaml");
@@ -81,6 +92,7 @@ fn decide_part(
     auth: Arc<dyn Authenticate>,
     slack: Option<Arc<SlackApp>>,
     background: Background,
+    gateway: mcp::Settings,
 ) -> Router {
     let mut router = Router::new()
         .route("/approvals", get(approvals::list))
@@ -92,8 +104,9 @@ fn decide_part(
         .route("/runs/{id}/audit", get(runs::audit))
         .with_state(DecideState {
             engine: engine.clone(),
-            auth,
+            auth: auth.clone(),
         })
+        .merge(mcp::routes(engine.clone(), auth, gateway))
         .merge(page::routes());
     if let Some(slack) = slack {
         router = router.merge(
@@ -149,22 +162,37 @@ async fn protect_response(mut response: Response) -> Response {
 }
 
 /// The decide API: `GET /approvals`, `GET /approvals/decided`, `GET /approvals/{id}`,
-/// `POST /approvals/{id}/decisions`, `POST /runs/{id}/cancel`, `GET /runs/{id}/audit`; and the
-/// review page, `GET /` and `GET /review/{file}`.
+/// `POST /approvals/{id}/decisions`, `POST /runs/{id}/cancel`, `GET /runs/{id}/audit`; the
+/// MCP gateway, `/mcp/{agent}`, with its default settings; and the review page, `GET /` and
+/// `GET /review/{file}`.
 pub fn router(engine: Arc<Engine>, auth: Arc<dyn Authenticate>) -> Router {
-    finish(decide_part(engine, auth, None, Background::default()))
+    finish(decide_part(
+        engine,
+        auth,
+        None,
+        Background::default(),
+        mcp::Settings::default(),
+    ))
 }
 
-/// As [`router`], and with a Slack app, `POST /slack/interactions`: its buttons' clicks,
-/// authenticated by Slack's request signature instead of a bearer token. With a queue (the
-/// decide function) a click's decision publishes its resume message before the answer; an
-/// embedded engine resumes the run on a task of its own after it, which nobody waits for.
+/// As [`router`], the MCP gateway with `gateway`'s settings, and with a Slack app,
+/// `POST /slack/interactions`: its buttons' clicks, authenticated by Slack's request signature
+/// instead of a bearer token. With a queue (the decide function) a click's decision publishes
+/// its resume message before the answer; an embedded engine resumes the run on a task of its
+/// own after it, which nobody waits for.
 pub fn router_with_slack(
     engine: Arc<Engine>,
     auth: Arc<dyn Authenticate>,
     slack: Option<Arc<SlackApp>>,
+    gateway: mcp::Settings,
 ) -> Router {
-    finish(decide_part(engine, auth, slack, Background::default()))
+    finish(decide_part(
+        engine,
+        auth,
+        slack,
+        Background::default(),
+        gateway,
+    ))
 }
 
 /// `POST /runs`: starts the expense agent on one of `claims`.
@@ -176,7 +204,8 @@ pub fn start_routes(
     finish(start_part(engine, auth, claims))
 }
 
-/// Every route, for one process that hosts them all (the local server); with `dev`, the
+/// Every route, for one process that hosts them all (the local server), the MCP gateway with
+/// `gateway`'s settings; with `dev`, the
 /// development sign-in (`GET /dev/people` and `POST /dev/token`); with `slack`, the Slack app's
 /// `POST /slack/interactions`, whose decisions resume their run on a task of `background`
 /// once Slack has its answer (the decision API's `POST /approvals/{id}/decisions` resumes it
@@ -188,8 +217,9 @@ pub fn local_router(
     dev: Option<DevSignIn>,
     slack: Option<Arc<SlackApp>>,
     background: Background,
+    gateway: mcp::Settings,
 ) -> Router {
-    let mut router = decide_part(engine.clone(), auth.clone(), slack, background)
+    let mut router = decide_part(engine.clone(), auth.clone(), slack, background, gateway)
         .merge(start_part(engine, auth, claims));
     if let Some(dev) = dev {
         router = router.merge(dev::routes(dev));
@@ -249,6 +279,7 @@ mod tests {
             "/runs/{id}/audit:",
             "/slack/interactions:",
             "/approvals/{id}/comments:",
+            "/mcp/{agent}:",
         ] {
             assert!(OPENAPI_YAML.contains(path), "{path} is not documented");
         }
