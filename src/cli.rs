@@ -101,6 +101,9 @@ pub enum Command {
     },
     /// Serve the HTTP decision API over the state; bearer tokens come from `countersign token`.
     Serve(crate::serve::Options),
+    /// Serve one agent's tools to an MCP client (Claude Code, Claude Desktop, Cursor, VS Code)
+    /// over stdio, for one person: each call goes through the agent's policy and approvals.
+    Mcp(crate::mcp::Options),
     /// Print a development bearer token for a person of the people directory.
     Token {
         #[arg(long = "as", value_name = "NAME")]

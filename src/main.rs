@@ -3,6 +3,7 @@
 mod cli;
 mod fail;
 mod local;
+mod mcp;
 mod render;
 mod serve;
 mod token;
@@ -39,7 +40,10 @@ async fn main() -> ExitCode {
     shared::deploy::log_to_stderr("warn");
 
     let json = cli.global.json;
+    // Over stdio, stdout carries the MCP protocol and nothing else.
+    let quiet = matches!(cli.command, Command::Mcp(_));
     match run(cli).await {
+        Ok(_) if quiet => ExitCode::SUCCESS,
         Ok(output) => {
             let mut stdout = std::io::stdout().lock();
             let _ = match json {
@@ -77,16 +81,23 @@ fn already_loaded(agents: Option<&str>, dir: &std::path::Path) -> bool {
 
 async fn run(cli: Cli) -> Result<Output, Failure> {
     let mut cli = cli;
-    // A definition's directory given to `run` is loaded with the others, unless they hold it.
-    if let Command::Run { agent, .. } = &cli.command
+    // A definition's directory given to `run` or `mcp` is loaded with the others, unless they
+    // hold it.
+    let named = match &cli.command {
+        Command::Run { agent, .. } => Some(agent),
+        Command::Mcp(options) => Some(&options.agent),
+        _ => None,
+    };
+    if let Some(agent) = named
         && std::path::Path::new(agent)
             .join(shared::agents::DEFINITION_FILE)
             .is_file()
         && !already_loaded(cli.global.agents.as_deref(), std::path::Path::new(agent))
     {
+        let agent = agent.clone();
         cli.global.agents = Some(match cli.global.agents.take() {
             Some(paths) => format!("{paths},{agent}"),
-            None => agent.clone(),
+            None => agent,
         });
     }
     let local = Local::connect(&cli.global).await?;
@@ -104,16 +115,7 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
             ttl,
         } => {
             let who = local.identify(&person)?;
-            let agent = match std::path::Path::new(&agent).join(shared::agents::DEFINITION_FILE) {
-                file if file.is_file() => {
-                    shared::agents::Definition::load(&shared::agents::Dir(
-                        std::path::PathBuf::from(&agent),
-                    ))
-                    .map_err(|e| Failure::usage(e.to_string()))?
-                    .name
-                }
-                _ => AgentName::parse(&agent)?,
-            };
+            let agent = agent_named(&agent)?;
             local.loaded(&agent)?;
             let start = StartRun {
                 approval_ttl: ttl,
@@ -164,6 +166,13 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
             action: Some(review),
             ..
         } => decide(&local, review).await,
+        Command::Mcp(options) => {
+            mcp::run(local, options).await?;
+            Ok(Output {
+                text: String::new(),
+                json: json!({"stopped": true}),
+            })
+        }
         Command::Serve(options) => {
             serve::run(local, &cli.global.state, options).await?;
             Ok(Output {
@@ -240,6 +249,19 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
                 json: json!({"payments": payments, "declined": declined}),
             })
         }
+    }
+}
+
+/// The agent `text` names: a loaded definition's name, or a definition's directory (loaded
+/// with the others by [`run`]).
+pub(crate) fn agent_named(text: &str) -> Result<AgentName, Failure> {
+    match std::path::Path::new(text).join(shared::agents::DEFINITION_FILE) {
+        file if file.is_file() => Ok(shared::agents::Definition::load(&shared::agents::Dir(
+            std::path::PathBuf::from(text),
+        ))
+        .map_err(|e| Failure::usage(e.to_string()))?
+        .name),
+        _ => Ok(AgentName::parse(text)?),
     }
 }
 

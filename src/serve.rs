@@ -233,7 +233,7 @@ async fn body_within(State(timeout): State<Duration>, request: Request, next: Ne
 
 /// The local stand-in for the recurring EventBridge schedule. A failed sweep is logged and the
 /// next one tries again; the process stopping ends it.
-async fn sweep_forever(engine: Arc<Engine>, every: Duration) {
+pub(crate) async fn sweep_forever(engine: Arc<Engine>, every: Duration) {
     let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
