@@ -79,6 +79,16 @@ impl Countersign {
         }
     }
 
+    /// The state directory every command of this harness works on.
+    pub fn state(&self) -> &Path {
+        &self.state
+    }
+
+    /// The variables every command of this harness gets.
+    pub fn env(&self) -> &[(&'static str, String)] {
+        &self.env
+    }
+
     /// Every process also gets these variables (to point it at another store).
     pub fn with_env(mut self, env: Vec<(&'static str, String)>) -> Self {
         self.env = env;

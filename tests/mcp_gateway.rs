@@ -1,0 +1,450 @@
+//! The MCP gateway driven by a client nobody here wrote: the official MCP Python SDK (`mcp` from
+//! PyPI, pinned in tests/mcp-client.requirements.txt) through tests/mcp_client.py, against
+//! `countersign mcp` over stdio and `/mcp/refunds` on a real `countersign serve`, in front of the
+//! refunds agent and a real orders service. Decisions come from `countersign review` in other
+//! processes.
+//!
+//! The client is installed once into a virtual environment under
+//! `${XDG_CACHE_HOME:-~/.cache}/countersign/mcp-client-venv` (PyPI the first time, offline after);
+//! `COUNTERSIGN_MCP_PYTHON` names another Python that has it.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use common::orders::OrdersService;
+use common::{Countersign, listening_url, stop_group};
+use serde_json::{Value, json};
+
+const CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mcp_client.py");
+const REQUIREMENTS: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/mcp-client.requirements.txt"
+);
+
+/// The refund policy puts before a finance manager (above USD 100).
+fn refund_125() -> Value {
+    json!({"order_id": "ord_55", "amount_cents": 12_500, "currency": "USD", "reason": "damaged_item"})
+}
+
+/// A `tools/call` step of issue_refund for USD 125, waiting at most `wait_seconds`.
+fn ask_refund(wait_seconds: f64) -> Value {
+    json!({"op": "call", "tool": "issue_refund", "args": refund_125(), "wait_seconds": wait_seconds})
+}
+
+/// The Python that has the pinned client, installed on first use.
+fn python() -> &'static Path {
+    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
+    PYTHON.get_or_init(|| {
+        if let Some(python) = std::env::var_os("COUNTERSIGN_MCP_PYTHON") {
+            return PathBuf::from(python);
+        }
+        let cache = std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache"));
+        let venv = cache.join("countersign").join("mcp-client-venv");
+        let python = venv.join("bin").join("python");
+        let pinned = std::fs::read_to_string(REQUIREMENTS).unwrap();
+        let version = pinned.trim().strip_prefix("mcp==").unwrap().to_string();
+        if installed(&python).as_deref() != Some(version.as_str()) {
+            run(Command::new("python3").arg("-m").arg("venv").arg(&venv));
+            run(Command::new(&python).args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "-r",
+                REQUIREMENTS,
+            ]));
+            assert_eq!(installed(&python).as_deref(), Some(version.as_str()));
+        }
+        python
+    })
+}
+
+/// The `mcp` version `python` has, if any.
+fn installed(python: &Path) -> Option<String> {
+    let output = Command::new(python)
+        .args([
+            "-c",
+            "import importlib.metadata as m; print(m.version('mcp'))",
+        ])
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    output
+        .status
+        .success()
+        .then(|| String::from_utf8_lossy(&output.stdout).trim().to_string())
+}
+
+#[track_caller]
+fn run(command: &mut Command) {
+    let status = command.status().expect("the installer runs");
+    assert!(
+        status.success(),
+        "installing the MCP Python client failed ({command:?}): python3 with venv and pip, \
+         and PyPI once, are needed (scripts/test-all installs it too)"
+    );
+}
+
+/// How the client reaches the gateway, and what its processes get.
+struct Gateway {
+    transport: Vec<String>,
+    env: Vec<(&'static str, String)>,
+}
+
+impl Gateway {
+    /// `countersign mcp --agent refunds --as PERSON`, spawned by the client, over `cs`'s state.
+    fn stdio(cs: &Countersign, person: &str) -> Self {
+        let mut env = cs.env().to_vec();
+        env.push(("COUNTERSIGN_STATE", cs.state().display().to_string()));
+        let transport = ["stdio", env!("CARGO_BIN_EXE_countersign"), "mcp"]
+            .into_iter()
+            .chain(["--agent", "refunds", "--as", person, "--sweep-every", "0s"])
+            .map(String::from)
+            .collect();
+        Self { transport, env }
+    }
+
+    /// `/mcp/refunds` on `server`, with `person`'s token.
+    fn http(server: &Serve, cs: &Countersign, person: &str) -> Self {
+        let token = cs.printed(&["token", "--as", person]).trim().to_string();
+        Self {
+            transport: vec!["http".into(), format!("{}/mcp/refunds", server.base), token],
+            env: Vec::new(),
+        }
+    }
+
+    fn command(&self, steps: &Value) -> Command {
+        let mut command = Command::new(python());
+        command
+            .arg(CLIENT)
+            .arg(steps.to_string())
+            .args(&self.transport)
+            .env_remove("ANTHROPIC_API_KEY")
+            .env_remove("COUNTERSIGN_AGENTS")
+            .env_remove("COUNTERSIGN_PEOPLE")
+            .env_remove("COUNTERSIGN_CLAIMS")
+            .env_remove("COUNTERSIGN_MCP_WAIT")
+            .env_remove("COUNTERSIGN_PUBLIC_URL")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        command
+    }
+
+    /// One session of `steps`: what each answered, after the line saying what was negotiated.
+    #[track_caller]
+    fn session(&self, steps: Value) -> Vec<Value> {
+        let output = self.command(&steps).output().expect("the client runs");
+        assert!(
+            output.status.success(),
+            "the MCP client failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let mut lines: Vec<Value> = String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .map(|line| serde_json::from_str::<Value>(line).unwrap())
+            .filter(|line| line.get("event").is_none())
+            .collect();
+        let negotiated = lines.remove(0);
+        assert_eq!(negotiated["server"], "countersign", "{negotiated}");
+        assert_eq!(lines.len(), steps.as_array().unwrap().len());
+        lines
+    }
+
+    /// One call, answered.
+    #[track_caller]
+    fn call(&self, step: Value) -> Value {
+        self.session(json!([step])).remove(0)
+    }
+
+    /// A session started in the background, in a process group of its own (with the server it
+    /// spawns over stdio).
+    fn spawn(&self, steps: Value) -> Child {
+        use std::os::unix::process::CommandExt;
+        self.command(&steps)
+            .process_group(0)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the client starts")
+    }
+}
+
+/// `countersign serve` over a given state directory, which can be killed and started again.
+struct Serve {
+    child: Child,
+    base: String,
+}
+
+impl Serve {
+    fn start(cs: &Countersign) -> Self {
+        let mut child = common::countersign(cs.state())
+            .args(["serve", "--addr", "127.0.0.1:0", "--sweep-every", "0s"])
+            .envs(cs.env().iter().map(|(k, v)| (k, v)))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("countersign serve starts");
+        let base = listening_url(&mut child, "countersign serve", Duration::from_secs(30));
+        Self { child, base }
+    }
+
+    /// Ends the server at once, as a crash would.
+    fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The id of the one approval waiting in `cs`'s state, once there is one.
+#[track_caller]
+fn waiting_approval(cs: &Countersign) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let listed = cs.ok(&["review"]);
+        if let Some(first) = listed["approvals"].as_array().and_then(|a| a.first()) {
+            assert_eq!(listed["approvals"].as_array().unwrap().len(), 1, "{listed}");
+            return first["id"].as_str().unwrap().to_string();
+        }
+        assert!(Instant::now() < deadline, "no approval opened: {listed}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// What the answer's `_meta` says at `key`.
+fn meta<'a>(answer: &'a Value, key: &str) -> &'a Value {
+    &answer["meta"][format!("countersign/{key}")]
+}
+
+/// The answer of a call that ran: the refund of `amount_cents` under the key `act-…:version`,
+/// made once at the orders service.
+#[track_caller]
+fn refunded_once(orders: &OrdersService, answer: &Value, version: u64) {
+    assert_eq!(meta(answer, "status"), "succeeded", "{answer}");
+    assert_eq!(answer["is_error"], false, "{answer}");
+    let key = format!("{}:{version}", meta(answer, "action_id").as_str().unwrap());
+    let refund = orders.only_refund("ord_55", 12_500, &key);
+    let told: Value = serde_json::from_str(answer["text"].as_str().unwrap()).unwrap();
+    assert_eq!(told["refund_id"], refund["refund_id"], "{answer}");
+}
+
+/// A gated call that waits: nothing has run, and it says who must approve and how to get the
+/// outcome.
+#[track_caller]
+fn waits_for_a_finance_manager(answer: &Value) -> String {
+    assert_eq!(meta(answer, "status"), "awaiting_approval", "{answer}");
+    assert_eq!(answer["is_error"], false, "{answer}");
+    let text = answer["text"].as_str().unwrap();
+    assert!(text.starts_with("Nothing has run yet"), "{text}");
+    assert!(text.contains("role finance_manager"), "{text}");
+    assert!(
+        text.contains("Calling the same tool with the same arguments again returns its outcome and never runs it twice"),
+        "{text}"
+    );
+    meta(answer, "approval_id").as_str().unwrap().to_string()
+}
+
+#[test]
+fn over_stdio_a_client_lists_the_tools_and_a_gated_refund_runs_once_after_approval_from_the_cli() {
+    let orders = OrdersService::start("mcp-stdio");
+    let cs = Countersign::fresh("mcp-stdio").with_env(orders.embedded_env());
+    let gateway = Gateway::stdio(&cs, "sam");
+
+    let answers = gateway.session(json!([
+        {"op": "list"},
+        {"op": "call", "tool": "get_order", "args": {"order_id": "ord_55"}},
+        ask_refund(0.0),
+    ]));
+
+    let tools = &answers[0]["tools"];
+    assert_eq!(common::texts(tools, "name"), ["get_order", "issue_refund"]);
+    assert_eq!(tools[1]["input_schema"]["required"][1], "amount_cents");
+    assert!(
+        tools[1]["description"]
+            .as_str()
+            .unwrap()
+            .contains("a person may have to approve"),
+        "{tools}"
+    );
+    let order = &answers[1];
+    assert_eq!(order["is_error"], false, "{order}");
+    assert!(
+        order["text"]
+            .as_str()
+            .unwrap()
+            .contains("\"refundable_cents\":14900")
+    );
+    let approval = waits_for_a_finance_manager(&answers[2]);
+    assert!(orders.refunds("ord_55").is_empty(), "nothing refunded yet");
+
+    // Sam may not approve his own request; a finance manager does, from another process.
+    let own = cs.run(&["review", "approve", &approval, "--as", "sam"]);
+    assert_eq!(own.json["error"]["code"], "own_request", "{}", own.json);
+    cs.ok(&["review", "approve", &approval, "--as", "mia"]);
+    let again = gateway.call(ask_refund(0.0));
+
+    assert_eq!(meta(&again, "attached"), true, "{again}");
+    assert_eq!(meta(&again, "run_id"), meta(&answers[2], "run_id"));
+    refunded_once(&orders, &again, 1);
+    let history = cs.ok(&["audit", meta(&again, "run_id").as_str().unwrap()]);
+    assert_eq!(history["run"]["requested_by"], "sam", "{history}");
+    assert_eq!(history["run"]["status"], "done", "{history}");
+}
+
+#[test]
+fn over_http_a_waiting_call_gets_progress_and_the_outcome_once_another_process_approves() {
+    let orders = OrdersService::start("mcp-http");
+    let cs = Countersign::fresh("mcp-http").with_env(orders.embedded_env());
+    let server = Serve::start(&cs);
+    let gateway = Gateway::http(&server, &cs, "sam");
+
+    let answers = gateway.session(json!([
+        {"op": "list"},
+        {"op": "call", "tool": "get_order", "args": {"order_id": "ord_55"}},
+        {"op": "call", "tool": "issue_refund", "args": refund_125(), "wait_seconds": 0.5, "progress": true},
+    ]));
+
+    assert_eq!(
+        common::texts(&answers[0]["tools"], "name"),
+        ["get_order", "issue_refund"]
+    );
+    assert_eq!(answers[1]["is_error"], false, "{}", answers[1]);
+    let approval = waits_for_a_finance_manager(&answers[2]);
+    let progress = answers[2]["progress"].as_array().unwrap();
+    assert!(!progress.is_empty(), "{}", answers[2]);
+    assert!(
+        progress[0]["message"].as_str().unwrap().contains(&approval),
+        "{progress:?}"
+    );
+
+    // The same call waits again; mia approves meanwhile; it answers with the refund.
+    let answer = approved_while_it_waits(&cs, &gateway, &approval);
+
+    assert_eq!(meta(&answer, "attached"), true, "{answer}");
+    refunded_once(&orders, &answer, 1);
+}
+
+/// The refund asked for again through `gateway`, approved by mia from another process once
+/// the call is seen waiting (its first progress notification): what it answered.
+fn approved_while_it_waits(cs: &Countersign, gateway: &Gateway, approval: &str) -> Value {
+    let started = Instant::now();
+    let mut step = ask_refund(30.0);
+    step["progress"] = json!(true);
+    let mut client = gateway
+        .command(&json!([step]))
+        .spawn()
+        .expect("the client starts");
+    let mut lines = BufReader::new(client.stdout.take().unwrap())
+        .lines()
+        .map(|line| serde_json::from_str::<Value>(&line.unwrap()).unwrap());
+    assert_eq!(lines.next().unwrap()["server"], "countersign");
+    let first = lines.next().expect("the call answers or waits");
+    assert_eq!(first["event"], "progress", "the call waits: {first}");
+    cs.ok(&["review", "approve", approval, "--as", "mia"]);
+    let answer = lines
+        .find(|line| line.get("event").is_none())
+        .expect("the call answers");
+    assert!(client.wait().unwrap().success());
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(15), "answered after {took:?}");
+    assert!(!answer["progress"].as_array().unwrap().is_empty());
+    answer
+}
+
+#[tokio::test]
+async fn over_http_a_caller_without_a_token_or_for_an_agent_not_loaded_is_refused() {
+    let cs = Countersign::fresh("mcp-http-refused");
+    let server = Serve::start(&cs);
+    let token = cs.printed(&["token", "--as", "sam"]).trim().to_string();
+    let http = reqwest::Client::new();
+    let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}});
+    let post = |path: &str, token: Option<&str>| {
+        let mut request = http
+            .post(format!("{}{path}", server.base))
+            .header("accept", "application/json, text/event-stream")
+            .json(&list);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        request.send()
+    };
+
+    let anonymous = post("/mcp/refunds", None).await.unwrap();
+    let elsewhere = post("/mcp/payroll", Some(&token)).await.unwrap();
+    let listed = post("/mcp/refunds", Some(&token)).await.unwrap();
+
+    assert_eq!(anonymous.status(), 401);
+    assert_eq!(
+        anonymous.json::<Value>().await.unwrap()["error"]["code"],
+        "missing_token"
+    );
+    assert_eq!(elsewhere.status(), 404);
+    assert_eq!(
+        elsewhere.json::<Value>().await.unwrap()["error"]["code"],
+        "not_found"
+    );
+    assert_eq!(listed.status(), 200);
+    let listed: Value = listed.json().await.unwrap();
+    assert_eq!(
+        listed["result"]["tools"][1]["name"], "issue_refund",
+        "{listed}"
+    );
+}
+
+#[test]
+fn a_client_that_disconnects_while_its_call_waits_gets_the_outcome_by_calling_again() {
+    let orders = OrdersService::start("mcp-disconnect");
+    let cs = Countersign::fresh("mcp-disconnect").with_env(orders.embedded_env());
+    let gateway = Gateway::stdio(&cs, "sam");
+
+    // The client goes away, and its gateway with it, while the call waits on a person.
+    let mut client = gateway.spawn(json!([ask_refund(60.0)]));
+    let approval = waiting_approval(&cs);
+    stop_group(&mut client, "KILL");
+
+    let again = gateway.call(ask_refund(0.0));
+    assert_eq!(
+        waits_for_a_finance_manager(&again),
+        approval,
+        "the same approval"
+    );
+    assert_eq!(meta(&again, "attached"), true, "{again}");
+    cs.ok(&["review", "approve", &approval, "--as", "mia"]);
+    let after = gateway.call(ask_refund(0.0));
+
+    refunded_once(&orders, &after, 1);
+}
+
+#[test]
+fn a_gateway_killed_while_a_call_waits_and_started_again_returns_the_outcome_decided_meanwhile() {
+    let orders = OrdersService::start("mcp-restart");
+    let cs = Countersign::fresh("mcp-restart").with_env(orders.embedded_env());
+    let server = Serve::start(&cs);
+    let gateway = Gateway::http(&server, &cs, "sam");
+
+    let mut client = gateway.spawn(json!([ask_refund(60.0)]));
+    let approval = waiting_approval(&cs);
+    server.kill();
+    stop_group(&mut client, "KILL");
+    cs.ok(&["review", "approve", &approval, "--as", "mia"]);
+    let server = Serve::start(&cs);
+    let gateway = Gateway::http(&server, &cs, "sam");
+    let after = gateway.call(ask_refund(0.0));
+
+    assert_eq!(meta(&after, "attached"), true, "{after}");
+    refunded_once(&orders, &after, 1);
+}
