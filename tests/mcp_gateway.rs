@@ -1,12 +1,12 @@
-//! The MCP gateway driven by a client nobody here wrote: the official MCP Python SDK (`mcp` from
-//! PyPI, pinned in tests/mcp-client.requirements.txt) through tests/mcp_client.py, against
-//! `countersign mcp` over stdio and `/mcp/refunds` on a real `countersign serve`, in front of the
-//! refunds agent and a real orders service. Decisions come from `countersign review` in other
-//! processes.
+//! The MCP gateway driven by clients nobody here wrote: the official MCP Python SDK (`mcp` from
+//! PyPI, pinned in tests/mcp-client.requirements.txt) through tests/mcp_client.py, and the MCP
+//! Inspector's CLI mode (npm, pinned in tests/mcp-inspector.version), against `countersign mcp`
+//! over stdio and `/mcp/refunds` on a real `countersign serve`, in front of the refunds agent and
+//! a real orders service. Decisions come from `countersign review` in other processes.
 //!
-//! The client is installed once into a virtual environment under
-//! `${XDG_CACHE_HOME:-~/.cache}/countersign/mcp-client-venv` (PyPI the first time, offline after);
-//! `COUNTERSIGN_MCP_PYTHON` names another Python that has it.
+//! Both clients are installed once under `${XDG_CACHE_HOME:-~/.cache}/countersign` (PyPI and npm
+//! the first time, offline after): the Python client in `mcp-client-venv`
+//! (`COUNTERSIGN_MCP_PYTHON` names another Python that has it), the Inspector in `mcp-inspector`.
 
 mod common;
 
@@ -25,6 +25,7 @@ const REQUIREMENTS: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/tests/mcp-client.requirements.txt"
 );
+const INSPECTOR_VERSION: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mcp-inspector.version");
 
 /// The refund policy puts before a finance manager (above USD 100).
 fn refund_125() -> Value {
@@ -36,6 +37,14 @@ fn ask_refund(wait_seconds: f64) -> Value {
     json!({"op": "call", "tool": "issue_refund", "args": refund_125(), "wait_seconds": wait_seconds})
 }
 
+/// Where the clients are installed, as scripts/test-all installs them.
+fn cache() -> PathBuf {
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache"))
+        .join("countersign")
+}
+
 /// The Python that has the pinned client, installed on first use.
 fn python() -> &'static Path {
     static PYTHON: OnceLock<PathBuf> = OnceLock::new();
@@ -43,10 +52,7 @@ fn python() -> &'static Path {
         if let Some(python) = std::env::var_os("COUNTERSIGN_MCP_PYTHON") {
             return PathBuf::from(python);
         }
-        let cache = std::env::var_os("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache"));
-        let venv = cache.join("countersign").join("mcp-client-venv");
+        let venv = cache().join("mcp-client-venv");
         let python = venv.join("bin").join("python");
         let pinned = std::fs::read_to_string(REQUIREMENTS).unwrap();
         let version = pinned.trim().strip_prefix("mcp==").unwrap().to_string();
@@ -87,9 +93,51 @@ fn run(command: &mut Command) {
     let status = command.status().expect("the installer runs");
     assert!(
         status.success(),
-        "installing the MCP Python client failed ({command:?}): python3 with venv and pip, \
-         and PyPI once, are needed (scripts/test-all installs it too)"
+        "installing an MCP client failed ({command:?}): python3 with venv and pip, npm, and \
+         PyPI and npm once, are needed (scripts/test-all installs them too)"
     );
+}
+
+/// The MCP Inspector's launcher, installed on first use.
+fn inspector() -> &'static Path {
+    static INSPECTOR: OnceLock<PathBuf> = OnceLock::new();
+    INSPECTOR.get_or_init(|| {
+        let pinned = std::fs::read_to_string(INSPECTOR_VERSION).unwrap();
+        let pinned = pinned.trim();
+        let version = pinned.rsplit_once('@').unwrap().1;
+        let prefix = cache().join("mcp-inspector");
+        let package = prefix.join("node_modules/@modelcontextprotocol/inspector/package.json");
+        let installed = |package: &Path| {
+            let text = std::fs::read_to_string(package).ok()?;
+            let json: Value = serde_json::from_str(&text).ok()?;
+            json["version"].as_str().map(String::from)
+        };
+        if installed(&package).as_deref() != Some(version) {
+            std::fs::create_dir_all(&prefix).unwrap();
+            run(Command::new("npm")
+                .args(["install", "--no-audit", "--no-fund", "--silent", "--prefix"])
+                .arg(&prefix)
+                .arg(pinned));
+            assert_eq!(installed(&package).as_deref(), Some(version));
+        }
+        prefix.join("node_modules/.bin/mcp-inspector")
+    })
+}
+
+/// `mcp-inspector --cli ARGS`, which must succeed: the JSON it printed.
+#[track_caller]
+fn inspect(args: &[String]) -> Value {
+    let output = Command::new(inspector())
+        .arg("--cli")
+        .args(args)
+        .output()
+        .expect("the Inspector runs");
+    assert!(
+        output.status.success(),
+        "the Inspector failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("the Inspector prints JSON")
 }
 
 /// How the client reaches the gateway, and what its processes get.
@@ -447,4 +495,89 @@ fn a_gateway_killed_while_a_call_waits_and_started_again_returns_the_outcome_dec
 
     assert_eq!(meta(&after, "attached"), true, "{after}");
     refunded_once(&orders, &after, 1);
+}
+
+#[test]
+fn the_mcp_inspector_lists_and_calls_over_stdio_and_http_and_a_call_attaches_across_them() {
+    let orders = OrdersService::start("mcp-inspector");
+    let cs = Countersign::fresh("mcp-inspector").with_env(orders.embedded_env());
+    let server = Serve::start(&cs);
+    let mut stdio: Vec<String> = cs
+        .env()
+        .iter()
+        .chain(&[("COUNTERSIGN_STATE", cs.state().display().to_string())])
+        .flat_map(|(k, v)| ["-e".to_string(), format!("{k}={v}")])
+        .collect();
+    stdio.extend(
+        [
+            env!("CARGO_BIN_EXE_countersign"),
+            "mcp",
+            "--agent",
+            "refunds",
+            "--as",
+            "sam",
+        ]
+        .map(String::from),
+    );
+    let token = cs.printed(&["token", "--as", "sam"]).trim().to_string();
+    let http = vec![
+        format!("{}/mcp/refunds", server.base),
+        "--transport".into(),
+        "http".into(),
+        "--header".into(),
+        format!("Authorization: Bearer {token}"),
+    ];
+    let with = |transport: &[String], method: &[&str]| {
+        let mut args = transport.to_vec();
+        args.extend(method.iter().map(|a| a.to_string()));
+        inspect(&args)
+    };
+    let refund = [
+        "--method",
+        "tools/call",
+        "--tool-name",
+        "issue_refund",
+        "--tool-arg",
+        "order_id=ord_55",
+        "amount_cents=12500",
+        "currency=USD",
+        "reason=damaged_item",
+        "--tool-metadata",
+        "countersign/wait_seconds=0",
+    ];
+
+    let listed = with(&stdio, &["--method", "tools/list"]);
+    let order = with(
+        &http,
+        &[
+            "--method",
+            "tools/call",
+            "--tool-name",
+            "get_order",
+            "--tool-arg",
+            "order_id=ord_55",
+        ],
+    );
+    let waiting = with(&stdio, &refund);
+
+    assert_eq!(
+        common::texts(&listed["tools"], "name"),
+        ["get_order", "issue_refund"]
+    );
+    assert_eq!(order["isError"], false, "{order}");
+    assert_eq!(order["_meta"]["countersign/status"], "succeeded", "{order}");
+    assert_eq!(
+        waiting["_meta"]["countersign/status"], "awaiting_approval",
+        "{waiting}"
+    );
+    let approval = waiting["_meta"]["countersign/approval_id"]
+        .as_str()
+        .unwrap();
+    cs.ok(&["review", "approve", approval, "--as", "mia"]);
+    // The same person's same call, over the other transport: the same call.
+    let after = with(&http, &refund);
+
+    assert_eq!(after["_meta"]["countersign/attached"], true, "{after}");
+    let action = after["_meta"]["countersign/action_id"].as_str().unwrap();
+    orders.only_refund("ord_55", 12_500, &format!("{action}:1"));
 }
