@@ -354,16 +354,20 @@ fn over_stdio_a_client_lists_the_tools_and_a_gated_refund_runs_once_after_approv
 }
 
 #[test]
-fn over_http_a_waiting_call_gets_progress_and_the_outcome_once_another_process_approves() {
+fn over_http_a_waiting_call_gets_progress_and_the_outcome_once_another_process_approves_and_a_huge_one_is_refused()
+ {
     let orders = OrdersService::start("mcp-http");
     let cs = Countersign::fresh("mcp-http").with_env(orders.embedded_env());
     let server = Serve::start(&cs);
     let gateway = Gateway::http(&server, &cs, "sam");
 
+    let mut huge = refund_125();
+    huge["reason"] = json!("x".repeat(40_000));
     let answers = gateway.session(json!([
         {"op": "list"},
         {"op": "call", "tool": "get_order", "args": {"order_id": "ord_55"}},
         {"op": "call", "tool": "issue_refund", "args": refund_125(), "wait_seconds": 0.5, "progress": true},
+        {"op": "call", "tool": "issue_refund", "args": huge},
     ]));
 
     assert_eq!(
@@ -377,6 +381,18 @@ fn over_http_a_waiting_call_gets_progress_and_the_outcome_once_another_process_a
     assert!(
         progress[0]["message"].as_str().unwrap().contains(&approval),
         "{progress:?}"
+    );
+
+    // Arguments past the engine's 32 KiB are refused in its words, never put to a person.
+    let refused = &answers[3];
+    assert_eq!(refused["is_error"], true, "{refused}");
+    assert_eq!(meta(refused, "status"), "refused", "{refused}");
+    assert!(
+        refused["text"]
+            .as_str()
+            .unwrap()
+            .contains("the arguments are too large"),
+        "{refused}"
     );
 
     // The same call waits again; mia approves meanwhile; it answers with the refund.
