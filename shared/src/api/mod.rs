@@ -205,11 +205,11 @@ pub fn start_routes(
 }
 
 /// Every route, for one process that hosts them all (the local server), the MCP gateway with
-/// `gateway`'s settings; with `dev`, the
-/// development sign-in (`GET /dev/people` and `POST /dev/token`); with `slack`, the Slack app's
-/// `POST /slack/interactions`, whose decisions resume their run on a task of `background`
-/// once Slack has its answer (the decision API's `POST /approvals/{id}/decisions` resumes it
-/// before it answers, and says where the run stands).
+/// `gateway`'s settings; with `dev`, the development sign-in (`GET /dev/people` and
+/// `POST /dev/token`); with `slack`, the Slack app's `POST /slack/interactions`, whose
+/// decisions resume their run on a task of `background` once Slack has its answer (the
+/// decision API's `POST /approvals/{id}/decisions` resumes it before it answers, and says where
+/// the run stands).
 pub fn local_router(
     engine: Arc<Engine>,
     auth: Arc<dyn Authenticate>,
