@@ -289,6 +289,7 @@ mod tests {
             DirectoryError::UnknownPerson("mallory".into()).into(),
             DirectoryError::Invalid("no people".into()).into(),
             EngineError::Contended,
+            EngineError::TooManyComments("full".into()),
             StoreError::Invalid("too large".into()).into(),
             StoreError::Unavailable("down".into()).into(),
             StoreError::Contended.into(),
@@ -310,6 +311,7 @@ mod tests {
                 | EngineError::MayNotCancel { .. }
                 | EngineError::PolicyRefused(_)
                 | EngineError::Contended
+                | EngineError::TooManyComments(_)
                 | EngineError::Corrupt(_)
                 | EngineError::Unavailable(_)
                 | EngineError::Directory(DirectoryError::UnknownPerson(_))
