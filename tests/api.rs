@@ -229,6 +229,31 @@ async fn an_invalid_or_expired_token_is_401() {
 }
 
 #[tokio::test]
+async fn a_request_with_two_authorization_headers_is_401_even_when_both_verify() {
+    let c102 = Pending::c102("two-authorizations").await;
+    let path = format!("/approvals/{}/decisions", c102.approval);
+    for second in [c102.token("dana"), c102.token("erin")] {
+        let response = c102
+            .http
+            .post(format!("{}{path}", c102.base))
+            .bearer_auth(c102.token("dana"))
+            .header("authorization", format!("Bearer {second}"))
+            .json(&approve("d1"))
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let json: Value = response.json().await.unwrap();
+        let reply = common::server::Reply {
+            status,
+            json,
+            www_authenticate: None,
+        };
+        c102.refused(&reply, 401, "repeated_authorization").await;
+    }
+}
+
+#[tokio::test]
 async fn a_token_signed_with_another_key_is_401() {
     let c102 = Pending::c102("other-key").await;
     let foreign = BearerJwt::hs256(&[42; 32])

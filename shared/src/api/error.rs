@@ -344,6 +344,7 @@ mod tests {
     fn every_auth_error() -> Vec<AuthError> {
         let errors = vec![
             AuthError::Missing,
+            AuthError::Repeated,
             AuthError::Invalid("signature"),
             AuthError::Expired,
             AuthError::NotYetValid,
@@ -352,6 +353,7 @@ mod tests {
         for error in &errors {
             match error {
                 AuthError::Missing
+                | AuthError::Repeated
                 | AuthError::Invalid(_)
                 | AuthError::Expired
                 | AuthError::NotYetValid
