@@ -44,6 +44,39 @@ impl ApiError {
         Self::new(StatusCode::BAD_REQUEST, code, message)
     }
 
+    /// 408: the body did not arrive within `within` of its head; the connection ends.
+    pub fn request_timeout(within: std::time::Duration) -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            format!(
+                "the body did not arrive within {}",
+                humantime::format_duration(within)
+            ),
+        )
+    }
+
+    /// 414: a request line longer than `limit` bytes (the longest path the API has is a few
+    /// dozen characters).
+    pub fn uri_too_long(limit: usize) -> Self {
+        Self::new(
+            StatusCode::URI_TOO_LONG,
+            "uri_too_long",
+            format!(
+                "the request line is longer than {limit} bytes; no path of this API is nearly as long"
+            ),
+        )
+    }
+
+    /// 431: a request head over `limit` bytes, or with more than `headers` header lines.
+    pub fn headers_too_large(limit: usize, headers: usize) -> Self {
+        Self::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "headers_too_large",
+            format!("the request's headers are larger than {limit} bytes or more than {headers}"),
+        )
+    }
+
     pub fn no_route(method: &str, path: &str) -> Self {
         let path: String = path.chars().take(200).collect();
         Self::new(
