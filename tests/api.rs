@@ -892,17 +892,21 @@ fn one_connection_server(name: &str, header_timeout: &str) -> Server {
     )
 }
 
+/// A connection of its own to `server`, on which `sent` was sent.
+async fn connection_that_sent(server: &Server, sent: &[u8]) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let mut stream = tokio::net::TcpStream::connect(server.addr()).await.unwrap();
+    stream.write_all(sent).await.unwrap();
+    stream
+}
+
 #[tokio::test]
 async fn a_connection_in_the_middle_of_a_request_is_never_cut_to_admit_another() {
-    use tokio::io::AsyncWriteExt;
     let server = one_connection_server("capped-busy", "2s");
     let token = server.token("dana");
     // One client holds the only connection with half a request's head.
-    let mut holder = tokio::net::TcpStream::connect(server.addr()).await.unwrap();
-    holder
-        .write_all(b"GET /approvals HTTP/1.1\r\nHost: 127.0.0.1\r\n")
-        .await
-        .unwrap();
+    let _holder =
+        connection_that_sent(&server, b"GET /approvals HTTP/1.1\r\nHost: 127.0.0.1\r\n").await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let started = std::time::Instant::now();
     let listed = server
@@ -918,15 +922,11 @@ async fn a_connection_in_the_middle_of_a_request_is_never_cut_to_admit_another()
 
 #[tokio::test]
 async fn a_connection_idle_between_requests_is_closed_to_admit_a_new_one() {
-    use tokio::io::AsyncWriteExt;
     let server = one_connection_server("capped-idle", "30s");
     let token = server.token("dana");
     // One client holds the only connection, idle after its first answer.
-    let mut holder = tokio::net::TcpStream::connect(server.addr()).await.unwrap();
-    holder
-        .write_all(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-        .await
-        .unwrap();
+    let mut holder =
+        connection_that_sent(&server, b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await;
     let page = read_answer(&mut holder).await.expect("the page");
     assert!(page.starts_with("HTTP/1.1 200"), "{page}");
     let started = std::time::Instant::now();
@@ -950,7 +950,7 @@ async fn a_connection_idle_between_requests_is_closed_to_admit_a_new_one() {
     );
 
     // A client that connected and has not sent anything yet is idle too.
-    let silent = tokio::net::TcpStream::connect(server.addr()).await.unwrap();
+    let silent = connection_that_sent(&server, b"").await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let started = std::time::Instant::now();
     let listed = server
