@@ -164,7 +164,8 @@ impl Definition {
         let file = files.label(DEFINITION_FILE);
         let err = |field: &str, message: String| DefinitionError::new(&file, field, message);
         let text = files.read(DEFINITION_FILE)?;
-        let raw: RawDefinition = toml::from_str(&text).map_err(|e| err("", e.to_string()))?;
+        let raw: RawDefinition =
+            crate::domain::toml_text::from_str(&text).map_err(|e| err("", e.to_string()))?;
         let name = AgentName::parse(&raw.name).map_err(|e| err("name", e.to_string()))?;
         if raw.system_prompt.trim().is_empty() {
             return Err(err("system_prompt", "must say what the agent does".into()));

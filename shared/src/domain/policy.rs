@@ -148,7 +148,8 @@ pub const MAX_TTL: Duration = Duration::from_secs(90 * 24 * 60 * 60);
 
 impl Policy {
     pub fn from_toml(text: &str) -> Result<Self, PolicyError> {
-        let raw: RawPolicy = toml::from_str(text).map_err(|e| PolicyError(e.to_string()))?;
+        let raw: RawPolicy =
+            super::toml_text::from_str(text).map_err(|e| PolicyError(e.to_string()))?;
         raw.check()
     }
 

@@ -15,6 +15,8 @@ use crate::ports::store::StoreError;
 pub const MAX_COMMENT: usize = 2_000;
 /// Comments one approval holds at most: they travel with it on every read.
 pub const MAX_COMMENTS: usize = 100;
+/// Comments one person leaves on one approval at most, so no one member fills it for everyone.
+pub const MAX_COMMENTS_PER_PERSON: usize = 20;
 
 impl Engine {
     /// Adds `text` as `who`'s comment on an approval of their tenant, whatever its status.
@@ -42,8 +44,16 @@ impl Engine {
             };
             let mut approval = stored.value;
             if approval.comments.len() >= MAX_COMMENTS {
-                return Err(EngineError::BadInput(format!(
-                    "approval {approval_id} already has {MAX_COMMENTS} comments"
+                return Err(EngineError::TooManyComments(format!(
+                    "approval {approval_id} already has {MAX_COMMENTS} comments, the most it holds"
+                )));
+            }
+            let own = approval.comments.iter().filter(|c| c.by == who.person);
+            if own.count() >= MAX_COMMENTS_PER_PERSON {
+                return Err(EngineError::TooManyComments(format!(
+                    "{} already left {MAX_COMMENTS_PER_PERSON} comments on approval {approval_id}, \
+                     the most one person may",
+                    who.person
                 )));
             }
             let now = self.now();
