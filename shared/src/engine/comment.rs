@@ -7,6 +7,7 @@ use super::snapshot::{Shown, Snapshot};
 use super::{CAS_ATTEMPTS, Engine, EngineError};
 use crate::domain::approval::Comment;
 use crate::domain::audit::{AuditEntry, AuditEvent};
+use crate::domain::budget;
 use crate::domain::identity::{Actor, Identity};
 use crate::domain::ids::ApprovalId;
 use crate::ports::store::StoreError;
@@ -62,6 +63,16 @@ impl Engine {
                 text: text.to_string(),
                 at: now,
             });
+            // Comments travel in the approval's item: together they keep to their share of it.
+            let size = serde_json::to_string(&approval.comments).map_or(0, |c| c.len());
+            if size > budget::COMMENTS {
+                return Err(EngineError::TooManyComments(format!(
+                    "approval {approval_id}'s comments are full: with this one they would take {}, \
+                     at most {}",
+                    budget::Size(size),
+                    budget::Size(budget::COMMENTS)
+                )));
+            }
             let mut tx = Tx::new();
             // The approval as written here: the commenter may decide from it without a read.
             let snapshot = Snapshot::of(tx.update_approval(&approval, stored.ver)).encode();
