@@ -14,8 +14,8 @@ use sha2::{Digest, Sha256};
 
 use crate::domain::approval::{Approval, ApprovalKind};
 use crate::domain::identity::{Directory, Identity};
-use crate::domain::notice::{Notice, NoticeKind};
-use crate::ports::notifier::{Notifier, NotifyError, Posted};
+use crate::domain::notice::{Notice, NoticeKind, Posted};
+use crate::ports::notifier::{Notifier, NotifyError};
 
 /// How far a request's timestamp may be from now, either way.
 pub const MAX_REQUEST_AGE_SECS: i64 = 5 * 60;

@@ -14,8 +14,8 @@ use sha2::{Digest, Sha256};
 use crate::domain::action::ActionStatus;
 use crate::domain::approval::{ApprovalStatus, Choice};
 use crate::domain::ids::ApprovalId;
-use crate::domain::notice::{Notice, NoticeKind};
-use crate::ports::notifier::{Destination, Notifier, NotifyError, Posted};
+use crate::domain::notice::{Notice, NoticeKind, Posted};
+use crate::ports::notifier::{Destination, Notifier, NotifyError};
 
 /// At most this many URLs: each adds one outbox item per approval to the pause transaction.
 pub const MAX_WEBHOOKS: usize = 5;
