@@ -375,7 +375,7 @@ pub fn body(notice: &Notice, rendering: &Rendering) -> Value {
     }
     // Once nobody can decide it, the buttons go.
     if let Some(actions) = (rendering.buttons && waits)
-        .then(|| super::slack::buttons(a, notice.editable))
+        .then(|| super::slack_buttons::buttons(a, notice.editable))
         .flatten()
     {
         blocks.push(actions);
