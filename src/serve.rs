@@ -20,6 +20,7 @@ use shared::api::{self, Authenticate, BearerJwt, DevSignIn};
 use shared::engine::Engine;
 use tokio::net::TcpListener;
 
+use crate::cli::ServeOptions;
 use crate::fail::Failure;
 use crate::local::Local;
 use crate::token;
@@ -32,37 +33,10 @@ fn failure(message: String) -> Failure {
     }
 }
 
-/// How `serve` listens and what it offers.
-#[derive(Debug, clap::Args)]
-pub struct Options {
-    /// Where to listen; port 0 picks a free one. The address is printed on stdout.
-    #[arg(long, default_value = "127.0.0.1:8780", value_name = "HOST:PORT")]
-    pub addr: String,
-    /// How often the server sweeps (expiries, reminders, retries), as the recurring schedule
-    /// does in AWS; 0s turns it off.
-    #[arg(long, default_value = "30s", value_parser = crate::cli::parse_duration)]
-    pub sweep_every: Duration,
-    /// Offer development sign-in (the review page's person picker, POST /dev/token) to whoever
-    /// holds the secret in <state>/dev-sign-in.secret. Loopback addresses only; off by default.
-    #[arg(long)]
-    pub dev_sign_in: bool,
-    /// How long a client has to send a request's head; also how long a keep-alive connection
-    /// may sit idle between requests.
-    #[arg(long, default_value = "10s", value_parser = crate::cli::parse_duration)]
-    pub header_timeout: Duration,
-    /// How long a client has to send a request's body once its head arrived.
-    #[arg(long, default_value = "10s", value_parser = crate::cli::parse_duration)]
-    pub body_timeout: Duration,
-    /// Connections open at once. When all are, the one idle the longest between requests is
-    /// closed to admit another; with none idle, more wait to be accepted.
-    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65_536))]
-    pub max_connections: u32,
-}
-
 /// Serves until SIGTERM or ctrl-c, then finishes the requests in flight and the resumes Slack
 /// decisions left running. Meanwhile it sweeps every `sweep_every`, as the recurring schedule
 /// does in AWS.
-pub async fn run(local: Local, state: &Path, options: Options) -> Result<(), Failure> {
+pub async fn run(local: Local, state: &Path, options: ServeOptions) -> Result<(), Failure> {
     let key = token::dev_key(state)?;
     let jwt = Arc::new(BearerJwt::hs256(&key).map_err(|e| failure(e.to_string()))?);
     let auth: Arc<dyn Authenticate> = jwt.clone();
