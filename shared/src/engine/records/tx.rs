@@ -254,7 +254,6 @@ impl Tx {
         let index = run_index(shards, value);
         let logged = value.stored_messages.min(value.messages.len());
         let bodies = RunBodies::new(value, logged);
-        let sk = keys::RUN_SK.to_string();
         let condition = match run.ver {
             0 => Condition::NotExists,
             ver => Condition::VersionIs(ver),
@@ -268,13 +267,7 @@ impl Tx {
                 keep += 1;
                 body = bodies.body(keep);
             }
-            if keep > logged {
-                let item = self.audit_item(pk.clone());
-                item.from = logged;
-                item.messages = value.messages[logged..keep].to_vec();
-            }
-            run.value.logging_messages = Some(keep);
-            self.put_body(pk, sk, index, body, condition);
+            self.write_run(run, (logged, keep), index, body, condition);
             self.finished.push(self.writes.len() - 1);
             return;
         }
@@ -311,13 +304,27 @@ impl Tx {
             }
         }
         let (_, keep, body) = best.expect("at least one split");
+        self.write_run(run, (logged, keep), index, body, condition);
+    }
+
+    /// The run's item with `body`, the messages from `logged` to `keep` moved into this
+    /// transaction's audit item (those after stay in the run's item).
+    fn write_run(
+        &mut self,
+        run: &mut Stored<Run>,
+        (logged, keep): (usize, usize),
+        index: Option<IndexKey>,
+        body: String,
+        condition: Condition,
+    ) {
+        let pk = keys::run_pk(&run.value.tenant, &run.value.id);
         if keep > logged {
             let item = self.audit_item(pk.clone());
             item.from = logged;
-            item.messages = value.messages[logged..keep].to_vec();
+            item.messages = run.value.messages[logged..keep].to_vec();
         }
         run.value.logging_messages = Some(keep);
-        self.put_body(pk, sk, index, body, condition);
+        self.put_body(pk, keys::RUN_SK.to_string(), index, body, condition);
     }
 
     pub fn outbox(
