@@ -1,6 +1,7 @@
 //! The command line: every command is its own process over the same state directory.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
@@ -100,10 +101,10 @@ pub enum Command {
         id: String,
     },
     /// Serve the HTTP decision API over the state; bearer tokens come from `countersign token`.
-    Serve(crate::serve::Options),
+    Serve(ServeOptions),
     /// Serve one agent's tools to an MCP client (Claude Code, Claude Desktop, Cursor, VS Code)
     /// over stdio, for one person: each call goes through the agent's policy and approvals.
-    Mcp(crate::mcp::Options),
+    Mcp(McpOptions),
     /// Print a development bearer token for a person of the people directory.
     Token {
         #[arg(long = "as", value_name = "NAME")]
@@ -121,6 +122,48 @@ pub enum Command {
         #[arg(long)]
         once: bool,
     },
+}
+
+/// Whose tools `mcp` serves, to whom.
+#[derive(Debug, clap::Args)]
+pub struct McpOptions {
+    /// The agent whose tools the client gets: a loaded definition's name, or a definition's
+    /// directory (the commands that decide its calls need it in --agents too).
+    #[arg(long, value_name = "NAME|DIR")]
+    pub agent: String,
+    /// Who asks: every call is this person's, and they may not approve it.
+    #[arg(long = "as", value_name = "NAME")]
+    pub person: String,
+    /// How often to sweep (expiries, reminders, retries), as `serve` does; 0s turns it off.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub sweep_every: Duration,
+}
+
+/// How `serve` listens and what it offers.
+#[derive(Debug, clap::Args)]
+pub struct ServeOptions {
+    /// Where to listen; port 0 picks a free one. The address is printed on stdout.
+    #[arg(long, default_value = "127.0.0.1:8780", value_name = "HOST:PORT")]
+    pub addr: String,
+    /// How often the server sweeps (expiries, reminders, retries), as the recurring schedule
+    /// does in AWS; 0s turns it off.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub sweep_every: Duration,
+    /// Offer development sign-in (the review page's person picker, POST /dev/token) to whoever
+    /// holds the secret in <state>/dev-sign-in.secret. Loopback addresses only; off by default.
+    #[arg(long)]
+    pub dev_sign_in: bool,
+    /// How long a client has to send a request's head; also how long a keep-alive connection
+    /// may sit idle between requests.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub header_timeout: Duration,
+    /// How long a client has to send a request's body once its head arrived.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub body_timeout: Duration,
+    /// Connections open at once. When all are, the one idle the longest between requests is
+    /// closed to admit another; with none idle, more wait to be accepted.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    pub max_connections: u32,
 }
 
 #[derive(Debug, Subcommand)]

@@ -4,29 +4,15 @@
 //! expires and a waiting caller is told.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use shared::api::mcp::{Gateway, McpCaller};
 
+use crate::cli::McpOptions;
 use crate::fail::Failure;
 use crate::local::Local;
 
-#[derive(Debug, clap::Args)]
-pub struct Options {
-    /// The agent whose tools the client gets: a loaded definition's name, or a definition's
-    /// directory (the commands that decide its calls need it in --agents too).
-    #[arg(long, value_name = "NAME|DIR")]
-    pub agent: String,
-    /// Who asks: every call is this person's, and they may not approve it.
-    #[arg(long = "as", value_name = "NAME")]
-    pub person: String,
-    /// How often to sweep (expiries, reminders, retries), as `serve` does; 0s turns it off.
-    #[arg(long, default_value = "30s", value_parser = crate::cli::parse_duration)]
-    pub sweep_every: Duration,
-}
-
 /// Serves until the client closes stdin.
-pub async fn run(local: Local, options: Options) -> Result<(), Failure> {
+pub async fn run(local: Local, options: McpOptions) -> Result<(), Failure> {
     let who = local.identify(&options.person)?;
     let agent = crate::agent_named(&options.agent)?;
     local.loaded(&agent)?;

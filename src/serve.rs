@@ -4,28 +4,23 @@
 //! (`/dev/people`, `/dev/token` with the state's sign-in secret), so the review page can sign in
 //! as a person of the directory.
 //!
-//! Each connection is HTTP/1.1 with limits a slow or idle client cannot outlast: the request
-//! head must arrive within the header timeout (which also closes a keep-alive connection idle
-//! that long), a body within the body timeout, and at most `max_connections` are open at once;
-//! the next one waits in the listen backlog until one closes.
+//! Each connection is HTTP/1.1 with limits a slow, idle or greedy client cannot outlast
+//! (`connections.rs`): a head within the header timeout and of a sane size, a body within the
+//! body timeout and read only once the caller is authenticated, and at most `max_connections`
+//! open, the one idle the longest closed to admit a new one when all are.
+
+mod connections;
 
 use std::io::Write as _;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
-use axum::extract::{Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
-use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
-use shared::api::{self, ApiError, Authenticate, BearerJwt, DevSignIn};
+use shared::api::{self, Authenticate, BearerJwt, DevSignIn};
 use shared::engine::Engine;
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, watch};
 
+use crate::cli::ServeOptions;
 use crate::fail::Failure;
 use crate::local::Local;
 use crate::token;
@@ -38,36 +33,10 @@ fn failure(message: String) -> Failure {
     }
 }
 
-/// How `serve` listens and what it offers.
-#[derive(Debug, clap::Args)]
-pub struct Options {
-    /// Where to listen; port 0 picks a free one. The address is printed on stdout.
-    #[arg(long, default_value = "127.0.0.1:8780", value_name = "HOST:PORT")]
-    pub addr: String,
-    /// How often the server sweeps (expiries, reminders, retries), as the recurring schedule
-    /// does in AWS; 0s turns it off.
-    #[arg(long, default_value = "30s", value_parser = crate::cli::parse_duration)]
-    pub sweep_every: Duration,
-    /// Offer development sign-in (the review page's person picker, POST /dev/token) to whoever
-    /// holds the secret in <state>/dev-sign-in.secret. Loopback addresses only; off by default.
-    #[arg(long)]
-    pub dev_sign_in: bool,
-    /// How long a client has to send a request's head; also how long a keep-alive connection
-    /// may sit idle between requests.
-    #[arg(long, default_value = "10s", value_parser = crate::cli::parse_duration)]
-    pub header_timeout: Duration,
-    /// How long a client has to send a request's body once its head arrived.
-    #[arg(long, default_value = "10s", value_parser = crate::cli::parse_duration)]
-    pub body_timeout: Duration,
-    /// Connections open at once; more wait to be accepted.
-    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65_536))]
-    pub max_connections: u32,
-}
-
 /// Serves until SIGTERM or ctrl-c, then finishes the requests in flight and the resumes Slack
 /// decisions left running. Meanwhile it sweeps every `sweep_every`, as the recurring schedule
 /// does in AWS.
-pub async fn run(local: Local, state: &Path, options: Options) -> Result<(), Failure> {
+pub async fn run(local: Local, state: &Path, options: ServeOptions) -> Result<(), Failure> {
     let key = token::dev_key(state)?;
     let jwt = Arc::new(BearerJwt::hs256(&key).map_err(|e| failure(e.to_string()))?);
     let auth: Arc<dyn Authenticate> = jwt.clone();
@@ -128,11 +97,7 @@ pub async fn run(local: Local, state: &Path, options: Options) -> Result<(), Fai
         slack,
         background.clone(),
         gateway,
-    )
-    .layer(middleware::from_fn_with_state(
-        options.body_timeout,
-        body_within,
-    ));
+    );
     // One flushed line: scripts and tests read the address from it (port 0 picks a free one).
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout, "listening on http://{bound}")
@@ -141,94 +106,15 @@ pub async fn run(local: Local, state: &Path, options: Options) -> Result<(), Fai
     drop(stdout);
     tracing::info!(%bound, "serving the decision API");
 
-    accept_until_stopped(listener, app, &options).await;
+    let limits = connections::Limits {
+        header_timeout: options.header_timeout,
+        body_timeout: options.body_timeout,
+        max_connections: options.max_connections,
+    };
+    connections::serve(listener, app, limits, stopped()).await;
     // The resumes Slack decisions left running finish too, as the requests in flight did.
     background.finished().await;
     Ok(())
-}
-
-/// Accepts connections until the process is told to stop, each within the limits of `options`;
-/// then lets each finish the request it is serving and waits for them.
-async fn accept_until_stopped(listener: TcpListener, app: Router, options: &Options) {
-    let slots = Arc::new(Semaphore::new(options.max_connections as usize));
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let mut http = hyper::server::conn::http1::Builder::new();
-    http.timer(TokioTimer::new())
-        .header_read_timeout(options.header_timeout);
-    let stopping = stopped();
-    tokio::pin!(stopping);
-    loop {
-        let slot = tokio::select! {
-            () = &mut stopping => break,
-            slot = slots.clone().acquire_owned() => slot.expect("the semaphore is never closed"),
-        };
-        let (stream, peer) = tokio::select! {
-            () = &mut stopping => break,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    // Out of file descriptors and the like: wait a little, as a busy server should.
-                    tracing::warn!(%error, "cannot accept a connection");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-        };
-        let service = TowerToHyperService::new(app.clone());
-        let connection = http.serve_connection(TokioIo::new(stream), service);
-        let mut stop_rx = stop_rx.clone();
-        tokio::spawn(async move {
-            let _slot = slot;
-            tokio::pin!(connection);
-            tokio::select! {
-                result = connection.as_mut() => {
-                    if let Err(error) = result {
-                        tracing::debug!(%peer, %error, "connection closed");
-                    }
-                    return;
-                }
-                _ = stop_rx.changed() => connection.as_mut().graceful_shutdown(),
-            }
-            if let Err(error) = connection.await {
-                tracing::debug!(%peer, %error, "connection closed while stopping");
-            }
-        });
-    }
-    drop(listener);
-    let _ = stop_tx.send(true);
-    // Every connection holds a slot until it ends: having them all back means all have ended.
-    let _ = slots.acquire_many(options.max_connections).await;
-}
-
-/// Reads the request's body (at most the API's limit) within `timeout`, so a client that stops
-/// sending mid-body holds no connection and no handler. A body over the limit is refused as the
-/// API refuses it (400 `body_too_large`); one that is late is 408 and ends the connection.
-async fn body_within(State(timeout): State<Duration>, request: Request, next: Next) -> Response {
-    let (parts, body) = request.into_parts();
-    let limit = api::body_limit(parts.uri.path());
-    match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await {
-        Ok(Ok(bytes)) => next.run(Request::from_parts(parts, bytes.into())).await,
-        Ok(Err(_)) => ApiError::bad_request(
-            "body_too_large",
-            format!("the body is larger than {limit} bytes"),
-        )
-        .into_response(),
-        Err(_) => {
-            let mut response = ApiError::new(
-                StatusCode::REQUEST_TIMEOUT,
-                "request_timeout",
-                format!(
-                    "the body did not arrive within {}",
-                    humantime::format_duration(timeout)
-                ),
-            )
-            .into_response();
-            response
-                .headers_mut()
-                .insert(header::CONNECTION, HeaderValue::from_static("close"));
-            response
-        }
-    }
 }
 
 /// The local stand-in for the recurring EventBridge schedule. A failed sweep is logged and the

@@ -229,6 +229,31 @@ async fn an_invalid_or_expired_token_is_401() {
 }
 
 #[tokio::test]
+async fn a_request_with_two_authorization_headers_is_401_even_when_both_verify() {
+    let c102 = Pending::c102("two-authorizations").await;
+    let path = format!("/approvals/{}/decisions", c102.approval);
+    for second in [c102.token("dana"), c102.token("erin")] {
+        let response = c102
+            .http
+            .post(format!("{}{path}", c102.base))
+            .bearer_auth(c102.token("dana"))
+            .header("authorization", format!("Bearer {second}"))
+            .json(&approve("d1"))
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let json: Value = response.json().await.unwrap();
+        let reply = common::server::Reply {
+            status,
+            json,
+            www_authenticate: None,
+        };
+        c102.refused(&reply, 401, "repeated_authorization").await;
+    }
+}
+
+#[tokio::test]
 async fn a_token_signed_with_another_key_is_401() {
     let c102 = Pending::c102("other-key").await;
     let foreign = BearerJwt::hs256(&[42; 32])
@@ -514,14 +539,20 @@ async fn the_review_page_is_served_without_a_token_under_a_strict_policy() {
 #[tokio::test]
 async fn development_sign_in_issues_a_token_for_a_person_of_the_directory() {
     let server = Server::start_dev("dev-sign-in");
-    let (status, _, people) = get_page(&server, "/dev/people", "content-type").await;
-    assert_eq!(status, 200, "{people}");
-    let people: Value = serde_json::from_str(&people).unwrap();
+    let secret = server.dev_secret();
+    let people = server
+        .http
+        .get(format!("{}/dev/people", server.base))
+        .header("x-countersign-dev-secret", &secret)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(people.status(), 200);
+    let people: Value = people.json().await.unwrap();
     let dana = item_where(&people["people"], "name", "dana");
     assert_eq!(dana["tenant"], "acme");
     assert_eq!(dana["roles"], json!(["employee", "finance"]));
 
-    let secret = server.dev_secret();
     let issue = |name: &str| {
         server
             .http
@@ -574,19 +605,25 @@ async fn development_sign_in_needs_the_secret_only_the_states_owner_can_read() {
     }
     let secret = server.dev_secret();
     let wrong = format!("{}0", &secret[..secret.len() - 1]);
-    for shown in [None, Some(""), Some(wrong.as_str())] {
-        let mut request = server
+    let twice = [secret.as_str(), secret.as_str()];
+    for shown in [&[][..], &[""], &[wrong.as_str()], &twice] {
+        let token = server
             .http
             .post(format!("{}/dev/token", server.base))
             .json(&json!({"as": "dana"}));
-        if let Some(shown) = shown {
-            request = request.header("x-countersign-dev-secret", shown);
+        let people = server.http.get(format!("{}/dev/people", server.base));
+        for mut request in [token, people] {
+            for shown in shown {
+                request = request.header("x-countersign-dev-secret", *shown);
+            }
+            let refused = request.send().await.unwrap();
+            assert_eq!(refused.status(), 403, "{shown:?}");
+            let refused: Value = refused.json().await.unwrap();
+            assert_eq!(refused["error"]["code"], "dev_secret", "{shown:?}");
+            assert!(refused.get("token").is_none(), "{refused}");
+            assert!(refused.get("people").is_none(), "{refused}");
+            assert!(!refused.to_string().contains("dana"), "{refused}");
         }
-        let refused = request.send().await.unwrap();
-        assert_eq!(refused.status(), 403, "{shown:?}");
-        let refused: Value = refused.json().await.unwrap();
-        assert_eq!(refused["error"]["code"], "dev_secret", "{shown:?}");
-        assert!(refused.get("token").is_none());
     }
 }
 
@@ -721,34 +758,155 @@ async fn a_connection_that_stops_mid_headers_or_sits_idle_is_closed() {
     assert!(started.elapsed() < Duration::from_secs(10), "{idle:?}");
 
     // A head that arrived, then a body that stops halfway: 408, and the connection ends.
+    let half_body = |authorization: &str| {
+        format!(
+            "POST /runs HTTP/1.1\r\nHost: 127.0.0.1\r\n{authorization}\
+             Content-Type: application/json\r\nContent-Length: 40\r\n\r\n{{\"claim"
+        )
+    };
     let started = std::time::Instant::now();
-    let half_body = raw_exchange(
-        &addr,
-        "POST /runs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
-         Content-Length: 40\r\n\r\n{\"claim",
-    )
-    .await;
-    assert!(started.elapsed() < Duration::from_secs(10), "{half_body:?}");
-    assert!(half_body.starts_with("HTTP/1.1 408"), "{half_body}");
-    assert!(half_body.contains("request_timeout"), "{half_body}");
+    let bearer = format!("Authorization: Bearer {}\r\n", server.token("ben"));
+    let late = raw_exchange(&addr, &half_body(&bearer)).await;
+    assert!(started.elapsed() < Duration::from_secs(10), "{late:?}");
+    assert!(late.starts_with("HTTP/1.1 408"), "{late}");
+    assert!(late.contains("request_timeout"), "{late}");
+    assert!(late.contains("connection: close"), "{late}");
+
+    // Without a token the body is never waited for: the answer is at once.
+    let started = std::time::Instant::now();
+    let anonymous = raw_exchange(&addr, &half_body("")).await;
+    assert!(anonymous.starts_with("HTTP/1.1 401"), "{anonymous}");
+    assert!(anonymous.contains("missing_token"), "{anonymous}");
+    assert!(
+        started.elapsed() < Duration::from_millis(900),
+        "answered after {:?}, not at once",
+        started.elapsed()
+    );
+}
+
+/// The status and JSON body of an answer read whole by [`raw_exchange`].
+fn status_and_json(answer: &str) -> (u16, Value) {
+    let status = answer
+        .strip_prefix("HTTP/1.1 ")
+        .and_then(|rest| rest.get(..3))
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP answer: {answer:?}"));
+    let (_, body) = answer.split_once("\r\n\r\n").unwrap();
+    let json = serde_json::from_str(body).unwrap_or_else(|_| panic!("not JSON: {answer:?}"));
+    (status, json)
 }
 
 #[tokio::test]
-async fn connections_beyond_the_cap_wait_until_one_closes() {
-    let server = Server::start_with(
-        "capped",
+async fn a_path_or_headers_too_large_are_refused_in_the_apis_own_words_and_change_nothing() {
+    let c102 = Pending::c102("large-head").await;
+    let addr = c102.addr();
+    let token = c102.token("dana");
+    let body = approve("d1").to_string();
+    let request = |path: &str, headers: &str| {
+        format!(
+            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n\
+             {headers}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let decisions = format!("/approvals/{}/decisions", c102.approval);
+    let long_path = format!("/approvals/{}/decisions", "a".repeat(100_000));
+    let big_header = format!("X-Padding: {}\r\n", "a".repeat(200_000));
+    let many_headers = "X-Padding: a\r\n".repeat(101);
+    for (path, headers, status, code) in [
+        (long_path.as_str(), "", 414, "uri_too_long"),
+        (
+            decisions.as_str(),
+            big_header.as_str(),
+            431,
+            "headers_too_large",
+        ),
+        (
+            decisions.as_str(),
+            many_headers.as_str(),
+            431,
+            "headers_too_large",
+        ),
+    ] {
+        let answer = raw_exchange(&addr, &request(path, headers)).await;
+        let (got, json) = status_and_json(&answer);
+        let reply = common::server::Reply {
+            status: got,
+            json,
+            www_authenticate: None,
+        };
+        c102.refused(&reply, status, code).await;
+    }
+    let get = format!(
+        "GET /approvals/{} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n\r\n",
+        "a".repeat(100_000)
+    );
+    let (status, json) = status_and_json(&raw_exchange(&addr, &get).await);
+    assert_eq!(
+        (status, &json["error"]["code"]),
+        (414, &json!("uri_too_long"))
+    );
+
+    // A head under the limit, as a browser with many cookies sends, is read as always.
+    let cookies = format!("Cookie: c={}\r\nConnection: close\r\n", "a".repeat(20_000));
+    let answer = raw_exchange(&addr, &request(&decisions, &cookies)).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
+
+/// Reads one answer from `stream`: its head, and as many bytes of body as its Content-Length
+/// says. None once the server closed the connection instead.
+async fn read_answer(stream: &mut tokio::net::TcpStream) -> Option<String> {
+    use tokio::io::AsyncReadExt;
+    let mut answer = Vec::new();
+    let mut chunk = [0u8; 16 * 1024];
+    loop {
+        if let Some(end) = answer.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&answer[..end]).to_ascii_lowercase();
+            let length: usize = head
+                .lines()
+                .find_map(|line| line.strip_prefix("content-length:"))
+                .map_or(0, |n| n.trim().parse().unwrap());
+            if answer.len() >= end + 4 + length {
+                return Some(String::from_utf8_lossy(&answer).into_owned());
+            }
+        }
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => answer.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+/// A server that takes one connection at a time, and gives a head `header_timeout`.
+fn one_connection_server(name: &str, header_timeout: &str) -> Server {
+    Server::start_with(
+        name,
         &[
             "--sweep-every",
             "0s",
             "--header-timeout",
-            "2s",
+            header_timeout,
             "--max-connections",
             "1",
         ],
-    );
+    )
+}
+
+/// A connection of its own to `server`, on which `sent` was sent.
+async fn connection_that_sent(server: &Server, sent: &[u8]) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let mut stream = tokio::net::TcpStream::connect(server.addr()).await.unwrap();
+    stream.write_all(sent).await.unwrap();
+    stream
+}
+
+#[tokio::test]
+async fn a_connection_in_the_middle_of_a_request_is_never_cut_to_admit_another() {
+    let server = one_connection_server("capped-busy", "2s");
     let token = server.token("dana");
-    // One client holds the only connection, saying nothing.
-    let holder = tokio::net::TcpStream::connect(server.addr()).await.unwrap();
+    // One client holds the only connection with half a request's head.
+    let _holder =
+        connection_that_sent(&server, b"GET /approvals HTTP/1.1\r\nHost: 127.0.0.1\r\n").await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let started = std::time::Instant::now();
     let listed = server
@@ -758,9 +916,118 @@ async fn connections_beyond_the_cap_wait_until_one_closes() {
     assert_eq!(listed.status, 200, "{}", listed.json);
     assert!(
         waited >= Duration::from_millis(1_000),
-        "answered after {waited:?}: it should have waited for the silent connection to close"
+        "answered after {waited:?}: it should have waited for the half request's head timeout"
     );
-    drop(holder);
+}
+
+#[tokio::test]
+async fn a_connection_idle_between_requests_is_closed_to_admit_a_new_one() {
+    let server = one_connection_server("capped-idle", "30s");
+    let token = server.token("dana");
+    // One client holds the only connection, idle after its first answer.
+    let mut holder =
+        connection_that_sent(&server, b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await;
+    let page = read_answer(&mut holder).await.expect("the page");
+    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+    let started = std::time::Instant::now();
+    let listed = server
+        .send(
+            reqwest::Method::GET,
+            "/approvals",
+            Some(token.clone()),
+            None,
+        )
+        .await;
+    assert_eq!(listed.status, 200, "{}", listed.json);
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "answered after {:?}: the idle connection should have made room at once",
+        started.elapsed()
+    );
+    assert!(
+        read_answer(&mut holder).await.is_none(),
+        "the idle connection was closed"
+    );
+
+    // A client that connected and has not sent anything yet is idle too.
+    let silent = connection_that_sent(&server, b"").await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = std::time::Instant::now();
+    let listed = server
+        .send(reqwest::Method::GET, "/approvals", Some(token), None)
+        .await;
+    assert_eq!(listed.status, 200, "{}", listed.json);
+    assert!(started.elapsed() < Duration::from_secs(10));
+    drop(silent);
+}
+
+/// A client that keeps a connection open and asks for the review page without a token every
+/// `every`, connecting again whenever the server closed it; counts its first answer in
+/// `answered`.
+async fn keep_alive_pest(
+    addr: String,
+    every: Duration,
+    answered: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use tokio::io::AsyncWriteExt;
+    let mut counted = false;
+    loop {
+        let Ok(mut stream) = tokio::net::TcpStream::connect(&addr).await else {
+            tokio::time::sleep(every).await;
+            continue;
+        };
+        loop {
+            let sent = stream
+                .write_all(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                .await;
+            if sent.is_err() || read_answer(&mut stream).await.is_none() {
+                break;
+            }
+            if !counted {
+                counted = true;
+                answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            tokio::time::sleep(every).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn keep_alive_connections_past_the_cap_do_not_keep_a_new_client_out() {
+    let server = Server::start("keep-alive-flood");
+    let token = server.token("dana");
+    let answered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    // More cheap keep-alive clients than the server takes connections (256), each asking
+    // again well within the header timeout (10 s), so none ever idles out.
+    let pests: Vec<_> = (0..300)
+        .map(|_| {
+            tokio::spawn(keep_alive_pest(
+                server.addr(),
+                Duration::from_secs(2),
+                answered.clone(),
+            ))
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while answered.load(std::sync::atomic::Ordering::Relaxed) < 256 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "only {} clients were answered",
+            answered.load(std::sync::atomic::Ordering::Relaxed)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let listed = tokio::time::timeout(
+        Duration::from_secs(30),
+        server.send(reqwest::Method::GET, "/approvals", Some(token), None),
+    )
+    .await
+    .expect("a new client is answered while the pests keep their connections busy");
+    assert_eq!(listed.status, 200, "{}", listed.json);
+    for pest in pests {
+        pest.abort();
+    }
 }
 
 #[tokio::test]

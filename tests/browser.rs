@@ -745,9 +745,14 @@ async fn a_notice_link_opens_the_page_on_its_approval_after_sign_in() {
     // The link a notice carries (`<public URL>/#approval=<id>`), opened before signing in.
     let link = format!("{}/#approval={}", server.base, c104.approval);
     dana.client.goto(&link).await.unwrap();
+    // Without the secret the page knows nobody; typed in, it lists the people.
+    dana.find("#dev-sign-in:not([hidden]) #dev-secret").await;
+    let listed = "return document.querySelectorAll('#dev-person option').length;";
+    assert_eq!(dana.client.execute(listed, vec![]).await.unwrap(), json!(0));
+    dana.type_into("#dev-secret", &server.dev_secret()).await;
+    dana.find("#dev-person option[value=dana]").await;
     let picker = dana.find("#dev-sign-in:not([hidden]) #dev-person").await;
     picker.select_by_value("dana").await.unwrap();
-    dana.type_into("#dev-secret", &server.dev_secret()).await;
     dana.click("#dev-sign-in button[type=submit]").await;
 
     let linked = format!("{}.linked[aria-current=true]", card(&c104.approval));

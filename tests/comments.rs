@@ -5,7 +5,7 @@ use serde_json::json;
 
 mod common;
 
-use common::server::{Server, approve, assert_refused};
+use common::server::{Server, approve, assert_refused, assert_refused_naming};
 use common::texts;
 
 #[tokio::test]
@@ -100,4 +100,46 @@ async fn a_comment_is_kept_and_audited_and_bad_ones_are_refused() {
     assert_eq!(commented.len(), 2, "{events:?}");
     let decision = events.iter().position(|e| *e == "decision").unwrap();
     assert!(commented[1] < decision, "{events:?}");
+}
+
+#[tokio::test]
+async fn one_person_may_not_fill_an_approval_with_comments() {
+    let server = Server::start("comment-cap");
+    let paused = server.paused_run("ben", "c-102", None).await;
+    let path = format!("/approvals/{}/comments", paused.approval);
+    let comment = |name: &'static str, n: usize| {
+        let path = path.clone();
+        let server = &server;
+        async move {
+            let text = format!("{name}'s remark {n}");
+            server.post(&path, name, json!({ "text": text })).await
+        }
+    };
+    for n in 1..=20 {
+        let reply = comment("chen", n).await;
+        assert_eq!(reply.status, 201, "{}", reply.json);
+    }
+    let before = server.approval(&paused.approval).await;
+    let twenty_first = comment("chen", 21).await;
+    assert_refused_naming(&twenty_first, 409, "too_many_comments", "chen");
+    assert_eq!(server.approval(&paused.approval).await, before);
+
+    // Everyone else still may, until the approval holds its 100.
+    for name in ["ben", "dana", "erin", "ana"] {
+        for n in 1..=20 {
+            let reply = comment(name, n).await;
+            assert_eq!(reply.status, 201, "{name} {n}: {}", reply.json);
+        }
+    }
+    let full = server.approval(&paused.approval).await;
+    assert_eq!(full["comments"].as_array().unwrap().len(), 100);
+    let one_too_many = comment("sam", 1).await;
+    assert_refused(&one_too_many, 409, "too_many_comments");
+    assert_eq!(server.approval(&paused.approval).await, full);
+    let audit = server
+        .get(&format!("/runs/{}/audit", paused.run), "dana")
+        .await;
+    let events = texts(&audit.json["entries"], "event");
+    let commented = events.iter().filter(|e| **e == "commented").count();
+    assert_eq!(commented, 100, "a refused comment is not audited");
 }

@@ -168,3 +168,39 @@ fn a_definition_names_the_argument_whose_person_may_not_approve_the_call() {
     assert_eq!(rejected["approval"]["status"], "rejected", "{rejected}");
     assert_eq!(rejected["run"]["status"], "done", "{rejected}");
 }
+
+#[cfg(unix)]
+#[test]
+fn a_policy_linked_outside_the_agents_directory_is_refused_and_never_printed() {
+    let definitions = TempDir::new("run-link-out");
+    let returns = returns_agent(&definitions.0);
+    let private = definitions.0.join("private.txt");
+    std::fs::write(&private, "root:x:0:0:a-private-first-line\n").unwrap();
+    let policy = returns.join("policy.toml");
+    std::fs::remove_file(&policy).unwrap();
+    std::os::unix::fs::symlink(&private, &policy).unwrap();
+    let cs = Countersign::fresh("run-link-out");
+
+    let refused = cs.run(&[
+        "run",
+        "--agent",
+        returns.to_str().unwrap(),
+        TASK,
+        "--as",
+        "sam",
+    ]);
+
+    assert_eq!(refused.exit, 2, "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains(&policy.display().to_string()),
+        "names the file: {}",
+        refused.stderr
+    );
+    assert!(
+        refused.stderr.contains("outside the agent's directory"),
+        "{}",
+        refused.stderr
+    );
+    let printed = format!("{}{}", refused.stderr, refused.json);
+    assert!(!printed.contains("root:x"), "{printed}");
+}

@@ -112,7 +112,12 @@ fn approve_button(calls: &Calls) -> Value {
 /// The form Slack posts when `user` clicks `button` on the notice, as its block_actions payload
 /// documents.
 fn click_body(slack: &str, button: &Value, user: &str) -> String {
-    let payload = json!({
+    interaction_form(&click_payload(slack, button, user))
+}
+
+/// The block_actions payload of `user`'s click on `button`.
+fn click_payload(slack: &str, button: &Value, user: &str) -> Value {
+    json!({
         "type": "block_actions",
         "user": {"id": user, "team_id": "T0ACME001"},
         "team": {"id": "T0ACME001", "domain": "acme"},
@@ -127,8 +132,7 @@ fn click_body(slack: &str, button: &Value, user: &str) -> String {
             "text": button["text"],
             "action_ts": "1700000001.000002",
         }],
-    });
-    interaction_form(&payload)
+    })
 }
 
 /// Posts an interaction's `body` to the server with these signature headers: the status and
@@ -147,10 +151,14 @@ fn unix_now() -> String {
 
 /// `user`'s click on `button`, signed now as Slack signs it: the status and the answer.
 async fn click(server: &Server, slack: &str, button: &Value, user: &str) -> (u16, Value) {
-    let body = click_body(slack, button, user);
+    post_signed(server, &click_body(slack, button, user)).await
+}
+
+/// An interaction's `body`, signed now as Slack signs it: the status and the answer.
+async fn post_signed(server: &Server, body: &str) -> (u16, Value) {
     let now = unix_now();
     let signature = sign(&SigningSecret::new(SECRET).unwrap(), &now, body.as_bytes());
-    post_to(server, &body, &now, &signature).await
+    post_to(server, body, &now, &signature).await
 }
 
 fn calls_to(calls: &Calls, path: &str) -> Vec<Value> {
@@ -236,6 +244,39 @@ async fn a_click_in_slack_decides_and_the_message_tells_the_outcome() {
             .all(|b| b["type"] != "actions"),
         "the buttons are gone"
     );
+}
+
+#[tokio::test]
+async fn a_click_carrying_the_whole_message_is_read_up_to_the_routes_64_kib() {
+    let (slack, calls) = slack_stand_in().await;
+    let env = slack_env(&slack);
+    let server = Server::start_with_env("slack-large", &["--sweep-every", "0s"], &env);
+    let paused = server.paused_run("ben", "c-102", None).await;
+    let approve = approve_button(&calls);
+    // Slack sends the message clicked on with the click, blocks and all.
+    let carrying = |bytes: usize| {
+        let mut payload = click_payload(&slack, &approve, "U0DANA001");
+        payload["message"] = json!({"type": "message", "text": "x".repeat(bytes)});
+        interaction_form(&payload)
+    };
+
+    let too_large = carrying(65 * 1024);
+    let (status, answer) = post_signed(&server, &too_large).await;
+    assert_eq!(status, 400, "{answer}");
+    assert_eq!(answer["error"]["code"], "body_too_large", "{answer}");
+    let waiting = server.approval(&paused.approval).await;
+    assert_eq!(waiting["status"], "awaiting_approval");
+    assert_eq!(waiting["decisions"], json!([]));
+
+    let large = carrying(40 * 1024);
+    assert!(large.len() > 16 * 1024, "more than the API's own limit");
+    let (status, answer) = post_signed(&server, &large).await;
+    assert_eq!(status, 200, "{answer}");
+    let told = answer["text"].as_str().unwrap();
+    assert!(told.starts_with("You approved reimburse"), "{told}");
+    let decided = server.approval(&paused.approval).await;
+    assert_eq!(decided["status"], "approved");
+    assert_eq!(decided["decisions"][0]["by"], "dana");
 }
 
 /// A loopback stand-in for the refunds agent's orders service whose refunds wait: each refund

@@ -8,6 +8,7 @@ pub mod mcp_tool;
 pub mod scheduler;
 pub mod scripted;
 pub mod slack;
+mod slack_buttons;
 pub mod sqlite;
 pub mod sqs;
 pub mod state_dir;

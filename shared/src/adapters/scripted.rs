@@ -106,7 +106,8 @@ const LAST_RESULT: &str = "last_result";
 
 impl Script {
     pub fn from_toml(text: &str) -> Result<Self, ScriptError> {
-        let script: Script = toml::from_str(text).map_err(|e| ScriptError(e.to_string()))?;
+        let script: Script =
+            crate::domain::toml_text::from_str(text).map_err(|e| ScriptError(e.to_string()))?;
         check_turns("turns", &script.turns, &[])?;
         for (n, case) in script.cases.iter().enumerate() {
             let groups: Vec<&str> = case.when.0.capture_names().flatten().collect();

@@ -12,10 +12,13 @@ use reqwest::Url;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::domain::approval::{Approval, ApprovalKind};
+use super::slack_buttons::ACTION_PREFIX;
+use crate::domain::approval::Approval;
 use crate::domain::identity::{Directory, Identity};
-use crate::domain::notice::{Notice, NoticeKind};
-use crate::ports::notifier::{Notifier, NotifyError, Posted};
+use crate::domain::notice::{Notice, NoticeKind, Posted};
+use crate::ports::notifier::{Notifier, NotifyError};
+
+pub use super::slack_buttons::{ButtonChoice, action_id, buttons};
 
 /// How far a request's timestamp may be from now, either way.
 pub const MAX_REQUEST_AGE_SECS: i64 = 5 * 60;
@@ -23,9 +26,6 @@ pub const MAX_REQUEST_AGE_SECS: i64 = 5 * 60;
 pub const SLACK_HOOKS_URL: &str = "https://hooks.slack.com/";
 /// How long an answer to Slack may take: Slack wants the request acknowledged within 3 s.
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// The buttons' action ids start with this, then the choice, the approval and its version.
-const ACTION_PREFIX: &str = "countersign.";
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -129,37 +129,6 @@ pub fn verify(
     Ok(())
 }
 
-/// A button's choice.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ButtonChoice {
-    Approve,
-    Reject,
-    /// Opens a form for a lower amount; its submission is the edit.
-    Edit,
-}
-
-impl ButtonChoice {
-    fn as_str(self) -> &'static str {
-        match self {
-            ButtonChoice::Approve => "approve",
-            ButtonChoice::Reject => "reject",
-            ButtonChoice::Edit => "edit",
-        }
-    }
-}
-
-/// The action id of a button: `countersign.<choice>.<approval>.v<version>`. The same on every
-/// notice of one approval version, so a click on the notice and one on its reminder by the same
-/// person are one decision.
-pub fn action_id(choice: ButtonChoice, approval: &Approval) -> String {
-    format!(
-        "{ACTION_PREFIX}{}.{}.v{}",
-        choice.as_str(),
-        approval.id,
-        approval.action_version
-    )
-}
-
 /// What a button was rendered for, read back from a click: the choice from its action id, the
 /// approval, version and args hash from its value.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -228,60 +197,6 @@ impl Button {
 
 fn clip(text: &str) -> String {
     text.chars().take(80).collect()
-}
-
-/// The Approve and Reject buttons of a notice (and Edit, where policy lets a reviewer lower the
-/// amount), bound to the version and args hash shown. A recovery (did a call take effect?)
-/// gets none: it is answered on the review page.
-pub fn buttons(approval: &Approval, editable: bool) -> Option<Value> {
-    if approval.kind != ApprovalKind::Action {
-        return None;
-    }
-    let value = json!({
-        "approval": approval.id,
-        "version": approval.action_version,
-        "args_hash": approval.args_hash,
-    })
-    .to_string();
-    let version = approval.action_version;
-    let edit = editable.then(|| {
-        json!({
-            "type": "button",
-            "action_id": action_id(ButtonChoice::Edit, approval),
-            "text": {"type": "plain_text", "text": format!("Edit version {version}")},
-            "value": value,
-        })
-    });
-    let mut block = json!({
-        "type": "actions",
-        "block_id": "countersign.decide",
-        "elements": [
-            {
-                "type": "button",
-                "action_id": action_id(ButtonChoice::Approve, approval),
-                "text": {"type": "plain_text", "text": format!("Approve version {version}")},
-                "style": "primary",
-                "value": value,
-            },
-            {
-                "type": "button",
-                "action_id": action_id(ButtonChoice::Reject, approval),
-                "text": {"type": "plain_text", "text": format!("Reject version {version}")},
-                "style": "danger",
-                "value": value,
-                "confirm": {
-                    "title": {"type": "plain_text", "text": "Reject this call?"},
-                    "text": {"type": "plain_text", "text": "The agent is told it was rejected in Slack and must not retry it. To give a reason, reject it on the review page."},
-                    "confirm": {"type": "plain_text", "text": "Reject"},
-                    "deny": {"type": "plain_text", "text": "Cancel"},
-                },
-            },
-        ],
-    });
-    if let (Some(edit), Some(elements)) = (edit, block["elements"].as_array_mut()) {
-        elements.insert(1, edit);
-    }
-    Some(block)
 }
 
 /// The edit form (a modal) for one approval version: the new amount, lower than `cents`, and a

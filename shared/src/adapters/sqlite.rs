@@ -634,4 +634,39 @@ mod tests {
             .await
             .unwrap() as usize
     }
+
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn a_new_state_directory_and_its_store_files_are_private_to_their_owner() {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+        let dir = crate::testing::scratch_dir("state-new").join("nested");
+        let store = SqliteStore::open_dir(&dir).unwrap();
+        let item = Item {
+            pk: "pk".into(),
+            sk: "sk".into(),
+            gsi1: None,
+            ver: 1,
+            body: "{}".into(),
+        };
+        store
+            .transact(vec![Write::Put {
+                item,
+                condition: Condition::NotExists,
+            }])
+            .await
+            .unwrap();
+
+        assert_eq!(mode(&dir), 0o700);
+        for file in [
+            FILE_NAME.to_string(),
+            format!("{FILE_NAME}-wal"),
+            format!("{FILE_NAME}-shm"),
+        ] {
+            assert_eq!(mode(&dir.join(&file)), 0o600, "{file}");
+        }
+        assert!(state_dir::wider_than_private(&dir).unwrap().is_empty());
+        drop(store);
+        std::fs::remove_dir_all(dir.parent().unwrap()).unwrap();
+    }
 }

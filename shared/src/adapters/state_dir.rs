@@ -80,8 +80,6 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
 
     use super::*;
-    use crate::adapters::sqlite::{FILE_NAME, SqliteStore};
-    use crate::ports::store::{Condition, Item, ItemStore, Write};
 
     fn fresh(name: &str) -> PathBuf {
         crate::testing::scratch_dir(&format!("state-{name}"))
@@ -89,38 +87,6 @@ mod tests {
 
     fn mode(path: &Path) -> u32 {
         std::fs::metadata(path).unwrap().permissions().mode() & 0o777
-    }
-
-    #[tokio::test]
-    async fn a_new_state_directory_and_its_store_files_are_private_to_their_owner() {
-        let dir = fresh("new").join("nested");
-        let store = SqliteStore::open_dir(&dir).unwrap();
-        let item = Item {
-            pk: "pk".into(),
-            sk: "sk".into(),
-            gsi1: None,
-            ver: 1,
-            body: "{}".into(),
-        };
-        store
-            .transact(vec![Write::Put {
-                item,
-                condition: Condition::NotExists,
-            }])
-            .await
-            .unwrap();
-
-        assert_eq!(mode(&dir), 0o700);
-        for file in [
-            FILE_NAME.to_string(),
-            format!("{FILE_NAME}-wal"),
-            format!("{FILE_NAME}-shm"),
-        ] {
-            assert_eq!(mode(&dir.join(&file)), 0o600, "{file}");
-        }
-        assert!(wider_than_private(&dir).unwrap().is_empty());
-        drop(store);
-        std::fs::remove_dir_all(dir.parent().unwrap()).unwrap();
     }
 
     #[test]
@@ -156,7 +122,7 @@ mod tests {
         let dir = fresh("wide");
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let db = dir.join(FILE_NAME);
+        let db = dir.join("countersign.db");
         std::fs::write(&db, b"").unwrap();
         std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o644)).unwrap();
         let key = dir.join("dev-jwt.key");

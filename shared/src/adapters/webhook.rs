@@ -14,8 +14,8 @@ use sha2::{Digest, Sha256};
 use crate::domain::action::ActionStatus;
 use crate::domain::approval::{ApprovalStatus, Choice};
 use crate::domain::ids::ApprovalId;
-use crate::domain::notice::{Notice, NoticeKind};
-use crate::ports::notifier::{Destination, Notifier, NotifyError, Posted};
+use crate::domain::notice::{Notice, NoticeKind, Posted};
+use crate::ports::notifier::{Destination, Notifier, NotifyError};
 
 /// At most this many URLs: each adds one outbox item per approval to the pause transaction.
 pub const MAX_WEBHOOKS: usize = 5;
@@ -375,7 +375,7 @@ pub fn body(notice: &Notice, rendering: &Rendering) -> Value {
     }
     // Once nobody can decide it, the buttons go.
     if let Some(actions) = (rendering.buttons && waits)
-        .then(|| super::slack::buttons(a, notice.editable))
+        .then(|| super::slack_buttons::buttons(a, notice.editable))
         .flatten()
     {
         blocks.push(actions);

@@ -164,7 +164,8 @@ impl Definition {
         let file = files.label(DEFINITION_FILE);
         let err = |field: &str, message: String| DefinitionError::new(&file, field, message);
         let text = files.read(DEFINITION_FILE)?;
-        let raw: RawDefinition = toml::from_str(&text).map_err(|e| err("", e.to_string()))?;
+        let raw: RawDefinition =
+            crate::domain::toml_text::from_str(&text).map_err(|e| err("", e.to_string()))?;
         let name = AgentName::parse(&raw.name).map_err(|e| err("name", e.to_string()))?;
         if raw.system_prompt.trim().is_empty() {
             return Err(err("system_prompt", "must say what the agent does".into()));
@@ -735,12 +736,12 @@ input_schema = { type = "object", properties = { order_id = { type = "string" },
 http = { method = "POST", url = "http://127.0.0.1:9/orders/{order_id}/refunds" }
 "#;
 
-    /// The error building `GATED_REFUND_TOOL` under a policy gating it on `amount_field`.
-    fn built_with_amount_field(rule: &str) -> Result<(), DefinitionError> {
+    /// Building `tool` under a policy gating it with `rule` (its `amount_field`).
+    fn built_gated(tool: &str, rule: &str) -> Result<(), DefinitionError> {
         let policy = format!(
             "name = \"refunds\"\nversion = 1\ndefault_ttl = \"1h\"\n[tools.issue_refund]\ndecision = \"approve\"\napprover_role = \"finance\"\n{rule}\n[[tools.issue_refund.thresholds]]\nabove = \"$100\"\nquorum = 1\nreason = \"Large refunds need finance.\"\n"
         );
-        let definition = load(GATED_REFUND_TOOL, &policy).expect("the files parse");
+        let definition = load(tool, &policy).expect("the files parse");
         let dir = crate::testing::scratch_dir("amount-field");
         let store: Arc<dyn crate::ports::store::ItemStore> =
             Arc::new(crate::adapters::sqlite::SqliteStore::open_dir(&dir).unwrap());
@@ -757,7 +758,7 @@ http = { method = "POST", url = "http://127.0.0.1:9/orders/{order_id}/refunds" }
     #[test]
     fn a_policy_amount_field_must_be_a_required_integer_argument_of_its_tool() {
         assert_eq!(
-            built_with_amount_field("amount_field = \"amount_cents\""),
+            built_gated(GATED_REFUND_TOOL, "amount_field = \"amount_cents\""),
             Ok(())
         );
         let cases = [
@@ -778,7 +779,7 @@ http = { method = "POST", url = "http://127.0.0.1:9/orders/{order_id}/refunds" }
             ),
         ];
         for (rule, field, message) in cases {
-            let error = built_with_amount_field(rule).expect_err(rule);
+            let error = built_gated(GATED_REFUND_TOOL, rule).expect_err(rule);
             assert_eq!(error.file, "test/policy.toml", "{rule}");
             assert_eq!(error.field, field, "{rule}");
             assert_eq!(error.message, message, "{rule}");
@@ -791,18 +792,7 @@ http = { method = "POST", url = "http://127.0.0.1:9/orders/{order_id}/refunds" }
             r#"required = ["order_id", "amount_cents"]"#,
             r#"required = ["order_id"]"#,
         );
-        let policy = "name = \"refunds\"\nversion = 1\ndefault_ttl = \"1h\"\n[tools.issue_refund]\ndecision = \"approve\"\napprover_role = \"finance\"\namount_field = \"amount_cents\"\n[[tools.issue_refund.thresholds]]\nabove = \"$100\"\nquorum = 1\nreason = \"r\"\n";
-        let definition = load(&optional, policy).expect("the files parse");
-        let dir = crate::testing::scratch_dir("amount-required");
-        let store: Arc<dyn crate::ports::store::ItemStore> =
-            Arc::new(crate::adapters::sqlite::SqliteStore::open_dir(&dir).unwrap());
-        let wiring = Wiring::new(
-            store,
-            Arc::new(crate::ports::clock::SystemClock),
-            crate::example::expense::default_claims(),
-        );
-        let error = definition.build(&wiring).map(|_| ()).expect_err("refused");
-        std::fs::remove_dir_all(dir).ok();
+        let error = built_gated(&optional, "amount_field = \"amount_cents\"").expect_err("refused");
         assert_eq!(error.field, "tools.issue_refund.amount_field");
         assert_eq!(
             error.message,

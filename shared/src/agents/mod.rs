@@ -95,13 +95,20 @@ pub trait Files {
 /// A definition's directory on disk.
 pub struct Dir(pub PathBuf);
 
+/// The largest definition file (agent, policy, script) read: far above any real one, far below
+/// what would hold up a process at start-up.
+pub const MAX_FILE_BYTES: u64 = 1024 * 1024;
+
 impl Files for Dir {
     fn label(&self, file: &str) -> String {
         self.0.join(file).display().to_string()
     }
 
+    /// Reads a file of the directory: the name, once every link in it is resolved, must stay
+    /// inside the directory, and be a regular file of at most [`MAX_FILE_BYTES`].
     fn read(&self, file: &str) -> Result<String, DefinitionError> {
         let relative = Path::new(file);
+        let refuse = |message: String| DefinitionError::new(&self.label(file), "", message);
         // Files a definition names stay inside its directory.
         if relative.is_absolute() || relative.components().any(|c| c.as_os_str() == "..") {
             return Err(DefinitionError::new(
@@ -110,9 +117,40 @@ impl Files for Dir {
                 format!("{file:?} must be a file inside the agent's directory"),
             ));
         }
-        std::fs::read_to_string(self.0.join(relative)).map_err(|e| {
-            DefinitionError::new(&self.label(file), "", format!("cannot read it: {e}"))
-        })
+        let cannot_read = |e: std::io::Error| refuse(format!("cannot read it: {e}"));
+        let root = self.0.canonicalize().map_err(cannot_read)?;
+        let path = self.0.join(relative).canonicalize().map_err(cannot_read)?;
+        if !path.starts_with(&root) {
+            return Err(refuse(format!(
+                "it leads outside the agent's directory {}; a definition reads only files inside it",
+                root.display()
+            )));
+        }
+        // Checked before opening: opening a FIFO would wait for a writer.
+        let metadata = std::fs::metadata(&path).map_err(cannot_read)?;
+        if !metadata.is_file() {
+            return Err(refuse("it is not a regular file".into()));
+        }
+        let too_large = || {
+            refuse(format!(
+                "it has more than {MAX_FILE_BYTES} bytes (1 MiB), the most a definition file may have"
+            ))
+        };
+        if metadata.len() > MAX_FILE_BYTES {
+            return Err(too_large());
+        }
+        let file = std::fs::File::open(&path).map_err(cannot_read)?;
+        let mut text = String::new();
+        // No further than one byte past the limit, should the file have grown since.
+        let read = std::io::Read::read_to_string(
+            &mut std::io::Read::take(file, MAX_FILE_BYTES + 1),
+            &mut text,
+        )
+        .map_err(cannot_read)?;
+        if read as u64 > MAX_FILE_BYTES {
+            return Err(too_large());
+        }
+        Ok(text)
     }
 }
 
@@ -296,5 +334,145 @@ pub async fn prepare_all(engine: &Engine) {
         if let Err(error) = agent.tools.prepare().await {
             tracing::warn!(agent = %agent.name, %error, "its MCP tools are not listed yet");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const AGENT: &str = include_str!("../../../agents/refunds/agent.toml");
+    const POLICY: &str = include_str!("../../../agents/refunds/policy.toml");
+    const SCRIPT: &str = include_str!("../../../agents/refunds/script.toml");
+
+    /// A fresh directory holding an agent's directory, `agent/`, with the shipped refunds
+    /// agent's files; removed when dropped.
+    struct Scratch(PathBuf);
+
+    impl Scratch {
+        fn new(name: &str) -> Self {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos();
+            let root = std::env::temp_dir().join(format!(
+                "countersign-agents-{name}-{}-{nanos}",
+                std::process::id()
+            ));
+            std::fs::create_dir_all(root.join("agent")).unwrap();
+            for (file, text) in [
+                ("agent.toml", AGENT),
+                ("policy.toml", POLICY),
+                ("script.toml", SCRIPT),
+            ] {
+                std::fs::write(root.join("agent").join(file), text).unwrap();
+            }
+            Self(root)
+        }
+
+        fn agent(&self) -> PathBuf {
+            self.0.join("agent")
+        }
+
+        fn load(&self) -> Result<Vec<Definition>, DefinitionError> {
+            load_paths(&[self.agent()])
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    const SECRET_LINE: &str = "root:x:0:0:the-first-line-of-a-private-file";
+
+    #[cfg(unix)]
+    #[test]
+    fn a_policy_linked_outside_the_agents_directory_is_refused_without_its_content() {
+        let scratch = Scratch::new("link-out");
+        let outside = scratch.0.join("passwd");
+        std::fs::write(&outside, format!("{SECRET_LINE}\nsecond:line\n")).unwrap();
+        let policy = scratch.agent().join("policy.toml");
+        std::fs::remove_file(&policy).unwrap();
+        std::os::unix::fs::symlink(&outside, &policy).unwrap();
+
+        let error = scratch.load().unwrap_err();
+        assert_eq!(error.file, policy.display().to_string());
+        let told = error.to_string();
+        assert!(told.contains("outside the agent's directory"), "{told}");
+        assert!(!told.contains("root:x"), "{told}");
+
+        // A link to the same file through a directory link is refused the same way.
+        std::fs::remove_file(&policy).unwrap();
+        std::os::unix::fs::symlink(&scratch.0, scratch.agent().join("up")).unwrap();
+        std::fs::write(
+            scratch.agent().join("agent.toml"),
+            format!("policy = \"up/passwd\"\n{AGENT}"),
+        )
+        .unwrap();
+        let told = scratch.load().unwrap_err().to_string();
+        assert!(told.contains("outside the agent's directory"), "{told}");
+        assert!(!told.contains("root:x"), "{told}");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_link_that_stays_inside_the_agents_directory_is_followed() {
+        let scratch = Scratch::new("link-in");
+        let agent = scratch.agent();
+        std::fs::rename(agent.join("policy.toml"), agent.join("refunds-policy.toml")).unwrap();
+        std::os::unix::fs::symlink("refunds-policy.toml", agent.join("policy.toml")).unwrap();
+        let loaded = scratch.load().unwrap();
+        assert_eq!(loaded[0].name.as_str(), "refunds");
+    }
+
+    #[test]
+    fn a_file_that_is_not_toml_is_refused_naming_the_line_never_quoting_it() {
+        let scratch = Scratch::new("not-toml");
+        let policy = scratch.agent().join("policy.toml");
+        std::fs::write(&policy, format!("{SECRET_LINE}\n")).unwrap();
+        let error = scratch.load().unwrap_err();
+        assert_eq!(error.file, policy.display().to_string());
+        let told = error.to_string();
+        assert!(told.contains("line 1, column"), "{told}");
+        assert!(!told.contains("root:x"), "{told}");
+
+        let agent = scratch.agent().join("agent.toml");
+        std::fs::write(&agent, format!("{AGENT}\n{SECRET_LINE}\n")).unwrap();
+        let told = scratch.load().unwrap_err().to_string();
+        assert!(told.contains("line "), "{told}");
+        assert!(!told.contains("root:x"), "{told}");
+    }
+
+    #[test]
+    fn a_definition_file_over_one_mib_is_refused_before_it_is_read() {
+        let scratch = Scratch::new("large");
+        let script = scratch.agent().join("script.toml");
+        let padding = format!("# {}\n", "x".repeat(1022)).repeat(1025);
+        std::fs::write(&script, format!("{SCRIPT}{padding}")).unwrap();
+        let error = scratch.load().unwrap_err();
+        assert_eq!(error.file, script.display().to_string());
+        assert!(error.message.contains("1 MiB"), "{error}");
+
+        // Just under the limit loads.
+        let fits = &padding[..padding.len() - 3 * 1024 - SCRIPT.len()];
+        std::fs::write(&script, format!("{SCRIPT}{fits}")).unwrap();
+        assert!(scratch.load().is_ok());
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_definition_file_that_is_not_a_regular_file_is_refused() {
+        let scratch = Scratch::new("fifo");
+        let policy = scratch.agent().join("policy.toml");
+        std::fs::remove_file(&policy).unwrap();
+        let made = std::process::Command::new("mkfifo")
+            .arg(&policy)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let error = scratch.load().unwrap_err();
+        assert!(error.message.contains("not a regular file"), "{error}");
     }
 }

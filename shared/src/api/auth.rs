@@ -31,6 +31,9 @@ pub trait Authenticate: Send + Sync {
 pub enum AuthError {
     #[error("no bearer token: send Authorization: Bearer <token>")]
     Missing,
+    /// Two `Authorization` headers: which one counts would depend on who reads them.
+    #[error("the request has more than one Authorization header: send exactly one")]
+    Repeated,
     /// The token does not verify; the reason is one of this module's own sentences, never the
     /// JWT library's words.
     #[error("the bearer token is not valid: {0}")]
@@ -49,6 +52,7 @@ impl AuthError {
     pub fn code(&self) -> &'static str {
         match self {
             AuthError::Missing => "missing_token",
+            AuthError::Repeated => "repeated_authorization",
             AuthError::Invalid(_) => "invalid_token",
             AuthError::Expired => "token_expired",
             AuthError::NotYetValid => "token_not_yet_valid",
@@ -222,10 +226,11 @@ const BEARER_FORM: &str = "the Authorization header must be `Bearer <token>`";
 
 impl Authenticate for BearerJwt {
     fn identify(&self, request: &Parts) -> Result<Identity, AuthError> {
-        let value = request
-            .headers
-            .get(header::AUTHORIZATION)
-            .ok_or(AuthError::Missing)?;
+        let mut values = request.headers.get_all(header::AUTHORIZATION).iter();
+        let value = values.next().ok_or(AuthError::Missing)?;
+        if values.next().is_some() {
+            return Err(AuthError::Repeated);
+        }
         let value = value
             .to_str()
             .map_err(|_| AuthError::Invalid("the Authorization header is not text"))?;
@@ -582,6 +587,22 @@ mod tests {
             jwt.identify(&parts_with(None, Some("Basic ZGFuYTp4"))),
             Err(AuthError::Invalid(_))
         ));
+    }
+
+    #[test]
+    fn two_authorization_headers_are_refused_even_when_both_verify() {
+        let jwt = BearerJwt::hs256(&[7; 32]).unwrap();
+        let token = jwt
+            .issue(&dana(), Utc::now(), Duration::from_secs(600))
+            .unwrap();
+        let mut request = Request::builder().uri("/approvals");
+        for _ in 0..2 {
+            request = request.header(header::AUTHORIZATION, format!("Bearer {token}"));
+        }
+        let parts = request.body(()).unwrap().into_parts().0;
+        let refused = jwt.identify(&parts).unwrap_err();
+        assert_eq!(refused, AuthError::Repeated);
+        assert_eq!(refused.code(), "repeated_authorization");
     }
 
     #[test]

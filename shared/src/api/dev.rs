@@ -3,15 +3,17 @@
 //! them only when started with `--dev-sign-in` on a loopback address.
 //!
 //! - `GET /dev/people`: `{"people": [{"name", "tenant", "roles"}]}`.
-//! - `POST /dev/token` with `{"as": "<name>"}` and the header [`SECRET_HEADER`] holding the
-//!   state directory's sign-in secret: the token and whom it names. Loopback is not a boundary
-//!   between the users of one machine; the secret, readable by the state's owner only, is.
+//! - `POST /dev/token` with `{"as": "<name>"}`: the token and whom it names.
+//!
+//! Both need the header [`SECRET_HEADER`] holding the state directory's sign-in secret, checked
+//! before anything else is read. Loopback is not a boundary between the users of one machine;
+//! the secret, readable by the state's owner only, is.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
@@ -53,11 +55,13 @@ pub struct TokenBody {
 }
 
 pub(super) fn routes(dev: DevSignIn) -> Router {
+    let dev = Arc::new(dev);
     Router::new()
         .route("/dev/people", get(people))
         .route("/dev/token", post(token))
+        .route_layer(middleware::from_fn_with_state(dev.clone(), secret_shown))
         .route_layer(middleware::from_fn(loopback_host_only))
-        .with_state(Arc::new(dev))
+        .with_state(dev)
 }
 
 async fn people(State(dev): State<Arc<DevSignIn>>) -> Json<People> {
@@ -68,18 +72,8 @@ async fn people(State(dev): State<Arc<DevSignIn>>) -> Json<People> {
 
 async fn token(
     State(dev): State<Arc<DevSignIn>>,
-    headers: HeaderMap,
     JsonBody(body): JsonBody<TokenBody>,
 ) -> Result<Json<IssuedToken>, ApiError> {
-    let shown = headers.get(SECRET_HEADER).map(|v| v.as_bytes());
-    if !shown.is_some_and(|shown| same_secret(shown, dev.secret.as_bytes())) {
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "dev_secret",
-            "development sign-in needs the secret in the state directory's dev-sign-in.secret, \
-             sent as the X-Countersign-Dev-Secret header",
-        ));
-    }
     let who = dev
         .directory
         .identify(&body.person)
@@ -90,6 +84,29 @@ async fn token(
         .map_err(|e| EngineError::Unavailable(e.to_string()))?;
     tracing::info!(person = %who.person, "development sign-in");
     Ok(Json(issued))
+}
+
+/// Refuses a request without the sign-in secret before its body is read: without it, nobody
+/// learns who may sign in, nor signs in.
+async fn secret_shown(
+    State(dev): State<Arc<DevSignIn>>,
+    request: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    let mut shown = request.headers().get_all(SECRET_HEADER).iter();
+    let secret = match (shown.next(), shown.next()) {
+        (Some(secret), None) => secret.as_bytes(),
+        _ => b"",
+    };
+    if !same_secret(secret, dev.secret.as_bytes()) {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "dev_secret",
+            "development sign-in needs the secret in the state directory's dev-sign-in.secret, \
+             sent as one X-Countersign-Dev-Secret header",
+        ));
+    }
+    Ok(next.run(request).await)
 }
 
 /// Compares in time that does not depend on where the first difference is.

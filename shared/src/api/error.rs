@@ -44,6 +44,39 @@ impl ApiError {
         Self::new(StatusCode::BAD_REQUEST, code, message)
     }
 
+    /// 408: the body did not arrive within `within` of its head; the connection ends.
+    pub fn request_timeout(within: std::time::Duration) -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            format!(
+                "the body did not arrive within {}",
+                humantime::format_duration(within)
+            ),
+        )
+    }
+
+    /// 414: a request line longer than `limit` bytes (the longest path the API has is a few
+    /// dozen characters).
+    pub fn uri_too_long(limit: usize) -> Self {
+        Self::new(
+            StatusCode::URI_TOO_LONG,
+            "uri_too_long",
+            format!(
+                "the request line is longer than {limit} bytes; no path of this API is nearly as long"
+            ),
+        )
+    }
+
+    /// 431: a request head over `limit` bytes, or with more than `headers` header lines.
+    pub fn headers_too_large(limit: usize, headers: usize) -> Self {
+        Self::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "headers_too_large",
+            format!("the request's headers are larger than {limit} bytes or more than {headers}"),
+        )
+    }
+
     pub fn no_route(method: &str, path: &str) -> Self {
         let path: String = path.chars().take(200).collect();
         Self::new(
@@ -289,6 +322,7 @@ mod tests {
             DirectoryError::UnknownPerson("mallory".into()).into(),
             DirectoryError::Invalid("no people".into()).into(),
             EngineError::Contended,
+            EngineError::TooManyComments("full".into()),
             StoreError::Invalid("too large".into()).into(),
             StoreError::Unavailable("down".into()).into(),
             StoreError::Contended.into(),
@@ -310,6 +344,7 @@ mod tests {
                 | EngineError::MayNotCancel { .. }
                 | EngineError::PolicyRefused(_)
                 | EngineError::Contended
+                | EngineError::TooManyComments(_)
                 | EngineError::Corrupt(_)
                 | EngineError::Unavailable(_)
                 | EngineError::Directory(DirectoryError::UnknownPerson(_))
@@ -342,6 +377,7 @@ mod tests {
     fn every_auth_error() -> Vec<AuthError> {
         let errors = vec![
             AuthError::Missing,
+            AuthError::Repeated,
             AuthError::Invalid("signature"),
             AuthError::Expired,
             AuthError::NotYetValid,
@@ -350,6 +386,7 @@ mod tests {
         for error in &errors {
             match error {
                 AuthError::Missing
+                | AuthError::Repeated
                 | AuthError::Invalid(_)
                 | AuthError::Expired
                 | AuthError::NotYetValid

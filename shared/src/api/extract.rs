@@ -2,6 +2,7 @@
 //! never with axum's plain-text rejections.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{FromRef, FromRequest, FromRequestParts, Path, Request};
@@ -78,7 +79,51 @@ where
     }
 }
 
-/// A JSON body of type `T`. The size limit is the router's `DefaultBodyLimit`.
+/// A request body that did not arrive within the time its server gives a body once its head
+/// is in (the local server's `--body-timeout`): the error its body yields then.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the body did not arrive within {}", humantime::format_duration(*.0))]
+pub struct BodyLate(pub Duration);
+
+/// The request's body, within the route's `DefaultBodyLimit`, which is `limit` (named in the
+/// refusal): over it a 400 `body_too_large`, late a 408 `request_timeout`.
+pub async fn body_bytes<S: Send + Sync>(
+    request: Request,
+    state: &S,
+    limit: usize,
+) -> Result<Bytes, ApiError> {
+    Bytes::from_request(request, state)
+        .await
+        .map_err(|rejection| {
+            if let Some(BodyLate(within)) = cause::<BodyLate>(&rejection) {
+                return ApiError::request_timeout(*within);
+            }
+            match rejection.status() {
+                StatusCode::PAYLOAD_TOO_LARGE => ApiError::bad_request(
+                    "body_too_large",
+                    format!("the body is larger than {limit} bytes"),
+                ),
+                _ => ApiError::bad_request("unreadable_body", rejection.body_text()),
+            }
+        })
+}
+
+/// The first error of type `E` in `error`'s chain of sources, itself included.
+fn cause<'a, E: std::error::Error + 'static>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a E> {
+    let mut next = Some(error);
+    while let Some(error) = next {
+        if let Some(found) = error.downcast_ref::<E>() {
+            return Some(found);
+        }
+        next = error.source();
+    }
+    None
+}
+
+/// A JSON body of type `T`, of at most [`MAX_BODY_BYTES`](super::MAX_BODY_BYTES) (the router's
+/// `DefaultBodyLimit`).
 pub struct JsonBody<T>(pub T);
 
 impl<S, T> FromRequest<S> for JsonBody<T>
@@ -95,16 +140,7 @@ where
                 "send the body as JSON, with Content-Type: application/json",
             ));
         }
-        let bytes =
-            Bytes::from_request(request, state)
-                .await
-                .map_err(|rejection| match rejection.status() {
-                    StatusCode::PAYLOAD_TOO_LARGE => ApiError::bad_request(
-                        "body_too_large",
-                        format!("the body is larger than {} bytes", super::MAX_BODY_BYTES),
-                    ),
-                    _ => ApiError::bad_request("unreadable_body", rejection.body_text()),
-                })?;
+        let bytes = body_bytes(request, state, super::MAX_BODY_BYTES).await?;
         parse_json(&bytes).map(JsonBody)
     }
 }

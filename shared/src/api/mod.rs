@@ -51,14 +51,6 @@ use crate::example::expense::Claims;
 /// The largest request body the API reads; a larger one is a 400 `body_too_large`.
 pub const MAX_BODY_BYTES: usize = 16 * 1024;
 
-/// The largest request body a path takes: an MCP call carries its arguments whole.
-pub fn body_limit(path: &str) -> usize {
-    match path.starts_with("/mcp/") {
-        true => mcp::MAX_BODY_BYTES,
-        false => MAX_BODY_BYTES,
-    }
-}
-
 /// The OpenAPI 3.1 description of every route.
 pub const OPENAPI_YAML: &str = include_str!("openapi.yaml");
 

@@ -19,8 +19,7 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -29,6 +28,7 @@ use tracing::Instrument;
 
 use super::background::Background;
 use super::error::ApiError;
+use super::extract::body_bytes;
 use crate::adapters::slack::{
     Button, ButtonChoice, EDIT_CALLBACK, SlackApp, edit_modal, ephemeral,
 };
@@ -98,8 +98,12 @@ fn bad_payload(message: impl Into<String>) -> Response {
 pub(super) async fn interactions(
     State(state): State<SlackState>,
     headers: HeaderMap,
-    body: Bytes,
+    request: Request,
 ) -> Response {
+    let body = match body_bytes(request, &state, MAX_INTERACTION_BYTES).await {
+        Ok(body) => body,
+        Err(refused) => return refused.into_response(),
+    };
     let now = state.engine.now().timestamp();
     if let Err(error) = state.slack.verify(
         header(&headers, "x-slack-request-timestamp"),

@@ -284,6 +284,9 @@ impl Approval {
     /// Asks the agent's recovery owner whether a call whose outcome is unknown took effect.
     /// Its tool cannot reconcile it, so a person must; it waits until one answers.
     pub fn recovery(action: &Action, owner: Role, detail: &str, asking: Asking) -> Self {
+        // The tool's words, kept to a sentence's length in the question stored with it.
+        let detail = super::budget::cut(detail, super::policy::MAX_REASON, "detail")
+            .unwrap_or_else(|| detail.to_string());
         let call = ProposedCall {
             agent: asking.agent.clone(),
             id: action.id.clone(),

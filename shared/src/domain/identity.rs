@@ -94,7 +94,7 @@ pub enum DirectoryError {
 impl Directory {
     pub fn from_toml(text: &str) -> Result<Self, DirectoryError> {
         let directory: Directory =
-            toml::from_str(text).map_err(|e| DirectoryError::Invalid(e.to_string()))?;
+            super::toml_text::from_str(text).map_err(|e| DirectoryError::Invalid(e.to_string()))?;
         let mut names = BTreeSet::new();
         let mut slack_users = BTreeSet::new();
         for person in &directory.people {

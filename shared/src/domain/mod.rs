@@ -33,3 +33,4 @@ pub mod notice;
 pub mod policy;
 pub mod run;
 pub mod schema;
+pub mod toml_text;

@@ -5,7 +5,6 @@ use serde::{Deserialize, Serialize};
 use super::action::ActionStatus;
 use super::approval::Approval;
 use super::money::Amount;
-use crate::ports::notifier::Posted;
 
 /// Why a notice goes out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -59,6 +58,15 @@ pub struct Notice {
     /// An outcome notice: where the approval's action version stands, and what it returned.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub action: Option<ActionOutcome>,
+}
+
+/// A message a notifier posted and can update later: Slack's channel and message `ts`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Posted {
+    /// The destination that posted it.
+    pub destination: String,
+    pub channel: String,
+    pub ts: String,
 }
 
 /// The approved action's state when an outcome notice is sent.

@@ -142,13 +142,17 @@ pub enum EditRefusal {
 
 const MAX_QUORUM: u8 = 10;
 
+/// The longest reason a rule may give, in bytes.
+pub const MAX_REASON: usize = 1_000;
+
 /// The longest time to decide an approval may have. Deadlines stay well inside what a timestamp
 /// can hold, and an approval nobody decides for a quarter is not a pending approval.
 pub const MAX_TTL: Duration = Duration::from_secs(90 * 24 * 60 * 60);
 
 impl Policy {
     pub fn from_toml(text: &str) -> Result<Self, PolicyError> {
-        let raw: RawPolicy = toml::from_str(text).map_err(|e| PolicyError(e.to_string()))?;
+        let raw: RawPolicy =
+            super::toml_text::from_str(text).map_err(|e| PolicyError(e.to_string()))?;
         raw.check()
     }
 
@@ -435,6 +439,16 @@ impl RawPolicy {
 impl RawRule {
     fn check(self) -> Result<ToolRule, PolicyError> {
         let fail = |why: &str| Err(PolicyError(why.to_string()));
+        // A reason is stored with every approval and audit event it explains.
+        let reasons = self
+            .reason
+            .iter()
+            .chain(self.thresholds.iter().map(|t| &t.reason));
+        if reasons.into_iter().any(|r| r.len() > MAX_REASON) {
+            return Err(PolicyError(format!(
+                "a reason has at most {MAX_REASON} bytes: a sentence the reviewer reads"
+            )));
+        }
         let approve_only = self.approver_role.is_some()
             || self.quorum.is_some()
             || self.amount_field.is_some()
@@ -615,6 +629,24 @@ mod tests {
             quorum_of(policy().evaluate("reimburse", &reimburse(50_001))),
             Some(2)
         );
+    }
+
+    #[test]
+    fn a_reason_longer_than_a_sentence_the_reviewer_reads_is_refused() {
+        let rule = |reason: &str| {
+            format!(
+                "name = \"x\"\nversion = 1\ndefault_ttl = \"1h\"\n[tools.t]\ndecision = \"approve\"\napprover_role = \"f\"\nquorum = 1\nreason = \"{reason}\"\n"
+            )
+        };
+        assert!(Policy::from_toml(&rule(&"r".repeat(MAX_REASON))).is_ok());
+        let refused = Policy::from_toml(&rule(&"r".repeat(MAX_REASON + 1))).unwrap_err();
+        assert!(
+            refused.to_string().contains("at most 1000 bytes"),
+            "{refused}"
+        );
+        let threshold = "name = \"x\"\nversion = 1\ndefault_ttl = \"1h\"\n[tools.t]\ndecision = \"approve\"\napprover_role = \"f\"\namount_field = \"a\"\n[[tools.t.thresholds]]\nabove = \"$1\"\nquorum = 1\nreason = \"REASON\"\n";
+        let long = threshold.replace("REASON", &"r".repeat(MAX_REASON + 1));
+        assert!(Policy::from_toml(&long).is_err());
     }
 
     #[test]

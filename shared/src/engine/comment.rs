@@ -7,6 +7,7 @@ use super::snapshot::{Shown, Snapshot};
 use super::{CAS_ATTEMPTS, Engine, EngineError};
 use crate::domain::approval::Comment;
 use crate::domain::audit::{AuditEntry, AuditEvent};
+use crate::domain::budget;
 use crate::domain::identity::{Actor, Identity};
 use crate::domain::ids::ApprovalId;
 use crate::ports::store::StoreError;
@@ -15,6 +16,8 @@ use crate::ports::store::StoreError;
 pub const MAX_COMMENT: usize = 2_000;
 /// Comments one approval holds at most: they travel with it on every read.
 pub const MAX_COMMENTS: usize = 100;
+/// Comments one person leaves on one approval at most, so no one member fills it for everyone.
+pub const MAX_COMMENTS_PER_PERSON: usize = 20;
 
 impl Engine {
     /// Adds `text` as `who`'s comment on an approval of their tenant, whatever its status.
@@ -42,8 +45,16 @@ impl Engine {
             };
             let mut approval = stored.value;
             if approval.comments.len() >= MAX_COMMENTS {
-                return Err(EngineError::BadInput(format!(
-                    "approval {approval_id} already has {MAX_COMMENTS} comments"
+                return Err(EngineError::TooManyComments(format!(
+                    "approval {approval_id} already has {MAX_COMMENTS} comments, the most it holds"
+                )));
+            }
+            let own = approval.comments.iter().filter(|c| c.by == who.person);
+            if own.count() >= MAX_COMMENTS_PER_PERSON {
+                return Err(EngineError::TooManyComments(format!(
+                    "{} already left {MAX_COMMENTS_PER_PERSON} comments on approval {approval_id}, \
+                     the most one person may",
+                    who.person
                 )));
             }
             let now = self.now();
@@ -52,6 +63,16 @@ impl Engine {
                 text: text.to_string(),
                 at: now,
             });
+            // Comments travel in the approval's item: together they keep to their share of it.
+            let size = serde_json::to_string(&approval.comments).map_or(0, |c| c.len());
+            if size > budget::COMMENTS {
+                return Err(EngineError::TooManyComments(format!(
+                    "approval {approval_id}'s comments are full: with this one they would take {}, \
+                     at most {}",
+                    budget::Size(size),
+                    budget::Size(budget::COMMENTS)
+                )));
+            }
             let mut tx = Tx::new();
             // The approval as written here: the commenter may decide from it without a read.
             let snapshot = Snapshot::of(tx.update_approval(&approval, stored.ver)).encode();

@@ -650,6 +650,8 @@ impl Engine {
     async fn fail_run(&self, mut run: Stored<Run>, error: String) -> Result<Driven, EngineError> {
         let now = self.now();
         tracing::warn!(%error, "run failed");
+        // A model's or a service's words, kept within a result's share in the run's item.
+        let error = budget::cut(&error, budget::RESULT, "error").unwrap_or(error);
         run.value
             .fail(error.clone(), now)
             .map_err(|e| EngineError::Unavailable(e.to_string()))?;

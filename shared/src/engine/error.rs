@@ -42,6 +42,9 @@ pub enum EngineError {
     Directory(#[from] DirectoryError),
     #[error("too many concurrent changes to the same approval; try again")]
     Contended,
+    /// The approval, or the commenter on it, has as many comments as it may hold.
+    #[error("{0}")]
+    TooManyComments(String),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("a stored record could not be read: {0}")]
@@ -72,7 +75,9 @@ impl EngineError {
                 | Refusal::AlreadyApprovedBy { .. }
                 | Refusal::DecisionIdReused { .. } => ErrorKind::Conflict,
             },
-            EngineError::RunFinished { .. } | EngineError::Contended => ErrorKind::Conflict,
+            EngineError::RunFinished { .. }
+            | EngineError::Contended
+            | EngineError::TooManyComments(_) => ErrorKind::Conflict,
             EngineError::MayNotCancel { .. } => ErrorKind::Forbidden,
             EngineError::PolicyRefused(_) => ErrorKind::PolicyRefused,
             EngineError::Directory(DirectoryError::UnknownPerson(_)) => ErrorKind::Forbidden,
@@ -114,6 +119,7 @@ impl EngineError {
             EngineError::Directory(DirectoryError::UnknownPerson(_)) => "unknown_person",
             EngineError::Directory(DirectoryError::Invalid(_)) => "directory_invalid",
             EngineError::Contended => "contended",
+            EngineError::TooManyComments(_) => "too_many_comments",
             EngineError::Store(StoreError::Invalid(_)) => "bad_input",
             EngineError::Store(StoreError::TooLarge { .. }) => "too_large",
             EngineError::Store(StoreError::Throttled(_)) => "throttled",

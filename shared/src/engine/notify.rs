@@ -18,8 +18,8 @@ use crate::domain::audit::{AuditEntry, AuditEvent};
 use crate::domain::identity::Actor;
 use crate::domain::ids::{ApprovalId, RunId, TenantId};
 use crate::domain::money::Amount;
-use crate::domain::notice::{ActionOutcome, Notice, NoticeKind};
-use crate::ports::notifier::{Notifier, NotifyError, Posted};
+use crate::domain::notice::{ActionOutcome, Notice, NoticeKind, Posted};
+use crate::ports::notifier::{Notifier, NotifyError};
 use crate::ports::store::{Condition, StoreError};
 
 /// Where the messages a notice posted are kept, with the approval: `POSTED#<outbox id>`.

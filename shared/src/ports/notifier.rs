@@ -3,9 +3,8 @@
 //! that calls for it is stored; a notifier may still receive one twice, with the same key.
 
 use async_trait::async_trait;
-use serde::{Deserialize, Serialize};
 
-use crate::domain::notice::Notice;
+use crate::domain::notice::{Notice, Posted};
 
 /// Where notices go. Each destination gets its own copy, retried on its own.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,15 +17,6 @@ pub struct Destination {
     /// Whether the messages posted here are updated in place with the approval's outcome
     /// (decided, expired, cancelled, the action's result): it gets `outcome` notices too.
     pub follows_up: bool,
-}
-
-/// A message a notifier posted and can update later: Slack's channel and message `ts`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Posted {
-    /// The destination that posted it.
-    pub destination: String,
-    pub channel: String,
-    pub ts: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -227,7 +227,72 @@ async fn given_many_turns_of_large_results_then_a_payment_when_it_pauses_and_is_
     assert_eq!(h.payments().await.len(), 1);
 }
 
+async fn given_an_approval_when_five_people_leave_100_comments_of_2000_characters_then_it_keeps_them_all_and_refuses_a_101st(
+    h: &Harness,
+) {
+    let (p, report, approval) = h.paused_on("c-102").await;
+    let people = ["ana", "chen", "dana", "erin", "sam"];
+    for (n, who) in people.iter().cycle().take(100).enumerate() {
+        let text = format!("{n:03} ") + &"c".repeat(1_996);
+        p.comment(&h.person(who), &approval.id, &text)
+            .await
+            .unwrap_or_else(|e| panic!("comment {n}: {e}"));
+    }
+
+    let refused = p
+        .comment(&h.person("mia"), &approval.id, "one more")
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), "too_many_comments");
+    let read = p.approval(&acme(), &approval.id).await.unwrap();
+    assert_eq!(read.comments.len(), 100);
+    assert!(
+        read.comments
+            .iter()
+            .all(|c| c.text.chars().count() == 2_000)
+    );
+    let history = p.history(&acme(), &report.run_id).await.unwrap();
+    assert_eq!(
+        history
+            .entries
+            .iter()
+            .filter(|e| e.event.name() == "commented")
+            .count(),
+        100
+    );
+    // It is still decided as any other.
+    h.decided(&p, "dana", &approval.id, approve("d-1")).await;
+    assert_eq!(h.payments().await.len(), 1);
+}
+
+async fn given_comments_of_long_characters_when_they_fill_the_approvals_share_then_the_next_is_refused_and_nothing_changes(
+    h: &Harness,
+) {
+    let (p, _, approval) = h.paused_on("c-102").await;
+    // 2,000 characters of three bytes each: about 6 KB a comment, 37 fill 224 KiB.
+    let people = ["ana", "chen", "dana", "erin", "sam"];
+    let mut kept = 0;
+    let refused = loop {
+        let who = people[kept % people.len()];
+        match p
+            .comment(&h.person(who), &approval.id, &"€".repeat(2_000))
+            .await
+        {
+            Ok(_) => kept += 1,
+            Err(error) => break error,
+        }
+        assert!(kept < 100, "the share never filled");
+    };
+    assert_eq!(refused.code(), "too_many_comments");
+    assert!(refused.to_string().contains("at most 224 KiB"), "{refused}");
+    assert_eq!(kept, 37);
+    let read = p.approval(&acme(), &approval.id).await.unwrap();
+    assert_eq!(read.comments.len(), kept, "the refused one changed nothing");
+}
+
 on_both_stores!([
+    given_an_approval_when_five_people_leave_100_comments_of_2000_characters_then_it_keeps_them_all_and_refuses_a_101st,
+    given_comments_of_long_characters_when_they_fill_the_approvals_share_then_the_next_is_refused_and_nothing_changes,
     given_a_tool_answer_of_900_kb_when_it_is_read_then_it_is_stored_cut_the_model_is_told_and_the_run_completes,
     given_a_model_reply_of_250_kb_when_it_proposes_a_payment_then_the_reply_is_stored_cut_the_reviewer_reads_the_cut_and_the_run_completes,
     given_many_turns_of_large_results_then_a_payment_when_it_pauses_and_is_approved_then_every_write_fits_and_the_conversation_reads_back_whole,

@@ -271,12 +271,26 @@ function signOut(message) {
   offerDevSignIn();
 }
 
-/** The development picker appears only where the local server answers /dev/people. */
+/**
+ * The development picker appears only where the local server offers development sign-in: it
+ * lists its people to whoever shows the sign-in secret, and refuses anyone else for want of it.
+ */
 async function offerDevSignIn() {
-  const reply = await api("GET", "dev/people");
+  const secret = sessionStorage.getItem(DEV_SECRET_KEY) || "";
+  $("dev-secret").value = secret;
+  const reply = await listDevPeople(secret);
+  $("dev-sign-in").hidden = !(reply.ok || reply.code === "dev_secret");
+}
+
+/** Fills the picker with the people the secret lists; the latest request's answer wins. */
+let devPeopleAsked = 0;
+async function listDevPeople(secret) {
+  const asked = ++devPeopleAsked;
+  const headers = secret ? { "X-Countersign-Dev-Secret": secret } : {};
+  const reply = await api("GET", "dev/people", undefined, headers);
+  if (asked !== devPeopleAsked) return reply;
   const people = reply.ok && reply.data && Array.isArray(reply.data.people) ? reply.data.people : [];
-  const select = $("dev-person");
-  select.replaceChildren(
+  $("dev-person").replaceChildren(
     ...people.map((person) =>
       el("option", {
         value: person.name,
@@ -284,8 +298,7 @@ async function offerDevSignIn() {
       }),
     ),
   );
-  $("dev-secret").value = sessionStorage.getItem(DEV_SECRET_KEY) || "";
-  $("dev-sign-in").hidden = people.length === 0;
+  return reply;
 }
 
 /**
@@ -1163,6 +1176,7 @@ function start() {
     if (state.token) loadQueue();
   });
   $("dev-sign-in").addEventListener("submit", onDevSignIn);
+  $("dev-secret").addEventListener("input", () => listDevPeople($("dev-secret").value.trim()));
   $("token-sign-in").addEventListener("submit", onTokenSignIn);
   $("sign-out").addEventListener("click", () => signOut());
   $("refresh").addEventListener("click", () => loadQueue());

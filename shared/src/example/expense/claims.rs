@@ -40,7 +40,8 @@ impl Claims {
         struct File {
             claims: Vec<Claim>,
         }
-        let file: File = toml::from_str(text).map_err(|e| ClaimsError(e.to_string()))?;
+        let file: File =
+            crate::domain::toml_text::from_str(text).map_err(|e| ClaimsError(e.to_string()))?;
         Self::new(file.claims)
     }
 

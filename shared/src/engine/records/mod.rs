@@ -1,0 +1,69 @@
+//! How engine records sit in the item store: keys, the sparse index, and the transaction
+//! builder that writes a change and its audit events together: the events of one transaction
+//! about one run go into one append-only audit item, in the order they were added.
+//!
+//! - [`keys`]: where each record sits, tenant first;
+//! - `index`: the sparse index, its shards and which entry each record holds;
+//! - `approval`: an approval's stored form and its escalation marker;
+//! - `outbox`: what waits for delivery after a commit;
+//! - `log`: audit items, the run's item and the log read back from them;
+//! - `tx`: the transaction builder.
+
+use serde::de::DeserializeOwned;
+
+use super::error::EngineError;
+use crate::ports::store::{Item, ItemStore};
+
+mod approval;
+mod index;
+mod log;
+mod outbox;
+mod tx;
+
+/// Keys carry the tenant first, so an IAM `dynamodb:LeadingKeys` condition can isolate tenants.
+pub mod keys;
+
+use approval::approval_value;
+
+pub use approval::EscalationDue;
+pub use index::IndexShards;
+pub(crate) use index::{STALE_EXECUTION, action_index, reconcile_key};
+pub use log::{RunRead, held_by_action, held_by_approval, run_from_items};
+pub use outbox::{NotifyMessage, OutboxEntry, OutboxMessage, Outgoing, outbox_key, resume_message};
+pub use tx::Tx;
+
+/// A record and the item version it was read at, for compare-and-set.
+#[derive(Debug, Clone)]
+pub struct Stored<T> {
+    pub value: T,
+    pub ver: u64,
+}
+
+/// A record from its item. An approval's item holds its stored form ([`approval_body`]),
+/// filled back here, so every reader of an approval's item reads the whole approval.
+///
+/// [`approval_body`]: approval::approval_body
+pub fn decode<T: DeserializeOwned>(item: &Item) -> Result<Stored<T>, EngineError> {
+    let corrupt = |why: String| EngineError::Corrupt(format!("{}/{}: {why}", item.pk, item.sk));
+    let value = match item.sk == keys::APPROVAL_SK {
+        true => serde_json::from_value(approval_value(item).map_err(corrupt)?),
+        false => serde_json::from_str(&item.body),
+    };
+    value
+        .map(|value| Stored {
+            value,
+            ver: item.ver,
+        })
+        .map_err(|e| corrupt(e.to_string()))
+}
+
+pub async fn load<T: DeserializeOwned>(
+    store: &dyn ItemStore,
+    pk: &str,
+    sk: &str,
+) -> Result<Option<Stored<T>>, EngineError> {
+    match store.get(pk, sk).await? {
+        Some(item) => decode(&item).map(Some),
+        None => Ok(None),
+    }
+}
