@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{FromRef, Path, Request, State};
+use axum::extract::{Path, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use chrono::{DateTime, Utc};
@@ -41,6 +41,7 @@ use rmcp::{ErrorData, ServerHandler, ServiceExt};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
+use super::DecideState;
 use super::auth::Authenticate;
 use super::error::ApiError;
 use super::extract::Caller;
@@ -580,18 +581,6 @@ fn meta_of(state: &CallState, link: Option<&Url>) -> MetaObject {
     MetaObject(meta)
 }
 
-#[derive(Clone)]
-struct McpState {
-    engine: Arc<Engine>,
-    auth: Arc<dyn Authenticate>,
-}
-
-impl FromRef<McpState> for Arc<dyn Authenticate> {
-    fn from_ref(state: &McpState) -> Self {
-        state.auth.clone()
-    }
-}
-
 /// `/mcp/{agent}`: MCP over Streamable HTTP for the named agent's tools, stateless (no
 /// session, so any instance serves any request), answered in JSON unless progress is sent.
 pub fn routes(engine: Arc<Engine>, auth: Arc<dyn Authenticate>, settings: Settings) -> Router {
@@ -618,7 +607,7 @@ pub fn routes(engine: Arc<Engine>, auth: Arc<dyn Authenticate>, settings: Settin
     Router::new()
         .route_service("/mcp/{agent}", service)
         .route_layer(middleware::from_fn_with_state(
-            McpState { engine, auth },
+            DecideState { engine, auth },
             admit,
         ))
 }
@@ -626,7 +615,7 @@ pub fn routes(engine: Arc<Engine>, auth: Arc<dyn Authenticate>, settings: Settin
 /// Lets a request through to the MCP server once its caller is authenticated and its agent is
 /// loaded, with both in its extensions.
 async fn admit(
-    State(state): State<McpState>,
+    State(state): State<DecideState>,
     Path(agent): Path<String>,
     Caller(who): Caller,
     mut request: Request,
