@@ -216,3 +216,67 @@ async fn a_slack_click_arrives_without_an_authorizer_signed_by_slack_and_decides
     );
     assert_eq!(queue.published().len(), 1, "the decision queued the resume");
 }
+
+/// A JSON-RPC request to the MCP gateway of `agent`, as `person` of acme: the event, with the
+/// Accept header MCP clients send.
+fn mcp_event(
+    agent: &str,
+    person: &str,
+    method: &str,
+    params: serde_json::Value,
+) -> serde_json::Value {
+    let message = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+    let mut event = http_event(
+        "POST",
+        &format!("/mcp/{agent}"),
+        Some(message),
+        person,
+        "acme",
+        &["employee"],
+    );
+    event["headers"]["accept"] = json!("application/json, text/event-stream");
+    event
+}
+
+#[tokio::test]
+async fn the_decide_function_serves_the_mcp_gateway_to_the_authorizers_person_on_its_public_host() {
+    let h = Harness::new(Embedded::fresh()).await;
+    let queue = Arc::new(RecordingQueue::default());
+    let process = h.process_with(|t| t, Delivery::Queue(queue.clone())).await;
+    let engine = Arc::new(process.engine);
+    let gateway = shared::api::mcp::Settings {
+        wait: std::time::Duration::ZERO,
+        public_url: Some("https://review.example.com/".parse().unwrap()),
+    };
+    let app = decide::app_with_slack(
+        engine.clone(),
+        Arc::new(shared::api::GatewayClaims::default()),
+        None,
+        gateway,
+    );
+    let pay =
+        json!({"name": "reimburse", "arguments": {"claim_id": "c-102", "amount_cents": 25_000}});
+
+    let (status, listed) = invoke(&app, mcp_event("expense", "ben", "tools/list", json!({}))).await;
+    let (_, called) = invoke(&app, mcp_event("expense", "ben", "tools/call", pay)).await;
+
+    assert_eq!(status, 200, "{listed}");
+    assert!(
+        listed["result"]["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|tool| tool["name"] == "reimburse"),
+        "{listed}"
+    );
+    let result = &called["result"];
+    assert_eq!(result["isError"], false, "{called}");
+    assert_eq!(result["_meta"]["countersign/status"], "awaiting_approval");
+    let pending = engine.pending(&harness::acme()).await.unwrap();
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].requested_by[0].as_str(), "ben");
+    assert_eq!(
+        result["_meta"]["countersign/approval_url"],
+        format!("https://review.example.com/#approval={}", pending[0].id)
+    );
+}
