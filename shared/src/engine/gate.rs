@@ -25,6 +25,7 @@ use crate::domain::approval::{Approval, ApprovalStatus};
 use crate::domain::args::{Args, canonical};
 use crate::domain::budget;
 use crate::domain::conversation::{Block, Message, Speaker, ToolResultText};
+use crate::domain::gate::GateRefusal;
 use crate::domain::ids::{ActionId, AgentName, PersonId, RunId, TenantId};
 use crate::domain::run::{GateOrigin, GateVia, HeldCall, Run, RunStatus};
 use crate::ports::store::StoreError;
@@ -33,7 +34,10 @@ use crate::ports::store::StoreError;
 /// call within it returns that outcome; one after it is a new call.
 pub const ATTACHABLE: Duration = Duration::hours(24);
 
-/// The longest a caller's own id for a call may be.
+/// How often a waiter reads its call again, for changes made by another process.
+pub const REREAD: StdDuration = StdDuration::from_secs(1);
+
+/// The longest a caller's own id for a call, or its conversation's, may be.
 const MAX_CALL_ID: usize = 200;
 
 /// One call from outside, as its caller proposes it.
@@ -47,6 +51,8 @@ pub struct GateCall {
     pub args: Value,
     /// The caller's own id for this call (its framework's tool-call id), if it has one.
     pub call_id: Option<String>,
+    /// The caller's conversation or thread, shown to reviewers beside the call.
+    pub conversation: Option<String>,
     pub via: GateVia,
 }
 
@@ -78,12 +84,23 @@ impl CallStatus {
             CallStatus::Running | CallStatus::AwaitingApproval | CallStatus::Unknown
         )
     }
+
+    /// Worth waiting on: a person has not decided, or the call is being carried out.
+    pub fn is_pending(self) -> bool {
+        matches!(self, CallStatus::Running | CallStatus::AwaitingApproval)
+    }
 }
 
 /// A call's state: what its caller is told.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct CallState {
     pub run_id: RunId,
+    pub agent: AgentName,
+    /// The caller's own id for the call, and its conversation, when it gave them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub call_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub conversation: Option<String>,
     pub status: CallStatus,
     pub tool: String,
     /// The action, once proposed, and the version that ran or waits (an edit makes version 2).
@@ -110,7 +127,21 @@ struct CallKeyed {
     run_id: RunId,
 }
 
+impl CallState {
+    /// The idempotency key the version runs under, `action_id:version`.
+    pub fn key(&self) -> Option<String> {
+        Some(format!("{}:{}", self.action_id.as_ref()?, self.version?))
+    }
+}
+
 impl GateCall {
+    /// The hash of what the call asks for, its tool and arguments: the same call id with
+    /// another is another call.
+    fn asked(&self) -> String {
+        let asked = serde_json::json!({"tool": self.tool, "args": self.args});
+        hex::encode(Sha256::digest(canonical(&asked).as_bytes()))
+    }
+
     /// The key a repeated identical call finds this one by: the caller's own id for it, or the
     /// hash of who asks which agent for which tool with which arguments.
     fn key(&self) -> Result<String, EngineError> {
@@ -128,6 +159,13 @@ impl GateCall {
                 "args": self.args,
             }),
         };
+        if let Some(conversation) = &self.conversation
+            && (conversation.is_empty() || conversation.len() > MAX_CALL_ID)
+        {
+            return Err(EngineError::BadInput(format!(
+                "a conversation id has 1 to {MAX_CALL_ID} characters"
+            )));
+        }
         let kind = if self.call_id.is_some() { "id" } else { "args" };
         let hash = hex::encode(Sha256::digest(canonical(&named).as_bytes()));
         Ok(format!("{kind}-{}", &hash[..40]))
@@ -157,8 +195,14 @@ impl Engine {
         };
 
         let now = self.now();
+        // A reviewer reads the caller's conversation where they read what the run is for.
+        let conversation = call
+            .conversation
+            .as_ref()
+            .map(|c| format!(" (conversation {c})"))
+            .unwrap_or_default();
         let task = format!(
-            "{} through the {}: {}",
+            "{} through the {}{conversation}: {}",
             call.tool,
             match call.via {
                 GateVia::Mcp => "MCP gateway",
@@ -179,6 +223,9 @@ impl Engine {
         run.gate = Some(GateOrigin {
             via: call.via,
             call_key: key,
+            call_id: call.call_id.clone(),
+            conversation: call.conversation.clone(),
+            asked: Some(call.asked()),
         });
         let tool_use_id = call
             .call_id
@@ -223,7 +270,7 @@ impl Engine {
                 let keyed = load::<CallKeyed>(self.store.as_ref(), &pk, &sk)
                     .await?
                     .ok_or(EngineError::Contended)?;
-                return self.attached_state(&call.tenant, &keyed.value.run_id).await;
+                return self.attached_state(&call, &keyed.value.run_id).await;
             }
             Err(error) => return Err(error.into()),
         }
@@ -270,8 +317,9 @@ impl Engine {
         Ok(state_of(&history))
     }
 
-    /// Waits until the call is settled or `wait` has passed, reading its state again at growing
-    /// intervals; a call that waits on a person past the wait comes back as it stands.
+    /// Waits while the call waits on a person or runs, until it moves on or `wait` has passed,
+    /// and answers its state then. A commit of this process that writes the call's run wakes
+    /// the waiter at once; a change another process made is seen within [`REREAD`].
     pub async fn wait_for_call(
         &self,
         tenant: &TenantId,
@@ -279,15 +327,21 @@ impl Engine {
         wait: StdDuration,
     ) -> Result<CallState, EngineError> {
         let deadline = tokio::time::Instant::now() + wait;
-        let mut pause = StdDuration::from_millis(20);
+        let watch = self.waiters.watch(tenant, run);
         loop {
+            // Registered before the read, so a commit between the read and the sleep wakes it.
+            let woken = watch.signal.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
             let state = self.call_state(tenant, run).await?;
             let now = tokio::time::Instant::now();
-            if state.status.is_settled() || now >= deadline {
+            if !state.status.is_pending() || now >= deadline {
                 return Ok(state);
             }
-            tokio::time::sleep(pause.min(deadline - now)).await;
-            pause = (pause * 2).min(StdDuration::from_millis(500));
+            tokio::select! {
+                () = woken => {}
+                () = tokio::time::sleep(REREAD.min(deadline - now)) => {}
+            }
         }
     }
 
@@ -300,6 +354,7 @@ impl Engine {
         let Ok(history) = self.history(&call.tenant, run).await else {
             return Ok(None);
         };
+        refuse_reuse(call, &history)?;
         let mut state = state_of(&history);
         state.attached = true;
         let stale = call.call_id.is_none()
@@ -309,14 +364,24 @@ impl Engine {
         Ok((!stale).then_some(state))
     }
 
-    async fn attached_state(
-        &self,
-        tenant: &TenantId,
-        run: &RunId,
-    ) -> Result<CallState, EngineError> {
-        let mut state = self.call_state(tenant, run).await?;
+    async fn attached_state(&self, call: &GateCall, run: &RunId) -> Result<CallState, EngineError> {
+        let history = self.history(&call.tenant, run).await?;
+        refuse_reuse(call, &history)?;
+        let mut state = state_of(&history);
         state.attached = true;
         Ok(state)
+    }
+}
+
+/// Refuses a call whose caller's id names an earlier call of another tool or other arguments.
+fn refuse_reuse(call: &GateCall, history: &History) -> Result<(), EngineError> {
+    let asked = history.run.gate.as_ref().and_then(|g| g.asked.as_deref());
+    match (&call.call_id, asked) {
+        (Some(call_id), Some(asked)) if asked != call.asked() => Err(GateRefusal::CallIdReused {
+            call_id: call_id.clone(),
+        }
+        .into()),
+        _ => Ok(()),
     }
 }
 
@@ -368,8 +433,12 @@ fn state_of(history: &History) -> CallState {
             CallStatus::Refused => run.answer.clone().map(ToolResultText::error),
             _ => None,
         });
+    let origin = run.gate.as_ref();
     CallState {
         run_id: run.id.clone(),
+        agent: run.agent.clone(),
+        call_id: origin.and_then(|g| g.call_id.clone()),
+        conversation: origin.and_then(|g| g.conversation.clone()),
         status,
         tool: action
             .map(|a| a.tool.clone())
