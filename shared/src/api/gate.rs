@@ -9,6 +9,7 @@ use axum::Json;
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, RawQuery, State};
 use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use chrono::{DateTime, Utc};
 use reqwest::Url;
@@ -19,10 +20,13 @@ use super::auth::Authenticate;
 use super::error::ApiError;
 use super::extract::{Caller, IdPath, JsonBody};
 use crate::adapters::webhook::review_link;
+use crate::domain::action::CallerClaim;
 use crate::domain::conversation::ToolResultText;
+use crate::domain::gate::GateRefusal;
+use crate::domain::identity::Identity;
 use crate::domain::ids::{ActionId, AgentName, ApprovalId, Role, RunId};
 use crate::domain::run::GateVia;
-use crate::engine::{CallState, CallStatus, Engine, GateCall};
+use crate::engine::{CallState, CallStatus, Engine, EngineError, Executor, GateCall, Reported};
 
 /// The longest a `GET /gate/calls/{id}?wait=` holds its answer: under API Gateway's 30 s.
 pub const MAX_WAIT: Duration = Duration::from_secs(25);
@@ -45,11 +49,14 @@ impl axum::extract::FromRef<GateState> for Arc<dyn Authenticate> {
     }
 }
 
-/// `POST /gate/calls` and `GET /gate/calls/{id}`.
+/// `POST /gate/calls`, `GET /gate/calls/{id}`, and a caller-run call's
+/// `POST /gate/calls/{id}/claim` and `POST /gate/calls/{id}/outcome`.
 pub fn routes(engine: Arc<Engine>, auth: Arc<dyn Authenticate>, public_url: Option<Url>) -> Router {
     Router::new()
         .route("/gate/calls", post(propose))
         .route("/gate/calls/{id}", get(read))
+        .route("/gate/calls/{id}/claim", post(claim))
+        .route("/gate/calls/{id}/outcome", post(outcome))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(GateState {
             engine,
@@ -90,7 +97,7 @@ async fn propose(
     let engine = state.engine.clone();
     let taken = tokio::spawn(async move { engine.gate_call(call).await })
         .await
-        .map_err(|e| ApiError::from(crate::engine::EngineError::Unavailable(e.to_string())))??;
+        .map_err(|e| ApiError::from(EngineError::Unavailable(e.to_string())))??;
     tracing::Span::current().record("run", tracing::field::display(&taken.run_id));
     let status = match taken.status {
         CallStatus::AwaitingApproval => StatusCode::ACCEPTED,
@@ -112,6 +119,92 @@ async fn read(
         None => state.engine.call_state(&who.tenant, &run).await?,
     };
     Ok(Json(CallView::of(call, state.public_url.as_ref())))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClaimBody {
+    claimant: String,
+}
+
+/// `POST /gate/calls/{id}/claim`: one claimant takes an approved call its caller runs.
+async fn claim(
+    State(state): State<GateState>,
+    Caller(who): Caller,
+    IdPath(run): IdPath<RunId>,
+    JsonBody(body): JsonBody<ClaimBody, MAX_BODY_BYTES>,
+) -> Result<Json<CallView>, Response> {
+    let claimed = state.engine.claim_call(&who, &run, &body.claimant).await;
+    answered(&state, &who, &run, claimed).await
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Reporting {
+    Succeeded,
+    Failed,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OutcomeBody {
+    claimant: String,
+    status: Reporting,
+    #[serde(default)]
+    result: Value,
+}
+
+/// `POST /gate/calls/{id}/outcome`: what running a claimed call did, from its claimant.
+async fn outcome(
+    State(state): State<GateState>,
+    Caller(who): Caller,
+    IdPath(run): IdPath<RunId>,
+    JsonBody(body): JsonBody<OutcomeBody, MAX_BODY_BYTES>,
+) -> Result<Json<CallView>, Response> {
+    let reported = Reported {
+        succeeded: matches!(body.status, Reporting::Succeeded),
+        result: body.result,
+    };
+    let settled = state
+        .engine
+        .report_outcome(&who, &run, &body.claimant, reported)
+        .await;
+    answered(&state, &who, &run, settled).await
+}
+
+/// A claim's or a report's answer: the call, or the refusal; a conflict carries the call as it
+/// stands, so the caller knows what happened without asking again.
+async fn answered(
+    state: &GateState,
+    who: &Identity,
+    run: &RunId,
+    done: Result<CallState, EngineError>,
+) -> Result<Json<CallView>, Response> {
+    let error = match done {
+        Ok(call) => return Ok(Json(CallView::of(call, state.public_url.as_ref()))),
+        Err(error) => error,
+    };
+    let conflict = matches!(
+        error,
+        EngineError::Gate(
+            GateRefusal::Claimed { .. }
+                | GateRefusal::NotClaimable { .. }
+                | GateRefusal::OutcomeRecorded { .. }
+        )
+    );
+    let call = match conflict {
+        true => state.engine.call_state(&who.tenant, run).await.ok(),
+        false => None,
+    };
+    let api = ApiError::from(error);
+    let Some(call) = call else {
+        return Err(api.into_response());
+    };
+    let body = serde_json::json!({
+        "error": {"code": api.code, "message": api.message},
+        "call": CallView::of(call, state.public_url.as_ref()),
+    });
+    Err((api.status, Json(body)).into_response())
 }
 
 /// The `wait` of a read: seconds (`25`, `2.5`) or a duration (`25s`, `500ms`), at most
@@ -156,7 +249,7 @@ struct CallView {
     tool: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     conversation: Option<String>,
-    executor: &'static str,
+    executor: Executor,
     status: CallStatus,
     #[serde(skip_serializing_if = "Option::is_none")]
     action_id: Option<ActionId>,
@@ -170,6 +263,8 @@ struct CallView {
     result: Option<ToolResultText>,
     #[serde(skip_serializing_if = "Option::is_none")]
     approval: Option<ApprovalView>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    claim: Option<CallerClaim>,
     attached: bool,
 }
 
@@ -200,13 +295,14 @@ impl CallView {
             agent: call.agent,
             tool: call.tool,
             conversation: call.conversation,
-            executor: "countersign",
+            executor: call.executor,
             status: call.status,
             action_id: call.action_id,
             version: call.version,
             args: call.args.map(|a| a.as_value()),
             key,
             result: call.result,
+            claim: call.claim,
             attached: call.attached,
         }
     }

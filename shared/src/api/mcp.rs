@@ -460,6 +460,11 @@ fn answer(
                 false,
             ),
         },
+        // Only a caller of the gate API claims a call it runs itself; never reached here.
+        CallStatus::Approved => (
+            format!("Approved, for its caller to claim and run through the gate API. {again}"),
+            false,
+        ),
         CallStatus::Running => (
             format!(
                 "Not finished yet: the call is being carried out and its outcome is not known \
@@ -661,6 +666,8 @@ mod tests {
             args: Some(refund(12_500)),
             result,
             approval: None,
+            executor: crate::engine::Executor::Countersign,
+            claim: None,
             attached: false,
         }
     }

@@ -20,7 +20,7 @@ use sha2::{Digest, Sha256};
 use super::drive::Proposed;
 use super::records::{Stored, Tx, keys, load};
 use super::{Engine, EngineError, History};
-use crate::domain::action::{Action, ActionStatus};
+use crate::domain::action::{Action, ActionStatus, CallerClaim};
 use crate::domain::approval::{Approval, ApprovalStatus};
 use crate::domain::args::{Args, canonical};
 use crate::domain::budget;
@@ -70,6 +70,8 @@ pub enum CallStatus {
     Rejected,
     Expired,
     Cancelled,
+    /// Approved (by a person or by policy), for its caller to claim and run; not claimed yet.
+    Approved,
     /// Policy denies it.
     Denied,
     /// Answered before policy ruled on it: no such tool, or arguments that do not fit.
@@ -117,8 +119,23 @@ pub struct CallState {
     /// The approval it waits on: who must decide, by when.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub approval: Option<Approval>,
+    /// Who runs it: Countersign, or its caller under a claim.
+    pub executor: Executor,
+    /// The caller's claim, once claimed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub claim: Option<CallerClaim>,
     /// This call found an earlier identical one and is its state.
     pub attached: bool,
+}
+
+/// Who runs a call once it is approved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Executor {
+    /// A tool bound in the definition, run here.
+    Countersign,
+    /// A tool marked `executor = "caller"`, run by the caller after it claims the call.
+    Caller,
 }
 
 /// The item that finds a call by its key: which run holds it.
@@ -293,6 +310,8 @@ impl Engine {
         let (held, approval) = self.propose_one(&agent, &run.value, held, proposed).await?;
         let outbox = match approval {
             Some(approval) => self.pause(run, vec![held], vec![approval]).await?.1,
+            // Approved by policy for its caller to run: the run waits for the outcome report.
+            None if held.result.is_none() => self.pause(run, vec![held], vec![]).await?.1,
             None => {
                 let result = held.result.clone().expect("settled without a person");
                 run.value
@@ -314,7 +333,7 @@ impl Engine {
         if history.run.gate.is_none() {
             return Err(EngineError::not_found(format!("call {run}")));
         }
-        Ok(state_of(&history))
+        Ok(self.state_of(&history))
     }
 
     /// Waits while the call waits on a person or runs, until it moves on or `wait` has passed,
@@ -355,7 +374,7 @@ impl Engine {
             return Ok(None);
         };
         refuse_reuse(call, &history)?;
-        let mut state = state_of(&history);
+        let mut state = self.state_of(&history);
         state.attached = true;
         let stale = call.call_id.is_none()
             && history.run.status.is_finished()
@@ -367,7 +386,7 @@ impl Engine {
     async fn attached_state(&self, call: &GateCall, run: &RunId) -> Result<CallState, EngineError> {
         let history = self.history(&call.tenant, run).await?;
         refuse_reuse(call, &history)?;
-        let mut state = state_of(&history);
+        let mut state = self.state_of(&history);
         state.attached = true;
         Ok(state)
     }
@@ -397,8 +416,20 @@ fn clipped(text: &str, max: usize) -> String {
     format!("{}…", &text[..end])
 }
 
+impl Engine {
+    /// A call's state from its run's history, as this process's agent runs its tool.
+    pub(super) fn state_of(&self, history: &History) -> CallState {
+        let tool = history.actions.last().map(|a| a.tool.as_str());
+        let executor = match tool.and_then(|tool| self.caller_lease(&history.run, tool)) {
+            Some(_) => Executor::Caller,
+            None => Executor::Countersign,
+        };
+        state_of(history, executor)
+    }
+}
+
 /// A call's state from its run's history: its action's latest version, its open approval.
-fn state_of(history: &History) -> CallState {
+fn state_of(history: &History, executor: Executor) -> CallState {
     let run = &history.run;
     let action: Option<&Action> = history.actions.last();
     let approval = action
@@ -414,6 +445,7 @@ fn state_of(history: &History) -> CallState {
         },
         Some(action) => match action.status {
             ActionStatus::AwaitingApproval => CallStatus::AwaitingApproval,
+            ActionStatus::Approved if executor == Executor::Caller => CallStatus::Approved,
             ActionStatus::Approved | ActionStatus::Executing => CallStatus::Running,
             ActionStatus::Succeeded => CallStatus::Succeeded,
             ActionStatus::Failed => CallStatus::Failed,
@@ -455,6 +487,8 @@ fn state_of(history: &History) -> CallState {
         args: action.map(|a| a.args.clone()),
         result,
         approval: approval.filter(|a| a.status == ApprovalStatus::AwaitingApproval),
+        executor,
+        claim: action.and_then(|a| a.caller_claim().cloned()),
         attached: false,
     }
 }

@@ -3,6 +3,7 @@
 
 mod agents;
 mod cancel;
+mod claim;
 mod comment;
 mod decide;
 mod drive;
@@ -23,10 +24,11 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 pub use agents::{Agent, Agents, Limits, Unfit};
+pub use claim::Reported;
 pub use decide::DecisionReport;
 pub use drive::StartRun;
 pub use error::{EngineError, ErrorKind};
-pub use gate::{ATTACHABLE, CallState, CallStatus, GateCall, REREAD};
+pub use gate::{ATTACHABLE, CallState, CallStatus, Executor, GateCall, REREAD};
 pub use history::{History, MAX_RESOLVED, Resolved};
 pub use notify::{DEFAULT_REMIND_BEFORE, MAX_NOTICE_ATTEMPTS, NoticeReport};
 pub use resume::ResumeReport;
