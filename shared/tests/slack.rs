@@ -28,8 +28,10 @@ use shared::adapters::webhook::{Rendering, Webhooks, public_url};
 use shared::api::{Authenticate, BearerJwt};
 use shared::domain::approval::{Approval, ApprovalStatus, Choice};
 use shared::domain::ids::ActionVersion;
+use shared::domain::ids::{AgentName, PersonId};
 use shared::domain::money::Amount;
-use shared::engine::Engine;
+use shared::domain::run::GateVia;
+use shared::engine::{CallStatus, Engine, GateCall};
 use shared::example::expense::OfflineExpenseAgent;
 use shared::ports::clock::Clock;
 use shared::ports::notifier::{Notifier, Several};
@@ -321,6 +323,51 @@ async fn a_signed_click_on_approve_decides_as_the_mapped_person_once() {
         .filter(|e| e.event.name() == "decision")
         .count();
     assert_eq!(decisions, 1);
+}
+
+#[tokio::test]
+async fn a_call_through_the_gate_api_approved_with_a_click_wakes_its_waiting_caller_with_the_outcome()
+ {
+    let s = SlackSetup::new().await;
+    let call = GateCall {
+        tenant: acme(),
+        agent: AgentName::parse("expense").unwrap(),
+        requested_by: PersonId::parse("ben").unwrap(),
+        tool: "reimburse".into(),
+        args: json!({"claim_id": "c-102", "amount_cents": 25_000}),
+        call_id: Some("call_slack".into()),
+        conversation: Some("thread-7".into()),
+        via: GateVia::Api,
+    };
+    let proposed = s.engine.gate_call(call).await.unwrap();
+    assert_eq!(proposed.status, CallStatus::AwaitingApproval);
+    let approval = s.stored(proposed.approval.as_ref().unwrap()).await;
+    let waiting = {
+        let (engine, run) = (s.engine.clone(), proposed.run_id.clone());
+        tokio::spawn(async move {
+            engine
+                .wait_for_call(&acme(), &run, StdDuration::from_secs(20))
+                .await
+        })
+    };
+
+    let text = s.click(&approval, "Approve", "U0DANA001").await;
+
+    assert!(
+        text.starts_with("You approved reimburse version 1"),
+        "{text}"
+    );
+    let state = waiting.await.unwrap().unwrap();
+    assert_eq!(state.status, CallStatus::Succeeded, "{state:?}");
+    assert!(
+        state
+            .result
+            .unwrap()
+            .content
+            .contains("\"paid_cents\":25000")
+    );
+    let stored = s.stored(&approval).await;
+    assert_eq!(stored.decisions[0].by.as_str(), "dana");
 }
 
 #[tokio::test]

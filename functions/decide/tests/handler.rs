@@ -280,3 +280,60 @@ async fn the_decide_function_serves_the_mcp_gateway_to_the_authorizers_person_on
         format!("https://review.example.com/#approval={}", pending[0].id)
     );
 }
+
+#[tokio::test]
+async fn the_decide_function_serves_the_gate_api_to_the_authorizers_person_with_the_approvals_link()
+{
+    let h = Harness::new(Embedded::fresh()).await;
+    let queue = Arc::new(RecordingQueue::default());
+    let process = h.process_with(|t| t, Delivery::Queue(queue.clone())).await;
+    let gateway = shared::api::mcp::Settings {
+        wait: std::time::Duration::ZERO,
+        public_url: Some("https://review.example.com/".parse().unwrap()),
+    };
+    let app = decide::app_with_slack(
+        Arc::new(process.engine),
+        Arc::new(shared::api::GatewayClaims::default()),
+        None,
+        gateway,
+    );
+    let pay = json!({
+        "agent": "expense",
+        "tool": "reimburse",
+        "args": {"claim_id": "c-102", "amount_cents": 25_000},
+        "call_id": "call_1",
+        "conversation": "thread-42",
+    });
+
+    let (status, proposed) = invoke(
+        &app,
+        http_event(
+            "POST",
+            "/gate/calls",
+            Some(pay),
+            "ben",
+            "acme",
+            &["employee"],
+        ),
+    )
+    .await;
+    let path = format!("/gate/calls/{}?wait=0", proposed["id"].as_str().unwrap());
+    let (read_status, read) = invoke(&app, get_event(&path, "ben", "acme", &["employee"])).await;
+    let elsewhere = invoke(&app, get_event(&path, "ben", "globex", &["employee"])).await;
+
+    assert_eq!(status, 202, "{proposed}");
+    assert_eq!(proposed["status"], "awaiting_approval");
+    assert_eq!(proposed["call_id"], "call_1");
+    assert_eq!(proposed["conversation"], "thread-42");
+    assert_eq!(proposed["executor"], "countersign");
+    let approval = proposed["approval"]["id"].as_str().unwrap();
+    assert_eq!(
+        proposed["approval"]["link"],
+        format!("https://review.example.com/#approval={approval}")
+    );
+    assert_eq!(proposed["approval"]["approver_role"], "finance");
+    assert_eq!(read_status, 200, "{read}");
+    assert_eq!(read["id"], proposed["id"]);
+    assert_eq!(read["status"], "awaiting_approval");
+    assert_eq!(refusal(&elsewhere), (404, Some("not_found")));
+}

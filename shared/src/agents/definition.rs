@@ -13,6 +13,7 @@ use crate::adapters::env_template::BindingError;
 use crate::adapters::http_tool::{HttpBinding, HttpTool};
 use crate::adapters::mcp_tool::{McpServerBinding, McpToolBinding};
 use crate::adapters::scripted::{Script, ScriptedModel};
+use crate::domain::action::ToolOutcome;
 use crate::domain::ids::{AgentName, Role};
 use crate::domain::policy::Policy;
 use crate::engine::{Agent, Limits};
@@ -65,6 +66,9 @@ pub enum ToolBinding {
         description: Option<String>,
         input_schema: Option<Value>,
     },
+    /// No binding: its caller runs it (`executor = "caller"`) after claiming the approved call
+    /// for `lease`.
+    Caller { lease: std::time::Duration },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -147,7 +151,16 @@ struct RawTool {
     builtin: Option<String>,
     http: Option<toml::Value>,
     mcp: Option<toml::Value>,
+    /// `"caller"`: the caller runs it in its own process, after claiming the approved call.
+    executor: Option<String>,
+    /// How long a caller's claim waits for its outcome (15 minutes unless given).
+    lease: Option<String>,
 }
+
+/// How long a caller's claim of a call waits for its outcome unless the tool says.
+pub const DEFAULT_LEASE: std::time::Duration = std::time::Duration::from_secs(15 * 60);
+/// The longest lease a tool may give its caller's claims.
+const MAX_LEASE: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
 /// The built-in tools a definition may bind, by name.
 const BUILTINS: [&str; 5] = [
@@ -328,6 +341,10 @@ impl Definition {
                     }
                     Arc::new(HttpTool::new(spec, resolved, wiring.http.clone()))
                 }
+                ToolBinding::Caller { lease } => Arc::new(CallerTool {
+                    spec: tool.spec.clone().expect("a caller-run tool has its spec"),
+                    lease: *lease,
+                }),
                 ToolBinding::Mcp {
                     binding,
                     description,
@@ -489,7 +506,42 @@ fn tool_definition(
             "a tool name has 1 to 64 letters, digits, '_' or '-'".into(),
         ));
     }
+    let caller = match raw.executor.as_deref() {
+        None => false,
+        Some("caller") => true,
+        Some(other) => {
+            return Err(err(
+                "executor",
+                format!(
+                    "{other:?} is not an executor; \"caller\" is the one there is (leave it out for a bound tool)"
+                ),
+            ));
+        }
+    };
+    if !caller && raw.lease.is_some() {
+        return Err(err(
+            "lease",
+            "only a tool its caller runs (executor = \"caller\") has a lease".into(),
+        ));
+    }
+    if caller && (raw.builtin.is_some() || raw.http.is_some() || raw.mcp.is_some()) {
+        return Err(err(
+            "executor",
+            "a tool its caller runs has no builtin, http or mcp binding: Countersign never calls it".into(),
+        ));
+    }
+    let lease = match raw.lease.as_deref().map(humantime::parse_duration) {
+        None => DEFAULT_LEASE,
+        Some(Ok(lease)) if !lease.is_zero() && lease <= MAX_LEASE => lease,
+        Some(_) => {
+            return Err(err(
+                "lease",
+                "a lease is a duration from 1s to 24h, such as \"5m\"".into(),
+            ));
+        }
+    };
     let binding = match (raw.builtin, raw.http, raw.mcp) {
+        (None, None, None) if caller => ToolBinding::Caller { lease },
         (Some(builtin), None, None) => {
             if !BUILTINS.contains(&builtin.as_str()) {
                 return Err(err(
@@ -554,7 +606,10 @@ fn tool_definition(
             });
         }
         (None, None, None) => {
-            return Err(err("", "needs one binding: builtin, http or mcp".into()));
+            return Err(err(
+                "",
+                "needs one binding: builtin, http or mcp (or executor = \"caller\")".into(),
+            ));
         }
         _ => return Err(err("", "has more than one binding; keep one".into())),
     };
@@ -621,6 +676,32 @@ fn binding_error(file: &str, error: BindingError) -> DefinitionError {
             "`${` must close with `}` around a variable name (A-Z, 0-9, _)",
         ),
         BindingError::Invalid { field, reason } => DefinitionError::new(file, &field, reason),
+    }
+}
+
+/// A tool its caller runs: described here, never called here.
+struct CallerTool {
+    spec: ToolSpec,
+    lease: std::time::Duration,
+}
+
+#[async_trait::async_trait]
+impl Tool for CallerTool {
+    fn spec(&self) -> ToolSpec {
+        self.spec.clone()
+    }
+
+    async fn call(&self, _call: crate::ports::tools::ToolCall<'_>) -> ToolOutcome {
+        ToolOutcome::Failed {
+            error: format!(
+                "{} runs in its caller's process, never in Countersign: not executed",
+                self.spec.name
+            ),
+        }
+    }
+
+    fn caller_lease(&self) -> Option<std::time::Duration> {
+        Some(self.lease)
     }
 }
 
@@ -696,6 +777,64 @@ mod tests {
 description = "Refund an order."
 input_schema = { type = "object", properties = { order_id = { type = "string" } } }
 "#;
+
+    #[test]
+    fn a_tool_its_caller_runs_has_no_binding_and_a_lease_of_15_minutes_unless_it_gives_one() {
+        let default = loaded(&format!("{REFUND_TOOL}executor = \"caller\"\n"));
+        let given = loaded(&format!(
+            "{REFUND_TOOL}executor = \"caller\"\nlease = \"5m\"\n"
+        ));
+
+        assert_eq!(
+            default.tools[0].binding,
+            ToolBinding::Caller {
+                lease: DEFAULT_LEASE
+            }
+        );
+        assert_eq!(
+            given.tools[0].binding,
+            ToolBinding::Caller {
+                lease: std::time::Duration::from_secs(300)
+            }
+        );
+        assert!(
+            default.tools[0].spec.is_some(),
+            "described for the policy and the schema gate"
+        );
+    }
+
+    #[test]
+    fn a_caller_run_tool_with_a_binding_a_lease_without_it_or_another_executor_is_refused() {
+        let http = "http = { method = \"POST\", url = \"http://127.0.0.1:9/refunds\" }\n";
+        let cases = [
+            (
+                format!("{REFUND_TOOL}executor = \"caller\"\n{http}"),
+                "tools.issue_refund.executor",
+                "no builtin, http or mcp binding",
+            ),
+            (
+                format!("{REFUND_TOOL}lease = \"5m\"\n{http}"),
+                "tools.issue_refund.lease",
+                "only a tool its caller runs",
+            ),
+            (
+                format!("{REFUND_TOOL}executor = \"countersign\"\n{http}"),
+                "tools.issue_refund.executor",
+                "is not an executor",
+            ),
+            (
+                format!("{REFUND_TOOL}executor = \"caller\"\nlease = \"0s\"\n"),
+                "tools.issue_refund.lease",
+                "from 1s to 24h",
+            ),
+        ];
+        for (agent, field, saying) in cases {
+            let error = refused(&agent, POLICY);
+
+            assert_eq!(error.field, field, "{agent}");
+            assert!(error.to_string().contains(saying), "{error}");
+        }
+    }
 
     #[test]
     fn an_http_url_with_credentials_is_refused_naming_the_file_and_field_not_the_credentials() {

@@ -267,6 +267,7 @@ mod tests {
     /// new variant does not compile until it has a sample here, and so a code in the document.
     fn every_engine_error() -> Vec<EngineError> {
         use crate::domain::approval::ApprovalKind;
+        use crate::domain::gate::GateRefusal;
         use crate::domain::ids::DecisionId;
         use crate::domain::run::RunStatus;
 
@@ -336,6 +337,25 @@ mod tests {
             EngineError::Corrupt("unreadable".into()),
             EngineError::Unavailable("down".into()),
         ]);
+        let call = || "run-1".to_string();
+        errors.extend(
+            [
+                GateRefusal::CallIdReused {
+                    call_id: "call_1".into(),
+                },
+                GateRefusal::NotRequester { call: call() },
+                GateRefusal::NotClaimable {
+                    call: call(),
+                    status: "rejected".into(),
+                },
+                GateRefusal::Claimed { call: call() },
+                GateRefusal::OutcomeRecorded {
+                    call: call(),
+                    status: "succeeded".into(),
+                },
+            ]
+            .map(EngineError::from),
+        );
         for error in &errors {
             match error {
                 EngineError::BadInput(_)
@@ -355,6 +375,13 @@ mod tests {
                 | EngineError::Store(StoreError::TooLarge { .. })
                 | EngineError::Store(StoreError::Throttled(_))
                 | EngineError::Store(StoreError::Unavailable(_)) => {}
+                EngineError::Gate(refusal) => match refusal {
+                    GateRefusal::CallIdReused { .. }
+                    | GateRefusal::NotRequester { .. }
+                    | GateRefusal::NotClaimable { .. }
+                    | GateRefusal::Claimed { .. }
+                    | GateRefusal::OutcomeRecorded { .. } => {}
+                },
                 EngineError::Refused(refusal) => match refusal {
                     Refusal::OwnRequest { .. }
                     | Refusal::MissingRole { .. }

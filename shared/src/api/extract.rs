@@ -122,11 +122,11 @@ fn cause<'a, E: std::error::Error + 'static>(
     None
 }
 
-/// A JSON body of type `T`, of at most [`MAX_BODY_BYTES`](super::MAX_BODY_BYTES) (the router's
-/// `DefaultBodyLimit`).
-pub struct JsonBody<T>(pub T);
+/// A JSON body of type `T`, of at most `LIMIT` bytes (the route's `DefaultBodyLimit`),
+/// [`MAX_BODY_BYTES`](super::MAX_BODY_BYTES) unless the route allows more.
+pub struct JsonBody<T, const LIMIT: usize = { super::MAX_BODY_BYTES }>(pub T);
 
-impl<S, T> FromRequest<S> for JsonBody<T>
+impl<S, T, const LIMIT: usize> FromRequest<S> for JsonBody<T, LIMIT>
 where
     S: Send + Sync,
     T: DeserializeOwned,
@@ -140,7 +140,7 @@ where
                 "send the body as JSON, with Content-Type: application/json",
             ));
         }
-        let bytes = body_bytes(request, state, super::MAX_BODY_BYTES).await?;
+        let bytes = body_bytes(request, state, LIMIT).await?;
         parse_json(&bytes).map(JsonBody)
     }
 }

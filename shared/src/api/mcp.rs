@@ -16,7 +16,8 @@
 //! token's tenant.
 //!
 //! A caller may put in the request's `_meta`: [`CALL_ID_META`], its own id for the call (a
-//! repeated call with the same id attaches, whatever its arguments, for good); [`WAIT_META`],
+//! repeated call with the same id attaches for good; the same id with another tool or other
+//! arguments is refused); [`WAIT_META`],
 //! a shorter wait in seconds. Every answer's `_meta` says where the call stands
 //! (`countersign/status`, `countersign/run_id`, and the action, version and approval).
 
@@ -165,7 +166,7 @@ impl Gateway {
         context: &RequestContext<RoleServer>,
     ) -> CallState {
         let attached = state.attached;
-        while is_pending(state.status) {
+        while state.status.is_pending() {
             let now = Instant::now();
             if now >= deadline {
                 break;
@@ -243,6 +244,7 @@ impl ServerHandler for Gateway {
             tool: request.name.to_string(),
             args: Value::Object(request.arguments.unwrap_or_default()),
             call_id: asked.call_id,
+            conversation: None,
             via: GateVia::Mcp,
         };
         // Taken to the end even if the caller goes away meanwhile: a call is never left half
@@ -335,11 +337,6 @@ fn progress_token(
         .or_else(|| request.meta.as_ref()?.get_progress_token())
 }
 
-/// Still worth waiting on: a person has not decided, or the call is being carried out.
-fn is_pending(status: CallStatus) -> bool {
-    matches!(status, CallStatus::Running | CallStatus::AwaitingApproval)
-}
-
 /// What a caller with a progress token is told while its call waits.
 fn progress_line(state: &CallState) -> String {
     match &state.approval {
@@ -403,6 +400,9 @@ fn listed(spec: ToolSpec, hints: ToolHints, may_wait: bool) -> Listed {
 /// to the model, which may try the same call again later.
 fn not_taken(error: EngineError) -> Result<CallToolResult, ErrorData> {
     match error.kind() {
+        _ if matches!(error, EngineError::Gate(_)) => {
+            Err(ErrorData::invalid_params(error.to_string(), None))
+        }
         ErrorKind::BadInput | ErrorKind::NotFound => {
             Err(ErrorData::invalid_params(error.to_string(), None))
         }
@@ -460,6 +460,11 @@ fn answer(
                 false,
             ),
         },
+        // Only a caller of the gate API claims a call it runs itself; never reached here.
+        CallStatus::Approved => (
+            format!("Approved, for its caller to claim and run through the gate API. {again}"),
+            false,
+        ),
         CallStatus::Running => (
             format!(
                 "Not finished yet: the call is being carried out and its outcome is not known \
@@ -651,6 +656,9 @@ mod tests {
     fn call(status: CallStatus, result: Option<ToolResultText>) -> CallState {
         CallState {
             run_id: RunId::parse("run-7k2").unwrap(),
+            agent: AgentName::parse("refunds").unwrap(),
+            call_id: None,
+            conversation: None,
             status,
             tool: "issue_refund".into(),
             action_id: Some(ActionId::parse("act-9x4").unwrap()),
@@ -658,6 +666,8 @@ mod tests {
             args: Some(refund(12_500)),
             result,
             approval: None,
+            executor: crate::engine::Executor::Countersign,
+            claim: None,
             attached: false,
         }
     }

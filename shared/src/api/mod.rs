@@ -8,7 +8,7 @@
 //! - [`start_routes`]: `POST /runs`, hosted by the start function.
 //! - [`local_router`]: both, for the local server, and its development sign-in (`/dev/...`).
 //! - [`mcp::routes`]: `/mcp/{agent}`, the MCP gateway over Streamable HTTP, with the decide
-//!   routes.
+//!   routes; [`gate::routes`]: `/gate/calls`, the gate API, with them too.
 //!
 //! Identity comes only from an [`Authenticate`]: [`BearerJwt`] locally, [`GatewayClaims`] behind
 //! API Gateway's JWT authorizer (the Lambda adapter inserts [`VerifiedClaims`] into each
@@ -20,6 +20,7 @@ mod background;
 pub mod dev;
 pub mod error;
 pub mod extract;
+pub mod gate;
 pub mod mcp;
 mod page;
 mod runs;
@@ -98,6 +99,11 @@ fn decide_part(
             engine: engine.clone(),
             auth: auth.clone(),
         })
+        .merge(gate::routes(
+            engine.clone(),
+            auth.clone(),
+            gateway.public_url.clone(),
+        ))
         .merge(mcp::routes(engine.clone(), auth, gateway))
         .merge(page::routes());
     if let Some(slack) = slack {
@@ -272,6 +278,8 @@ mod tests {
             "/slack/interactions:",
             "/approvals/{id}/comments:",
             "/mcp/{agent}:",
+            "/gate/calls:",
+            "/gate/calls/{id}:",
         ] {
             assert!(OPENAPI_YAML.contains(path), "{path} is not documented");
         }

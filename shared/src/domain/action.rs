@@ -205,6 +205,17 @@ pub struct Claimed {
     pub at: DateTime<Utc>,
     pub by: Actor,
     pub logged: LogSlot,
+    /// A call its caller runs: which of the caller's workers claimed it, and until when its
+    /// outcome is awaited before it is taken as unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by_caller: Option<CallerClaim>,
+}
+
+/// A claim of a call its caller runs itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallerClaim {
+    pub claimant: String,
+    pub lease_expires_at: DateTime<Utc>,
 }
 
 impl Action {
@@ -282,8 +293,37 @@ impl Action {
             at: now,
             by,
             logged,
+            by_caller: None,
         });
         Ok(())
+    }
+
+    /// `approved → executing` for a call its caller runs: `claimant` of the caller's process
+    /// runs it and reports its outcome before `lease_expires_at`.
+    pub fn claim_for_caller(
+        &mut self,
+        now: DateTime<Utc>,
+        by: Actor,
+        logged: LogSlot,
+        claim: CallerClaim,
+    ) -> Result<(), InvalidTransition> {
+        self.claim(now, by, logged)?;
+        if let Some(claimed) = &mut self.claimed {
+            claimed.by_caller = Some(claim);
+        }
+        Ok(())
+    }
+
+    /// The caller's claim, if a caller claimed this version.
+    pub fn caller_claim(&self) -> Option<&CallerClaim> {
+        self.claimed.as_ref()?.by_caller.as_ref()
+    }
+
+    /// Whether recording `outcome` would leave this settled action as it is: a report of the
+    /// same outcome again.
+    pub fn already_records(&self, outcome: &ToolOutcome) -> bool {
+        let (status, result) = recorded(outcome);
+        self.status == status && self.result.as_ref() == Some(&result)
     }
 
     pub fn record(
@@ -291,19 +331,7 @@ impl Action {
         outcome: &ToolOutcome,
         now: DateTime<Utc>,
     ) -> Result<(), InvalidTransition> {
-        let (to, result) = match outcome {
-            ToolOutcome::Succeeded { result } => (
-                ActionStatus::Succeeded,
-                ToolResultText::ok(kept(result_text(result))),
-            ),
-            ToolOutcome::Failed { error } => (
-                ActionStatus::Failed,
-                ToolResultText::error(kept(format!("The call failed: {error}"))),
-            ),
-            ToolOutcome::Unknown { .. } => {
-                (ActionStatus::Unknown, ToolResultText::error(UNKNOWN_TEXT))
-            }
-        };
+        let (to, result) = recorded(outcome);
         // An unknown outcome is settled only by reconciliation, which may say succeeded or failed.
         let from: &[ActionStatus] = match to {
             ActionStatus::Unknown => &[ActionStatus::Executing],
@@ -346,6 +374,21 @@ impl Action {
                 | ActionStatus::Superseded
                 | ActionStatus::Cancelled
         )
+    }
+}
+
+/// The status and told result an outcome is recorded as.
+fn recorded(outcome: &ToolOutcome) -> (ActionStatus, ToolResultText) {
+    match outcome {
+        ToolOutcome::Succeeded { result } => (
+            ActionStatus::Succeeded,
+            ToolResultText::ok(kept(result_text(result))),
+        ),
+        ToolOutcome::Failed { error } => (
+            ActionStatus::Failed,
+            ToolResultText::error(kept(format!("The call failed: {error}"))),
+        ),
+        ToolOutcome::Unknown { .. } => (ActionStatus::Unknown, ToolResultText::error(UNKNOWN_TEXT)),
     }
 }
 

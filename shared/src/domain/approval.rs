@@ -341,6 +341,18 @@ impl Approval {
         self.kind == ApprovalKind::Action && now >= self.expires_at
     }
 
+    /// A recovery the call's own caller answered by reporting its outcome after its claim's
+    /// lease ended: resolved `answered`, with no person's decision. False, and unchanged, for
+    /// anything but an open recovery.
+    pub fn answered_by_caller(&mut self, now: DateTime<Utc>) -> bool {
+        let open =
+            self.kind == ApprovalKind::Recovery && self.status == ApprovalStatus::AwaitingApproval;
+        if open {
+            self.resolve(ApprovalStatus::Answered, now);
+        }
+        open
+    }
+
     fn resolve(&mut self, status: ApprovalStatus, now: DateTime<Utc>) {
         self.status = status;
         self.resolved_at = Some(now);

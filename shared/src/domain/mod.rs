@@ -25,6 +25,7 @@ pub mod args;
 pub mod audit;
 pub mod budget;
 pub mod conversation;
+pub mod gate;
 pub mod identity;
 pub mod ids;
 pub mod money;

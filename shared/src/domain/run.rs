@@ -73,6 +73,16 @@ pub enum RunError {
 pub struct GateOrigin {
     pub via: GateVia,
     pub call_key: String,
+    /// The caller's own id for the call, when it gave one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_id: Option<String>,
+    /// The caller's conversation or thread the call belongs to, shown beside it to reviewers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversation: Option<String>,
+    /// The hash of the tool and arguments asked for: a call id reused for another call is told
+    /// apart by it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub asked: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -130,6 +130,11 @@ impl Agent {
         }
     }
 
+    /// The lease of a tool its caller runs (`executor = "caller"`); `None` for a bound tool.
+    pub fn caller_lease(&self, tool: &str) -> Option<std::time::Duration> {
+        self.tools.get(tool)?.caller_lease()
+    }
+
     /// A tool's compiled input schema, compiled once per process.
     fn schema(&self, tool: &str) -> Arc<Result<Schema, String>> {
         let mut schemas = self.schemas.lock().unwrap_or_else(|e| e.into_inner());

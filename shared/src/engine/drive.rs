@@ -17,7 +17,7 @@ use crate::domain::identity::{Actor, Identity};
 use crate::domain::ids::{ActionId, ActionVersion, AgentName, PersonId, RunId, TenantId};
 use crate::domain::notice::NoticeKind;
 use crate::domain::policy::{Requirement, Verdict};
-use crate::domain::run::{HeldCall, PausedTurn, Run};
+use crate::domain::run::{GateVia, HeldCall, PausedTurn, Run};
 use crate::ports::model::ModelRequest;
 use crate::ports::scheduler::Wake;
 use crate::ports::store::{Condition, StoreError};
@@ -251,8 +251,19 @@ impl Engine {
         call: HeldCall,
         proposed: Proposed,
     ) -> Result<(HeldCall, Option<Approval>), EngineError> {
+        let caller_runs = agent.caller_lease(&proposed.tool).is_some();
         let checked = match proposed.oversized {
             Some(why) => Err(Unfit { why, args: None }),
+            // Nobody could claim it: only a caller through the gate runs its own tools.
+            None if caller_runs && !run.gate.as_ref().is_some_and(|g| g.via == GateVia::Api) => {
+                Err(Unfit {
+                    why: format!(
+                        "{} runs in its caller's process: only a call through the gate API can run it",
+                        proposed.tool
+                    ),
+                    args: None,
+                })
+            }
             None => agent.check_call(&proposed.tool, proposed.input),
         };
         let args = match checked {
@@ -280,6 +291,11 @@ impl Engine {
             explanation: proposed.explanation,
         };
         let (result, approval) = match agent.evaluate(&proposal.tool, &proposal.args) {
+            // Its caller claims and runs it: approved by policy, it waits for the claim.
+            Verdict::Allow if caller_runs => {
+                self.approve_for_caller(agent, proposal).await?;
+                (None, None)
+            }
             Verdict::Allow => (Some(self.run_allowed(agent, proposal).await?), None),
             Verdict::Deny { reason } => (
                 Some(self.record_denied(agent, proposal, reason).await?),
@@ -550,6 +566,32 @@ impl Engine {
                 Err(error) => Err(error.into()),
             };
         }
+    }
+
+    /// A call policy allows whose caller runs it: written approved by policy, for the caller to
+    /// claim. No resume message: nothing here runs it.
+    async fn approve_for_caller(
+        &self,
+        agent: &Agent,
+        proposal: ProposedCall,
+    ) -> Result<(), EngineError> {
+        let now = self.now();
+        let mut action = Action::propose(proposal, now);
+        let policy = Actor::Policy {
+            version: agent.policy.version,
+        };
+        action
+            .approve(vec![policy], now)
+            .expect("a new action can be approved");
+        let mut tx = Tx::new();
+        let proposed = AuditEvent::proposed(&action, Verdict::Allow, None);
+        tx.audit(
+            &action.tenant,
+            AuditEntry::new(&action.run_id, Actor::Agent, proposed, now),
+        );
+        tx.create_action(self.index_shards, &action);
+        self.commit(tx).await?;
+        Ok(())
     }
 
     /// A call answered before policy ruled on it ([`Agent::check_call`]): audited, never shown

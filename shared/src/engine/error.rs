@@ -1,6 +1,7 @@
 //! The engine's errors, each with a stable code and a kind a caller can act on.
 
 use crate::domain::approval::{ApprovalStatus, Refusal};
+use crate::domain::gate::GateRefusal;
 use crate::domain::identity::DirectoryError;
 use crate::domain::run::RunStatus;
 use crate::ports::store::StoreError;
@@ -40,6 +41,8 @@ pub enum EngineError {
     PolicyRefused(String),
     #[error(transparent)]
     Directory(#[from] DirectoryError),
+    #[error(transparent)]
+    Gate(#[from] GateRefusal),
     #[error("too many concurrent changes to the same approval; try again")]
     Contended,
     /// The approval, or the commenter on it, has as many comments as it may hold.
@@ -79,6 +82,8 @@ impl EngineError {
             | EngineError::Contended
             | EngineError::TooManyComments(_) => ErrorKind::Conflict,
             EngineError::MayNotCancel { .. } => ErrorKind::Forbidden,
+            EngineError::Gate(GateRefusal::NotRequester { .. }) => ErrorKind::Forbidden,
+            EngineError::Gate(_) => ErrorKind::Conflict,
             EngineError::PolicyRefused(_) => ErrorKind::PolicyRefused,
             EngineError::Directory(DirectoryError::UnknownPerson(_)) => ErrorKind::Forbidden,
             EngineError::Directory(DirectoryError::Invalid(_)) => ErrorKind::Unavailable,
@@ -115,6 +120,13 @@ impl EngineError {
             },
             EngineError::RunFinished { .. } => "run_finished",
             EngineError::MayNotCancel { .. } => "may_not_cancel",
+            EngineError::Gate(refusal) => match refusal {
+                GateRefusal::CallIdReused { .. } => "call_id_reused",
+                GateRefusal::NotRequester { .. } => "not_requester",
+                GateRefusal::NotClaimable { .. } => "not_claimable",
+                GateRefusal::Claimed { .. } => "claimed",
+                GateRefusal::OutcomeRecorded { .. } => "outcome_recorded",
+            },
             EngineError::PolicyRefused(_) => "policy_refused",
             EngineError::Directory(DirectoryError::UnknownPerson(_)) => "unknown_person",
             EngineError::Directory(DirectoryError::Invalid(_)) => "directory_invalid",

@@ -20,11 +20,12 @@ use sha2::{Digest, Sha256};
 use super::drive::Proposed;
 use super::records::{Stored, Tx, keys, load};
 use super::{Engine, EngineError, History};
-use crate::domain::action::{Action, ActionStatus};
+use crate::domain::action::{Action, ActionStatus, CallerClaim};
 use crate::domain::approval::{Approval, ApprovalStatus};
 use crate::domain::args::{Args, canonical};
 use crate::domain::budget;
 use crate::domain::conversation::{Block, Message, Speaker, ToolResultText};
+use crate::domain::gate::GateRefusal;
 use crate::domain::ids::{ActionId, AgentName, PersonId, RunId, TenantId};
 use crate::domain::run::{GateOrigin, GateVia, HeldCall, Run, RunStatus};
 use crate::ports::store::StoreError;
@@ -33,7 +34,10 @@ use crate::ports::store::StoreError;
 /// call within it returns that outcome; one after it is a new call.
 pub const ATTACHABLE: Duration = Duration::hours(24);
 
-/// The longest a caller's own id for a call may be.
+/// How often a waiter reads its call again, for changes made by another process.
+pub const REREAD: StdDuration = StdDuration::from_secs(1);
+
+/// The longest a caller's own id for a call, or its conversation's, may be.
 const MAX_CALL_ID: usize = 200;
 
 /// One call from outside, as its caller proposes it.
@@ -47,6 +51,8 @@ pub struct GateCall {
     pub args: Value,
     /// The caller's own id for this call (its framework's tool-call id), if it has one.
     pub call_id: Option<String>,
+    /// The caller's conversation or thread, shown to reviewers beside the call.
+    pub conversation: Option<String>,
     pub via: GateVia,
 }
 
@@ -64,6 +70,8 @@ pub enum CallStatus {
     Rejected,
     Expired,
     Cancelled,
+    /// Approved (by a person or by policy), for its caller to claim and run; not claimed yet.
+    Approved,
     /// Policy denies it.
     Denied,
     /// Answered before policy ruled on it: no such tool, or arguments that do not fit.
@@ -78,12 +86,23 @@ impl CallStatus {
             CallStatus::Running | CallStatus::AwaitingApproval | CallStatus::Unknown
         )
     }
+
+    /// Worth waiting on: a person has not decided, or the call is being carried out.
+    pub fn is_pending(self) -> bool {
+        matches!(self, CallStatus::Running | CallStatus::AwaitingApproval)
+    }
 }
 
 /// A call's state: what its caller is told.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct CallState {
     pub run_id: RunId,
+    pub agent: AgentName,
+    /// The caller's own id for the call, and its conversation, when it gave them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub call_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub conversation: Option<String>,
     pub status: CallStatus,
     pub tool: String,
     /// The action, once proposed, and the version that ran or waits (an edit makes version 2).
@@ -100,8 +119,23 @@ pub struct CallState {
     /// The approval it waits on: who must decide, by when.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub approval: Option<Approval>,
+    /// Who runs it: Countersign, or its caller under a claim.
+    pub executor: Executor,
+    /// The caller's claim, once claimed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub claim: Option<CallerClaim>,
     /// This call found an earlier identical one and is its state.
     pub attached: bool,
+}
+
+/// Who runs a call once it is approved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Executor {
+    /// A tool bound in the definition, run here.
+    Countersign,
+    /// A tool marked `executor = "caller"`, run by the caller after it claims the call.
+    Caller,
 }
 
 /// The item that finds a call by its key: which run holds it.
@@ -110,7 +144,21 @@ struct CallKeyed {
     run_id: RunId,
 }
 
+impl CallState {
+    /// The idempotency key the version runs under, `action_id:version`.
+    pub fn key(&self) -> Option<String> {
+        Some(format!("{}:{}", self.action_id.as_ref()?, self.version?))
+    }
+}
+
 impl GateCall {
+    /// The hash of what the call asks for, its tool and arguments: the same call id with
+    /// another is another call.
+    fn asked(&self) -> String {
+        let asked = serde_json::json!({"tool": self.tool, "args": self.args});
+        hex::encode(Sha256::digest(canonical(&asked).as_bytes()))
+    }
+
     /// The key a repeated identical call finds this one by: the caller's own id for it, or the
     /// hash of who asks which agent for which tool with which arguments.
     fn key(&self) -> Result<String, EngineError> {
@@ -128,6 +176,13 @@ impl GateCall {
                 "args": self.args,
             }),
         };
+        if let Some(conversation) = &self.conversation
+            && (conversation.is_empty() || conversation.len() > MAX_CALL_ID)
+        {
+            return Err(EngineError::BadInput(format!(
+                "a conversation id has 1 to {MAX_CALL_ID} characters"
+            )));
+        }
         let kind = if self.call_id.is_some() { "id" } else { "args" };
         let hash = hex::encode(Sha256::digest(canonical(&named).as_bytes()));
         Ok(format!("{kind}-{}", &hash[..40]))
@@ -157,8 +212,14 @@ impl Engine {
         };
 
         let now = self.now();
+        // A reviewer reads the caller's conversation where they read what the run is for.
+        let conversation = call
+            .conversation
+            .as_ref()
+            .map(|c| format!(" (conversation {c})"))
+            .unwrap_or_default();
         let task = format!(
-            "{} through the {}: {}",
+            "{} through the {}{conversation}: {}",
             call.tool,
             match call.via {
                 GateVia::Mcp => "MCP gateway",
@@ -179,6 +240,9 @@ impl Engine {
         run.gate = Some(GateOrigin {
             via: call.via,
             call_key: key,
+            call_id: call.call_id.clone(),
+            conversation: call.conversation.clone(),
+            asked: Some(call.asked()),
         });
         let tool_use_id = call
             .call_id
@@ -223,7 +287,7 @@ impl Engine {
                 let keyed = load::<CallKeyed>(self.store.as_ref(), &pk, &sk)
                     .await?
                     .ok_or(EngineError::Contended)?;
-                return self.attached_state(&call.tenant, &keyed.value.run_id).await;
+                return self.attached_state(&call, &keyed.value.run_id).await;
             }
             Err(error) => return Err(error.into()),
         }
@@ -246,6 +310,8 @@ impl Engine {
         let (held, approval) = self.propose_one(&agent, &run.value, held, proposed).await?;
         let outbox = match approval {
             Some(approval) => self.pause(run, vec![held], vec![approval]).await?.1,
+            // Approved by policy for its caller to run: the run waits for the outcome report.
+            None if held.result.is_none() => self.pause(run, vec![held], vec![]).await?.1,
             None => {
                 let result = held.result.clone().expect("settled without a person");
                 run.value
@@ -267,11 +333,12 @@ impl Engine {
         if history.run.gate.is_none() {
             return Err(EngineError::not_found(format!("call {run}")));
         }
-        Ok(state_of(&history))
+        Ok(self.state_of(&history))
     }
 
-    /// Waits until the call is settled or `wait` has passed, reading its state again at growing
-    /// intervals; a call that waits on a person past the wait comes back as it stands.
+    /// Waits while the call waits on a person or runs, until it moves on or `wait` has passed,
+    /// and answers its state then. A commit of this process that writes the call's run wakes
+    /// the waiter at once; a change another process made is seen within [`REREAD`].
     pub async fn wait_for_call(
         &self,
         tenant: &TenantId,
@@ -279,15 +346,21 @@ impl Engine {
         wait: StdDuration,
     ) -> Result<CallState, EngineError> {
         let deadline = tokio::time::Instant::now() + wait;
-        let mut pause = StdDuration::from_millis(20);
+        let watch = self.waiters.watch(tenant, run);
         loop {
+            // Registered before the read, so a commit between the read and the sleep wakes it.
+            let woken = watch.signal.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
             let state = self.call_state(tenant, run).await?;
             let now = tokio::time::Instant::now();
-            if state.status.is_settled() || now >= deadline {
+            if !state.status.is_pending() || now >= deadline {
                 return Ok(state);
             }
-            tokio::time::sleep(pause.min(deadline - now)).await;
-            pause = (pause * 2).min(StdDuration::from_millis(500));
+            tokio::select! {
+                () = woken => {}
+                () = tokio::time::sleep(REREAD.min(deadline - now)) => {}
+            }
         }
     }
 
@@ -300,7 +373,8 @@ impl Engine {
         let Ok(history) = self.history(&call.tenant, run).await else {
             return Ok(None);
         };
-        let mut state = state_of(&history);
+        refuse_reuse(call, &history)?;
+        let mut state = self.state_of(&history);
         state.attached = true;
         let stale = call.call_id.is_none()
             && history.run.status.is_finished()
@@ -309,14 +383,24 @@ impl Engine {
         Ok((!stale).then_some(state))
     }
 
-    async fn attached_state(
-        &self,
-        tenant: &TenantId,
-        run: &RunId,
-    ) -> Result<CallState, EngineError> {
-        let mut state = self.call_state(tenant, run).await?;
+    async fn attached_state(&self, call: &GateCall, run: &RunId) -> Result<CallState, EngineError> {
+        let history = self.history(&call.tenant, run).await?;
+        refuse_reuse(call, &history)?;
+        let mut state = self.state_of(&history);
         state.attached = true;
         Ok(state)
+    }
+}
+
+/// Refuses a call whose caller's id names an earlier call of another tool or other arguments.
+fn refuse_reuse(call: &GateCall, history: &History) -> Result<(), EngineError> {
+    let asked = history.run.gate.as_ref().and_then(|g| g.asked.as_deref());
+    match (&call.call_id, asked) {
+        (Some(call_id), Some(asked)) if asked != call.asked() => Err(GateRefusal::CallIdReused {
+            call_id: call_id.clone(),
+        }
+        .into()),
+        _ => Ok(()),
     }
 }
 
@@ -332,8 +416,20 @@ fn clipped(text: &str, max: usize) -> String {
     format!("{}…", &text[..end])
 }
 
+impl Engine {
+    /// A call's state from its run's history, as this process's agent runs its tool.
+    pub(super) fn state_of(&self, history: &History) -> CallState {
+        let tool = history.actions.last().map(|a| a.tool.as_str());
+        let executor = match tool.and_then(|tool| self.caller_lease(&history.run, tool)) {
+            Some(_) => Executor::Caller,
+            None => Executor::Countersign,
+        };
+        state_of(history, executor)
+    }
+}
+
 /// A call's state from its run's history: its action's latest version, its open approval.
-fn state_of(history: &History) -> CallState {
+fn state_of(history: &History, executor: Executor) -> CallState {
     let run = &history.run;
     let action: Option<&Action> = history.actions.last();
     let approval = action
@@ -349,6 +445,7 @@ fn state_of(history: &History) -> CallState {
         },
         Some(action) => match action.status {
             ActionStatus::AwaitingApproval => CallStatus::AwaitingApproval,
+            ActionStatus::Approved if executor == Executor::Caller => CallStatus::Approved,
             ActionStatus::Approved | ActionStatus::Executing => CallStatus::Running,
             ActionStatus::Succeeded => CallStatus::Succeeded,
             ActionStatus::Failed => CallStatus::Failed,
@@ -368,8 +465,12 @@ fn state_of(history: &History) -> CallState {
             CallStatus::Refused => run.answer.clone().map(ToolResultText::error),
             _ => None,
         });
+    let origin = run.gate.as_ref();
     CallState {
         run_id: run.id.clone(),
+        agent: run.agent.clone(),
+        call_id: origin.and_then(|g| g.call_id.clone()),
+        conversation: origin.and_then(|g| g.conversation.clone()),
         status,
         tool: action
             .map(|a| a.tool.clone())
@@ -386,6 +487,8 @@ fn state_of(history: &History) -> CallState {
         args: action.map(|a| a.args.clone()),
         result,
         approval: approval.filter(|a| a.status == ApprovalStatus::AwaitingApproval),
+        executor,
+        claim: action.and_then(|a| a.caller_claim().cloned()),
         attached: false,
     }
 }

@@ -3,6 +3,7 @@
 
 mod agents;
 mod cancel;
+mod claim;
 mod comment;
 mod decide;
 mod drive;
@@ -14,6 +15,7 @@ pub mod records;
 mod resume;
 mod snapshot;
 mod sweep;
+mod waiters;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -22,10 +24,11 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 pub use agents::{Agent, Agents, Limits, Unfit};
+pub use claim::Reported;
 pub use decide::DecisionReport;
 pub use drive::StartRun;
 pub use error::{EngineError, ErrorKind};
-pub use gate::{ATTACHABLE, CallState, CallStatus, GateCall};
+pub use gate::{ATTACHABLE, CallState, CallStatus, Executor, GateCall, REREAD};
 pub use history::{History, MAX_RESOLVED, Resolved};
 pub use notify::{DEFAULT_REMIND_BEFORE, MAX_NOTICE_ATTEMPTS, NoticeReport};
 pub use resume::ResumeReport;
@@ -107,6 +110,8 @@ pub struct Engine {
     /// every tenant writes, so a run start writes it only the first time this process starts a
     /// run of the tenant (an entry is never removed), not on every start.
     registered: std::sync::Mutex<std::collections::HashSet<TenantId>>,
+    /// Callers of this process waiting on a gated call, woken by the commits that move it.
+    waiters: waiters::Waiters,
 }
 
 /// Builds an engine from the ports a process has; each entry point supplies only what it uses.
@@ -182,6 +187,7 @@ impl Engine {
                 index_shards: records::IndexShards::DEFAULT,
                 sweeps: Default::default(),
                 registered: Default::default(),
+                waiters: Default::default(),
             },
         }
     }
@@ -225,7 +231,9 @@ impl Engine {
     /// Applies one transaction; on success what it hands over for delivery is returned.
     async fn commit(&self, tx: Tx) -> Result<Outgoing, StoreError> {
         let (writes, outgoing) = tx.into_parts();
+        let touched = self.waiters.touched(&writes);
         self.store.transact(writes).await?;
+        waiters::wake(touched);
         Ok(outgoing)
     }
 
@@ -239,8 +247,12 @@ impl Engine {
     ) -> Result<Outgoing, (StoreError, Option<Option<crate::ports::store::Item>>)> {
         let (writes, outgoing) = tx.into_parts();
         let index = writes.iter().position(|w| w.key() == watched);
+        let touched = self.waiters.touched(&writes);
         match self.store.transact_or_found(writes).await {
-            Ok(()) => Ok(outgoing),
+            Ok(()) => {
+                waiters::wake(touched);
+                Ok(outgoing)
+            }
             Err(refused) => {
                 let found = index.and_then(|i| refused.found(i).cloned());
                 Err((refused.error, found))

@@ -90,6 +90,16 @@ impl Engine {
         // Whether the action still waits in the outbox index for this message.
         let queued = item.gsi1.as_ref().is_some_and(keys::is_outbox);
         match action.value.status {
+            // Never run here: it waits approved for its caller's claim.
+            ActionStatus::Approved if self.runs_in_caller(&run.value, &action.value) => {
+                if queued {
+                    self.dequeue(&action).await;
+                }
+                Ok(ignored(format!(
+                    "action {} is approved for its caller to claim and run",
+                    action.value.key()
+                )))
+            }
             ActionStatus::Approved => self.execute(run, action, queued).await,
             ActionStatus::Rejected
             | ActionStatus::Expired
@@ -101,6 +111,16 @@ impl Engine {
                 action.value.key()
             ))),
         }
+    }
+
+    /// Whether the action's tool is one its caller runs (`executor = "caller"`).
+    pub(super) fn runs_in_caller(&self, run: &Run, action: &Action) -> bool {
+        self.caller_lease(run, &action.tool).is_some()
+    }
+
+    /// The lease of a caller's claim of this tool, for a tool its caller runs.
+    pub(super) fn caller_lease(&self, run: &Run, tool: &str) -> Option<std::time::Duration> {
+        self.agent(&run.agent).ok()?.caller_lease(tool)
     }
 
     /// Claims the approved version (`approved → executing`), calls the tool with the key
@@ -196,10 +216,26 @@ impl Engine {
     /// with the run in the same transaction.
     pub(super) async fn record_outcome(
         &self,
+        run: Stored<Run>,
+        action: Stored<Action>,
+        outcome: ToolOutcome,
+        reconciling: bool,
+    ) -> Result<(ResumeReport, Outgoing), EngineError> {
+        let by = Actor::system("resume");
+        self.record_outcome_as(run, action, outcome, reconciling, by, None)
+            .await
+    }
+
+    /// [`Engine::record_outcome`], audited as `by`'s, and answering the open recovery
+    /// `closing` of the action (its caller's late report) in the same transaction.
+    pub(super) async fn record_outcome_as(
+        &self,
         mut run: Stored<Run>,
         mut action: Stored<Action>,
         outcome: ToolOutcome,
         reconciling: bool,
+        by: Actor,
+        closing: Option<Stored<Approval>>,
     ) -> Result<(ResumeReport, Outgoing), EngineError> {
         let now = self.now();
         action
@@ -246,8 +282,14 @@ impl Engine {
             tx.update(pk.clone(), sk.clone(), index, &action.value, action.ver);
             tx.audit(
                 &tenant,
-                AuditEntry::new(&run_id, Actor::system("resume"), event.clone(), now),
+                AuditEntry::new(&run_id, by.clone(), event.clone(), now),
             );
+            if let Some(recovery) = &closing {
+                let mut answered = recovery.value.clone();
+                if answered.answered_by_caller(now) {
+                    tx.update_approval(&answered, recovery.ver);
+                }
+            }
             // What the approved call did, told where its approval was posted.
             if let Some(approval) = &action.value.approval_id {
                 self.follow_up_later(&mut tx, (&tenant, &run_id, approval), now);

@@ -665,10 +665,16 @@ impl Engine {
                 report.reconciled.push(key);
             }
             (_, Some(run)) if action.value.status == ActionStatus::Executing => {
-                let detail = format!(
-                    "no outcome was recorded within {} minutes",
-                    STALE_EXECUTION.num_minutes()
-                );
+                let detail = match action.value.caller_claim() {
+                    Some(claim) => format!(
+                        "{} claimed it to run in its caller's process and reported no outcome before its lease ended",
+                        claim.claimant
+                    ),
+                    None => format!(
+                        "no outcome was recorded within {} minutes",
+                        STALE_EXECUTION.num_minutes()
+                    ),
+                };
                 self.record_outcome(run, action, ToolOutcome::Unknown { detail }, false)
                     .await?;
                 report.unknown.push(key);

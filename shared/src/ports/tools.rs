@@ -39,6 +39,12 @@ pub trait Tool: Send + Sync {
 
     async fn call(&self, call: ToolCall<'_>) -> ToolOutcome;
 
+    /// A tool its caller runs in its own process (`executor = "caller"`): never called here;
+    /// once approved, the caller claims the call for this lease and reports its outcome.
+    fn caller_lease(&self) -> Option<std::time::Duration> {
+        None
+    }
+
     /// Whether [`Tool::reconcile`] can ever settle an unknown outcome. A tool that cannot sends
     /// an unknown outcome to its agent's recovery owner, a person, instead of asking again.
     fn reconciles(&self) -> bool {

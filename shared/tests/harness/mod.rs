@@ -291,6 +291,20 @@ impl Harness {
         Process { engine, store }
     }
 
+    /// A new process running agents of the test's own definitions, over its store and clock.
+    pub async fn process_of_definitions(&self, definitions: &[agents::Definition]) -> Process {
+        let store = self.backend.connect().await;
+        let wiring = Wiring::new(store.clone(), self.clock.clone(), self.claims.clone());
+        let built = definitions
+            .iter()
+            .map(|d| d.build(&wiring).expect("the definition builds"));
+        let engine = Engine::builder(store.clone())
+            .agents(built)
+            .clock(self.clock.clone())
+            .build();
+        Process { engine, store }
+    }
+
     /// A person as authentication names them today, from the shipped directory.
     pub fn person(&self, name: &str) -> Identity {
         self.directory.identify(name).expect("a known person")

@@ -4,7 +4,7 @@
 use super::*;
 use shared::domain::ids::AgentName;
 use shared::domain::run::GateVia;
-use shared::engine::{ATTACHABLE, CallState, CallStatus, GateCall};
+use shared::engine::{ATTACHABLE, CallState, CallStatus, GateCall, REREAD};
 
 /// `ben` asks the expense agent for `tool` with `args`, through the MCP gateway.
 fn call(tool: &str, args: serde_json::Value) -> GateCall {
@@ -15,6 +15,7 @@ fn call(tool: &str, args: serde_json::Value) -> GateCall {
         tool: tool.into(),
         args,
         call_id: None,
+        conversation: None,
         via: GateVia::Mcp,
     }
 }
@@ -109,21 +110,48 @@ async fn given_two_identical_calls_at_once_when_both_are_taken_then_they_are_one
     assert_eq!(a.pending(&acme()).await.unwrap().len(), 1);
 }
 
-async fn given_a_call_with_the_callers_own_id_when_it_comes_again_then_it_is_the_same_call_whatever_its_arguments(
+async fn given_a_call_with_the_callers_own_id_when_it_comes_again_then_it_is_the_same_call_and_with_other_arguments_a_conflict(
     h: &Harness,
 ) {
     let p = h.process().await;
     let with_id = |args| GateCall {
         call_id: Some("call_7f3".into()),
+        conversation: Some("thread-42".into()),
+        via: GateVia::Api,
         ..call("get_claim", args)
     };
 
     let first = gated(&p, with_id(json!({"claim_id": "c-101"}))).await;
-    let again = gated(&p, with_id(json!({"claim_id": "c-103"}))).await;
+    let again = gated(&p, with_id(json!({"claim_id": "c-101"}))).await;
+    let other = p
+        .gate_call(with_id(json!({"claim_id": "c-103"})))
+        .await
+        .unwrap_err();
+    let other_tool = p
+        .gate_call(GateCall {
+            tool: "get_policy".into(),
+            ..with_id(json!({"claim_id": "c-101"}))
+        })
+        .await
+        .unwrap_err();
 
     assert_eq!(again.run_id, first.run_id);
     assert!(again.attached);
+    assert_eq!(again.call_id.as_deref(), Some("call_7f3"));
+    assert_eq!(again.conversation.as_deref(), Some("thread-42"));
     assert!(again.result.unwrap().content.contains("\"id\":\"c-101\""));
+    assert_refusal(&other, "call_id_reused", ErrorKind::Conflict);
+    assert_refusal(&other_tool, "call_id_reused", ErrorKind::Conflict);
+    let history = p.history(&acme(), &first.run_id).await.unwrap();
+    assert_eq!(history.actions.len(), 1, "no second call");
+    assert!(
+        history
+            .run
+            .task
+            .starts_with("get_claim through the gate API (conversation thread-42): "),
+        "reviewers read the conversation with the task: {}",
+        history.run.task
+    );
 }
 
 async fn given_calls_that_do_not_fit_or_that_policy_denies_or_a_person_rejects_then_each_is_told_why_and_nothing_runs(
@@ -223,6 +251,32 @@ async fn given_a_caller_waiting_on_a_call_when_another_process_decides_it_then_t
     assert_eq!(waited.status, CallStatus::AwaitingApproval);
 }
 
+async fn given_a_caller_waiting_on_a_call_when_this_process_decides_it_then_the_waiter_is_woken_before_any_re_read(
+    h: &Harness,
+) {
+    let p = Arc::new(h.process().await);
+    let first = gated(&p, pay_c102()).await;
+    let approval = first.approval.clone().unwrap();
+    let started = tokio::time::Instant::now();
+    let waiter = {
+        let p = p.clone();
+        let run = first.run_id.clone();
+        tokio::spawn(async move {
+            let state = p
+                .wait_for_call(&acme(), &run, StdDuration::from_secs(20))
+                .await;
+            (state, started.elapsed())
+        })
+    };
+    tokio::time::sleep(StdDuration::from_millis(50)).await;
+
+    h.decided(&p, "dana", &approval.id, approve("d-1")).await;
+
+    let (state, took) = waiter.await.unwrap();
+    assert_eq!(state.unwrap().status, CallStatus::Succeeded);
+    assert!(took < REREAD, "woken, not re-read: {took:?}");
+}
+
 async fn given_a_settled_call_known_by_its_arguments_when_the_same_call_comes_after_the_window_then_it_is_a_new_call(
     h: &Harness,
 ) {
@@ -245,9 +299,10 @@ on_both_stores!([
     given_an_allowed_call_from_outside_when_it_is_made_then_it_runs_once_and_its_result_comes_back,
     given_a_gated_call_when_it_is_made_again_before_and_after_its_approval_then_one_approval_and_one_payment_and_the_outcome_comes_back,
     given_two_identical_calls_at_once_when_both_are_taken_then_they_are_one_call,
-    given_a_call_with_the_callers_own_id_when_it_comes_again_then_it_is_the_same_call_whatever_its_arguments,
+    given_a_call_with_the_callers_own_id_when_it_comes_again_then_it_is_the_same_call_and_with_other_arguments_a_conflict,
     given_calls_that_do_not_fit_or_that_policy_denies_or_a_person_rejects_then_each_is_told_why_and_nothing_runs,
     given_a_gated_call_a_reviewer_lowers_when_it_is_read_then_version_2_ran_with_the_lowered_arguments,
     given_a_caller_waiting_on_a_call_when_another_process_decides_it_then_the_wait_ends_with_the_outcome,
+    given_a_caller_waiting_on_a_call_when_this_process_decides_it_then_the_waiter_is_woken_before_any_re_read,
     given_a_settled_call_known_by_its_arguments_when_the_same_call_comes_after_the_window_then_it_is_a_new_call,
 ]);

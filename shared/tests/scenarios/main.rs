@@ -22,6 +22,7 @@ macro_rules! on_both_stores {
     };
 }
 
+mod claims;
 mod crashes;
 mod decisions;
 mod edits;

@@ -112,10 +112,13 @@ pub(crate) fn approval_index(approval: &Approval) -> Option<IndexKey> {
 /// The index entry of an action in its current state, if it has one.
 pub(crate) fn action_index(shards: IndexShards, action: &Action) -> Option<IndexKey> {
     match action.status {
+        // A caller's claim is awaited until its lease ends, a call run here until it is stale.
         ActionStatus::Executing => Some(reconcile_key(
             shards,
             action,
-            action.updated_at + STALE_EXECUTION,
+            action
+                .caller_claim()
+                .map_or(action.updated_at + STALE_EXECUTION, |c| c.lease_expires_at),
         )),
         ActionStatus::Unknown => Some(reconcile_key(shards, action, action.updated_at)),
         _ => None,

@@ -1,0 +1,340 @@
+//! The gate API over a real `countersign serve` in front of examples/refunds, whose refund tool
+//! its caller runs: a call proposed over HTTP, a finance manager's decision from the CLI in
+//! another process, the long-poll that answers it, the claim and the outcome report; and many
+//! long-polls held at once while the server answers others promptly.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Countersign, listening_url};
+use serde_json::{Value, json};
+
+fn example() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/refunds")
+}
+
+/// A state directory whose processes load examples/refunds and its people.
+fn refunds(name: &str) -> Countersign {
+    Countersign::fresh(name).with_env(vec![
+        ("COUNTERSIGN_STORE", "embedded".into()),
+        ("COUNTERSIGN_AGENTS", example().display().to_string()),
+        (
+            "COUNTERSIGN_PEOPLE",
+            example().join("people.toml").display().to_string(),
+        ),
+        ("COUNTERSIGN_PUBLIC_URL", "http://review.example".into()),
+    ])
+}
+
+/// `countersign serve` over `cs`'s state, and a client of it as one person.
+struct Serve {
+    child: Child,
+    base: String,
+    http: reqwest::Client,
+}
+
+impl Serve {
+    fn start(cs: &Countersign) -> Self {
+        let mut child = common::countersign(cs.state())
+            .args(["serve", "--addr", "127.0.0.1:0", "--sweep-every", "0s"])
+            .envs(cs.env().iter().map(|(k, v)| (k, v)))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("countersign serve starts");
+        let base = listening_url(&mut child, "countersign serve", Duration::from_secs(60));
+        let http = reqwest::Client::builder()
+            .pool_idle_timeout(Duration::from_secs(3))
+            .build()
+            .unwrap();
+        Self { child, base, http }
+    }
+
+    async fn send(&self, token: &str, request: reqwest::RequestBuilder) -> (u16, Value) {
+        let response = request.bearer_auth(token).send().await.expect("answered");
+        let status = response.status().as_u16();
+        (status, response.json().await.expect("a JSON answer"))
+    }
+
+    async fn post(&self, token: &str, path: &str, body: Value) -> (u16, Value) {
+        let request = self.http.post(format!("{}{path}", self.base)).json(&body);
+        self.send(token, request).await
+    }
+
+    async fn get(&self, token: &str, path: &str) -> (u16, Value) {
+        let request = self.http.get(format!("{}{path}", self.base));
+        self.send(token, request).await
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn token(cs: &Countersign, name: &str) -> String {
+    cs.printed(&["token", "--as", name]).trim().to_string()
+}
+
+fn refund(call_id: &str, cents: i64) -> Value {
+    json!({
+        "agent": "refunds",
+        "tool": "refund",
+        "args": {"order_id": "A-1001", "amount_cents": cents},
+        "call_id": call_id,
+        "conversation": "thread-42",
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_proposed_over_http_and_lowered_from_the_cli_is_claimed_once_and_reported() {
+    let cs = refunds("gate-api-flow");
+    let server = Serve::start(&cs);
+    let runner = token(&cs, "agent-runner");
+
+    let (status, proposed) = server
+        .post(&runner, "/gate/calls", refund("call_1", 12_500))
+        .await;
+    assert_eq!(status, 202, "{proposed}");
+    assert_eq!(proposed["status"], "awaiting_approval");
+    assert_eq!(proposed["executor"], "caller");
+    assert_eq!(proposed["conversation"], "thread-42");
+    let approval = proposed["approval"]["id"].as_str().unwrap().to_string();
+    assert_eq!(proposed["approval"]["approver_role"], "finance_manager");
+    assert_eq!(
+        proposed["approval"]["link"],
+        format!("http://review.example/#approval={approval}")
+    );
+    let call = format!("/gate/calls/{}", proposed["id"].as_str().unwrap());
+
+    // The same id with other arguments is another call: refused, nothing opened.
+    let (status, reused) = server
+        .post(&runner, "/gate/calls", refund("call_1", 9_000))
+        .await;
+    assert_eq!(
+        (status, &reused["error"]["code"]),
+        (409, &json!("call_id_reused"))
+    );
+    let (status, again) = server
+        .post(&runner, "/gate/calls", refund("call_1", 12_500))
+        .await;
+    assert_eq!((status, &again["attached"]), (202, &json!(true)), "{again}");
+
+    // A long-poll held while fran lowers it to USD 75 from the CLI, in another process.
+    let polling = {
+        let (http, url, runner) = (
+            server.http.clone(),
+            format!("{}{call}?wait=25s", server.base),
+            runner.clone(),
+        );
+        tokio::spawn(async move {
+            let answer: Value = http
+                .get(url)
+                .bearer_auth(runner)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            (answer, Instant::now())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let decided = {
+        let cs_state = cs.state().to_path_buf();
+        let env = cs.env().to_vec();
+        let approval = approval.clone();
+        tokio::task::spawn_blocking(move || {
+            let output = common::countersign(&cs_state)
+                .envs(env.iter().map(|(k, v)| (k, v)))
+                .args([
+                    "review", "edit", &approval, "--amount", "75", "--as", "fran",
+                ])
+                .output()
+                .unwrap();
+            assert!(
+                output.status.success(),
+                "{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            Instant::now()
+        })
+        .await
+        .unwrap()
+    };
+    let (polled, answered) = polling.await.unwrap();
+    assert_eq!(polled["status"], "approved", "{polled}");
+    assert_eq!(polled["version"], 2);
+    let lag = answered.saturating_duration_since(decided);
+    assert!(
+        lag < Duration::from_millis(1500),
+        "another process's decision seen after {lag:?}"
+    );
+
+    let (status, claimed) = server
+        .post(
+            &runner,
+            &format!("{call}/claim"),
+            json!({"claimant": "worker-1"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{claimed}");
+    assert_eq!(claimed["status"], "running");
+    assert_eq!(claimed["args"]["amount_cents"], 7_500);
+    let key = format!("{}:2", claimed["action_id"].as_str().unwrap());
+    assert_eq!(claimed["key"], key);
+    assert_eq!(claimed["claim"]["claimant"], "worker-1");
+    let (status, other) = server
+        .post(
+            &runner,
+            &format!("{call}/claim"),
+            json!({"claimant": "worker-2"}),
+        )
+        .await;
+    assert_eq!((status, &other["error"]["code"]), (409, &json!("claimed")));
+    assert_eq!(
+        other["call"]["status"], "running",
+        "the call comes with the refusal"
+    );
+    let fran = token(&cs, "fran");
+    let (status, stranger) = server
+        .post(
+            &fran,
+            &format!("{call}/claim"),
+            json!({"claimant": "worker-1"}),
+        )
+        .await;
+    assert_eq!(
+        (status, &stranger["error"]["code"]),
+        (403, &json!("not_requester"))
+    );
+
+    let report =
+        json!({"claimant": "worker-1", "status": "succeeded", "result": {"refund_id": "re_1"}});
+    let (status, settled) = server
+        .post(&runner, &format!("{call}/outcome"), report.clone())
+        .await;
+    assert_eq!(status, 200, "{settled}");
+    assert_eq!(settled["status"], "succeeded");
+    assert_eq!(settled["result"]["content"], r#"{"refund_id":"re_1"}"#);
+    let (status, _) = server
+        .post(&runner, &format!("{call}/outcome"), report)
+        .await;
+    assert_eq!(status, 200, "the same report again");
+    let failed = json!({"claimant": "worker-1", "status": "failed", "result": "declined"});
+    let (status, refused) = server
+        .post(&runner, &format!("{call}/outcome"), failed)
+        .await;
+    assert_eq!(
+        (status, &refused["error"]["code"]),
+        (409, &json!("outcome_recorded"))
+    );
+
+    let audit = cs.ok(&["audit", proposed["id"].as_str().unwrap()]);
+    assert_eq!(audit["run"]["status"], "done", "{audit}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_gate_requests_are_refused_with_their_codes() {
+    let cs = refunds("gate-api-bad");
+    let server = Serve::start(&cs);
+    let runner = token(&cs, "agent-runner");
+    let mut no_id = refund("x", 100);
+    no_id.as_object_mut().unwrap().remove("call_id");
+
+    let (missing, _) = server.post(&runner, "/gate/calls", no_id).await;
+    let (unknown_agent, _) = server
+        .post(
+            &runner,
+            "/gate/calls",
+            json!({"agent": "payroll", "tool": "refund", "args": {}, "call_id": "c"}),
+        )
+        .await;
+    let (bad_wait, _) = server.get(&runner, "/gate/calls/run-nope?wait=soon").await;
+    let (no_call, _) = server.get(&runner, "/gate/calls/run-nope").await;
+    let (lacking, told) = server
+        .post(
+            &runner,
+            "/gate/calls",
+            json!({"agent": "refunds", "tool": "wire_money", "args": {}, "call_id": "c"}),
+        )
+        .await;
+
+    assert_eq!(missing, 400);
+    assert_eq!(unknown_agent, 404);
+    assert_eq!(bad_wait, 400);
+    assert_eq!(no_call, 404);
+    assert_eq!(
+        (lacking, &told["status"]),
+        (200, &json!("refused")),
+        "{told}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_long_polls_are_held_while_others_are_answered_and_a_decision_here_wakes_them_at_once()
+ {
+    let cs = refunds("gate-api-many");
+    let server = Serve::start(&cs);
+    let runner = token(&cs, "agent-runner");
+    let fran = token(&cs, "fran");
+    let (_, proposed) = server
+        .post(&runner, "/gate/calls", refund("call_many", 12_500))
+        .await;
+    let approval = proposed["approval"]["id"].as_str().unwrap().to_string();
+    let url = format!(
+        "{}/gate/calls/{}?wait=20s",
+        server.base,
+        proposed["id"].as_str().unwrap()
+    );
+
+    let polls: Vec<_> = (0..200)
+        .map(|_| {
+            let (http, url, runner) = (server.http.clone(), url.clone(), runner.clone());
+            tokio::spawn(async move {
+                let answer: Value = http
+                    .get(url)
+                    .bearer_auth(runner)
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+                (answer, Instant::now())
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let asked = Instant::now();
+    let (status, listed) = server.get(&fran, "/approvals").await;
+    let took = asked.elapsed();
+    assert_eq!(status, 200, "{listed}");
+    assert!(
+        took < Duration::from_secs(1),
+        "answered in {took:?} beside 200 long-polls"
+    );
+
+    let decision = json!({"decision_id": "d-1", "action_version": 1, "choice": "approve"});
+    let (status, decided) = server
+        .post(&fran, &format!("/approvals/{approval}/decisions"), decision)
+        .await;
+    let decided_at = Instant::now();
+    assert_eq!(status, 200, "{decided}");
+    for poll in polls {
+        let (answer, at) = poll.await.unwrap();
+        assert_eq!(answer["status"], "approved", "{answer}");
+        let lag = at.saturating_duration_since(decided_at);
+        assert!(
+            lag < Duration::from_millis(500),
+            "woken {lag:?} after the decision"
+        );
+    }
+}
