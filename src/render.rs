@@ -725,6 +725,16 @@ fn event_line(entry: &AuditEntry, tools: &std::collections::BTreeMap<String, Str
                 Plain(why)
             )
         }
+        AuditEvent::ModelTurn { usage, stop_reason } => {
+            let count = |n: Option<u64>| n.map_or("?".to_string(), |n| n.to_string());
+            format!(
+                "{} answered ({}): {} tokens in, {} out",
+                Plain(&usage.model),
+                shared::domain::names::serde_name(stop_reason),
+                count(usage.input_tokens),
+                count(usage.output_tokens)
+            )
+        }
         AuditEvent::Resumed { results } => format!(
             "{results} result{} back to the agent",
             if *results == 1 { "" } else { "s" }

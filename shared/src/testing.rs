@@ -59,6 +59,7 @@ impl Model for Script {
                     text: "The script is over.".into(),
                 }],
                 stop_reason: StopReason::EndTurn,
+                usage: None,
             });
         };
         let mut content = vec![Block::Text {
@@ -77,6 +78,7 @@ impl Model for Script {
         Ok(ModelReply {
             content,
             stop_reason: StopReason::ToolUse,
+            usage: None,
         })
     }
 }
@@ -118,6 +120,7 @@ impl Model for ScriptedAgent {
                     },
                 ],
                 stop_reason: StopReason::ToolUse,
+                usage: None,
             });
         }
         let told = request
@@ -135,6 +138,7 @@ impl Model for ScriptedAgent {
                 text: format!("Reimbursement outcome: {told}"),
             }],
             stop_reason: StopReason::EndTurn,
+            usage: None,
         })
     }
 }

@@ -5,6 +5,8 @@ pub mod dynamodb;
 pub mod env_template;
 pub mod http_tool;
 pub mod mcp_tool;
+pub mod model_api;
+pub mod openai;
 pub mod scheduler;
 pub mod scripted;
 pub mod slack;
