@@ -920,6 +920,30 @@ mod tests {
     }
 
     #[test]
+    fn a_model_turn_says_which_model_answered_and_the_tokens_it_counted() {
+        use shared::domain::conversation::{StopReason, TurnUsage};
+        let event = AuditEvent::ModelTurn {
+            usage: TurnUsage {
+                model: "gpt-4o-2024-08-06".into(),
+                input_tokens: Some(812),
+                output_tokens: None,
+            },
+            stop_reason: StopReason::ToolUse,
+        };
+        let run = RunId::parse("run-1").unwrap();
+        let entry = AuditEntry::new(
+            &run,
+            shared::domain::identity::Actor::Agent,
+            event,
+            chrono::Utc::now(),
+        );
+        assert_eq!(
+            event_line(&entry, &Default::default()),
+            "gpt-4o-2024-08-06 answered (tool_use): 812 tokens in, ? out"
+        );
+    }
+
+    #[test]
     fn a_whole_output_keeps_its_line_breaks_and_escapes_the_rest() {
         assert_eq!(
             terminal("one\u{1b}[1m\ntwo\u{7}\r\n"),
