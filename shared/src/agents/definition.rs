@@ -10,6 +10,7 @@ use serde_json::Value;
 use super::mcp::{self, BoundMcpTool, LazyServer, McpTools};
 use super::{DEFINITION_FILE, DefinitionError, Files, Wiring, schema};
 use crate::adapters::anthropic::AnthropicModel;
+use crate::adapters::bedrock::BedrockModel;
 use crate::adapters::env_template::{self, BindingError, Lookup};
 use crate::adapters::http_tool::{HttpBinding, HttpTool, parse_duration};
 use crate::adapters::mcp_tool::{McpServerBinding, McpToolBinding};
@@ -37,6 +38,8 @@ pub enum Provider {
     /// no key), else the offline model.
     #[serde(rename = "openai")]
     OpenAi,
+    /// Amazon Bedrock's Converse API, with the process's AWS credentials and region.
+    Bedrock,
     /// Always the offline script, even with a key.
     Scripted,
 }
@@ -436,6 +439,13 @@ impl Definition {
     fn model(&self, env: Lookup<'_>) -> Result<Option<Arc<dyn Model>>, DefinitionError> {
         let settings = &self.model;
         let refused = |field: &str, why: String| DefinitionError::new(&self.file, field, why);
+        let on_bedrock = env(BEDROCK_MODEL_VAR).filter(|id| !id.trim().is_empty());
+        match (settings.provider, on_bedrock) {
+            (Provider::Scripted, _) => {}
+            (_, Some(id)) => return Ok(Some(Arc::new(self.bedrock(id.trim())))),
+            (Provider::Bedrock, None) => return Ok(Some(Arc::new(self.bedrock(&settings.id)))),
+            _ => {}
+        }
         match (settings.provider, &settings.endpoint) {
             (Provider::Anthropic, _) => {
                 let found = AnthropicModel::from_env_for(
@@ -479,7 +489,16 @@ impl Definition {
             Some(Offline::Expense) => Some(Arc::new(OfflineExpenseAgent)),
         })
     }
+
+    fn bedrock(&self, id: &str) -> BedrockModel {
+        BedrockModel::new(id, self.model.max_tokens, self.model.turn_timeout)
+    }
 }
+
+/// Set (a model id or inference profile), every definition whose provider is a model API is
+/// played by Bedrock with that model: how an AWS deployment moves its agents to Bedrock
+/// without editing them.
+pub const BEDROCK_MODEL_VAR: &str = "COUNTERSIGN_BEDROCK_MODEL";
 
 fn model_settings(
     raw: RawModel,
@@ -530,7 +549,7 @@ fn model_settings(
             let only_openai = |field: &str| {
                 err(
                     field,
-                    "is for provider = \"openai\" only (Anthropic's endpoint is ANTHROPIC_BASE_URL)"
+                    "is for provider = \"openai\" only (Anthropic's endpoint is ANTHROPIC_BASE_URL; Bedrock's region AWS_REGION)"
                         .into(),
                 )
             };
@@ -552,6 +571,12 @@ fn model_settings(
             return Err(err(
                 "model.id",
                 "an OpenAI-compatible API needs the model's id, such as \"gpt-4o\"".into(),
+            ));
+        }
+        (None, Provider::Bedrock) => {
+            return Err(err(
+                "model.id",
+                "Bedrock needs the model's id or inference profile, such as \"us.anthropic.claude-sonnet-4-5-20250929-v1:0\"".into(),
             ));
         }
         (None, _) => crate::adapters::anthropic::DEFAULT_MODEL.into(),
@@ -1203,5 +1228,32 @@ description = "Refund an order."
              base_url = \"http://127.0.0.1:11434/v1\"\napi_key_env = \"\"\n",
         );
         assert!(keyless.model(&|_| None).unwrap().is_some());
+    }
+
+    #[test]
+    fn bedrock_plays_a_bedrock_definition_and_any_api_definition_once_the_deployment_names_its_model()
+     {
+        let bedrock = listed(
+            "[model]\nprovider = \"bedrock\"\nid = \"us.anthropic.claude-sonnet-4-5-20250929-v1:0\"\n",
+        );
+        let model = bedrock.model(&|_| None).unwrap().unwrap();
+        assert_eq!(model.name(), "us.anthropic.claude-sonnet-4-5-20250929-v1:0");
+        let no_id = refused("[model]\nprovider = \"bedrock\"\n", POLICY);
+        assert_eq!(no_id.field, "model.id");
+
+        let deployed = |var: &str| {
+            (var == BEDROCK_MODEL_VAR).then(|| "anthropic.claude-3-5-haiku-20241022-v1:0".into())
+        };
+        for table in [
+            "[model]\nprovider = \"anthropic\"\n",
+            "[model]\nprovider = \"openai\"\nid = \"gpt-4o\"\n",
+        ] {
+            let model = listed(table).model(&deployed).unwrap().unwrap();
+            assert_eq!(
+                model.name(),
+                "anthropic.claude-3-5-haiku-20241022-v1:0",
+                "{table}"
+            );
+        }
     }
 }

@@ -10,8 +10,8 @@
 //! recovery_owner = "finance_manager"   # who answers "did this take effect?"
 //!
 //! [model]
-//! provider = "anthropic"               # or "openai" (with base_url, api_key_env), or
-//!                                      # "scripted": always the offline script
+//! provider = "anthropic"               # or "openai" (with base_url, api_key_env), "bedrock",
+//!                                      # or "scripted": always the offline script
 //! id = "claude-sonnet-4-5"
 //! turn_timeout = "90s"                 # one turn, its retries included
 //! max_turns = 12
@@ -55,7 +55,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use definition::{
-    ApiEndpoint, Definition, ModelSettings, Offline, Provider, ToolBinding, ToolDefinition,
+    ApiEndpoint, BEDROCK_MODEL_VAR, Definition, ModelSettings, Offline, Provider, ToolBinding,
+    ToolDefinition,
 };
 
 use crate::adapters::env_template::Lookup;
