@@ -49,17 +49,17 @@ use serde_json::{Value, json};
 use shared::agents::{Definition, Dir, Wiring};
 use shared::domain::approval::{Approval, Choice, DecisionRequest};
 use shared::domain::audit::AuditEvent;
-use shared::domain::conversation::{StopReason, TurnUsage};
+use shared::domain::conversation::{Block, Message, StopReason, TurnUsage};
 use shared::domain::ids::{ActionVersion, AgentName, DecisionId, PersonId};
 use shared::domain::money::Amount;
 use shared::domain::run::RunStatus;
-use shared::engine::{Delivery, Engine, History, StartRun};
+use shared::engine::{Delivery, Engine, History, RunReport, StartRun};
 use shared::example::expense::{default_claims, default_directory};
 use shared::ports::clock::{Clock, SystemClock};
-use shared::ports::model::{Model, ToolSpec};
+use shared::ports::model::{Model, ModelError, ModelReply, ModelRequest, ToolSpec};
 
 use dynamodb_backend::DynamoDb;
-use harness::{Backend, Embedded, acme};
+use harness::{Backend, Embedded, acme, event_names};
 
 // ---------------------------------------------------------------------------------------------
 // A model API that answers from a script
@@ -145,6 +145,33 @@ fn order_tool() -> Vec<ToolSpec> {
         description: "Reads an order.".into(),
         input_schema: json!({"type": "object", "properties": {"order_id": {"type": "string"}}}),
     }]
+}
+
+/// One turn of `model` on a task with the order tool.
+async fn one_turn(model: &dyn Model) -> Result<ModelReply, ModelError> {
+    let messages = [Message::user_text("Refund USD 125 for order ord_55.")];
+    let tools = order_tool();
+    model
+        .respond(ModelRequest {
+            system: "You refund orders.",
+            tools: &tools,
+            messages: &messages,
+        })
+        .await
+}
+
+/// The walkthrough's first turn as the engine reads it: words, then the call `id` of get_order.
+fn looking_up_ord_55(id: &str) -> Vec<Block> {
+    vec![
+        Block::Text {
+            text: "I'll look up order ord_55.".into(),
+        },
+        Block::ToolUse {
+            id: id.into(),
+            name: "get_order".into(),
+            input: json!({"order_id": "ord_55"}),
+        },
+    ]
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -305,6 +332,17 @@ async fn mia_lowers_the_refund_to_75(engine: &Engine, orders: &Orders) -> (Appro
     assert_eq!(refunds[0].1["amount_cents"], 7_500);
     let history = engine.history(&acme(), &paused.run_id).await.unwrap();
     (approval, history)
+}
+
+/// A run whose model called with arguments that are not an object, told so in `told` (the text
+/// of the result it was sent): the run went on to its end, the call was audited as refused
+/// before policy, and nothing was refunded.
+async fn told_not_an_object(engine: &Engine, report: &RunReport, orders: &Orders, told: &str) {
+    assert_eq!(report.status, RunStatus::Done, "{report:?}");
+    assert!(told.contains("must be a JSON object"), "{told}");
+    let history = engine.history(&acme(), &report.run_id).await.unwrap();
+    assert!(event_names(&history.entries).contains(&"refused"));
+    assert!(orders.refunds().is_empty());
 }
 
 /// Each `model_turn` of the audit: what the API reported, and why the model stopped.
