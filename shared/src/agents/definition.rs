@@ -442,8 +442,8 @@ impl Definition {
         let on_bedrock = env(BEDROCK_MODEL_VAR).filter(|id| !id.trim().is_empty());
         match (settings.provider, on_bedrock) {
             (Provider::Scripted, _) => {}
-            (_, Some(id)) => return Ok(Some(Arc::new(self.bedrock(id.trim())))),
-            (Provider::Bedrock, None) => return Ok(Some(Arc::new(self.bedrock(&settings.id)))),
+            (_, Some(id)) => return Ok(Some(Arc::new(settings.bedrock(id.trim())))),
+            (Provider::Bedrock, None) => return Ok(Some(Arc::new(settings.bedrock(&settings.id)))),
             _ => {}
         }
         match (settings.provider, &settings.endpoint) {
@@ -489,9 +489,12 @@ impl Definition {
             Some(Offline::Expense) => Some(Arc::new(OfflineExpenseAgent)),
         })
     }
+}
 
+impl ModelSettings {
+    /// Bedrock playing model `id` with these settings.
     fn bedrock(&self, id: &str) -> BedrockModel {
-        BedrockModel::new(id, self.model.max_tokens, self.model.turn_timeout)
+        BedrockModel::new(id, self.max_tokens, self.turn_timeout)
     }
 }
 
