@@ -725,6 +725,16 @@ fn event_line(entry: &AuditEntry, tools: &std::collections::BTreeMap<String, Str
                 Plain(why)
             )
         }
+        AuditEvent::ModelTurn { usage, stop_reason } => {
+            let count = |n: Option<u64>| n.map_or("?".to_string(), |n| n.to_string());
+            format!(
+                "{} answered ({}): {} tokens in, {} out",
+                Plain(&usage.model),
+                shared::domain::names::serde_name(stop_reason),
+                count(usage.input_tokens),
+                count(usage.output_tokens)
+            )
+        }
         AuditEvent::Resumed { results } => format!(
             "{results} result{} back to the agent",
             if *results == 1 { "" } else { "s" }
@@ -907,6 +917,30 @@ mod tests {
             escalated: Vec::new(),
         };
         assert_eq!(sweep(&nothing), "Nothing was due.\n");
+    }
+
+    #[test]
+    fn a_model_turn_says_which_model_answered_and_the_tokens_it_counted() {
+        use shared::domain::conversation::{StopReason, TurnUsage};
+        let event = AuditEvent::ModelTurn {
+            usage: TurnUsage {
+                model: "gpt-4o-2024-08-06".into(),
+                input_tokens: Some(812),
+                output_tokens: None,
+            },
+            stop_reason: StopReason::ToolUse,
+        };
+        let run = RunId::parse("run-1").unwrap();
+        let entry = AuditEntry::new(
+            &run,
+            shared::domain::identity::Actor::Agent,
+            event,
+            chrono::Utc::now(),
+        );
+        assert_eq!(
+            event_line(&entry, &Default::default()),
+            "gpt-4o-2024-08-06 answered (tool_use): 812 tokens in, ? out"
+        );
     }
 
     #[test]

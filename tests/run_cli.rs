@@ -3,7 +3,10 @@
 
 mod common;
 
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use common::agents::TempDir;
 use common::orders::OrdersService;
@@ -203,4 +206,104 @@ fn a_policy_linked_outside_the_agents_directory_is_refused_and_never_printed() {
     );
     let printed = format!("{}{}", refused.stderr, refused.json);
     assert!(!printed.contains("root:x"), "{printed}");
+}
+
+/// A Converse stand-in on loopback: every request is answered with the model's last words; the
+/// head of each (request line and headers, lower-cased names) is kept.
+fn converse_stand_in(words: &'static str) -> (String, Arc<Mutex<Vec<Vec<String>>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let heads = Arc::new(Mutex::new(Vec::new()));
+    let seen = heads.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut head = Vec::new();
+            let mut length = 0;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line.trim_end().is_empty() {
+                    break;
+                }
+                let line = line.trim_end().to_string();
+                if let Some((name, value)) = line.split_once(':') {
+                    if name.eq_ignore_ascii_case("content-length") {
+                        length = value.trim().parse().unwrap_or(0);
+                    }
+                    head.push(format!("{}:{value}", name.to_ascii_lowercase()));
+                } else {
+                    head.push(line);
+                }
+            }
+            let mut body = vec![0; length];
+            let _ = reader.read_exact(&mut body);
+            seen.lock().unwrap().push(head);
+            let answer = json!({
+                "output": {"message": {"role": "assistant", "content": [{"text": words}]}},
+                "stopReason": "end_turn",
+                "usage": {"inputTokens": 640, "outputTokens": 12, "totalTokens": 652},
+                "metrics": {"latencyMs": 310},
+            })
+            .to_string();
+            let mut stream = stream;
+            let _ = write!(
+                stream,
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",
+                answer.len()
+            );
+        }
+    });
+    (url, heads)
+}
+
+#[test]
+fn a_deployment_that_names_a_bedrock_model_runs_an_anthropic_agent_on_bedrock_signed_with_its_credentials()
+ {
+    const PROFILE: &str = "us.anthropic.claude-sonnet-4-5-20250929-v1:0";
+    let (bedrock, heads) = converse_stand_in("Claim c-101 needs nothing more from me.");
+    let cs = Countersign::fresh("run-bedrock").with_env(vec![
+        ("COUNTERSIGN_STORE", "embedded".to_string()),
+        ("COUNTERSIGN_BEDROCK_MODEL", PROFILE.to_string()),
+        ("AWS_ENDPOINT_URL_BEDROCK_RUNTIME", bedrock),
+        ("AWS_REGION", "us-east-1".to_string()),
+        ("AWS_ACCESS_KEY_ID", "ASIAFUNCTIONROLE".to_string()),
+        ("AWS_SECRET_ACCESS_KEY", "role-secret".to_string()),
+    ]);
+
+    let ran = cs.ok(&[
+        "run",
+        "--agent",
+        "expense",
+        "Process expense claim c-101.",
+        "--as",
+        "ana",
+    ]);
+
+    assert_eq!(ran["status"], "done", "{ran}");
+    assert_eq!(ran["answer"], "Claim c-101 needs nothing more from me.");
+    let heads = heads.lock().unwrap().clone();
+    assert_eq!(heads.len(), 1, "one turn: {heads:?}");
+    assert_eq!(
+        heads[0][0],
+        "POST /model/us.anthropic.claude-sonnet-4-5-20250929-v1%3A0/converse HTTP/1.1"
+    );
+    let signed = heads[0]
+        .iter()
+        .find_map(|h| h.strip_prefix("authorization: "))
+        .expect("a signed request");
+    assert!(
+        signed.starts_with("AWS4-HMAC-SHA256 Credential=ASIAFUNCTIONROLE/")
+            && signed.contains("/us-east-1/bedrock/aws4_request"),
+        "{signed}"
+    );
+    let history = cs.ok(&["audit", ran["run_id"].as_str().unwrap()]);
+    let turn = history["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["event"] == "model_turn")
+        .expect("the turn is audited");
+    assert_eq!(turn["model"], PROFILE);
+    assert_eq!(turn["input_tokens"], 640);
+    assert_eq!(turn["output_tokens"], 12);
 }

@@ -63,6 +63,7 @@ impl Model for Script {
                     text: "The script is over.".into(),
                 }],
                 stop_reason: StopReason::EndTurn,
+                usage: None,
             });
         };
         let mut content = vec![Block::Text {
@@ -81,6 +82,7 @@ impl Model for Script {
         Ok(ModelReply {
             content,
             stop_reason: StopReason::ToolUse,
+            usage: None,
         })
     }
 }
@@ -127,6 +129,7 @@ impl Model for ScriptedAgent {
                     },
                 ],
                 stop_reason: StopReason::ToolUse,
+                usage: None,
             });
         }
         let told = request
@@ -144,6 +147,7 @@ impl Model for ScriptedAgent {
                 text: format!("Reimbursement outcome: {told}"),
             }],
             stop_reason: StopReason::EndTurn,
+            usage: None,
         })
     }
 }

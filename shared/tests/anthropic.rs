@@ -13,7 +13,8 @@ use shared::adapters::anthropic::AnthropicModel;
 use shared::adapters::sqlite::SqliteStore;
 use shared::agents::{self, Wiring};
 use shared::domain::approval::{Choice, DecisionRequest};
-use shared::domain::conversation::{Block, Message, StopReason};
+use shared::domain::audit::AuditEvent;
+use shared::domain::conversation::{Block, Message, StopReason, TurnUsage};
 use shared::domain::ids::{ActionVersion, DecisionId};
 use shared::domain::run::RunStatus;
 use shared::engine::Engine;
@@ -71,7 +72,7 @@ fn tool_use(id: &str, name: &str, input: Value) -> Value {
 fn turn(text: &str, blocks: Vec<Value>, stop: &str) -> Value {
     let mut content = vec![json!({"type": "text", "text": text})];
     content.extend(blocks);
-    json!({"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-test", "content": content, "stop_reason": stop})
+    json!({"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-test-20250929", "content": content, "stop_reason": stop, "usage": {"input_tokens": 1200, "output_tokens": 80}})
 }
 
 fn spec() -> Vec<ToolSpec> {
@@ -260,6 +261,29 @@ async fn a_run_driven_by_the_api_pauses_then_sends_the_held_and_decided_results_
     );
     let payments = Ledger::new(store).payments(&paused.tenant).await.unwrap();
     assert_eq!(payments.len(), 1);
+
+    let history = engine
+        .history(&paused.tenant, &paused.run_id)
+        .await
+        .unwrap();
+    let turns: Vec<(&TurnUsage, StopReason)> = history
+        .entries
+        .iter()
+        .filter_map(|e| match &e.event {
+            AuditEvent::ModelTurn { usage, stop_reason } => Some((usage, *stop_reason)),
+            _ => None,
+        })
+        .collect();
+    let usage = TurnUsage {
+        model: "claude-test-20250929".into(),
+        input_tokens: Some(1200),
+        output_tokens: Some(80),
+    };
+    assert_eq!(
+        turns,
+        [(&usage, StopReason::ToolUse), (&usage, StopReason::EndTurn)],
+        "each turn's model and tokens are in the audit"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -6,110 +6,96 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+
+use super::model_api::{ApiKey, DEFAULT_TURN_TIMEOUT, ModelApi};
 use crate::domain::conversation::{Block, StopReason};
-use crate::ports::model::{Model, ModelError, ModelReply, ModelRequest};
+use crate::ports::model::{Model, ModelError, ModelReply, ModelRequest, TurnUsage};
 
 pub const DEFAULT_BASE_URL: &str = "https://api.anthropic.com";
 pub const DEFAULT_MODEL: &str = "claude-sonnet-4-5";
 const API_VERSION: &str = "2023-06-01";
-const ATTEMPTS: u32 = 4;
 
 pub struct AnthropicModel {
-    client: reqwest::Client,
+    api: ModelApi,
     base_url: String,
-    api_key: String,
     model: String,
     max_tokens: u32,
 }
 
 impl AnthropicModel {
+    /// A client of the API at `base_url`. Panics on a key that is no header value: for tests.
     pub fn new(api_key: &str, model: &str, base_url: &str) -> Self {
-        let client = super::trust::client_builder()
-            .connect_timeout(Duration::from_secs(10))
-            .timeout(Duration::from_secs(120))
-            .build()
-            .expect("an HTTP client with default TLS");
-        Self {
-            client,
-            base_url: base_url.trim_end_matches('/').to_string(),
-            api_key: api_key.to_string(),
-            model: model.to_string(),
-            max_tokens: 1024,
-        }
+        Self::with_turn_timeout(api_key, model, base_url, DEFAULT_TURN_TIMEOUT)
+            .expect("a key that is a header value")
     }
 
-    /// When `ANTHROPIC_API_KEY` is set: the model from `ANTHROPIC_MODEL`, the endpoint from
-    /// `ANTHROPIC_BASE_URL`, each with a default.
-    pub fn from_env() -> Option<Self> {
-        let key = std::env::var("ANTHROPIC_API_KEY")
-            .ok()
-            .filter(|k| !k.trim().is_empty())?;
-        let model = std::env::var("ANTHROPIC_MODEL").unwrap_or_else(|_| DEFAULT_MODEL.to_string());
-        let base =
-            std::env::var("ANTHROPIC_BASE_URL").unwrap_or_else(|_| DEFAULT_BASE_URL.to_string());
-        Some(Self::new(&key, &model, &base))
+    pub fn with_turn_timeout(
+        api_key: &str,
+        model: &str,
+        base_url: &str,
+        turn_timeout: Duration,
+    ) -> Result<Self, String> {
+        let mut headers = HeaderMap::new();
+        headers.insert("anthropic-version", HeaderValue::from_static(API_VERSION));
+        let key = ApiKey {
+            header: HeaderName::from_static("x-api-key"),
+            prefix: "",
+            key: api_key,
+            variable: "ANTHROPIC_API_KEY",
+        };
+        Ok(Self {
+            api: ModelApi::new(Some(key), headers, turn_timeout)?,
+            base_url: base_url.trim_end_matches('/').to_string(),
+            model: model.to_string(),
+            max_tokens: 1024,
+        })
     }
 
     /// For one agent definition when `ANTHROPIC_API_KEY` is set: its model id (unless
-    /// `ANTHROPIC_MODEL` overrides every agent's) and its most tokens per reply.
-    pub fn from_env_for(model: &str, max_tokens: u32) -> Option<Self> {
-        let mut this = Self::from_env()?;
-        if std::env::var("ANTHROPIC_MODEL").is_err() {
-            this.model = model.to_string();
-        }
+    /// `ANTHROPIC_MODEL` overrides every agent's), the endpoint from `ANTHROPIC_BASE_URL` (else
+    /// Anthropic's), its most tokens per reply and its time per turn.
+    pub fn from_env_for(
+        model: &str,
+        max_tokens: u32,
+        turn_timeout: Duration,
+    ) -> Result<Option<Self>, String> {
+        let Some(key) = std::env::var("ANTHROPIC_API_KEY")
+            .ok()
+            .filter(|k| !k.trim().is_empty())
+        else {
+            return Ok(None);
+        };
+        let model = std::env::var("ANTHROPIC_MODEL").unwrap_or_else(|_| model.to_string());
+        let base =
+            std::env::var("ANTHROPIC_BASE_URL").unwrap_or_else(|_| DEFAULT_BASE_URL.to_string());
+        let mut this = Self::with_turn_timeout(key.trim(), &model, &base, turn_timeout)?;
         this.max_tokens = max_tokens;
-        Some(this)
+        Ok(Some(this))
     }
-
-    async fn send_once(&self, body: &Value) -> Result<ModelReply, Attempt> {
-        let response = self
-            .client
-            .post(format!("{}/v1/messages", self.base_url))
-            .header("x-api-key", &self.api_key)
-            .header("anthropic-version", API_VERSION)
-            .json(body)
-            .send()
-            .await
-            .map_err(|e| Attempt::Retry(ModelError::Unavailable(e.to_string()), None))?;
-        let status = response.status().as_u16();
-        let retry_after = response
-            .headers()
-            .get("retry-after")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok())
-            .map(Duration::from_secs);
-        let text = response
-            .text()
-            .await
-            .map_err(|e| Attempt::Retry(ModelError::Unavailable(e.to_string()), None))?;
-        if !(200..300).contains(&status) {
-            let message = serde_json::from_str::<Value>(&text)
-                .ok()
-                .and_then(|v| v["error"]["message"].as_str().map(str::to_string))
-                .unwrap_or(text);
-            let error = ModelError::Refused { status, message };
-            return Err(match status {
-                408 | 409 | 429 | 500..=599 => Attempt::Retry(error, retry_after),
-                _ => Attempt::Final(error),
-            });
-        }
-        parse_reply(&text).map_err(Attempt::Final)
-    }
-}
-
-enum Attempt {
-    Retry(ModelError, Option<Duration>),
-    Final(ModelError),
 }
 
 #[derive(Deserialize)]
 struct RawReply {
     content: Vec<Value>,
     stop_reason: Option<StopReason>,
+    model: Option<String>,
+    usage: Option<RawUsage>,
+}
+
+#[derive(Deserialize)]
+struct RawUsage {
+    input_tokens: Option<u64>,
+    output_tokens: Option<u64>,
+}
+
+/// The words of an error body: `{"type": "error", "error": {"message": ...}}`.
+fn error_message(body: &Value) -> Option<String> {
+    body["error"]["message"].as_str().map(str::to_string)
 }
 
 /// Keeps the text and tool-use blocks; other block kinds do not go back into the conversation.
-fn parse_reply(text: &str) -> Result<ModelReply, ModelError> {
+fn parse_reply(text: &str, asked: &str) -> Result<ModelReply, ModelError> {
     let raw: RawReply =
         serde_json::from_str(text).map_err(|e| ModelError::BadReply(e.to_string()))?;
     let mut content = Vec::new();
@@ -122,9 +108,15 @@ fn parse_reply(text: &str) -> Result<ModelReply, ModelError> {
             _ => {}
         }
     }
+    let usage = raw.usage.as_ref();
     Ok(ModelReply {
         content,
         stop_reason: raw.stop_reason.unwrap_or(StopReason::EndTurn),
+        usage: Some(TurnUsage {
+            model: raw.model.unwrap_or_else(|| asked.to_string()),
+            input_tokens: usage.and_then(|u| u.input_tokens),
+            output_tokens: usage.and_then(|u| u.output_tokens),
+        }),
     })
 }
 
@@ -142,20 +134,8 @@ impl Model for AnthropicModel {
             "tools": request.tools,
             "messages": request.messages,
         });
-        let mut backoff = Duration::from_millis(500);
-        for attempt in 1..=ATTEMPTS {
-            match self.send_once(&body).await {
-                Ok(reply) => return Ok(reply),
-                Err(Attempt::Final(error)) => return Err(error),
-                Err(Attempt::Retry(error, _)) if attempt == ATTEMPTS => return Err(error),
-                Err(Attempt::Retry(error, retry_after)) => {
-                    let wait = retry_after.unwrap_or(backoff).min(Duration::from_secs(30));
-                    tracing::warn!(attempt, ?wait, %error, "model call failed; trying again");
-                    tokio::time::sleep(wait).await;
-                    backoff *= 2;
-                }
-            }
-        }
-        unreachable!("the last attempt returns")
+        let url = format!("{}/v1/messages", self.base_url);
+        let text = self.api.post(&url, &body, error_message).await?;
+        parse_reply(&text, &self.model)
     }
 }

@@ -569,7 +569,7 @@ fn parse_method(field: &str, text: &str) -> Result<Method, BindingError> {
 }
 
 /// A duration such as `10s`, more than zero, at least `shortest` and at most `longest`.
-fn parse_duration(
+pub(crate) fn parse_duration(
     field: &str,
     text: &str,
     shortest: Duration,

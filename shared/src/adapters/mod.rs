@@ -1,10 +1,13 @@
 //! Adapters: the ports implemented on real things.
 
 pub mod anthropic;
+pub mod bedrock;
 pub mod dynamodb;
 pub mod env_template;
 pub mod http_tool;
 pub mod mcp_tool;
+pub mod model_api;
+pub mod openai;
 pub mod scheduler;
 pub mod scripted;
 pub mod slack;

@@ -317,6 +317,7 @@ impl Model for ScriptedModel {
         Ok(ModelReply {
             content,
             stop_reason,
+            usage: None,
         })
     }
 }

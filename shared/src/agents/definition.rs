@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -9,9 +10,12 @@ use serde_json::Value;
 use super::mcp::{self, BoundMcpTool, LazyServer, McpTools};
 use super::{DEFINITION_FILE, DefinitionError, Files, Wiring, schema};
 use crate::adapters::anthropic::AnthropicModel;
-use crate::adapters::env_template::BindingError;
-use crate::adapters::http_tool::{HttpBinding, HttpTool};
+use crate::adapters::bedrock::BedrockModel;
+use crate::adapters::env_template::{self, BindingError, Lookup};
+use crate::adapters::http_tool::{HttpBinding, HttpTool, parse_duration};
 use crate::adapters::mcp_tool::{McpServerBinding, McpToolBinding};
+use crate::adapters::model_api::DEFAULT_TURN_TIMEOUT;
+use crate::adapters::openai::{self, OpenAiEndpoint, OpenAiModel};
 use crate::adapters::scripted::{Script, ScriptedModel};
 use crate::domain::action::ToolOutcome;
 use crate::domain::ids::{AgentName, Role};
@@ -21,15 +25,22 @@ use crate::example::expense::{self, OfflineExpenseAgent};
 use crate::ports::model::{Model, ToolSpec};
 use crate::ports::tools::{Tool, Toolbox};
 
-/// The most model turns and tokens a definition may ask for.
+/// The most model turns and tokens a definition may ask for, and the longest time per turn.
 const MAX_TURNS: u32 = 64;
 const MAX_TOKENS: u32 = 64_000;
+const MAX_TURN_TIMEOUT: Duration = Duration::from_secs(15 * 60);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Provider {
     /// The Anthropic Messages API when `ANTHROPIC_API_KEY` is set, else the offline model.
     Anthropic,
+    /// An OpenAI-compatible Chat Completions API when its key's variable is set (or it takes
+    /// no key), else the offline model.
+    #[serde(rename = "openai")]
+    OpenAi,
+    /// Amazon Bedrock's Converse API, with the process's AWS credentials and region.
+    Bedrock,
     /// Always the offline script, even with a key.
     Scripted,
 }
@@ -49,7 +60,19 @@ pub struct ModelSettings {
     pub id: String,
     pub max_turns: u32,
     pub max_tokens: u32,
+    /// How long one turn may take, retries and their waits included.
+    pub turn_timeout: Duration,
+    /// Where an `openai` provider's API is.
+    pub endpoint: Option<ApiEndpoint>,
     pub offline: Option<Offline>,
+}
+
+/// An OpenAI-compatible API: its base URL (`${VAR}` filled when built) and the variable that
+/// holds its key, if it takes one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiEndpoint {
+    pub base_url: String,
+    pub api_key_env: Option<String>,
 }
 
 /// How a tool is reached.
@@ -137,6 +160,9 @@ fn default_policy_file() -> String {
 struct RawModel {
     provider: Option<Provider>,
     id: Option<String>,
+    base_url: Option<String>,
+    api_key_env: Option<String>,
+    turn_timeout: Option<String>,
     max_turns: Option<u32>,
     max_tokens: Option<u32>,
     offline: Option<String>,
@@ -417,30 +443,82 @@ impl Definition {
         agent.claimant_args = claimant_args;
         agent.recovery_owner = self.recovery_owner.clone();
         if wiring.drives
-            && let Some(model) = self.model()
+            && let Some(model) = self.model(wiring.env)?
         {
             agent = agent.with_model(model);
         }
         Ok(agent)
     }
 
-    /// The model that plays this agent here: Claude when `ANTHROPIC_API_KEY` is set and the
-    /// provider is `anthropic`, else the offline one, if the definition has one.
-    pub fn model(&self) -> Option<Arc<dyn Model>> {
-        if self.model.provider == Provider::Anthropic
-            && let Some(model) = AnthropicModel::from_env_for(&self.model.id, self.model.max_tokens)
-        {
-            return Some(Arc::new(model));
+    /// The model that plays this agent here: the provider's API when its key is set (Claude
+    /// with `ANTHROPIC_API_KEY`; an OpenAI-compatible API with its `api_key_env`, or without a
+    /// key when it names none), else the offline one, if the definition has one.
+    fn model(&self, env: Lookup<'_>) -> Result<Option<Arc<dyn Model>>, DefinitionError> {
+        let settings = &self.model;
+        let refused = |field: &str, why: String| DefinitionError::new(&self.file, field, why);
+        let on_bedrock = env(BEDROCK_MODEL_VAR).filter(|id| !id.trim().is_empty());
+        match (settings.provider, on_bedrock) {
+            (Provider::Scripted, _) => {}
+            (_, Some(id)) => return Ok(Some(Arc::new(settings.bedrock(id.trim())))),
+            (Provider::Bedrock, None) => return Ok(Some(Arc::new(settings.bedrock(&settings.id)))),
+            _ => {}
         }
-        match self.model.offline.as_ref()? {
-            Offline::Script(script) => Some(Arc::new(ScriptedModel::new(
+        match (settings.provider, &settings.endpoint) {
+            (Provider::Anthropic, _) => {
+                let found = AnthropicModel::from_env_for(
+                    &settings.id,
+                    settings.max_tokens,
+                    settings.turn_timeout,
+                )
+                .map_err(|why| refused("model", why))?;
+                if let Some(model) = found {
+                    return Ok(Some(Arc::new(model)));
+                }
+            }
+            (Provider::OpenAi, Some(endpoint)) => {
+                let key = match &endpoint.api_key_env {
+                    None => Some(None),
+                    Some(var) => env(var)
+                        .filter(|k| !k.trim().is_empty())
+                        .map(|k| Some((k.trim().to_string(), var.as_str()))),
+                };
+                if let Some(key) = key {
+                    let base_url = env_template::expand(&endpoint.base_url, "model.base_url", env)
+                        .map_err(|e| binding_error(&self.file, BindingError::Env(e)))?;
+                    let api = OpenAiEndpoint {
+                        base_url: &base_url,
+                        key: key.as_ref().map(|(key, var)| (key.as_str(), *var)),
+                        turn_timeout: settings.turn_timeout,
+                    };
+                    let model = OpenAiModel::new(api, &settings.id, settings.max_tokens)
+                        .map_err(|why| refused("model.base_url", why))?;
+                    return Ok(Some(Arc::new(model)));
+                }
+            }
+            _ => {}
+        }
+        Ok(match settings.offline.as_ref() {
+            None => None,
+            Some(Offline::Script(script)) => Some(Arc::new(ScriptedModel::new(
                 format!("{}-script", self.name),
                 script.clone(),
             ))),
-            Offline::Expense => Some(Arc::new(OfflineExpenseAgent)),
-        }
+            Some(Offline::Expense) => Some(Arc::new(OfflineExpenseAgent)),
+        })
     }
 }
+
+impl ModelSettings {
+    /// Bedrock playing model `id` with these settings.
+    fn bedrock(&self, id: &str) -> BedrockModel {
+        BedrockModel::new(id, self.max_tokens, self.turn_timeout)
+    }
+}
+
+/// Set (a model id or inference profile), every definition whose provider is a model API is
+/// played by Bedrock with that model: how an AWS deployment moves its agents to Bedrock
+/// without editing them.
+pub const BEDROCK_MODEL_VAR: &str = "COUNTERSIGN_BEDROCK_MODEL";
 
 fn model_settings(
     raw: RawModel,
@@ -475,14 +553,100 @@ fn model_settings(
             "the scripted provider plays a script: name its file".into(),
         ));
     }
+    let turn_timeout = match raw.turn_timeout.as_deref() {
+        None => DEFAULT_TURN_TIMEOUT,
+        Some(text) => parse_duration(
+            "model.turn_timeout",
+            text,
+            Duration::from_secs(1),
+            MAX_TURN_TIMEOUT,
+        )
+        .map_err(|e| binding_error(file, e))?,
+    };
+    let endpoint = match provider {
+        Provider::OpenAi => Some(api_endpoint(raw.base_url, raw.api_key_env, file)?),
+        _ => {
+            let only_openai = |field: &str| {
+                err(
+                    field,
+                    "is for provider = \"openai\" only (Anthropic's endpoint is ANTHROPIC_BASE_URL; Bedrock's region AWS_REGION)"
+                        .into(),
+                )
+            };
+            if raw.base_url.is_some() {
+                return Err(only_openai("model.base_url"));
+            }
+            if raw.api_key_env.is_some() {
+                return Err(only_openai("model.api_key_env"));
+            }
+            None
+        }
+    };
+    let id = match (raw.id, provider) {
+        (Some(id), _) if id.trim().is_empty() => {
+            return Err(err("model.id", "must name the model".into()));
+        }
+        (Some(id), _) => id,
+        (None, Provider::OpenAi) => {
+            return Err(err(
+                "model.id",
+                "an OpenAI-compatible API needs the model's id, such as \"gpt-4o\"".into(),
+            ));
+        }
+        (None, Provider::Bedrock) => {
+            return Err(err(
+                "model.id",
+                "Bedrock needs the model's id or inference profile, such as \"us.anthropic.claude-sonnet-4-5-20250929-v1:0\"".into(),
+            ));
+        }
+        (None, _) => crate::adapters::anthropic::DEFAULT_MODEL.into(),
+    };
     Ok(ModelSettings {
         provider,
-        id: raw
-            .id
-            .unwrap_or_else(|| crate::adapters::anthropic::DEFAULT_MODEL.into()),
+        id,
         max_turns,
         max_tokens,
+        turn_timeout,
+        endpoint,
         offline,
+    })
+}
+
+/// An `openai` provider's endpoint: an http(s) base URL (checked now unless it names a
+/// `${VAR}`), and the key's variable: a variable's name, or `""` for a server without keys.
+fn api_endpoint(
+    base_url: Option<String>,
+    api_key_env: Option<String>,
+    file: &str,
+) -> Result<ApiEndpoint, DefinitionError> {
+    let base_url = base_url.unwrap_or_else(|| openai::DEFAULT_BASE_URL.into());
+    if !env_template::mentions_env(&base_url) {
+        openai::completions_url(&base_url)
+            .map_err(|why| DefinitionError::new(file, "model.base_url", why))?;
+    }
+    let api_key_env = match api_key_env {
+        None => Some(openai::DEFAULT_KEY_VARIABLE.to_string()),
+        Some(var) if var.is_empty() => None,
+        Some(var) => {
+            let mut chars = var.chars();
+            let first = chars
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+            if !first || !chars.all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                return Err(DefinitionError::new(
+                    file,
+                    "model.api_key_env",
+                    format!(
+                        "{var:?} is not an environment variable's name (letters, digits, '_'); \"\" for a server that takes no key"
+                    ),
+                ));
+            }
+            Some(var)
+        }
+    };
+    Ok(ApiEndpoint {
+        base_url,
+        api_key_env,
     })
 }
 
@@ -1126,5 +1290,112 @@ description = "Refund an order."
 
         let named = "[mcp.orders]\nurl = \"http://x/mcp\"\ntools = [\"issue_refund\"]\n";
         assert!(load(named, POLICY).is_ok());
+    }
+
+    /// `model` over an MCP server that lists every tool of the test policy.
+    fn listed(model: &str) -> Definition {
+        loaded(&format!(
+            "{model}\n[mcp.orders]\nurl = \"http://x/mcp\"\ntools = \"*\"\n"
+        ))
+    }
+
+    #[test]
+    fn an_openai_model_table_names_its_endpoint_its_key_variable_and_its_model() {
+        let openai = listed(
+            "[model]\nprovider = \"openai\"\nid = \"llama3.1\"\n\
+             base_url = \"http://127.0.0.1:11434/v1\"\napi_key_env = \"\"\nturn_timeout = \"45s\"\n",
+        );
+        assert_eq!(openai.model.provider, Provider::OpenAi);
+        assert_eq!(openai.model.id, "llama3.1");
+        assert_eq!(openai.model.turn_timeout, Duration::from_secs(45));
+        assert_eq!(
+            openai.model.endpoint,
+            Some(ApiEndpoint {
+                base_url: "http://127.0.0.1:11434/v1".into(),
+                api_key_env: None,
+            })
+        );
+        let defaults = listed("[model]\nprovider = \"openai\"\nid = \"gpt-4o\"\n");
+        assert_eq!(
+            defaults.model.endpoint,
+            Some(ApiEndpoint {
+                base_url: openai::DEFAULT_BASE_URL.into(),
+                api_key_env: Some("OPENAI_API_KEY".into()),
+            })
+        );
+        assert_eq!(defaults.model.turn_timeout, DEFAULT_TURN_TIMEOUT);
+    }
+
+    #[test]
+    fn a_bad_model_table_is_refused_naming_its_field() {
+        for (table, field) in [
+            ("provider = \"openai\"", "model.id"),
+            (
+                "provider = \"openai\"\nid = \"gpt-4o\"\nbase_url = \"api.openai.com/v1\"",
+                "model.base_url",
+            ),
+            (
+                "provider = \"openai\"\nid = \"gpt-4o\"\napi_key_env = \"sk-live-123\"",
+                "model.api_key_env",
+            ),
+            ("base_url = \"http://127.0.0.1:4000\"", "model.base_url"),
+            ("api_key_env = \"OPENAI_API_KEY\"", "model.api_key_env"),
+            ("turn_timeout = \"20m\"", "model.turn_timeout"),
+        ] {
+            let error = refused(&format!("[model]\n{table}\n"), POLICY);
+            assert_eq!(error.field, field, "{table}: {error}");
+        }
+        let unknown = refused("[model]\nprovider = \"gemini\"\n", POLICY);
+        assert!(unknown.message.contains("openai"), "{unknown}");
+    }
+
+    #[test]
+    fn an_openai_model_is_played_by_its_api_when_its_key_is_set_and_offline_otherwise() {
+        let definition = listed(
+            "[model]\nprovider = \"openai\"\nid = \"gpt-4o\"\n\
+             base_url = \"${LLM_URL:-http://127.0.0.1:4000}/v1\"\napi_key_env = \"LLM_KEY\"\n",
+        );
+        let with_key = |var: &str| (var == "LLM_KEY").then(|| "sk-test".to_string());
+        let model = definition
+            .model(&with_key)
+            .unwrap()
+            .expect("the API plays it");
+        assert_eq!(model.name(), "gpt-4o");
+        assert!(
+            definition.model(&|_| None).unwrap().is_none(),
+            "no key and no offline script: no model here"
+        );
+        let keyless = listed(
+            "[model]\nprovider = \"openai\"\nid = \"llama3.1\"\n\
+             base_url = \"http://127.0.0.1:11434/v1\"\napi_key_env = \"\"\n",
+        );
+        assert!(keyless.model(&|_| None).unwrap().is_some());
+    }
+
+    #[test]
+    fn bedrock_plays_a_bedrock_definition_and_any_api_definition_once_the_deployment_names_its_model()
+     {
+        let bedrock = listed(
+            "[model]\nprovider = \"bedrock\"\nid = \"us.anthropic.claude-sonnet-4-5-20250929-v1:0\"\n",
+        );
+        let model = bedrock.model(&|_| None).unwrap().unwrap();
+        assert_eq!(model.name(), "us.anthropic.claude-sonnet-4-5-20250929-v1:0");
+        let no_id = refused("[model]\nprovider = \"bedrock\"\n", POLICY);
+        assert_eq!(no_id.field, "model.id");
+
+        let deployed = |var: &str| {
+            (var == BEDROCK_MODEL_VAR).then(|| "anthropic.claude-3-5-haiku-20241022-v1:0".into())
+        };
+        for table in [
+            "[model]\nprovider = \"anthropic\"\n",
+            "[model]\nprovider = \"openai\"\nid = \"gpt-4o\"\n",
+        ] {
+            let model = listed(table).model(&deployed).unwrap().unwrap();
+            assert_eq!(
+                model.name(),
+                "anthropic.claude-3-5-haiku-20241022-v1:0",
+                "{table}"
+            );
+        }
     }
 }

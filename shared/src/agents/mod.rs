@@ -10,8 +10,10 @@
 //! recovery_owner = "finance_manager"   # who answers "did this take effect?"
 //!
 //! [model]
-//! provider = "anthropic"               # or "scripted": always the offline script
+//! provider = "anthropic"               # or "openai" (with base_url, api_key_env), "bedrock",
+//!                                      # or "scripted": always the offline script
 //! id = "claude-sonnet-4-5"
+//! turn_timeout = "90s"                 # one turn, its retries included
 //! max_turns = 12
 //! max_tokens = 1024
 //! offline = "script.toml"              # plays the agent without ANTHROPIC_API_KEY
@@ -52,7 +54,10 @@ mod schema;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub use definition::{Definition, ModelSettings, Offline, Provider, ToolBinding, ToolDefinition};
+pub use definition::{
+    ApiEndpoint, BEDROCK_MODEL_VAR, Definition, ModelSettings, Offline, Provider, ToolBinding,
+    ToolDefinition,
+};
 
 use crate::adapters::env_template::Lookup;
 use crate::adapters::http_tool::SharedClient;

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::action::{Action, ActionStatus, ToolOutcome};
 use super::approval::{Choice, DecisionEffect};
 use super::args::{Args, ArgsHash};
+use super::conversation::{StopReason, TurnUsage};
 use super::identity::Actor;
 use super::ids::{ActionId, ActionVersion, ApprovalId, PersonId, Role, RunId};
 use super::names::serde_name;
@@ -170,6 +171,12 @@ pub enum AuditEvent {
         action_id: ActionId,
         version: ActionVersion,
         owner: Role,
+    },
+    /// A model API answered a turn of the run (an offline model's turns are not recorded).
+    ModelTurn {
+        #[serde(flatten)]
+        usage: TurnUsage,
+        stop_reason: StopReason,
     },
     /// The paused turn is complete and its results went back to the model.
     Resumed {

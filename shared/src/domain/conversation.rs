@@ -87,6 +87,17 @@ pub enum StopReason {
     Other,
 }
 
+/// One turn as a model API reports it, recorded in the audit: the model that answered (the API's
+/// own id for it, such as a dated version) and the tokens it counted, where it counted them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnUsage {
+    pub model: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_tokens: Option<u64>,
+}
+
 /// What one tool call gave back, as the model will read it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolResultText {

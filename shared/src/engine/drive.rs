@@ -12,7 +12,7 @@ use crate::domain::action::{Action, ActionStatus, NotExecuted, ProposedCall, Too
 use crate::domain::approval::{Approval, ApprovalStatus};
 use crate::domain::audit::{AuditEntry, AuditEvent};
 use crate::domain::budget;
-use crate::domain::conversation::{Block, Message, Speaker, ToolResultText};
+use crate::domain::conversation::{Block, Message, Speaker, StopReason, ToolResultText, TurnUsage};
 use crate::domain::identity::{Actor, Identity};
 use crate::domain::ids::{ActionId, ActionVersion, AgentName, PersonId, RunId, TenantId};
 use crate::domain::notice::NoticeKind;
@@ -166,6 +166,10 @@ impl Engine {
                         .await;
                 }
             };
+            if let Some(usage) = reply.usage {
+                self.record_turn(&run.value, usage, reply.stop_reason)
+                    .await?;
+            }
             let mut content = reply.content;
             // Calls whose arguments are past their share are answered without being kept.
             let oversized = budget::fit_reply(&mut content);
@@ -618,6 +622,25 @@ impl Engine {
         );
         self.commit(tx).await?;
         Ok(ToolResultText::error(told))
+    }
+
+    /// What a model API said of one turn, audited before anything it proposed is acted on: the
+    /// tokens were spent whatever becomes of the turn.
+    async fn record_turn(
+        &self,
+        run: &Run,
+        usage: TurnUsage,
+        stop_reason: StopReason,
+    ) -> Result<(), EngineError> {
+        tracing::info!(model = %usage.model, input_tokens = ?usage.input_tokens, output_tokens = ?usage.output_tokens, ?stop_reason, "model turn");
+        let event = AuditEvent::ModelTurn { usage, stop_reason };
+        let mut tx = Tx::new();
+        tx.audit(
+            &run.tenant,
+            AuditEntry::new(&run.id, Actor::Agent, event, self.now()),
+        );
+        self.commit(tx).await?;
+        Ok(())
     }
 
     async fn record_denied(

@@ -4,6 +4,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use crate::domain::conversation::TurnUsage;
 use crate::domain::conversation::{Block, Message, Speaker, StopReason};
 
 /// A tool as the model sees it.
@@ -35,6 +36,8 @@ impl ModelRequest<'_> {
 pub struct ModelReply {
     pub content: Vec<Block>,
     pub stop_reason: StopReason,
+    /// What a model API reported of the turn; an offline model spends no tokens and has none.
+    pub usage: Option<TurnUsage>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

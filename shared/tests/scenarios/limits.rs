@@ -120,10 +120,12 @@ impl Model for Talkative {
                     },
                 ],
                 stop_reason: StopReason::ToolUse,
+                usage: None,
             },
             _ => ModelReply {
                 content: vec![text],
                 stop_reason: StopReason::EndTurn,
+                usage: None,
             },
         })
     }

@@ -90,6 +90,7 @@ fn reply(turn: usize, text: String, calls: Vec<(&str, Value)>) -> ModelReply {
     ModelReply {
         content,
         stop_reason,
+        usage: None,
     }
 }
 
