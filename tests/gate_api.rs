@@ -177,6 +177,17 @@ async fn a_refund_proposed_over_http_and_lowered_from_the_cli_is_claimed_once_an
         "another process's decision seen after {lag:?}"
     );
 
+    // The review page's recently decided list shows it waits for its caller to claim it.
+    let fran = token(&cs, "fran");
+    let (_, decided) = server.get(&fran, "/approvals/decided").await;
+    let waiting = decided["approvals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["call"]["status"] == "approved")
+        .expect("the lowered version, approved");
+    assert_eq!(waiting["awaiting_caller"]["stuck"], false, "{waiting}");
+
     let (status, claimed) = server
         .post(
             &runner,
@@ -202,7 +213,6 @@ async fn a_refund_proposed_over_http_and_lowered_from_the_cli_is_claimed_once_an
         other["call"]["status"], "running",
         "the call comes with the refusal"
     );
-    let fran = token(&cs, "fran");
     let (status, stranger) = server
         .post(
             &fran,
