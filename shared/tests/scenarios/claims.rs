@@ -296,6 +296,23 @@ async fn given_a_rejected_or_expired_refund_when_claimed_then_refused(h: &Harnes
     }
 }
 
+async fn given_an_approved_refund_whose_run_is_cancelled_when_claimed_then_refused_as_cancelled(
+    h: &Harness,
+) {
+    let p = caller_process(h).await;
+    let state = approved_refund(h, &p).await;
+
+    p.cancel(&sam(h), &state.run_id).await.unwrap();
+    let refused = p
+        .claim_call(&sam(h), &state.run_id, "worker-1")
+        .await
+        .unwrap_err();
+
+    assert_refusal(&refused, "not_claimable", ErrorKind::Conflict);
+    let after = p.call_state(&acme(), &state.run_id).await.unwrap();
+    assert_eq!(after.status, CallStatus::Cancelled);
+}
+
 async fn given_another_person_when_they_claim_or_report_then_refused_and_nothing_changes(
     h: &Harness,
 ) {
@@ -352,4 +369,5 @@ on_both_stores!([
     given_a_rejected_or_expired_refund_when_claimed_then_refused,
     given_another_person_when_they_claim_or_report_then_refused_and_nothing_changes,
     given_a_tool_the_agent_lacks_when_proposed_then_refused_and_nothing_waits,
+    given_an_approved_refund_whose_run_is_cancelled_when_claimed_then_refused_as_cancelled,
 ]);
