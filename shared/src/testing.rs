@@ -26,6 +26,10 @@ pub fn scratch_dir(name: &str) -> PathBuf {
 /// What [`ScriptedAgent`] proposes to pay: the lodging limit, $250.
 pub const PROPOSED_CENTS: i64 = 25_000;
 
+/// What [`ScriptedAgent`] proposes when the task says "small": $50, which the expense policy
+/// lets through without a person.
+pub const SMALL_CENTS: i64 = 5_000;
+
 /// A model that plays a fixed script: its nth reply is the nth turn, whatever it was told. Past
 /// the script it ends the run.
 #[derive(Clone, Default)]
@@ -81,8 +85,8 @@ impl Model for Script {
     }
 }
 
-/// A model that proposes `reimburse` of $250 on the claim (`b-…`) named in the task, then reports what
-/// came of it. No network, no reading: the engine's cost, not the model's, is what is measured.
+/// A model that proposes `reimburse` of $250 (or [`SMALL_CENTS`] when the task says "small") on
+/// the claim (`b-…`) named in the task, then reports what came of it. No network, no reading: the engine's cost, not the model's, is what is measured.
 pub struct ScriptedAgent;
 
 #[async_trait]
@@ -104,17 +108,22 @@ impl Model for ScriptedAgent {
                 .map(|w| w.trim_end_matches('.'))
                 .find(|w| w.starts_with("b-"))
                 .ok_or_else(|| ModelError::BadReply(format!("no claim in {task:?}")))?;
+            let cents = match task.contains("small") {
+                true => SMALL_CENTS,
+                false => PROPOSED_CENTS,
+            };
             return Ok(ModelReply {
                 content: vec![
                     Block::Text {
                         text: format!(
-                            "Claim {claim} is one night of lodging at $480; the limit is $250 a night, so I propose paying $250."
+                            "Claim {claim} is one night of lodging at $480; the limit is $250 a night, so I propose paying ${}.",
+                            cents / 100
                         ),
                     },
                     Block::ToolUse {
                         id: "toolu_bench_0".into(),
                         name: "reimburse".into(),
-                        input: json!({"claim_id": claim, "amount_cents": PROPOSED_CENTS, "note": "Lodging is capped at $250 a night."}),
+                        input: json!({"claim_id": claim, "amount_cents": cents, "note": "Lodging is capped at $250 a night."}),
                     },
                 ],
                 stop_reason: StopReason::ToolUse,

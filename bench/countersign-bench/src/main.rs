@@ -4,6 +4,7 @@
 //! BENCHMARKS.md says how to read the figures and what limits them.
 
 mod cost;
+mod gate;
 mod lifecycle;
 mod meter;
 mod partitions;
@@ -70,6 +71,10 @@ pub struct BenchArgs {
     /// Where the state lives.
     #[arg(long, value_enum, default_value = "embedded")]
     pub store: BenchStore,
+    /// Instead: --runs allowed calls through the gate API against as many through `POST /runs`
+    /// (loopback HTTP, embedded store, concurrency 1 and 8), then long-polls woken by decisions.
+    #[arg(long, conflicts_with = "sweep_scaling")]
+    pub gate: bool,
     /// Instead: the sweep over --overdue approvals among --finished finished runs, M growing.
     #[arg(long)]
     pub sweep_scaling: bool,
@@ -134,9 +139,10 @@ async fn run(args: &BenchArgs) -> Result<Output, BenchError> {
     if args.runs == 0 {
         return Err(BenchError::Setup("--runs must be at least 1".into()));
     }
-    match args.sweep_scaling {
-        true => scaling::run(args).await,
-        false => lifecycle_bench(args).await,
+    match (args.gate, args.sweep_scaling) {
+        (true, _) => gate::run(args).await,
+        (_, true) => scaling::run(args).await,
+        _ => lifecycle_bench(args).await,
     }
 }
 

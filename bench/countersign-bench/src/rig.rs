@@ -31,7 +31,9 @@ use crate::{BenchError, BenchStore};
 const MOTO_ATTEMPTS: u32 = 10;
 
 pub struct Rig {
-    pub engine: Engine,
+    pub engine: Arc<Engine>,
+    /// The generated claims the engine's expense tools read.
+    pub claims: Arc<Claims>,
     pub store: Arc<dyn ItemStore>,
     pub meter: Arc<Meter>,
     pub clock: Arc<SkewedClock>,
@@ -149,14 +151,15 @@ impl Rig {
         let claims = script::claims(&backing.tenant, claims);
         let engine = engine(
             store.clone(),
-            claims,
+            claims.clone(),
             clock.clone(),
             backing.delivery,
             backing.scheduler,
             shards,
         );
         Ok(Self {
-            engine,
+            engine: Arc::new(engine),
+            claims,
             store,
             meter,
             clock,

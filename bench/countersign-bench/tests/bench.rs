@@ -59,3 +59,40 @@ fn a_short_concurrent_bench_pays_each_approved_claim_exactly_once() {
         "sharding raises the ceiling for many tenants: {ceilings:?}"
     );
 }
+
+#[test]
+fn the_gate_bench_pays_every_allowed_call_and_wakes_every_waiting_caller() {
+    let output = Command::new(env!("CARGO_BIN_EXE_countersign-bench"))
+        .args(["--gate", "--runs", "10", "--json"])
+        .env_remove("ANTHROPIC_API_KEY")
+        .env_remove("COUNTERSIGN_INDEX_SHARDS")
+        .output()
+        .expect("countersign-bench runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "the bench failed: {stderr}");
+    let report: Value = serde_json::from_slice(&output.stdout).expect("one JSON object");
+
+    let paths = report["paths"].as_array().expect("paths");
+    let measured: Vec<(&str, u64, u64)> = paths
+        .iter()
+        .map(|p| {
+            let calls = p["latency"]["count"].as_u64().unwrap();
+            (
+                p["path"].as_str().unwrap(),
+                p["concurrency"].as_u64().unwrap(),
+                calls,
+            )
+        })
+        .collect();
+    assert_eq!(
+        measured,
+        [
+            ("gate", 1, 10),
+            ("runs", 1, 10),
+            ("gate", 8, 10),
+            ("runs", 8, 10)
+        ]
+    );
+    assert_eq!(report["wake"]["waits"], 10);
+    assert_eq!(report["wake"]["decision_to_answer"]["count"], 10);
+}
