@@ -183,7 +183,14 @@ pub fn call(action: &Action, history: &History) -> String {
             )
         }
         ActionStatus::Approved => format!("{head} approved: it runs when its run resumes"),
-        ActionStatus::Executing => format!("{head} running, no outcome recorded yet"),
+        ActionStatus::Executing => match action.caller_claim() {
+            Some(claim) => format!(
+                "{head} claimed by {} to run in its caller's process, no outcome reported yet (due by {})",
+                Plain(&claim.claimant),
+                claim.lease_expires_at.format("%Y-%m-%d %H:%M:%S UTC")
+            ),
+            None => format!("{head} running, no outcome recorded yet"),
+        },
         ActionStatus::AwaitingApproval => format!("{head} waits for a reviewer"),
         ActionStatus::Superseded => format!("{head} superseded by an edit"),
         ActionStatus::Rejected | ActionStatus::Expired | ActionStatus::Cancelled => {

@@ -177,6 +177,17 @@ async fn a_refund_proposed_over_http_and_lowered_from_the_cli_is_claimed_once_an
         "another process's decision seen after {lag:?}"
     );
 
+    // The review page's recently decided list shows it waits for its caller to claim it.
+    let fran = token(&cs, "fran");
+    let (_, decided) = server.get(&fran, "/approvals/decided").await;
+    let waiting = decided["approvals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["call"]["status"] == "approved")
+        .expect("the lowered version, approved");
+    assert_eq!(waiting["awaiting_caller"]["stuck"], false, "{waiting}");
+
     let (status, claimed) = server
         .post(
             &runner,
@@ -202,7 +213,6 @@ async fn a_refund_proposed_over_http_and_lowered_from_the_cli_is_claimed_once_an
         other["call"]["status"], "running",
         "the call comes with the refusal"
     );
-    let fran = token(&cs, "fran");
     let (status, stranger) = server
         .post(
             &fran,
@@ -337,4 +347,38 @@ async fn two_hundred_long_polls_are_held_while_others_are_answered_and_a_decisio
             "woken {lag:?} after the decision"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mcp_gateway_neither_lists_nor_runs_a_tool_its_caller_runs() {
+    let cs = refunds("gate-api-mcp");
+    let server = Serve::start(&cs);
+    let runner = token(&cs, "agent-runner");
+    let rpc = |method: &str, params: Value| {
+        server
+            .http
+            .post(format!("{}/mcp/refunds", server.base))
+            .header("accept", "application/json, text/event-stream")
+            .json(&json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}))
+    };
+
+    let (_, listed) = server.send(&runner, rpc("tools/list", json!({}))).await;
+    let args = json!({"order_id": "A-1001", "amount_cents": 4_000});
+    let (_, called) = server
+        .send(
+            &runner,
+            rpc("tools/call", json!({"name": "refund", "arguments": args})),
+        )
+        .await;
+
+    assert_eq!(listed["result"]["tools"], json!([]), "{listed}");
+    let result = &called["result"];
+    assert_eq!(result["_meta"]["countersign/status"], "refused", "{called}");
+    assert!(
+        result["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("only a call through the gate API can run it"),
+        "{called}"
+    );
 }

@@ -10,9 +10,9 @@ use serde_json::Value;
 use super::DecideState;
 use super::error::ApiError;
 use super::extract::{Caller, IdPath, JsonBody};
-use crate::domain::action::Action;
+use crate::domain::action::{Action, ActionStatus};
 use crate::domain::approval::{Approval, Choice, DecisionRequest};
-use crate::domain::ids::{ActionVersion, ApprovalId, DecisionId, PersonId, TenantId};
+use crate::domain::ids::{ActionVersion, AgentName, ApprovalId, DecisionId, PersonId, TenantId};
 use crate::domain::money::Amount;
 use crate::domain::policy::{EditDirection, Policy, ToolRule};
 use crate::engine::{DecisionReport, Engine, MAX_RESOLVED, Shown};
@@ -149,6 +149,34 @@ pub struct DecidedView {
     /// The call as it stands now: the version the approval let run (an edit's new one), or the
     /// one it stopped, with its status and what it came back with.
     pub call: Option<Action>,
+    /// A call its caller runs, approved and not claimed yet: since when, and whether nobody
+    /// has claimed it within its tool's lease (its caller may be stuck).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub awaiting_caller: Option<AwaitingCaller>,
+}
+
+/// An approved call waiting for its caller to claim it.
+#[derive(Debug, Serialize)]
+pub struct AwaitingCaller {
+    pub since: DateTime<Utc>,
+    pub lease_ends_at: DateTime<Utc>,
+    /// Unclaimed past its lease.
+    pub stuck: bool,
+}
+
+impl AwaitingCaller {
+    fn of(engine: &Engine, agent: &AgentName, call: &Action, now: DateTime<Utc>) -> Option<Self> {
+        if call.status != ActionStatus::Approved {
+            return None;
+        }
+        let lease = engine.agent(agent).ok()?.caller_lease(&call.tool)?;
+        let lease_ends_at = call.updated_at + chrono::Duration::from_std(lease).ok()?;
+        Some(Self {
+            since: call.updated_at,
+            lease_ends_at,
+            stuck: now >= lease_ends_at,
+        })
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -173,6 +201,10 @@ pub(super) async fn decided(
     let mut approvals: Vec<DecidedView> = resolved
         .into_iter()
         .map(|r| DecidedView {
+            awaiting_caller: r
+                .call
+                .as_ref()
+                .and_then(|call| AwaitingCaller::of(&state.engine, &r.approval.agent, call, now)),
             view: ApprovalView::of(r.approval, &state.engine, now),
             call: r.call,
         })

@@ -1,7 +1,8 @@
 //! The MCP gateway: Countersign as an MCP server in front of one agent's tools, for an agent
 //! Countersign does not drive (Claude Code, Cursor, an SDK's MCP client).
 //!
-//! - `tools/list` lists the agent's tools (HTTP, upstream MCP, built-in) with their
+//! - `tools/list` lists the agent's tools (HTTP, upstream MCP, built-in; not the ones their
+//!   caller runs, which only the gate API's callers claim) with their
 //!   descriptions, input schemas and, where the tool says it reads only or destroys, annotations.
 //! - `tools/call` is one call through the gate ([`Engine::gate_call`]): the agent's schema,
 //!   policy, approvals and execution, as the one action of a run of its own. A call that waits
@@ -348,12 +349,14 @@ fn progress_line(state: &CallState) -> String {
     }
 }
 
-/// The agent's tools as an MCP client lists them.
+/// The agent's tools as an MCP client lists them: all but the ones their caller runs, which
+/// only a caller of the gate API can claim.
 fn listing(agent: &Agent) -> Vec<Listed> {
     agent
         .tools
         .specs()
         .into_iter()
+        .filter(|spec| agent.caller_lease(&spec.name).is_none())
         .map(|spec| {
             let hints = agent
                 .tools

@@ -76,7 +76,11 @@ impl Engine {
             let (history, action) = self.requesters_call(who, run).await?;
             let state = self.state_of(&history);
             let call = run.to_string();
-            let lease = self.caller_lease(&history.run, &action.value.tool);
+            // A cancelled run's approved call is never claimed.
+            let lease = match history.run.status.is_finished() {
+                true => None,
+                false => self.caller_lease(&history.run, &action.value.tool),
+            };
             match (action.value.status, action.value.caller_claim(), lease) {
                 (ActionStatus::Approved, None, Some(lease)) => {
                     let now = self.now();

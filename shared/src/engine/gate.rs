@@ -445,6 +445,8 @@ fn state_of(history: &History, executor: Executor) -> CallState {
         },
         Some(action) => match action.status {
             ActionStatus::AwaitingApproval => CallStatus::AwaitingApproval,
+            // Nobody claims a cancelled run's call.
+            ActionStatus::Approved if run.status == RunStatus::Cancelled => CallStatus::Cancelled,
             ActionStatus::Approved if executor == Executor::Caller => CallStatus::Approved,
             ActionStatus::Approved | ActionStatus::Executing => CallStatus::Running,
             ActionStatus::Succeeded => CallStatus::Succeeded,

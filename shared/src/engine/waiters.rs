@@ -15,7 +15,8 @@ use crate::ports::store::Write;
 /// The runs someone in this process waits on, each with the signal that wakes its waiters.
 #[derive(Default)]
 pub(super) struct Waiters {
-    runs: Mutex<HashMap<String, Arc<Notify>>>,
+    /// Each watched run's signal, and how many waiters hold it.
+    runs: Mutex<HashMap<String, (Arc<Notify>, usize)>>,
 }
 
 /// One waiter's registration; dropping the last one of a run forgets the run.
@@ -30,7 +31,9 @@ impl Waiters {
     pub(super) fn watch(&self, tenant: &TenantId, run: &RunId) -> Watch<'_> {
         let pk = keys::run_pk(tenant, run);
         let mut runs = self.runs.lock().unwrap_or_else(|e| e.into_inner());
-        let signal = runs.entry(pk.clone()).or_default().clone();
+        let (signal, waiting) = runs.entry(pk.clone()).or_default();
+        *waiting += 1;
+        let signal = signal.clone();
         Watch {
             waiters: self,
             pk,
@@ -46,7 +49,7 @@ impl Waiters {
         }
         let mut touched: Vec<Arc<Notify>> = Vec::new();
         for write in writes {
-            if let Some(signal) = runs.get(write.key().0)
+            if let Some((signal, _)) = runs.get(write.key().0)
                 && !touched.iter().any(|t| Arc::ptr_eq(t, signal))
             {
                 touched.push(signal.clone());
@@ -59,8 +62,14 @@ impl Waiters {
 impl Drop for Watch<'_> {
     fn drop(&mut self) {
         let mut runs = self.waiters.runs.lock().unwrap_or_else(|e| e.into_inner());
-        // The map's and this one: no other waiter holds the run.
-        if Arc::strong_count(&self.signal) <= 2 {
+        let last = match runs.get_mut(&self.pk) {
+            Some((_, waiting)) => {
+                *waiting -= 1;
+                *waiting == 0
+            }
+            None => false,
+        };
+        if last {
             runs.remove(&self.pk);
         }
     }
@@ -70,5 +79,51 @@ impl Drop for Watch<'_> {
 pub(super) fn wake(touched: Vec<Arc<Notify>>) {
     for signal in touched {
         signal.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ports::store::{Condition, Item};
+
+    fn write_to(pk: String) -> Write {
+        Write::Put {
+            item: Item {
+                pk,
+                sk: "RUN".into(),
+                gsi1: None,
+                ver: 1,
+                body: "{}".into(),
+            },
+            condition: Condition::Always,
+        }
+    }
+
+    #[test]
+    fn a_write_to_a_watched_run_touches_its_waiters_and_the_last_waiter_gone_forgets_it() {
+        let waiters = Waiters::default();
+        let (tenant, run) = (
+            TenantId::parse("acme").unwrap(),
+            RunId::parse("run-1").unwrap(),
+        );
+        let other = RunId::parse("run-2").unwrap();
+        let writes = [
+            write_to(keys::run_pk(&tenant, &run)),
+            write_to(keys::run_pk(&tenant, &other)),
+        ];
+
+        assert!(waiters.touched(&writes).is_empty(), "nobody waits");
+        let one = waiters.watch(&tenant, &run);
+        let two = waiters.watch(&tenant, &run);
+        assert_eq!(waiters.touched(&writes).len(), 1, "one signal per run");
+        drop(one);
+        assert_eq!(
+            waiters.touched(&writes).len(),
+            1,
+            "one waiter is still there"
+        );
+        drop(two);
+        assert!(waiters.runs.lock().unwrap().is_empty());
     }
 }

@@ -293,6 +293,16 @@ impl Harness {
 
     /// A new process running agents of the test's own definitions, over its store and clock.
     pub async fn process_of_definitions(&self, definitions: &[agents::Definition]) -> Process {
+        self.process_of_definitions_with(definitions, Delivery::InProcess)
+            .await
+    }
+
+    /// [`Harness::process_of_definitions`], delivering resume messages as told.
+    pub async fn process_of_definitions_with(
+        &self,
+        definitions: &[agents::Definition],
+        delivery: Delivery,
+    ) -> Process {
         let store = self.backend.connect().await;
         let wiring = Wiring::new(store.clone(), self.clock.clone(), self.claims.clone());
         let built = definitions
@@ -301,6 +311,7 @@ impl Harness {
         let engine = Engine::builder(store.clone())
             .agents(built)
             .clock(self.clock.clone())
+            .delivery(delivery)
             .build();
         Process { engine, store }
     }

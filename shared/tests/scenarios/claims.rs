@@ -151,6 +151,38 @@ async fn given_a_small_refund_the_caller_runs_when_it_claims_and_reports_then_it
     assert_eq!(executing.actor, Actor::person(&person("sam")));
 }
 
+async fn given_a_refund_approved_through_a_queue_when_its_resume_message_comes_then_nothing_runs_and_it_leaves_the_outbox(
+    h: &Harness,
+) {
+    let queue = Arc::new(RecordingQueue::default());
+    let p = h
+        .process_of_definitions_with(&refunds_example(), Delivery::Queue(queue.clone()))
+        .await;
+    let proposed = p.gate_call(refund("call_q", 12_500)).await.unwrap();
+    let approval = proposed.approval.unwrap();
+    h.decided(&p, "mia", &approval.id, approve("d-1")).await;
+    let [message] = queue.published().try_into().expect("one resume message");
+
+    let report = p.resume(&message).await.unwrap();
+    let again = p.resume(&message).await.unwrap();
+
+    assert!(matches!(report, ResumeReport::Ignored { .. }), "{report:?}");
+    assert!(matches!(again, ResumeReport::Ignored { .. }), "{again:?}");
+    let state = p.call_state(&acme(), &proposed.run_id).await.unwrap();
+    assert_eq!(
+        state.status,
+        CallStatus::Approved,
+        "waits for its caller: {state:?}"
+    );
+    h.clock.advance(Duration::hours(1));
+    assert!(
+        p.sweep(100).await.unwrap().resent.is_empty(),
+        "no longer due in the outbox"
+    );
+    let history = p.history(&acme(), &proposed.run_id).await.unwrap();
+    assert!(!event_names(&history.entries).contains(&"executing"));
+}
+
 async fn given_an_approved_refund_when_two_claimants_claim_at_once_then_one_wins_and_runs_it(
     h: &Harness,
 ) {
@@ -296,6 +328,23 @@ async fn given_a_rejected_or_expired_refund_when_claimed_then_refused(h: &Harnes
     }
 }
 
+async fn given_an_approved_refund_whose_run_is_cancelled_when_claimed_then_refused_as_cancelled(
+    h: &Harness,
+) {
+    let p = caller_process(h).await;
+    let state = approved_refund(h, &p).await;
+
+    p.cancel(&sam(h), &state.run_id).await.unwrap();
+    let refused = p
+        .claim_call(&sam(h), &state.run_id, "worker-1")
+        .await
+        .unwrap_err();
+
+    assert_refusal(&refused, "not_claimable", ErrorKind::Conflict);
+    let after = p.call_state(&acme(), &state.run_id).await.unwrap();
+    assert_eq!(after.status, CallStatus::Cancelled);
+}
+
 async fn given_another_person_when_they_claim_or_report_then_refused_and_nothing_changes(
     h: &Harness,
 ) {
@@ -352,4 +401,6 @@ on_both_stores!([
     given_a_rejected_or_expired_refund_when_claimed_then_refused,
     given_another_person_when_they_claim_or_report_then_refused_and_nothing_changes,
     given_a_tool_the_agent_lacks_when_proposed_then_refused_and_nothing_waits,
+    given_a_refund_approved_through_a_queue_when_its_resume_message_comes_then_nothing_runs_and_it_leaves_the_outbox,
+    given_an_approved_refund_whose_run_is_cancelled_when_claimed_then_refused_as_cancelled,
 ]);

@@ -444,9 +444,11 @@ const UNDECIDED = {
   cancelled: "The run was cancelled before anyone decided.",
 };
 
-/** How the call ended, or where it stands: its version, status and what it came back with. */
-function callText(call) {
+/** How the call ended, or where it stands: its version, status and what it came back with;
+ * for a call its caller runs, whether the caller claimed it in time. */
+function callText(call, awaitingCaller) {
   if (!call) return "Not recorded.";
+  const claim = call.claimed && call.claimed.by_caller;
   const told = call.result && call.result.content ? call.result.content : "";
   const shortened = told.length > 300 ? `${told.slice(0, 300)}…` : told;
   const version = `Version ${call.version}`;
@@ -458,8 +460,13 @@ function callText(call) {
     case "unknown":
       return `${version}: the outcome is unknown; it is held for reconciliation.`;
     case "approved":
+      if (awaitingCaller && awaitingCaller.stuck)
+        return `${version} is approved for its caller to run, and nobody has claimed it within its lease (since ${awaitingCaller.since}): its caller may be stuck.`;
+      if (awaitingCaller) return `${version} is approved and waits for its caller to claim and run it.`;
       return `${version} is approved and runs when its run resumes.`;
     case "executing":
+      if (claim)
+        return `${version} is claimed by ${claim.claimant}, running in its caller's process; its outcome is due by ${claim.lease_expires_at}.`;
       return `${version} is running.`;
     case "awaiting_approval":
       return `${version} waits for a decision.`;
@@ -483,7 +490,7 @@ function decidedCard(v) {
     "decisions",
     decisions.length ? el("ul", {}, decisions) : UNDECIDED[v.status] || STATUS_LABELS[v.status] || v.status,
   );
-  fact("The call", "call", callText(v.call));
+  fact("The call", "call", callText(v.call, v.awaiting_caller));
   if (v.resolved_at) fact("Resolved", "resolved", timeNode(v.resolved_at));
   const article = el(
     "article",
