@@ -1,4 +1,4 @@
-//! The gate API over a real `countersign serve` in front of examples/refunds, whose refund tool
+//! The gate API over a real `countersign serve` in front of examples/helpdesk, whose refund tool
 //! its caller runs: a call proposed over HTTP, a finance manager's decision from the CLI in
 //! another process, the long-poll that answers it, the claim and the outcome report; and many
 //! long-polls held at once while the server answers others promptly.
@@ -13,10 +13,10 @@ use common::{Countersign, listening_url};
 use serde_json::{Value, json};
 
 fn example() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/refunds")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/helpdesk")
 }
 
-/// A state directory whose processes load examples/refunds and its people.
+/// A state directory whose processes load examples/helpdesk and its people.
 fn refunds(name: &str) -> Countersign {
     Countersign::fresh(name).with_env(vec![
         ("COUNTERSIGN_STORE", "embedded".into()),
@@ -83,7 +83,7 @@ fn token(cs: &Countersign, name: &str) -> String {
 
 fn refund(call_id: &str, cents: i64) -> Value {
     json!({
-        "agent": "refunds",
+        "agent": "helpdesk",
         "tool": "refund",
         "args": {"order_id": "A-1001", "amount_cents": cents},
         "call_id": call_id,
@@ -95,7 +95,7 @@ fn refund(call_id: &str, cents: i64) -> Value {
 async fn a_refund_proposed_over_http_and_lowered_from_the_cli_is_claimed_once_and_reported() {
     let cs = refunds("gate-api-flow");
     let server = Serve::start(&cs);
-    let runner = token(&cs, "agent-runner");
+    let runner = token(&cs, "helpdesk-bot");
 
     let (status, proposed) = server
         .post(&runner, "/gate/calls", refund("call_1", 12_500))
@@ -254,7 +254,7 @@ async fn a_refund_proposed_over_http_and_lowered_from_the_cli_is_claimed_once_an
 async fn bad_gate_requests_are_refused_with_their_codes() {
     let cs = refunds("gate-api-bad");
     let server = Serve::start(&cs);
-    let runner = token(&cs, "agent-runner");
+    let runner = token(&cs, "helpdesk-bot");
     let mut no_id = refund("x", 100);
     no_id.as_object_mut().unwrap().remove("call_id");
 
@@ -272,7 +272,7 @@ async fn bad_gate_requests_are_refused_with_their_codes() {
         .post(
             &runner,
             "/gate/calls",
-            json!({"agent": "refunds", "tool": "wire_money", "args": {}, "call_id": "c"}),
+            json!({"agent": "helpdesk", "tool": "wire_money", "args": {}, "call_id": "c"}),
         )
         .await;
 
@@ -292,7 +292,7 @@ async fn two_hundred_long_polls_are_held_while_others_are_answered_and_a_decisio
  {
     let cs = refunds("gate-api-many");
     let server = Serve::start(&cs);
-    let runner = token(&cs, "agent-runner");
+    let runner = token(&cs, "helpdesk-bot");
     let fran = token(&cs, "fran");
     let (_, proposed) = server
         .post(&runner, "/gate/calls", refund("call_many", 12_500))
@@ -353,11 +353,11 @@ async fn two_hundred_long_polls_are_held_while_others_are_answered_and_a_decisio
 async fn the_mcp_gateway_neither_lists_nor_runs_a_tool_its_caller_runs() {
     let cs = refunds("gate-api-mcp");
     let server = Serve::start(&cs);
-    let runner = token(&cs, "agent-runner");
+    let runner = token(&cs, "helpdesk-bot");
     let rpc = |method: &str, params: Value| {
         server
             .http
-            .post(format!("{}/mcp/refunds", server.base))
+            .post(format!("{}/mcp/helpdesk", server.base))
             .header("accept", "application/json, text/event-stream")
             .json(&json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}))
     };

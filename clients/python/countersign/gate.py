@@ -34,6 +34,8 @@ SETTLED = frozenset(
 )
 #: The longest one long-poll holds; a longer wait is several of them.
 MAX_POLL = 25.0
+#: How long to pause before asking again about a call whose outcome is unknown.
+UNKNOWN_PAUSE = 5.0
 #: How often a request lost to the network is tried again: the call's id makes it safe.
 ATTEMPTS = 4
 
@@ -225,6 +227,12 @@ class Gate:
             left = MAX_POLL if deadline is None else deadline - time.monotonic()
             if left <= 0:
                 break
+            if outcome.status == "unknown":
+                # The long-poll answers an unknown call at once: a person or the tool's lookup
+                # settles it, in minutes rather than milliseconds.
+                time.sleep(min(left, UNKNOWN_PAUSE))
+                outcome = self.get(outcome.id)
+                continue
             outcome = self.get(outcome.id, wait=min(left, MAX_POLL))
         return outcome
 

@@ -1,4 +1,4 @@
-//! Calls their caller runs (`executor = "caller"`, the refund tool of examples/refunds): once
+//! Calls their caller runs (`executor = "caller"`, the refund tool of examples/helpdesk): once
 //! approved, one claimant claims the call, runs it with the exact approved arguments and key, and
 //! reports its outcome; a claim that goes quiet past its lease is an unknown outcome for the
 //! recovery owner, never a second claim.
@@ -12,20 +12,20 @@ use shared::domain::ids::AgentName;
 use shared::domain::run::GateVia;
 use shared::engine::{CallState, CallStatus, Executor, GateCall, Reported};
 
-fn refunds_example() -> Vec<Definition> {
-    let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/refunds"));
-    agents::load_paths(&[dir]).expect("examples/refunds loads")
+fn helpdesk_example() -> Vec<Definition> {
+    let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/helpdesk"));
+    agents::load_paths(&[dir]).expect("examples/helpdesk loads")
 }
 
 async fn caller_process(h: &Harness) -> Process {
-    h.process_of_definitions(&refunds_example()).await
+    h.process_of_definitions(&helpdesk_example()).await
 }
 
-/// `sam` asks the refunds agent, through the gate API, to refund `cents` of order A-1001.
+/// `sam` asks the helpdesk agent, through the gate API, to refund `cents` of order A-1001.
 fn refund(call_id: &str, cents: i64) -> GateCall {
     GateCall {
         tenant: acme(),
-        agent: AgentName::parse("refunds").unwrap(),
+        agent: AgentName::parse("helpdesk").unwrap(),
         requested_by: person("sam"),
         tool: "refund".into(),
         args: json!({"order_id": "A-1001", "amount_cents": cents}),
@@ -156,7 +156,7 @@ async fn given_a_refund_approved_through_a_queue_when_its_resume_message_comes_t
 ) {
     let queue = Arc::new(RecordingQueue::default());
     let p = h
-        .process_of_definitions_with(&refunds_example(), Delivery::Queue(queue.clone()))
+        .process_of_definitions_with(&helpdesk_example(), Delivery::Queue(queue.clone()))
         .await;
     let proposed = p.gate_call(refund("call_q", 12_500)).await.unwrap();
     let approval = proposed.approval.unwrap();
