@@ -11,7 +11,7 @@ use super::{DEFINITION_FILE, DefinitionError, Files, Wiring, schema};
 use crate::adapters::anthropic::AnthropicModel;
 use crate::adapters::env_template::BindingError;
 use crate::adapters::http_tool::{HttpBinding, HttpTool};
-use crate::adapters::mcp_tool::{McpServerBinding, McpToolBinding};
+use crate::adapters::mcp_tool::{McpServerBinding, McpToolBinding, SERVER_FORMS};
 use crate::adapters::scripted::{Script, ScriptedModel};
 use crate::domain::ids::{AgentName, Role};
 use crate::domain::policy::Policy;
@@ -192,9 +192,13 @@ impl Definition {
                     "a server name has 1 to 64 letters, digits, '_' or '-'".into(),
                 ));
             }
-            let binding: McpServerBinding = value
-                .try_into()
-                .map_err(|e: toml::de::Error| err(&field, e.message().to_string()))?;
+            let binding: McpServerBinding = value.try_into().map_err(|e: toml::de::Error| {
+                let message = e.message();
+                match message.contains(SERVER_FORMS) {
+                    true => err(&field, message.to_string()),
+                    false => err(&field, format!("{message}; {SERVER_FORMS}")),
+                }
+            })?;
             servers.insert(server, binding);
         }
 
@@ -274,6 +278,14 @@ impl Definition {
             mcp: servers,
             recovery_owner,
         })
+    }
+
+    /// The servers under `[mcp.*]` that this process would start (`command = ...`), by name.
+    pub fn stdio_servers(&self) -> impl Iterator<Item = &str> {
+        self.mcp
+            .iter()
+            .filter(|(_, binding)| binding.is_stdio())
+            .map(|(name, _)| name.as_str())
     }
 
     /// Binds the tools (resolving `${VAR}` from the environment) and, for a process that drives
@@ -627,6 +639,7 @@ fn binding_error(file: &str, error: BindingError) -> DefinitionError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::adapters::mcp_tool::Endpoint;
     use crate::agents::InMemory;
 
     /// Refunds wait for finance; tools the server calls read-only run.
@@ -814,7 +827,17 @@ mcp = { server = "orders", tool = "issue_refund" }
 "#,
         );
 
-        assert_eq!(definition.mcp["orders"].url, "${ORDERS_MCP_URL}");
+        assert_eq!(
+            definition.mcp["orders"].endpoint,
+            Endpoint::Http {
+                url: "${ORDERS_MCP_URL}".into(),
+                headers: [(
+                    "Authorization".to_string(),
+                    "Bearer ${ORDERS_MCP_TOKEN}".to_string()
+                )]
+                .into()
+            }
+        );
         let [tool] = definition.tools.as_slice() else {
             panic!("one tool: {:?}", definition.tools);
         };
@@ -891,6 +914,64 @@ mcp = { server = "orderz", tool = "issue_refund" }
             assert_eq!(error.field, "mcp.orders", "{body}: {error}");
             assert!(error.message.contains(says), "{body}: {error}");
         }
+    }
+
+    #[test]
+    fn a_malformed_server_says_which_forms_a_server_may_take() {
+        for body in [
+            "url = \"http://x\"\nargs = [\"-y\"]",
+            "command = \"npx\"\nheaders = { A = \"b\" }",
+            "url = \"http://x\"\ncommand = \"npx\"",
+            "tools = \"*\"",
+            "url = \"http://x\"\nmethod = \"POST\"",
+        ] {
+            let error = refused(
+                &format!("[mcp.files]\n{body}\n"),
+                "name = \"o\"\nversion = 1\ndefault_ttl = \"1h\"\n",
+            );
+            assert_eq!(error.field, "mcp.files", "{body}: {error}");
+            assert!(
+                error.message.contains("url = \"https://...\"")
+                    && error
+                        .message
+                        .contains("command = \"npx\" with optional args"),
+                "{body}: {error}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_server_started_by_command_loads_with_its_args_env_and_cwd() {
+        let definition = load(
+            r#"
+[mcp.files]
+command = "npx"
+args = ["-y", "@modelcontextprotocol/server-filesystem", "${FILES_ROOT}"]
+env = { NODE_OPTIONS = "--max-old-space-size=256" }
+cwd = "/srv"
+tools = "*"
+"#,
+            "name = \"o\"\nversion = 1\ndefault_ttl = \"1h\"\n",
+        )
+        .expect("the definition loads");
+        assert_eq!(
+            definition.mcp["files"].endpoint,
+            Endpoint::Stdio {
+                command: "npx".into(),
+                args: vec![
+                    "-y".into(),
+                    "@modelcontextprotocol/server-filesystem".into(),
+                    "${FILES_ROOT}".into()
+                ],
+                env: [(
+                    "NODE_OPTIONS".to_string(),
+                    "--max-old-space-size=256".to_string()
+                )]
+                .into(),
+                cwd: Some("/srv".into()),
+            }
+        );
+        assert_eq!(definition.stdio_servers().collect::<Vec<_>>(), ["files"]);
     }
 
     #[test]
