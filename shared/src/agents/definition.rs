@@ -100,7 +100,9 @@ pub struct Definition {
     pub policy_file: String,
     pub policy: Arc<Policy>,
     pub system_prompt: String,
-    pub model: ModelSettings,
+    /// `None` without a `[model]` table: an agent used only through the MCP gateway and the
+    /// gate API, whose caller's own agent proposes each call; no run can be started with it.
+    pub model: Option<ModelSettings>,
     pub tools: Vec<ToolDefinition>,
     /// `[mcp.<server>]`: the MCP servers its tools come from, by the name it gives them.
     pub mcp: BTreeMap<String, McpServerBinding>,
@@ -116,8 +118,7 @@ struct RawDefinition {
     policy: String,
     system_prompt: String,
     recovery_owner: Option<String>,
-    #[serde(default)]
-    model: RawModel,
+    model: Option<RawModel>,
     #[serde(default)]
     tools: BTreeMap<String, RawTool>,
     #[serde(default)]
@@ -128,7 +129,7 @@ fn default_policy_file() -> String {
     "policy.toml".into()
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawModel {
     provider: Option<Provider>,
@@ -181,7 +182,10 @@ impl Definition {
         let policy = Policy::from_toml(&files.read(&raw.policy)?)
             .map_err(|e| DefinitionError::new(&policy_file, "", e.to_string()))?;
 
-        let model = model_settings(raw.model, files, &file)?;
+        let model = raw
+            .model
+            .map(|model| model_settings(model, files, &file))
+            .transpose()?;
 
         let mut servers = BTreeMap::new();
         for (server, value) in raw.mcp {
@@ -257,7 +261,7 @@ impl Definition {
                 ));
             }
         }
-        if let Some(Offline::Script(script)) = &model.offline
+        if let Some(Offline::Script(script)) = model.as_ref().and_then(|m| m.offline.as_ref())
             && !listing_decides
             && let Some(unknown) = script.tools().find(|t| !known.iter().any(|k| k == t))
         {
@@ -395,7 +399,7 @@ impl Definition {
                     .collect(),
                 listed_schemas: schema_listed().map(|tool| tool.name.clone()).collect(),
                 policy: self.policy.clone(),
-                script_tools: match &self.model.offline {
+                script_tools: match self.model.as_ref().and_then(|m| m.offline.as_ref()) {
                     Some(Offline::Script(script)) => script.tools().map(str::to_string).collect(),
                     _ => Vec::new(),
                 },
@@ -406,9 +410,13 @@ impl Definition {
             .with_tools(toolbox)
             .with_system_prompt(self.system_prompt.clone())
             .with_limits(Limits {
-                max_model_turns: self.model.max_turns,
+                max_model_turns: self
+                    .model
+                    .as_ref()
+                    .map_or(Limits::default().max_model_turns, |m| m.max_turns),
                 ..Limits::default()
             });
+        agent.gateway_only = self.model.is_none();
         agent.claimant_args = claimant_args;
         agent.recovery_owner = self.recovery_owner.clone();
         if wiring.drives
@@ -421,13 +429,15 @@ impl Definition {
 
     /// The model that plays this agent here: Claude when `ANTHROPIC_API_KEY` is set and the
     /// provider is `anthropic`, else the offline one, if the definition has one.
+    /// None for a definition without `[model]`.
     pub fn model(&self) -> Option<Arc<dyn Model>> {
-        if self.model.provider == Provider::Anthropic
-            && let Some(model) = AnthropicModel::from_env_for(&self.model.id, self.model.max_tokens)
+        let settings = self.model.as_ref()?;
+        if settings.provider == Provider::Anthropic
+            && let Some(model) = AnthropicModel::from_env_for(&settings.id, settings.max_tokens)
         {
             return Some(Arc::new(model));
         }
-        match self.model.offline.as_ref()? {
+        match settings.offline.as_ref()? {
             Offline::Script(script) => Some(Arc::new(ScriptedModel::new(
                 format!("{}-script", self.name),
                 script.clone(),
