@@ -4,6 +4,7 @@
 //! BENCHMARKS.md says how to read the figures and what limits them.
 
 mod cost;
+mod gateway;
 mod lifecycle;
 mod meter;
 mod partitions;
@@ -79,6 +80,10 @@ pub struct BenchArgs {
     /// With --sweep-scaling: the numbers of finished runs, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "0,1000,10000")]
     pub finished: Vec<usize>,
+    /// Instead: --runs allowed calls through the MCP gateway and as many straight to the same
+    /// upstream MCP server, allowed calls/s, and a decision's time to the waiting call's answer.
+    #[arg(long, conflicts_with = "sweep_scaling")]
+    pub mcp_gateway: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -133,6 +138,9 @@ async fn main() -> ExitCode {
 async fn run(args: &BenchArgs) -> Result<Output, BenchError> {
     if args.runs == 0 {
         return Err(BenchError::Setup("--runs must be at least 1".into()));
+    }
+    if args.mcp_gateway {
+        return gateway::run(args).await;
     }
     match args.sweep_scaling {
         true => scaling::run(args).await,
