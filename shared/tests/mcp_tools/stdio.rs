@@ -3,20 +3,15 @@
 //! when first needed, sees only the environment it is given, is started again when it has
 //! exited, and a call in flight when it dies is an unknown outcome, never sent again.
 
-#[allow(dead_code)]
-#[path = "support/mcp_servers.rs"]
-mod mcp_servers;
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde_json::{Value, json};
-use shared::adapters::mcp_tool::{McpServer, McpServerBinding, McpTool};
+use serde_json::json;
+use shared::adapters::mcp_tool::{McpServer, McpServerBinding};
 use shared::domain::action::ToolOutcome;
-use shared::domain::args::Args;
-use shared::domain::ids::{RunId, TenantId};
-use shared::ports::tools::{Tool, ToolCall};
+
+use super::{call, mcp_servers};
 
 /// The everything server over stdio, through `sh` so the test knows the server's process id
 /// (the shell writes it to `pid_file`, then becomes the server).
@@ -45,19 +40,6 @@ async fn everything(pid_file: &Path) -> McpServer {
     McpServer::connect(resolved)
         .await
         .expect("the server starts")
-}
-
-async fn call(tool: &McpTool, args: Value, key: &str) -> ToolOutcome {
-    let tenant = TenantId::parse("acme").unwrap();
-    let run_id = RunId::parse("run-stdio1").unwrap();
-    let args = Args::new(args).unwrap();
-    tool.call(ToolCall {
-        tenant: &tenant,
-        run_id: &run_id,
-        args: &args,
-        idempotency_key: key,
-    })
-    .await
 }
 
 fn pid(pid_file: &Path) -> u32 {
