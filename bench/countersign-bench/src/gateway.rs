@@ -53,8 +53,12 @@ reason = "A refund needs finance."
 
 /// Calls before any is timed, on each path.
 const WARM_UP: usize = 20;
-/// Gated calls whose decision-to-answer time is taken.
+/// Gated calls whose decision-to-answer time is taken, decided as soon as they wait.
 const DECISIONS: usize = 30;
+/// Gated calls decided only after [`LATE`], as a person would: a waiting call reads the store
+/// less often the longer it waits.
+const LATE_DECISIONS: usize = 10;
+const LATE: Duration = Duration::from_millis(1500);
 
 type Client = RunningService<RoleClient, ClientConfig>;
 
@@ -231,17 +235,20 @@ async fn throughput(
     Ok(calls as f64 / began.elapsed().as_secs_f64())
 }
 
-/// Gated refunds, each waiting through the gateway while a finance approver approves it: the
-/// time from the start of the decision to the waiting call's answer, and the decision's own.
+/// `count` gated refunds, numbered from `first`, each waiting through the gateway while a
+/// finance approver approves it `after` it opened: the time from the start of the decision to
+/// the waiting call's answer, and the decision's own.
 async fn decision_to_answer(
     engine: &Engine,
     gateway: &str,
     token: &str,
     approver: &Identity,
+    (first, count): (usize, usize),
+    after: Duration,
 ) -> Result<(Vec<Duration>, Vec<Duration>), BenchError> {
-    let mut answered = Vec::with_capacity(DECISIONS);
-    let mut decided = Vec::with_capacity(DECISIONS);
-    for n in 0..DECISIONS {
+    let mut answered = Vec::with_capacity(count);
+    let mut decided = Vec::with_capacity(count);
+    for n in first..first + count {
         let client = client(gateway, Some(token)).await?;
         let refund = call_params(
             "issue_refund",
@@ -262,6 +269,7 @@ async fn decision_to_answer(
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         };
+        tokio::time::sleep(after).await;
         let request = DecisionRequest {
             decision_id: DecisionId::parse(&format!("bench-gate-{n}")).expect("a decision id"),
             action_version: approval.action_version,
@@ -371,18 +379,37 @@ pub async fn run(args: &BenchArgs) -> Result<Output, BenchError> {
     }
     let per_second_1 = throughput(&gateway_url, &token, 1, calls, n).await?;
     let per_second_8 = throughput(&gateway_url, &token, 8, calls, n + calls).await?;
-    let (answered, decided) = decision_to_answer(&engine, &gateway_url, &token, &approver).await?;
+    let (answered, decided) = decision_to_answer(
+        &engine,
+        &gateway_url,
+        &token,
+        &approver,
+        (0, DECISIONS),
+        Duration::ZERO,
+    )
+    .await?;
+    let (answered_late, _) = decision_to_answer(
+        &engine,
+        &gateway_url,
+        &token,
+        &approver,
+        (DECISIONS, LATE_DECISIONS),
+        LATE,
+    )
+    .await?;
     std::fs::remove_dir_all(&dir).ok();
     let refunds = refunds.lock().expect("refunds lock").clone();
-    if refunds.len() != DECISIONS || refunds.values().any(|&made| made != 1) {
+    let approved = DECISIONS + LATE_DECISIONS;
+    if refunds.len() != approved || refunds.values().any(|&made| made != 1) {
         return Err(BenchError::Ledger(format!(
-            "the upstream should have made each of {DECISIONS} approved refunds once: {refunds:?}"
+            "the upstream should have made each of {approved} approved refunds once: {refunds:?}"
         )));
     }
 
     let direct = Latency::of(&direct).expect("samples");
     let through = Latency::of(&through).expect("samples");
     let answered = Latency::of(&answered).expect("samples");
+    let answered_late = Latency::of(&answered_late).expect("samples");
     let decided = Latency::of(&decided).expect("samples");
     let json = json!({
         "bench": "mcp_gateway",
@@ -393,6 +420,7 @@ pub async fn run(args: &BenchArgs) -> Result<Output, BenchError> {
         "added_p50_ms": through.p50_ms - direct.p50_ms,
         "allowed_calls_per_second": {"concurrency_1": per_second_1, "concurrency_8": per_second_8},
         "decision_to_answer": answered,
+        "decision_to_answer_after_1500_ms": answered_late,
         "decision": decided,
         "refunds_once": true,
     });
@@ -402,13 +430,16 @@ pub async fn run(args: &BenchArgs) -> Result<Output, BenchError> {
          \x20 gateway    {}\n\
          \x20            the gateway adds {:.2} ms at p50 (schema, policy, one run and action written, the upstream called, the outcome written)\n\
          \x20 throughput {per_second_1:.1} allowed calls/s through the gateway at concurrency 1, {per_second_8:.1} at concurrency 8\n\
-         \x20 answer     {}   ({DECISIONS} gated calls: from the start of the decision to the waiting call's answer)\n\
+         \x20 answer     {}   ({DECISIONS} gated calls decided as soon as they waited: from the start of the decision to the waiting call's answer)\n\
+         \x20 answer     {}   ({LATE_DECISIONS} decided after {} ms of waiting, when the call reads the store every 500 ms)\n\
          \x20 decision   {}   (the decision itself, which runs the approved call in this process)\n\
-         \x20 upstream   each of the {DECISIONS} approved refunds made once\n",
+         \x20 upstream   each of the {approved} approved refunds made once\n",
         direct.line(),
         through.line(),
         through.p50_ms - direct.p50_ms,
         answered.line(),
+        answered_late.line(),
+        LATE.as_millis(),
         decided.line(),
     );
     Ok(Output { text, json })

@@ -74,6 +74,10 @@ fn the_mcp_gateway_bench_times_both_paths_and_each_approved_refund_runs_once() {
     assert_eq!(report["direct"]["count"], 10, "{report}");
     assert_eq!(report["through_gateway"]["count"], 10, "{report}");
     assert_eq!(report["decision_to_answer"]["count"], 30, "{report}");
+    assert_eq!(
+        report["decision_to_answer_after_1500_ms"]["count"], 10,
+        "{report}"
+    );
     assert_eq!(report["refunds_once"], true, "{report}");
     for concurrency in ["concurrency_1", "concurrency_8"] {
         assert!(
