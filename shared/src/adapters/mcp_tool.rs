@@ -1,4 +1,9 @@
-//! Tools from an MCP server over Streamable HTTP, through the official Rust SDK (`rmcp`).
+//! Tools from an MCP server, over Streamable HTTP or over the stdio of a process this one
+//! starts (`command = ...`, never in Lambda), through the official Rust SDK (`rmcp`). A stdio
+//! server gets [`INHERITED_ENV`] and its own `env`, logs its stderr through `tracing`, runs in
+//! a process group of its own killed with its session, and is started again by the next call
+//! once it has exited (the ping before each call finds it gone); a call in flight when it dies
+//! is unknown, as any transport failure after sending is.
 //!
 //! An agent definition binds a server, then its tools by name or all at once:
 //!
