@@ -9,6 +9,9 @@
 //! (`COUNTERSIGN_MCP_PYTHON` names another Python that has it), the Inspector in `mcp-inspector`.
 
 mod common;
+#[allow(dead_code)]
+#[path = "../shared/tests/support/mcp_servers.rs"]
+mod mcp_servers;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -149,11 +152,16 @@ struct Gateway {
 impl Gateway {
     /// `countersign mcp --agent refunds --as PERSON`, spawned by the client, over `cs`'s state.
     fn stdio(cs: &Countersign, person: &str) -> Self {
+        Self::stdio_for(cs, "refunds", person)
+    }
+
+    /// `countersign mcp --agent AGENT --as PERSON`, spawned by the client, over `cs`'s state.
+    fn stdio_for(cs: &Countersign, agent: &str, person: &str) -> Self {
         let mut env = cs.env().to_vec();
         env.push(("COUNTERSIGN_STATE", cs.state().display().to_string()));
         let transport = ["stdio", env!("CARGO_BIN_EXE_countersign"), "mcp"]
             .into_iter()
-            .chain(["--agent", "refunds", "--as", person, "--sweep-every", "0s"])
+            .chain(["--agent", agent, "--as", person, "--sweep-every", "0s"])
             .map(String::from)
             .collect();
         Self { transport, env }
@@ -161,9 +169,14 @@ impl Gateway {
 
     /// `/mcp/refunds` on `server`, with `person`'s token.
     fn http(server: &Serve, cs: &Countersign, person: &str) -> Self {
+        Self::http_for(server, cs, "refunds", person)
+    }
+
+    /// `/mcp/AGENT` on `server`, with `person`'s token.
+    fn http_for(server: &Serve, cs: &Countersign, agent: &str, person: &str) -> Self {
         let token = cs.printed(&["token", "--as", person]).trim().to_string();
         Self {
-            transport: vec!["http".into(), format!("{}/mcp/refunds", server.base), token],
+            transport: vec!["http".into(), format!("{}/mcp/{agent}", server.base), token],
             env: Vec::new(),
         }
     }
@@ -596,4 +609,266 @@ fn the_mcp_inspector_lists_and_calls_over_stdio_and_http_and_a_call_attaches_acr
     assert_eq!(after["_meta"]["countersign/attached"], true, "{after}");
     let action = after["_meta"]["countersign/action_id"].as_str().unwrap();
     orders.only_refund("ord_55", 12_500, &format!("{action}:1"));
+}
+
+// Upstream MCP servers nobody here wrote, behind agents that have no [model]: the reference
+// filesystem server over stdio, started by the gateway, and the reference "everything" server
+// over Streamable HTTP.
+
+/// Reads run by the servers' read-only hint; a write waits for a finance manager.
+const FILES_POLICY: &str = r#"name = "files"
+version = 1
+default_ttl = "1h"
+
+[hints.read_only]
+decision = "allow"
+
+[tools.write_file]
+decision = "approve"
+approver_role = "finance_manager"
+quorum = 1
+reason = "Writing a file changes what the team reads."
+"#;
+
+/// The reference server's echo runs; nothing else of it is allowed.
+const REFERENCE_POLICY: &str = r#"name = "reference"
+version = 1
+default_ttl = "1h"
+
+[tools.echo]
+decision = "allow"
+"#;
+
+/// Two agents without a model: `files` starts the filesystem server over `data`, `reference`
+/// reaches the everything server at `everything_url`. Returns the directory holding both.
+fn upstream_agents(root: &Path, data: &Path, everything_url: &str) -> PathBuf {
+    let agents = root.join("agents");
+    let files = agents.join("files");
+    let reference = agents.join("reference");
+    std::fs::create_dir_all(&files).unwrap();
+    std::fs::create_dir_all(&reference).unwrap();
+    let filesystem = mcp_servers::server_script(mcp_servers::FILESYSTEM);
+    std::fs::write(
+        files.join("agent.toml"),
+        format!(
+            "name = \"files\"\nsystem_prompt = \"You keep the team's notes.\"\n\n\
+             [mcp.files]\ncommand = \"node\"\nargs = [\"{}\", \"${{FILES_ROOT}}\"]\ntools = \"*\"\n",
+            filesystem.display()
+        ),
+    )
+    .unwrap();
+    std::fs::write(files.join("policy.toml"), FILES_POLICY).unwrap();
+    std::fs::write(
+        reference.join("agent.toml"),
+        format!(
+            "name = \"reference\"\nsystem_prompt = \"You echo.\"\n\n\
+             [mcp.everything]\nurl = \"{everything_url}\"\ntools = [\"echo\"]\n"
+        ),
+    )
+    .unwrap();
+    std::fs::write(reference.join("policy.toml"), REFERENCE_POLICY).unwrap();
+    std::fs::write(data.join("notes.txt"), "Ship on Friday.\n").unwrap();
+    agents
+}
+
+/// The everything server over Streamable HTTP on a free port, in a process group of its own.
+struct Everything {
+    child: Child,
+    url: String,
+}
+
+impl Everything {
+    fn start() -> Self {
+        use std::os::unix::process::CommandExt;
+        let port = common::free_port();
+        let mut child = Command::new("node")
+            .arg(mcp_servers::server_script(mcp_servers::EVERYTHING))
+            .arg("streamableHttp")
+            .env("PORT", port.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .expect("node starts the everything server");
+        let stderr = BufReader::new(child.stderr.take().unwrap());
+        for line in stderr.lines() {
+            if line.unwrap().contains("listening on port") {
+                break;
+            }
+        }
+        Self {
+            child,
+            url: format!("http://127.0.0.1:{port}/mcp"),
+        }
+    }
+}
+
+impl Drop for Everything {
+    fn drop(&mut self) {
+        stop_group(&mut self.child, "KILL");
+    }
+}
+
+/// The files in `dir`, by name.
+fn listing(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+fn write_file(path: &Path, content: &str) -> Value {
+    json!({"op": "call", "tool": "write_file", "wait_seconds": 0.0,
+           "args": {"path": path.display().to_string(), "content": content}})
+}
+
+#[test]
+fn the_filesystem_server_over_stdio_reads_freely_and_writes_once_after_approval_or_not_at_all() {
+    let root = common::fresh_path("mcp-files");
+    let data = root.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let agents = upstream_agents(&root, &data, "http://127.0.0.1:9/mcp");
+    let cs = Countersign::fresh("mcp-files").with_env(vec![
+        ("COUNTERSIGN_STORE", "embedded".into()),
+        ("COUNTERSIGN_AGENTS", agents.display().to_string()),
+        (
+            "FILES_ROOT",
+            data.canonicalize().unwrap().display().to_string(),
+        ),
+    ]);
+    let data = data.canonicalize().unwrap();
+    let gateway = Gateway::stdio_for(&cs, "files", "sam");
+    let approved = data.join("plan.txt");
+
+    let answers = gateway.session(json!([
+        {"op": "list"},
+        {"op": "call", "tool": "read_file", "args": {"path": data.join("notes.txt").display().to_string()}},
+        write_file(&approved, "Ship on Monday.\n"),
+    ]));
+
+    let tools = common::texts(&answers[0]["tools"], "name");
+    assert!(
+        tools.contains(&"read_file") && tools.contains(&"write_file"),
+        "{tools:?}"
+    );
+    let read = &answers[1];
+    assert_eq!(meta(read, "status"), "succeeded", "{read}");
+    assert!(
+        read["text"].as_str().unwrap().contains("Ship on Friday."),
+        "{read}"
+    );
+    let waiting = &answers[2];
+    assert_eq!(meta(waiting, "status"), "awaiting_approval", "{waiting}");
+    let approval = meta(waiting, "approval_id").as_str().unwrap().to_string();
+    assert_eq!(listing(&data), ["notes.txt"], "nothing written yet");
+
+    cs.ok(&["review", "approve", &approval, "--as", "mia"]);
+    let again = gateway.call(write_file(&approved, "Ship on Monday.\n"));
+    assert_eq!(meta(&again, "attached"), true, "{again}");
+    assert_eq!(meta(&again, "status"), "succeeded", "{again}");
+    assert_eq!(
+        std::fs::read_to_string(&approved).unwrap(),
+        "Ship on Monday.\n"
+    );
+    // Once: the file removed, the same call again answers the outcome and writes nothing.
+    std::fs::remove_file(&approved).unwrap();
+    let third = gateway.call(write_file(&approved, "Ship on Monday.\n"));
+    assert_eq!(meta(&third, "status"), "succeeded", "{third}");
+    assert_eq!(listing(&data), ["notes.txt"]);
+
+    let rejected = data.join("rumour.txt");
+    let waiting = gateway.call(write_file(&rejected, "Ship never.\n"));
+    let approval = meta(&waiting, "approval_id").as_str().unwrap().to_string();
+    cs.ok(&[
+        "review",
+        "reject",
+        &approval,
+        "--reason",
+        "Not true.",
+        "--as",
+        "mia",
+    ]);
+    let told = gateway.call(write_file(&rejected, "Ship never.\n"));
+    assert_eq!(meta(&told, "status"), "rejected", "{told}");
+    assert!(
+        told["text"].as_str().unwrap().starts_with("Not executed"),
+        "{told}"
+    );
+    assert_eq!(
+        listing(&data),
+        ["notes.txt"],
+        "a rejected write leaves the directory as it was"
+    );
+    std::fs::remove_dir_all(root).ok();
+}
+
+#[tokio::test]
+async fn the_everything_server_over_streamable_http_lists_and_runs_an_allowed_call_and_an_agent_without_a_model_runs_no_run()
+ {
+    let everything = Everything::start();
+    let root = common::fresh_path("mcp-reference");
+    let data = root.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let agents = upstream_agents(&root, &data, &everything.url);
+    let cs = Countersign::fresh("mcp-reference").with_env(vec![
+        ("COUNTERSIGN_STORE", "embedded".into()),
+        ("COUNTERSIGN_AGENTS", agents.display().to_string()),
+        ("FILES_ROOT", data.display().to_string()),
+    ]);
+    let server = Serve::start(&cs);
+    let gateway = Gateway::http_for(&server, &cs, "reference", "sam");
+
+    let answers = gateway.session(json!([
+        {"op": "list"},
+        {"op": "call", "tool": "echo", "args": {"message": "through the gateway"}},
+    ]));
+    assert_eq!(common::texts(&answers[0]["tools"], "name"), ["echo"]);
+    assert_eq!(meta(&answers[1], "status"), "succeeded", "{}", answers[1]);
+    assert!(
+        answers[1]["text"]
+            .as_str()
+            .unwrap()
+            .contains("through the gateway"),
+        "{}",
+        answers[1]
+    );
+
+    // Neither agent has a model: a run of one is refused, over HTTP and from the CLI.
+    let token = cs.printed(&["token", "--as", "sam"]).trim().to_string();
+    let refused = reqwest::Client::new()
+        .post(format!("{}/runs", server.base))
+        .bearer_auth(token)
+        .json(&json!({"agent": "files", "task": "Tidy the notes."}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 400);
+    let body: Value = refused.json().await.unwrap();
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("the agent files has no model")
+            && message.contains("for the MCP gateway and the gate API only"),
+        "{body}"
+    );
+    let ran = cs.run(&[
+        "run",
+        "--agent",
+        "reference",
+        "--as",
+        "sam",
+        "Echo something.",
+    ]);
+    assert_ne!(ran.exit, 0);
+    assert!(
+        ran.json["error"]["message"]
+            .as_str()
+            .unwrap_or(&ran.stderr)
+            .contains("the agent reference has no model"),
+        "{} {}",
+        ran.json,
+        ran.stderr
+    );
+    std::fs::remove_dir_all(root).ok();
 }

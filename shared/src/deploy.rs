@@ -398,6 +398,23 @@ pub fn definitions(paths: Option<&str>) -> Result<Vec<Definition>, ConfigError> 
     loaded.map_err(|e| ConfigError(e.to_string()))
 }
 
+/// Refuses, naming the agent and the server, a definition that would start an MCP server as a
+/// local process: Lambda has no place to keep one running between invocations.
+pub fn refuse_stdio_servers(definitions: &[Definition]) -> Result<(), ConfigError> {
+    for definition in definitions {
+        if let Some(server) = definition.stdio_servers().next() {
+            return Err(ConfigError(format!(
+                "{}: mcp.{server}: the agent {} starts the MCP server {server} as a local process \
+                 (command = ...), which cannot run in AWS Lambda; reach it by url (Streamable \
+                 HTTP) there, or run this agent with the local binary (countersign serve or \
+                 countersign mcp)",
+                definition.file, definition.name
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// What every engine of a process is built from, whatever its store.
 pub struct Setup {
     pub definitions: Vec<Definition>,
@@ -410,11 +427,16 @@ impl Setup {
     /// `COUNTERSIGN_AGENTS` names the definitions (else the shipped ones), `COUNTERSIGN_CLAIMS`
     /// the expense example's claims file (else the shipped one), and the notices as
     /// [`Notifications::from_env`] reads them.
+    ///
+    /// Only Lambda functions set up this way, so a definition with an MCP server started as a
+    /// local process (`command = ...`) is refused: a function cannot keep one running.
     pub fn from_env() -> Result<Self, ConfigError> {
-        Self::load(
+        let setup = Self::load(
             var("COUNTERSIGN_AGENTS").as_deref(),
             var("COUNTERSIGN_CLAIMS").map(PathBuf::from).as_deref(),
-        )
+        )?;
+        refuse_stdio_servers(&setup.definitions)?;
+        Ok(setup)
     }
 
     pub fn load(agents: Option<&str>, claims: Option<&Path>) -> Result<Self, ConfigError> {
@@ -492,4 +514,38 @@ pub fn aws_engine(aws: &Aws, setup: &Setup, drives: bool) -> Result<Engine, Conf
         clock: Arc::new(SystemClock),
     };
     engine(backing, setup, drives)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_definition_that_starts_a_stdio_server_loads_locally_and_is_refused_for_lambda() {
+        let dir = crate::testing::scratch_dir("stdio-lambda");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("agent.toml"),
+            "name = \"files\"\nsystem_prompt = \"Edit files.\"\n\
+             [mcp.files]\ncommand = \"npx\"\nargs = [\"-y\", \"@modelcontextprotocol/server-filesystem\", \"/srv\"]\n\
+             env = { GITHUB_TOKEN = \"${NOT_NEEDED_TO_LOAD}\" }\ntools = \"*\"\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("policy.toml"),
+            "name = \"files\"\nversion = 1\ndefault_ttl = \"1h\"\n",
+        )
+        .unwrap();
+
+        let loaded = definitions(Some(dir.to_str().unwrap())).expect("the local binary loads it");
+        let refused = refuse_stdio_servers(&loaded).unwrap_err().to_string();
+        assert!(refused.contains("agent.toml: mcp.files"), "{refused}");
+        assert!(
+            refused.contains("the agent files starts the MCP server files as a local process"),
+            "{refused}"
+        );
+        assert!(refused.contains("cannot run in AWS Lambda"), "{refused}");
+        assert!(refuse_stdio_servers(&agents::shipped().unwrap()).is_ok());
+        std::fs::remove_dir_all(dir).ok();
+    }
 }

@@ -5,6 +5,7 @@
 
 mod cost;
 mod gate;
+mod gateway;
 mod lifecycle;
 mod meter;
 mod partitions;
@@ -73,7 +74,7 @@ pub struct BenchArgs {
     pub store: BenchStore,
     /// Instead: --runs allowed calls through the gate API against as many through `POST /runs`
     /// (loopback HTTP, embedded store, concurrency 1 and 8), then long-polls woken by decisions.
-    #[arg(long, conflicts_with = "sweep_scaling")]
+    #[arg(long, conflicts_with_all = ["sweep_scaling", "mcp_gateway"])]
     pub gate: bool,
     /// Instead: the sweep over --overdue approvals among --finished finished runs, M growing.
     #[arg(long)]
@@ -84,6 +85,10 @@ pub struct BenchArgs {
     /// With --sweep-scaling: the numbers of finished runs, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "0,1000,10000")]
     pub finished: Vec<usize>,
+    /// Instead: --runs allowed calls through the MCP gateway and as many straight to the same
+    /// upstream MCP server, allowed calls/s, and a decision's time to the waiting call's answer.
+    #[arg(long, conflicts_with = "sweep_scaling")]
+    pub mcp_gateway: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -139,9 +144,10 @@ async fn run(args: &BenchArgs) -> Result<Output, BenchError> {
     if args.runs == 0 {
         return Err(BenchError::Setup("--runs must be at least 1".into()));
     }
-    match (args.gate, args.sweep_scaling) {
-        (true, _) => gate::run(args).await,
-        (_, true) => scaling::run(args).await,
+    match (args.gate, args.mcp_gateway, args.sweep_scaling) {
+        (true, _, _) => gate::run(args).await,
+        (_, true, _) => gateway::run(args).await,
+        (_, _, true) => scaling::run(args).await,
         _ => lifecycle_bench(args).await,
     }
 }

@@ -96,3 +96,33 @@ fn the_gate_bench_pays_every_allowed_call_and_wakes_every_waiting_caller() {
     assert_eq!(report["wake"]["waits"], 10);
     assert_eq!(report["wake"]["decision_to_answer"]["count"], 10);
 }
+
+#[test]
+fn the_mcp_gateway_bench_times_both_paths_and_each_approved_refund_runs_once() {
+    let output = Command::new(env!("CARGO_BIN_EXE_countersign-bench"))
+        .args(["--mcp-gateway", "--runs", "10", "--json"])
+        .env_remove("ANTHROPIC_API_KEY")
+        .output()
+        .expect("countersign-bench runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "the bench failed: {stderr}");
+    let report: Value = serde_json::from_slice(&output.stdout).expect("one JSON object");
+
+    assert_eq!(report["direct"]["count"], 10, "{report}");
+    assert_eq!(report["through_gateway"]["count"], 10, "{report}");
+    assert_eq!(report["decision_to_answer"]["count"], 30, "{report}");
+    assert_eq!(
+        report["decision_to_answer_after_1500_ms"]["count"], 10,
+        "{report}"
+    );
+    assert_eq!(report["refunds_once"], true, "{report}");
+    for concurrency in ["concurrency_1", "concurrency_8"] {
+        assert!(
+            report["allowed_calls_per_second"][concurrency]
+                .as_f64()
+                .unwrap()
+                > 0.0,
+            "{report}"
+        );
+    }
+}

@@ -1,4 +1,9 @@
-//! Tools from an MCP server over Streamable HTTP, through the official Rust SDK (`rmcp`).
+//! Tools from an MCP server, over Streamable HTTP or over the stdio of a process this one
+//! starts (`command = ...`, never in Lambda), through the official Rust SDK (`rmcp`). A stdio
+//! server gets [`INHERITED_ENV`] and its own `env`, logs its stderr through `tracing`, runs in
+//! a process group of its own killed with its session, and is started again by the next call
+//! once it has exited (the ping before each call finds it gone); a call in flight when it dies
+//! is unknown, as any transport failure after sending is.
 //!
 //! An agent definition binds a server, then its tools by name or all at once:
 //!
@@ -47,6 +52,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use process_wrap::tokio::CommandWrap;
 use reqwest::header::{HeaderName, HeaderValue};
 use rmcp::ServiceExt;
 use rmcp::model::{
@@ -57,10 +63,10 @@ use rmcp::model::{
 use rmcp::service::{
     ClientInitializeError, PeerRequestOptions, RoleClient, RunningService, ServiceError,
 };
-use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::{
     StreamableHttpClientTransportConfig, StreamableHttpError,
 };
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use serde::Deserialize;
 use serde_json::Value;
 use tokio::sync::Mutex;
@@ -92,19 +98,105 @@ const RESERVED_HEADERS: &[&str] = &[
     "last-event-id",
 ];
 
+/// What a malformed `[mcp.<server>]` is told: the two forms a server may take.
+pub const SERVER_FORMS: &str = "a server is either reached over Streamable HTTP, url = \"https://...\" \
+     with optional headers, or started as a local process over stdio, command = \"npx\" with \
+     optional args = [...], env = { ... } and cwd";
+
 /// `[mcp.<server>]` as written in an agent definition.
 #[derive(Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "RawServerBinding")]
 pub struct McpServerBinding {
-    /// The Streamable HTTP endpoint; may use `${VAR}`.
-    pub url: String,
-    /// Sent with every request; values may use `${VAR}` and are never shown.
-    #[serde(default)]
-    pub headers: BTreeMap<String, String>,
+    /// How the server is reached.
+    pub endpoint: Endpoint,
     /// Per request, such as `"10s"`; at most 60s, 30s when absent.
     pub timeout: Option<String>,
     /// Which of the server's tools the agent gets without a `[tools.*]` entry each.
     pub tools: Option<ToolSelection>,
+}
+
+/// Where a server is: a URL, or a command this process starts. Every text may use `${VAR}`.
+#[derive(Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    /// Streamable HTTP; the headers are sent with every request and never shown.
+    Http {
+        url: String,
+        headers: BTreeMap<String, String>,
+    },
+    /// A process started with piped stdio, once per process that calls it. Its environment is
+    /// [`INHERITED_ENV`] from this process plus `env`, whose values are never shown.
+    Stdio {
+        command: String,
+        args: Vec<String>,
+        env: BTreeMap<String, String>,
+        cwd: Option<String>,
+    },
+}
+
+/// What a stdio server inherits of this process's environment (as the MCP SDKs do): enough
+/// to find and run a program, never this process's own settings and secrets.
+pub const INHERITED_ENV: &[&str] = &[
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "LANG", "TMPDIR",
+];
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawServerBinding {
+    url: Option<String>,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    command: Option<String>,
+    #[serde(default)]
+    args: Vec<String>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    cwd: Option<String>,
+    timeout: Option<String>,
+    tools: Option<ToolSelection>,
+}
+
+impl TryFrom<RawServerBinding> for McpServerBinding {
+    type Error = String;
+    fn try_from(raw: RawServerBinding) -> Result<Self, String> {
+        let stdio_only = !raw.args.is_empty() || !raw.env.is_empty() || raw.cwd.is_some();
+        let endpoint = match (raw.url, raw.command) {
+            (Some(url), None) if !stdio_only => Endpoint::Http {
+                url,
+                headers: raw.headers,
+            },
+            (None, Some(command)) if raw.headers.is_empty() => Endpoint::Stdio {
+                command,
+                args: raw.args,
+                env: raw.env,
+                cwd: raw.cwd,
+            },
+            (Some(_), Some(_)) => return Err(format!("has both url and command; {SERVER_FORMS}")),
+            (None, None) => return Err(format!("needs url or command; {SERVER_FORMS}")),
+            (Some(_), None) => {
+                return Err(format!(
+                    "args, env and cwd are for a server started by command; {SERVER_FORMS}"
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(format!(
+                    "headers are for a server reached by url (a stdio server takes env); \
+                     {SERVER_FORMS}"
+                ));
+            }
+        };
+        Ok(Self {
+            endpoint,
+            timeout: raw.timeout,
+            tools: raw.tools,
+        })
+    }
+}
+
+impl McpServerBinding {
+    /// Whether this process must start the server: no such server can run in Lambda.
+    pub fn is_stdio(&self) -> bool {
+        matches!(self.endpoint, Endpoint::Stdio { .. })
+    }
 }
 
 /// `tools = "*"` (every tool the server lists) or `tools = ["a", "b"]`.
@@ -145,12 +237,35 @@ pub struct McpToolBinding {
     pub tool: String,
 }
 
-/// Header values are secrets: show their names only.
+/// Header and env values are secrets: show their names only.
+impl fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Endpoint::Http { url, headers } => f
+                .debug_struct("Http")
+                .field("url", url)
+                .field("headers", &headers.keys().collect::<Vec<_>>())
+                .finish(),
+            Endpoint::Stdio {
+                command,
+                args,
+                env,
+                cwd,
+            } => f
+                .debug_struct("Stdio")
+                .field("command", command)
+                .field("args", args)
+                .field("env", &env.keys().collect::<Vec<_>>())
+                .field("cwd", cwd)
+                .finish(),
+        }
+    }
+}
+
 impl fmt::Debug for McpServerBinding {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("McpServerBinding")
-            .field("url", &self.url)
-            .field("headers", &self.headers.keys().collect::<Vec<_>>())
+            .field("endpoint", &self.endpoint)
             .field("timeout", &self.timeout)
             .field("tools", &self.tools)
             .finish()
@@ -164,38 +279,25 @@ impl McpServerBinding {
         let name = field.rsplit('.').next().unwrap_or(field).to_string();
         let mut secrets = Vec::new();
 
-        let url_field = format!("{field}.url");
-        let url_text = env_template::expand(&self.url, &url_field, env)?;
-        collect_env_values(&self.url, env, &mut secrets);
-        let url = reqwest::Url::parse(&url_text)
-            .ok()
-            .filter(|url| matches!(url.scheme(), "http" | "https") && url.has_host())
-            .ok_or_else(|| BindingError::invalid(&url_field, "must be an http or https URL"))?;
-        let url_shown = if env_template::mentions_env(&self.url) {
-            self.url.clone()
-        } else {
-            url.to_string()
-        };
-
-        let mut headers = HashMap::new();
-        for (header, template) in &self.headers {
-            let header_field = format!("{field}.headers.{header}");
-            let value = env_template::expand(template, &header_field, env)?;
-            collect_env_values(template, env, &mut secrets);
-            let header_name = HeaderName::from_bytes(header.as_bytes())
-                .map_err(|_| BindingError::invalid(&header_field, "not a valid header name"))?;
-            if RESERVED_HEADERS.contains(&header_name.as_str()) {
-                return Err(BindingError::invalid(
-                    &header_field,
-                    "set by the MCP transport itself; a binding may not send it",
-                ));
+        let transport = match &self.endpoint {
+            Endpoint::Http { url, headers } => {
+                resolve_http(field, url, headers, env, &mut secrets)?
             }
-            let mut header_value = HeaderValue::from_str(&value)
-                .map_err(|_| BindingError::invalid(&header_field, "not a valid header value"))?;
-            header_value.set_sensitive(true);
-            secrets.push((value, "<redacted>".to_string()));
-            headers.insert(header_name, header_value);
-        }
+            Endpoint::Stdio {
+                command,
+                args,
+                env: vars,
+                cwd,
+            } => resolve_stdio(
+                field,
+                command,
+                args,
+                vars,
+                cwd.as_deref(),
+                env,
+                &mut secrets,
+            )?,
+        };
 
         let timeout_field = format!("{field}.timeout");
         let timeout = match &self.timeout {
@@ -230,14 +332,117 @@ impl McpServerBinding {
         secrets.sort_by_key(|(value, _)| std::cmp::Reverse(value.len()));
         Ok(ResolvedMcpServer {
             name,
-            url,
-            url_shown,
-            headers,
+            transport,
             timeout,
             tools: self.tools.clone(),
             secrets,
         })
     }
+}
+
+fn resolve_http(
+    field: &str,
+    template: &str,
+    header_templates: &BTreeMap<String, String>,
+    env: Lookup<'_>,
+    secrets: &mut Vec<(String, String)>,
+) -> Result<Transport, BindingError> {
+    let url_field = format!("{field}.url");
+    let url_text = env_template::expand(template, &url_field, env)?;
+    collect_env_values(template, env, secrets);
+    let url = reqwest::Url::parse(&url_text)
+        .ok()
+        .filter(|url| matches!(url.scheme(), "http" | "https") && url.has_host())
+        .ok_or_else(|| BindingError::invalid(&url_field, "must be an http or https URL"))?;
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(BindingError::invalid(
+            &url_field,
+            "carries credentials (user:password@ before the host), which the SDK's logs may \
+             print; send them in a header instead, such as \
+             headers = { Authorization = \"Basic ${ORDERS_MCP_BASIC_AUTH}\" }",
+        ));
+    }
+    let url_shown = if env_template::mentions_env(template) {
+        template.to_string()
+    } else {
+        url.to_string()
+    };
+
+    let mut headers = HashMap::new();
+    for (header, template) in header_templates {
+        let header_field = format!("{field}.headers.{header}");
+        let value = env_template::expand(template, &header_field, env)?;
+        collect_env_values(template, env, secrets);
+        let header_name = HeaderName::from_bytes(header.as_bytes())
+            .map_err(|_| BindingError::invalid(&header_field, "not a valid header name"))?;
+        if RESERVED_HEADERS.contains(&header_name.as_str()) {
+            return Err(BindingError::invalid(
+                &header_field,
+                "set by the MCP transport itself; a binding may not send it",
+            ));
+        }
+        let mut header_value = HeaderValue::from_str(&value)
+            .map_err(|_| BindingError::invalid(&header_field, "not a valid header value"))?;
+        header_value.set_sensitive(true);
+        secrets.push((value, "<redacted>".to_string()));
+        headers.insert(header_name, header_value);
+    }
+    Ok(Transport::Http {
+        url,
+        url_shown,
+        headers,
+    })
+}
+
+fn resolve_stdio(
+    field: &str,
+    command: &str,
+    args: &[String],
+    vars: &BTreeMap<String, String>,
+    cwd: Option<&str>,
+    env: Lookup<'_>,
+    secrets: &mut Vec<(String, String)>,
+) -> Result<Transport, BindingError> {
+    let command_field = format!("{field}.command");
+    let program = env_template::expand(command, &command_field, env)?;
+    collect_env_values(command, env, secrets);
+    if program.trim().is_empty() {
+        return Err(BindingError::invalid(
+            &command_field,
+            "names the program to start, such as \"npx\"",
+        ));
+    }
+    let args_field = format!("{field}.args");
+    let mut expanded_args = Vec::with_capacity(args.len());
+    for arg in args {
+        expanded_args.push(env_template::expand(arg, &args_field, env)?);
+        collect_env_values(arg, env, secrets);
+    }
+    let mut expanded_vars = BTreeMap::new();
+    for (var, template) in vars {
+        let var_field = format!("{field}.env.{var}");
+        let valid = !var.is_empty() && !var.contains(['=', '\0']);
+        if !valid {
+            return Err(BindingError::invalid(&var_field, "not a variable name"));
+        }
+        let value = env_template::expand(template, &var_field, env)?;
+        collect_env_values(template, env, secrets);
+        secrets.push((value.clone(), "<redacted>".to_string()));
+        expanded_vars.insert(var.clone(), value);
+    }
+    let cwd = cwd
+        .map(|dir| {
+            let cwd_field = format!("{field}.cwd");
+            let dir = env_template::expand(dir, &cwd_field, env)?;
+            Ok::<_, BindingError>(std::path::PathBuf::from(dir))
+        })
+        .transpose()?;
+    Ok(Transport::Stdio {
+        program,
+        args: expanded_args,
+        vars: expanded_vars,
+        cwd,
+    })
 }
 
 /// Each `${NAME}` of `template` with its value, to be written back as `${NAME}` wherever it shows.
@@ -254,14 +459,28 @@ fn collect_env_values(template: &str, env: Lookup<'_>, secrets: &mut Vec<(String
     }
 }
 
+/// How a resolved server is reached.
+#[derive(Clone)]
+enum Transport {
+    Http {
+        url: reqwest::Url,
+        /// The URL as it may be shown: the template when it came from the environment.
+        url_shown: String,
+        headers: HashMap<HeaderName, HeaderValue>,
+    },
+    Stdio {
+        program: String,
+        args: Vec<String>,
+        vars: BTreeMap<String, String>,
+        cwd: Option<std::path::PathBuf>,
+    },
+}
+
 /// A server binding with its variables filled and its settings checked.
 #[derive(Clone)]
 pub struct ResolvedMcpServer {
     name: String,
-    url: reqwest::Url,
-    /// The URL as it may be shown: the template when it came from the environment.
-    url_shown: String,
-    headers: HashMap<HeaderName, HeaderValue>,
+    transport: Transport,
     timeout: Duration,
     tools: Option<ToolSelection>,
     /// Values that must never show, each with what to write instead.
@@ -282,6 +501,16 @@ impl ResolvedMcpServer {
         self.tools.as_ref()
     }
 
+    /// Where it is, as it may be shown: its URL, or its command (arguments redacted).
+    fn shown(&self) -> String {
+        match &self.transport {
+            Transport::Http { url_shown, .. } => url_shown.clone(),
+            Transport::Stdio { program, args, .. } => {
+                self.redact(format!("{program} {}", args.join(" ")).trim_end())
+            }
+        }
+    }
+
     /// `text` with every secret replaced by its variable's name or `<redacted>`.
     fn redact(&self, text: &str) -> String {
         let mut out = text.to_string();
@@ -294,10 +523,20 @@ impl ResolvedMcpServer {
 
 impl fmt::Debug for ResolvedMcpServer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ResolvedMcpServer")
-            .field("name", &self.name)
-            .field("url", &self.url_shown)
-            .field("headers", &self.headers.keys().collect::<Vec<_>>())
+        let mut shown = f.debug_struct("ResolvedMcpServer");
+        shown.field("name", &self.name);
+        match &self.transport {
+            Transport::Http {
+                url_shown, headers, ..
+            } => shown
+                .field("url", url_shown)
+                .field("headers", &headers.keys().collect::<Vec<_>>()),
+            Transport::Stdio { vars, cwd, .. } => shown
+                .field("command", &self.shown())
+                .field("env", &vars.keys().collect::<Vec<_>>())
+                .field("cwd", cwd),
+        };
+        shown
             .field("timeout", &self.timeout)
             .field("tools", &self.tools)
             .finish()
@@ -325,7 +564,8 @@ pub struct McpServer {
 
 struct Inner {
     config: ResolvedMcpServer,
-    http: reqwest::Client,
+    /// The HTTP client of a server reached by URL.
+    http: Option<reqwest::Client>,
     /// The live session; replaced when it is found dead before a call.
     session: Mutex<Arc<Session>>,
 }
@@ -334,25 +574,31 @@ impl fmt::Debug for McpServer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("McpServer")
             .field("name", &self.inner.config.name)
-            .field("url", &self.inner.config.url_shown)
+            .field("at", &self.inner.config.shown())
             .finish()
     }
 }
 
 impl McpServer {
-    /// Opens a session (`initialize` over Streamable HTTP).
+    /// Opens a session (`initialize` over Streamable HTTP, or over the stdio of the server's
+    /// process, started now).
     pub async fn connect(config: ResolvedMcpServer) -> Result<Self, McpError> {
-        let http = super::trust::client_builder()
-            .redirect(reqwest::redirect::Policy::none())
-            // A fresh connection per request: a connect error then means nothing was sent.
-            .pool_max_idle_per_host(0)
-            .connect_timeout(config.timeout)
-            .build()
-            .map_err(|e| McpError::Unreachable {
-                server: config.name.clone(),
-                detail: config.redact(&e.to_string()),
-            })?;
-        let session = open(&config, &http).await?;
+        let http = match &config.transport {
+            Transport::Http { .. } => Some(
+                super::trust::client_builder()
+                    .redirect(reqwest::redirect::Policy::none())
+                    // A fresh connection per request: a connect error then means nothing was sent.
+                    .pool_max_idle_per_host(0)
+                    .connect_timeout(config.timeout)
+                    .build()
+                    .map_err(|e| McpError::Unreachable {
+                        server: config.name.clone(),
+                        detail: config.redact(&e.to_string()),
+                    })?,
+            ),
+            Transport::Stdio { .. } => None,
+        };
+        let session = open(&config, http.as_ref()).await?;
         Ok(Self {
             inner: Arc::new(Inner {
                 config,
@@ -446,7 +692,10 @@ impl McpServer {
         if !Arc::ptr_eq(&slot, stale) {
             return Ok(slot.clone());
         }
-        let fresh = Arc::new(open(&self.inner.config, &self.inner.http).await?);
+        if matches!(self.inner.config.transport, Transport::Stdio { .. }) {
+            tracing::warn!(server = %self.inner.config.name, "the MCP server's process is gone: starting it again");
+        }
+        let fresh = Arc::new(open(&self.inner.config, self.inner.http.as_ref()).await?);
         *slot = fresh.clone();
         Ok(fresh)
     }
@@ -584,14 +833,10 @@ fn never_connected(error: &ServiceError) -> bool {
     )
 }
 
-async fn open(config: &ResolvedMcpServer, http: &reqwest::Client) -> Result<Session, McpError> {
-    let transport_config = StreamableHttpClientTransportConfig::with_uri(config.url.as_str())
-        .custom_headers(config.headers.clone())
-        // Never re-send a request the server refused for its session: this binding decides.
-        .reinit_on_expired_session(false)
-        .max_json_response_size(MAX_RESPONSE_BYTES)
-        .max_sse_event_size(MAX_RESPONSE_BYTES);
-    let transport = StreamableHttpClientTransport::with_client(http.clone(), transport_config);
+async fn open(
+    config: &ResolvedMcpServer,
+    http: Option<&reqwest::Client>,
+) -> Result<Session, McpError> {
     let client = ClientConfig::new(
         ClientCapabilities::default(),
         Implementation::new("countersign", env!("CARGO_PKG_VERSION")),
@@ -600,7 +845,27 @@ async fn open(config: &ResolvedMcpServer, http: &reqwest::Client) -> Result<Sess
         server: config.name.clone(),
         detail: config.redact(&detail),
     };
-    match tokio::time::timeout(config.timeout, client.serve(transport)).await {
+    let initialized = match (&config.transport, http) {
+        (Transport::Http { url, headers, .. }, Some(http)) => {
+            let transport_config = StreamableHttpClientTransportConfig::with_uri(url.as_str())
+                .custom_headers(headers.clone())
+                // Never re-send a request the server refused for its session: this binding decides.
+                .reinit_on_expired_session(false)
+                .max_json_response_size(MAX_RESPONSE_BYTES)
+                .max_sse_event_size(MAX_RESPONSE_BYTES);
+            let transport =
+                StreamableHttpClientTransport::with_client(http.clone(), transport_config);
+            tokio::time::timeout(config.timeout, client.serve(transport)).await
+        }
+        (Transport::Stdio { .. }, _) => {
+            let transport = spawn(config)
+                .map_err(|e| unreachable(format!("cannot start {}: {e}", config.shown())))?;
+            // Timing out drops the transport, which kills the process it started.
+            tokio::time::timeout(config.timeout, client.serve(transport)).await
+        }
+        (Transport::Http { .. }, None) => unreachable!("a server reached by URL has its client"),
+    };
+    match initialized {
         Ok(Ok(session)) => Ok(session),
         Ok(Err(ClientInitializeError::TransportError { error, .. })) => {
             Err(unreachable(cause(error.error.as_ref())))
@@ -610,6 +875,67 @@ async fn open(config: &ResolvedMcpServer, http: &reqwest::Client) -> Result<Sess
             "no answer to initialize within {}",
             humantime::format_duration(config.timeout)
         ))),
+    }
+}
+
+/// The longest line of a stdio server's stderr logged as one event; a longer one is split.
+const MAX_STDERR_LINE: u64 = 8 * 1024;
+
+/// Starts a stdio server: its own process group, killed with everything it started when its
+/// session is dropped (or this process ends), its stderr logged, never on this process's
+/// stdout, which may be `countersign mcp`'s own protocol channel.
+fn spawn(config: &ResolvedMcpServer) -> std::io::Result<TokioChildProcess> {
+    let Transport::Stdio {
+        program,
+        args,
+        vars,
+        cwd,
+    } = &config.transport
+    else {
+        unreachable!("only a stdio server is spawned");
+    };
+    let mut command = tokio::process::Command::new(program);
+    command.args(args).env_clear();
+    for name in INHERITED_ENV {
+        if let Some(value) = std::env::var_os(name) {
+            command.env(name, value);
+        }
+    }
+    command.envs(vars);
+    if let Some(cwd) = cwd {
+        command.current_dir(cwd);
+    }
+    let mut wrapped = CommandWrap::from(command);
+    #[cfg(unix)]
+    wrapped.wrap(process_wrap::tokio::ProcessGroup::leader());
+    wrapped.wrap(process_wrap::tokio::KillOnDrop);
+    let (transport, stderr) = TokioChildProcess::builder(wrapped)
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    if let Some(stderr) = stderr {
+        tokio::spawn(log_stderr(config.clone(), stderr));
+    }
+    Ok(transport)
+}
+
+/// Each line a stdio server writes to its stderr, as a log event with its secrets redacted.
+async fn log_stderr(config: ResolvedMcpServer, stderr: tokio::process::ChildStderr) {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+    let mut reader = tokio::io::BufReader::new(stderr);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match (&mut reader)
+            .take(MAX_STDERR_LINE)
+            .read_until(b'\n', &mut line)
+            .await
+        {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {
+                let text = String::from_utf8_lossy(&line);
+                tracing::info!(server = %config.name, "{}", config.redact(text.trim_end()));
+            }
+        }
     }
 }
 
@@ -775,7 +1101,7 @@ mod tests {
         let resolved = orders.resolve("mcp.orders", &env).unwrap();
         assert_eq!(resolved.name(), "orders");
         assert_eq!(resolved.timeout(), Duration::from_secs(10));
-        assert_eq!(resolved.url.as_str(), "http://127.0.0.1:8791/mcp");
+        assert_eq!(resolved.shown(), "${ORDERS_MCP_URL}");
     }
 
     #[test]
@@ -839,6 +1165,55 @@ mod tests {
             let error = binding.resolve("mcp.orders", &env).unwrap_err().to_string();
             assert!(error.starts_with(&format!("{field}: ")), "{body}: {error}");
         }
+    }
+
+    #[test]
+    fn a_url_with_credentials_is_refused_without_showing_them() {
+        let binding = orders("[mcp.orders]\nurl = \"https://bot:hunter22@orders.example/mcp\"\n");
+        let error = binding.resolve("mcp.orders", &env).unwrap_err().to_string();
+        assert!(
+            error.starts_with("mcp.orders.url: carries credentials"),
+            "{error}"
+        );
+        assert!(!error.contains("hunter22"), "{error}");
+    }
+
+    #[test]
+    fn a_stdio_server_fills_its_variables_and_never_shows_its_env_values() {
+        let binding = orders(
+            "[mcp.orders]\ncommand = \"orders-mcp\"\nargs = [\"--token\", \"${ORDERS_MCP_TOKEN}\"]\n\
+             env = { ORDERS_KEY = \"literal-key\", ORDERS_TOKEN = \"${ORDERS_MCP_TOKEN}\" }\n",
+        );
+        let resolved = binding.resolve("mcp.orders", &env).unwrap();
+        let Transport::Stdio {
+            program,
+            args,
+            vars,
+            ..
+        } = &resolved.transport
+        else {
+            panic!("{resolved:?}");
+        };
+        assert_eq!(program, "orders-mcp");
+        assert_eq!(args, &["--token", "tok-s3cret"]);
+        assert_eq!(vars["ORDERS_TOKEN"], "tok-s3cret");
+        let shown = format!("{binding:?} {resolved:?}");
+        assert!(
+            !shown.contains("tok-s3cret") && !shown.contains("literal-key"),
+            "{shown}"
+        );
+        assert_eq!(resolved.shown(), "orders-mcp --token ${ORDERS_MCP_TOKEN}");
+        assert_eq!(
+            resolved.redact("ORDERS_KEY=literal-key"),
+            "ORDERS_KEY=<redacted>"
+        );
+
+        let unset = orders("[mcp.orders]\ncommand = \"x\"\nenv = { A = \"${NOPE}\" }\n");
+        let error = unset.resolve("mcp.orders", &env).unwrap_err().to_string();
+        assert_eq!(
+            error,
+            "mcp.orders.env.A: the environment variable NOPE is not set"
+        );
     }
 
     #[test]

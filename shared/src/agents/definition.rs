@@ -13,7 +13,7 @@ use crate::adapters::anthropic::AnthropicModel;
 use crate::adapters::bedrock::BedrockModel;
 use crate::adapters::env_template::{self, BindingError, Lookup};
 use crate::adapters::http_tool::{HttpBinding, HttpTool, parse_duration};
-use crate::adapters::mcp_tool::{McpServerBinding, McpToolBinding};
+use crate::adapters::mcp_tool::{McpServerBinding, McpToolBinding, SERVER_FORMS};
 use crate::adapters::model_api::DEFAULT_TURN_TIMEOUT;
 use crate::adapters::openai::{self, OpenAiEndpoint, OpenAiModel};
 use crate::adapters::scripted::{Script, ScriptedModel};
@@ -127,7 +127,9 @@ pub struct Definition {
     pub policy_file: String,
     pub policy: Arc<Policy>,
     pub system_prompt: String,
-    pub model: ModelSettings,
+    /// `None` without a `[model]` table: an agent used only through the MCP gateway and the
+    /// gate API, whose caller's own agent proposes each call; no run can be started with it.
+    pub model: Option<ModelSettings>,
     pub tools: Vec<ToolDefinition>,
     /// `[mcp.<server>]`: the MCP servers its tools come from, by the name it gives them.
     pub mcp: BTreeMap<String, McpServerBinding>,
@@ -143,8 +145,7 @@ struct RawDefinition {
     policy: String,
     system_prompt: String,
     recovery_owner: Option<String>,
-    #[serde(default)]
-    model: RawModel,
+    model: Option<RawModel>,
     #[serde(default)]
     tools: BTreeMap<String, RawTool>,
     #[serde(default)]
@@ -155,7 +156,7 @@ fn default_policy_file() -> String {
     "policy.toml".into()
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawModel {
     provider: Option<Provider>,
@@ -220,7 +221,10 @@ impl Definition {
         let policy = Policy::from_toml(&files.read(&raw.policy)?)
             .map_err(|e| DefinitionError::new(&policy_file, "", e.to_string()))?;
 
-        let model = model_settings(raw.model, files, &file)?;
+        let model = raw
+            .model
+            .map(|model| model_settings(model, files, &file))
+            .transpose()?;
 
         let mut servers = BTreeMap::new();
         for (server, value) in raw.mcp {
@@ -231,9 +235,13 @@ impl Definition {
                     "a server name has 1 to 64 letters, digits, '_' or '-'".into(),
                 ));
             }
-            let binding: McpServerBinding = value
-                .try_into()
-                .map_err(|e: toml::de::Error| err(&field, e.message().to_string()))?;
+            let binding: McpServerBinding = value.try_into().map_err(|e: toml::de::Error| {
+                let message = e.message();
+                match message.contains(SERVER_FORMS) {
+                    true => err(&field, message.to_string()),
+                    false => err(&field, format!("{message}; {SERVER_FORMS}")),
+                }
+            })?;
             servers.insert(server, binding);
         }
 
@@ -292,7 +300,7 @@ impl Definition {
                 ));
             }
         }
-        if let Some(Offline::Script(script)) = &model.offline
+        if let Some(Offline::Script(script)) = model.as_ref().and_then(|m| m.offline.as_ref())
             && !listing_decides
             && let Some(unknown) = script.tools().find(|t| !known.iter().any(|k| k == t))
         {
@@ -313,6 +321,14 @@ impl Definition {
             mcp: servers,
             recovery_owner,
         })
+    }
+
+    /// The servers under `[mcp.*]` that this process would start (`command = ...`), by name.
+    pub fn stdio_servers(&self) -> impl Iterator<Item = &str> {
+        self.mcp
+            .iter()
+            .filter(|(_, binding)| binding.is_stdio())
+            .map(|(name, _)| name.as_str())
     }
 
     /// Binds the tools (resolving `${VAR}` from the environment) and, for a process that drives
@@ -426,7 +442,7 @@ impl Definition {
                     .collect(),
                 listed_schemas: schema_listed().map(|tool| tool.name.clone()).collect(),
                 policy: self.policy.clone(),
-                script_tools: match &self.model.offline {
+                script_tools: match self.model.as_ref().and_then(|m| m.offline.as_ref()) {
                     Some(Offline::Script(script)) => script.tools().map(str::to_string).collect(),
                     _ => Vec::new(),
                 },
@@ -437,9 +453,13 @@ impl Definition {
             .with_tools(toolbox)
             .with_system_prompt(self.system_prompt.clone())
             .with_limits(Limits {
-                max_model_turns: self.model.max_turns,
+                max_model_turns: self
+                    .model
+                    .as_ref()
+                    .map_or(Limits::default().max_model_turns, |m| m.max_turns),
                 ..Limits::default()
             });
+        agent.gateway_only = self.model.is_none();
         agent.claimant_args = claimant_args;
         agent.recovery_owner = self.recovery_owner.clone();
         if wiring.drives
@@ -454,7 +474,9 @@ impl Definition {
     /// with `ANTHROPIC_API_KEY`; an OpenAI-compatible API with its `api_key_env`, or without a
     /// key when it names none), else the offline one, if the definition has one.
     fn model(&self, env: Lookup<'_>) -> Result<Option<Arc<dyn Model>>, DefinitionError> {
-        let settings = &self.model;
+        let Some(settings) = self.model.as_ref() else {
+            return Ok(None);
+        };
         let refused = |field: &str, why: String| DefinitionError::new(&self.file, field, why);
         let on_bedrock = env(BEDROCK_MODEL_VAR).filter(|id| !id.trim().is_empty());
         match (settings.provider, on_bedrock) {
@@ -872,6 +894,7 @@ impl Tool for CallerTool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::adapters::mcp_tool::Endpoint;
     use crate::agents::InMemory;
 
     /// Refunds wait for finance; tools the server calls read-only run.
@@ -1117,7 +1140,17 @@ mcp = { server = "orders", tool = "issue_refund" }
 "#,
         );
 
-        assert_eq!(definition.mcp["orders"].url, "${ORDERS_MCP_URL}");
+        assert_eq!(
+            definition.mcp["orders"].endpoint,
+            Endpoint::Http {
+                url: "${ORDERS_MCP_URL}".into(),
+                headers: [(
+                    "Authorization".to_string(),
+                    "Bearer ${ORDERS_MCP_TOKEN}".to_string()
+                )]
+                .into()
+            }
+        );
         let [tool] = definition.tools.as_slice() else {
             panic!("one tool: {:?}", definition.tools);
         };
@@ -1194,6 +1227,64 @@ mcp = { server = "orderz", tool = "issue_refund" }
             assert_eq!(error.field, "mcp.orders", "{body}: {error}");
             assert!(error.message.contains(says), "{body}: {error}");
         }
+    }
+
+    #[test]
+    fn a_malformed_server_says_which_forms_a_server_may_take() {
+        for body in [
+            "url = \"http://x\"\nargs = [\"-y\"]",
+            "command = \"npx\"\nheaders = { A = \"b\" }",
+            "url = \"http://x\"\ncommand = \"npx\"",
+            "tools = \"*\"",
+            "url = \"http://x\"\nmethod = \"POST\"",
+        ] {
+            let error = refused(
+                &format!("[mcp.files]\n{body}\n"),
+                "name = \"o\"\nversion = 1\ndefault_ttl = \"1h\"\n",
+            );
+            assert_eq!(error.field, "mcp.files", "{body}: {error}");
+            assert!(
+                error.message.contains("url = \"https://...\"")
+                    && error
+                        .message
+                        .contains("command = \"npx\" with optional args"),
+                "{body}: {error}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_server_started_by_command_loads_with_its_args_env_and_cwd() {
+        let definition = load(
+            r#"
+[mcp.files]
+command = "npx"
+args = ["-y", "@modelcontextprotocol/server-filesystem", "${FILES_ROOT}"]
+env = { NODE_OPTIONS = "--max-old-space-size=256" }
+cwd = "/srv"
+tools = "*"
+"#,
+            "name = \"o\"\nversion = 1\ndefault_ttl = \"1h\"\n",
+        )
+        .expect("the definition loads");
+        assert_eq!(
+            definition.mcp["files"].endpoint,
+            Endpoint::Stdio {
+                command: "npx".into(),
+                args: vec![
+                    "-y".into(),
+                    "@modelcontextprotocol/server-filesystem".into(),
+                    "${FILES_ROOT}".into()
+                ],
+                env: [(
+                    "NODE_OPTIONS".to_string(),
+                    "--max-old-space-size=256".to_string()
+                )]
+                .into(),
+                cwd: Some("/srv".into()),
+            }
+        );
+        assert_eq!(definition.stdio_servers().collect::<Vec<_>>(), ["files"]);
     }
 
     #[test]
@@ -1305,25 +1396,28 @@ description = "Refund an order."
             "[model]\nprovider = \"openai\"\nid = \"llama3.1\"\n\
              base_url = \"http://127.0.0.1:11434/v1\"\napi_key_env = \"\"\nturn_timeout = \"45s\"\n",
         );
-        assert_eq!(openai.model.provider, Provider::OpenAi);
-        assert_eq!(openai.model.id, "llama3.1");
-        assert_eq!(openai.model.turn_timeout, Duration::from_secs(45));
+        let openai = openai.model.expect("a [model] table");
+        assert_eq!(openai.provider, Provider::OpenAi);
+        assert_eq!(openai.id, "llama3.1");
+        assert_eq!(openai.turn_timeout, Duration::from_secs(45));
         assert_eq!(
-            openai.model.endpoint,
+            openai.endpoint,
             Some(ApiEndpoint {
                 base_url: "http://127.0.0.1:11434/v1".into(),
                 api_key_env: None,
             })
         );
-        let defaults = listed("[model]\nprovider = \"openai\"\nid = \"gpt-4o\"\n");
+        let defaults = listed("[model]\nprovider = \"openai\"\nid = \"gpt-4o\"\n")
+            .model
+            .expect("a [model] table");
         assert_eq!(
-            defaults.model.endpoint,
+            defaults.endpoint,
             Some(ApiEndpoint {
                 base_url: openai::DEFAULT_BASE_URL.into(),
                 api_key_env: Some("OPENAI_API_KEY".into()),
             })
         );
-        assert_eq!(defaults.model.turn_timeout, DEFAULT_TURN_TIMEOUT);
+        assert_eq!(defaults.turn_timeout, DEFAULT_TURN_TIMEOUT);
     }
 
     #[test]

@@ -49,6 +49,9 @@ pub struct Agent {
     /// Who answers "did this take effect?" when a call's outcome is unknown and its tool cannot
     /// reconcile it.
     pub recovery_owner: Option<Role>,
+    /// Its definition has no `[model]`: its calls come through the MCP gateway and the gate
+    /// API only, and a run of it is refused unless a model was attached by other means.
+    pub gateway_only: bool,
     /// Each tool's input schema, compiled the first time a call of it is checked (a tool of an
     /// MCP server is known once listed), or why it cannot be.
     schemas: Mutex<HashMap<String, Arc<Result<Schema, String>>>>,
@@ -74,6 +77,7 @@ impl Agent {
             limits: Limits::default(),
             claimant_args: BTreeMap::new(),
             recovery_owner: None,
+            gateway_only: false,
             schemas: Mutex::default(),
         }
     }

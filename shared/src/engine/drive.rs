@@ -79,6 +79,14 @@ impl Engine {
         if let Some(ttl) = start.approval_ttl {
             agent.policy.check_ttl(ttl).map_err(EngineError::BadInput)?;
         }
+        if agent.model.is_none() && agent.gateway_only {
+            return Err(EngineError::BadInput(format!(
+                "the agent {} has no model (no [model] in its definition): it is for the MCP \
+                 gateway and the gate API only, where the caller's own agent proposes each \
+                 call, so a run cannot be started with it",
+                agent.name
+            )));
+        }
         if agent.model.is_none() {
             return Err(EngineError::Unavailable(format!(
                 "this process has no model to run the agent {}",

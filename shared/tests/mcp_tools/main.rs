@@ -1,12 +1,16 @@
 //! MCP tools against a real MCP server (rmcp's server side) over Streamable HTTP on loopback:
 //! listing, hints, the key in `_meta`, error results, and the outcomes of a call whose answer
 //! never comes back. The engine over MCP tools, and agents defined by files alone, are in
-//! [`engine`]: one test binary.
+//! [`engine`]; a server started over stdio in [`stdio`]: one test binary.
 
 #[path = "../harness/mod.rs"]
 mod harness;
+#[allow(dead_code)]
+#[path = "../support/mcp_servers.rs"]
+mod mcp_servers;
 
 mod engine;
+mod stdio;
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
