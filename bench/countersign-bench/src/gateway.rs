@@ -431,7 +431,7 @@ pub async fn run(args: &BenchArgs) -> Result<Output, BenchError> {
          \x20            the gateway adds {:.2} ms at p50 (schema, policy, one run and action written, the upstream called, the outcome written)\n\
          \x20 throughput {per_second_1:.1} allowed calls/s through the gateway at concurrency 1, {per_second_8:.1} at concurrency 8\n\
          \x20 answer     {}   ({DECISIONS} gated calls decided as soon as they waited: from the start of the decision to the waiting call's answer)\n\
-         \x20 answer     {}   ({LATE_DECISIONS} decided after {} ms of waiting, when the call reads the store every 500 ms)\n\
+         \x20 answer     {}   ({LATE_DECISIONS} decided after {} ms of waiting)\n\
          \x20 decision   {}   (the decision itself, which runs the approved call in this process)\n\
          \x20 upstream   each of the {approved} approved refunds made once\n",
         direct.line(),
