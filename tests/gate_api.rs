@@ -68,6 +68,16 @@ impl Serve {
         let request = self.http.get(format!("{}{path}", self.base));
         self.send(token, request).await
     }
+
+    /// A long-poll of `path` on a task of its own: its answer, and when it came.
+    fn long_poll(&self, token: &str, path: &str) -> tokio::task::JoinHandle<(Value, Instant)> {
+        let request = self.http.get(format!("{}{path}", self.base));
+        let token = token.to_string();
+        tokio::spawn(async move {
+            let answer = request.bearer_auth(token).send().await.expect("answered");
+            (answer.json().await.expect("a JSON answer"), Instant::now())
+        })
+    }
 }
 
 impl Drop for Serve {
@@ -126,25 +136,7 @@ async fn a_refund_proposed_over_http_and_lowered_from_the_cli_is_claimed_once_an
     assert_eq!((status, &again["attached"]), (202, &json!(true)), "{again}");
 
     // A long-poll held while fran lowers it to USD 75 from the CLI, in another process.
-    let polling = {
-        let (http, url, runner) = (
-            server.http.clone(),
-            format!("{}{call}?wait=25s", server.base),
-            runner.clone(),
-        );
-        tokio::spawn(async move {
-            let answer: Value = http
-                .get(url)
-                .bearer_auth(runner)
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            (answer, Instant::now())
-        })
-    };
+    let polling = server.long_poll(&runner, &format!("{call}?wait=25s"));
     tokio::time::sleep(Duration::from_millis(300)).await;
     let decided = {
         let cs_state = cs.state().to_path_buf();
@@ -298,29 +290,9 @@ async fn two_hundred_long_polls_are_held_while_others_are_answered_and_a_decisio
         .post(&runner, "/gate/calls", refund("call_many", 12_500))
         .await;
     let approval = proposed["approval"]["id"].as_str().unwrap().to_string();
-    let url = format!(
-        "{}/gate/calls/{}?wait=20s",
-        server.base,
-        proposed["id"].as_str().unwrap()
-    );
+    let path = format!("/gate/calls/{}?wait=20s", proposed["id"].as_str().unwrap());
 
-    let polls: Vec<_> = (0..200)
-        .map(|_| {
-            let (http, url, runner) = (server.http.clone(), url.clone(), runner.clone());
-            tokio::spawn(async move {
-                let answer: Value = http
-                    .get(url)
-                    .bearer_auth(runner)
-                    .send()
-                    .await
-                    .unwrap()
-                    .json()
-                    .await
-                    .unwrap();
-                (answer, Instant::now())
-            })
-        })
-        .collect();
+    let polls: Vec<_> = (0..200).map(|_| server.long_poll(&runner, &path)).collect();
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     let asked = Instant::now();

@@ -15,19 +15,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "clients" / "python" / "tests"))
-from server import Server  # noqa: E402
+from server import ServerTest  # noqa: E402
 
 
-class ExamplesTest(unittest.TestCase):
-    server: Server
-
-    @classmethod
-    def setUpClass(cls) -> None:
-        cls.server = Server()
-
-    @classmethod
-    def tearDownClass(cls) -> None:
-        cls.server.close()
+class ExamplesTest(ServerTest):
 
     def run_example(self, script: str, order: str) -> None:
         with tempfile.TemporaryDirectory() as scratch:

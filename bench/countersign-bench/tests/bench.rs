@@ -5,17 +5,22 @@ use std::process::Command;
 
 use serde_json::Value;
 
-#[test]
-fn a_short_concurrent_bench_pays_each_approved_claim_exactly_once() {
+/// Runs the bench with `args` (`--json` among them), which must succeed; its report.
+fn bench(args: &[&str]) -> Value {
     let output = Command::new(env!("CARGO_BIN_EXE_countersign-bench"))
-        .args(["--runs", "20", "--concurrency", "4", "--json"])
+        .args(args)
         .env_remove("ANTHROPIC_API_KEY")
         .env_remove("COUNTERSIGN_INDEX_SHARDS")
         .output()
         .expect("countersign-bench runs");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(0), "the bench failed: {stderr}");
-    let report: Value = serde_json::from_slice(&output.stdout).expect("one JSON object");
+    serde_json::from_slice(&output.stdout).expect("one JSON object")
+}
+
+#[test]
+fn a_short_concurrent_bench_pays_each_approved_claim_exactly_once() {
+    let report = bench(&["--runs", "20", "--concurrency", "4", "--json"]);
 
     assert_eq!(report["store"], "embedded");
     assert_eq!(report["runs"], 20);
@@ -62,15 +67,7 @@ fn a_short_concurrent_bench_pays_each_approved_claim_exactly_once() {
 
 #[test]
 fn the_gate_bench_pays_every_allowed_call_and_wakes_every_waiting_caller() {
-    let output = Command::new(env!("CARGO_BIN_EXE_countersign-bench"))
-        .args(["--gate", "--runs", "10", "--json"])
-        .env_remove("ANTHROPIC_API_KEY")
-        .env_remove("COUNTERSIGN_INDEX_SHARDS")
-        .output()
-        .expect("countersign-bench runs");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(0), "the bench failed: {stderr}");
-    let report: Value = serde_json::from_slice(&output.stdout).expect("one JSON object");
+    let report = bench(&["--gate", "--runs", "10", "--json"]);
 
     let paths = report["paths"].as_array().expect("paths");
     let measured: Vec<(&str, u64, u64)> = paths
@@ -99,14 +96,7 @@ fn the_gate_bench_pays_every_allowed_call_and_wakes_every_waiting_caller() {
 
 #[test]
 fn the_mcp_gateway_bench_times_both_paths_and_each_approved_refund_runs_once() {
-    let output = Command::new(env!("CARGO_BIN_EXE_countersign-bench"))
-        .args(["--mcp-gateway", "--runs", "10", "--json"])
-        .env_remove("ANTHROPIC_API_KEY")
-        .output()
-        .expect("countersign-bench runs");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(0), "the bench failed: {stderr}");
-    let report: Value = serde_json::from_slice(&output.stdout).expect("one JSON object");
+    let report = bench(&["--mcp-gateway", "--runs", "10", "--json"]);
 
     assert_eq!(report["direct"]["count"], 10, "{report}");
     assert_eq!(report["through_gateway"]["count"], 10, "{report}");

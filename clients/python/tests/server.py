@@ -8,6 +8,7 @@ import os
 import subprocess
 import tempfile
 import time
+import unittest
 import urllib.request
 from pathlib import Path
 
@@ -74,3 +75,17 @@ class Server:
         if self.process.stdout:
             self.process.stdout.close()
         self._dir.cleanup()
+
+
+class ServerTest(unittest.TestCase):
+    """Tests sharing one server for their class."""
+
+    server: Server
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.server = Server()
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls.server.close()

@@ -11,7 +11,7 @@ import uuid
 
 from countersign import Gate, GateError, Unknown, gated
 
-from server import Server
+from server import ServerTest
 
 AGENT = "helpdesk"
 
@@ -29,16 +29,7 @@ class Refunds:
         return f"refunded {amount_cents} cents on {order_id}"
 
 
-class GateTest(unittest.TestCase):
-    server: Server
-
-    @classmethod
-    def setUpClass(cls) -> None:
-        cls.server = Server()
-
-    @classmethod
-    def tearDownClass(cls) -> None:
-        cls.server.close()
+class GateTest(ServerTest):
 
     def setUp(self) -> None:
         self.gate = Gate(self.server.url, self.server.token("helpdesk-bot"))
