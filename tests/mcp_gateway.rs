@@ -1,6 +1,6 @@
 //! The MCP gateway driven by clients nobody here wrote: the official MCP Python SDK (`mcp` from
 //! PyPI, pinned in tests/mcp-client.requirements.txt) through tests/mcp_client.py, and the MCP
-//! Inspector's CLI mode (npm, pinned in tests/mcp-inspector.version), against `countersign mcp`
+//! Inspector's CLI mode (npm, pinned in tests/npm/inspector), against `countersign mcp`
 //! over stdio and `/mcp/refunds` on a real `countersign serve`, in front of the refunds agent and
 //! a real orders service. Decisions come from `countersign review` in other processes.
 //!
@@ -28,7 +28,6 @@ const REQUIREMENTS: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/tests/mcp-client.requirements.txt"
 );
-const INSPECTOR_VERSION: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mcp-inspector.version");
 
 /// The refund policy puts before a finance manager (above USD 100).
 fn refund_125() -> Value {
@@ -101,36 +100,10 @@ fn run(command: &mut Command) {
     );
 }
 
-/// The MCP Inspector's launcher, installed on first use.
-fn inspector() -> &'static Path {
-    static INSPECTOR: OnceLock<PathBuf> = OnceLock::new();
-    INSPECTOR.get_or_init(|| {
-        let pinned = std::fs::read_to_string(INSPECTOR_VERSION).unwrap();
-        let pinned = pinned.trim();
-        let version = pinned.rsplit_once('@').unwrap().1;
-        let prefix = cache().join("mcp-inspector");
-        let package = prefix.join("node_modules/@modelcontextprotocol/inspector/package.json");
-        let installed = |package: &Path| {
-            let text = std::fs::read_to_string(package).ok()?;
-            let json: Value = serde_json::from_str(&text).ok()?;
-            json["version"].as_str().map(String::from)
-        };
-        if installed(&package).as_deref() != Some(version) {
-            std::fs::create_dir_all(&prefix).unwrap();
-            run(Command::new("npm")
-                .args(["install", "--no-audit", "--no-fund", "--silent", "--prefix"])
-                .arg(&prefix)
-                .arg(pinned));
-            assert_eq!(installed(&package).as_deref(), Some(version));
-        }
-        prefix.join("node_modules/.bin/mcp-inspector")
-    })
-}
-
 /// `mcp-inspector --cli ARGS`, which must succeed: the JSON it printed.
 #[track_caller]
 fn inspect(args: &[String]) -> Value {
-    let output = Command::new(inspector())
+    let output = Command::new(mcp_servers::inspector())
         .arg("--cli")
         .args(args)
         .output()

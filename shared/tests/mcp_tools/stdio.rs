@@ -1,5 +1,5 @@
 //! An upstream MCP server started as a local process over stdio: the protocol's reference
-//! "everything" server (npm, pinned in tests/mcp-servers.txt), run by `node`. It is started
+//! "everything" server (npm, pinned in tests/npm/servers), run by `node`. It is started
 //! when first needed, sees only the environment it is given, is started again when it has
 //! exited, and a call in flight when it dies is an unknown outcome, never sent again.
 

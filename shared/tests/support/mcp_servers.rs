@@ -1,13 +1,11 @@
-//! The reference MCP servers from npm (pinned in the workspace's tests/mcp-servers.txt), which
-//! the tests run as upstream servers: installed once under
-//! `${XDG_CACHE_HOME:-~/.cache}/countersign/mcp-servers` (npm the first time, offline after),
-//! as scripts/test-all installs them.
+//! The npm packages the MCP tests run: the reference MCP servers as upstreams, and the MCP
+//! Inspector as a client. The workspace's scripts/mcp-npm installs them exactly as
+//! tests/npm/*/package-lock.json pins them, under `${XDG_CACHE_HOME:-~/.cache}/countersign`
+//! (npm the first time, offline after); scripts/test-all runs it too.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
-
-const PINS: &str = include_str!("../../../tests/mcp-servers.txt");
 
 /// `@modelcontextprotocol/server-filesystem`: files under the directories it is given.
 pub const FILESYSTEM: &str = "@modelcontextprotocol/server-filesystem";
@@ -16,9 +14,9 @@ pub const EVERYTHING: &str = "@modelcontextprotocol/server-everything";
 
 /// The script that starts `package` (run it with `node`), installed on first use.
 pub fn server_script(package: &str) -> PathBuf {
-    let prefix = installed();
+    let installed = installed().join("mcp-servers/node_modules").join(package);
     let manifest: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(manifest(prefix, package)).expect("the server is installed"),
+        &std::fs::read_to_string(installed.join("package.json")).expect("the server is installed"),
     )
     .unwrap();
     let bin = match &manifest["bin"] {
@@ -30,51 +28,36 @@ pub fn server_script(package: &str) -> PathBuf {
             .expect("the package names its script")
             .to_string(),
     };
-    prefix.join("node_modules").join(package).join(bin)
+    installed.join(bin)
 }
 
-fn manifest(prefix: &Path, package: &str) -> PathBuf {
-    prefix
-        .join("node_modules")
-        .join(package)
-        .join("package.json")
+/// The MCP Inspector's launcher, installed on first use.
+#[allow(dead_code)] // each test binary that includes this file uses what it needs
+pub fn inspector() -> PathBuf {
+    installed().join("mcp-inspector/node_modules/.bin/mcp-inspector")
 }
 
+/// The cache directory the npm sets are installed under, once scripts/mcp-npm has made them
+/// match their locks (a no-op when they do).
 fn installed() -> &'static Path {
-    static PREFIX: OnceLock<PathBuf> = OnceLock::new();
-    PREFIX.get_or_init(|| {
-        let prefix = std::env::var_os("XDG_CACHE_HOME")
+    static CACHE: OnceLock<PathBuf> = OnceLock::new();
+    CACHE.get_or_init(|| {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .ancestors()
+            .map(|dir| dir.join("scripts/mcp-npm"))
+            .find(|script| script.exists())
+            .expect("the workspace's scripts/mcp-npm");
+        let status = Command::new(&script)
+            .status()
+            .expect("scripts/mcp-npm runs");
+        assert!(
+            status.success(),
+            "installing the MCP tests' npm packages failed: npm, and the npm registry once, are \
+             needed (scripts/test-all installs them too)"
+        );
+        std::env::var_os("XDG_CACHE_HOME")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache"))
-            .join("countersign/mcp-servers");
-        let pins: Vec<&str> = PINS
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty())
-            .collect();
-        let version_of = |package: &str| {
-            let text = std::fs::read_to_string(manifest(&prefix, package)).ok()?;
-            let json: serde_json::Value = serde_json::from_str(&text).ok()?;
-            json["version"].as_str().map(String::from)
-        };
-        let missing = pins.iter().any(|pin| {
-            let (package, version) = pin.rsplit_once('@').unwrap();
-            version_of(package).as_deref() != Some(version)
-        });
-        if missing {
-            std::fs::create_dir_all(&prefix).unwrap();
-            let status = Command::new("npm")
-                .args(["install", "--no-audit", "--no-fund", "--silent", "--prefix"])
-                .arg(&prefix)
-                .args(&pins)
-                .status()
-                .expect("npm runs");
-            assert!(
-                status.success(),
-                "installing the reference MCP servers failed: npm, and the npm registry once, \
-                 are needed (scripts/test-all installs them too)"
-            );
-        }
-        prefix
+            .join("countersign")
     })
 }
