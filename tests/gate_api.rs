@@ -6,10 +6,9 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Countersign, listening_url};
+use common::Countersign;
 use serde_json::{Value, json};
 
 fn example() -> PathBuf {
@@ -31,26 +30,18 @@ fn refunds(name: &str) -> Countersign {
 
 /// `countersign serve` over `cs`'s state, and a client of it as one person.
 struct Serve {
-    child: Child,
-    base: String,
+    served: common::Served,
     http: reqwest::Client,
 }
 
 impl Serve {
     fn start(cs: &Countersign) -> Self {
-        let mut child = common::countersign(cs.state())
-            .args(["serve", "--addr", "127.0.0.1:0", "--sweep-every", "0s"])
-            .envs(cs.env().iter().map(|(k, v)| (k, v)))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("countersign serve starts");
-        let base = listening_url(&mut child, "countersign serve", Duration::from_secs(60));
+        let served = cs.serve();
         let http = reqwest::Client::builder()
             .pool_idle_timeout(Duration::from_secs(3))
             .build()
             .unwrap();
-        Self { child, base, http }
+        Self { served, http }
     }
 
     async fn send(&self, token: &str, request: reqwest::RequestBuilder) -> (u16, Value) {
@@ -60,30 +51,26 @@ impl Serve {
     }
 
     async fn post(&self, token: &str, path: &str, body: Value) -> (u16, Value) {
-        let request = self.http.post(format!("{}{path}", self.base)).json(&body);
+        let request = self
+            .http
+            .post(format!("{}{path}", self.served.base))
+            .json(&body);
         self.send(token, request).await
     }
 
     async fn get(&self, token: &str, path: &str) -> (u16, Value) {
-        let request = self.http.get(format!("{}{path}", self.base));
+        let request = self.http.get(format!("{}{path}", self.served.base));
         self.send(token, request).await
     }
 
     /// A long-poll of `path` on a task of its own: its answer, and when it came.
     fn long_poll(&self, token: &str, path: &str) -> tokio::task::JoinHandle<(Value, Instant)> {
-        let request = self.http.get(format!("{}{path}", self.base));
+        let request = self.http.get(format!("{}{path}", self.served.base));
         let token = token.to_string();
         tokio::spawn(async move {
             let answer = request.bearer_auth(token).send().await.expect("answered");
             (answer.json().await.expect("a JSON answer"), Instant::now())
         })
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -329,7 +316,7 @@ async fn the_mcp_gateway_neither_lists_nor_runs_a_tool_its_caller_runs() {
     let rpc = |method: &str, params: Value| {
         server
             .http
-            .post(format!("{}/mcp/helpdesk", server.base))
+            .post(format!("{}/mcp/helpdesk", server.served.base))
             .header("accept", "application/json, text/event-stream")
             .json(&json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}))
     };

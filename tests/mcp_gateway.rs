@@ -20,7 +20,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use common::orders::OrdersService;
-use common::{Countersign, listening_url, stop_group};
+use common::{Countersign, stop_group};
 use serde_json::{Value, json};
 
 const CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mcp_client.py");
@@ -141,12 +141,12 @@ impl Gateway {
     }
 
     /// `/mcp/refunds` on `server`, with `person`'s token.
-    fn http(server: &Serve, cs: &Countersign, person: &str) -> Self {
+    fn http(server: &common::Served, cs: &Countersign, person: &str) -> Self {
         Self::http_for(server, cs, "refunds", person)
     }
 
     /// `/mcp/AGENT` on `server`, with `person`'s token.
-    fn http_for(server: &Serve, cs: &Countersign, agent: &str, person: &str) -> Self {
+    fn http_for(server: &common::Served, cs: &Countersign, agent: &str, person: &str) -> Self {
         let token = cs.printed(&["token", "--as", person]).trim().to_string();
         Self {
             transport: vec!["http".into(), format!("{}/mcp/{agent}", server.base), token],
@@ -208,39 +208,6 @@ impl Gateway {
             .stderr(Stdio::null())
             .spawn()
             .expect("the client starts")
-    }
-}
-
-/// `countersign serve` over a given state directory, which can be killed and started again.
-struct Serve {
-    child: Child,
-    base: String,
-}
-
-impl Serve {
-    fn start(cs: &Countersign) -> Self {
-        let mut child = common::countersign(cs.state())
-            .args(["serve", "--addr", "127.0.0.1:0", "--sweep-every", "0s"])
-            .envs(cs.env().iter().map(|(k, v)| (k, v)))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("countersign serve starts");
-        let base = listening_url(&mut child, "countersign serve", Duration::from_secs(30));
-        Self { child, base }
-    }
-
-    /// Ends the server at once, as a crash would.
-    fn kill(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -344,7 +311,7 @@ fn over_http_a_waiting_call_gets_progress_and_the_outcome_once_another_process_a
  {
     let orders = OrdersService::start("mcp-http");
     let cs = Countersign::fresh("mcp-http").with_env(orders.embedded_env());
-    let server = Serve::start(&cs);
+    let server = cs.serve();
     let gateway = Gateway::http(&server, &cs, "sam");
 
     let mut huge = refund_125();
@@ -418,7 +385,7 @@ fn approved_while_it_waits(cs: &Countersign, gateway: &Gateway, approval: &str) 
 #[tokio::test]
 async fn over_http_a_caller_without_a_token_or_for_an_agent_not_loaded_is_refused() {
     let cs = Countersign::fresh("mcp-http-refused");
-    let server = Serve::start(&cs);
+    let server = cs.serve();
     let token = cs.printed(&["token", "--as", "sam"]).trim().to_string();
     let http = reqwest::Client::new();
     let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}});
@@ -483,7 +450,7 @@ fn a_client_that_disconnects_while_its_call_waits_gets_the_outcome_by_calling_ag
 fn a_gateway_killed_while_a_call_waits_and_started_again_returns_the_outcome_decided_meanwhile() {
     let orders = OrdersService::start("mcp-restart");
     let cs = Countersign::fresh("mcp-restart").with_env(orders.embedded_env());
-    let server = Serve::start(&cs);
+    let server = cs.serve();
     let gateway = Gateway::http(&server, &cs, "sam");
 
     let mut client = gateway.spawn(json!([ask_refund(60.0)]));
@@ -491,7 +458,7 @@ fn a_gateway_killed_while_a_call_waits_and_started_again_returns_the_outcome_dec
     server.kill();
     stop_group(&mut client, "KILL");
     cs.ok(&["review", "approve", &approval, "--as", "mia"]);
-    let server = Serve::start(&cs);
+    let server = cs.serve();
     let gateway = Gateway::http(&server, &cs, "sam");
     let after = gateway.call(ask_refund(0.0));
 
@@ -503,7 +470,7 @@ fn a_gateway_killed_while_a_call_waits_and_started_again_returns_the_outcome_dec
 fn the_mcp_inspector_lists_and_calls_over_stdio_and_http_and_a_call_attaches_across_them() {
     let orders = OrdersService::start("mcp-inspector");
     let cs = Countersign::fresh("mcp-inspector").with_env(orders.embedded_env());
-    let server = Serve::start(&cs);
+    let server = cs.serve();
     let mut stdio: Vec<String> = cs
         .env()
         .iter()
@@ -790,7 +757,7 @@ async fn the_everything_server_over_streamable_http_lists_and_runs_an_allowed_ca
         ("COUNTERSIGN_AGENTS", agents.display().to_string()),
         ("FILES_ROOT", data.display().to_string()),
     ]);
-    let server = Serve::start(&cs);
+    let server = cs.serve();
     let gateway = Gateway::http_for(&server, &cs, "reference", "sam");
 
     let answers = gateway.session(json!([

@@ -9,7 +9,7 @@ pub mod walkthrough;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -70,7 +70,42 @@ pub struct Ran {
     pub stderr: String,
 }
 
+/// `countersign serve` over a harness's state, not sweeping; killed when dropped.
+pub struct Served {
+    child: Child,
+    pub base: String,
+}
+
+impl Served {
+    /// Ends the server at once, as a crash would.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 impl Countersign {
+    /// `countersign serve` on a free loopback port over this state, with this harness's
+    /// variables, not sweeping, so what a test sees is only what it did.
+    pub fn serve(&self) -> Served {
+        let mut child = countersign(&self.state)
+            .args(["serve", "--addr", "127.0.0.1:0", "--sweep-every", "0s"])
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("countersign serve starts");
+        let base = listening_url(&mut child, "countersign serve", Duration::from_secs(60));
+        Served { child, base }
+    }
+
     /// The embedded store in a fresh state directory.
     pub fn fresh(name: &str) -> Self {
         Self {
