@@ -604,7 +604,10 @@ async fn development_sign_in_needs_the_secret_only_the_states_owner_can_read() {
         assert_eq!(mode & 0o777, 0o600);
     }
     let secret = server.dev_secret();
-    let wrong = format!("{}0", &secret[..secret.len() - 1]);
+    // The last digit changed to one it is not, so the wrong secret is never the secret.
+    let last = if secret.ends_with('0') { '1' } else { '0' };
+    let wrong = format!("{}{last}", &secret[..secret.len() - 1]);
+    assert_ne!(wrong, secret);
     let twice = [secret.as_str(), secret.as_str()];
     for shown in [&[][..], &[""], &[wrong.as_str()], &twice] {
         let token = server
