@@ -217,6 +217,19 @@ async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
             per_lifecycle: (groups - groups0) as f64 / runs as f64,
         });
 
+    // Measured in the same run, beside the store, right after the lifecycles.
+    let disk = match rig.store_dir() {
+        Some(dir) => Some(report::DiskFloor::measure(dir).map_err(|e| {
+            BenchError::Setup(format!(
+                "cannot measure the disk's fsync beside the store: {e}"
+            ))
+        })?),
+        None => None,
+    };
+    let floor = disk
+        .zip(commits.as_ref())
+        .map(|(disk, commits)| report::Floor::of(disk, commits.per_lifecycle, elapsed, runs));
+
     lifecycle::leave_overdue(&rig, runs..2 * runs, concurrency).await?;
     rig.meter.take();
     let swept = lifecycle::sweep_until_clear(&rig).await?;
@@ -300,6 +313,7 @@ async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
         "schedules": rig.schedules,
         "group_commits": commits,
         "cpu": cpu,
+        "disk_floor": floor,
         "load_average": { "before": load_before, "after": load_after },
         "cost_per_million_approvals": cost,
         "partition_keys": {
@@ -332,6 +346,9 @@ async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
             "  cpu        {:.2} s user + {:.2} s system for the lifecycles: {:.2} ms of CPU per lifecycle\n",
             cpu.user_seconds, cpu.system_seconds, cpu.ms_per_lifecycle
         ));
+    }
+    if let Some(floor) = &floor {
+        text.push_str(&floor.line());
     }
     let line = |name: &str, samples: &[std::time::Duration], note: &str| match Latency::of(samples)
     {

@@ -1,7 +1,8 @@
 //! Latency summaries and the shapes a bench prints.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::path::Path;
+use std::time::{Duration, Instant};
 
 use serde::{Serialize, Serializer};
 
@@ -179,4 +180,91 @@ pub fn cpu_seconds() -> Option<(f64, f64)> {
     let user: f64 = fields.nth(11)?.parse().ok()?;
     let system: f64 = fields.next()?.parse().ok()?;
     Some((user / TICKS_PER_SECOND, system / TICKS_PER_SECOND))
+}
+
+/// What one commit asks of the disk, measured beside the store: the median time to write a
+/// commit's WAL frames over earlier ones and fsync them, as SQLite does at each commit
+/// (`synchronous=FULL`; this build of SQLite calls `fsync`).
+#[derive(Debug, Clone, Copy)]
+pub struct DiskFloor {
+    pub frame_bytes: usize,
+    pub fsync_p50: Duration,
+}
+
+impl DiskFloor {
+    /// Four pages of 4 KiB with their frame headers: what a lifecycle's commit writes to the
+    /// WAL at the median (BENCHMARKS.md, section 14, from `strace`).
+    const FRAME_BYTES: usize = 4 * (4096 + 24);
+    const SAMPLES: usize = 300;
+    /// The WAL is written over from its start after each checkpoint: so are these frames.
+    const SPAN: usize = 64;
+
+    pub fn measure(dir: &Path) -> std::io::Result<Self> {
+        use std::os::unix::fs::FileExt;
+        let path = dir.join("disk-floor.probe");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(&path)?;
+        let frame = vec![0x5a_u8; Self::FRAME_BYTES];
+        let at = |n: usize| ((n % Self::SPAN) * Self::FRAME_BYTES) as u64;
+        for n in 0..Self::SPAN {
+            file.write_all_at(&frame, at(n))?;
+        }
+        file.sync_all()?;
+        let mut samples = Vec::with_capacity(Self::SAMPLES);
+        for n in 0..Self::SAMPLES {
+            let started = Instant::now();
+            file.write_all_at(&frame, at(n))?;
+            file.sync_all()?;
+            samples.push(started.elapsed());
+        }
+        std::fs::remove_file(&path)?;
+        samples.sort();
+        Ok(Self {
+            frame_bytes: Self::FRAME_BYTES,
+            fsync_p50: samples[Self::SAMPLES / 2],
+        })
+    }
+}
+
+/// A lifecycle's wall time beside what its commits ask of the disk alone.
+#[derive(Debug, Serialize)]
+pub struct Floor {
+    frame_bytes: usize,
+    fsync_p50_ms: f64,
+    commits_per_lifecycle: f64,
+    floor_ms_per_lifecycle: f64,
+    /// The run's wall time over its lifecycles.
+    wall_ms_per_lifecycle: f64,
+    times_the_floor: f64,
+}
+
+impl Floor {
+    pub fn of(disk: DiskFloor, commits_per_lifecycle: f64, elapsed: Duration, runs: usize) -> Self {
+        let floor = ms(disk.fsync_p50) * commits_per_lifecycle;
+        let wall = ms(elapsed) / runs as f64;
+        Self {
+            frame_bytes: disk.frame_bytes,
+            fsync_p50_ms: ms(disk.fsync_p50),
+            commits_per_lifecycle,
+            floor_ms_per_lifecycle: floor,
+            wall_ms_per_lifecycle: wall,
+            times_the_floor: wall / floor,
+        }
+    }
+
+    pub fn line(&self) -> String {
+        format!(
+            "  disk       fsync of a commit's {} bytes of WAL frames p50 {:.3} ms x {:.2} commits per lifecycle: a floor of {:.3} ms; a lifecycle took {:.3} ms (run time / runs): {:.2}x the floor\n",
+            self.frame_bytes,
+            self.fsync_p50_ms,
+            self.commits_per_lifecycle,
+            self.floor_ms_per_lifecycle,
+            self.wall_ms_per_lifecycle,
+            self.times_the_floor,
+        )
+    }
 }

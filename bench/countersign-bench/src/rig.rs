@@ -3,7 +3,7 @@
 //! call and AWS request counted.
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use aws_smithy_types::retry::RetryConfig;
@@ -187,6 +187,11 @@ struct Backing {
 }
 
 impl Rig {
+    /// On the embedded store: the directory its file is in.
+    pub fn store_dir(&self) -> Option<&Path> {
+        self.embedded.as_ref().and(self.scratch.as_deref())
+    }
+
     /// On the embedded store: (SQL commits, transactions they held) so far.
     pub fn commits(&self) -> Option<(u64, u64)> {
         self.embedded.as_ref().map(|s| s.commits().counts())
