@@ -742,7 +742,8 @@ fn event_line(entry: &AuditEntry, tools: &std::collections::BTreeMap<String, Str
                 count(usage.output_tokens)
             )
         }
-        AuditEvent::Resumed { results } => format!(
+        AuditEvent::Resumed { why: Some(why), .. } => Plain(why).to_string(),
+        AuditEvent::Resumed { results, why: None } => format!(
             "{results} result{} back to the agent",
             if *results == 1 { "" } else { "s" }
         ),

@@ -1,4 +1,5 @@
-//! `countersign worker`: resumes runs from the SQS queue the way the resume function does.
+//! `countersign worker`: resumes and drives runs from the SQS queue the way the resume function
+//! does.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -49,10 +50,10 @@ pub async fn run(local: &Local, once: bool) -> Result<Output, Failure> {
             if stalled.contains(message.group()) {
                 continue;
             }
-            let prepared = shared::agents::prepare_resume(&local.engine, &message).await;
+            let prepared = shared::agents::prepare_queued(&local.engine, &message).await;
             match async {
                 prepared?;
-                local.engine.resume(&message).await
+                local.engine.consume(&message).await
             }
             .await
             {

@@ -67,6 +67,30 @@ pub enum RunError {
     NotHeld { run: RunId, action: ActionId },
 }
 
+/// How many times the sweep re-drives one run whose driver stopped before it fails it.
+pub const MOST_REDRIVES: u32 = 3;
+
+/// Why a drive message does not drive a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum NotDriven {
+    #[error("the run is {0}")]
+    Moved(RunStatus),
+    #[error("another driver took the run's lease")]
+    Taken,
+}
+
+/// Why the sweep fails, rather than re-drives, a run whose driver stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum NotRedriven {
+    #[error("no model drives it")]
+    NotDriven,
+    #[error("it was driven again {MOST_REDRIVES} times already")]
+    TooOften,
+    /// Replaying the turn could propose a call that ran again under a new action id.
+    #[error("an action of it was created after its conversation was last stored")]
+    ActedSince,
+}
+
 /// How a call from outside came (the MCP gateway, or the gate API) and the key a repeated
 /// identical call finds it by.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -120,6 +144,13 @@ pub struct Run {
     /// it, and it ends with that call's outcome.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gate: Option<GateOrigin>,
+    /// How many drivers took the run's lease from a drive message: a message for a lease
+    /// already taken is ignored, so two drivers never drive one run.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub drives: u32,
+    /// How many times the sweep re-drove the run after its driver stopped mid-turn.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub redriven: u32,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     /// How many of `messages` the store's append-only audit items hold, the first (the task,
@@ -159,6 +190,8 @@ impl Run {
             policy_version,
             approval_ttl: None,
             gate: None,
+            drives: 0,
+            redriven: 0,
             created_at: now,
             updated_at: now,
             stored_messages: 1,
@@ -302,6 +335,61 @@ impl Run {
         Ok(())
     }
 
+    /// A driver still holds the running run: its lease runs from `now`.
+    pub fn renew_lease(&mut self, now: DateTime<Utc>) -> Result<(), RunError> {
+        self.step(RunStatus::Running, RunStatus::Running, now)
+    }
+
+    /// A drive message's driver takes the run's lease: the `drive`-th, only while no other
+    /// driver took it since that message was sent.
+    pub fn take_drive(&mut self, drive: u32, now: DateTime<Utc>) -> Result<(), NotDriven> {
+        if self.status != RunStatus::Running {
+            return Err(NotDriven::Moved(self.status));
+        }
+        if self.drives != drive {
+            return Err(NotDriven::Taken);
+        }
+        self.drives += 1;
+        self.updated_at = now;
+        Ok(())
+    }
+
+    /// The sweep hands a running run whose driver stopped to a new driver, which replays its
+    /// stored conversation. Safe only when the model's last reply left nothing behind: every
+    /// action of the run (`acted`, by tool use id) is answered in the stored messages, and
+    /// the conversation ends on the user's side. At most [`MOST_REDRIVES`] times.
+    pub fn redrive<'a>(
+        &mut self,
+        acted: impl IntoIterator<Item = &'a str>,
+        now: DateTime<Utc>,
+    ) -> Result<(), NotRedriven> {
+        if self.status != RunStatus::Running || self.gate.is_some() {
+            return Err(NotRedriven::NotDriven);
+        }
+        if self.redriven >= MOST_REDRIVES {
+            return Err(NotRedriven::TooOften);
+        }
+        let answered: Vec<&str> = self
+            .messages
+            .iter()
+            .flat_map(|m| &m.content)
+            .filter_map(|b| match b {
+                Block::ToolResult { tool_use_id, .. } => Some(tool_use_id.as_str()),
+                _ => None,
+            })
+            .collect();
+        let ends_with_user = self
+            .messages
+            .last()
+            .is_some_and(|m| m.role == Speaker::User);
+        if !ends_with_user || acted.into_iter().any(|id| !answered.contains(&id)) {
+            return Err(NotRedriven::ActedSince);
+        }
+        self.redriven += 1;
+        self.updated_at = now;
+        Ok(())
+    }
+
     pub fn cancel(&mut self, now: DateTime<Utc>) -> Result<(), RunError> {
         if self.status.is_finished() {
             return Err(RunError::WrongStatus {
@@ -314,6 +402,10 @@ impl Run {
         self.updated_at = now;
         Ok(())
     }
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 mod optional_secs {
