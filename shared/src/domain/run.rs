@@ -508,6 +508,76 @@ mod tests {
         assert!(r.turn_is_complete());
     }
 
+    /// A run whose model proposed `tool_use` in its first turn, answered or not.
+    fn after_a_call(answered: bool) -> Run {
+        let mut run = run();
+        run.messages.push(Message {
+            role: Speaker::Assistant,
+            content: vec![Block::ToolUse {
+                id: "toolu_1".into(),
+                name: "get_claim".into(),
+                input: serde_json::json!({"claim_id": "c-102"}),
+            }],
+        });
+        if answered {
+            run.push_results(vec![
+                ToolResultText::ok("c-102: $250").into_block("toolu_1"),
+            ]);
+        }
+        run
+    }
+
+    #[test]
+    fn a_run_is_driven_again_only_while_every_action_is_answered_in_its_conversation() {
+        let now = Utc::now();
+        let mut fresh = run();
+        assert_eq!(fresh.redrive([], now), Ok(()));
+        assert_eq!((fresh.redriven, fresh.updated_at), (1, now));
+        let mut answered = after_a_call(true);
+        assert_eq!(answered.redrive(["toolu_1"], now), Ok(()));
+        // The reply was stored, its call made, its result not: replaying could run it again.
+        let mut unanswered = after_a_call(false);
+        assert_eq!(
+            unanswered.redrive(["toolu_1"], now),
+            Err(NotRedriven::ActedSince)
+        );
+        // An action of a reply that was never stored.
+        let mut unstored = after_a_call(true);
+        assert_eq!(
+            unstored.redrive(["toolu_1", "toolu_2"], now),
+            Err(NotRedriven::ActedSince)
+        );
+        assert_eq!(unstored.redriven, 0);
+    }
+
+    #[test]
+    fn a_run_is_driven_again_at_most_three_times_and_never_once_it_left_running() {
+        let now = Utc::now();
+        let mut run = run();
+        for _ in 0..MOST_REDRIVES {
+            run.redrive([], now).unwrap();
+        }
+        assert_eq!(run.redrive([], now), Err(NotRedriven::TooOften));
+        let mut paused = self::run();
+        paused.pause(PausedTurn { calls: vec![] }, now).unwrap();
+        assert_eq!(paused.redrive([], now), Err(NotRedriven::NotDriven));
+    }
+
+    #[test]
+    fn a_drive_message_takes_the_lease_it_names_once() {
+        let now = Utc::now();
+        let mut run = run();
+        assert_eq!(run.take_drive(1, now), Err(NotDriven::Taken));
+        assert_eq!(run.take_drive(0, now), Ok(()));
+        assert_eq!(run.drives, 1);
+        assert_eq!(run.take_drive(0, now), Err(NotDriven::Taken));
+        run.finish("done".into(), now).unwrap();
+        assert_eq!(
+            run.take_drive(1, now),
+            Err(NotDriven::Moved(RunStatus::Done))
+        );
+    }
+
     #[test]
     fn a_finished_run_cannot_be_cancelled() {
         let mut r = run();
