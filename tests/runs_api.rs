@@ -251,6 +251,12 @@ timeout = "1s"
     )
 }
 
+/// `POST /runs` as sam: the orders desk asked about ord_55.
+async fn sam_asks_the_orders_desk(server: &Server) -> Reply {
+    let task = json!({"agent": "orders-desk", "task": "Is ord_55 due a refund?"});
+    server.post("/runs", "sam", task).await
+}
+
 /// Waits until the stand-in got `n` requests.
 async fn until_asked(asked: &AtomicUsize, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -268,13 +274,7 @@ async fn a_run_whose_model_takes_longer_than_api_gateways_30_s_is_accepted_at_on
     let server = Server::start_with_env("runs-slow-model", &["--sweep-every", "0s"], &env);
 
     let asking = Instant::now();
-    let accepted = server
-        .post(
-            "/runs",
-            "sam",
-            json!({"agent": "orders-desk", "task": "Is ord_55 due a refund?"}),
-        )
-        .await;
+    let accepted = sam_asks_the_orders_desk(&server).await;
 
     assert!(
         asking.elapsed() < Duration::from_secs(2),
@@ -311,13 +311,7 @@ async fn a_server_killed_during_a_model_turn_leaves_a_run_the_sweep_drives_again
     let dir = TempDir::new("runs-killed");
     let env = [("COUNTERSIGN_AGENTS", slow_agent(&dir, &base_url))];
     let mut server = Server::start_with_env("runs-killed", &["--sweep-every", "0s"], &env);
-    let accepted = server
-        .post(
-            "/runs",
-            "sam",
-            json!({"agent": "orders-desk", "task": "Is ord_55 due a refund?"}),
-        )
-        .await;
+    let accepted = sam_asks_the_orders_desk(&server).await;
     assert_eq!(accepted.status, 202, "{}", accepted.json);
     let run = accepted.json["run_id"].as_str().unwrap().to_string();
     until_asked(&asked, 1).await;

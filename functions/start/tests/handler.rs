@@ -13,19 +13,31 @@ use lambda_http::Context;
 use serde_json::json;
 use shared::domain::run::RunStatus;
 use shared::engine::{Delivery, ResumeReport};
-use shared::ports::queue::QueueMessage;
+use shared::ports::queue::{QueueMessage, ResumeQueue};
 
 async fn start(h: &Harness) -> start::Start {
     start_sending_to(h, Arc::new(RecordingQueue::default())).await
 }
 
 /// The start function as deployed: the runs `POST /runs` accepts go to `queue`.
-async fn start_sending_to(h: &Harness, queue: Arc<RecordingQueue>) -> start::Start {
+async fn start_sending_to(h: &Harness, queue: Arc<dyn ResumeQueue>) -> start::Start {
     let process = h.process_with(|tools| tools, Delivery::Queue(queue)).await;
     start::Start::new(
         Arc::new(process.engine),
         Arc::new(shared::api::GatewayClaims::default()),
         h.claims.clone(),
+    )
+}
+
+/// `POST /runs` through API Gateway: ana's expense claim c-101, which is paid without a person.
+fn ana_posts_c101() -> serde_json::Value {
+    http_event(
+        "POST",
+        "/runs",
+        Some(json!({"claim_id": "c-101"})),
+        "ana",
+        "acme",
+        &["employee"],
     )
 }
 
@@ -96,16 +108,11 @@ async fn post_runs_through_api_gateway_accepts_the_run_at_once_and_the_queue_dri
     let h = Harness::new(Embedded::fresh()).await;
     let queue = Arc::new(RecordingQueue::default());
     let start = start_sending_to(&h, queue.clone()).await;
-    let event = http_event(
-        "POST",
-        "/runs",
-        Some(json!({"claim_id": "c-101"})),
-        "ana",
-        "acme",
-        &["employee"],
-    );
 
-    let response = start.handle(event, Context::default()).await.unwrap();
+    let response = start
+        .handle(ana_posts_c101(), Context::default())
+        .await
+        .unwrap();
 
     // Accepted and stored; nothing of it ran in the request.
     let (status, body) = status_and_body(&response);
@@ -133,24 +140,12 @@ async fn post_runs_through_api_gateway_accepts_the_run_at_once_and_the_queue_dri
 #[tokio::test]
 async fn post_runs_whose_drive_message_cannot_be_sent_is_still_accepted_for_the_sweep() {
     let h = Harness::new(Embedded::fresh()).await;
-    let process = h
-        .process_with(|tools| tools, Delivery::Queue(Arc::new(harness::QueueDown)))
-        .await;
-    let start = start::Start::new(
-        Arc::new(process.engine),
-        Arc::new(shared::api::GatewayClaims::default()),
-        h.claims.clone(),
-    );
-    let event = http_event(
-        "POST",
-        "/runs",
-        Some(json!({"claim_id": "c-101"})),
-        "ana",
-        "acme",
-        &["employee"],
-    );
+    let start = start_sending_to(&h, Arc::new(harness::QueueDown)).await;
 
-    let response = start.handle(event, Context::default()).await.unwrap();
+    let response = start
+        .handle(ana_posts_c101(), Context::default())
+        .await
+        .unwrap();
 
     let (status, body) = status_and_body(&response);
     assert_eq!(status, 202, "{body}");

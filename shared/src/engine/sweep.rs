@@ -638,18 +638,31 @@ impl Engine {
         if run.value.fail(error.clone(), now).is_err() {
             return Ok(None);
         }
-        let mut tx = Tx::new();
-        let event = AuditEvent::Failed { error };
-        tx.audit(
-            &tenant,
-            AuditEntry::new(&run_id, Actor::system("sweep"), event, now),
-        );
-        tx.run(self.index_shards, &mut run);
-        if self.commit_first(tx).await?.is_none() {
+        if !self
+            .write_taken_over(&mut run, AuditEvent::Failed { error }, now)
+            .await?
+        {
             return Ok(None);
         }
         tracing::warn!(%why, "failed a run whose lease ran out");
         Ok(Some(TakenOver::Failed(run_id)))
+    }
+
+    /// Writes a run the sweep took over with the event that says how, compare-and-set on the
+    /// run as read: false when it moved on meanwhile.
+    async fn write_taken_over(
+        &self,
+        run: &mut Stored<Run>,
+        event: AuditEvent,
+        now: DateTime<Utc>,
+    ) -> Result<bool, EngineError> {
+        let mut tx = Tx::new();
+        tx.audit(
+            &run.value.tenant,
+            AuditEntry::new(&run.value.id, Actor::system("sweep"), event, now),
+        );
+        tx.run(self.index_shards, run);
+        Ok(self.commit_first(tx).await?.is_some())
     }
 
     /// Writes the run re-driven, with its `resumed` event saying why, then drives it: here in
@@ -666,17 +679,11 @@ impl Engine {
              stored conversation ({} of {MOST_REDRIVES})",
             run.value.redriven
         );
-        let mut tx = Tx::new();
         let event = AuditEvent::Resumed {
             results: 0,
             why: Some(why),
         };
-        tx.audit(
-            &tenant,
-            AuditEntry::new(&run_id, Actor::system("sweep"), event, now),
-        );
-        tx.run(self.index_shards, &mut run);
-        if self.commit_first(tx).await?.is_none() {
+        if !self.write_taken_over(&mut run, event, now).await? {
             return Ok(None);
         }
         tracing::warn!(
