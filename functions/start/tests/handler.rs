@@ -30,15 +30,20 @@ async fn start_sending_to(h: &Harness, queue: Arc<dyn ResumeQueue>) -> start::St
 }
 
 /// `POST /runs` through API Gateway: ana's expense claim c-101, which is paid without a person.
-fn ana_posts_c101() -> serde_json::Value {
-    http_event(
+/// It must be accepted (202): the answer's body.
+async fn ana_posts_c101(start: &start::Start) -> serde_json::Value {
+    let event = http_event(
         "POST",
         "/runs",
         Some(json!({"claim_id": "c-101"})),
         "ana",
         "acme",
         &["employee"],
-    )
+    );
+    let response = start.handle(event, Context::default()).await.unwrap();
+    let (status, body) = status_and_body(&response);
+    assert_eq!(status, 202, "{body}");
+    body
 }
 
 /// What the resume function does with each drive message `queue` holds, as another process:
@@ -109,14 +114,9 @@ async fn post_runs_through_api_gateway_accepts_the_run_at_once_and_the_queue_dri
     let queue = Arc::new(RecordingQueue::default());
     let start = start_sending_to(&h, queue.clone()).await;
 
-    let response = start
-        .handle(ana_posts_c101(), Context::default())
-        .await
-        .unwrap();
+    let body = ana_posts_c101(&start).await;
 
     // Accepted and stored; nothing of it ran in the request.
-    let (status, body) = status_and_body(&response);
-    assert_eq!(status, 202, "{body}");
     assert_eq!(body["status"], "running");
     let id = body["run_id"].as_str().unwrap();
     assert_eq!(body["links"]["self"], format!("/runs/{id}"));
@@ -142,13 +142,8 @@ async fn post_runs_whose_drive_message_cannot_be_sent_is_still_accepted_for_the_
     let h = Harness::new(Embedded::fresh()).await;
     let start = start_sending_to(&h, Arc::new(harness::QueueDown)).await;
 
-    let response = start
-        .handle(ana_posts_c101(), Context::default())
-        .await
-        .unwrap();
+    let body = ana_posts_c101(&start).await;
 
-    let (status, body) = status_and_body(&response);
-    assert_eq!(status, 202, "{body}");
     assert_eq!(run_named_by(&h, &body).await.status, RunStatus::Running);
     // Once its lease runs out, the sweep drives it.
     h.clock.advance(chrono::Duration::minutes(16));
