@@ -304,14 +304,6 @@ impl Run {
         });
     }
 
-    /// The size of the conversation not stored yet, as JSON: what the run's next write carries.
-    pub fn unstored_size(&self) -> usize {
-        self.messages[self.stored_messages.min(self.messages.len())..]
-            .iter()
-            .map(|m| serde_json::to_string(m).map_or(0, |m| m.len()))
-            .sum()
-    }
-
     pub fn finish(&mut self, answer: String, now: DateTime<Utc>) -> Result<(), RunError> {
         self.step(RunStatus::Running, RunStatus::Done, now)?;
         self.answer = Some(answer);

@@ -25,7 +25,8 @@ pub enum ResumeReport {
     Ignored { reason: String },
     /// The result is held with the run, which still waits on other calls of its turn.
     Held { run: RunReport },
-    /// The turn was complete and the run went on to this point.
+    /// The turn was complete and the run went on to this point; or, for a drive message, the
+    /// run was driven to this point.
     Continued { run: RunReport },
     /// The tool could not say whether the call took effect; the sweep reconciles it.
     Unknown { key: String },
