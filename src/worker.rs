@@ -5,6 +5,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use serde_json::json;
+use shared::ports::queue::QueueMessage;
 
 use crate::Output;
 use crate::fail::Failure;
@@ -71,12 +72,14 @@ pub async fn run(local: &Local, once: bool) -> Result<Output, Failure> {
                             format!("{key}: outcome unknown; the sweep reconciles it\n")
                         }
                     };
-                    text.push_str(&format!("resumed {}\n{line}", message.key()));
+                    let did = match &message {
+                        QueueMessage::Resume(_) => "resumed",
+                        QueueMessage::Drive(_) => "drove",
+                    };
+                    let said = format!("{did} {}\n{line}", message.key());
+                    text.push_str(&said);
                     if !once {
-                        print!(
-                            "{}",
-                            render::terminal(&format!("resumed {}\n{line}", message.key()))
-                        );
+                        print!("{}", render::terminal(&said));
                     }
                     resumed.push(json!({"message": message, "report": report}));
                 }
