@@ -2,6 +2,7 @@
 //! and expired leases, and never pays blindly.
 
 use super::*;
+use shared::engine::WaitingOn;
 use shared::ports::queue::DriveMessage;
 use shared::ports::store::StoreError;
 
@@ -403,6 +404,52 @@ async fn given_a_drive_message_delivered_twice_when_both_are_consumed_then_the_r
     assert_eq!(h.payments().await.len(), 1);
 }
 
+async fn given_a_run_accepted_and_then_driven_when_it_is_read_then_it_waits_on_its_model_then_on_its_approval_then_on_nothing(
+    h: &Harness,
+) {
+    let queue = Arc::new(RecordingQueue::default());
+    let p = h
+        .process_with(|tools| tools, Delivery::Queue(queue.clone()))
+        .await;
+    let task = task_for(&h.claims, "c-102").unwrap();
+    let accepted = p.accept(task).await.unwrap();
+    let (tenant, id) = (&accepted.tenant, &accepted.run_id);
+
+    let running = p.run_state(tenant, id).await.unwrap();
+
+    assert_eq!(running.run.status, RunStatus::Running);
+    assert_eq!(running.waiting_on, [WaitingOn::ModelTurn]);
+    let message = DriveMessage {
+        tenant: tenant.clone(),
+        run_id: id.clone(),
+        drive: 0,
+    };
+    h.process().await.drive_run(&message).await.unwrap();
+    let paused = p.run_state(tenant, id).await.unwrap();
+    assert_eq!(paused.run.status, RunStatus::AwaitingApproval);
+    let approval = &paused.run.approvals[0];
+    assert_eq!(
+        paused.waiting_on,
+        [WaitingOn::Approval {
+            approval_id: approval.id.clone(),
+            tool: "reimburse".into(),
+            approver_role: finance(),
+            quorum: 1,
+            expires_at: approval.expires_at,
+        }]
+    );
+    let other = TenantId::parse("globex").unwrap();
+    let refused = p.run_state(&other, id).await.unwrap_err();
+    assert_refusal(&refused, "not_found", ErrorKind::NotFound);
+
+    h.decided(&p, "dana", &approval.id, approve("d-1")).await;
+    let resume = queue.published().pop().unwrap();
+    h.process().await.resume(&resume).await.unwrap();
+    let done = p.run_state(tenant, id).await.unwrap();
+    assert_eq!(done.run.status, RunStatus::Done);
+    assert!(done.waiting_on.is_empty(), "{done:?}");
+}
+
 async fn given_a_run_that_resumed_on_a_process_that_died_when_its_lease_runs_out_then_the_sweep_drives_it_again_but_never_while_it_waited_on_a_person(
     h: &Harness,
 ) {
@@ -738,6 +785,7 @@ on_both_stores!([
     given_a_process_that_died_during_a_model_turn_when_its_lease_runs_out_then_the_sweep_drives_it_again_from_its_conversation_and_a_run_within_its_lease_is_left_alone,
     given_a_run_whose_drivers_keep_stopping_when_it_was_driven_again_three_times_then_the_sweep_fails_it,
     given_a_drive_message_delivered_twice_when_both_are_consumed_then_the_run_is_driven_once_and_pays_once,
+    given_a_run_accepted_and_then_driven_when_it_is_read_then_it_waits_on_its_model_then_on_its_approval_then_on_nothing,
     given_a_run_that_resumed_on_a_process_that_died_when_its_lease_runs_out_then_the_sweep_drives_it_again_but_never_while_it_waited_on_a_person,
     given_overdue_runs_and_outbox_entries_in_every_shard_of_the_index_when_the_sweep_runs_then_it_finds_them_all,
 ]);
