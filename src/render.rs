@@ -497,6 +497,12 @@ pub fn sweep(swept: &Swept<'_>) -> String {
             "abandoned {run}: the process driving it stopped, so it failed"
         );
     }
+    for run in &report.redriven {
+        let _ = writeln!(
+            out,
+            "driven again {run}: the process driving it stopped during a model turn, so its turns go on"
+        );
+    }
     let notices = &report.notices;
     if !notices.is_empty() {
         let _ = writeln!(
@@ -742,7 +748,8 @@ fn event_line(entry: &AuditEntry, tools: &std::collections::BTreeMap<String, Str
                 count(usage.output_tokens)
             )
         }
-        AuditEvent::Resumed { results } => format!(
+        AuditEvent::Resumed { why: Some(why), .. } => Plain(why).to_string(),
+        AuditEvent::Resumed { results, why: None } => format!(
             "{results} result{} back to the agent",
             if *results == 1 { "" } else { "s" }
         ),
@@ -884,6 +891,7 @@ mod tests {
             resent: vec!["act-4:1".into()],
             resumes_given_up: vec!["act-5:1".into()],
             abandoned: vec![RunId::parse("run-abandoned").unwrap()],
+            redriven: vec![RunId::parse("run-redriven").unwrap()],
             notices: shared::engine::NoticeReport {
                 sent: 3,
                 retrying: 1,
@@ -909,6 +917,7 @@ mod tests {
             "gave up resending act-5:1: its resume message waits in the dead-letter queue for an operator",
             "delivered again 2 resume messages left undelivered: their runs go on",
             "abandoned run-abandoned: the process driving it stopped, so it failed",
+            "driven again run-redriven: the process driving it stopped during a model turn, so its turns go on",
             "notices: 3 sent, 1 to try again, 0 given up",
         ] {
             assert!(

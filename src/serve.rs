@@ -33,8 +33,8 @@ fn failure(message: String) -> Failure {
     }
 }
 
-/// Serves until SIGTERM or ctrl-c, then finishes the requests in flight and the resumes Slack
-/// decisions left running. Meanwhile it sweeps every `sweep_every`, as the recurring schedule
+/// Serves until SIGTERM or ctrl-c, then finishes the requests in flight, the runs `POST /runs`
+/// accepted and the resumes Slack decisions left running. Meanwhile it sweeps every `sweep_every`, as the recurring schedule
 /// does in AWS.
 pub async fn run(local: Local, state: &Path, options: ServeOptions) -> Result<(), Failure> {
     let key = token::dev_key(state)?;
@@ -85,7 +85,8 @@ pub async fn run(local: Local, state: &Path, options: ServeOptions) -> Result<()
     if !options.sweep_every.is_zero() {
         tokio::spawn(sweep_forever(engine.clone(), options.sweep_every));
     }
-    // A Slack click is answered before the run it settles resumes; that resume runs here.
+    // An accepted run is driven here after its 202, and a Slack click is answered before the
+    // run it settles resumes; that resume runs here too.
     let background = api::Background::default();
     let gateway =
         shared::deploy::mcp_settings_from_env().map_err(|e| Failure::usage(e.to_string()))?;
@@ -112,7 +113,8 @@ pub async fn run(local: Local, state: &Path, options: ServeOptions) -> Result<()
         max_connections: options.max_connections,
     };
     connections::serve(listener, app, limits, stopped()).await;
-    // The resumes Slack decisions left running finish too, as the requests in flight did.
+    // The runs being driven and the resumes Slack decisions left finish too, as the requests
+    // in flight did.
     background.finished().await;
     Ok(())
 }

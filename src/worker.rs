@@ -1,9 +1,11 @@
-//! `countersign worker`: resumes runs from the SQS queue the way the resume function does.
+//! `countersign worker`: resumes and drives runs from the SQS queue the way the resume function
+//! does.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use serde_json::json;
+use shared::ports::queue::QueueMessage;
 
 use crate::Output;
 use crate::fail::Failure;
@@ -49,10 +51,10 @@ pub async fn run(local: &Local, once: bool) -> Result<Output, Failure> {
             if stalled.contains(message.group()) {
                 continue;
             }
-            let prepared = shared::agents::prepare_resume(&local.engine, &message).await;
+            let prepared = shared::agents::prepare_queued(&local.engine, &message).await;
             match async {
                 prepared?;
-                local.engine.resume(&message).await
+                local.engine.consume(&message).await
             }
             .await
             {
@@ -70,12 +72,14 @@ pub async fn run(local: &Local, once: bool) -> Result<Output, Failure> {
                             format!("{key}: outcome unknown; the sweep reconciles it\n")
                         }
                     };
-                    text.push_str(&format!("resumed {}\n{line}", message.key()));
+                    let did = match &message {
+                        QueueMessage::Resume(_) => "resumed",
+                        QueueMessage::Drive(_) => "drove",
+                    };
+                    let said = format!("{did} {}\n{line}", message.key());
+                    text.push_str(&said);
                     if !once {
-                        print!(
-                            "{}",
-                            render::terminal(&format!("resumed {}\n{line}", message.key()))
-                        );
+                        print!("{}", render::terminal(&said));
                     }
                     resumed.push(json!({"message": message, "report": report}));
                 }

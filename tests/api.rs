@@ -485,9 +485,7 @@ async fn the_view_names_who_approved_so_far_and_what_may_be_edited() {
     assert_eq!(approval["still_needed"], 1);
 
     // c-103 is declined as a duplicate of c-101 once c-101 is paid.
-    let c101 = server
-        .post("/runs", "ana", json!({"claim_id": "c-101"}))
-        .await;
+    let c101 = server.start_run("ana", json!({"claim_id": "c-101"})).await;
     assert_eq!(c101.json["status"], "done", "{}", c101.json);
     let c103 = server.paused_run("ana", "c-103", None).await;
     let decline = server.approval(&c103.approval).await;

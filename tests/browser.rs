@@ -934,7 +934,7 @@ async fn a_recovery_owner_answers_an_unknown_refund_in_the_page_and_the_run_ends
             "Refund ord_55: the blender arrived damaged.",
         )
         .await;
-    assert_eq!(started.status, 201, "{}", started.json);
+    assert_eq!(started.status, 200, "{}", started.json);
     let run = started.json["run_id"].as_str().unwrap().to_string();
     let approval = started.json["approvals"][0]["id"].as_str().unwrap();
     server
@@ -1001,7 +1001,7 @@ async fn each_card_names_its_agent_and_task_and_what_was_decided_shows_who_decid
     let (server, c102, mut driver) = under_review("decided", "ben", "c-102").await;
     let task = "Refund USD 125 for order ord_55: the blender arrived damaged.";
     let refund = server.start_agent("sam", "refunds", task).await;
-    assert_eq!(refund.status, 201, "{}", refund.json);
+    assert_eq!(refund.status, 200, "{}", refund.json);
     let refund = card(refund.json["approvals"][0]["id"].as_str().unwrap());
     let dana = driver.signed_in(&server, "dana").await;
     let item = card(&c102.approval);

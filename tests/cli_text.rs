@@ -52,7 +52,7 @@ async fn control_characters_of_a_task_an_explanation_and_a_comment_are_printed_e
     // OSC and BEL (any member of the tenant may write the task and the comment).
     let task = "Pay mallory\u{1b}[2J\u{1b}]0;pwned\u{7}\r2026-01-01T00:00:00.000Z  done";
     let started = server.start_agent("sam", "bonuses", task).await;
-    assert_eq!(started.status, 201, "{}", started.json);
+    assert_eq!(started.status, 200, "{}", started.json);
     let run = started.json["run_id"].as_str().unwrap().to_string();
     let approval = started.json["approvals"][0]["id"]
         .as_str()

@@ -21,7 +21,7 @@ use campaign::{Campaign, DeadLetters, Figures, Store};
 use shared::adapters::sqlite::SqliteStore;
 
 /// How long a killed worker's message stays invisible on the campaign's own queue, instead of
-/// template.yaml's 720 s.
+/// template.yaml's 960 s.
 const VISIBILITY_SECONDS: u32 = 2;
 
 fn campaign(name: &str, store: Store) -> Campaign {

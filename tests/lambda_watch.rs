@@ -146,10 +146,24 @@ impl Http {
         }
     }
 
-    /// `POST /runs` on the start function with `body`, which must start a run: the run.
-    async fn start_run(&self, token: &str, body: Value) -> Value {
-        let (status, run) = self.call("POST", "start/runs", token, Some(body)).await;
-        assert_eq!(status, 201, "{run}");
+    /// `POST /runs` on the start function with `body`, which must accept a run; the resume
+    /// function drives it from the queue's drive message: the run as the decide function's
+    /// `GET /runs/{id}` then gives it.
+    async fn start_run(
+        &self,
+        stack: &aws::FreshStack,
+        watch: &Watch,
+        token: &str,
+        body: Value,
+    ) -> Value {
+        let (status, accepted) = self.call("POST", "start/runs", token, Some(body)).await;
+        assert_eq!(status, 202, "{accepted}");
+        assert_eq!(accepted["status"], "running", "{accepted}");
+        let response = resume_from_queue(stack, watch).await;
+        assert_eq!(response["batchItemFailures"], json!([]));
+        let path = format!("decide/runs/{}", accepted["run_id"].as_str().unwrap());
+        let (status, run) = self.call("GET", &path, token, None).await;
+        assert_eq!(status, 200, "{run}");
         run
     }
 
@@ -194,7 +208,7 @@ async fn resume_from_queue(stack: &aws::FreshStack, watch: &Watch) -> Value {
     }
     assert!(
         !received.is_empty(),
-        "the decision put a resume message on the queue"
+        "a resume or drive message is on the queue"
     );
     let mut event: Value = serde_json::from_str(SQS_BATCH).unwrap();
     let template = event["Records"][0].clone();
@@ -237,8 +251,10 @@ async fn approval_flow(stack: &aws::FreshStack, state: &Path, watch: &Watch, htt
     let ben = token(state, "ben");
     let (dana, erin) = (token(state, "dana"), token(state, "erin"));
 
-    // Start: the run pauses on reimbursing $250, and the pause is stored before the answer.
-    let run = http.start_run(&ben, json!({"claim_id": "c-102"})).await;
+    // Start: accepted at once, then driven from the queue; the run pauses on reimbursing $250.
+    let run = http
+        .start_run(stack, watch, &ben, json!({"claim_id": "c-102"}))
+        .await;
     assert_eq!(run["status"], "awaiting_approval");
     let approval = run["approvals"][0]["id"].as_str().unwrap().to_string();
     let run_id = run["run_id"].as_str().unwrap().to_string();
@@ -285,7 +301,12 @@ async fn expiry_flow(stack: &aws::FreshStack, state: &Path, watch: &Watch, http:
     let (chen, dana) = (token(state, "chen"), token(state, "dana"));
 
     let run = http
-        .start_run(&chen, json!({"claim_id": "c-104", "ttl": "0s"}))
+        .start_run(
+            stack,
+            watch,
+            &chen,
+            json!({"claim_id": "c-104", "ttl": "0s"}),
+        )
         .await;
     let approval = run["approvals"][0]["id"].as_str().unwrap().to_string();
 

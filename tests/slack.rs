@@ -388,7 +388,7 @@ impl ApprovedInSlack {
                 "Refund ord_55: the blender arrived damaged.",
             )
             .await;
-        assert_eq!(started.status, 201, "{}", started.json);
+        assert_eq!(started.status, 200, "{}", started.json);
         assert_eq!(
             started.json["status"], "awaiting_approval",
             "{}",

@@ -1,7 +1,8 @@
 //! Resuming through the real queue on the local AWS stack: DynamoDB for state, SQS FIFO for
 //! resume messages. A crash between the decision's transaction and its publish is healed by the
 //! sweep, so is a message that killed workers drove into the dead-letter queue, and a message
-//! delivered twice changes nothing.
+//! delivered twice changes nothing. A run accepted without being driven goes through the same
+//! queue as a drive message.
 
 mod support;
 
@@ -19,7 +20,7 @@ use shared::domain::run::RunStatus;
 use shared::engine::{Delivery, Engine, ResumeReport, RunReport};
 use shared::example::expense::{self, Ledger, OfflineExpenseAgent};
 use shared::ports::clock::{Clock, ManualClock};
-use shared::ports::queue::{QueueError, ResumeMessage, ResumeQueue};
+use shared::ports::queue::{DriveMessage, QueueError, QueueMessage, ResumeMessage, ResumeQueue};
 use shared::ports::store::ItemStore;
 use support::aws::{FreshStack, queue_attributes};
 
@@ -31,6 +32,11 @@ struct CrashBeforePublish {
 #[async_trait]
 impl ResumeQueue for CrashBeforePublish {
     async fn publish(&self, _: &ResumeMessage) -> Result<(), QueueError> {
+        self.attempts.fetch_add(1, Ordering::SeqCst);
+        Err(QueueError("the process stopped before publishing".into()))
+    }
+
+    async fn publish_drive(&self, _: &DriveMessage) -> Result<(), QueueError> {
         self.attempts.fetch_add(1, Ordering::SeqCst);
         Err(QueueError("the process stopped before publishing".into()))
     }
@@ -79,11 +85,11 @@ async fn dana_approves(engine: &Engine, paused: &RunReport, decision: &str) {
         .unwrap();
 }
 
-/// What a resume worker does: receive, resume, delete.
+/// What a resume worker does: receive, resume (or drive), delete.
 async fn consume(queue: &SqsQueue, engine: &Engine) -> Vec<ResumeReport> {
     let mut reports = Vec::new();
     for received in queue.receive(10, Duration::from_secs(1)).await.unwrap() {
-        reports.push(engine.resume(&received.message.unwrap()).await.unwrap());
+        reports.push(engine.consume(&received.message.unwrap()).await.unwrap());
         queue.delete(&received.receipt_handle).await.unwrap();
     }
     reports
@@ -146,7 +152,7 @@ async fn given_a_crash_between_the_decision_and_its_publish_when_the_sweep_runs_
 }
 
 /// How long a received message stays invisible on these tests' queues, instead of
-/// template.yaml's 720 s.
+/// template.yaml's 960 s.
 const VISIBILITY_SECONDS: u32 = 1;
 
 /// A worker receives the message and is killed before it writes anything: the message stays
@@ -314,15 +320,55 @@ async fn given_messages_of_one_run_then_they_share_a_group_keyed_by_action_and_v
     aws.queue.publish(&message).await.unwrap();
     aws.queue.publish(&resent).await.unwrap();
     let received = aws.queue.receive(10, Duration::from_secs(1)).await.unwrap();
-    let messages: Vec<&ResumeMessage> = received
+    let messages: Vec<&QueueMessage> = received
         .iter()
         .map(|r| r.message.as_ref().unwrap())
         .collect();
     assert_eq!(
         messages,
-        [&message, &resent],
+        [
+            &QueueMessage::Resume(message.clone()),
+            &QueueMessage::Resume(resent.clone())
+        ],
         "the same action_id:version within the window is one message; the sweep's re-send of it is another"
     );
     assert_eq!(message.key(), "act-fifo:2");
     assert_eq!(resent.key(), "act-fifo:2");
+}
+
+#[tokio::test]
+async fn given_a_run_accepted_on_dynamodb_when_its_drive_message_is_sent_twice_through_sqs_then_a_worker_drives_it_once()
+ {
+    let stack = FreshStack::new("drive-message").await;
+    let aws = stack.aws();
+    let clock = Arc::new(ManualClock::new(Utc::now()));
+    let engine = engine(aws.store.clone(), aws.queue.clone(), clock.clone());
+    let task = expense::task_for(&expense::default_claims(), "c-101").unwrap();
+    let accepted = engine.accept(task).await.unwrap();
+    assert_eq!(accepted.status, RunStatus::Running);
+    let message = DriveMessage {
+        tenant: accepted.tenant.clone(),
+        run_id: accepted.run_id.clone(),
+        drive: 0,
+    };
+
+    engine.send_drive(&message).await.unwrap();
+    engine.send_drive(&message).await.unwrap();
+    let reports = consume(&aws.queue, &engine).await;
+
+    // The queue dropped the repeat (same run:drive:0 within its window); the worker drove it.
+    let [ResumeReport::Continued { run }] = reports.as_slice() else {
+        panic!("{reports:?}")
+    };
+    assert_eq!(run.status, RunStatus::Done);
+    let again = engine.drive_run(&message).await.unwrap();
+    assert!(
+        matches!(again, ResumeReport::Ignored { .. }),
+        "a late copy drives nothing: {again:?}"
+    );
+    let payments = Ledger::new(aws.store.clone())
+        .payments(&accepted.tenant)
+        .await
+        .unwrap();
+    assert_eq!(payments.len(), 1);
 }

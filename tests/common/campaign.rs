@@ -231,6 +231,8 @@ pub struct Figures {
     pub reconciled: usize,
     /// Runs the sweep failed because their driver died (lease ran out).
     pub abandoned: usize,
+    /// Runs the sweep drove again because their driver died mid-turn (lease ran out).
+    pub redriven: usize,
     /// Resume messages the sweep found undelivered and sent again.
     pub redelivered: usize,
     pub sweep_rounds: usize,
@@ -279,8 +281,8 @@ impl fmt::Display for Figures {
         )?;
         writeln!(
             f,
-            "  sweep ({} rounds): {} unknown outcomes reconciled, {} abandoned runs failed, {} resume messages redelivered",
-            self.sweep_rounds, self.reconciled, self.abandoned, self.redelivered
+            "  sweep ({} rounds): {} unknown outcomes reconciled, {} abandoned runs failed, {} driven again, {} resume messages redelivered",
+            self.sweep_rounds, self.reconciled, self.abandoned, self.redriven, self.redelivered
         )?;
         if self.dead_lettered + self.resent + self.resumes_given_up > 0 {
             writeln!(
@@ -789,10 +791,12 @@ impl Campaign {
             let redelivered = report["redelivered"].as_u64().unwrap_or(0) as usize;
             figures.reconciled += count("reconciled");
             figures.abandoned += count("abandoned");
+            figures.redriven += count("redriven");
             figures.redelivered += redelivered;
             figures.resent += count("resent");
             figures.resumes_given_up += count("resumes_given_up");
-            if count("expired") + count("reconciled") + count("abandoned") + redelivered == 0 {
+            let runs = count("abandoned") + count("redriven");
+            if count("expired") + count("reconciled") + runs + redelivered == 0 {
                 break;
             }
         }

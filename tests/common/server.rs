@@ -75,16 +75,7 @@ impl Server {
     /// endpoint and token, say).
     pub fn start_with_env(name: &str, args: &[&str], env: &[(&str, String)]) -> Self {
         let state = fresh_path(&format!("countersign-api-{name}"));
-        let mut child = countersign(&state)
-            .args(["serve", "--addr", "127.0.0.1:0"])
-            .args(args)
-            .envs(env.iter().map(|(k, v)| (k, v)))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("countersign serve starts");
-        let base = super::listening_url(&mut child, "countersign serve", Duration::from_secs(60));
-        assert!(base.starts_with("http://127.0.0.1:"), "{base}");
+        let (child, base) = serve(&state, args, env);
         Self {
             child,
             base,
@@ -98,6 +89,14 @@ impl Server {
                 .unwrap(),
             tokens: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Kills the server at once, as a crash would, and starts another over the same state
+    /// with `args` and `env`: the tokens made so far still hold.
+    pub fn crash_and_restart(&mut self, args: &[&str], env: &[(&str, String)]) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        (self.child, self.base) = serve(&self.state, args, env);
     }
 
     /// A token from `countersign token --as NAME`, made once per person.
@@ -177,10 +176,54 @@ impl Server {
         .await
     }
 
-    /// `POST /runs` as `name`: `agent` started on `task`.
+    /// `POST /runs` as `name`: `agent` started on `task`. Once it is accepted, the run as
+    /// `GET /runs/{id}` gives it when it stopped running ([`Server::start_run`]).
     pub async fn start_agent(&self, name: &str, agent: &str, task: &str) -> Reply {
-        self.post("/runs", name, json!({"agent": agent, "task": task}))
+        self.start_run(name, json!({"agent": agent, "task": task}))
             .await
+    }
+
+    /// `POST /runs` as `name` with `body`: a refusal as it is; a run accepted (202, running,
+    /// with its links) is read as `name` until it stops running (paused, done or failed), and
+    /// that read (200) comes back.
+    pub async fn start_run(&self, name: &str, body: Value) -> Reply {
+        let accepted = self.post("/runs", name, body).await;
+        if accepted.status != 202 {
+            return accepted;
+        }
+        assert_eq!(accepted.json["status"], "running", "{}", accepted.json);
+        let run = accepted.json["run_id"].as_str().unwrap();
+        assert_eq!(
+            accepted.json["links"]["self"],
+            format!("/runs/{run}"),
+            "{}",
+            accepted.json
+        );
+        self.settled(name, run).await
+    }
+
+    /// `GET /runs/{run}` as `name`, again until the run no longer runs (at most 30 s).
+    pub async fn settled(&self, name: &str, run: &str) -> Reply {
+        self.settled_within(name, run, Duration::from_secs(30))
+            .await
+    }
+
+    /// [`Server::settled`], waiting at most `within`.
+    pub async fn settled_within(&self, name: &str, run: &str, within: Duration) -> Reply {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let reply = self.get(&format!("/runs/{run}"), name).await;
+            assert_eq!(reply.status, 200, "{}", reply.json);
+            if reply.json["status"] != "running" {
+                return reply;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "still running after {within:?}: {}",
+                reply.json
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// `POST /runs` as `name`; the run must pause on exactly one approval.
@@ -189,8 +232,8 @@ impl Server {
         if let Some(ttl) = ttl {
             body["ttl"] = json!(ttl);
         }
-        let reply = self.post("/runs", name, body).await;
-        assert_eq!(reply.status, 201, "{}", reply.json);
+        let reply = self.start_run(name, body).await;
+        assert_eq!(reply.status, 200, "{}", reply.json);
         assert_eq!(reply.json["status"], "awaiting_approval", "{}", reply.json);
         let approvals = reply.json["approvals"].as_array().unwrap();
         assert_eq!(approvals.len(), 1, "{}", reply.json);
@@ -332,6 +375,22 @@ impl Drop for Server {
 pub struct Paused {
     pub run: String,
     pub approval: String,
+}
+
+/// `countersign serve --addr 127.0.0.1:0 ARGS` over `state`, with `env`: the process and the
+/// address it listens on.
+fn serve(state: &std::path::Path, args: &[&str], env: &[(&str, String)]) -> (Child, String) {
+    let mut child = countersign(state)
+        .args(["serve", "--addr", "127.0.0.1:0"])
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("countersign serve starts");
+    let base = super::listening_url(&mut child, "countersign serve", Duration::from_secs(60));
+    assert!(base.starts_with("http://127.0.0.1:"), "{base}");
+    (child, base)
 }
 
 /// A server with one run paused on one approval, and that approval as it was then: a refused

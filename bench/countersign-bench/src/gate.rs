@@ -235,14 +235,21 @@ async fn pay_small(caller: &Caller, path: &str, n: usize) -> Result<(), BenchErr
         }
         _ => {
             let run = json!({"agent": "expense", "task": format!("Pay the small claim {claim}.")});
-            caller
+            let (mut status, mut body) = caller
                 .send(reqwest::Method::POST, "/runs", Some(run))
-                .await?
+                .await?;
+            // Accepted (202) and driven by the server after its answer: read until it ran.
+            let read = format!("/runs/{}", body["run_id"].as_str().unwrap_or_default());
+            while status == 202 || (status == 200 && body["status"] == "running") {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                (status, body) = caller.send(reqwest::Method::GET, &read, None).await?;
+            }
+            (status, body)
         }
     };
     let done = match path {
         "gate" => status == 200 && body["status"] == "succeeded",
-        _ => status == 201 && body["status"] == "done",
+        _ => status == 200 && body["status"] == "done",
     };
     if !done {
         return Err(BenchError::Run(format!(

@@ -185,7 +185,7 @@ async fn consume(
                 .message
                 .map_err(|why| BenchError::Run(format!("an unreadable resume message: {why}")))?;
             let began = Instant::now();
-            let report = within(Phase::Resume, rig.engine.resume(&message))
+            let report = within(Phase::Resume, rig.engine.consume(&message))
                 .await
                 .map_err(failed(format!("resume {}", message.key())))?;
             let took = began.elapsed();

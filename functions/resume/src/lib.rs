@@ -1,6 +1,8 @@
-//! The resume function: one SQS FIFO batch of resume messages, each keyed `action_id:version`.
-//! Messages of one run share a group and arrive in order; when one fails, it and every later
-//! message of the batch are reported as failures, so nothing overtakes it.
+//! The resume function: one SQS FIFO batch of resume messages, each keyed `action_id:version`,
+//! and drive messages, each a run `POST /runs` accepted (or the sweep drives again) to drive
+//! until it is done, failed or paused. Messages of one run share a group and arrive in order;
+//! when one fails, it and every later message of the batch are reported as failures, so
+//! nothing overtakes it.
 
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
 use shared::adapters::sqs;
@@ -16,8 +18,8 @@ pub async fn handle(engine: &Engine, event: SqsEvent) -> SqsBatchResponse {
             continue;
         }
         let outcome = match sqs::parse(record.body.as_deref().unwrap_or_default()) {
-            Ok(message) => match shared::agents::prepare_resume(engine, &message).await {
-                Ok(()) => engine.resume(&message).await.map_err(|e| e.to_string()),
+            Ok(message) => match shared::agents::prepare_queued(engine, &message).await {
+                Ok(()) => engine.consume(&message).await.map_err(|e| e.to_string()),
                 Err(e) => Err(e.to_string()),
             },
             Err(why) => Err(why),

@@ -9,7 +9,7 @@ use aws_lambda_events::event::sqs::SqsEvent;
 use harness::{Embedded, Harness, RecordingQueue, approve};
 use shared::domain::run::RunStatus;
 use shared::engine::Delivery;
-use shared::ports::queue::ResumeMessage;
+use shared::ports::queue::{DriveMessage, QueueMessage, ResumeMessage};
 
 const BATCH: &str = include_str!("fixtures/sqs-fifo-batch.json");
 
@@ -107,4 +107,31 @@ async fn after_a_failure_it_and_every_later_message_are_reported_and_not_process
         "nothing overtook the failure"
     );
     assert!(h.payments().await.is_empty());
+}
+
+#[tokio::test]
+async fn a_drive_message_for_an_accepted_run_drives_it_once_though_delivered_twice() {
+    let h = Harness::new(Embedded::fresh()).await;
+    let queue = Arc::new(RecordingQueue::default());
+    let starter = h.process_with(|t| t, Delivery::Queue(queue.clone())).await;
+    let accepted = starter
+        .accept(shared::example::expense::task_for(&h.claims, "c-101").unwrap())
+        .await
+        .unwrap();
+    let drive = DriveMessage {
+        tenant: accepted.tenant.clone(),
+        run_id: accepted.run_id.clone(),
+        drive: 0,
+    };
+    let drive = serde_json::to_string(&QueueMessage::Drive(drive)).unwrap();
+    let worker = h.process().await;
+
+    let response = resume::handle(&worker, batch(&[drive.clone(), drive])).await;
+
+    assert!(failed_ids(&response).is_empty(), "{response:?}");
+    assert_eq!(
+        h.run(&worker, &accepted.run_id).await.status,
+        RunStatus::Done
+    );
+    assert_eq!(h.payments().await.len(), 1);
 }

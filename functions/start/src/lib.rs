@@ -1,8 +1,9 @@
-//! The start function: starts an agent on a task and returns the run done or paused with the
-//! approvals it waits on. It answers `POST /runs` through API Gateway (the caller's token names
-//! the requester) and a direct invoke, authorized by IAM, that names the run's tenant and
-//! requester itself: `{"agent": "refunds", "task": "...", "tenant": "acme", "requested_by":
-//! "sam", "ttl": "30m"}`, or the expense agent's `{"claim_id": "c-102"}` for the claim's employee.
+//! The start function. It answers `POST /runs` through API Gateway (the caller's token names
+//! the requester): `202` once the run is stored, its drive message sent to the resume queue for
+//! the resume function to drive it. A direct invoke, authorized by IAM, names the run's tenant
+//! and requester itself and drives the run here, returning it done or paused with the approvals
+//! it waits on: `{"agent": "refunds", "task": "...", "tenant": "acme", "requested_by": "sam",
+//! "ttl": "30m"}`, or the expense agent's `{"claim_id": "c-102"}` for the claim's employee.
 
 use std::sync::Arc;
 

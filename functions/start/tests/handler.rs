@@ -8,18 +8,56 @@ mod harness;
 use std::sync::Arc;
 
 use apigw::{http_event, status_and_body};
-use harness::{Embedded, Harness};
+use harness::{Embedded, Harness, RecordingQueue};
 use lambda_http::Context;
 use serde_json::json;
 use shared::domain::run::RunStatus;
+use shared::engine::{Delivery, ResumeReport};
+use shared::ports::queue::{QueueMessage, ResumeQueue};
 
 async fn start(h: &Harness) -> start::Start {
-    let process = h.process().await;
+    start_sending_to(h, Arc::new(RecordingQueue::default())).await
+}
+
+/// The start function as deployed: the runs `POST /runs` accepts go to `queue`.
+async fn start_sending_to(h: &Harness, queue: Arc<dyn ResumeQueue>) -> start::Start {
+    let process = h.process_with(|tools| tools, Delivery::Queue(queue)).await;
     start::Start::new(
         Arc::new(process.engine),
         Arc::new(shared::api::GatewayClaims::default()),
         h.claims.clone(),
     )
+}
+
+/// `POST /runs` through API Gateway: ana's expense claim c-101, which is paid without a person.
+/// It must be accepted (202): the answer's body.
+async fn ana_posts_c101(start: &start::Start) -> serde_json::Value {
+    let event = http_event(
+        "POST",
+        "/runs",
+        Some(json!({"claim_id": "c-101"})),
+        "ana",
+        "acme",
+        &["employee"],
+    );
+    let response = start.handle(event, Context::default()).await.unwrap();
+    let (status, body) = status_and_body(&response);
+    assert_eq!(status, 202, "{body}");
+    body
+}
+
+/// What the resume function does with each drive message `queue` holds, as another process:
+/// the run driven until it is done, failed or paused.
+async fn drive_queued(h: &Harness, queue: &RecordingQueue) -> Vec<shared::engine::RunReport> {
+    let resume = h.process().await;
+    let mut driven = Vec::new();
+    for message in queue.drives() {
+        match resume.consume(&QueueMessage::Drive(message)).await.unwrap() {
+            ResumeReport::Continued { run } => driven.push(run),
+            other => panic!("not driven: {other:?}"),
+        }
+    }
+    driven
 }
 
 /// The run whose id `answer` gives, read by another process.
@@ -71,25 +109,47 @@ async fn a_direct_invoke_for_an_unknown_claim_or_with_extra_fields_is_refused() 
 }
 
 #[tokio::test]
-async fn post_runs_through_api_gateway_starts_the_run_for_the_claim() {
+async fn post_runs_through_api_gateway_accepts_the_run_at_once_and_the_queue_drives_it() {
     let h = Harness::new(Embedded::fresh()).await;
-    let start = start(&h).await;
-    let event = http_event(
-        "POST",
-        "/runs",
-        Some(json!({"claim_id": "c-101"})),
-        "ana",
-        "acme",
-        &["employee"],
+    let queue = Arc::new(RecordingQueue::default());
+    let start = start_sending_to(&h, queue.clone()).await;
+
+    let body = ana_posts_c101(&start).await;
+
+    // Accepted and stored; nothing of it ran in the request.
+    assert_eq!(body["status"], "running");
+    let id = body["run_id"].as_str().unwrap();
+    assert_eq!(body["links"]["self"], format!("/runs/{id}"));
+    assert_eq!(run_named_by(&h, &body).await.status, RunStatus::Running);
+    assert!(h.payments().await.is_empty());
+    let drives = queue.drives();
+    assert_eq!(drives.len(), 1, "{drives:?}");
+    assert_eq!((drives[0].run_id.as_str(), drives[0].drive), (id, 0));
+    assert_eq!(
+        QueueMessage::Drive(drives[0].clone()).deduplication_id(),
+        format!("{id}:drive:0")
     );
 
-    let response = start.handle(event, Context::default()).await.unwrap();
+    // The resume function drives it from that message: paid once, done.
+    let driven = drive_queued(&h, &queue).await;
+    assert_eq!(driven[0].status, RunStatus::Done);
+    assert_eq!(run_named_by(&h, &body).await.status, RunStatus::Done);
+    assert_eq!(h.payments().await.len(), 1);
+}
 
-    let (status, body) = status_and_body(&response);
-    assert_eq!(status, 201, "{body}");
-    assert_eq!(body["status"], "done");
-    let run = run_named_by(&h, &body).await;
-    assert_eq!(run.status, RunStatus::Done);
+#[tokio::test]
+async fn post_runs_whose_drive_message_cannot_be_sent_is_still_accepted_for_the_sweep() {
+    let h = Harness::new(Embedded::fresh()).await;
+    let start = start_sending_to(&h, Arc::new(harness::QueueDown)).await;
+
+    let body = ana_posts_c101(&start).await;
+
+    assert_eq!(run_named_by(&h, &body).await.status, RunStatus::Running);
+    // Once its lease runs out, the sweep drives it.
+    h.clock.advance(chrono::Duration::minutes(16));
+    let swept = h.process().await.sweep(100).await.unwrap();
+    assert_eq!(swept.redriven.len(), 1, "{swept:?}");
+    assert_eq!(run_named_by(&h, &body).await.status, RunStatus::Done);
     assert_eq!(h.payments().await.len(), 1);
 }
 
@@ -210,8 +270,13 @@ async fn with_the_person_claim_set_to_email_an_opaque_sub_still_cannot_approve_i
         })
         .unwrap(),
     );
+    let queue = Arc::new(RecordingQueue::default());
     let start = start::Start::new(
-        Arc::new(h.process().await.engine),
+        Arc::new(
+            h.process_with(|tools| tools, Delivery::Queue(queue.clone()))
+                .await
+                .engine,
+        ),
         auth.clone(),
         h.claims.clone(),
     );
@@ -253,8 +318,23 @@ async fn with_the_person_claim_set_to_email_an_opaque_sub_still_cannot_approve_i
         )
         .await
         .unwrap();
-    let (status, report) = status_and_body(&started);
-    assert_eq!(status, 201, "{report}");
+    let (status, accepted) = status_and_body(&started);
+    assert_eq!(status, 202, "{accepted}");
+    drive_queued(&h, &queue).await;
+    let read = event_with_email(
+        "GET",
+        &format!("/runs/{}", accepted["run_id"].as_str().unwrap()),
+        None,
+        "0b6c5f3e-7a21-4a9e-9d2f-58e1c0a4b7d3",
+        "ben@acme.example",
+        &["employee"],
+    );
+    let read = shared::lambda::invoke(decide.clone(), read, Context::default())
+        .await
+        .unwrap();
+    let (status, report) = status_and_body(&read);
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(report["status"], "awaiting_approval", "{report}");
     let approval = report["approvals"][0]["id"].as_str().unwrap().to_string();
     assert_eq!(
         report["approvals"][0]["requested_by"][0], "ben@acme.example",

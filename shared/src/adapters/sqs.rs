@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::error::DisplayErrorContext;
 
-use crate::ports::queue::{QueueError, ResumeMessage, ResumeQueue};
+use crate::ports::queue::{DriveMessage, QueueError, QueueMessage, ResumeMessage, ResumeQueue};
 
 #[derive(Clone)]
 pub struct SqsQueue {
@@ -16,12 +16,13 @@ pub struct SqsQueue {
     url: String,
 }
 
-/// One received message: the resume message (or why it could not be read) and its receipt.
+/// One received message: the resume or drive message (or why it could not be read) and its
+/// receipt.
 #[derive(Debug, Clone)]
 pub struct Received {
     pub message_id: String,
     pub receipt_handle: String,
-    pub message: Result<ResumeMessage, String>,
+    pub message: Result<QueueMessage, String>,
 }
 
 impl SqsQueue {
@@ -70,15 +71,26 @@ impl SqsQueue {
     }
 }
 
-/// Reads a message body; a body that is not a resume message is reported, never guessed at.
-pub fn parse(body: &str) -> Result<ResumeMessage, String> {
-    serde_json::from_str(body).map_err(|e| format!("not a resume message: {e}"))
+/// Reads a message body; a body that is neither a resume nor a drive message is reported,
+/// never guessed at.
+pub fn parse(body: &str) -> Result<QueueMessage, String> {
+    QueueMessage::parse(body)
 }
 
 #[async_trait]
 impl ResumeQueue for SqsQueue {
     async fn publish(&self, message: &ResumeMessage) -> Result<(), QueueError> {
-        let body = serde_json::to_string(message).expect("resume messages serialize");
+        self.send(&QueueMessage::Resume(message.clone())).await
+    }
+
+    async fn publish_drive(&self, message: &DriveMessage) -> Result<(), QueueError> {
+        self.send(&QueueMessage::Drive(message.clone())).await
+    }
+}
+
+impl SqsQueue {
+    async fn send(&self, message: &QueueMessage) -> Result<(), QueueError> {
+        let body = serde_json::to_string(message).expect("queue messages serialize");
         self.client
             .send_message()
             .queue_url(&self.url)

@@ -61,11 +61,11 @@ pub use definition::{
 
 use crate::adapters::env_template::Lookup;
 use crate::adapters::http_tool::SharedClient;
-use crate::domain::ids::AgentName;
+use crate::domain::ids::{AgentName, RunId, TenantId};
 use crate::engine::{Agent, Engine, EngineError};
 use crate::example::expense::Claims;
 use crate::ports::clock::Clock;
-use crate::ports::queue::ResumeMessage;
+use crate::ports::queue::{QueueMessage, ResumeMessage};
 use crate::ports::store::ItemStore;
 
 /// Why a definition cannot be loaded or built: the file, the field, and what is wrong.
@@ -324,7 +324,19 @@ pub async fn prepare(engine: &Engine, agent: &AgentName) -> Result<(), EngineErr
 /// [`prepare`] for the agent of the run a resume message wakes, so the approved call and the
 /// model's next turn see every tool. A run that cannot be read is left to the resume to report.
 pub async fn prepare_resume(engine: &Engine, message: &ResumeMessage) -> Result<(), EngineError> {
-    match engine.run(&message.tenant, &message.run_id).await {
+    prepare_run(engine, &message.tenant, &message.run_id).await
+}
+
+/// [`prepare_resume`] for either kind of queue message: the run it drives on.
+pub async fn prepare_queued(engine: &Engine, message: &QueueMessage) -> Result<(), EngineError> {
+    match message {
+        QueueMessage::Resume(m) => prepare_run(engine, &m.tenant, &m.run_id).await,
+        QueueMessage::Drive(m) => prepare_run(engine, &m.tenant, &m.run_id).await,
+    }
+}
+
+async fn prepare_run(engine: &Engine, tenant: &TenantId, run: &RunId) -> Result<(), EngineError> {
+    match engine.run(tenant, run).await {
         Ok(run) => prepare(engine, &run.agent).await,
         Err(_) => Ok(()),
     }

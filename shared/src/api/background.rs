@@ -1,6 +1,7 @@
-//! Work a handler leaves running once it has answered: on the local server, the resume of the
-//! run a Slack decision settled (Slack wants its answer within three seconds; a tool may take
-//! longer). `countersign serve` waits for it before it stops, as for a request in flight.
+//! Work a handler leaves running once it has answered: on the local server, the turns of a run
+//! `POST /runs` accepted, and the resume of the run a Slack decision settled (Slack wants its
+//! answer within three seconds; a tool may take longer). `countersign serve` waits for it
+//! before it stops, as for a request in flight.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};

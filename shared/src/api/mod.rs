@@ -3,7 +3,7 @@
 //! documents it.
 //!
 //! - [`router`]: the decide routes (list, read and decide approvals, list the ones decided
-//!   lately; cancel a run; read its audit) and the review page (`GET /`, `GET /review/{file}`, no token needed), hosted by the
+//!   lately; read a run, cancel it, read its audit) and the review page (`GET /`, `GET /review/{file}`, no token needed), hosted by the
 //!   decide function.
 //! - [`start_routes`]: `POST /runs`, hosted by the start function.
 //! - [`local_router`]: both, for the local server, and its development sign-in (`/dev/...`).
@@ -72,6 +72,8 @@ struct StartState {
     engine: Arc<Engine>,
     auth: Arc<dyn Authenticate>,
     claims: Arc<Claims>,
+    /// Where an embedded engine drives the runs it accepts.
+    background: Background,
 }
 
 impl FromRef<StartState> for Arc<dyn Authenticate> {
@@ -93,6 +95,7 @@ fn decide_part(
         .route("/approvals/{id}", get(approvals::read))
         .route("/approvals/{id}/decisions", post(approvals::decide))
         .route("/approvals/{id}/comments", post(approvals::comment))
+        .route("/runs/{id}", get(runs::read))
         .route("/runs/{id}/cancel", post(runs::cancel))
         .route("/runs/{id}/audit", get(runs::audit))
         .with_state(DecideState {
@@ -121,13 +124,19 @@ fn decide_part(
     router
 }
 
-fn start_part(engine: Arc<Engine>, auth: Arc<dyn Authenticate>, claims: Arc<Claims>) -> Router {
+fn start_part(
+    engine: Arc<Engine>,
+    auth: Arc<dyn Authenticate>,
+    claims: Arc<Claims>,
+    background: Background,
+) -> Router {
     Router::new()
         .route("/runs", post(runs::start))
         .with_state(StartState {
             engine,
             auth,
             claims,
+            background,
         })
 }
 
@@ -160,7 +169,8 @@ async fn protect_response(mut response: Response) -> Response {
 }
 
 /// The decide API: `GET /approvals`, `GET /approvals/decided`, `GET /approvals/{id}`,
-/// `POST /approvals/{id}/decisions`, `POST /runs/{id}/cancel`, `GET /runs/{id}/audit`; the
+/// `POST /approvals/{id}/decisions`, `GET /runs/{id}`, `POST /runs/{id}/cancel`,
+/// `GET /runs/{id}/audit`; the
 /// MCP gateway, `/mcp/{agent}`, with its default settings; and the review page, `GET /` and
 /// `GET /review/{file}`.
 pub fn router(engine: Arc<Engine>, auth: Arc<dyn Authenticate>) -> Router {
@@ -193,19 +203,21 @@ pub fn router_with_slack(
     ))
 }
 
-/// `POST /runs`: starts the expense agent on one of `claims`.
+/// `POST /runs`: accepts a run (an agent's task, or the expense agent on one of `claims`) and
+/// sends it to the queue's consumer to be driven (the start function).
 pub fn start_routes(
     engine: Arc<Engine>,
     auth: Arc<dyn Authenticate>,
     claims: Arc<Claims>,
 ) -> Router {
-    finish(start_part(engine, auth, claims))
+    finish(start_part(engine, auth, claims, Background::default()))
 }
 
 /// Every route, for one process that hosts them all (the local server), the MCP gateway with
 /// `gateway`'s settings; with `dev`, the development sign-in (`GET /dev/people` and
 /// `POST /dev/token`); with `slack`, the Slack app's `POST /slack/interactions`, whose
-/// decisions resume their run on a task of `background` once Slack has its answer (the
+/// decisions resume their run on a task of `background` once Slack has its answer, as the runs
+/// `POST /runs` accepts are driven on its tasks (the
 /// decision API's `POST /approvals/{id}/decisions` resumes it before it answers, and says where
 /// the run stands).
 pub fn local_router(
@@ -217,8 +229,14 @@ pub fn local_router(
     background: Background,
     gateway: mcp::Settings,
 ) -> Router {
-    let mut router = decide_part(engine.clone(), auth.clone(), slack, background, gateway)
-        .merge(start_part(engine, auth, claims));
+    let mut router = decide_part(
+        engine.clone(),
+        auth.clone(),
+        slack,
+        background.clone(),
+        gateway,
+    )
+    .merge(start_part(engine, auth, claims, background));
     if let Some(dev) = dev {
         router = router.merge(dev::routes(dev));
     }
@@ -273,6 +291,7 @@ mod tests {
             "/approvals/{id}:",
             "/approvals/{id}/decisions:",
             "/runs:",
+            "/runs/{id}:",
             "/runs/{id}/cancel:",
             "/runs/{id}/audit:",
             "/slack/interactions:",

@@ -178,9 +178,12 @@ pub enum AuditEvent {
         usage: TurnUsage,
         stop_reason: StopReason,
     },
-    /// The paused turn is complete and its results went back to the model.
+    /// The paused turn is complete and its results went back to the model; or, with `why`,
+    /// the sweep drives again a run whose driver stopped during a model turn.
     Resumed {
         results: usize,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        why: Option<String>,
     },
     Done {
         answer: String,

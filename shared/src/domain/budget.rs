@@ -40,9 +40,6 @@ pub const COMMENTS: usize = 224 * 1024;
 /// What one audit item holds at most: a transaction's events and messages past it go on in
 /// the next audit item of the same transaction.
 pub const AUDIT_ITEM: usize = 320 * 1024;
-/// The conversation a driven run may hold unwritten: past it, the run is written before the
-/// next model turn, so no transaction grows past what one can carry.
-pub const UNWRITTEN_MESSAGES: usize = 1024 * 1024;
 
 /// A size in the units a person reads: bytes below 1 KiB, else KiB with one decimal where
 /// it matters.

@@ -67,6 +67,30 @@ pub enum RunError {
     NotHeld { run: RunId, action: ActionId },
 }
 
+/// How many times the sweep re-drives one run whose driver stopped before it fails it.
+pub const MOST_REDRIVES: u32 = 3;
+
+/// Why a drive message does not drive a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum NotDriven {
+    #[error("the run is {0}")]
+    Moved(RunStatus),
+    #[error("another driver took the run's lease")]
+    Taken,
+}
+
+/// Why the sweep fails, rather than re-drives, a run whose driver stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum NotRedriven {
+    #[error("no model drives it")]
+    NotDriven,
+    #[error("it was driven again {MOST_REDRIVES} times already")]
+    TooOften,
+    /// Replaying the turn could propose a call that ran again under a new action id.
+    #[error("an action of it was created after its conversation was last stored")]
+    ActedSince,
+}
+
 /// How a call from outside came (the MCP gateway, or the gate API) and the key a repeated
 /// identical call finds it by.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -120,6 +144,13 @@ pub struct Run {
     /// it, and it ends with that call's outcome.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gate: Option<GateOrigin>,
+    /// How many drivers took the run's lease from a drive message: a message for a lease
+    /// already taken is ignored, so two drivers never drive one run.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub drives: u32,
+    /// How many times the sweep re-drove the run after its driver stopped mid-turn.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub redriven: u32,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     /// How many of `messages` the store's append-only audit items hold, the first (the task,
@@ -159,6 +190,8 @@ impl Run {
             policy_version,
             approval_ttl: None,
             gate: None,
+            drives: 0,
+            redriven: 0,
             created_at: now,
             updated_at: now,
             stored_messages: 1,
@@ -271,14 +304,6 @@ impl Run {
         });
     }
 
-    /// The size of the conversation not stored yet, as JSON: what the run's next write carries.
-    pub fn unstored_size(&self) -> usize {
-        self.messages[self.stored_messages.min(self.messages.len())..]
-            .iter()
-            .map(|m| serde_json::to_string(m).map_or(0, |m| m.len()))
-            .sum()
-    }
-
     pub fn finish(&mut self, answer: String, now: DateTime<Utc>) -> Result<(), RunError> {
         self.step(RunStatus::Running, RunStatus::Done, now)?;
         self.answer = Some(answer);
@@ -302,6 +327,61 @@ impl Run {
         Ok(())
     }
 
+    /// A driver still holds the running run: its lease runs from `now`.
+    pub fn renew_lease(&mut self, now: DateTime<Utc>) -> Result<(), RunError> {
+        self.step(RunStatus::Running, RunStatus::Running, now)
+    }
+
+    /// A drive message's driver takes the run's lease: the `drive`-th, only while no other
+    /// driver took it since that message was sent.
+    pub fn take_drive(&mut self, drive: u32, now: DateTime<Utc>) -> Result<(), NotDriven> {
+        if self.status != RunStatus::Running {
+            return Err(NotDriven::Moved(self.status));
+        }
+        if self.drives != drive {
+            return Err(NotDriven::Taken);
+        }
+        self.drives += 1;
+        self.updated_at = now;
+        Ok(())
+    }
+
+    /// The sweep hands a running run whose driver stopped to a new driver, which replays its
+    /// stored conversation. Safe only when the model's last reply left nothing behind: every
+    /// action of the run (`acted`, by tool use id) is answered in the stored messages, and
+    /// the conversation ends on the user's side. At most [`MOST_REDRIVES`] times.
+    pub fn redrive<'a>(
+        &mut self,
+        acted: impl IntoIterator<Item = &'a str>,
+        now: DateTime<Utc>,
+    ) -> Result<(), NotRedriven> {
+        if self.status != RunStatus::Running || self.gate.is_some() {
+            return Err(NotRedriven::NotDriven);
+        }
+        if self.redriven >= MOST_REDRIVES {
+            return Err(NotRedriven::TooOften);
+        }
+        let answered: Vec<&str> = self
+            .messages
+            .iter()
+            .flat_map(|m| &m.content)
+            .filter_map(|b| match b {
+                Block::ToolResult { tool_use_id, .. } => Some(tool_use_id.as_str()),
+                _ => None,
+            })
+            .collect();
+        let ends_with_user = self
+            .messages
+            .last()
+            .is_some_and(|m| m.role == Speaker::User);
+        if !ends_with_user || acted.into_iter().any(|id| !answered.contains(&id)) {
+            return Err(NotRedriven::ActedSince);
+        }
+        self.redriven += 1;
+        self.updated_at = now;
+        Ok(())
+    }
+
     pub fn cancel(&mut self, now: DateTime<Utc>) -> Result<(), RunError> {
         if self.status.is_finished() {
             return Err(RunError::WrongStatus {
@@ -314,6 +394,10 @@ impl Run {
         self.updated_at = now;
         Ok(())
     }
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 mod optional_secs {
@@ -414,6 +498,76 @@ mod tests {
         let again = r.settle(&pay, ToolResultText::ok("y"), Utc::now());
         assert!(matches!(again, Err(RunError::NotHeld { .. })));
         assert!(r.turn_is_complete());
+    }
+
+    /// A run whose model proposed `tool_use` in its first turn, answered or not.
+    fn after_a_call(answered: bool) -> Run {
+        let mut run = run();
+        run.messages.push(Message {
+            role: Speaker::Assistant,
+            content: vec![Block::ToolUse {
+                id: "toolu_1".into(),
+                name: "get_claim".into(),
+                input: serde_json::json!({"claim_id": "c-102"}),
+            }],
+        });
+        if answered {
+            run.push_results(vec![
+                ToolResultText::ok("c-102: $250").into_block("toolu_1"),
+            ]);
+        }
+        run
+    }
+
+    #[test]
+    fn a_run_is_driven_again_only_while_every_action_is_answered_in_its_conversation() {
+        let now = Utc::now();
+        let mut fresh = run();
+        assert_eq!(fresh.redrive([], now), Ok(()));
+        assert_eq!((fresh.redriven, fresh.updated_at), (1, now));
+        let mut answered = after_a_call(true);
+        assert_eq!(answered.redrive(["toolu_1"], now), Ok(()));
+        // The reply was stored, its call made, its result not: replaying could run it again.
+        let mut unanswered = after_a_call(false);
+        assert_eq!(
+            unanswered.redrive(["toolu_1"], now),
+            Err(NotRedriven::ActedSince)
+        );
+        // An action of a reply that was never stored.
+        let mut unstored = after_a_call(true);
+        assert_eq!(
+            unstored.redrive(["toolu_1", "toolu_2"], now),
+            Err(NotRedriven::ActedSince)
+        );
+        assert_eq!(unstored.redriven, 0);
+    }
+
+    #[test]
+    fn a_run_is_driven_again_at_most_three_times_and_never_once_it_left_running() {
+        let now = Utc::now();
+        let mut run = run();
+        for _ in 0..MOST_REDRIVES {
+            run.redrive([], now).unwrap();
+        }
+        assert_eq!(run.redrive([], now), Err(NotRedriven::TooOften));
+        let mut paused = self::run();
+        paused.pause(PausedTurn { calls: vec![] }, now).unwrap();
+        assert_eq!(paused.redrive([], now), Err(NotRedriven::NotDriven));
+    }
+
+    #[test]
+    fn a_drive_message_takes_the_lease_it_names_once() {
+        let now = Utc::now();
+        let mut run = run();
+        assert_eq!(run.take_drive(1, now), Err(NotDriven::Taken));
+        assert_eq!(run.take_drive(0, now), Ok(()));
+        assert_eq!(run.drives, 1);
+        assert_eq!(run.take_drive(0, now), Err(NotDriven::Taken));
+        run.finish("done".into(), now).unwrap();
+        assert_eq!(
+            run.take_drive(1, now),
+            Err(NotDriven::Moved(RunStatus::Done))
+        );
     }
 
     #[test]

@@ -6,8 +6,11 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tracing::Instrument;
 
-use super::records::{EscalationDue, Outgoing, Stored, Tx, keys};
-use super::{AWAITING_ACTION_VER, Agent, Engine, EngineError, RunReport, Unfit, deadline};
+use super::records::{EscalationDue, Outgoing, Stored, Tx, keys, lease_end};
+use super::{
+    AWAITING_ACTION_VER, Agent, Delivery, Engine, EngineError, ResumeReport, RunReport, Unfit,
+    deadline,
+};
 use crate::domain::action::{Action, ActionStatus, NotExecuted, ProposedCall, ToolOutcome};
 use crate::domain::approval::{Approval, ApprovalStatus};
 use crate::domain::audit::{AuditEntry, AuditEvent};
@@ -17,8 +20,9 @@ use crate::domain::identity::{Actor, Identity};
 use crate::domain::ids::{ActionId, ActionVersion, AgentName, PersonId, RunId, TenantId};
 use crate::domain::notice::NoticeKind;
 use crate::domain::policy::{Requirement, Verdict};
-use crate::domain::run::{GateVia, HeldCall, PausedTurn, Run};
+use crate::domain::run::{GateVia, HeldCall, NotDriven, PausedTurn, Run};
 use crate::ports::model::ModelRequest;
+use crate::ports::queue::DriveMessage;
 use crate::ports::scheduler::Wake;
 use crate::ports::store::{Condition, StoreError};
 use crate::ports::tools::ToolCall;
@@ -54,6 +58,10 @@ impl StartRun {
 
 const MAX_TASK_LEN: usize = 4_000;
 
+/// How much of its lease a driver keeps in hand: a model turn that ends with less left renews
+/// it before acting on the reply.
+const LEASE_MARGIN: chrono::Duration = chrono::Duration::minutes(5);
+
 /// Where a run stands after the engine drove it, and the notices its last write queued.
 pub(super) type Driven = (RunReport, Outgoing);
 
@@ -67,8 +75,30 @@ pub(super) struct Proposed {
 }
 
 impl Engine {
-    /// Starts a run and drives it until it is done, failed or paused for a person.
+    /// Starts a run and drives it in this process until it is done, failed or paused for a
+    /// person (the embedded CLI, a direct invoke of the start function).
     pub async fn start(&self, start: StartRun) -> Result<RunReport, EngineError> {
+        let accepted = self.accept(start).await?;
+        let message = DriveMessage {
+            tenant: accepted.tenant.clone(),
+            run_id: accepted.run_id.clone(),
+            drive: 0,
+        };
+        match self.drive_run(&message).await? {
+            ResumeReport::Continued { run } => Ok(run),
+            // Another driver took it at once (the sweep cannot yet): say where it stands.
+            _ => {
+                let run = self.run(&message.tenant, &message.run_id).await?;
+                let waiting = self.pending_of_run(&run).await?;
+                Ok(RunReport::of(&run, waiting))
+            }
+        }
+    }
+
+    /// Accepts a run: its record, its `started` event and its lease, in one transaction.
+    /// Nothing of it runs yet: a drive message ([`Engine::drive_run`]) drives it, or the sweep
+    /// once its lease runs out.
+    pub async fn accept(&self, start: StartRun) -> Result<RunReport, EngineError> {
         let task = start.task.trim();
         if task.is_empty() || task.len() > MAX_TASK_LEN {
             return Err(EngineError::BadInput(format!(
@@ -107,11 +137,11 @@ impl Engine {
         run.approval_ttl = start.approval_ttl;
         let span =
             tracing::info_span!("run", tenant = %run.tenant, agent = %run.agent, run = %run.id);
-        self.start_run(run).instrument(span).await
+        self.write_started(run).instrument(span).await
     }
 
-    async fn start_run(&self, run: Run) -> Result<RunReport, EngineError> {
-        tracing::info!(requested_by = %run.requested_by, "starting");
+    async fn write_started(&self, run: Run) -> Result<RunReport, EngineError> {
+        tracing::info!(requested_by = %run.requested_by, "accepted");
         let mut run = Stored { value: run, ver: 0 };
         let mut tx = Tx::new();
         // Created with its `started` event, before anything of it runs.
@@ -125,14 +155,65 @@ impl Engine {
             );
         }
         self.commit(tx).await?;
-        run.written();
         if register {
             self.registered(&run.value.tenant);
         }
+        Ok(RunReport::of(&run.value, vec![]))
+    }
 
-        let (report, outbox) = self.drive(run).await?;
-        self.deliver(outbox).await;
-        Ok(report)
+    /// Whether this process drives the runs it accepts itself (the embedded mode), rather than
+    /// sending them to the queue's consumer.
+    pub fn drives_in_process(&self) -> bool {
+        matches!(self.delivery, Delivery::InProcess)
+    }
+
+    /// Sends a run to the queue's consumer to be driven. If it is not sent, the sweep drives
+    /// the run once its lease runs out.
+    pub async fn send_drive(&self, message: &DriveMessage) -> Result<(), EngineError> {
+        match &self.delivery {
+            Delivery::Queue(queue) => queue
+                .publish_drive(message)
+                .await
+                .map_err(|e| EngineError::Unavailable(e.to_string())),
+            Delivery::InProcess => Err(EngineError::Unavailable(
+                "this process has no queue: it drives its runs itself".into(),
+            )),
+        }
+    }
+
+    /// Handles one drive message: takes the run's lease by compare-and-set (a message for a
+    /// lease already taken changes nothing), then runs its model turns until it is done,
+    /// failed or paused. Safe to receive any number of times.
+    pub async fn drive_run(&self, message: &DriveMessage) -> Result<ResumeReport, EngineError> {
+        let span = tracing::info_span!(
+            "drive",
+            tenant = %message.tenant,
+            run = %message.run_id,
+            drive = message.drive
+        );
+        async {
+            let ignored = |reason: String| Ok(ResumeReport::Ignored { reason });
+            let Some(mut run) = self.load_run(&message.tenant, &message.run_id).await? else {
+                return ignored("no such run".into());
+            };
+            if let Err(why) = run.value.take_drive(message.drive, self.now()) {
+                return ignored(why.to_string());
+            }
+            let mut tx = Tx::new();
+            tx.run(self.index_shards, &mut run);
+            match self.commit(tx).await {
+                Ok(_) => run.written(),
+                Err(StoreError::ConditionFailed { .. }) => {
+                    return ignored(NotDriven::Taken.to_string());
+                }
+                Err(error) => return Err(error.into()),
+            }
+            let (report, outbox) = self.drive(run).await?;
+            self.deliver(outbox).await;
+            Ok(ResumeReport::Continued { run: report })
+        }
+        .instrument(span)
+        .await
     }
 
     /// Runs model turns until the run finishes or pauses. The run record is written when it
@@ -161,6 +242,11 @@ impl Engine {
         };
         let specs = agent.tools.specs();
         for _ in 0..agent.limits.max_model_turns {
+            if run.value.messages.len() > run.value.stored_messages {
+                // Stored before each model turn: a driver that stops during the turn leaves a
+                // conversation the sweep can replay, and the run's lease runs from now.
+                self.renew_lease(&mut run).await?;
+            }
             let request = ModelRequest {
                 system: &agent.system_prompt,
                 tools: &specs,
@@ -174,6 +260,11 @@ impl Engine {
                         .await;
                 }
             };
+            if self.now() + LEASE_MARGIN >= lease_end(&run.value) {
+                // A long turn: whether the sweep took the run over is settled by the run's
+                // compare-and-set before anything the model proposed is acted on.
+                self.renew_lease(&mut run).await?;
+            }
             if let Some(usage) = reply.usage {
                 self.record_turn(&run.value, usage, reply.stop_reason)
                     .await?;
@@ -233,13 +324,6 @@ impl Engine {
                     .into_iter()
                     .map(|c| c.result.expect("ran or refused").into_block(&c.tool_use_id));
                 run.value.push_results(results.collect());
-                if run.value.unstored_size() > budget::UNWRITTEN_MESSAGES {
-                    // No later write may have to carry more than one transaction can.
-                    let mut tx = Tx::new();
-                    tx.run(self.index_shards, &mut run);
-                    self.commit_run(tx, &run.value).await?;
-                    run.written();
-                }
                 continue;
             }
             return self.pause(run, calls, approvals).await;
@@ -250,6 +334,19 @@ impl Engine {
             format!("the agent did not finish within {limit} model turns"),
         )
         .await
+    }
+
+    /// Writes the running run as it stands, compare-and-set: its lease runs from now. Losing
+    /// the compare-and-set means the run moved on (cancelled, or taken over by the sweep).
+    async fn renew_lease(&self, run: &mut Stored<Run>) -> Result<(), EngineError> {
+        run.value
+            .renew_lease(self.now())
+            .map_err(|e| EngineError::Unavailable(e.to_string()))?;
+        let mut tx = Tx::new();
+        tx.run(self.index_shards, run);
+        self.commit_run(tx, &run.value).await?;
+        run.written();
+        Ok(())
     }
 
     /// One proposed call, whoever proposed it (the model of a run the engine drives, or an agent

@@ -2,16 +2,17 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use super::records::{Stored, decode, held_by_action, held_by_approval, keys, run_from_items};
 use super::snapshot::Shown;
-use super::{Engine, EngineError};
+use super::{Engine, EngineError, RunReport};
 use crate::domain::action::{Action, ActionStatus};
 use crate::domain::approval::{Approval, ApprovalStatus, DecisionEffect};
 use crate::domain::audit::{AuditEntry, AuditEvent};
-use crate::domain::ids::{ActionId, ActionVersion, ApprovalId, RunId, TenantId};
-use crate::domain::run::Run;
+use crate::domain::ids::{ActionId, ActionVersion, ApprovalId, Role, RunId, TenantId};
+use crate::domain::run::{Run, RunStatus};
 use crate::ports::store::{Item, query_all};
 
 /// An approval that no longer waits, with its call as it stands now: the version it let run
@@ -42,7 +43,103 @@ pub struct History {
     pub entries: Vec<AuditEntry>,
 }
 
+/// Where one run stands: its status, its answer or error once it ended, the approvals it waits
+/// on, and everything it waits on.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunState {
+    #[serde(flatten)]
+    pub run: RunReport,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    /// Empty once the run ended.
+    pub waiting_on: Vec<WaitingOn>,
+}
+
+/// One thing a run that has not ended waits on.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum WaitingOn {
+    /// A person's decision: who may decide, how many, by when.
+    Approval {
+        approval_id: ApprovalId,
+        tool: String,
+        approver_role: Role,
+        quorum: u8,
+        expires_at: DateTime<Utc>,
+    },
+    /// A call that is running.
+    ToolCall {
+        action_id: ActionId,
+        version: ActionVersion,
+        tool: String,
+    },
+    /// A call whose outcome is not known yet: the sweep asks its tool, or its recovery owner
+    /// is asked.
+    UnknownOutcome {
+        action_id: ActionId,
+        version: ActionVersion,
+        tool: String,
+    },
+    /// The model's next turn (a running run with no call running).
+    ModelTurn,
+    /// Every call of its paused turn is settled: the run resumes.
+    Resume,
+}
+
 impl Engine {
+    /// Where one run of the tenant stands; another tenant's run is not found.
+    pub async fn run_state(&self, tenant: &TenantId, id: &RunId) -> Result<RunState, EngineError> {
+        let run = self.run(tenant, id).await?;
+        let (mut waiting_on, mut approvals) = (Vec::new(), Vec::new());
+        if !run.status.is_finished() {
+            let items = query_all(
+                self.store.as_ref(),
+                &keys::run_pk(tenant, id),
+                keys::ACTION_PREFIX,
+            )
+            .await?;
+            for item in &items {
+                let action = decode::<Action>(item)?.value;
+                let (action_id, version, tool) = (action.id, action.version, action.tool);
+                match action.status {
+                    ActionStatus::Executing => waiting_on.push(WaitingOn::ToolCall {
+                        action_id,
+                        version,
+                        tool,
+                    }),
+                    ActionStatus::Unknown => waiting_on.push(WaitingOn::UnknownOutcome {
+                        action_id,
+                        version,
+                        tool,
+                    }),
+                    _ => {}
+                }
+            }
+            approvals = self.pending_of_run(&run).await?;
+            for approval in &approvals {
+                waiting_on.push(WaitingOn::Approval {
+                    approval_id: approval.id.clone(),
+                    tool: approval.tool.clone(),
+                    approver_role: approval.approver_role.clone(),
+                    quorum: approval.quorum,
+                    expires_at: approval.expires_at,
+                });
+            }
+            if waiting_on.is_empty() {
+                waiting_on.push(match run.status {
+                    RunStatus::Running => WaitingOn::ModelTurn,
+                    _ => WaitingOn::Resume,
+                });
+            }
+        }
+        Ok(RunState {
+            run: RunReport::of(&run, approvals),
+            created_at: run.created_at,
+            updated_at: run.updated_at,
+            waiting_on,
+        })
+    }
+
     /// Approvals that wait on a decision in this tenant, soonest deadline first. Overdue ones
     /// the sweep has not expired yet are included: deciding them expires them.
     pub async fn pending(&self, tenant: &TenantId) -> Result<Vec<Approval>, EngineError> {

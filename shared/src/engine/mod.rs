@@ -29,7 +29,7 @@ pub use decide::DecisionReport;
 pub use drive::StartRun;
 pub use error::{EngineError, ErrorKind};
 pub use gate::{ATTACHABLE, CallState, CallStatus, Executor, GateCall, REREAD};
-pub use history::{History, MAX_RESOLVED, Resolved};
+pub use history::{History, MAX_RESOLVED, Resolved, RunState, WaitingOn};
 pub use notify::{DEFAULT_REMIND_BEFORE, MAX_NOTICE_ATTEMPTS, NoticeReport};
 pub use resume::ResumeReport;
 pub use snapshot::{Shown, Snapshot};

@@ -14,7 +14,7 @@ use crate::domain::identity::Actor;
 use crate::domain::notice::NoticeKind;
 use crate::domain::policy::MAX_TTL;
 use crate::domain::run::Run;
-use crate::ports::queue::ResumeMessage;
+use crate::ports::queue::{QueueMessage, ResumeMessage};
 use crate::ports::store::StoreError;
 
 /// What one resume message did.
@@ -25,7 +25,8 @@ pub enum ResumeReport {
     Ignored { reason: String },
     /// The result is held with the run, which still waits on other calls of its turn.
     Held { run: RunReport },
-    /// The turn was complete and the run went on to this point.
+    /// The turn was complete and the run went on to this point; or, for a drive message, the
+    /// run was driven to this point.
     Continued { run: RunReport },
     /// The tool could not say whether the call took effect; the sweep reconciles it.
     Unknown { key: String },
@@ -41,6 +42,15 @@ fn ignored(reason: impl Into<String>) -> (ResumeReport, Outgoing) {
 }
 
 impl Engine {
+    /// Handles one message of the resume queue, either kind. Safe to receive any number of
+    /// times.
+    pub async fn consume(&self, message: &QueueMessage) -> Result<ResumeReport, EngineError> {
+        match message {
+            QueueMessage::Resume(message) => self.resume(message).await,
+            QueueMessage::Drive(message) => self.drive_run(message).await,
+        }
+    }
+
     /// Handles one resume message. Safe to receive any number of times.
     pub async fn resume(&self, message: &ResumeMessage) -> Result<ResumeReport, EngineError> {
         let (report, outbox) = self.resume_once(message).await?;
@@ -398,7 +408,7 @@ impl Engine {
                 AuditEntry::new(
                     &updated.id,
                     Actor::system("resume"),
-                    AuditEvent::Resumed { results },
+                    AuditEvent::Resumed { results, why: None },
                     now,
                 ),
             );

@@ -1,6 +1,7 @@
 //! The sweep: expires overdue approvals, marks reminders due, delivers outbox stragglers (resume
-//! messages, sent again with back-off until something acts on them, and notices), and
-//! reconciles actions whose outcome is unknown. Bounded work per call; safe to run twice at once
+//! messages, sent again with back-off until something acts on them, and notices), reconciles
+//! actions whose outcome is unknown, and takes over runs whose driver stopped (driven again
+//! from their stored conversation where that runs nothing twice, else failed). Bounded work per call; safe to run twice at once
 //! (every write is a CAS, and notices are claimed before posting).
 
 use std::sync::atomic::Ordering;
@@ -20,8 +21,8 @@ use crate::domain::audit::{AuditEntry, AuditEvent};
 use crate::domain::identity::Actor;
 use crate::domain::ids::{ApprovalId, RunId, TenantId};
 use crate::domain::notice::NoticeKind;
-use crate::domain::run::{Run, RunStatus};
-use crate::ports::queue::ResumeQueue;
+use crate::domain::run::{MOST_REDRIVES, NotRedriven, Run, RunStatus};
+use crate::ports::queue::{DriveMessage, ResumeQueue};
 use crate::ports::store::{Condition, Item, StoreError, query_all};
 use crate::ports::tools::ToolCall;
 
@@ -49,8 +50,18 @@ pub struct SweepReport {
     pub unknown: Vec<String>,
     /// Actions whose tool could not tell in its time, now a question for the recovery owner.
     pub to_recovery_owner: Vec<String>,
-    /// Runs whose driving process stopped (their lease ran out), now failed.
+    /// Runs whose driving process stopped (their lease ran out), now failed: replaying their
+    /// turn could have run a call twice, or they were driven again too often.
     pub abandoned: Vec<RunId>,
+    /// Runs whose driving process stopped during a model turn, now driven again from their
+    /// stored conversation.
+    pub redriven: Vec<RunId>,
+}
+
+/// What the sweep did with a run whose lease ran out.
+enum TakenOver {
+    Redriven(RunId),
+    Failed(RunId),
 }
 
 /// An action waiting in the outbox index for its resume message to be acted on, as the sweep
@@ -88,8 +99,8 @@ struct RunNamed {
 const OUTBOX_GRACE: Duration = Duration::seconds(30);
 /// How long a resume message the sweep handed over may go without anything acting on it
 /// before the sweep sends it again: about as long as the queue itself delivers a message its
-/// workers receive and drop before it dead-letters it (template.yaml: 5 receives, 720 s
-/// apart). Doubled after each hand-over.
+/// workers receive and drop before it dead-letters it (template.yaml: 5 receives, 960 s
+/// apart, 80 minutes). Doubled after each hand-over.
 const RESEND_AFTER: Duration = Duration::hours(1);
 /// How many times the sweep hands one resume message over (the first under its writer's
 /// deduplication id, the others as re-sends, about 31 hours in all) before it leaves the
@@ -232,9 +243,11 @@ impl Engine {
                 continue;
             };
             let span =
-                tracing::info_span!("abandon", tenant = %run.value.tenant, run = %run.value.id);
-            if let Some(abandoned) = self.abandon(run, now).instrument(span).await? {
-                report.abandoned.push(abandoned);
+                tracing::info_span!("take_over", tenant = %run.value.tenant, run = %run.value.id);
+            match self.take_over(run, now).instrument(span).await? {
+                Some(TakenOver::Redriven(run)) => report.redriven.push(run),
+                Some(TakenOver::Failed(run)) => report.abandoned.push(run),
+                None => {}
             }
         }
 
@@ -247,7 +260,8 @@ impl Engine {
             || !report.resumes_given_up.is_empty()
             || !report.reconciled.is_empty()
             || !report.to_recovery_owner.is_empty()
-            || !report.abandoned.is_empty();
+            || !report.abandoned.is_empty()
+            || !report.redriven.is_empty();
         if worked {
             tracing::info!(
                 expired = report.expired.len(),
@@ -262,6 +276,7 @@ impl Engine {
                 reconciled = report.reconciled.len(),
                 to_recovery_owner = report.to_recovery_owner.len(),
                 abandoned = report.abandoned.len(),
+                redriven = report.redriven.len(),
                 "swept"
             );
         }
@@ -582,31 +597,117 @@ impl Engine {
         Ok(Some((approval.value.id, entries)))
     }
 
-    /// Fails a run whose lease ran out: the process driving it stopped before it finished.
-    /// `None` if the run moved on in the meantime (its driver was only slow, or it was cancelled).
-    /// Actions it left executing come back through the reconcile index on their own.
-    async fn abandon(
+    /// Takes over a run whose lease ran out (the process driving it stopped before it
+    /// finished): re-drives it from its stored conversation when that cannot run anything
+    /// twice ([`Run::redrive`]), else fails it. `None` if the run moved on in the meantime (its
+    /// driver was only slow, or it was cancelled): every write here is compare-and-set on the
+    /// run as read, and so is the driver's next. Actions it left executing come back through
+    /// the reconcile index on their own.
+    async fn take_over(
+        &self,
+        run: Stored<Run>,
+        now: DateTime<Utc>,
+    ) -> Result<Option<TakenOver>, EngineError> {
+        if run.value.status != RunStatus::Running {
+            return Ok(None);
+        }
+        let (tenant, run_id) = (run.value.tenant.clone(), run.value.id.clone());
+        let items = query_all(
+            self.store.as_ref(),
+            &keys::run_pk(&tenant, &run_id),
+            keys::ACTION_PREFIX,
+        )
+        .await?;
+        let actions = items
+            .iter()
+            .map(|item| decode::<Action>(item).map(|a| a.value.tool_use_id))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut redriven = run.clone();
+        let why = match self.agent(&run.value.agent) {
+            Ok(agent) if agent.model.is_some() => redriven
+                .value
+                .redrive(actions.iter().map(String::as_str), now)
+                .err(),
+            _ => Some(NotRedriven::NotDriven),
+        };
+        let Some(why) = why else {
+            return self.redrive(redriven, now).await;
+        };
+        let mut run = run;
+        let error = format!("{ABANDONED}; not driven again: {why}");
+        if run.value.fail(error.clone(), now).is_err() {
+            return Ok(None);
+        }
+        if !self
+            .write_taken_over(&mut run, AuditEvent::Failed { error }, now)
+            .await?
+        {
+            return Ok(None);
+        }
+        tracing::warn!(%why, "failed a run whose lease ran out");
+        Ok(Some(TakenOver::Failed(run_id)))
+    }
+
+    /// Writes a run the sweep took over with the event that says how, compare-and-set on the
+    /// run as read: false when it moved on meanwhile.
+    async fn write_taken_over(
+        &self,
+        run: &mut Stored<Run>,
+        event: AuditEvent,
+        now: DateTime<Utc>,
+    ) -> Result<bool, EngineError> {
+        let mut tx = Tx::new();
+        tx.audit(
+            &run.value.tenant,
+            AuditEntry::new(&run.value.id, Actor::system("sweep"), event, now),
+        );
+        tx.run(self.index_shards, run);
+        Ok(self.commit_first(tx).await?.is_some())
+    }
+
+    /// Writes the run re-driven, with its `resumed` event saying why, then drives it: here in
+    /// the embedded mode, through a drive message with a queue. A message that is not sent
+    /// leaves the run to the next take-over once its new lease runs out.
+    async fn redrive(
         &self,
         mut run: Stored<Run>,
         now: DateTime<Utc>,
-    ) -> Result<Option<RunId>, EngineError> {
-        let error = ABANDONED.to_string();
-        if run.value.status != RunStatus::Running || run.value.fail(error.clone(), now).is_err() {
-            return Ok(None);
-        }
-        let mut tx = Tx::new();
+    ) -> Result<Option<TakenOver>, EngineError> {
         let (tenant, run_id) = (run.value.tenant.clone(), run.value.id.clone());
-        let event = AuditEvent::Failed { error };
-        tx.audit(
-            &tenant,
-            AuditEntry::new(&run_id, Actor::system("sweep"), event, now),
+        let why = format!(
+            "the process driving this run stopped during a model turn: driven again from its \
+             stored conversation ({} of {MOST_REDRIVES})",
+            run.value.redriven
         );
-        tx.run(self.index_shards, &mut run);
-        if self.commit_first(tx).await?.is_none() {
+        let event = AuditEvent::Resumed {
+            results: 0,
+            why: Some(why),
+        };
+        if !self.write_taken_over(&mut run, event, now).await? {
             return Ok(None);
         }
-        tracing::warn!("failed a run whose lease ran out");
-        Ok(Some(run_id))
+        tracing::warn!(
+            redriven = run.value.redriven,
+            "driving again a run whose lease ran out"
+        );
+        let message = DriveMessage {
+            tenant,
+            run_id: run_id.clone(),
+            drive: run.value.drives,
+        };
+        match &self.delivery {
+            Delivery::InProcess => {
+                if let Err(error) = self.drive_run(&message).await {
+                    tracing::warn!(%error, "the run stopped again; the sweep takes it over once its lease runs out");
+                }
+            }
+            Delivery::Queue(queue) => {
+                if let Err(error) = queue.publish_drive(&message).await {
+                    tracing::warn!(%error, "not sent; the sweep takes the run over again once its lease runs out");
+                }
+            }
+        }
+        Ok(Some(TakenOver::Redriven(run_id)))
     }
 
     /// Asks the tool what became of an unknown (or long-executing) call. Never calls it again.

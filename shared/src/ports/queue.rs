@@ -1,4 +1,5 @@
-//! The resume queue: wakes a paused run once a decision settles one of its actions.
+//! The resume queue: wakes a paused run once a decision settles one of its actions, and drives
+//! a run accepted by `POST /runs` (or re-driven by the sweep) outside the request.
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -47,6 +48,80 @@ impl ResumeMessage {
     }
 }
 
+/// "Drive run R": take its lease (the `drive`-th) and run its model turns. Sent by the start
+/// function once the run is accepted (`drive` 0) and by the sweep when it re-drives a run whose
+/// driver stopped; a message for a lease already taken is ignored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DriveMessage {
+    pub tenant: TenantId,
+    pub run_id: RunId,
+    /// How many drivers took the run before this one: the message drives it only while that
+    /// is still so.
+    pub drive: u32,
+}
+
+impl DriveMessage {
+    /// What a queue deduplicates this send by: one id per lease of the run.
+    pub fn deduplication_id(&self) -> String {
+        format!("{}:drive:{}", self.run_id, self.drive)
+    }
+
+    /// In the run's group, with its resume messages.
+    pub fn group(&self) -> &str {
+        self.run_id.as_str()
+    }
+}
+
+/// A message of the resume queue: either kind, told apart by the drive message's `drive`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum QueueMessage {
+    Resume(ResumeMessage),
+    Drive(DriveMessage),
+}
+
+impl QueueMessage {
+    /// Reads a message body; one that is neither kind is reported, never guessed at.
+    pub fn parse(body: &str) -> Result<Self, String> {
+        let value: serde_json::Value =
+            serde_json::from_str(body).map_err(|e| format!("not a queue message: {e}"))?;
+        // Chosen by that one field, so a refusal names the field at fault.
+        if value.get("drive").is_some() {
+            serde_json::from_value(value)
+                .map(Self::Drive)
+                .map_err(|e| format!("not a drive message: {e}"))
+        } else {
+            serde_json::from_value(value)
+                .map(Self::Resume)
+                .map_err(|e| format!("not a resume message: {e}"))
+        }
+    }
+
+    /// Messages of one run are delivered in order.
+    pub fn group(&self) -> &str {
+        match self {
+            Self::Resume(m) => m.group(),
+            Self::Drive(m) => m.group(),
+        }
+    }
+
+    pub fn deduplication_id(&self) -> String {
+        match self {
+            Self::Resume(m) => m.deduplication_id(),
+            Self::Drive(m) => m.deduplication_id(),
+        }
+    }
+
+    /// How logs and reports name it: `action_id:version`, or `run:drive:n`.
+    pub fn key(&self) -> String {
+        match self {
+            Self::Resume(m) => m.key(),
+            Self::Drive(m) => m.deduplication_id(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("the resume queue is unavailable: {0}")]
 pub struct QueueError(pub String);
@@ -54,6 +129,9 @@ pub struct QueueError(pub String);
 #[async_trait]
 pub trait ResumeQueue: Send + Sync {
     async fn publish(&self, message: &ResumeMessage) -> Result<(), QueueError>;
+
+    /// Sends a run to be driven by the queue's consumer.
+    async fn publish_drive(&self, message: &DriveMessage) -> Result<(), QueueError>;
 }
 
 #[cfg(test)]
@@ -96,5 +174,29 @@ mod tests {
             serde_json::from_str::<ResumeMessage>(&again).unwrap(),
             message(3)
         );
+    }
+
+    #[test]
+    fn a_drive_message_is_told_from_a_resume_message_and_keyed_by_its_lease() {
+        let old = r#"{"tenant":"acme","run_id":"run-1","action_id":"act-1","version":1}"#;
+        assert_eq!(
+            QueueMessage::parse(old).unwrap(),
+            QueueMessage::Resume(message(0))
+        );
+        let drive = DriveMessage {
+            tenant: TenantId::parse("acme").unwrap(),
+            run_id: RunId::parse("run-1").unwrap(),
+            drive: 2,
+        };
+        let body = serde_json::to_string(&QueueMessage::Drive(drive.clone())).unwrap();
+        assert_eq!(body, r#"{"tenant":"acme","run_id":"run-1","drive":2}"#);
+        let read = QueueMessage::parse(&body).unwrap();
+        assert_eq!(read, QueueMessage::Drive(drive));
+        assert_eq!(read.deduplication_id(), "run-1:drive:2");
+        assert_eq!(read.group(), message(0).group());
+        let bad = QueueMessage::parse(r#"{"tenant":"acme","run_id":"run-1","drive":"x"}"#);
+        assert!(bad.unwrap_err().contains("not a drive message"));
+        let neither = QueueMessage::parse(r#"{"tenant":"acme"}"#).unwrap_err();
+        assert!(neither.contains("not a resume message"), "{neither}");
     }
 }

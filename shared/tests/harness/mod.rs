@@ -37,7 +37,7 @@ use shared::example::expense::{
 use shared::ports::clock::ManualClock;
 use shared::ports::model::{Model, ModelError, ModelReply, ModelRequest, ToolSpec};
 use shared::ports::notifier::Notifier;
-use shared::ports::queue::{QueueError, ResumeMessage, ResumeQueue};
+use shared::ports::queue::{DriveMessage, QueueError, ResumeMessage, ResumeQueue};
 use shared::ports::store::{Item, ItemStore};
 use shared::ports::tools::{Tool, ToolCall, Toolbox};
 pub use shared::testing::Script;
@@ -620,6 +620,7 @@ impl Around for AnswerLost {
 #[derive(Default)]
 pub struct RecordingQueue {
     published: Mutex<Vec<ResumeMessage>>,
+    drives: Mutex<Vec<DriveMessage>>,
 }
 
 /// A resume queue that is down.
@@ -630,11 +631,19 @@ impl ResumeQueue for QueueDown {
     async fn publish(&self, _: &ResumeMessage) -> Result<(), QueueError> {
         Err(QueueError("the queue is down".into()))
     }
+
+    async fn publish_drive(&self, _: &DriveMessage) -> Result<(), QueueError> {
+        Err(QueueError("the queue is down".into()))
+    }
 }
 
 impl RecordingQueue {
     pub fn published(&self) -> Vec<ResumeMessage> {
         self.published.lock().unwrap().clone()
+    }
+
+    pub fn drives(&self) -> Vec<DriveMessage> {
+        self.drives.lock().unwrap().clone()
     }
 }
 
@@ -642,6 +651,11 @@ impl RecordingQueue {
 impl ResumeQueue for RecordingQueue {
     async fn publish(&self, message: &ResumeMessage) -> Result<(), QueueError> {
         self.published.lock().unwrap().push(message.clone());
+        Ok(())
+    }
+
+    async fn publish_drive(&self, message: &DriveMessage) -> Result<(), QueueError> {
+        self.drives.lock().unwrap().push(message.clone());
         Ok(())
     }
 }

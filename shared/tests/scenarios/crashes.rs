@@ -2,6 +2,8 @@
 //! and expired leases, and never pays blindly.
 
 use super::*;
+use shared::engine::WaitingOn;
+use shared::ports::queue::DriveMessage;
 use shared::ports::store::StoreError;
 
 /// Starts c-102 on a process whose reimburse is wrapped in `around`, and has dana approve it
@@ -254,6 +256,12 @@ async fn given_an_allowed_payment_slower_than_the_lease_when_the_sweep_settles_i
     assert!(h.payments().await.is_empty());
     let history = slow.history(&acme(), &swept.abandoned[0]).await.unwrap();
     assert_eq!(history.run.status, RunStatus::Failed);
+    // Its model's call ran after the conversation was stored: never replayed.
+    let error = history.run.error.as_deref().unwrap_or_default();
+    assert!(
+        error.contains("an action of it was created after its conversation was last stored"),
+        "{error}"
+    );
     let payment = &history.actions[0];
     assert_eq!(payment.status, ActionStatus::Failed);
     let told = payment.result.as_ref().unwrap();
@@ -277,64 +285,187 @@ async fn start_on_a_process_that_dies_while_driving(h: &Harness) {
     let _ = start.await;
 }
 
-async fn given_a_process_that_died_while_driving_a_run_when_its_lease_runs_out_then_the_sweep_fails_it_and_a_run_within_its_lease_is_left_alone(
+async fn given_a_process_that_died_during_a_model_turn_when_its_lease_runs_out_then_the_sweep_drives_it_again_from_its_conversation_and_a_run_within_its_lease_is_left_alone(
     h: &Harness,
 ) {
-    let sweeper = h.process().await;
+    let sweeper = h.scripted_process(Script::default()).await;
     start_on_a_process_that_dies_while_driving(h).await;
     h.clock.advance(Duration::minutes(14));
-    assert!(sweeper.sweep(100).await.unwrap().abandoned.is_empty());
+    let early = sweeper.sweep(100).await.unwrap();
+    assert!(
+        early.redriven.is_empty() && early.abandoned.is_empty(),
+        "{early:?}"
+    );
     h.clock.advance(Duration::minutes(2));
     // A second run starts now and dies the same way; its lease has 15 minutes to go.
     start_on_a_process_that_dies_while_driving(h).await;
 
     let swept = sweeper.sweep(100).await.unwrap();
 
-    assert_eq!(swept.abandoned.len(), 1, "{swept:?}");
-    let history = sweeper.history(&acme(), &swept.abandoned[0]).await.unwrap();
+    assert!(swept.abandoned.is_empty(), "{swept:?}");
+    assert_eq!(swept.redriven.len(), 1, "{swept:?}");
+    let history = sweeper.history(&acme(), &swept.redriven[0]).await.unwrap();
     assert_eq!(history.run.created_at, start_of_test(), "the first run");
-    assert_eq!(history.run.status, RunStatus::Failed);
-    let last = history.entries.last().unwrap();
-    assert_eq!(last.actor, Actor::system("sweep"));
-    let AuditEvent::Failed { error } = &last.event else {
-        panic!("{:?}", last.event)
+    assert_eq!(history.run.status, RunStatus::Done);
+    assert_eq!(history.run.answer.as_deref(), Some("The script is over."));
+    assert_eq!(
+        event_names(&history.entries),
+        ["started", "resumed", "done"]
+    );
+    let resumed = &history.entries[1];
+    assert_eq!(resumed.actor, Actor::system("sweep"));
+    let AuditEvent::Resumed { why: Some(why), .. } = &resumed.event else {
+        panic!("{:?}", resumed.event)
     };
     assert!(
-        error.contains("the process driving this run stopped before it finished"),
-        "{error}"
+        why.contains("the process driving this run stopped during a model turn")
+            && why.contains("(1 of 3)"),
+        "{why}"
     );
-    assert_eq!(history.run.error.as_ref(), Some(error));
     let again = sweeper.sweep(100).await.unwrap();
     assert!(
-        again.abandoned.is_empty(),
-        "the second run is within its lease"
-    );
-
-    h.clock.advance(Duration::minutes(16));
-    let later = sweeper.sweep(100).await.unwrap();
-    assert_eq!(later.abandoned.len(), 1, "{later:?}");
-    assert_ne!(later.abandoned, swept.abandoned);
-    assert_eq!(
-        h.run(&sweeper, &later.abandoned[0]).await.status,
-        RunStatus::Failed
+        again.redriven.is_empty() && again.abandoned.is_empty(),
+        "the second run is within its lease: {again:?}"
     );
 }
 
-async fn given_a_run_that_resumed_on_a_process_that_died_when_its_lease_runs_out_then_the_sweep_fails_it_but_never_while_it_waited_on_a_person(
+async fn given_a_run_whose_drivers_keep_stopping_when_it_was_driven_again_three_times_then_the_sweep_fails_it(
+    h: &Harness,
+) {
+    let queue = Arc::new(RecordingQueue::default());
+    let sweeper = h
+        .process_configured(
+            Arc::new(Script::default()),
+            |store| store,
+            |b| b.delivery(Delivery::Queue(queue.clone())),
+        )
+        .await;
+    start_on_a_process_that_dies_while_driving(h).await;
+    for n in 1..=3 {
+        h.clock.advance(Duration::minutes(16));
+        let swept = sweeper.sweep(100).await.unwrap();
+        assert_eq!(swept.redriven.len(), 1, "re-drive {n}: {swept:?}");
+    }
+    // Each re-drive was sent for the lease after the dead process's, none taken since.
+    let drives = queue.drives();
+    assert_eq!(drives.len(), 3, "{drives:?}");
+    assert!(drives.iter().all(|d| d.drive == 1), "{drives:?}");
+
+    h.clock.advance(Duration::minutes(16));
+    let swept = sweeper.sweep(100).await.unwrap();
+
+    assert!(swept.redriven.is_empty(), "{swept:?}");
+    assert_eq!(swept.abandoned, from_ref(&drives[0].run_id));
+    let run = h.run(&sweeper, &drives[0].run_id).await;
+    assert_eq!(run.status, RunStatus::Failed);
+    let error = run.error.unwrap();
+    assert!(
+        error.contains("stopped before it finished") && error.contains("3 times already"),
+        "{error}"
+    );
+}
+
+async fn given_a_drive_message_delivered_twice_when_both_are_consumed_then_the_run_is_driven_once_and_pays_once(
+    h: &Harness,
+) {
+    let script = Script::default().then_call(&[reimburse("c-101", 4_200)]);
+    let queue = Arc::new(RecordingQueue::default());
+    let p = h
+        .process_configured(
+            Arc::new(script),
+            |store| store,
+            |b| b.delivery(Delivery::Queue(queue.clone())),
+        )
+        .await;
+    let accepted = p.accept(scripted_task("ana")).await.unwrap();
+    assert_eq!(accepted.status, RunStatus::Running);
+    assert_eq!(
+        h.run(&p, &accepted.run_id).await.status,
+        RunStatus::Running,
+        "stored before anything of it ran"
+    );
+    let message = DriveMessage {
+        tenant: accepted.tenant.clone(),
+        run_id: accepted.run_id.clone(),
+        drive: 0,
+    };
+
+    let first = p.drive_run(&message).await.unwrap();
+    let second = h.process().await.drive_run(&message).await.unwrap();
+
+    let ResumeReport::Continued { run } = first else {
+        panic!("{first:?}")
+    };
+    assert_eq!(run.status, RunStatus::Done);
+    assert!(
+        matches!(&second, ResumeReport::Ignored { reason } if reason.contains("the run is done")),
+        "{second:?}"
+    );
+    assert_eq!(h.payments().await.len(), 1);
+}
+
+async fn given_a_run_accepted_and_then_driven_when_it_is_read_then_it_waits_on_its_model_then_on_its_approval_then_on_nothing(
+    h: &Harness,
+) {
+    let queue = Arc::new(RecordingQueue::default());
+    let p = h
+        .process_with(|tools| tools, Delivery::Queue(queue.clone()))
+        .await;
+    let task = task_for(&h.claims, "c-102").unwrap();
+    let accepted = p.accept(task).await.unwrap();
+    let (tenant, id) = (&accepted.tenant, &accepted.run_id);
+
+    let running = p.run_state(tenant, id).await.unwrap();
+
+    assert_eq!(running.run.status, RunStatus::Running);
+    assert_eq!(running.waiting_on, [WaitingOn::ModelTurn]);
+    let message = DriveMessage {
+        tenant: tenant.clone(),
+        run_id: id.clone(),
+        drive: 0,
+    };
+    h.process().await.drive_run(&message).await.unwrap();
+    let paused = p.run_state(tenant, id).await.unwrap();
+    assert_eq!(paused.run.status, RunStatus::AwaitingApproval);
+    let approval = &paused.run.approvals[0];
+    assert_eq!(
+        paused.waiting_on,
+        [WaitingOn::Approval {
+            approval_id: approval.id.clone(),
+            tool: "reimburse".into(),
+            approver_role: finance(),
+            quorum: 1,
+            expires_at: approval.expires_at,
+        }]
+    );
+    let other = TenantId::parse("globex").unwrap();
+    let refused = p.run_state(&other, id).await.unwrap_err();
+    assert_refusal(&refused, "not_found", ErrorKind::NotFound);
+
+    h.decided(&p, "dana", &approval.id, approve("d-1")).await;
+    let resume = queue.published().pop().unwrap();
+    h.process().await.resume(&resume).await.unwrap();
+    let done = p.run_state(tenant, id).await.unwrap();
+    assert_eq!(done.run.status, RunStatus::Done);
+    assert!(done.waiting_on.is_empty(), "{done:?}");
+}
+
+async fn given_a_run_that_resumed_on_a_process_that_died_when_its_lease_runs_out_then_the_sweep_drives_it_again_but_never_while_it_waited_on_a_person(
     h: &Harness,
 ) {
     let script = Script::default().then_call(&[reimburse("c-102", 25_000)]);
-    let model = Stalls::after(script, 1);
+    let model = Stalls::after(script.clone(), 1);
     let dying = Arc::new(
         h.process_of(model.clone(), |tools| tools, Delivery::InProcess)
             .await,
     );
     let report = dying.start(scripted_task("ben")).await.unwrap();
     assert_eq!(report.status, RunStatus::AwaitingApproval);
-    let sweeper = h.process().await;
+    let sweeper = h.scripted_process(script).await;
     h.clock.advance(Duration::hours(2));
+    let waiting = sweeper.sweep(100).await.unwrap();
     assert!(
-        sweeper.sweep(100).await.unwrap().abandoned.is_empty(),
+        waiting.abandoned.is_empty() && waiting.redriven.is_empty(),
         "a run waiting on a person holds no lease"
     );
 
@@ -353,21 +484,25 @@ async fn given_a_run_that_resumed_on_a_process_that_died_when_its_lease_runs_out
     );
     h.clock.advance(Duration::minutes(14));
     assert!(
-        sweeper.sweep(100).await.unwrap().abandoned.is_empty(),
+        sweeper.sweep(100).await.unwrap().redriven.is_empty(),
         "resuming renewed the lease"
     );
     h.clock.advance(Duration::minutes(2));
 
     let swept = sweeper.sweep(100).await.unwrap();
 
-    assert_eq!(swept.abandoned, from_ref(&report.run_id));
+    // The payment's result was stored with the resume: replaying the next turn pays nothing.
+    assert_eq!(swept.redriven, from_ref(&report.run_id));
     let history = sweeper.history(&acme(), &report.run_id).await.unwrap();
-    assert_eq!(history.run.status, RunStatus::Failed);
-    assert_eq!(event_names(&history.entries).last(), Some(&"failed"));
+    assert_eq!(history.run.status, RunStatus::Done);
+    assert_eq!(
+        event_names(&history.entries).last_chunk::<2>(),
+        Some(&["resumed", "done"])
+    );
     assert_eq!(
         h.payments().await.len(),
         1,
-        "the approved payment ran before"
+        "the approved payment ran before, and only then"
     );
 }
 
@@ -442,17 +577,22 @@ async fn given_overdue_runs_and_outbox_entries_in_every_shard_of_the_index_when_
         "nothing under the unsharded key"
     );
     h.clock.advance(Duration::minutes(16));
+    let leased = per_shard(&sweeper, keys::RUNNING_INDEX, shards).await;
 
     let swept = sweeper.sweep(100).await.unwrap();
 
-    assert_eq!(swept.abandoned.len(), died, "{swept:?}");
+    // Each died during a model turn: driven again, under a new lease in its own shard.
+    assert_eq!(swept.redriven.len(), died, "{swept:?}");
     assert_eq!(swept.redelivered, approved, "{swept:?}");
     assert_eq!(
         per_shard(&sweeper, keys::RUNNING_INDEX, shards).await,
-        [0, 0, 0]
+        leased
     );
     let again = sweeper.sweep(100).await.unwrap();
-    assert!(again.abandoned.is_empty(), "{again:?}");
+    assert!(
+        again.redriven.is_empty() && again.abandoned.is_empty(),
+        "{again:?}"
+    );
 }
 
 /// A Slack click on the local server: its decision is recorded, and its run's resume is left
@@ -642,7 +782,10 @@ on_both_stores!([
     given_a_stale_execution_when_two_sweeps_record_its_unknown_outcome_at_once_then_neither_fails_and_it_is_recorded_once,
     given_a_slow_payment_the_sweep_reconciled_as_not_paid_when_the_call_lands_afterwards_then_it_does_not_pay_and_another_call_still_can,
     given_an_allowed_payment_slower_than_the_lease_when_the_sweep_settles_it_and_fails_the_run_then_the_late_call_pays_nothing_and_its_process_reports_a_conflict,
-    given_a_process_that_died_while_driving_a_run_when_its_lease_runs_out_then_the_sweep_fails_it_and_a_run_within_its_lease_is_left_alone,
-    given_a_run_that_resumed_on_a_process_that_died_when_its_lease_runs_out_then_the_sweep_fails_it_but_never_while_it_waited_on_a_person,
+    given_a_process_that_died_during_a_model_turn_when_its_lease_runs_out_then_the_sweep_drives_it_again_from_its_conversation_and_a_run_within_its_lease_is_left_alone,
+    given_a_run_whose_drivers_keep_stopping_when_it_was_driven_again_three_times_then_the_sweep_fails_it,
+    given_a_drive_message_delivered_twice_when_both_are_consumed_then_the_run_is_driven_once_and_pays_once,
+    given_a_run_accepted_and_then_driven_when_it_is_read_then_it_waits_on_its_model_then_on_its_approval_then_on_nothing,
+    given_a_run_that_resumed_on_a_process_that_died_when_its_lease_runs_out_then_the_sweep_drives_it_again_but_never_while_it_waited_on_a_person,
     given_overdue_runs_and_outbox_entries_in_every_shard_of_the_index_when_the_sweep_runs_then_it_finds_them_all,
 ]);

@@ -199,10 +199,8 @@ async fn given_many_turns_of_large_results_then_a_payment_when_it_pauses_and_is_
     )
     .await
     .unwrap();
-    assert!(
-        items.iter().any(|i| i.sk.contains('~')),
-        "a transaction's audit item was split in parts"
-    );
+    // Each turn's results were stored before the next model turn, each write within an item.
+    assert!(items.len() >= 6, "{} audit items", items.len());
     assert!(
         items
             .iter()

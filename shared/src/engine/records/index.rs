@@ -87,11 +87,17 @@ pub(crate) fn reconcile_key(
 /// the process driving it for dead.
 pub(crate) const RUN_LEASE: chrono::Duration = chrono::Duration::minutes(15);
 
+/// When the lease of a running run runs out: [`RUN_LEASE`] after it was last written.
+pub(crate) fn lease_end(run: &Run) -> chrono::DateTime<chrono::Utc> {
+    run.updated_at + RUN_LEASE
+}
+
 /// The index entry of a run in its current state: a running run holds a lease until
-/// `updated_at + RUN_LEASE`, renewed each time it is written running (started or resumed).
+/// [`lease_end`], renewed each time it is written running (started, driven, resumed, or
+/// stored before a model turn).
 pub(crate) fn run_index(shards: IndexShards, run: &Run) -> Option<IndexKey> {
     (run.status == RunStatus::Running)
-        .then(|| keys::lease(shards, &run.tenant, &run.id, run.updated_at + RUN_LEASE))
+        .then(|| keys::lease(shards, &run.tenant, &run.id, lease_end(run)))
 }
 
 /// The index entry of an approval: its tenant's pending list, by deadline, while it waits;
