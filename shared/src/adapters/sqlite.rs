@@ -1,22 +1,16 @@
 //! The embedded item store: one SQLite file (WAL), one table with the same columns as the
 //! DynamoDB table.
 //!
-//! Writes share one connection and commit in groups: the transactions waiting when it is free
-//! are applied in one `BEGIN IMMEDIATE` SQL transaction, each inside a savepoint of its own so
-//! that it checks its own conditions against what the ones before it wrote and fails alone, and
-//! the group reaches the disk with one commit (one fsync, `synchronous=FULL`) before any of them
-//! is answered. A transaction that finds the connection free commits on its caller's thread,
-//! with whatever else waits: one lifecycle at a time, no commit pays for waking another thread
-//! and being woken by it, which cost more than the fsync. A transaction that finds it busy
-//! waits for the group after; the store's writer thread commits it if nobody else comes.
-//!
-//! Reads run on a pool of other connections, which WAL lets read beside the writer, on the
-//! caller's thread too: a read of the page cache takes microseconds, a hand-off to a blocking
-//! thread and back about as many again.
+//! Writes go to one writer thread that commits them in groups: the transactions waiting when
+//! it is free are applied in one `BEGIN IMMEDIATE` SQL transaction, each inside a savepoint of
+//! its own so that it checks its own conditions against what the ones before it wrote and fails
+//! alone, and the group reaches the disk with one commit (one fsync, `synchronous=FULL`) before
+//! any of them is answered. Reads run on a pool of other connections, which WAL lets read
+//! beside the writer, on the caller's thread.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError, mpsc};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -47,8 +41,6 @@ pub const FILE_NAME: &str = "countersign.db";
 
 /// The most transactions one group commit applies.
 const MAX_GROUP: usize = 64;
-/// Lone commits in a row after which the store is no longer taken to be crowded.
-const CALM_AFTER: u32 = 16;
 /// Idle read connections kept open for the next reads.
 const MAX_IDLE_READERS: usize = 16;
 /// How long a connection waits for another process's lock before the store reports contention.
@@ -56,26 +48,9 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Clone)]
 pub struct SqliteStore {
-    writer: Arc<Writer>,
+    writer: mpsc::Sender<Pending>,
     readers: Arc<Readers>,
-}
-
-/// The write connection, the transactions waiting for it, and the thread that commits them
-/// when their callers could not.
-struct Writer {
-    conn: Mutex<Connection>,
-    waiting: Mutex<Vec<Pending>>,
-    /// Tells the writer thread that transactions wait and whoever held the connection has let
-    /// it go. Its thread ends when the store is dropped and this sender with it.
-    nudge: mpsc::Sender<()>,
-    /// Callers in the store now, reading or writing.
-    inside: AtomicUsize,
-    /// How many lone commits in a row must pass before callers commit on their own threads
-    /// again. Set when a caller finds others in the store: then the writer thread's fsyncs
-    /// overlap the callers' work, where a caller holding its thread for one would hold up the
-    /// tasks that thread runs.
-    crowded: AtomicU32,
-    commits: Commits,
+    commits: Arc<Commits>,
 }
 
 /// How many SQL commits (each one fsync) the writer made, and for how many transactions.
@@ -133,32 +108,18 @@ impl SqliteStore {
         conn.pragma_update(None, "temp_store", "MEMORY")
             .map_err(unavailable)?;
         conn.execute_batch(SCHEMA).map_err(unavailable)?;
-        let (nudge, nudged) = mpsc::channel();
-        let writer = Arc::new(Writer {
-            conn: Mutex::new(conn),
-            waiting: Mutex::new(Vec::new()),
-            nudge,
-            inside: AtomicUsize::new(0),
-            crowded: AtomicU32::new(0),
-            commits: Commits::default(),
-        });
-        // The thread holds the writer weakly: dropping the store's last handle ends it.
-        let weak = Arc::downgrade(&writer);
+        let (writer, queue) = mpsc::channel();
+        let commits = Arc::new(Commits::default());
+        let counted = commits.clone();
         std::thread::Builder::new()
             .name("countersign-store-writer".into())
-            .spawn(move || {
-                while nudged.recv().is_ok() {
-                    match weak.upgrade() {
-                        Some(writer) => writer.commit_waiting(Committer::WriterThread),
-                        None => return,
-                    }
-                }
-            })
+            .spawn(move || write_groups(conn, queue, &counted))
             .map_err(|e| {
                 StoreError::Unavailable(format!("cannot start the store's writer: {e}"))
             })?;
         Ok(Self {
             writer,
+            commits,
             readers: Arc::new(Readers {
                 path: path.to_path_buf(),
                 idle: Mutex::new(Vec::new()),
@@ -168,121 +129,21 @@ impl SqliteStore {
 
     /// What the writer has committed so far: how well transactions share a commit.
     pub fn commits(&self) -> &Commits {
-        &self.writer.commits
+        &self.commits
     }
 
-    /// Runs a read on a connection of the pool.
+    /// Runs a read on a connection of the pool, on the caller's thread: a read of the page
+    /// cache takes microseconds, a hand-off to a blocking thread and back about as many again.
+    /// Commits stay on the writer thread: a caller's thread held for an fsync would hold up
+    /// every task that thread runs (the MCP gateway's p50 doubled when commits ran there).
     fn read<T>(
         &self,
         work: impl FnOnce(&Connection) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let _inside = self.writer.enter();
         let conn = self.readers.take()?;
         let result = work(&conn);
         self.readers.give_back(conn);
         result
-    }
-}
-
-/// Who commits the waiting transactions: a caller whose own transaction is among them, or the
-/// writer thread.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Committer {
-    Caller,
-    WriterThread,
-}
-
-/// A caller in the store, counted until it leaves.
-struct Inside<'a>(&'a AtomicUsize);
-
-impl Drop for Inside<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-impl Writer {
-    /// Counts a caller in; finding others there, the store is crowded.
-    fn enter(&self) -> Inside<'_> {
-        if self.inside.fetch_add(1, Ordering::Relaxed) > 0 {
-            self.crowded.store(CALM_AFTER, Ordering::Relaxed);
-        }
-        Inside(&self.inside)
-    }
-
-    /// Queues a transaction. While the store is not crowded, the caller commits what waits,
-    /// itself included, if the connection is free; if it is not, whoever holds it sees the
-    /// queue when they let it go. While it is, the writer thread commits them in groups.
-    fn submit(&self, pending: Pending) {
-        self.queue().push(pending);
-        match self.crowded.load(Ordering::Relaxed) {
-            0 => self.commit_waiting(Committer::Caller),
-            _ => {
-                let _ = self.nudge.send(());
-            }
-        }
-    }
-
-    /// Commits the waiting transactions in groups. Whoever lets the connection go looks at the
-    /// queue after: what was queued while it was held is committed then, by the writer thread
-    /// (a caller answers its own transaction and does not carry the load of those after it).
-    fn commit_waiting(&self, by: Committer) {
-        loop {
-            let conn = match by {
-                Committer::Caller => match self.conn.try_lock() {
-                    Ok(conn) => conn,
-                    Err(TryLockError::WouldBlock) => {
-                        self.crowded.store(CALM_AFTER, Ordering::Relaxed);
-                        return;
-                    }
-                    // A commit panicked: SQLite rolled its open transaction back with it.
-                    Err(TryLockError::Poisoned(e)) => e.into_inner(),
-                },
-                Committer::WriterThread => self.conn.lock().unwrap_or_else(|e| e.into_inner()),
-            };
-            self.commit_group_waiting(conn);
-            if self.queue().is_empty() {
-                return;
-            }
-            if by == Committer::Caller {
-                let _ = self.nudge.send(());
-                return;
-            }
-        }
-    }
-
-    /// Commits up to a group of the waiting transactions, lets the connection go, and answers
-    /// each.
-    fn commit_group_waiting(&self, mut conn: MutexGuard<'_, Connection>) {
-        let group: Vec<Pending> = {
-            let mut waiting = self.queue();
-            let n = waiting.len().min(MAX_GROUP);
-            waiting.drain(..n).collect()
-        };
-        if group.is_empty() {
-            return;
-        }
-        let outcomes = commit_group(&mut conn, group.iter().map(|p| p.writes.as_slice()));
-        drop(conn);
-        let lately = self.crowded.load(Ordering::Relaxed);
-        let lately = match group.len() {
-            1 => lately.saturating_sub(1),
-            _ => CALM_AFTER,
-        };
-        self.crowded.store(lately, Ordering::Relaxed);
-        self.commits.groups.fetch_add(1, Ordering::Relaxed);
-        self.commits
-            .transactions
-            .fetch_add(group.len() as u64, Ordering::Relaxed);
-        for (pending, outcome) in group.into_iter().zip(outcomes) {
-            // The caller may have gone (its task was cancelled); the outcome stands either way.
-            let _ = pending.done.send(outcome);
-        }
-    }
-
-    fn queue(&self) -> MutexGuard<'_, Vec<Pending>> {
-        // A push or a drain is one step: a panic elsewhere while it was held left it whole.
-        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -318,6 +179,29 @@ impl Readers {
             && idle.len() < MAX_IDLE_READERS
         {
             idle.push(conn);
+        }
+    }
+}
+
+/// The writer thread: takes every transaction waiting, commits them as one group, answers each,
+/// and waits for the next. It ends when the last handle on the store is dropped.
+fn write_groups(mut conn: Connection, queue: mpsc::Receiver<Pending>, commits: &Commits) {
+    while let Ok(first) = queue.recv() {
+        let mut group = vec![first];
+        while group.len() < MAX_GROUP {
+            match queue.try_recv() {
+                Ok(next) => group.push(next),
+                Err(_) => break,
+            }
+        }
+        let outcomes = commit_group(&mut conn, group.iter().map(|p| p.writes.as_slice()));
+        commits.groups.fetch_add(1, Ordering::Relaxed);
+        commits
+            .transactions
+            .fetch_add(group.len() as u64, Ordering::Relaxed);
+        for (pending, outcome) in group.into_iter().zip(outcomes) {
+            // The caller may have gone (its task was cancelled); the outcome stands either way.
+            let _ = pending.done.send(outcome);
         }
     }
 }
@@ -570,12 +454,12 @@ impl ItemStore for SqliteStore {
 
     async fn transact(&self, writes: Vec<Write>) -> Result<(), StoreError> {
         check_transaction(&writes)?;
-        let _inside = self.writer.enter();
+        let stopped = || StoreError::Unavailable("the store's writer stopped".into());
         let (done, outcome) = oneshot::channel();
-        self.writer.submit(Pending { writes, done });
-        outcome
-            .await
-            .map_err(|_| StoreError::Unavailable("the store's writer stopped".into()))?
+        self.writer
+            .send(Pending { writes, done })
+            .map_err(|_| stopped())?;
+        outcome.await.map_err(|_| stopped())?
     }
 }
 
@@ -678,46 +562,21 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_lone_transaction_commits_on_its_callers_thread_before_its_first_poll_returns() {
+    #[tokio::test]
+    async fn a_read_is_answered_on_its_callers_thread_at_its_first_poll() {
         use std::future::Future;
         use std::task::{Context, Poll, Waker};
-        let store = SqliteStore::open(&scratch("inline")).unwrap();
-        let transaction = store.transact(vec![put("A", 1, Condition::NotExists)]);
-        let polled = std::pin::pin!(transaction).poll(&mut Context::from_waker(Waker::noop()));
-        assert_eq!(polled, Poll::Ready(Ok(())));
-        assert_eq!(store.commits().counts(), (1, 1));
-        assert_eq!(query_count(&store), 1);
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn transactions_that_queue_behind_a_commit_share_the_next_one() {
-        let store = SqliteStore::open(&scratch("queued")).unwrap();
-        // A commit in progress: the connection is held while the others arrive.
-        let held = store.writer.conn.lock().unwrap();
-        let mut queued = tokio::task::JoinSet::new();
-        for n in 0..5 {
-            let store = store.clone();
-            queued.spawn(async move {
-                let own = put(&format!("own-{n}"), 1, Condition::NotExists);
-                store.transact(vec![own]).await
-            });
-        }
-        // The other worker runs them; this one holds the connection and does not await.
-        while store.writer.queue().len() < 5 {
-            std::thread::yield_now();
-        }
-        // As the holder does when it lets the connection go and finds others waiting.
-        drop(held);
-        store.writer.nudge.send(()).unwrap();
-        let outcomes = queued.join_all().await;
-        assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
-        assert_eq!(
-            store.commits().counts(),
-            (1, 5),
-            "one commit, one fsync, for all five"
-        );
-        assert_eq!(query_count(&store), 5);
+        let store = SqliteStore::open(&scratch("inline-read")).unwrap();
+        store
+            .transact(vec![put("A", 1, Condition::NotExists)])
+            .await
+            .unwrap();
+        let read = store.get("A", "s");
+        let polled = std::pin::pin!(read).poll(&mut Context::from_waker(Waker::noop()));
+        let Poll::Ready(Ok(Some(item))) = polled else {
+            panic!("the read was not answered at once: {polled:?}");
+        };
+        assert_eq!(item.ver, 1);
     }
 
     #[tokio::test]
