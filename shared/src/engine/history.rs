@@ -92,15 +92,10 @@ impl Engine {
         let run = self.run(tenant, id).await?;
         let (mut waiting_on, mut approvals) = (Vec::new(), Vec::new());
         if !run.status.is_finished() {
-            let items = query_all(
-                self.store.as_ref(),
-                &keys::run_pk(tenant, id),
-                keys::ACTION_PREFIX,
-            )
-            .await?;
-            for item in &items {
-                let action = decode::<Action>(item)?.value;
-                let (action_id, version, tool) = (action.id, action.version, action.tool);
+            let actions = self.actions_of(tenant, id).await?;
+            for action in &actions {
+                let (action_id, version, tool) =
+                    (action.id.clone(), action.version, action.tool.clone());
                 match action.status {
                     ActionStatus::Executing => waiting_on.push(WaitingOn::ToolCall {
                         action_id,
@@ -115,7 +110,12 @@ impl Engine {
                     _ => {}
                 }
             }
-            approvals = self.pending_of_run(&run).await?;
+            approvals = self
+                .open_approvals_among(tenant, actions)
+                .await?
+                .into_iter()
+                .map(|s| s.value)
+                .collect();
             for approval in &approvals {
                 waiting_on.push(WaitingOn::Approval {
                     approval_id: approval.id.clone(),
@@ -314,27 +314,48 @@ impl Engine {
         Ok(history)
     }
 
+    /// The actions of one run, every version.
+    pub(super) async fn actions_of(
+        &self,
+        tenant: &TenantId,
+        run: &RunId,
+    ) -> Result<Vec<Action>, EngineError> {
+        let items = query_all(
+            self.store.as_ref(),
+            &keys::run_pk(tenant, run),
+            keys::ACTION_PREFIX,
+        )
+        .await?;
+        items
+            .iter()
+            .map(|item| decode::<Action>(item).map(|a| a.value))
+            .collect()
+    }
+
     /// The open approvals a run waits on, with their item versions.
     pub(super) async fn open_approvals_of(
         &self,
         run: &Run,
     ) -> Result<Vec<Stored<Approval>>, EngineError> {
-        let items = query_all(
-            self.store.as_ref(),
-            &keys::run_pk(&run.tenant, &run.id),
-            keys::ACTION_PREFIX,
-        )
-        .await?;
+        let actions = self.actions_of(&run.tenant, &run.id).await?;
+        self.open_approvals_among(&run.tenant, actions).await
+    }
+
+    /// The open approvals among a run's actions, with their item versions.
+    async fn open_approvals_among(
+        &self,
+        tenant: &TenantId,
+        actions: impl IntoIterator<Item = Action>,
+    ) -> Result<Vec<Stored<Approval>>, EngineError> {
         let mut open = Vec::new();
-        for item in &items {
-            let action = decode::<Action>(item)?.value;
+        for action in actions {
             let Some(approval_id) = action
                 .approval_id
                 .filter(|_| action.status == ActionStatus::AwaitingApproval)
             else {
                 continue;
             };
-            if let Some(approval) = self.load_approval(&run.tenant, &approval_id).await?
+            if let Some(approval) = self.load_approval(tenant, &approval_id).await?
                 && approval.value.status == ApprovalStatus::AwaitingApproval
             {
                 open.push(approval);

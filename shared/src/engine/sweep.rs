@@ -612,21 +612,12 @@ impl Engine {
             return Ok(None);
         }
         let (tenant, run_id) = (run.value.tenant.clone(), run.value.id.clone());
-        let items = query_all(
-            self.store.as_ref(),
-            &keys::run_pk(&tenant, &run_id),
-            keys::ACTION_PREFIX,
-        )
-        .await?;
-        let actions = items
-            .iter()
-            .map(|item| decode::<Action>(item).map(|a| a.value.tool_use_id))
-            .collect::<Result<Vec<_>, _>>()?;
+        let actions = self.actions_of(&tenant, &run_id).await?;
         let mut redriven = run.clone();
         let why = match self.agent(&run.value.agent) {
             Ok(agent) if agent.model.is_some() => redriven
                 .value
-                .redrive(actions.iter().map(String::as_str), now)
+                .redrive(actions.iter().map(|a| a.tool_use_id.as_str()), now)
                 .err(),
             _ => Some(NotRedriven::NotDriven),
         };
