@@ -161,6 +161,10 @@ pub struct Run {
     /// What `stored_messages` becomes once the write being committed lands. Bookkeeping.
     #[serde(skip)]
     pub logging_messages: Option<usize>,
+    /// How many of `messages` the store holds, its audit items and its run item together: a
+    /// driver writes the run before a model turn only when some are not. Bookkeeping.
+    #[serde(skip)]
+    pub written_messages: usize,
 }
 
 impl Run {
@@ -196,6 +200,7 @@ impl Run {
             updated_at: now,
             stored_messages: 1,
             logging_messages: None,
+            written_messages: 0,
         }
     }
 

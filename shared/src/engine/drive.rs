@@ -58,6 +58,10 @@ impl StartRun {
 
 const MAX_TASK_LEN: usize = 4_000;
 
+fn run_span(run: &Run) -> tracing::Span {
+    tracing::info_span!("run", tenant = %run.tenant, agent = %run.agent, run = %run.id)
+}
+
 /// How much of its lease a driver keeps in hand: a model turn that ends with less left renews
 /// it before acting on the reply.
 const LEASE_MARGIN: chrono::Duration = chrono::Duration::minutes(5);
@@ -76,29 +80,36 @@ pub(super) struct Proposed {
 
 impl Engine {
     /// Starts a run and drives it in this process until it is done, failed or paused for a
-    /// person (the embedded CLI, a direct invoke of the start function).
+    /// person (the embedded CLI, a direct invoke of the start function). The run is written
+    /// once, with its first drive already taken: no drive message is sent for it, and the
+    /// sweep drives it only once its lease runs out.
     pub async fn start(&self, start: StartRun) -> Result<RunReport, EngineError> {
-        let accepted = self.accept(start).await?;
-        let message = DriveMessage {
-            tenant: accepted.tenant.clone(),
-            run_id: accepted.run_id.clone(),
-            drive: 0,
-        };
-        match self.drive_run(&message).await? {
-            ResumeReport::Continued { run } => Ok(run),
-            // Another driver took it at once (the sweep cannot yet): say where it stands.
-            _ => {
-                let run = self.run(&message.tenant, &message.run_id).await?;
-                let waiting = self.pending_of_run(&run).await?;
-                Ok(RunReport::of(&run, waiting))
-            }
+        let mut run = self.new_run(start)?;
+        run.take_drive(0, run.created_at)
+            .map_err(|e| EngineError::Corrupt(format!("a new run: {e}")))?;
+        let span = run_span(&run);
+        async {
+            let run = self.write_started(run).await?;
+            let (report, outbox) = self.drive(run).await?;
+            self.deliver(outbox).await;
+            Ok(report)
         }
+        .instrument(span)
+        .await
     }
 
     /// Accepts a run: its record, its `started` event and its lease, in one transaction.
     /// Nothing of it runs yet: a drive message ([`Engine::drive_run`]) drives it, or the sweep
     /// once its lease runs out.
     pub async fn accept(&self, start: StartRun) -> Result<RunReport, EngineError> {
+        let run = self.new_run(start)?;
+        let span = run_span(&run);
+        let run = self.write_started(run).instrument(span).await?;
+        Ok(RunReport::of(&run.value, vec![]))
+    }
+
+    /// A new run of `start`, checked: its task, agent, time to decide and model.
+    fn new_run(&self, start: StartRun) -> Result<Run, EngineError> {
         let task = start.task.trim();
         if task.is_empty() || task.len() > MAX_TASK_LEN {
             return Err(EngineError::BadInput(format!(
@@ -135,12 +146,11 @@ impl Engine {
             now,
         );
         run.approval_ttl = start.approval_ttl;
-        let span =
-            tracing::info_span!("run", tenant = %run.tenant, agent = %run.agent, run = %run.id);
-        self.write_started(run).instrument(span).await
+        Ok(run)
     }
 
-    async fn write_started(&self, run: Run) -> Result<RunReport, EngineError> {
+    /// The run, its `started` event and its lease, in one transaction.
+    async fn write_started(&self, run: Run) -> Result<Stored<Run>, EngineError> {
         tracing::info!(requested_by = %run.requested_by, "accepted");
         let mut run = Stored { value: run, ver: 0 };
         let mut tx = Tx::new();
@@ -155,10 +165,11 @@ impl Engine {
             );
         }
         self.commit(tx).await?;
+        run.written();
         if register {
             self.registered(&run.value.tenant);
         }
-        Ok(RunReport::of(&run.value, vec![]))
+        Ok(run)
     }
 
     /// Whether this process drives the runs it accepts itself (the embedded mode), rather than
@@ -242,7 +253,7 @@ impl Engine {
         };
         let specs = agent.tools.specs();
         for _ in 0..agent.limits.max_model_turns {
-            if run.value.messages.len() > run.value.stored_messages {
+            if run.value.messages.len() > run.value.written_messages {
                 // Stored before each model turn: a driver that stops during the turn leaves a
                 // conversation the sweep can replay, and the run's lease runs from now.
                 self.renew_lease(&mut run).await?;

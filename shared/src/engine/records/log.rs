@@ -411,6 +411,7 @@ fn decode_run(
         )));
     }
     run.messages.extend(recent);
+    run.written_messages = run.messages.len();
     let run = Stored {
         value: run,
         ver: item.ver,
@@ -420,13 +421,14 @@ fn decode_run(
 
 impl Stored<Run> {
     /// The run's write ([`Tx::run`]) committed: its item is one version on, and the messages
-    /// that write moved into its audit item are logged.
+    /// that write moved into its audit item are logged, and every message it holds is written.
     ///
     /// [`Tx::run`]: super::Tx::run
     pub fn written(&mut self) {
         if let Some(logged) = self.value.logging_messages.take() {
             self.value.stored_messages = logged;
         }
+        self.value.written_messages = self.value.messages.len();
         self.ver += 1;
     }
 }
