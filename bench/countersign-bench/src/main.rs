@@ -170,6 +170,8 @@ struct SweepFigures {
 struct GroupCommits {
     commits: u64,
     transactions: u64,
+    /// The commits made on their caller's thread, with no hand-off to the writer thread.
+    in_place: u64,
     per_commit: f64,
     per_lifecycle: f64,
 }
@@ -210,9 +212,10 @@ async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
     let commits = rig
         .commits()
         .zip(commits_before)
-        .map(|((groups, txns), (groups0, txns0))| GroupCommits {
+        .map(|((groups, txns, here), (groups0, txns0, here0))| GroupCommits {
             commits: groups - groups0,
             transactions: txns - txns0,
+            in_place: here - here0,
             per_commit: (txns - txns0) as f64 / (groups - groups0).max(1) as f64,
             per_lifecycle: (groups - groups0) as f64 / runs as f64,
         });
@@ -337,8 +340,8 @@ async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
     ));
     if let Some(c) = &commits {
         text.push_str(&format!(
-            "  commits    {} SQL commits (one fsync each) for {} transactions: {:.2} transactions per commit, {:.2} commits per lifecycle\n",
-            c.commits, c.transactions, c.per_commit, c.per_lifecycle
+            "  commits    {} SQL commits (one fsync each) for {} transactions: {:.2} transactions per commit, {:.2} commits per lifecycle, {} on their caller's thread\n",
+            c.commits, c.transactions, c.per_commit, c.per_lifecycle, c.in_place
         ));
     }
     if let Some(cpu) = &cpu {

@@ -192,9 +192,13 @@ impl Rig {
         self.embedded.as_ref().and(self.scratch.as_deref())
     }
 
-    /// On the embedded store: (SQL commits, transactions they held) so far.
-    pub fn commits(&self) -> Option<(u64, u64)> {
-        self.embedded.as_ref().map(|s| s.commits().counts())
+    /// On the embedded store: (SQL commits, transactions they held, commits made on their
+    /// caller's thread) so far.
+    pub fn commits(&self) -> Option<(u64, u64, u64)> {
+        self.embedded.as_ref().map(|s| {
+            let (groups, txns) = s.commits().counts();
+            (groups, txns, s.commits().in_place())
+        })
     }
 }
 

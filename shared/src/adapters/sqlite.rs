@@ -1,20 +1,27 @@
 //! The embedded item store: one SQLite file (WAL), one table with the same columns as the
 //! DynamoDB table.
 //!
-//! Writes go to one writer thread that commits them in groups: the transactions waiting when
-//! it is free are applied in one `BEGIN IMMEDIATE` SQL transaction, each inside a savepoint of
-//! its own so that it checks its own conditions against what the ones before it wrote and fails
-//! alone, and the group reaches the disk with one commit (one fsync, `synchronous=FULL`) before
-//! any of them is answered. Reads run on a pool of other connections, which WAL lets read
-//! beside the writer, on the caller's thread.
+//! One write connection commits every transaction, each reaching the disk (one fsync,
+//! `synchronous=FULL`) before it is answered:
+//! - A transaction that finds the connection free and nobody waiting commits on its caller's
+//!   thread, with no hand-off: on a worker of tokio's multi-thread runtime, inside
+//!   `block_in_place`, which hands the worker's other tasks to another thread for the fsync.
+//! - Otherwise it waits for the writer thread, which commits the transactions waiting when it is
+//!   free in groups: applied in one `BEGIN IMMEDIATE` SQL transaction, each inside a savepoint
+//!   of its own so that it checks its own conditions against what the ones before it wrote and
+//!   fails alone, the group reaching the disk with one commit before any of them is answered.
+//!
+//! Reads run on a pool of other connections, which WAL lets read beside the writer, on the
+//! caller's thread.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, mpsc};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, params};
+use tokio::runtime::{Handle, RuntimeFlavor};
 use tokio::sync::oneshot;
 
 use super::state_dir;
@@ -49,15 +56,33 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Clone)]
 pub struct SqliteStore {
     writer: mpsc::Sender<Pending>,
+    write: Arc<WriteSide>,
     readers: Arc<Readers>,
     commits: Arc<Commits>,
 }
 
-/// How many SQL commits (each one fsync) the writer made, and for how many transactions.
+/// The one write connection, and how many transactions wait for the writer thread.
+struct WriteSide {
+    conn: Mutex<Connection>,
+    waiting: AtomicUsize,
+}
+
+impl WriteSide {
+    fn lock(&self) -> MutexGuard<'_, Connection> {
+        // A commit that panicked left no SQL transaction open that the next `BEGIN` minds.
+        self.conn
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// How many SQL commits (each one fsync) the store made, for how many transactions, and how
+/// many of those commits their caller's thread made.
 #[derive(Debug, Default)]
 pub struct Commits {
     groups: AtomicU64,
     transactions: AtomicU64,
+    in_place: AtomicU64,
 }
 
 impl Commits {
@@ -67,6 +92,17 @@ impl Commits {
             self.groups.load(Ordering::Relaxed),
             self.transactions.load(Ordering::Relaxed),
         )
+    }
+
+    /// The commits their caller's thread made, with no hand-off, since the store was opened.
+    pub fn in_place(&self) -> u64 {
+        self.in_place.load(Ordering::Relaxed)
+    }
+
+    fn count(&self, transactions: usize) {
+        self.groups.fetch_add(1, Ordering::Relaxed);
+        self.transactions
+            .fetch_add(transactions as u64, Ordering::Relaxed);
     }
 }
 
@@ -110,15 +146,20 @@ impl SqliteStore {
         conn.execute_batch(SCHEMA).map_err(unavailable)?;
         let (writer, queue) = mpsc::channel();
         let commits = Arc::new(Commits::default());
-        let counted = commits.clone();
+        let write = Arc::new(WriteSide {
+            conn: Mutex::new(conn),
+            waiting: AtomicUsize::new(0),
+        });
+        let (counted, side) = (commits.clone(), write.clone());
         std::thread::Builder::new()
             .name("countersign-store-writer".into())
-            .spawn(move || write_groups(conn, queue, &counted))
+            .spawn(move || write_groups(&side, queue, &counted))
             .map_err(|e| {
                 StoreError::Unavailable(format!("cannot start the store's writer: {e}"))
             })?;
         Ok(Self {
             writer,
+            write,
             commits,
             readers: Arc::new(Readers {
                 path: path.to_path_buf(),
@@ -132,10 +173,36 @@ impl SqliteStore {
         &self.commits
     }
 
+    /// Commits a transaction on the caller's thread when the write connection is free and no
+    /// transaction waits for the writer thread; `None` (nothing done) otherwise. Only on tokio's
+    /// multi-thread runtime, inside `block_in_place`: a worker held for an fsync would hold up
+    /// every task queued on it (the MCP gateway's p50 doubled when commits simply ran there),
+    /// and `block_in_place` hands them to another thread first. A current-thread runtime has
+    /// no other thread to hand them to, so its transactions go to the writer thread.
+    fn commit_in_place(&self, writes: &[Write]) -> Option<Result<(), StoreError>> {
+        let multi_thread = Handle::try_current()
+            .is_ok_and(|runtime| runtime.runtime_flavor() == RuntimeFlavor::MultiThread);
+        if !multi_thread || self.write.waiting.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        let mut conn = match self.write.conn.try_lock() {
+            Ok(conn) => conn,
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        let outcome = tokio::task::block_in_place(|| {
+            commit_group(&mut conn, std::iter::once(writes))
+                .pop()
+                .expect("one outcome per transaction")
+        });
+        drop(conn);
+        self.commits.count(1);
+        self.commits.in_place.fetch_add(1, Ordering::Relaxed);
+        Some(outcome)
+    }
+
     /// Runs a read on a connection of the pool, on the caller's thread: a read of the page
     /// cache takes microseconds, a hand-off to a blocking thread and back about as many again.
-    /// Commits stay on the writer thread: a caller's thread held for an fsync would hold up
-    /// every task that thread runs (the MCP gateway's p50 doubled when commits ran there).
     fn read<T>(
         &self,
         work: impl FnOnce(&Connection) -> Result<T, StoreError>,
@@ -183,10 +250,12 @@ impl Readers {
     }
 }
 
-/// The writer thread: takes every transaction waiting, commits them as one group, answers each,
-/// and waits for the next. It ends when the last handle on the store is dropped.
-fn write_groups(mut conn: Connection, queue: mpsc::Receiver<Pending>, commits: &Commits) {
+/// The writer thread: once a transaction waits, takes the write connection (after a commit in
+/// place, if one holds it) and every transaction waiting by then, commits them as one group,
+/// answers each, and waits for the next. It ends when the last handle on the store is dropped.
+fn write_groups(write: &WriteSide, queue: mpsc::Receiver<Pending>, commits: &Commits) {
     while let Ok(first) = queue.recv() {
+        let mut conn = write.lock();
         let mut group = vec![first];
         while group.len() < MAX_GROUP {
             match queue.try_recv() {
@@ -194,11 +263,10 @@ fn write_groups(mut conn: Connection, queue: mpsc::Receiver<Pending>, commits: &
                 Err(_) => break,
             }
         }
+        write.waiting.fetch_sub(group.len(), Ordering::AcqRel);
         let outcomes = commit_group(&mut conn, group.iter().map(|p| p.writes.as_slice()));
-        commits.groups.fetch_add(1, Ordering::Relaxed);
-        commits
-            .transactions
-            .fetch_add(group.len() as u64, Ordering::Relaxed);
+        drop(conn);
+        commits.count(group.len());
         for (pending, outcome) in group.into_iter().zip(outcomes) {
             // The caller may have gone (its task was cancelled); the outcome stands either way.
             let _ = pending.done.send(outcome);
@@ -454,11 +522,16 @@ impl ItemStore for SqliteStore {
 
     async fn transact(&self, writes: Vec<Write>) -> Result<(), StoreError> {
         check_transaction(&writes)?;
+        if let Some(outcome) = self.commit_in_place(&writes) {
+            return outcome;
+        }
         let stopped = || StoreError::Unavailable("the store's writer stopped".into());
         let (done, outcome) = oneshot::channel();
-        self.writer
-            .send(Pending { writes, done })
-            .map_err(|_| stopped())?;
+        self.write.waiting.fetch_add(1, Ordering::AcqRel);
+        if self.writer.send(Pending { writes, done }).is_err() {
+            self.write.waiting.fetch_sub(1, Ordering::AcqRel);
+            return Err(stopped());
+        }
         outcome.await.map_err(|_| stopped())?
     }
 }
@@ -560,6 +633,96 @@ mod tests {
             written, 2,
             "the winner's own item and A, nothing of the losers"
         );
+    }
+
+    /// Polls a transaction once, as its task's first poll would.
+    fn first_poll(
+        store: &SqliteStore,
+        writes: Vec<Write>,
+    ) -> std::task::Poll<Result<(), StoreError>> {
+        use std::future::Future;
+        use std::task::{Context, Waker};
+        let transact = store.transact(writes);
+        std::pin::pin!(transact).poll(&mut Context::from_waker(Waker::noop()))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn on_the_multi_thread_runtime_a_lone_transaction_commits_durably_on_its_callers_thread()
+    {
+        let path = scratch("in-place");
+        let store = SqliteStore::open(&path).unwrap();
+        let polled = first_poll(&store, vec![put("A", 1, Condition::NotExists)]);
+        assert_eq!(
+            polled,
+            std::task::Poll::Ready(Ok(())),
+            "committed at its first poll"
+        );
+        assert_eq!(store.commits().in_place(), 1);
+        assert_eq!(store.commits().counts(), (1, 1));
+        // On the disk, as another connection reads it.
+        let conn = connect(&path).unwrap();
+        let ver: i64 = conn
+            .query_row("SELECT ver FROM items WHERE pk = 'A'", [], |row| row.get(0))
+            .unwrap();
+        assert_eq!(ver, 1);
+        // A worker's task commits in place too; its condition is checked there.
+        let again = store.clone();
+        let refused = tokio::spawn(async move {
+            again
+                .transact(vec![put("A", 1, Condition::NotExists)])
+                .await
+        });
+        assert_eq!(
+            refused.await.unwrap(),
+            Err(StoreError::ConditionFailed { failed: vec![0] })
+        );
+        assert_eq!(store.commits().in_place(), 2);
+    }
+
+    #[tokio::test]
+    async fn on_a_current_thread_runtime_a_transaction_goes_to_the_writer_thread() {
+        let store = SqliteStore::open(&scratch("current-thread")).unwrap();
+        let polled = first_poll(&store, vec![put("A", 1, Condition::NotExists)]);
+        assert!(
+            polled.is_pending(),
+            "its thread runs every task: {polled:?}"
+        );
+        store
+            .transact(vec![put("B", 1, Condition::NotExists)])
+            .await
+            .unwrap();
+        assert_eq!(store.commits().in_place(), 0);
+        assert_eq!(store.get("B", "s").await.unwrap().map(|i| i.ver), Some(1));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[allow(
+        clippy::await_holding_lock,
+        reason = "the test holds the write connection"
+    )]
+    async fn transactions_that_find_the_connection_taken_queue_and_commit_as_one_group() {
+        let store = SqliteStore::open(&scratch("queued")).unwrap();
+        let held = store.write.lock();
+        let mut queued = tokio::task::JoinSet::new();
+        for n in 0..8 {
+            let store = store.clone();
+            queued.spawn(async move {
+                store
+                    .transact(vec![put(&format!("q{n}"), 1, Condition::NotExists)])
+                    .await
+            });
+        }
+        // Each finds the connection taken and waits for the writer thread, which has taken the
+        // first of them and waits for the connection.
+        while store.write.waiting.load(Ordering::Acquire) < 8 {
+            tokio::task::yield_now().await;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        drop(held);
+        assert!(queued.join_all().await.iter().all(Result::is_ok));
+        assert_eq!(store.commits().counts(), (1, 8), "one commit for the eight");
+        assert_eq!(store.commits().in_place(), 0);
+        assert_eq!(query_count(&store), 8);
     }
 
     #[tokio::test]
