@@ -209,16 +209,16 @@ async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
         });
     let lived = rig.meter.take();
     let (key_units, registry_bytes) = rig.meter.take_keys();
-    let commits = rig
-        .commits()
-        .zip(commits_before)
-        .map(|((groups, txns, here), (groups0, txns0, here0))| GroupCommits {
-            commits: groups - groups0,
-            transactions: txns - txns0,
-            in_place: here - here0,
-            per_commit: (txns - txns0) as f64 / (groups - groups0).max(1) as f64,
-            per_lifecycle: (groups - groups0) as f64 / runs as f64,
-        });
+    let commits = rig.commits().zip(commits_before).map(|(now, before)| {
+        let (groups, txns) = (now.0 - before.0, now.1 - before.1);
+        GroupCommits {
+            commits: groups,
+            transactions: txns,
+            in_place: now.2 - before.2,
+            per_commit: txns as f64 / groups.max(1) as f64,
+            per_lifecycle: groups as f64 / runs as f64,
+        }
+    });
 
     // Measured in the same run, beside the store, right after the lifecycles.
     let disk = match rig.store_dir() {
