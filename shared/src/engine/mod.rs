@@ -382,7 +382,7 @@ impl Engine {
             keys::RUN_SK,
         )
         .await?;
-        Ok(records::run_from_items(&items, [])?.map(|read| read.run))
+        records::run_alone_from_items(&items)
     }
 
     async fn load_approval(

@@ -145,8 +145,12 @@ pub(super) struct RunBodies {
 }
 
 impl RunBodies {
-    pub(super) fn new(run: &Run, from: usize) -> Self {
-        let mut fields = serde_json::to_value(run).expect("engine records serialize");
+    pub(super) fn new(run: &mut Run, from: usize) -> Self {
+        // The fields alone: the messages are serialized one by one below, not twice.
+        let messages = std::mem::take(&mut run.messages);
+        let fields = serde_json::to_value(&*run);
+        run.messages = messages;
+        let mut fields = fields.expect("engine records serialize");
         if let Some(fields) = fields.as_object_mut() {
             fields.remove("messages");
             // Unset fields read back as unset.
@@ -163,6 +167,27 @@ impl RunBodies {
             messages,
             from,
         }
+    }
+
+    /// How long an audit item whose JSON without messages is `events_only` becomes with the
+    /// messages from `from` to `keep` (past `from`) moved into it, as serde_json writes it:
+    /// counted from the messages serialized here, not by serializing it once per split tried.
+    pub(super) fn moved_len(&self, events_only: &str, keep: usize) -> usize {
+        let moved = &self.messages[..keep - self.from];
+        let messages = moved.iter().map(String::len).sum::<usize>() + moved.len() - 1;
+        // `{}` has no field before the messages to follow with a comma.
+        let separator = usize::from(events_only.len() > "{}".len());
+        let from = match self.from {
+            0 => 0,
+            from => ",\"from\":".len() + from.to_string().len(),
+        };
+        events_only.len() - "}".len()
+            + separator
+            + "\"messages\":[".len()
+            + messages
+            + "]".len()
+            + from
+            + "}".len()
     }
 
     /// The item with the messages from `keep` on (`keep` at least `from`).
@@ -192,11 +217,21 @@ impl RunBodies {
 /// DynamoDB's size of an item (each attribute's name and value, as the adapter writes it),
 /// in write units. `sk_len` is its sort key's length: an audit item's is known before its key.
 pub(super) fn write_units(pk: &str, sk_len: usize, index: Option<&IndexKey>, body: &str) -> usize {
+    write_units_of(pk, sk_len, index, body.len())
+}
+
+/// [`write_units`] of a body `body_len` bytes long.
+pub(super) fn write_units_of(
+    pk: &str,
+    sk_len: usize,
+    index: Option<&IndexKey>,
+    body_len: usize,
+) -> usize {
     let index = index.map_or(0, |k| {
         "gsi1pk".len() + k.pk.len() + "gsi1sk".len() + k.sk.len()
     });
     let ver = "ver".len() + 21;
-    let bytes = "pk".len() + pk.len() + "sk".len() + sk_len + ver + "body".len() + body.len();
+    let bytes = "pk".len() + pk.len() + "sk".len() + sk_len + ver + "body".len() + body_len;
     (bytes + index).div_ceil(RUN_ITEM_BUDGET).max(1)
 }
 
@@ -206,6 +241,36 @@ pub struct RunRead {
     pub run: Stored<Run>,
     /// Its audit log, oldest first.
     pub log: Vec<AuditEntry>,
+}
+
+/// The conversation an audit item adds, its events skipped unread: all a driver needs of it.
+#[derive(Deserialize)]
+struct LoggedMessages {
+    #[serde(default)]
+    messages: Vec<Message>,
+    #[serde(default)]
+    from: usize,
+}
+
+/// The run alone, as [`run_from_items`] reads it, without its log: a driver needs the
+/// conversation, not the history, so the audit items' events are skipped unread.
+pub fn run_alone_from_items(items: &[Item]) -> Result<Option<Stored<Run>>, EngineError> {
+    let mut record = None;
+    let mut logged = Vec::new();
+    for item in items {
+        if item.sk == keys::RUN_SK {
+            record = Some(item);
+        } else if item.sk.starts_with(keys::AUDIT_PREFIX) {
+            let part = decode::<LoggedMessages>(item)?.value;
+            if !part.messages.is_empty() {
+                logged.push((part.from, part.messages));
+            }
+        }
+    }
+    match record {
+        Some(record) => Ok(Some(decode_run(record, logged)?.0)),
+        None => Ok(None),
+    }
 }
 
 /// A run from the items of its partition (all of them, or those from its item on). Each audit
@@ -490,6 +555,107 @@ mod tests {
             audit >= 2,
             "the long turns were logged: {audit} audit items"
         );
+    }
+
+    #[test]
+    fn a_run_read_alone_skips_its_events_and_is_the_run_its_whole_read_gives() {
+        use crate::domain::conversation::{Block, Speaker};
+        let mut run = started_run();
+        let mut items = Vec::new();
+        write_and_read(&mut run, &mut items);
+        for (n, len) in [900, 1_500, 30].into_iter().enumerate() {
+            run.value.messages.push(Message {
+                role: Speaker::Assistant,
+                content: vec![Block::Text {
+                    text: format!("{n}:{}", "x".repeat(len)),
+                }],
+            });
+            let mut tx = Tx::new();
+            let event = AuditEvent::Resumed {
+                results: n,
+                why: None,
+            };
+            let at = run.value.updated_at;
+            tx.audit(
+                &run.value.tenant,
+                AuditEntry::new(&run.value.id, Actor::system("test"), event, at),
+            );
+            tx.run(IndexShards::DEFAULT, &mut run);
+            items.extend(written(tx));
+            run.written();
+        }
+        items.sort_by(|a, b| a.sk.cmp(&b.sk));
+        let whole = run_from_items(&items, []).unwrap().unwrap();
+        assert_eq!(
+            whole.log.len(),
+            4,
+            "started and the three events: {:?}",
+            whole.log
+        );
+        let alone = run_alone_from_items(&items).unwrap().expect("the run");
+        assert_eq!(alone.value, whole.run.value);
+        assert_eq!(alone.value.messages, run.value.messages);
+        assert_eq!(
+            (
+                alone.ver,
+                alone.value.stored_messages,
+                alone.value.written_messages
+            ),
+            (whole.run.ver, whole.run.value.stored_messages, 4)
+        );
+        let audit_only: Vec<Item> = items
+            .iter()
+            .filter(|i| i.sk != keys::RUN_SK)
+            .cloned()
+            .collect();
+        assert!(run_alone_from_items(&audit_only).unwrap().is_none());
+    }
+
+    #[test]
+    fn an_audit_items_length_with_moved_messages_is_counted_as_serde_json_writes_it() {
+        use crate::domain::conversation::{Block, Speaker};
+        let mut run = started_run().value;
+        for n in 0..4 {
+            run.messages.push(Message {
+                role: Speaker::Assistant,
+                content: vec![Block::Text {
+                    text: format!("{n}: \"quoted\", é, {}", "x".repeat(n * 7)),
+                }],
+            });
+        }
+        let event = LoggedEvent {
+            at: run.updated_at,
+            actor: Actor::system("test"),
+            event: AuditEvent::Resumed {
+                results: 2,
+                why: None,
+            },
+        };
+        for events in [vec![], vec![event.clone()], vec![event.clone(), event]] {
+            let events_only = AuditItem {
+                events: events.clone(),
+                ..AuditItem::default()
+            };
+            let events_only = serde_json::to_string(&events_only).unwrap();
+            for from in 0..run.messages.len() {
+                let bodies = RunBodies::new(&mut run, from);
+                for keep in from + 1..=run.messages.len() {
+                    let moved = AuditItem {
+                        events: events.clone(),
+                        messages: run.messages[from..keep].to_vec(),
+                        from,
+                        places: 0,
+                    };
+                    let written = serde_json::to_string(&moved).unwrap();
+                    assert_eq!(
+                        bodies.moved_len(&events_only, keep),
+                        written.len(),
+                        "{} events, messages {from}..{keep}: {written}",
+                        events.len()
+                    );
+                }
+            }
+        }
     }
 
     fn started_run() -> Stored<Run> {

@@ -28,7 +28,7 @@ use approval::approval_value;
 pub use approval::EscalationDue;
 pub use index::IndexShards;
 pub(crate) use index::{STALE_EXECUTION, action_index, lease_end, reconcile_key};
-pub use log::{RunRead, held_by_action, held_by_approval, run_from_items};
+pub use log::{RunRead, held_by_action, held_by_approval, run_alone_from_items, run_from_items};
 pub use outbox::{NotifyMessage, OutboxEntry, OutboxMessage, Outgoing, outbox_key, resume_message};
 pub use tx::Tx;
 

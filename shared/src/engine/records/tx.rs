@@ -8,7 +8,7 @@ use super::approval::approval_body;
 use super::index::{IndexShards, action_index, approval_index, resume_key, run_index};
 use super::log::{
     AUDIT_ORDER_LEN, AUDIT_PART, AuditItem, FINAL_EVENTS, FINAL_FROM_RUN, FINISHED_RUN_ITEM,
-    LoggedEvent, RunBodies, audit_order, write_units,
+    LoggedEvent, RunBodies, audit_order, write_units, write_units_of,
 };
 use super::outbox::{OutboxEntry, OutboxMessage, Outgoing};
 use super::{Stored, keys};
@@ -249,11 +249,11 @@ impl Tx {
     ///
     /// [`started`]: super::log::started
     pub fn run(&mut self, shards: IndexShards, run: &mut Stored<Run>) {
+        let logged = run.value.stored_messages.min(run.value.messages.len());
+        let bodies = RunBodies::new(&mut run.value, logged);
         let value = &run.value;
         let pk = keys::run_pk(&value.tenant, &value.id);
         let index = run_index(shards, value);
-        let logged = value.stored_messages.min(value.messages.len());
-        let bodies = RunBodies::new(value, logged);
         let condition = match run.ver {
             0 => Condition::NotExists,
             ver => Condition::VersionIs(ver),
@@ -271,33 +271,44 @@ impl Tx {
             self.finished.push(self.writes.len() - 1);
             return;
         }
-        let audit = match self.audit.iter().find(|(p, _)| *p == pk) {
-            Some((_, item)) => item.clone(),
-            None => AuditItem::default(),
-        };
+        let audit = self
+            .audit
+            .iter()
+            .find(|(p, _)| *p == pk)
+            .map(|(_, item)| item);
         let order_len = keys::AUDIT_PREFIX.len() + AUDIT_ORDER_LEN;
+        let audit_units = |body_len| write_units_of(&pk, order_len, None, body_len);
+        // The transaction's audit item as it stands (its events), and the same without any
+        // messages, which a split then adds.
+        let (unmoved, events_only) = match audit {
+            None => (0, String::from("{}")),
+            Some(item) => {
+                let serialize = |item: &AuditItem| {
+                    serde_json::to_string(item).expect("engine records serialize")
+                };
+                let unmoved = match item.events.is_empty() && item.messages.is_empty() {
+                    true => 0,
+                    false => audit_units(serialize(item).len()),
+                };
+                let events = AuditItem {
+                    events: item.events.clone(),
+                    ..AuditItem::default()
+                };
+                (unmoved, serialize(&events))
+            }
+        };
         let mut best: Option<(usize, usize, String)> = None;
         for keep in (logged..=value.messages.len()).rev() {
             let body = bodies.body(keep);
-            let mut moved = audit.clone();
-            if keep > logged {
-                moved.from = logged;
-                moved.messages = value.messages[logged..keep].to_vec();
-            }
             let run_units = write_units(&pk, keys::RUN_SK.len(), index.as_ref(), &body);
             if run_units > 1 && keep < value.messages.len() {
                 // A message kept in the run's item is paid again at each of its writes.
                 continue;
             }
             let units = run_units
-                + match moved.events.is_empty() && moved.messages.is_empty() {
-                    true => 0,
-                    false => write_units(
-                        &pk,
-                        order_len,
-                        None,
-                        &serde_json::to_string(&moved).expect("engine records serialize"),
-                    ),
+                + match keep > logged {
+                    true => audit_units(bodies.moved_len(&events_only, keep)),
+                    false => unmoved,
                 };
             if best.as_ref().is_none_or(|(least, _, _)| units < *least) {
                 best = Some((units, keep, body));
