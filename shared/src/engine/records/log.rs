@@ -255,22 +255,41 @@ struct LoggedMessages {
 /// The run alone, as [`run_from_items`] reads it, without its log: a driver needs the
 /// conversation, not the history, so the audit items' events are skipped unread.
 pub fn run_alone_from_items(items: &[Item]) -> Result<Option<Stored<Run>>, EngineError> {
+    let (record, logged) = partition(items, |_, item| {
+        let part = decode::<LoggedMessages>(item)?.value;
+        Ok((part.from, part.messages))
+    })?;
+    match record {
+        Some(record) => Ok(Some(decode_run(record, logged)?.0)),
+        None => Ok(None),
+    }
+}
+
+/// The conversation the audit items of a run add: each item's messages with the position of
+/// the first of them, in the order the items were read.
+type Logged = Vec<(usize, Vec<Message>)>;
+
+/// A run's partition as its readers take it: the run's item, and the conversation its audit
+/// items add, each audit item given to `audit` with its transaction's order (a transaction's
+/// item split in parts: each part continues the one before).
+fn partition<'a>(
+    items: &'a [Item],
+    mut audit: impl FnMut(&'a str, &Item) -> Result<(usize, Vec<Message>), EngineError>,
+) -> Result<(Option<&'a Item>, Logged), EngineError> {
     let mut record = None;
     let mut logged = Vec::new();
     for item in items {
         if item.sk == keys::RUN_SK {
             record = Some(item);
-        } else if item.sk.starts_with(keys::AUDIT_PREFIX) {
-            let part = decode::<LoggedMessages>(item)?.value;
-            if !part.messages.is_empty() {
-                logged.push((part.from, part.messages));
+        } else if let Some(order) = item.sk.strip_prefix(keys::AUDIT_PREFIX) {
+            let order = order.split(AUDIT_PART).next().unwrap_or(order);
+            let (from, messages) = audit(order, item)?;
+            if !messages.is_empty() {
+                logged.push((from, messages));
             }
         }
     }
-    match record {
-        Some(record) => Ok(Some(decode_run(record, logged)?.0)),
-        None => Ok(None),
-    }
+    Ok((record, logged))
 }
 
 /// A run from the items of its partition (all of them, or those from its item on). Each audit
@@ -283,22 +302,12 @@ pub fn run_from_items(
     items: &[Item],
     held: impl IntoIterator<Item = (LogSlot, AuditEntry)>,
 ) -> Result<Option<RunRead>, EngineError> {
-    let mut record = None;
     let mut log = Log::default();
-    let mut logged = Vec::new();
-    for item in items {
-        if item.sk == keys::RUN_SK {
-            record = Some(item);
-        } else if let Some(order) = item.sk.strip_prefix(keys::AUDIT_PREFIX) {
-            // A transaction's audit item split in parts: each part continues the one before.
-            let order = order.split(AUDIT_PART).next().unwrap_or(order);
-            let audit = decode::<AuditItem>(item)?.value;
-            log.listed(order, audit.events);
-            if !audit.messages.is_empty() {
-                logged.push((audit.from, audit.messages));
-            }
-        }
-    }
+    let (record, logged) = partition(items, |order, item| {
+        let audit = decode::<AuditItem>(item)?.value;
+        log.listed(order, audit.events);
+        Ok((audit.from, audit.messages))
+    })?;
     let Some(record) = record else {
         return Ok(None);
     };
@@ -420,7 +429,7 @@ pub(super) fn started(run: &Run) -> AuditEntry {
 /// carries. With it, the events the item holds if the run is finished.
 fn decode_run(
     item: &Item,
-    mut parts: Vec<(usize, Vec<Message>)>,
+    mut parts: Logged,
 ) -> Result<(Stored<Run>, Vec<LoggedEvent>), EngineError> {
     let corrupt = |why: String| EngineError::Corrupt(format!("{}/{}: {why}", item.pk, item.sk));
     let mut body: serde_json::Value =
