@@ -16,7 +16,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, mpsc};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError, mpsc};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -67,12 +67,22 @@ struct WriteSide {
     waiting: AtomicUsize,
 }
 
+// A commit that panicked left no SQL transaction open that the next `BEGIN` minds: a poisoned
+// lock is taken as any other.
 impl WriteSide {
     fn lock(&self) -> MutexGuard<'_, Connection> {
-        // A commit that panicked left no SQL transaction open that the next `BEGIN` minds.
         self.conn
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The connection, if nobody holds it.
+    fn try_lock(&self) -> Option<MutexGuard<'_, Connection>> {
+        match self.conn.try_lock() {
+            Ok(conn) => Some(conn),
+            Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
     }
 }
 
@@ -185,11 +195,7 @@ impl SqliteStore {
         if !multi_thread || self.write.waiting.load(Ordering::Acquire) > 0 {
             return None;
         }
-        let mut conn = match self.write.conn.try_lock() {
-            Ok(conn) => conn,
-            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return None,
-        };
+        let mut conn = self.write.try_lock()?;
         let outcome = tokio::task::block_in_place(|| {
             commit_group(&mut conn, std::iter::once(writes))
                 .pop()
