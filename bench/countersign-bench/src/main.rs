@@ -28,6 +28,10 @@ use report::{Latency, StepCost};
 use rig::Rig;
 use shared::engine::records::IndexShards;
 
+/// The allocator the `countersign` command runs with, so the figures are its.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BenchStore {
