@@ -355,7 +355,7 @@ fn listing(agent: &Agent) -> Vec<Listed> {
     agent
         .tools
         .specs()
-        .into_iter()
+        .iter()
         .filter(|spec| agent.caller_lease(&spec.name).is_none())
         .map(|spec| {
             let hints = agent
@@ -367,7 +367,7 @@ fn listing(agent: &Agent) -> Vec<Listed> {
                 agent.policy.rule_for(&spec.name, hints),
                 Some(ToolRule::Approve { .. })
             );
-            listed(spec, hints, may_wait)
+            listed(spec.clone(), hints, may_wait)
         })
         .collect()
 }

@@ -1,7 +1,7 @@
 //! The tool port. Hard limits live inside each tool, so no approval can skip them.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use async_trait::async_trait;
 
@@ -91,6 +91,10 @@ pub struct Toolbox {
     tools: BTreeMap<String, Arc<dyn Tool>>,
     /// Tools known once listed; a name bound in `tools` comes first.
     sources: Vec<Arc<dyn ToolSource>>,
+    /// Every tool's spec, kept once no source is left to list: a model turn shows the model
+    /// the same specs every time, and building them again (their schemas are JSON) was a
+    /// fiftieth of an embedded lifecycle's CPU.
+    specs: Arc<OnceLock<Arc<[ToolSpec]>>>,
 }
 
 impl Toolbox {
@@ -100,12 +104,14 @@ impl Toolbox {
 
     pub fn with(mut self, tool: Arc<dyn Tool>) -> Self {
         self.tools.insert(tool.spec().name, tool);
+        self.specs = Arc::default();
         self
     }
 
     /// Adds tools that exist once `source` has listed them.
     pub fn with_source(mut self, source: Arc<dyn ToolSource>) -> Self {
         self.sources.push(source);
+        self.specs = Arc::default();
         self
     }
 
@@ -115,12 +121,26 @@ impl Toolbox {
             .or_else(|| self.sources.iter().find_map(|source| source.get(name)))
     }
 
-    pub fn specs(&self) -> Vec<ToolSpec> {
+    /// Every tool's spec: the bound tools', then each source's listed ones (none before it
+    /// is prepared).
+    pub fn specs(&self) -> Arc<[ToolSpec]> {
+        if let Some(specs) = self.specs.get() {
+            return specs.clone();
+        }
+        let specs = self.build_specs();
+        if self.sources.is_empty() {
+            // Nothing left to list: these are the specs for the life of the toolbox.
+            let _ = self.specs.set(specs.clone());
+        }
+        specs
+    }
+
+    fn build_specs(&self) -> Arc<[ToolSpec]> {
         let mut specs: Vec<ToolSpec> = self.tools.values().map(|t| t.spec()).collect();
         for source in &self.sources {
             specs.extend(source.specs());
         }
-        specs
+        specs.into()
     }
 
     /// Lists every source's tools (once per process); a process that drives runs calls it
@@ -129,6 +149,99 @@ impl Toolbox {
         for source in &self.sources {
             source.prepare().await?;
         }
+        // Every source has listed its tools, fixed from now on for the life of the process.
+        if self.specs.get().is_none() {
+            let _ = self.specs.set(self.build_specs());
+        }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// A tool that counts how often its spec is built.
+    struct Counted(&'static str, AtomicUsize);
+
+    fn counted(name: &'static str) -> Arc<Counted> {
+        Arc::new(Counted(name, AtomicUsize::new(0)))
+    }
+
+    #[async_trait]
+    impl Tool for Counted {
+        fn spec(&self) -> ToolSpec {
+            self.1.fetch_add(1, Ordering::Relaxed);
+            ToolSpec {
+                name: self.0.into(),
+                description: "Pays.".into(),
+                input_schema: serde_json::json!({"type": "object"}),
+            }
+        }
+
+        async fn call(&self, _: ToolCall<'_>) -> ToolOutcome {
+            ToolOutcome::Failed {
+                error: "not called here".into(),
+            }
+        }
+    }
+
+    /// A source that lists one tool once prepared.
+    struct Listing(OnceLock<BTreeMap<String, Arc<dyn Tool>>>);
+
+    #[async_trait]
+    impl ToolSource for Listing {
+        async fn prepare(&self) -> Result<(), Unprepared> {
+            let tool: Arc<dyn Tool> = counted("listed");
+            let _ = self.0.set(BTreeMap::from([("listed".to_string(), tool)]));
+            Ok(())
+        }
+
+        fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
+            self.0.get()?.get(name)
+        }
+
+        fn specs(&self) -> Vec<ToolSpec> {
+            let listed = self.0.get().into_iter().flat_map(|tools| tools.values());
+            listed.map(|tool| tool.spec()).collect()
+        }
+    }
+
+    #[test]
+    fn bound_tools_specs_are_built_once() {
+        let tool = counted("pay");
+        let toolbox = Toolbox::new().with(tool.clone());
+        let built = tool.1.load(Ordering::Relaxed);
+        let first = toolbox.specs();
+        let second = toolbox.specs();
+        assert_eq!(first[0].name, "pay");
+        assert!(Arc::ptr_eq(&first, &second), "the same specs, kept");
+        assert_eq!(tool.1.load(Ordering::Relaxed), built + 1);
+    }
+
+    #[tokio::test]
+    async fn a_sources_specs_are_kept_only_once_it_has_listed() {
+        let toolbox = Toolbox::new()
+            .with(counted("pay"))
+            .with_source(Arc::new(Listing(OnceLock::new())));
+        assert_eq!(
+            toolbox.specs().len(),
+            1,
+            "only the bound tool before listing"
+        );
+        toolbox.prepare().await.unwrap();
+        let specs = toolbox.specs();
+        assert_eq!(specs.len(), 2, "the listed tool once prepared");
+        assert!(Arc::ptr_eq(&specs, &toolbox.specs()));
+        let more = toolbox.clone().with(counted("refund"));
+        let specs = more.specs();
+        let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["pay", "refund", "listed"],
+            "a tool added anew is listed"
+        );
     }
 }

@@ -309,7 +309,7 @@ mcp = { server = "orders", tool = "issue_refund" }
 
     shared::agents::prepare(&p, &orders_name()).await.unwrap();
     let tools = &p.agent(&orders_name()).unwrap().tools;
-    let specs: Vec<String> = tools.specs().into_iter().map(|s| s.name).collect();
+    let specs: Vec<String> = tools.specs().iter().map(|s| s.name.clone()).collect();
     assert_eq!(specs, ["refund"], "only the bound tool, under its own name");
     let refund_tool = tools.get("refund").unwrap();
     assert_eq!(
