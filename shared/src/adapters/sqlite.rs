@@ -349,47 +349,90 @@ fn run_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
     conn.prepare_cached(sql)?.execute([]).map(drop)
 }
 
-/// Checks every write's condition against the store as it stands, then applies them all.
+/// Applies the writes, each checking its own condition in the statement that writes it: a
+/// conditional put is an `UPDATE ... WHERE ver = ?` or an `INSERT ... ON CONFLICT DO NOTHING`
+/// that holds if it changed a row, with no `SELECT` before it. On the first that fails, the
+/// writes after it are checked against the store as it stood (no write before touched their
+/// items: a transaction's keys are distinct) and every failed one is reported; the caller
+/// rolls back what was written.
 fn apply(tx: &Connection, writes: &[Write]) -> Result<(), StoreError> {
-    let mut failed = Vec::new();
     for (i, write) in writes.iter().enumerate() {
-        let (pk, sk) = write.key();
-        let holds = match write.condition() {
-            Condition::Always => true,
-            Condition::NotExists => current_ver(tx, pk, sk)?.is_none(),
-            Condition::VersionIs(v) => current_ver(tx, pk, sk)? == Some(*v as i64),
-            Condition::Unchanged { ver, body } => is_unchanged(tx, pk, sk, *ver, body)?,
-        };
-        if !holds {
-            failed.push(i);
-        }
-    }
-    if !failed.is_empty() {
-        return Err(StoreError::ConditionFailed { failed });
-    }
-    for write in writes {
-        match write {
-            Write::Put { item, .. } => {
-                let (gpk, gsk) = match &item.gsi1 {
-                    Some(g) => (Some(g.pk.as_str()), Some(g.sk.as_str())),
-                    None => (None, None),
-                };
-                tx.prepare_cached(
-                    "INSERT OR REPLACE INTO items (pk, sk, gsi1pk, gsi1sk, ver, body) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                )
-                .and_then(|mut stmt| {
-                    stmt.execute(params![item.pk, item.sk, gpk, gsk, item.ver as i64, item.body])
-                })
-                .map_err(sql_error)?;
+        if !write_if(tx, write)? {
+            let mut failed = vec![i];
+            for (j, later) in writes.iter().enumerate().skip(i + 1) {
+                if !holds(tx, later)? {
+                    failed.push(j);
+                }
             }
-            Write::Delete { pk, sk, .. } => {
-                tx.prepare_cached("DELETE FROM items WHERE pk = ?1 AND sk = ?2")
-                    .and_then(|mut stmt| stmt.execute(params![pk, sk]))
-                    .map_err(sql_error)?;
-            }
+            return Err(StoreError::ConditionFailed { failed });
         }
     }
     Ok(())
+}
+
+/// Writes one item if its condition holds; whether it held.
+fn write_if(tx: &Connection, write: &Write) -> Result<bool, StoreError> {
+    let changed = match write {
+        Write::Put { item, condition } => {
+            let (gpk, gsk) = match &item.gsi1 {
+                Some(g) => (Some(g.pk.as_str()), Some(g.sk.as_str())),
+                None => (None, None),
+            };
+            let (pk, sk, ver, body) = (&item.pk, &item.sk, item.ver as i64, &item.body);
+            let row = params![pk, sk, gpk, gsk, ver, body];
+            match condition {
+                Condition::Always => return execute(tx, PUT, row).map(|_| true),
+                Condition::NotExists => execute(tx, PUT_NEW, row)?,
+                Condition::VersionIs(at) => execute(
+                    tx,
+                    PUT_OVER_VERSION,
+                    params![pk, sk, gpk, gsk, ver, body, *at as i64],
+                )?,
+                Condition::Unchanged { ver: at, body: was } => execute(
+                    tx,
+                    PUT_OVER_UNCHANGED,
+                    params![pk, sk, gpk, gsk, ver, body, *at as i64, was],
+                )?,
+            }
+        }
+        Write::Delete { pk, sk, condition } => match condition {
+            Condition::Always => return execute(tx, DELETE, params![pk, sk]).map(|_| true),
+            // Nothing to delete where nothing may be.
+            Condition::NotExists => return Ok(current_ver(tx, pk, sk)?.is_none()),
+            Condition::VersionIs(at) => execute(tx, DELETE_VERSION, params![pk, sk, *at as i64])?,
+            Condition::Unchanged { ver: at, body: was } => {
+                execute(tx, DELETE_UNCHANGED, params![pk, sk, *at as i64, was])?
+            }
+        },
+    };
+    Ok(changed == 1)
+}
+
+/// Whether a write's condition holds against the store as it stands, writing nothing.
+fn holds(tx: &Connection, write: &Write) -> Result<bool, StoreError> {
+    let (pk, sk) = write.key();
+    Ok(match write.condition() {
+        Condition::Always => true,
+        Condition::NotExists => current_ver(tx, pk, sk)?.is_none(),
+        Condition::VersionIs(v) => current_ver(tx, pk, sk)? == Some(*v as i64),
+        Condition::Unchanged { ver, body } => is_unchanged(tx, pk, sk, *ver, body)?,
+    })
+}
+
+const PUT: &str = "INSERT OR REPLACE INTO items (pk, sk, gsi1pk, gsi1sk, ver, body) VALUES (?1, ?2, ?3, ?4, ?5, ?6)";
+const PUT_NEW: &str = "INSERT INTO items (pk, sk, gsi1pk, gsi1sk, ver, body) VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (pk, sk) DO NOTHING";
+const PUT_OVER_VERSION: &str = "UPDATE items SET gsi1pk = ?3, gsi1sk = ?4, ver = ?5, body = ?6 WHERE pk = ?1 AND sk = ?2 AND ver = ?7";
+const PUT_OVER_UNCHANGED: &str = "UPDATE items SET gsi1pk = ?3, gsi1sk = ?4, ver = ?5, body = ?6 WHERE pk = ?1 AND sk = ?2 AND ver = ?7 AND body = ?8";
+const DELETE: &str = "DELETE FROM items WHERE pk = ?1 AND sk = ?2";
+const DELETE_VERSION: &str = "DELETE FROM items WHERE pk = ?1 AND sk = ?2 AND ver = ?3";
+const DELETE_UNCHANGED: &str =
+    "DELETE FROM items WHERE pk = ?1 AND sk = ?2 AND ver = ?3 AND body = ?4";
+
+/// Runs a write statement, prepared once per connection; the rows it changed.
+fn execute(tx: &Connection, sql: &str, params: impl rusqlite::Params) -> Result<usize, StoreError> {
+    tx.prepare_cached(sql)
+        .and_then(|mut stmt| stmt.execute(params))
+        .map_err(sql_error)
 }
 
 /// The version of the item at `pk`/`sk`, if there is one.
