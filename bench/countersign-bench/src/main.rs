@@ -181,11 +181,13 @@ struct GroupCommits {
 }
 
 /// The CPU the process used while the lifecycles ran (every thread: the engine, the store's
-/// writer and readers, the kernel's work for them), from /proc.
+/// writer and readers, the kernel's work for them), from /proc; per lifecycle, less what the
+/// bench's own meter took.
 #[derive(Debug, Serialize)]
 struct LifecycleCpu {
     user_seconds: f64,
     system_seconds: f64,
+    meter_seconds: f64,
     ms_per_lifecycle: f64,
 }
 
@@ -203,13 +205,17 @@ async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
     };
     let commits_before = rig.commits();
     let cpu_before = report::cpu_seconds();
+    rig.meter.take_own_cpu();
     let (elapsed, samples) = lifecycle::lifecycles(&rig, 0..runs, concurrency, deciding).await?;
+    let meter_seconds = rig.meter.take_own_cpu().as_secs_f64();
     let cpu = report::cpu_seconds()
         .zip(cpu_before)
         .map(|((user, system), (user0, system0))| LifecycleCpu {
             user_seconds: user - user0,
             system_seconds: system - system0,
-            ms_per_lifecycle: 1000.0 * (user - user0 + system - system0) / runs as f64,
+            meter_seconds,
+            ms_per_lifecycle: 1000.0 * (user - user0 + system - system0 - meter_seconds)
+                / runs as f64,
         });
     let lived = rig.meter.take();
     let (key_units, registry_bytes) = rig.meter.take_keys();
@@ -350,8 +356,8 @@ async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
     }
     if let Some(cpu) = &cpu {
         text.push_str(&format!(
-            "  cpu        {:.2} s user + {:.2} s system for the lifecycles: {:.2} ms of CPU per lifecycle\n",
-            cpu.user_seconds, cpu.system_seconds, cpu.ms_per_lifecycle
+            "  cpu        {:.2} s user + {:.2} s system for the lifecycles, less {:.3} s the bench's meter took: {:.2} ms of CPU per lifecycle\n",
+            cpu.user_seconds, cpu.system_seconds, cpu.meter_seconds, cpu.ms_per_lifecycle
         ));
     }
     if let Some(floor) = &floor {
