@@ -1,7 +1,8 @@
 //! A tool call's arguments and the hash that binds a decision to them: to the agent, the tool
 //! and the arguments together, so one decision can never cover another tool's call.
 
-use std::fmt::{self, Write as _};
+use std::fmt;
+use std::io::Write as _;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -56,9 +57,9 @@ impl Args {
     /// The canonical form: keys sorted at every depth, no whitespace, integral numbers
     /// written as integers. Equal arguments always give the same bytes.
     pub fn canonical(&self) -> String {
-        let mut out = String::new();
+        let mut out = Vec::new();
         write_object(&self.0, &mut out);
-        out
+        into_text(out)
     }
 
     /// The hash of the first scheme, over the arguments alone: what approvals stored before
@@ -76,47 +77,57 @@ impl fmt::Display for Args {
 
 /// The canonical form of any JSON value, as [`Args::canonical`] writes arguments.
 pub fn canonical(value: &Value) -> String {
-    let mut out = String::new();
+    let mut out = Vec::new();
     write_canonical(value, &mut out);
-    out
+    into_text(out)
 }
 
-fn write_object(map: &Map<String, Value>, out: &mut String) {
+/// The canonical form's bytes, written as JSON: always UTF-8.
+fn into_text(out: Vec<u8>) -> String {
+    String::from_utf8(out).expect("JSON is UTF-8")
+}
+
+fn write_object(map: &Map<String, Value>, out: &mut Vec<u8>) {
     let mut keys: Vec<&String> = map.keys().collect();
     keys.sort();
-    out.push('{');
+    out.push(b'{');
     for (i, key) in keys.into_iter().enumerate() {
         if i > 0 {
-            out.push(',');
+            out.push(b',');
         }
-        out.push_str(&Value::String(key.clone()).to_string());
-        out.push(':');
+        write_json(key, out);
+        out.push(b':');
         write_canonical(&map[key], out);
     }
-    out.push('}');
+    out.push(b'}');
 }
 
-fn write_canonical(value: &Value, out: &mut String) {
+fn write_canonical(value: &Value, out: &mut Vec<u8>) {
     match value {
         Value::Object(map) => write_object(map, out),
         Value::Array(items) => {
-            out.push('[');
+            out.push(b'[');
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
                 write_canonical(item, out);
             }
-            out.push(']');
+            out.push(b']');
         }
         Value::Number(n) => match n.as_f64() {
             Some(f) if n.is_f64() && f.fract() == 0.0 && f.abs() < 9.0e15 => {
                 let _ = write!(out, "{}", f as i64);
             }
-            _ => out.push_str(&n.to_string()),
+            _ => write_json(n, out),
         },
-        other => out.push_str(&other.to_string()),
+        other => write_json(other, out),
     }
+}
+
+/// A string, number, boolean or null as serde_json writes it, straight into `out`.
+fn write_json(value: &(impl Serialize + ?Sized), out: &mut Vec<u8>) {
+    serde_json::to_writer(out, value).expect("a JSON scalar serializes");
 }
 
 checked_conversions!(Args, Value, ArgsError, |value| Self::new(value), |args| {
@@ -142,8 +153,17 @@ pub struct ArgsHash(String);
 impl ArgsHash {
     /// The hash of one call: `agent` proposing `tool` with `args`.
     pub fn of_call(agent: &AgentName, tool: &str, args: &Args) -> Self {
-        let call = serde_json::json!({"agent": agent.as_str(), "tool": tool, "args": args.0});
-        Self(format!("{SCHEME}{}", sha256_hex(&canonical(&call))))
+        // The canonical object written field by field, its keys in their sorted order, rather
+        // than a copy of the arguments built into an object first.
+        let mut call = Vec::with_capacity(128);
+        call.extend_from_slice(br#"{"agent":"#);
+        write_json(agent.as_str(), &mut call);
+        call.extend_from_slice(br#","args":"#);
+        write_object(&args.0, &mut call);
+        call.extend_from_slice(br#","tool":"#);
+        write_json(tool, &mut call);
+        call.push(b'}');
+        Self(format!("{SCHEME}{}", hex::encode(Sha256::digest(&call))))
     }
 
     /// Whether this hash is the one of `agent` proposing `tool` with `args`, under the scheme
@@ -248,6 +268,19 @@ mod tests {
         assert!(stored.binds(&agent, "reimburse", &a));
         assert!(!stored.binds(&agent, "reimburse", &a.with("amount_cents", json!(1))));
         assert_eq!(stored.short(), "b604fd708eea");
+    }
+
+    #[test]
+    fn a_calls_hash_is_the_canonical_object_of_its_agent_arguments_and_tool() {
+        let a = args(json!({"amount_cents": 25000.0, "claim_id": "c-\"102", "note": [true, null]}));
+        let object = json!({"tool": "reimburse", "agent": "expense", "args": a.as_value()});
+        let expected = format!("v2:sha256:{}", sha256_hex(&canonical(&object)));
+        assert_eq!(hash(&a).as_str(), expected);
+        // As every approval since the second scheme stored it.
+        assert_eq!(
+            hash(&args(json!({"claim_id": "c-102", "amount_cents": 25000}))).as_str(),
+            "v2:sha256:e36ca64c00be0350aed3ceb233f06cbf59e8bdde3dcc7ac2326453a838a9a92b"
+        );
     }
 
     #[test]
