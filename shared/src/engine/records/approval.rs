@@ -2,10 +2,19 @@
 
 use serde::{Deserialize, Serialize};
 
+use chrono::{DateTime, Utc};
+
 use super::keys;
-use crate::domain::approval::{Approval, ApprovalStatus};
+use crate::domain::approval::{
+    Approval, ApprovalKind, ApprovalStatus, Choice, Comment, Decision, DecisionEffect,
+    PreviousVersion,
+};
 use crate::domain::args::{Args, ArgsHash};
-use crate::domain::ids::{AgentName, ApprovalId, TenantId};
+use crate::domain::audit::LogSlot;
+use crate::domain::ids::{
+    ActionId, ActionVersion, AgentName, ApprovalId, DecisionId, PersonId, Role, RunId, TenantId,
+};
+use crate::domain::policy::{Escalation, ToolHints};
 use crate::ports::store::Item;
 
 /// An approval's fields its item leaves out when they are the approval's own: each decision's
@@ -33,36 +42,164 @@ const RESOLVED_AT: &str = "resolved_at";
 /// [`decode`]: super::decode
 /// [`held_by_approval`]: super::held_by_approval
 pub(super) fn approval_body(approval: &Approval) -> String {
-    let mut body = serde_json::to_value(approval).expect("engine records serialize");
-    if let Some(fields) = body.as_object_mut() {
-        for keyed in APPROVAL_KEYED {
-            fields.remove(keyed);
-        }
-        fields.retain(|_, value| !value.is_null());
-        debug_assert!(
-            approval.status == ApprovalStatus::AwaitingApproval || approval.resolved_at.is_some(),
-            "a resolved approval says when"
-        );
-        let last_at = approval.decisions.last().map(|d| d.at);
-        if approval.resolved_at.is_some() && approval.resolved_at == last_at {
-            fields.remove(RESOLVED_AT);
-        }
-        let own = DECISION_OWN.map(|name| fields.get(name).cloned());
-        if let Some(serde_json::Value::Array(decisions)) = fields.get_mut("decisions") {
-            for decision in decisions.iter_mut().filter_map(|d| d.as_object_mut()) {
-                for (name, own) in DECISION_OWN.iter().zip(&own) {
-                    if decision.get(*name) == own.as_ref() {
-                        decision.remove(*name);
-                    }
+    debug_assert!(
+        approval.status == ApprovalStatus::AwaitingApproval || approval.resolved_at.is_some(),
+        "a resolved approval says when"
+    );
+    serde_json::to_string(&StoredApproval::of(approval)).expect("engine records serialize")
+}
+
+/// An approval as its item holds it ([`approval_body`]), serialized straight from the approval:
+/// every field but the ones left out, in the approval's order.
+#[derive(Serialize)]
+struct StoredApproval<'a> {
+    agent: &'a AgentName,
+    kind: &'a ApprovalKind,
+    run_id: &'a RunId,
+    action_id: &'a ActionId,
+    action_version: &'a ActionVersion,
+    tool_use_id: &'a str,
+    tool: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    hints: Option<&'a ToolHints>,
+    args: &'a Args,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    args_hash: Option<&'a ArgsHash>,
+    explanation: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    previous: Option<&'a PreviousVersion>,
+    reason: &'a str,
+    approver_role: &'a Role,
+    quorum: u8,
+    requested_by: &'a [PersonId],
+    policy_version: u32,
+    created_at: &'a DateTime<Utc>,
+    expires_at: &'a DateTime<Utc>,
+    status: &'a ApprovalStatus,
+    decisions: Vec<StoredDecision<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    superseded_by: Option<&'a ApprovalId>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    resolved_at: Option<&'a DateTime<Utc>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reminded_at: Option<&'a DateTime<Utc>>,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    comments: &'a [Comment],
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    escalate: &'a [Escalation],
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    escalated_to: &'a [Role],
+}
+
+/// A decision as its approval's item holds it: its version and hash only where they are not
+/// the approval's own.
+#[derive(Serialize)]
+struct StoredDecision<'a> {
+    decision_id: &'a DecisionId,
+    by: &'a PersonId,
+    #[serde(flatten)]
+    choice: &'a Choice,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    action_version: Option<&'a ActionVersion>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    args_hash: Option<&'a ArgsHash>,
+    at: &'a DateTime<Utc>,
+    effect: &'a DecisionEffect,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    logged: Option<&'a LogSlot>,
+}
+
+impl<'a> StoredApproval<'a> {
+    fn of(approval: &'a Approval) -> Self {
+        // Every field named: one added to `Approval` fails to compile here until it is stored.
+        let Approval {
+            id: _,
+            tenant: _,
+            agent,
+            kind,
+            run_id,
+            action_id,
+            action_version,
+            tool_use_id,
+            tool,
+            hints,
+            args,
+            args_hash,
+            explanation,
+            previous,
+            reason,
+            approver_role,
+            quorum,
+            requested_by,
+            policy_version,
+            created_at,
+            expires_at,
+            status,
+            decisions,
+            superseded_by,
+            resolved_at,
+            reminded_at,
+            comments,
+            escalate,
+            escalated_to,
+        } = approval;
+        let last_at = decisions.last().map(|d| &d.at);
+        let decisions = decisions
+            .iter()
+            .map(|decision| {
+                let Decision {
+                    decision_id,
+                    by,
+                    choice,
+                    action_version: version,
+                    args_hash: hash,
+                    at,
+                    effect,
+                    logged,
+                } = decision;
+                StoredDecision {
+                    decision_id,
+                    by,
+                    choice,
+                    action_version: (version != action_version).then_some(version),
+                    args_hash: (hash != args_hash).then_some(hash),
+                    at,
+                    effect,
+                    logged: logged.as_ref(),
                 }
-            }
-        }
-        if approval.args_hash == ArgsHash::of_call(&approval.agent, &approval.tool, &approval.args)
-        {
-            fields.remove(ARGS_HASH);
+            })
+            .collect();
+        let own_hash = *args_hash == ArgsHash::of_call(agent, tool, args);
+        Self {
+            agent,
+            kind,
+            run_id,
+            action_id,
+            action_version,
+            tool_use_id,
+            tool,
+            hints: (*hints != ToolHints::default()).then_some(hints),
+            args,
+            args_hash: (!own_hash).then_some(args_hash),
+            explanation,
+            previous: previous.as_ref(),
+            reason,
+            approver_role,
+            quorum: *quorum,
+            requested_by,
+            policy_version: *policy_version,
+            created_at,
+            expires_at,
+            status,
+            decisions,
+            superseded_by: superseded_by.as_ref(),
+            resolved_at: resolved_at.as_ref().filter(|at| Some(*at) != last_at),
+            reminded_at: reminded_at.as_ref(),
+            comments,
+            escalate,
+            escalated_to,
         }
     }
-    body.to_string()
 }
 
 /// An approval's hash, left out of its item where it is the one its agent, tool and arguments
@@ -236,6 +373,21 @@ pub(crate) mod tests {
                 assert!(!fields.contains_key(keyed), "{keyed} is in the key");
             }
             assert!(fields.values().all(|v| !v.is_null()), "{body}");
+            // Every other field of the API's form is stored.
+            let api = serde_json::to_value(&approval).unwrap();
+            let mut expected: std::collections::BTreeSet<&str> = api
+                .as_object()
+                .unwrap()
+                .iter()
+                .filter(|(_, value)| !value.is_null())
+                .map(|(name, _)| name.as_str())
+                .collect();
+            for left_out in ["id", "tenant", "args_hash", RESOLVED_AT] {
+                expected.remove(left_out);
+            }
+            let stored: std::collections::BTreeSet<&str> =
+                fields.keys().map(String::as_str).collect();
+            assert_eq!(stored, expected);
             let decisions = fields["decisions"].as_array().unwrap();
             for (decision, own) in decisions.iter().zip([true, false]) {
                 for name in ["action_version", "args_hash"] {
