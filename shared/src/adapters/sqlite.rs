@@ -803,14 +803,21 @@ mod tests {
         assert_eq!((item.ver, idle()), (1, 0), "read on the write connection");
         let held = store.write.lock();
         let item = store.get("A", "s").await.unwrap().unwrap();
-        assert_eq!((item.ver, idle()), (1, 1), "read on a connection of the pool");
+        assert_eq!(
+            (item.ver, idle()),
+            (1, 1),
+            "read on a connection of the pool"
+        );
         drop(held);
         store
             .transact(vec![put("A", 2, Condition::VersionIs(1))])
             .await
             .unwrap();
         let item = store.get("A", "s").await.unwrap().unwrap();
-        assert_eq!(item.ver, 2, "the write connection reads its own last commit");
+        assert_eq!(
+            item.ver, 2,
+            "the write connection reads its own last commit"
+        );
     }
 
     #[tokio::test]
