@@ -79,8 +79,12 @@ impl WriteSide {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// The connection, if nobody holds it.
-    fn try_lock(&self) -> Option<MutexGuard<'_, Connection>> {
+    /// The connection, if nobody holds it and no transaction waits for the writer thread
+    /// (which a transaction or read taken here would hold up).
+    fn free(&self) -> Option<MutexGuard<'_, Connection>> {
+        if self.waiting.load(Ordering::Acquire) > 0 {
+            return None;
+        }
         match self.conn.try_lock() {
             Ok(conn) => Some(conn),
             Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
@@ -195,10 +199,10 @@ impl SqliteStore {
     fn commit_in_place(&self, writes: &[Write]) -> Option<Result<(), StoreError>> {
         let multi_thread = Handle::try_current()
             .is_ok_and(|runtime| runtime.runtime_flavor() == RuntimeFlavor::MultiThread);
-        if !multi_thread || self.write.waiting.load(Ordering::Acquire) > 0 {
+        if !multi_thread {
             return None;
         }
-        let mut conn = self.write.try_lock()?;
+        let mut conn = self.write.free()?;
         let outcome = tokio::task::block_in_place(|| {
             commit_group(&mut conn, std::iter::once(writes))
                 .pop()
@@ -220,9 +224,7 @@ impl SqliteStore {
         &self,
         work: impl FnOnce(&Connection) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        if self.write.waiting.load(Ordering::Acquire) == 0
-            && let Some(conn) = self.write.try_lock()
-        {
+        if let Some(conn) = self.write.free() {
             return work(&conn);
         }
         let conn = self.readers.take()?;
