@@ -65,7 +65,7 @@ impl Args {
     /// The hash of the first scheme, over the arguments alone: what approvals stored before
     /// the hash covered the agent and the tool are verified with.
     fn legacy_hash(&self) -> ArgsHash {
-        ArgsHash(format!("{LEGACY_SCHEME}{}", sha256_hex(&self.canonical())))
+        ArgsHash(format!("{LEGACY_SCHEME}{}", sha256_hex(self.canonical())))
     }
 }
 
@@ -140,8 +140,8 @@ const LEGACY_SCHEME: &str = "sha256:";
 /// `{"agent", "args", "tool"}`.
 const SCHEME: &str = "v2:sha256:";
 
-fn sha256_hex(text: &str) -> String {
-    hex::encode(Sha256::digest(text.as_bytes()))
+fn sha256_hex(bytes: impl AsRef<[u8]>) -> String {
+    hex::encode(Sha256::digest(bytes))
 }
 
 /// What a decision is bound to besides the version: SHA-256 of the agent's name, the tool's and
@@ -163,7 +163,7 @@ impl ArgsHash {
         call.extend_from_slice(br#","tool":"#);
         write_json(tool, &mut call);
         call.push(b'}');
-        Self(format!("{SCHEME}{}", hex::encode(Sha256::digest(&call))))
+        Self(format!("{SCHEME}{}", sha256_hex(call)))
     }
 
     /// Whether this hash is the one of `agent` proposing `tool` with `args`, under the scheme
@@ -274,7 +274,7 @@ mod tests {
     fn a_calls_hash_is_the_canonical_object_of_its_agent_arguments_and_tool() {
         let a = args(json!({"amount_cents": 25000.0, "claim_id": "c-\"102", "note": [true, null]}));
         let object = json!({"tool": "reimburse", "agent": "expense", "args": a.as_value()});
-        let expected = format!("v2:sha256:{}", sha256_hex(&canonical(&object)));
+        let expected = format!("v2:sha256:{}", sha256_hex(canonical(&object)));
         assert_eq!(hash(&a).as_str(), expected);
         // As every approval since the second scheme stored it.
         assert_eq!(
