@@ -569,7 +569,8 @@ impl Approval {
     }
 }
 
-fn is_plain(hints: &ToolHints) -> bool {
+/// Hints that say nothing, which an approval's JSON leaves out (and its stored form too).
+pub(crate) fn is_plain(hints: &ToolHints) -> bool {
     *hints == ToolHints::default()
 }
 

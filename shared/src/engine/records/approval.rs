@@ -1,13 +1,12 @@
 //! An approval's item: its stored form, and the marker that puts it in the escalation index.
 
-use serde::{Deserialize, Serialize};
-
 use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
 
 use super::keys;
 use crate::domain::approval::{
     Approval, ApprovalKind, ApprovalStatus, Choice, Comment, Decision, DecisionEffect,
-    PreviousVersion,
+    PreviousVersion, is_plain,
 };
 use crate::domain::args::{Args, ArgsHash};
 use crate::domain::audit::LogSlot;
@@ -178,7 +177,7 @@ impl<'a> StoredApproval<'a> {
             action_version,
             tool_use_id,
             tool,
-            hints: (*hints != ToolHints::default()).then_some(hints),
+            hints: (!is_plain(hints)).then_some(hints),
             args,
             args_hash: (!own_hash).then_some(args_hash),
             explanation,
