@@ -176,6 +176,10 @@ struct GroupCommits {
     transactions: u64,
     /// The commits made on their caller's thread, with no hand-off to the writer thread.
     in_place: u64,
+    /// The checkpoints the store's checkpointer thread made beside the commits.
+    checkpoints: u64,
+    /// The checkpoints a commit made, finishing the checkpointer's.
+    checkpoints_in_place: u64,
     per_commit: f64,
     per_lifecycle: f64,
 }
@@ -225,6 +229,8 @@ async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
             commits: groups,
             transactions: txns,
             in_place: now.2 - before.2,
+            checkpoints: now.3 - before.3,
+            checkpoints_in_place: now.4 - before.4,
             per_commit: txns as f64 / groups.max(1) as f64,
             per_lifecycle: groups as f64 / runs as f64,
         }
@@ -350,8 +356,14 @@ async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
     ));
     if let Some(c) = &commits {
         text.push_str(&format!(
-            "  commits    {} SQL commits (one fsync each) for {} transactions: {:.2} transactions per commit, {:.2} commits per lifecycle, {} on their caller's thread\n",
-            c.commits, c.transactions, c.per_commit, c.per_lifecycle, c.in_place
+            "  commits    {} SQL commits (one fsync each) for {} transactions: {:.2} transactions per commit, {:.2} commits per lifecycle, {} on their caller's thread; {} checkpoints beside them, {} by a commit\n",
+            c.commits,
+            c.transactions,
+            c.per_commit,
+            c.per_lifecycle,
+            c.in_place,
+            c.checkpoints,
+            c.checkpoints_in_place
         ));
     }
     if let Some(cpu) = &cpu {

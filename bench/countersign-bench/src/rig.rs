@@ -193,11 +193,13 @@ impl Rig {
     }
 
     /// On the embedded store: (SQL commits, transactions they held, commits made on their
-    /// caller's thread) so far.
-    pub fn commits(&self) -> Option<(u64, u64, u64)> {
+    /// caller's thread, checkpoints made beside them, and by a commit) so far.
+    pub fn commits(&self) -> Option<(u64, u64, u64, u64, u64)> {
         self.embedded.as_ref().map(|s| {
             let (groups, txns) = s.commits().counts();
-            (groups, txns, s.commits().in_place())
+            let c = s.commits();
+            let (beside, by_commit) = (c.checkpoints(), c.checkpoints_in_place());
+            (groups, txns, c.in_place(), beside, by_commit)
         })
     }
 }

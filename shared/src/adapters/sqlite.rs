@@ -14,13 +14,19 @@
 //! Reads run on the caller's thread: on the write connection when it is free, whose page cache
 //! holds what it last wrote; otherwise on a pool of other connections, which WAL lets read
 //! beside a commit.
+//!
+//! The WAL is copied back into the database file (checkpointed) by a thread of its own, on a
+//! connection of its own, beside the commits: a checkpoint on the write connection held every
+//! transaction behind it while it copied a thousand pages and synced the file.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::TrySendError;
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError, mpsc};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use rusqlite::hooks::Wal;
 use rusqlite::{Connection, OptionalExtension, params};
 use tokio::runtime::{Handle, RuntimeFlavor};
 use tokio::sync::oneshot;
@@ -55,6 +61,11 @@ const STATEMENTS: usize = 32;
 const MAX_IDLE_READERS: usize = 16;
 /// How long a connection waits for another process's lock before the store reports contention.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+/// WAL pages past which the checkpointer copies the log back into the database file (SQLite's
+/// own default for the checkpoint a commit runs itself).
+const CHECKPOINT_PAGES: i32 = 1000;
+/// WAL pages past which a commit checkpoints itself without waiting for the checkpointer.
+const CHECKPOINT_IN_PLACE_PAGES: i32 = 2 * CHECKPOINT_PAGES;
 
 #[derive(Clone)]
 pub struct SqliteStore {
@@ -93,13 +104,15 @@ impl WriteSide {
     }
 }
 
-/// How many SQL commits (each one fsync) the store made, for how many transactions, and how
-/// many of those commits their caller's thread made.
+/// How many SQL commits (each one fsync) the store made, for how many transactions, how many
+/// of those commits their caller's thread made, and the checkpoints made beside them.
 #[derive(Debug, Default)]
 pub struct Commits {
     groups: AtomicU64,
     transactions: AtomicU64,
     in_place: AtomicU64,
+    checkpoints: AtomicU64,
+    finished_in_place: AtomicU64,
 }
 
 impl Commits {
@@ -114,6 +127,17 @@ impl Commits {
     /// The commits their caller's thread made, with no hand-off, since the store was opened.
     pub fn in_place(&self) -> u64 {
         self.in_place.load(Ordering::Relaxed)
+    }
+
+    /// The checkpoints the checkpointer thread made, beside the commits, since the store was
+    /// opened.
+    pub fn checkpoints(&self) -> u64 {
+        self.checkpoints.load(Ordering::Relaxed)
+    }
+
+    /// The checkpoints a commit made (finishing the checkpointer's) since the store was opened.
+    pub fn checkpoints_in_place(&self) -> u64 {
+        self.finished_in_place.load(Ordering::Relaxed)
     }
 
     fn count(&self, transactions: usize) {
@@ -154,15 +178,28 @@ impl SqliteStore {
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         let unavailable =
             |e: rusqlite::Error| StoreError::Unavailable(format!("{}: {e}", path.display()));
-        let conn = connect(path).map_err(unavailable)?;
+        let mut conn = connect(path).map_err(unavailable)?;
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(unavailable)?;
         // A savepoint's undo records are needed only until its group commits: memory will do.
         conn.pragma_update(None, "temp_store", "MEMORY")
             .map_err(unavailable)?;
         conn.execute_batch(SCHEMA).map_err(unavailable)?;
-        let (writer, queue) = mpsc::channel();
         let commits = Arc::new(Commits::default());
+        let mut checkpoints = Checkpoints {
+            checkpointer: checkpointer(path, commits.clone()),
+            commits: commits.clone(),
+            asked: None,
+        };
+        // In place of the checkpoint a commit runs itself past 1,000 pages of log (the hook
+        // replaces it).
+        conn.wal_hook(Some(move |wal: &mut Wal, pages| {
+            checkpoints.after_commit(wal, pages);
+            // The commit stands whatever a checkpoint did: an error here would report it failed.
+            Ok(())
+        }))
+        .map_err(unavailable)?;
+        let (writer, queue) = mpsc::channel();
         let write = Arc::new(WriteSide {
             conn: Mutex::new(conn),
             waiting: AtomicUsize::new(0),
@@ -269,6 +306,90 @@ impl Readers {
             && idle.len() < MAX_IDLE_READERS
         {
             idle.push(conn);
+        }
+    }
+}
+
+/// Starts the checkpointer thread, on a connection of its own: each message asks it for a
+/// `PASSIVE` checkpoint, which copies the log's committed pages into the database file and
+/// syncs it without waiting for the commits or the reads going on. It ends when the write
+/// connection, which holds the sender, is closed. The sender, or `None` if the thread could not
+/// start (commits then checkpoint in place).
+fn checkpointer(path: &Path, commits: Arc<Commits>) -> Option<mpsc::SyncSender<()>> {
+    let conn = connect(path)
+        .inspect_err(|e| tracing::warn!(error = %e, "the store's checkpointer has no connection"))
+        .ok()?;
+    let (due, asked) = mpsc::sync_channel(1);
+    let run = move || {
+        while asked.recv().is_ok() {
+            match conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+                Ok(()) => commits.checkpoints.fetch_add(1, Ordering::Relaxed),
+                Err(e) => {
+                    tracing::warn!(error = %e, "a checkpoint of the store failed");
+                    continue;
+                }
+            };
+        }
+    };
+    std::thread::Builder::new()
+        .name("countersign-store-checkpointer".into())
+        .spawn(run)
+        .inspect_err(|e| tracing::warn!(error = %e, "the store's checkpointer did not start"))
+        .ok()?;
+    Some(due)
+}
+
+/// When the log is checkpointed, seen from the commits. The checkpointer copies what was
+/// committed when it began; commits that go on meanwhile would leave the log never wholly
+/// copied, so never started over, and growing. So once the checkpointer is done, the next
+/// commit copies what it left (little, while it holds off the commits after it), and the log
+/// starts over at the commit after.
+struct Checkpoints {
+    /// Asks the checkpointer thread for a checkpoint; `None` if it could not start.
+    checkpointer: Option<mpsc::SyncSender<()>>,
+    /// Counts the checkpoints it finished.
+    commits: Arc<Commits>,
+    /// Its count of finished checkpoints when it was last asked, until the log starts over.
+    asked: Option<u64>,
+}
+
+impl Checkpoints {
+    /// After each commit, with the log's length in pages: past [`CHECKPOINT_PAGES`] the
+    /// checkpointer is asked, once; when it is done, or past [`CHECKPOINT_IN_PLACE_PAGES`], or
+    /// with no checkpointer, the commit checkpoints itself.
+    fn after_commit(&mut self, wal: &mut Wal, pages: i32) {
+        if pages < CHECKPOINT_PAGES {
+            // The log started over.
+            self.asked = None;
+            return;
+        }
+        let finished = self.commits.checkpoints();
+        let in_place = match (self.asked, &self.checkpointer) {
+            (Some(asked), _) => finished > asked || pages >= CHECKPOINT_IN_PLACE_PAGES,
+            (None, Some(due)) => match due.try_send(()) {
+                // Asked now, or busy with an earlier request that covers this one.
+                Ok(()) | Err(TrySendError::Full(())) => {
+                    self.asked = Some(finished);
+                    false
+                }
+                Err(TrySendError::Disconnected(())) => true,
+            },
+            (None, None) => true,
+        };
+        if !in_place {
+            return;
+        }
+        match wal.checkpoint() {
+            // The checkpointer is asked again if the log does not start over.
+            Ok(()) => {
+                self.commits
+                    .finished_in_place
+                    .fetch_add(1, Ordering::Relaxed);
+                self.asked = None;
+            }
+            // The checkpointer is at it: the next commit tries again.
+            Err(e) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy) => {}
+            Err(e) => tracing::warn!(error = %e, "a checkpoint of the store failed"),
         }
     }
 }
@@ -888,6 +1009,40 @@ mod tests {
             })
             .unwrap();
         assert_eq!(reprepared, [0, 0, 0]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_log_is_checkpointed_beside_the_commits_and_starts_over_while_they_keep_coming() {
+        let path = scratch("checkpoints");
+        let store = SqliteStore::open(&path).unwrap();
+        // About ten pages a commit, 10,000 pages in all: five times what the log may hold.
+        let body = format!("\"{}\"", "x".repeat(40_000));
+        for n in 0..1_000 {
+            let mut write = put(&format!("big{n}"), 1, Condition::NotExists);
+            let Write::Put { item, .. } = &mut write else {
+                unreachable!()
+            };
+            item.body.clone_from(&body);
+            store.transact(vec![write]).await.unwrap();
+        }
+        let frame = 24 + 4096;
+        let wal = std::fs::metadata(path.with_extension("db-wal"))
+            .unwrap()
+            .len();
+        assert!(
+            wal < 32 + 3 * frame * CHECKPOINT_IN_PLACE_PAGES as u64,
+            "the log grew to {} pages",
+            wal / frame
+        );
+        assert!(
+            store.commits().checkpoints() > 0,
+            "the checkpointer made none"
+        );
+        let conn = connect(&path).unwrap();
+        let rows: i64 = conn
+            .query_row("SELECT count(*) FROM items", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(rows, 1_000);
     }
 
     fn query_count(store: &SqliteStore) -> usize {
