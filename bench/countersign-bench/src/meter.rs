@@ -32,7 +32,7 @@ use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
 use aws_smithy_types::config_bag::{ConfigBag, Storable, StoreReplace};
 use serde::Serialize;
 
-use crate::partitions::KeyLoad;
+use crate::partitions::{KeyLoad, Written};
 use shared::ports::store::{
     Condition, Item, ItemStore, Page, Query, Range, Refused, StoreError, Write,
 };
@@ -196,8 +196,9 @@ pub struct Meter {
     counts: Mutex<Counts>,
     shadows: Mutex<HashMap<(String, String), Shadow>>,
     keys: Mutex<KeyLoad>,
-    /// The CPU the meter's own work around each transaction took (copying its writes and
-    /// counting their write units per key), in nanoseconds: the bench's, not Countersign's.
+    /// The CPU the meter's own work around each transaction took (taking its writes' keys and
+    /// sizes, and counting their write units per key), in nanoseconds: the bench's, not
+    /// Countersign's.
     own_nanos: AtomicU64,
 }
 
@@ -293,22 +294,17 @@ impl ItemStore for MeteredStore {
         let recorded = self.meter.own(|| self.count_writes(&writes));
         let result = self.inner.transact_or_found(writes).await;
         if result.is_ok() {
-            self.meter.own(|| {
-                self.meter
-                    .keys
-                    .lock()
-                    .expect("meter lock")
-                    .record(&recorded)
-            });
+            self.meter
+                .own(|| self.meter.keys.lock().expect("meter lock").record(recorded));
         }
         result
     }
 }
 
 impl MeteredStore {
-    /// Counts a transaction's writes by condition, and copies them for their write units per
-    /// key, counted once they commit.
-    fn count_writes(&self, writes: &[Write]) -> Vec<Write> {
+    /// Counts a transaction's writes by condition, and takes what their write units per key
+    /// are counted from once they commit.
+    fn count_writes(&self, writes: &[Write]) -> Vec<Written> {
         let n = writes.len() as f64;
         let count = |condition: Condition| {
             writes
@@ -330,7 +326,7 @@ impl MeteredStore {
             c.unchanged += unchanged;
             c.version_is += n - new - unconditional - unchanged;
         });
-        writes.to_vec()
+        writes.iter().map(Written::of).collect()
     }
 }
 

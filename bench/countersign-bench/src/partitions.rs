@@ -62,25 +62,41 @@ fn size(item: &shared::ports::store::Item) -> u64 {
     bytes as u64
 }
 
+/// What [`KeyLoad::record`] needs of a write, taken before it is handed to the store: its key,
+/// and for a put the item's size and index key (the body is not copied).
+#[derive(Debug)]
+pub struct Written {
+    key: (String, String),
+    put: Option<Shadow>,
+}
+
+impl Written {
+    pub fn of(write: &Write) -> Self {
+        let (pk, sk) = write.key();
+        let put = match write {
+            Write::Put { item, .. } => Some(Shadow {
+                bytes: size(item),
+                index: item.gsi1.clone(),
+            }),
+            Write::Delete { .. } => None,
+        };
+        Self {
+            key: (pk.to_string(), sk.to_string()),
+            put,
+        }
+    }
+}
+
 fn units(bytes: u64) -> f64 {
     bytes.div_ceil(1024).max(1) as f64
 }
 
 impl KeyLoad {
     /// A transaction that committed.
-    pub fn record(&mut self, writes: &[Write]) {
+    pub fn record(&mut self, writes: Vec<Written>) {
         let factor = if writes.len() == 1 { 1.0 } else { 2.0 };
-        for write in writes {
-            let (pk, sk) = write.key();
-            let key = (pk.to_string(), sk.to_string());
-            let next = match write {
-                Write::Put { item, .. } => Some(Shadow {
-                    bytes: size(item),
-                    index: item.gsi1.clone(),
-                }),
-                Write::Delete { .. } => None,
-            };
-            if pk == keys::TENANTS_PK {
+        for Written { key, put: next } in writes {
+            if key.0 == keys::TENANTS_PK {
                 self.registry_bytes = next.as_ref().map_or(0, |n| n.bytes);
             }
             let before = match &next {
