@@ -14,8 +14,8 @@ use crate::domain::audit::{AuditEntry, AuditEvent, LogSlot};
 use crate::domain::budget;
 use crate::domain::conversation::Message;
 use crate::domain::identity::Actor;
-use crate::domain::ids::RunId;
-use crate::domain::run::Run;
+use crate::domain::ids::{AgentName, PersonId, RunId, TenantId};
+use crate::domain::run::{GateOrigin, PausedTurn, Run, RunStatus};
 use crate::engine::error::EngineError;
 use crate::ports::store::{IndexKey, Item};
 
@@ -64,8 +64,8 @@ pub(super) struct AuditItem {
     pub(super) places: usize,
 }
 
-fn is_zero(n: &usize) -> bool {
-    *n == 0
+fn is_zero<N: Default + PartialEq>(n: &N) -> bool {
+    *n == N::default()
 }
 
 /// Between a transaction's audit key and the number of a part past its first
@@ -144,19 +144,92 @@ pub(super) struct RunBodies {
     from: usize,
 }
 
-impl RunBodies {
-    pub(super) fn new(run: &mut Run, from: usize) -> Self {
-        // The fields alone: the messages are serialized one by one below, not twice.
-        let messages = std::mem::take(&mut run.messages);
-        let fields = serde_json::to_value(&*run);
-        run.messages = messages;
-        let mut fields = fields.expect("engine records serialize");
-        if let Some(fields) = fields.as_object_mut() {
-            fields.remove("messages");
-            // Unset fields read back as unset.
-            fields.retain(|_, value| !value.is_null());
+/// A run's own fields as its item holds them, serialized straight from the run: every field
+/// but its conversation (serialized message by message, [`RunBodies`]), in the run's order, an
+/// unset one left out (it reads back unset).
+#[derive(Serialize)]
+struct StoredRun<'a> {
+    id: &'a RunId,
+    tenant: &'a TenantId,
+    agent: &'a AgentName,
+    requested_by: &'a PersonId,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    started_by: Option<&'a PersonId>,
+    task: &'a str,
+    status: RunStatus,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    paused: Option<&'a PausedTurn>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    answer: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a str>,
+    policy_version: u32,
+    /// In seconds, as the run's own form has it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    approval_ttl: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gate: Option<&'a GateOrigin>,
+    #[serde(skip_serializing_if = "is_zero")]
+    drives: u32,
+    #[serde(skip_serializing_if = "is_zero")]
+    redriven: u32,
+    created_at: &'a DateTime<Utc>,
+    updated_at: &'a DateTime<Utc>,
+}
+
+impl<'a> StoredRun<'a> {
+    fn of(run: &'a Run) -> Self {
+        // Every field named: one added to `Run` fails to compile here until it is stored.
+        let Run {
+            id,
+            tenant,
+            agent,
+            requested_by,
+            started_by,
+            task,
+            status,
+            messages: _,
+            paused,
+            answer,
+            error,
+            policy_version,
+            approval_ttl,
+            gate,
+            drives,
+            redriven,
+            created_at,
+            updated_at,
+            stored_messages: _,
+            logging_messages: _,
+            written_messages: _,
+        } = run;
+        Self {
+            id,
+            tenant,
+            agent,
+            requested_by,
+            started_by: started_by.as_ref(),
+            task,
+            status: *status,
+            paused: paused.as_ref(),
+            answer: answer.as_deref(),
+            error: error.as_deref(),
+            policy_version: *policy_version,
+            approval_ttl: approval_ttl.map(|ttl| ttl.as_secs()),
+            gate: gate.as_ref(),
+            drives: *drives,
+            redriven: *redriven,
+            created_at,
+            updated_at,
         }
-        let mut fields = fields.to_string();
+    }
+}
+
+impl RunBodies {
+    pub(super) fn new(run: &Run, from: usize) -> Self {
+        // The fields alone: the messages are serialized one by one below, not twice.
+        let mut fields =
+            serde_json::to_string(&StoredRun::of(run)).expect("engine records serialize");
         fields.pop();
         let messages = run.messages[from..]
             .iter()
@@ -647,7 +720,7 @@ mod tests {
             };
             let events_only = serde_json::to_string(&events_only).unwrap();
             for from in 0..run.messages.len() {
-                let bodies = RunBodies::new(&mut run, from);
+                let bodies = RunBodies::new(&run, from);
                 for keep in from + 1..=run.messages.len() {
                     let moved = AuditItem {
                         events: events.clone(),
@@ -665,6 +738,45 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_runs_item_holds_the_runs_own_fields_but_its_conversation_and_its_unset_ones() {
+        use crate::domain::run::{GateOrigin, GateVia, PausedTurn};
+        let mut run = started_run().value;
+        run.started_by = Some(PersonId::parse("ops").unwrap());
+        run.paused = Some(PausedTurn { calls: vec![] });
+        run.answer = Some("paid".into());
+        run.error = Some("none".into());
+        run.approval_ttl = Some(std::time::Duration::from_secs(3600));
+        run.gate = Some(GateOrigin {
+            via: GateVia::Api,
+            call_key: "k".into(),
+            call_id: Some("c".into()),
+            conversation: None,
+            asked: None,
+        });
+        run.drives = 2;
+        run.redriven = 1;
+        let own_fields = |run: &Run| {
+            let mut own = serde_json::to_value(run).unwrap();
+            let own = own.as_object_mut().unwrap();
+            own.remove("messages");
+            own.retain(|_, value| !value.is_null());
+            own.clone()
+        };
+        let stored = |run: &Run| {
+            let body = RunBodies::new(run, 1).body(1);
+            let mut stored: serde_json::Value = serde_json::from_str(&body).unwrap();
+            let stored = stored.as_object_mut().unwrap();
+            assert!(stored.remove(LOGGED_MESSAGES).is_some());
+            assert!(stored.remove(RECENT_MESSAGES).is_some());
+            stored.clone()
+        };
+        assert_eq!(stored(&run), own_fields(&run), "every field set");
+        let unset = started_run().value;
+        assert_eq!(stored(&unset), own_fields(&unset), "none of them set");
+        assert!(!stored(&unset).contains_key("answer"));
     }
 
     fn started_run() -> Stored<Run> {

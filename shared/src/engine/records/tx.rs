@@ -250,7 +250,7 @@ impl Tx {
     /// [`started`]: super::log::started
     pub fn run(&mut self, shards: IndexShards, run: &mut Stored<Run>) {
         let logged = run.value.stored_messages.min(run.value.messages.len());
-        let bodies = RunBodies::new(&mut run.value, logged);
+        let bodies = RunBodies::new(&run.value, logged);
         let value = &run.value;
         let pk = keys::run_pk(&value.tenant, &value.id);
         let index = run_index(shards, value);
