@@ -322,13 +322,17 @@ fn checkpointer(path: &Path, commits: Arc<Commits>) -> Option<mpsc::SyncSender<(
     let (due, asked) = mpsc::sync_channel(1);
     let run = move || {
         while asked.recv().is_ok() {
-            match conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
-                Ok(()) => commits.checkpoints.fetch_add(1, Ordering::Relaxed),
-                Err(e) => {
-                    tracing::warn!(error = %e, "a checkpoint of the store failed");
-                    continue;
+            // Its first column says whether another checkpoint (a commit finishing one) was
+            // at it.
+            match conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
+                row.get::<_, i64>(0)
+            }) {
+                Ok(0) => {
+                    commits.checkpoints.fetch_add(1, Ordering::Relaxed);
                 }
-            };
+                Ok(_busy) => {}
+                Err(e) => tracing::warn!(error = %e, "a checkpoint of the store failed"),
+            }
         }
     };
     std::thread::Builder::new()
