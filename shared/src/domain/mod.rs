@@ -19,6 +19,12 @@ macro_rules! checked_conversions {
     };
 }
 
+/// A count at zero, which serialized records leave out (`skip_serializing_if`): it reads back
+/// as zero by `#[serde(default)]`.
+pub(crate) fn is_zero<N: Default + PartialEq>(n: &N) -> bool {
+    *n == N::default()
+}
+
 pub mod action;
 pub mod approval;
 pub mod args;

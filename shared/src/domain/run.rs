@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::conversation::{Block, Message, Speaker, ToolResultText};
 use super::ids::{ActionId, AgentName, PersonId, RunId, TenantId};
+use super::is_zero;
 use super::names::serde_name;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -399,10 +400,6 @@ impl Run {
         self.updated_at = now;
         Ok(())
     }
-}
-
-fn is_zero(n: &u32) -> bool {
-    *n == 0
 }
 
 mod optional_secs {

@@ -20,6 +20,7 @@ use crate::domain::approval::Approval;
 use crate::domain::audit::{AuditEntry, AuditEvent};
 use crate::domain::identity::Actor;
 use crate::domain::ids::{ApprovalId, RunId, TenantId};
+use crate::domain::is_zero;
 use crate::domain::notice::NoticeKind;
 use crate::domain::run::{MOST_REDRIVES, NotRedriven, Run, RunStatus};
 use crate::ports::queue::{DriveMessage, ResumeQueue};
@@ -74,10 +75,6 @@ struct AwaitingResume {
     action: Action,
     #[serde(default, skip_serializing_if = "is_zero")]
     handed_over: u32,
-}
-
-fn is_zero(n: &u32) -> bool {
-    *n == 0
 }
 
 /// How long the sweep waits for something to act on a resume message it handed over for the

@@ -15,6 +15,7 @@ use crate::domain::budget;
 use crate::domain::conversation::Message;
 use crate::domain::identity::Actor;
 use crate::domain::ids::{AgentName, PersonId, RunId, TenantId};
+use crate::domain::is_zero;
 use crate::domain::run::{GateOrigin, PausedTurn, Run, RunStatus};
 use crate::engine::error::EngineError;
 use crate::ports::store::{IndexKey, Item};
@@ -62,10 +63,6 @@ pub(super) struct AuditItem {
     /// The transaction's events about the run so far, those its records hold counted.
     #[serde(skip)]
     pub(super) places: usize,
-}
-
-fn is_zero<N: Default + PartialEq>(n: &N) -> bool {
-    *n == N::default()
 }
 
 /// Between a transaction's audit key and the number of a part past its first
