@@ -381,7 +381,7 @@ pub(crate) mod tests {
                 .filter(|(_, value)| !value.is_null())
                 .map(|(name, _)| name.as_str())
                 .collect();
-            for left_out in ["id", "tenant", "args_hash", RESOLVED_AT] {
+            for left_out in APPROVAL_KEYED.into_iter().chain([ARGS_HASH, RESOLVED_AT]) {
                 expected.remove(left_out);
             }
             let stored: std::collections::BTreeSet<&str> =
