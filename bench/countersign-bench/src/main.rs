@@ -224,13 +224,16 @@ async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
     let lived = rig.meter.take();
     let (key_units, registry_bytes) = rig.meter.take_keys();
     let commits = rig.commits().zip(commits_before).map(|(now, before)| {
-        let (groups, txns) = (now.0 - before.0, now.1 - before.1);
+        let (groups, txns) = (
+            now.commits - before.commits,
+            now.transactions - before.transactions,
+        );
         GroupCommits {
             commits: groups,
             transactions: txns,
-            in_place: now.2 - before.2,
-            checkpoints: now.3 - before.3,
-            checkpoints_in_place: now.4 - before.4,
+            in_place: now.in_place - before.in_place,
+            checkpoints: now.checkpoints - before.checkpoints,
+            checkpoints_in_place: now.checkpoints_in_place - before.checkpoints_in_place,
             per_commit: txns as f64 / groups.max(1) as f64,
             per_lifecycle: groups as f64 / runs as f64,
         }

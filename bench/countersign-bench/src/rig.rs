@@ -192,16 +192,35 @@ impl Rig {
         self.embedded.as_ref().and(self.scratch.as_deref())
     }
 
-    /// On the embedded store: (SQL commits, transactions they held, commits made on their
-    /// caller's thread, checkpoints made beside them, and by a commit) so far.
-    pub fn commits(&self) -> Option<(u64, u64, u64, u64, u64)> {
+    /// On the embedded store: what its commits and checkpoints came to so far.
+    pub fn commits(&self) -> Option<CommitCounts> {
         self.embedded.as_ref().map(|s| {
-            let (groups, txns) = s.commits().counts();
             let c = s.commits();
-            let (beside, by_commit) = (c.checkpoints(), c.checkpoints_in_place());
-            (groups, txns, c.in_place(), beside, by_commit)
+            let (commits, transactions) = c.counts();
+            CommitCounts {
+                commits,
+                transactions,
+                in_place: c.in_place(),
+                checkpoints: c.checkpoints(),
+                checkpoints_in_place: c.checkpoints_in_place(),
+            }
         })
     }
+}
+
+/// The embedded store's counts ([`shared::adapters::sqlite::Commits`]) at one moment.
+#[derive(Debug, Clone, Copy)]
+pub struct CommitCounts {
+    /// SQL commits, one fsync each.
+    pub commits: u64,
+    /// The transactions they held.
+    pub transactions: u64,
+    /// Commits made on their caller's thread.
+    pub in_place: u64,
+    /// Checkpoints the checkpointer thread made beside the commits.
+    pub checkpoints: u64,
+    /// Checkpoints a commit made, finishing the checkpointer's.
+    pub checkpoints_in_place: u64,
 }
 
 fn engine(
