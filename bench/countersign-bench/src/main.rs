@@ -180,6 +180,9 @@ struct GroupCommits {
     checkpoints: u64,
     /// The checkpoints a commit made, finishing the checkpointer's.
     checkpoints_in_place: u64,
+    /// The writes SQLite asked of the log (two a frame), and the write calls made of them.
+    wal_writes_asked: u64,
+    wal_writes_made: u64,
     per_commit: f64,
     per_lifecycle: f64,
 }
@@ -234,6 +237,8 @@ async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
             in_place: now.in_place - before.in_place,
             checkpoints: now.checkpoints - before.checkpoints,
             checkpoints_in_place: now.checkpoints_in_place - before.checkpoints_in_place,
+            wal_writes_asked: now.wal_writes.asked - before.wal_writes.asked,
+            wal_writes_made: now.wal_writes.made - before.wal_writes.made,
             per_commit: txns as f64 / groups.max(1) as f64,
             per_lifecycle: groups as f64 / runs as f64,
         }
@@ -359,14 +364,16 @@ async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
     ));
     if let Some(c) = &commits {
         text.push_str(&format!(
-            "  commits    {} SQL commits (one fsync each) for {} transactions: {:.2} transactions per commit, {:.2} commits per lifecycle, {} on their caller's thread; {} checkpoints beside them, {} by a commit\n",
+            "  commits    {} SQL commits (one fsync each) for {} transactions: {:.2} transactions per commit, {:.2} commits per lifecycle, {} on their caller's thread; {} checkpoints beside them, {} by a commit; the log's frames in {} writes, of {} SQLite asked for\n",
             c.commits,
             c.transactions,
             c.per_commit,
             c.per_lifecycle,
             c.in_place,
             c.checkpoints,
-            c.checkpoints_in_place
+            c.checkpoints_in_place,
+            c.wal_writes_made,
+            c.wal_writes_asked
         ));
     }
     if let Some(cpu) = &cpu {

@@ -10,6 +10,7 @@ use aws_smithy_types::retry::RetryConfig;
 use shared::adapters::dynamodb::DynamoStore;
 use shared::adapters::scheduler::{EventBridgeScheduler, ScheduleTarget};
 use shared::adapters::sqlite::SqliteStore;
+use shared::adapters::sqlite_vfs::WalWrites;
 use shared::adapters::sqs::SqsQueue;
 use shared::agents::{self, Wiring};
 use shared::deploy::AwsSettings;
@@ -203,6 +204,7 @@ impl Rig {
                 in_place: c.in_place(),
                 checkpoints: c.checkpoints(),
                 checkpoints_in_place: c.checkpoints_in_place(),
+                wal_writes: s.wal_writes().unwrap_or_default(),
             }
         })
     }
@@ -221,6 +223,8 @@ pub struct CommitCounts {
     pub checkpoints: u64,
     /// Checkpoints a commit made, finishing the checkpointer's.
     pub checkpoints_in_place: u64,
+    /// The writes SQLite asked of the log, and the write calls they were folded into.
+    pub wal_writes: WalWrites,
 }
 
 fn engine(

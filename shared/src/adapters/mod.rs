@@ -13,6 +13,7 @@ pub mod scripted;
 pub mod slack;
 mod slack_buttons;
 pub mod sqlite;
+pub mod sqlite_vfs;
 pub mod sqs;
 pub mod state_dir;
 pub mod trust;

@@ -27,10 +27,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rusqlite::hooks::Wal;
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use tokio::runtime::{Handle, RuntimeFlavor};
 use tokio::sync::oneshot;
 
+use super::sqlite_vfs::{self, WalWrites};
 use super::state_dir;
 use crate::ports::store::{
     Condition, IndexKey, Item, ItemStore, Page, Query, Range, StoreError, Write, check_transaction,
@@ -227,6 +228,12 @@ impl SqliteStore {
         &self.commits
     }
 
+    /// The writes the write connection's WAL file was asked for and those it made
+    /// ([`sqlite_vfs`]); `None` before the store's first commit.
+    pub fn wal_writes(&self) -> Option<WalWrites> {
+        sqlite_vfs::wal_writes(&self.write.lock())
+    }
+
     /// Commits a transaction on the caller's thread when the write connection is free and no
     /// transaction waits for the writer thread; `None` (nothing done) otherwise. Only on tokio's
     /// multi-thread runtime, inside `block_in_place`: a worker held for an fsync would hold up
@@ -273,7 +280,12 @@ impl SqliteStore {
 
 /// A connection as every one of the store's is set up.
 fn connect(path: &Path) -> rusqlite::Result<Connection> {
-    let conn = Connection::open(path)?;
+    // A commit's WAL frames go to the file in one write (`sqlite_vfs`), which needs the
+    // `synchronous=FULL` set below.
+    let conn = match sqlite_vfs::name() {
+        Some(vfs) => Connection::open_with_flags_and_vfs(path, OpenFlags::default(), vfs)?,
+        None => Connection::open(path)?,
+    };
     conn.busy_timeout(BUSY_TIMEOUT)?;
     // Money moves on these commits: every commit reaches the disk before it returns.
     conn.pragma_update(None, "synchronous", "FULL")?;
@@ -1047,6 +1059,56 @@ mod tests {
             .query_row("SELECT count(*) FROM items", [], |r| r.get(0))
             .unwrap();
         assert_eq!(rows, 1_000);
+    }
+
+    #[tokio::test]
+    async fn a_commits_log_frames_reach_the_file_in_one_write_and_a_big_ones_in_pieces_it_takes() {
+        let path = scratch("wal-writes");
+        let store = SqliteStore::open(&path).unwrap();
+        store
+            .transact(vec![put("first", 1, Condition::NotExists)])
+            .await
+            .unwrap();
+        let before = store
+            .wal_writes()
+            .expect("the log opened through the store's VFS");
+        for n in 0..50 {
+            let writes = vec![
+                put(&format!("a{n}"), 1, Condition::NotExists),
+                put(&format!("b{n}"), 1, Condition::NotExists),
+            ];
+            store.transact(writes).await.unwrap();
+        }
+        let after = store.wal_writes().unwrap();
+        let (asked, made) = (after.asked - before.asked, after.made - before.made);
+        assert_eq!(made, 50, "one write a commit: {before:?} then {after:?}");
+        assert!(
+            asked >= 2 * made,
+            "a frame is two writes: {before:?} then {after:?}"
+        );
+
+        // About 75 pages in one commit: more than the platform writes in one call.
+        let mut big = put("big", 1, Condition::NotExists);
+        let Write::Put { item, .. } = &mut big else {
+            unreachable!()
+        };
+        item.body = format!("\"{}\"", "x".repeat(300_000));
+        store.transact(vec![big]).await.unwrap();
+        let last = store.wal_writes().unwrap();
+        let (asked, made) = (last.asked - after.asked, last.made - after.made);
+        assert!(
+            (2..asked / 10).contains(&made),
+            "{asked} asked, {made} made"
+        );
+
+        // Another connection reads every commit: each was in the file before it was published.
+        let conn = connect(&path).unwrap();
+        let (rows, longest): (i64, i64) = conn
+            .query_row("SELECT count(*), max(length(body)) FROM items", [], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .unwrap();
+        assert_eq!((rows, longest), (102, 300_002));
     }
 
     fn query_count(store: &SqliteStore) -> usize {
