@@ -762,6 +762,16 @@ mod tests {
         }
     }
 
+    /// A new item (version 1, must not exist) with `body`.
+    fn new_with_body(pk: &str, body: String) -> Write {
+        let mut write = put(pk, 1, Condition::NotExists);
+        let Write::Put { item, .. } = &mut write else {
+            unreachable!("`put` is a put")
+        };
+        item.body = body;
+        write
+    }
+
     #[tokio::test]
     async fn in_one_group_each_transaction_checks_what_the_earlier_ones_wrote_and_fails_alone() {
         let path = scratch("group");
@@ -1034,11 +1044,7 @@ mod tests {
         // About ten pages a commit, 10,000 pages in all: five times what the log may hold.
         let body = format!("\"{}\"", "x".repeat(40_000));
         for n in 0..1_000 {
-            let mut write = put(&format!("big{n}"), 1, Condition::NotExists);
-            let Write::Put { item, .. } = &mut write else {
-                unreachable!()
-            };
-            item.body.clone_from(&body);
+            let write = new_with_body(&format!("big{n}"), body.clone());
             store.transact(vec![write]).await.unwrap();
         }
         let frame = 24 + 4096;
@@ -1088,11 +1094,7 @@ mod tests {
         );
 
         // About 75 pages in one commit: more than the platform writes in one call.
-        let mut big = put("big", 1, Condition::NotExists);
-        let Write::Put { item, .. } = &mut big else {
-            unreachable!()
-        };
-        item.body = format!("\"{}\"", "x".repeat(300_000));
+        let big = new_with_body("big", format!("\"{}\"", "x".repeat(300_000)));
         store.transact(vec![big]).await.unwrap();
         let last = store.wal_writes().unwrap();
         let (asked, made) = (last.asked - after.asked, last.made - after.made);
