@@ -235,9 +235,10 @@ unsafe fn parts<'a>(
     }
 }
 
-/// Writes what is kept to the file, in one write. The kept frames are dropped whether or not
-/// the write succeeds: after a failure SQLite rolls the transaction back and writes its frames
-/// again.
+/// Writes what is kept to the file, in one write. What a failed write kept stays kept, to be
+/// written before anything after it: it is never dropped unwritten while the file is open, even
+/// where SQLite would not look at the error (a file control it sends as a hint), so a later
+/// sync that succeeds has written it.
 ///
 /// # Safety
 /// As [`parts`].
@@ -254,7 +255,9 @@ unsafe fn flush(file: *mut ffi::sqlite3_file) -> c_int {
     wal.writes.made += 1;
     // SAFETY: the platform object is open; `kept` is `len` bytes long.
     let rc = unsafe { write(inner, wal.kept.as_ptr().cast(), len, wal.kept_at) };
-    wal.kept.clear();
+    if rc == ffi::SQLITE_OK {
+        wal.kept.clear();
+    }
     rc
 }
 
