@@ -95,11 +95,20 @@ fn slack_env(slack: &str) -> Vec<(&'static str, String)> {
     ]
 }
 
-/// The Approve button of the one notice posted so far.
-fn approve_button(calls: &Calls) -> Value {
-    let posts = calls_to(calls, "/api/chat.postMessage");
-    assert_eq!(posts.len(), 1, "{posts:?}");
-    let actions = posts[0]["blocks"]
+/// The one notice posted, once it is. A run shows it waits for approval as soon as its pause
+/// commits; the notice is posted after that commit.
+async fn notice(calls: &Calls) -> Value {
+    eventually("the notice posted to Slack", || async {
+        let posts = calls_to(calls, "/api/chat.postMessage");
+        assert!(posts.len() <= 1, "{posts:?}");
+        posts.into_iter().next()
+    })
+    .await
+}
+
+/// The Approve button of the notice.
+fn approve_button(notice: &Value) -> Value {
+    let actions = notice["blocks"]
         .as_array()
         .unwrap()
         .iter()
@@ -177,15 +186,13 @@ async fn a_click_in_slack_decides_and_the_message_tells_the_outcome() {
     let server = Server::start_with_env("slack", &["--sweep-every", "0s"], &slack_env(&slack));
     let paused = server.paused_run("ben", "c-102", None).await;
 
-    let posts = calls_to(&calls, "/api/chat.postMessage");
-    assert_eq!(posts.len(), 1);
-    let notice = &posts[0];
+    let notice = notice(&calls).await;
     assert_eq!(notice["channel"], "C0REVIEW1");
     let blocks = notice["blocks"].as_array().unwrap();
     let details = blocks[1]["text"]["text"].as_str().unwrap();
     let link = format!("https://review.acme.example/#approval={}", paused.approval);
     assert!(details.contains(&link), "{details}");
-    let approve = approve_button(&calls);
+    let approve = approve_button(&notice);
     assert_eq!(
         approve["action_id"],
         format!("countersign.approve.{}.v1", paused.approval)
@@ -252,7 +259,7 @@ async fn a_click_carrying_the_whole_message_is_read_up_to_the_routes_64_kib() {
     let env = slack_env(&slack);
     let server = Server::start_with_env("slack-large", &["--sweep-every", "0s"], &env);
     let paused = server.paused_run("ben", "c-102", None).await;
-    let approve = approve_button(&calls);
+    let approve = approve_button(&notice(&calls).await);
     // Slack sends the message clicked on with the click, blocks and all.
     let carrying = |bytes: usize| {
         let mut payload = click_payload(&slack, &approve, "U0DANA001");
@@ -397,7 +404,13 @@ impl ApprovedInSlack {
         let run = started.json["run_id"].as_str().unwrap().to_string();
         let refund = started.json["approvals"][0]["action_id"].clone();
 
-        let (status, answer) = click(&server, &slack, &approve_button(&calls), "U0MIA0001").await;
+        let (status, answer) = click(
+            &server,
+            &slack,
+            &approve_button(&notice(&calls).await),
+            "U0MIA0001",
+        )
+        .await;
         assert_eq!(status, 200, "{answer}");
         let told = answer["text"].as_str().unwrap();
         assert!(
