@@ -193,7 +193,7 @@ impl Rig {
         self.embedded.as_ref().and(self.scratch.as_deref())
     }
 
-    /// On the embedded store: what its commits and checkpoints came to so far.
+    /// On the embedded store: what its commits, checkpoints and log writes came to so far.
     pub fn commits(&self) -> Option<CommitCounts> {
         self.embedded.as_ref().map(|s| {
             let c = s.commits();
