@@ -253,9 +253,10 @@ async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
         })?),
         None => None,
     };
-    let floor = disk
-        .zip(commits.as_ref())
-        .map(|(disk, commits)| report::Floor::of(disk, commits.per_lifecycle, elapsed, runs));
+    let floor = disk.zip(commits.as_ref()).map(|(disk, commits)| {
+        let cpu_ms = cpu.as_ref().map(|cpu| cpu.ms_per_lifecycle);
+        report::Floor::of(disk, commits.per_lifecycle, elapsed, runs, cpu_ms)
+    });
 
     lifecycle::leave_overdue(&rig, runs..2 * runs, concurrency).await?;
     rig.meter.take();

@@ -331,7 +331,7 @@ impl MeteredStore {
 }
 
 /// The calling thread's CPU time so far (Linux).
-fn thread_cpu() -> Option<Duration> {
+pub fn thread_cpu() -> Option<Duration> {
     let clock = nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID;
     nix::time::clock_gettime(clock).ok().map(Duration::from)
 }

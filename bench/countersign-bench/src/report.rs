@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Serialize, Serializer};
 
-use crate::meter::{AwsCounts, Counts, OperationName, Phase, StoreCounts};
+use crate::meter::{AwsCounts, Counts, OperationName, Phase, StoreCounts, thread_cpu};
 
 fn round(x: f64, places: i32) -> f64 {
     let scale = 10f64.powi(places);
@@ -184,11 +184,15 @@ pub fn cpu_seconds() -> Option<(f64, f64)> {
 
 /// What one commit asks of the disk, measured beside the store: the median time to write a
 /// commit's WAL frames over earlier ones and fsync them, as SQLite does at each commit
-/// (`synchronous=FULL`; this build of SQLite calls `fsync`).
+/// (`synchronous=FULL`; this build of SQLite calls `fsync`), and the CPU that write and fsync
+/// take on their own: the kernel's writeback, the device's requests and the wait's task
+/// switches, which no change to the engine can take away.
 #[derive(Debug, Clone, Copy)]
 pub struct DiskFloor {
     pub frame_bytes: usize,
     pub fsync_p50: Duration,
+    /// The measuring thread's CPU over the samples, per sample.
+    pub cpu_per_commit: Option<Duration>,
 }
 
 impl DiskFloor {
@@ -215,22 +219,27 @@ impl DiskFloor {
         }
         file.sync_all()?;
         let mut samples = Vec::with_capacity(Self::SAMPLES);
+        let cpu_before = thread_cpu();
         for n in 0..Self::SAMPLES {
             let started = Instant::now();
             file.write_all_at(&frame, at(n))?;
             file.sync_all()?;
             samples.push(started.elapsed());
         }
+        let cpu = thread_cpu()
+            .zip(cpu_before)
+            .map(|(after, before)| after.saturating_sub(before) / Self::SAMPLES as u32);
         std::fs::remove_file(&path)?;
         samples.sort();
         Ok(Self {
             frame_bytes: Self::FRAME_BYTES,
             fsync_p50: samples[Self::SAMPLES / 2],
+            cpu_per_commit: cpu,
         })
     }
 }
 
-/// A lifecycle's wall time beside what its commits ask of the disk alone.
+/// A lifecycle's wall time and CPU beside what its commits ask of the disk alone.
 #[derive(Debug, Serialize)]
 pub struct Floor {
     frame_bytes: usize,
@@ -240,12 +249,28 @@ pub struct Floor {
     /// The run's wall time over its lifecycles.
     wall_ms_per_lifecycle: f64,
     times_the_floor: f64,
+    /// The CPU of one commit's write and fsync, measured alone.
+    disk_cpu_ms_per_commit: Option<f64>,
+    /// That, for each of a lifecycle's commits.
+    disk_cpu_ms_per_lifecycle: Option<f64>,
+    /// A lifecycle's CPU less its commits' write and fsync: what the engine, SQLite and the
+    /// rest of the kernel's work take.
+    cpu_ms_less_the_disk: Option<f64>,
 }
 
 impl Floor {
-    pub fn of(disk: DiskFloor, commits_per_lifecycle: f64, elapsed: Duration, runs: usize) -> Self {
+    /// `cpu_ms` is a lifecycle's CPU in the same run.
+    pub fn of(
+        disk: DiskFloor,
+        commits_per_lifecycle: f64,
+        elapsed: Duration,
+        runs: usize,
+        cpu_ms: Option<f64>,
+    ) -> Self {
         let floor = ms(disk.fsync_p50) * commits_per_lifecycle;
         let wall = ms(elapsed) / runs as f64;
+        let disk_cpu = disk.cpu_per_commit.map(|cpu| cpu.as_secs_f64() * 1000.0);
+        let disk_cpu_per_lifecycle = disk_cpu.map(|cpu| cpu * commits_per_lifecycle);
         Self {
             frame_bytes: disk.frame_bytes,
             fsync_p50_ms: ms(disk.fsync_p50),
@@ -253,11 +278,16 @@ impl Floor {
             floor_ms_per_lifecycle: floor,
             wall_ms_per_lifecycle: wall,
             times_the_floor: wall / floor,
+            disk_cpu_ms_per_commit: disk_cpu.map(|cpu| round(cpu, 4)),
+            disk_cpu_ms_per_lifecycle: disk_cpu_per_lifecycle.map(|cpu| round(cpu, 3)),
+            cpu_ms_less_the_disk: cpu_ms
+                .zip(disk_cpu_per_lifecycle)
+                .map(|(cpu, disk)| round(cpu - disk, 3)),
         }
     }
 
     pub fn line(&self) -> String {
-        format!(
+        let mut line = format!(
             "  disk       fsync of a commit's {} bytes of WAL frames p50 {:.3} ms x {:.2} commits per lifecycle: a floor of {:.3} ms; a lifecycle took {:.3} ms (run time / runs): {:.2}x the floor\n",
             self.frame_bytes,
             self.fsync_p50_ms,
@@ -265,6 +295,18 @@ impl Floor {
             self.floor_ms_per_lifecycle,
             self.wall_ms_per_lifecycle,
             self.times_the_floor,
-        )
+        );
+        if let (Some(commit), Some(lifecycle)) =
+            (self.disk_cpu_ms_per_commit, self.disk_cpu_ms_per_lifecycle)
+        {
+            line.push_str(&format!(
+                "  disk cpu   that write and fsync took {commit:.3} ms of CPU each, measured alone: {lifecycle:.3} ms of CPU per lifecycle is the disk's"
+            ));
+            if let Some(rest) = self.cpu_ms_less_the_disk {
+                line.push_str(&format!("; the rest, {rest:.3} ms, is the engine's, SQLite's and the rest of the kernel's"));
+            }
+            line.push('\n');
+        }
+        line
     }
 }
