@@ -117,8 +117,63 @@ const LOGGED_MESSAGES: &str = "messages_logged";
 /// written again, holds in place of an audit item.
 pub(super) const FINAL_EVENTS: &str = "events";
 /// A final event's field that is its run's own field of the same name (`done`'s answer,
-/// `failed`'s error): the run's item holds it once, in the run's field.
-pub(super) const FINAL_FROM_RUN: [(&str, &str); 2] = [("done", "answer"), ("failed", "error")];
+/// `failed`'s error): the run's item holds it once, in the run's field ([`OwnFinal::events`]
+/// leaves it out, reading fills it back).
+const FINAL_FROM_RUN: [(&str, &str); 2] = [("done", "answer"), ("failed", "error")];
+
+/// A finished run's own answer and error, which the events that finished it, held in its item,
+/// need not repeat ([`FINAL_FROM_RUN`]).
+pub(super) struct OwnFinal {
+    answer: Option<String>,
+    error: Option<String>,
+}
+
+impl OwnFinal {
+    pub(super) fn of(run: &Run) -> Self {
+        Self {
+            answer: run.answer.clone(),
+            error: run.error.clone(),
+        }
+    }
+
+    /// The events as the run's item holds them ([`FINAL_EVENTS`]), serialized straight from
+    /// them: a `done` event's answer or a `failed` event's error is left out where it is the
+    /// run's own.
+    pub(super) fn events(&self, events: &[LoggedEvent]) -> String {
+        /// An event without its one field, which is the run's.
+        #[derive(Serialize)]
+        struct Bare<'a> {
+            at: &'a DateTime<Utc>,
+            actor: &'a Actor,
+            event: &'a str,
+        }
+        #[derive(Serialize)]
+        #[serde(untagged)]
+        enum Held<'a> {
+            Whole(&'a LoggedEvent),
+            Bare(Bare<'a>),
+        }
+        let held: Vec<Held> = events
+            .iter()
+            .map(|logged| {
+                let own = match &logged.event {
+                    AuditEvent::Done { answer } => self.answer.as_ref() == Some(answer),
+                    AuditEvent::Failed { error } => self.error.as_ref() == Some(error),
+                    _ => false,
+                };
+                match own {
+                    true => Held::Bare(Bare {
+                        at: &logged.at,
+                        actor: &logged.actor,
+                        event: logged.event.name(),
+                    }),
+                    false => Held::Whole(logged),
+                }
+            })
+            .collect();
+        serde_json::to_string(&held).expect("engine records serialize")
+    }
+}
 const RECENT_MESSAGES: &str = "messages_recent";
 
 /// What a run's item may weigh and still be one write unit on DynamoDB (1 KB): the messages
@@ -884,6 +939,49 @@ mod tests {
         };
         let error = run_from_items(&[item], []).err().expect("refused");
         assert!(matches!(&error, EngineError::Corrupt(why) if why.contains("final events")));
+    }
+
+    #[test]
+    fn a_final_event_leaves_out_only_the_field_that_is_its_runs_own_and_reads_back_whole() {
+        let (mut run, mut items) = created_run();
+        let now = run.value.created_at + chrono::Duration::seconds(3);
+        run.value.fail("the ledger refused".into(), now).unwrap();
+        let failed = AuditEvent::Failed {
+            error: "the ledger refused".into(),
+        };
+        // Not the run's own error: held whole.
+        let other = AuditEvent::Failed {
+            error: "a retry failed first".into(),
+        };
+        let mut tx = Tx::new();
+        for event in [&other, &failed] {
+            let entry = AuditEntry::new(&run.value.id, Actor::Agent, event.clone(), now);
+            tx.audit(&run.value.tenant, entry);
+        }
+        tx.run(IndexShards::DEFAULT, &mut run);
+        let (writes, _) = tx.into_parts();
+        let [Write::Put { item, .. }] = &writes[..] else {
+            panic!("one write, no audit item: {writes:?}")
+        };
+        assert_eq!(
+            item.body.matches("the ledger refused").count(),
+            1,
+            "{}",
+            item.body
+        );
+        assert_eq!(
+            item.body.matches("a retry failed first").count(),
+            1,
+            "{}",
+            item.body
+        );
+
+        items.retain(|i| i.sk != keys::RUN_SK);
+        items.push(item.clone());
+        let read = run_from_items(&items, []).unwrap().unwrap();
+        let events: Vec<&AuditEvent> = read.log.iter().skip(1).map(|e| &e.event).collect();
+        assert_eq!(events, [&other, &failed]);
+        assert_eq!(read.run.value.status, RunStatus::Failed);
     }
 
     #[test]

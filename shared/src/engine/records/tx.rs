@@ -7,8 +7,8 @@ use serde::Serialize;
 use super::approval::approval_body;
 use super::index::{IndexShards, action_index, approval_index, resume_key, run_index};
 use super::log::{
-    AUDIT_ORDER_LEN, AUDIT_PART, AuditItem, FINAL_EVENTS, FINAL_FROM_RUN, FINISHED_RUN_ITEM,
-    LoggedEvent, RunBodies, audit_order, write_units, write_units_of,
+    AUDIT_ORDER_LEN, AUDIT_PART, AuditItem, FINAL_EVENTS, FINISHED_RUN_ITEM, LoggedEvent, OwnFinal,
+    RunBodies, audit_order, write_units, write_units_of,
 };
 use super::outbox::{OutboxEntry, OutboxMessage, Outgoing};
 use super::{Stored, keys};
@@ -35,8 +35,9 @@ pub struct Tx {
     outgoing: Outgoing,
     /// The audit events of this transaction, by the partition of the run they are about.
     audit: Vec<(String, AuditItem)>,
-    /// The writes of runs that finish here: each holds this transaction's events about its run.
-    finished: Vec<usize>,
+    /// The writes of runs that finish here, with their answer and error: each holds this
+    /// transaction's events about its run.
+    finished: Vec<(usize, OwnFinal)>,
     /// Where this transaction sits in its runs' logs: its audit items' key, made when first needed.
     order: Option<String>,
 }
@@ -268,7 +269,8 @@ impl Tx {
                 body = bodies.body(keep);
             }
             self.write_run(run, (logged, keep), index, body, condition);
-            self.finished.push(self.writes.len() - 1);
+            self.finished
+                .push((self.writes.len() - 1, OwnFinal::of(&run.value)));
             return;
         }
         let audit = self
@@ -362,7 +364,7 @@ impl Tx {
     /// The writes, each run's audit item last (a finished run's events in its own item), and
     /// what to deliver once they commit.
     pub fn into_parts(mut self) -> (Vec<Write>, Outgoing) {
-        for at in std::mem::take(&mut self.finished) {
+        for (at, own) in std::mem::take(&mut self.finished) {
             let Write::Put { item, .. } = &mut self.writes[at] else {
                 unreachable!("a run's write is a put")
             };
@@ -374,18 +376,8 @@ impl Tx {
                 continue;
             }
             let (_, audit) = self.audit.remove(found);
-            let run: serde_json::Value =
-                serde_json::from_str(&item.body).expect("a run's body just serialized");
-            let mut events = serde_json::to_value(&audit.events).expect("engine records serialize");
-            for event in events.as_array_mut().into_iter().flatten() {
-                for (name, field) in FINAL_FROM_RUN {
-                    if event["event"] == name && run.get(field).is_some_and(|v| *v == event[field])
-                    {
-                        event.as_object_mut().map(|e| e.remove(field));
-                    }
-                }
-            }
-            if item.body.len() + events.to_string().len() > budget::AUDIT_ITEM {
+            let events = own.events(&audit.events);
+            if item.body.len() + events.len() > budget::AUDIT_ITEM {
                 // Too much to ride in the run's item: they keep an audit item of their own.
                 self.audit.push((item.pk.clone(), audit));
                 continue;
