@@ -116,13 +116,9 @@ const LOGGED_MESSAGES: &str = "messages_logged";
 /// A finished run's item: the events of the transaction that finished it, which its item, never
 /// written again, holds in place of an audit item.
 pub(super) const FINAL_EVENTS: &str = "events";
-/// A final event's field that is its run's own field of the same name (`done`'s answer,
-/// `failed`'s error): the run's item holds it once, in the run's field ([`OwnFinal::events`]
-/// leaves it out, reading fills it back).
-const FINAL_FROM_RUN: [(&str, &str); 2] = [("done", "answer"), ("failed", "error")];
-
 /// A finished run's own answer and error, which the events that finished it, held in its item,
-/// need not repeat ([`FINAL_FROM_RUN`]).
+/// need not repeat: a `done` event's answer and a `failed` event's error are held once, in the
+/// run's field of the same name.
 pub(super) struct OwnFinal {
     answer: Option<String>,
     error: Option<String>,
@@ -172,6 +168,19 @@ impl OwnFinal {
             })
             .collect();
         serde_json::to_string(&held).expect("engine records serialize")
+    }
+
+    /// An event as [`OwnFinal::events`] wrote it, its one field filled back where it was left
+    /// out (a field the event holds is kept).
+    fn fill(&self, event: &mut serde_json::Value) {
+        let own = match event["event"].as_str() {
+            Some("done") => self.answer.as_ref().map(|answer| ("answer", answer)),
+            Some("failed") => self.error.as_ref().map(|error| ("error", error)),
+            _ => None,
+        };
+        if let (Some((field, own)), Some(event)) = (own, event.as_object_mut()) {
+            event.entry(field).or_insert_with(|| own.as_str().into());
+        }
     }
 }
 const RECENT_MESSAGES: &str = "messages_recent";
@@ -549,6 +558,47 @@ pub(super) fn started(run: &Run) -> AuditEntry {
     )
 }
 
+/// A run's item as read back: [`StoredRun`]'s fields, in the forms [`Run`]'s own are
+/// serialized in, and the item's own fields, named as the constants name them
+/// ([`LOGGED_MESSAGES`], [`RECENT_MESSAGES`], [`FINAL_EVENTS`]). Deserialized straight from the
+/// body, not through a JSON value.
+#[derive(Deserialize)]
+struct LoadedRun {
+    id: RunId,
+    tenant: TenantId,
+    agent: AgentName,
+    requested_by: PersonId,
+    #[serde(default)]
+    started_by: Option<PersonId>,
+    task: String,
+    status: RunStatus,
+    #[serde(default)]
+    paused: Option<PausedTurn>,
+    #[serde(default)]
+    answer: Option<String>,
+    #[serde(default)]
+    error: Option<String>,
+    policy_version: u32,
+    /// In seconds.
+    #[serde(default)]
+    approval_ttl: Option<u64>,
+    #[serde(default)]
+    gate: Option<GateOrigin>,
+    #[serde(default)]
+    drives: u32,
+    #[serde(default)]
+    redriven: u32,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+    messages_logged: usize,
+    /// Absent when empty, as the other lists.
+    #[serde(default)]
+    messages_recent: Vec<Message>,
+    /// Each as [`OwnFinal::events`] wrote it.
+    #[serde(default)]
+    events: Vec<serde_json::Value>,
+}
+
 /// A run from its item and its conversation: the messages its audit items hold (each item's,
 /// from its position; `parts` is every audit item's with messages), then those the run's item
 /// carries. With it, the events the item holds if the run is finished.
@@ -557,42 +607,65 @@ fn decode_run(
     mut parts: Logged,
 ) -> Result<(Stored<Run>, Vec<LoggedEvent>), EngineError> {
     let corrupt = |why: String| EngineError::Corrupt(format!("{}/{}: {why}", item.pk, item.sk));
-    let mut body: serde_json::Value =
-        serde_json::from_str(&item.body).map_err(|e| corrupt(e.to_string()))?;
-    let fields = body
-        .as_object_mut()
-        .ok_or_else(|| corrupt("not an object".into()))?;
-    let logged = fields
-        .remove(LOGGED_MESSAGES)
-        .and_then(|n| n.as_u64())
-        .ok_or_else(|| corrupt(format!("no {LOGGED_MESSAGES}")))? as usize;
-    // The run item's own lists, each absent when empty.
-    let mut list = |name: &str| {
-        fields
-            .remove(name)
-            .unwrap_or_else(|| serde_json::Value::Array(vec![]))
+    let LoadedRun {
+        id,
+        tenant,
+        agent,
+        requested_by,
+        started_by,
+        task,
+        status,
+        paused,
+        answer,
+        error,
+        policy_version,
+        approval_ttl,
+        gate,
+        drives,
+        redriven,
+        created_at,
+        updated_at,
+        messages_logged: logged,
+        messages_recent: recent,
+        events,
+    } = serde_json::from_str(&item.body).map_err(|e| corrupt(e.to_string()))?;
+    if !events.is_empty() && !status.is_finished() {
+        return Err(corrupt(format!("a {status} run holds final events")));
+    }
+    let own = OwnFinal {
+        answer: answer.clone(),
+        error: error.clone(),
     };
-    let recent: Vec<Message> =
-        serde_json::from_value(list(RECENT_MESSAGES)).map_err(|e| corrupt(e.to_string()))?;
-    let mut last = list(FINAL_EVENTS);
-    for event in last.as_array_mut().into_iter().flatten() {
-        for (name, field) in FINAL_FROM_RUN {
-            if event["event"] == name
-                && let (Some(event), Some(own)) = (event.as_object_mut(), fields.get(field))
-            {
-                event.entry(field).or_insert_with(|| own.clone());
-            }
-        }
-    }
-    let last: Vec<LoggedEvent> =
-        serde_json::from_value(last).map_err(|e| corrupt(e.to_string()))?;
-    fields.insert("messages".into(), serde_json::Value::Array(vec![]));
-    let mut run: Run = serde_json::from_value(body).map_err(|e| corrupt(e.to_string()))?;
-    if !last.is_empty() && !run.status.is_finished() {
-        return Err(corrupt(format!("a {} run holds final events", run.status)));
-    }
-    run.messages = vec![Message::user_text(run.task.clone())];
-    run.stored_messages = logged;
+    let last = events
+        .into_iter()
+        .map(|mut event| {
+            own.fill(&mut event);
+            serde_json::from_value(event).map_err(|e| corrupt(e.to_string()))
+        })
+        .collect::<Result<Vec<LoggedEvent>, _>>()?;
+    let mut run = Run {
+        id,
+        tenant,
+        agent,
+        requested_by,
+        started_by,
+        messages: vec![Message::user_text(task.clone())],
+        task,
+        status,
+        paused,
+        answer,
+        error,
+        policy_version,
+        approval_ttl: approval_ttl.map(std::time::Duration::from_secs),
+        gate,
+        drives,
+        redriven,
+        created_at,
+        updated_at,
+        stored_messages: logged,
+        logging_messages: None,
+        written_messages: 0,
+    };
     parts.sort_by_key(|(from, _)| *from);
     for (from, messages) in parts {
         if from != run.messages.len() {
@@ -825,9 +898,25 @@ mod tests {
             assert!(stored.remove(RECENT_MESSAGES).is_some());
             stored.clone()
         };
+        // And each reads back as it was.
+        let read = |run: &Run| {
+            let item = Item {
+                pk: keys::run_pk(&run.tenant, &run.id),
+                sk: keys::RUN_SK.into(),
+                gsi1: None,
+                ver: 1,
+                body: RunBodies::new(run, 1).body(1),
+            };
+            let (read, last) = decode_run(&item, Vec::new()).unwrap();
+            assert!(last.is_empty());
+            assert_eq!(read.value.messages, run.messages);
+            read.value
+        };
         assert_eq!(stored(&run), own_fields(&run), "every field set");
+        assert_eq!(own_fields(&read(&run)), own_fields(&run), "every field set");
         let unset = started_run().value;
         assert_eq!(stored(&unset), own_fields(&unset), "none of them set");
+        assert_eq!(own_fields(&read(&unset)), own_fields(&unset), "none set");
         assert!(!stored(&unset).contains_key("answer"));
     }
 
