@@ -607,61 +607,44 @@ fn decode_run(
     mut parts: Logged,
 ) -> Result<(Stored<Run>, Vec<LoggedEvent>), EngineError> {
     let corrupt = |why: String| EngineError::Corrupt(format!("{}/{}: {why}", item.pk, item.sk));
-    let LoadedRun {
-        id,
-        tenant,
-        agent,
-        requested_by,
-        started_by,
-        task,
-        status,
-        paused,
-        answer,
-        error,
-        policy_version,
-        approval_ttl,
-        gate,
-        drives,
-        redriven,
-        created_at,
-        updated_at,
-        messages_logged: logged,
-        messages_recent: recent,
-        events,
-    } = serde_json::from_str(&item.body).map_err(|e| corrupt(e.to_string()))?;
-    if !events.is_empty() && !status.is_finished() {
+    let loaded: LoadedRun = serde_json::from_str(&item.body).map_err(|e| corrupt(e.to_string()))?;
+    if !loaded.events.is_empty() && !loaded.status.is_finished() {
+        let status = loaded.status;
         return Err(corrupt(format!("a {status} run holds final events")));
     }
     let own = OwnFinal {
-        answer: answer.clone(),
-        error: error.clone(),
+        answer: loaded.answer.clone(),
+        error: loaded.error.clone(),
     };
-    let last = events
+    let last = loaded
+        .events
         .into_iter()
         .map(|mut event| {
             own.fill(&mut event);
             serde_json::from_value(event).map_err(|e| corrupt(e.to_string()))
         })
         .collect::<Result<Vec<LoggedEvent>, _>>()?;
+    let (logged, recent) = (loaded.messages_logged, loaded.messages_recent);
+    // Every field named: one added to `Run` fails to compile here until it is read.
     let mut run = Run {
-        id,
-        tenant,
-        agent,
-        requested_by,
-        started_by,
-        messages: vec![Message::user_text(task.clone())],
-        task,
-        status,
-        paused,
-        answer,
-        error,
-        policy_version,
-        approval_ttl: approval_ttl.map(std::time::Duration::from_secs),
-        gate,
-        drives,
-        redriven,
-        created_at,
-        updated_at,
+        id: loaded.id,
+        tenant: loaded.tenant,
+        agent: loaded.agent,
+        requested_by: loaded.requested_by,
+        started_by: loaded.started_by,
+        messages: vec![Message::user_text(loaded.task.clone())],
+        task: loaded.task,
+        status: loaded.status,
+        paused: loaded.paused,
+        answer: loaded.answer,
+        error: loaded.error,
+        policy_version: loaded.policy_version,
+        approval_ttl: loaded.approval_ttl.map(std::time::Duration::from_secs),
+        gate: loaded.gate,
+        drives: loaded.drives,
+        redriven: loaded.redriven,
+        created_at: loaded.created_at,
+        updated_at: loaded.updated_at,
         stored_messages: logged,
         logging_messages: None,
         written_messages: 0,
