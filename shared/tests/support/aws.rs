@@ -5,8 +5,10 @@
 #![allow(dead_code)]
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use aws_config::SdkConfig;
+use aws_sdk_dynamodb::error::DisplayErrorContext;
 use aws_sdk_dynamodb::types::{BillingMode, GlobalSecondaryIndex};
 use aws_sdk_sqs::types::QueueAttributeName;
 use shared::deploy::{Aws, AwsSettings};
@@ -64,7 +66,11 @@ pub struct FreshStack {
     pub settings: AwsSettings,
 }
 
+/// A name no other fresh stack has: the tests of one binary share their prefix and run in
+/// parallel, so the clock alone could give two of them the same; the process and a count
+/// make it this call's own. (Within 80 characters with `.fifo`, SQS's limit.)
 fn unique(name: &str) -> String {
+    static MADE: AtomicU32 = AtomicU32::new(0);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -74,7 +80,9 @@ fn unique(name: &str) -> String {
         .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
         .take(40)
         .collect();
-    format!("t-{name}-{:x}", nanos % 0xffff_ffff_ffff)
+    let made = MADE.fetch_add(1, Ordering::Relaxed);
+    let process = std::process::id();
+    format!("t-{name}-{:x}-{process:x}-{made:x}", nanos % 0xffff_ffff)
 }
 
 impl FreshStack {
@@ -89,7 +97,7 @@ impl FreshStack {
         let described = dynamodb.describe_table().table_name(&base_table).send().await.unwrap_or_else(|e| {
             panic!(
                 "cannot read table {base_table} at {endpoint}: {}; is the local stack running? {START}",
-                aws_sdk_dynamodb::error::DisplayErrorContext(&e)
+                DisplayErrorContext(&e)
             )
         });
         let base = described.table().expect("a described table");
@@ -105,7 +113,7 @@ impl FreshStack {
                     .unwrap()
             })
             .collect();
-        dynamodb
+        let created = dynamodb
             .create_table()
             .table_name(&name)
             .set_attribute_definitions(Some(base.attribute_definitions().to_vec()))
@@ -113,8 +121,16 @@ impl FreshStack {
             .set_global_secondary_indexes(Some(indexes))
             .billing_mode(BillingMode::PayPerRequest)
             .send()
-            .await
-            .expect("a fresh table");
+            .await;
+        match created {
+            Ok(_) => {}
+            // The name is this call's own: only an earlier attempt of this request, which the
+            // SDK retried when its answer was lost, can have made it.
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|e| e.is_resource_in_use_exception()) => {}
+            Err(e) => panic!("a fresh table {name}: {}", DisplayErrorContext(&e)),
+        }
 
         let sqs = aws_sdk_sqs::Client::new(&config);
         let copied: HashMap<QueueAttributeName, String> =
