@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use tracing::Instrument;
 
-use super::records::{Outgoing, Stored, Tx, decode, keys};
+use super::records::{Outgoing, Stored, Tx, decode_approval, keys};
 use super::snapshot::Snapshot;
 use super::{AWAITING_ACTION_VER, Agent, CAS_ATTEMPTS, Deferred, Delivery, Engine, EngineError};
 use super::{RunReport, deadline};
@@ -317,7 +317,7 @@ impl Engine {
                 }
                 Err((StoreError::ConditionFailed { .. }, seen)) => {
                     found = seen
-                        .map(|item| item.as_ref().map(decode).transpose())
+                        .map(|item| item.as_ref().map(decode_approval).transpose())
                         .transpose()?;
                     continue;
                 }

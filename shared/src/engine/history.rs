@@ -5,7 +5,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use super::records::{Stored, decode, held_by_action, held_by_approval, keys, run_from_items};
+use super::records::{
+    Stored, decode, decode_approval, held_by_action, held_by_approval, keys, run_from_items,
+};
 use super::snapshot::Shown;
 use super::{Engine, EngineError, RunReport};
 use crate::domain::action::{Action, ActionStatus};
@@ -146,7 +148,7 @@ impl Engine {
         let items = self.pending_items(tenant).await?;
         items
             .iter()
-            .map(|item| Ok(decode::<Approval>(item)?.value))
+            .map(|item| Ok(decode_approval(item)?.value))
             .collect()
     }
 
@@ -189,7 +191,7 @@ impl Engine {
             .await?;
         let mut resolved = Vec::with_capacity(page.items.len());
         for item in &page.items {
-            let approval = decode::<Approval>(item)?.value;
+            let approval = decode_approval(item)?.value;
             let version = match approval.decisions.last().map(|d| &d.effect) {
                 Some(DecisionEffect::Edited { new_version }) => *new_version,
                 _ => approval.action_version,

@@ -46,7 +46,9 @@ use crate::ports::notifier::Notifier;
 use crate::ports::queue::ResumeQueue;
 use crate::ports::scheduler::{Scheduler, SweepOnly};
 use crate::ports::store::{ItemStore, StoreError, query_all};
-use records::{OutboxEntry, Outgoing, Stored, Tx, decode, keys, load, resume_message};
+use records::{
+    OutboxEntry, Outgoing, Stored, Tx, decode, decode_approval, keys, load, resume_message,
+};
 
 /// How a settled action's resume message reaches the run.
 #[derive(Clone)]
@@ -390,12 +392,11 @@ impl Engine {
         tenant: &TenantId,
         approval: &ApprovalId,
     ) -> Result<Option<Stored<Approval>>, EngineError> {
-        load(
-            self.store.as_ref(),
-            &keys::approval_pk(tenant, approval),
-            keys::APPROVAL_SK,
-        )
-        .await
+        let pk = keys::approval_pk(tenant, approval);
+        match self.store.get(&pk, keys::APPROVAL_SK).await? {
+            Some(item) => decode_approval(&item).map(Some),
+            None => Ok(None),
+        }
     }
 
     async fn load_action(

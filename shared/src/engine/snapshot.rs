@@ -13,7 +13,7 @@
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
-use super::records::{Stored, decode, keys};
+use super::records::{Stored, decode_approval, keys};
 use super::{Engine, EngineError};
 use crate::domain::approval::Approval;
 use crate::domain::identity::Identity;
@@ -72,8 +72,7 @@ impl Snapshot {
             ver: self.ver,
             body: self.body,
         };
-        let stored: Stored<Approval> =
-            decode(&item).map_err(|_| EngineError::BadInput(NOT_OURS.into()))?;
+        let stored = decode_approval(&item).map_err(|_| EngineError::BadInput(NOT_OURS.into()))?;
         if stored.value.tenant != who.tenant || stored.value.id != *id {
             return Ok(None);
         }
@@ -95,7 +94,7 @@ pub struct Shown {
 impl Shown {
     pub(super) fn of(item: &Item) -> Result<Self, EngineError> {
         Ok(Self {
-            approval: decode::<Approval>(item)?.value,
+            approval: decode_approval(item)?.value,
             snapshot: Snapshot::of(item).encode(),
         })
     }

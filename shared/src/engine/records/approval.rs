@@ -16,14 +16,6 @@ use crate::domain::ids::{
 use crate::domain::policy::{Escalation, ToolHints};
 use crate::ports::store::Item;
 
-/// An approval's fields its item leaves out when they are the approval's own: each decision's
-/// version and arguments' hash (a decision is about the version the approval asks for).
-const DECISION_OWN: [&str; 2] = ["action_version", "args_hash"];
-/// An approval's fields its partition key names.
-const APPROVAL_KEYED: [&str; 2] = ["id", "tenant"];
-/// When an approval was resolved: left out where its last decision resolved it.
-const RESOLVED_AT: &str = "resolved_at";
-
 /// The body of an approval's item: the approval's JSON (as the API shows it) less what the
 /// item need not repeat, so a decided approval stays one write unit (1 KB) on DynamoDB:
 /// - `id` and `tenant`, which its partition key names;
@@ -35,10 +27,9 @@ const RESOLVED_AT: &str = "resolved_at";
 /// - `resolved_at` where the last decision resolved it (its `at`): a resolved approval always
 ///   has a `resolved_at`, so one that reads back without it takes its last decision's.
 ///
-/// [`decode`] fills them back. The `decision` events are the decisions themselves, each with
-/// where it sits in the run's log ([`held_by_approval`]).
+/// [`read_approval`] fills them back. The `decision` events are the decisions themselves, each
+/// with where it sits in the run's log ([`held_by_approval`]).
 ///
-/// [`decode`]: super::decode
 /// [`held_by_approval`]: super::held_by_approval
 pub(super) fn approval_body(approval: &Approval) -> String {
     debug_assert!(
@@ -201,57 +192,142 @@ impl<'a> StoredApproval<'a> {
     }
 }
 
-/// An approval's hash, left out of its item where it is the one its agent, tool and arguments
-/// give (every approval made since the hash covered them), and made again from them on reading.
-const ARGS_HASH: &str = "args_hash";
-
-/// The hash an approval's JSON without one stands for: its agent's, tool's and arguments'.
-fn own_hash(fields: &serde_json::Map<String, serde_json::Value>) -> Result<String, String> {
-    let agent: AgentName = serde_json::from_value(fields.get("agent").cloned().unwrap_or_default())
-        .map_err(|e| format!("agent: {e}"))?;
-    let tool = fields
-        .get("tool")
-        .and_then(|t| t.as_str())
-        .ok_or("no tool")?;
-    let args: Args = serde_json::from_value(fields.get("args").cloned().unwrap_or_default())
-        .map_err(|e| format!("args: {e}"))?;
-    Ok(ArgsHash::of_call(&agent, tool, &args).as_str().to_string())
+/// An approval's item as read back ([`approval_body`]): [`Approval`]'s fields in its own forms,
+/// those the item may leave out optional. Deserialized straight from the body, not through a
+/// JSON value. The API's form, which leaves nothing out, reads the same way.
+#[derive(Deserialize)]
+struct LoadedApproval {
+    #[serde(default)]
+    id: Option<ApprovalId>,
+    #[serde(default)]
+    tenant: Option<TenantId>,
+    agent: AgentName,
+    #[serde(default)]
+    kind: ApprovalKind,
+    run_id: RunId,
+    action_id: ActionId,
+    action_version: ActionVersion,
+    tool_use_id: String,
+    tool: String,
+    #[serde(default)]
+    hints: ToolHints,
+    args: Args,
+    #[serde(default)]
+    args_hash: Option<ArgsHash>,
+    explanation: String,
+    #[serde(default)]
+    previous: Option<PreviousVersion>,
+    reason: String,
+    approver_role: Role,
+    quorum: u8,
+    requested_by: Vec<PersonId>,
+    policy_version: u32,
+    created_at: DateTime<Utc>,
+    expires_at: DateTime<Utc>,
+    status: ApprovalStatus,
+    #[serde(default)]
+    decisions: Vec<LoadedDecision>,
+    #[serde(default)]
+    superseded_by: Option<ApprovalId>,
+    #[serde(default)]
+    resolved_at: Option<DateTime<Utc>>,
+    #[serde(default)]
+    reminded_at: Option<DateTime<Utc>>,
+    #[serde(default)]
+    comments: Vec<Comment>,
+    #[serde(default)]
+    escalate: Vec<Escalation>,
+    #[serde(default)]
+    escalated_to: Vec<Role>,
 }
 
-/// An approval's JSON from its item ([`approval_body`]), the fields left out filled back: its
-/// id and tenant from the item's key, its decisions' version and hash from its own. A field the
+/// A decision as its approval's item holds it ([`StoredDecision`]).
+#[derive(Deserialize)]
+struct LoadedDecision {
+    decision_id: DecisionId,
+    by: PersonId,
+    #[serde(flatten)]
+    choice: Choice,
+    #[serde(default)]
+    action_version: Option<ActionVersion>,
+    #[serde(default)]
+    args_hash: Option<ArgsHash>,
+    at: DateTime<Utc>,
+    effect: DecisionEffect,
+    #[serde(default)]
+    logged: Option<LogSlot>,
+}
+
+/// An approval from its item ([`approval_body`]), the fields left out filled back: its id and
+/// tenant from the item's key, its hash from its agent, tool and arguments, its decisions'
+/// version and hash from its own, and when it was resolved from its last decision. A field the
 /// body holds is kept as it is.
-pub(super) fn approval_value(item: &Item) -> Result<serde_json::Value, String> {
+pub(super) fn read_approval(item: &Item) -> Result<Approval, String> {
     let (tenant, id) = keys::approval_of(&item.pk).ok_or("not an approval's key")?;
-    let mut body: serde_json::Value =
-        serde_json::from_str(&item.body).map_err(|e| e.to_string())?;
-    let fields = body.as_object_mut().ok_or("not an object")?;
-    for (name, value) in APPROVAL_KEYED.into_iter().zip([id, tenant]) {
-        fields.entry(name).or_insert_with(|| value.into());
-    }
-    if !fields.contains_key(ARGS_HASH) {
-        let hash = own_hash(fields)?;
-        fields.insert(ARGS_HASH.into(), hash.into());
-    }
-    let own = DECISION_OWN.map(|name| fields.get(name).cloned());
-    let mut last_at = None;
-    if let Some(serde_json::Value::Array(decisions)) = fields.get_mut("decisions") {
-        for decision in decisions.iter_mut().filter_map(|d| d.as_object_mut()) {
-            for (name, own) in DECISION_OWN.iter().zip(&own) {
-                if let Some(own) = own {
-                    decision.entry(*name).or_insert_with(|| own.clone());
-                }
-            }
-            last_at = decision.get("at").cloned();
-        }
-    }
-    let awaiting = serde_json::to_value(ApprovalStatus::AwaitingApproval).expect("a status");
-    if fields.get("status") != Some(&awaiting)
-        && let Some(at) = last_at
-    {
-        fields.entry(RESOLVED_AT).or_insert(at);
-    }
-    Ok(body)
+    let loaded: LoadedApproval = serde_json::from_str(&item.body).map_err(|e| e.to_string())?;
+    let id = match loaded.id {
+        Some(id) => id,
+        None => ApprovalId::parse(id).map_err(|e| format!("id: {e}"))?,
+    };
+    let tenant = match loaded.tenant {
+        Some(tenant) => tenant,
+        None => TenantId::parse(tenant).map_err(|e| format!("tenant: {e}"))?,
+    };
+    let args_hash = loaded
+        .args_hash
+        .unwrap_or_else(|| ArgsHash::of_call(&loaded.agent, &loaded.tool, &loaded.args));
+    let action_version = loaded.action_version;
+    let last_at = loaded.decisions.last().map(|decision| decision.at);
+    let resolved_at = match loaded.status {
+        ApprovalStatus::AwaitingApproval => loaded.resolved_at,
+        _ => loaded.resolved_at.or(last_at),
+    };
+    let decisions = loaded
+        .decisions
+        .into_iter()
+        .map(|decision| Decision {
+            decision_id: decision.decision_id,
+            by: decision.by,
+            choice: decision.choice,
+            action_version: decision.action_version.unwrap_or(action_version),
+            args_hash: decision.args_hash.unwrap_or_else(|| args_hash.clone()),
+            at: decision.at,
+            effect: decision.effect,
+            logged: decision.logged,
+        })
+        .collect();
+    // Every field named: one added to `Approval` fails to compile here until it is read.
+    Ok(Approval {
+        id,
+        tenant,
+        agent: loaded.agent,
+        kind: loaded.kind,
+        run_id: loaded.run_id,
+        action_id: loaded.action_id,
+        action_version,
+        tool_use_id: loaded.tool_use_id,
+        tool: loaded.tool,
+        hints: loaded.hints,
+        args: loaded.args,
+        args_hash,
+        explanation: loaded.explanation,
+        previous: loaded.previous,
+        reason: loaded.reason,
+        approver_role: loaded.approver_role,
+        quorum: loaded.quorum,
+        requested_by: loaded.requested_by,
+        policy_version: loaded.policy_version,
+        created_at: loaded.created_at,
+        expires_at: loaded.expires_at,
+        status: loaded.status,
+        decisions,
+        superseded_by: loaded.superseded_by,
+        resolved_at,
+        reminded_at: loaded.reminded_at,
+        comments: loaded.comments,
+        escalate: loaded.escalate,
+        escalated_to: loaded.escalated_to,
+    })
 }
 
 /// The marker of an approval whose next escalation step is to come.
@@ -268,9 +344,14 @@ pub(crate) mod tests {
     use crate::domain::ids::{ActionId, ActionVersion, RunId};
     use crate::engine::error::EngineError;
     use crate::engine::records::log::{audit_order, write_units};
-    use crate::engine::records::{Tx, decode};
+    use crate::engine::records::{Tx, decode, decode_approval};
     use crate::ports::store::Write;
     use chrono::Utc;
+
+    /// The fields an approval's item leaves out where they are the approval's own or its key's.
+    const APPROVAL_KEYED: [&str; 2] = ["id", "tenant"];
+    const ARGS_HASH: &str = "args_hash";
+    const RESOLVED_AT: &str = "resolved_at";
 
     /// An approval like the bench's: a reimbursement capped at the limit, one day to decide.
     pub(crate) fn approval() -> Approval {
@@ -356,8 +437,11 @@ pub(crate) mod tests {
     fn an_approval_reads_back_whole_from_an_item_that_repeats_neither_its_key_nor_its_own_version()
     {
         let open = approval();
-        let other = ActionVersion::FIRST.next();
-        let mut full = decided(open.clone(), &[ActionVersion::FIRST, other]);
+        // An edited approval's own version is not the first: a decision about the first differs.
+        let mut edited = open.clone();
+        edited.action_version = ActionVersion::FIRST.next();
+        let own = edited.action_version;
+        let mut full = decided(edited, &[own, ActionVersion::FIRST]);
         full.reminded_at = Some(full.created_at);
         full.superseded_by = Some(ApprovalId::generate());
         for approval in [open, full] {
@@ -393,13 +477,15 @@ pub(crate) mod tests {
                     assert_eq!(decision.get(name).is_none(), own, "{name} in {decision}");
                 }
             }
-            assert_eq!(decode::<Approval>(&item).unwrap().value, approval);
+            assert_eq!(decode_approval(&item).unwrap().value, approval);
+            // Read as another type, it is read whole too.
+            assert_eq!(decode::<serde_json::Value>(&item).unwrap().value, api);
             // The API's form at the same key reads as the same approval.
             let api = Item {
                 body: serde_json::to_string(&approval).unwrap(),
                 ..item
             };
-            assert_eq!(decode::<Approval>(&api).unwrap().value, approval);
+            assert_eq!(decode_approval(&api).unwrap().value, approval);
         }
     }
 
@@ -416,7 +502,7 @@ pub(crate) mod tests {
             "{}",
             item.body
         );
-        assert_eq!(decode::<Approval>(&item).unwrap().value, legacy);
+        assert_eq!(decode_approval(&item).unwrap().value, legacy);
     }
 
     #[test]
@@ -464,7 +550,7 @@ pub(crate) mod tests {
             pk: "TENANT#acme#RUN#run-1".into(),
             ..approval_item(&approval())
         };
-        let error = decode::<Approval>(&item).unwrap_err();
+        let error = decode_approval(&item).unwrap_err();
         assert!(
             matches!(&error, EngineError::Corrupt(why) if why.contains("not an approval's key")),
             "{error}"

@@ -12,6 +12,7 @@
 use serde::de::DeserializeOwned;
 
 use super::error::EngineError;
+use crate::domain::approval::Approval;
 use crate::ports::store::{Item, ItemStore};
 
 mod approval;
@@ -23,7 +24,7 @@ mod tx;
 /// Keys carry the tenant first, so an IAM `dynamodb:LeadingKeys` condition can isolate tenants.
 pub mod keys;
 
-use approval::approval_value;
+use approval::read_approval;
 
 pub use approval::EscalationDue;
 pub use index::IndexShards;
@@ -40,21 +41,35 @@ pub struct Stored<T> {
 }
 
 /// A record from its item. An approval's item holds its stored form ([`approval_body`]),
-/// filled back here, so every reader of an approval's item reads the whole approval.
+/// filled back here, so every reader of an approval's item reads the whole approval; one read as
+/// an [`Approval`] takes [`decode_approval`], which reads it without a JSON value between.
 ///
 /// [`approval_body`]: approval::approval_body
 pub fn decode<T: DeserializeOwned>(item: &Item) -> Result<Stored<T>, EngineError> {
-    let corrupt = |why: String| EngineError::Corrupt(format!("{}/{}: {why}", item.pk, item.sk));
     let value = match item.sk == keys::APPROVAL_SK {
-        true => serde_json::from_value(approval_value(item).map_err(corrupt)?),
-        false => serde_json::from_str(&item.body),
+        true => read_approval(item)
+            .map_err(|why| corrupt(item, why))
+            .map(|approval| serde_json::to_value(approval).expect("engine records serialize"))
+            .and_then(|value| serde_json::from_value(value).map_err(|e| corrupt(item, e))),
+        false => serde_json::from_str(&item.body).map_err(|e| corrupt(item, e)),
     };
-    value
-        .map(|value| Stored {
-            value,
-            ver: item.ver,
-        })
-        .map_err(|e| corrupt(e.to_string()))
+    value.map(|value| Stored {
+        value,
+        ver: item.ver,
+    })
+}
+
+/// An approval from its item ([`decode`], as an [`Approval`]).
+pub fn decode_approval(item: &Item) -> Result<Stored<Approval>, EngineError> {
+    let value = read_approval(item).map_err(|why| corrupt(item, why))?;
+    Ok(Stored {
+        value,
+        ver: item.ver,
+    })
+}
+
+fn corrupt(item: &Item, why: impl std::fmt::Display) -> EngineError {
+    EngineError::Corrupt(format!("{}/{}: {why}", item.pk, item.sk))
 }
 
 pub async fn load<T: DeserializeOwned>(
