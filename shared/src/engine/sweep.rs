@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 use tracing::Instrument;
 
 use super::records::{
-    EscalationDue, OutboxEntry, Outgoing, STALE_EXECUTION, Stored, Tx, decode, keys, reconcile_key,
-    resume_message,
+    EscalationDue, OutboxEntry, Outgoing, STALE_EXECUTION, Stored, Tx, decode, decode_approval,
+    keys, reconcile_key, resume_message,
 };
 use super::{Delivery, Engine, EngineError, NoticeReport};
 use crate::domain::action::{Action, ActionStatus, ToolOutcome};
@@ -409,7 +409,7 @@ impl Engine {
                 if done >= budget {
                     return Ok(());
                 }
-                let approval: Stored<Approval> = decode(item)?;
+                let approval = decode_approval(item)?;
                 let span = |name: &'static str| {
                     tracing::info_span!(
                         "due",
