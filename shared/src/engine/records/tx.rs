@@ -288,15 +288,25 @@ impl Tx {
                 let serialize = |item: &AuditItem| {
                     serde_json::to_string(item).expect("engine records serialize")
                 };
-                let unmoved = match item.events.is_empty() && item.messages.is_empty() {
-                    true => 0,
-                    false => audit_units(serialize(item).len()),
-                };
-                let events = AuditItem {
+                // Most often it holds its events alone: then the two are one, serialized once.
+                let alone = item.messages.is_empty() && item.from == 0;
+                let only_events = || AuditItem {
                     events: item.events.clone(),
                     ..AuditItem::default()
                 };
-                (unmoved, serialize(&events))
+                let events_only = match alone {
+                    true => serialize(item),
+                    false => serialize(&only_events()),
+                };
+                debug_assert!(!alone || events_only == serialize(&only_events()));
+                let unmoved = if item.events.is_empty() && item.messages.is_empty() {
+                    0
+                } else if alone {
+                    audit_units(events_only.len())
+                } else {
+                    audit_units(serialize(item).len())
+                };
+                (unmoved, events_only)
             }
         };
         let mut best: Option<(usize, usize, String)> = None;
