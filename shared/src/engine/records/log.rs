@@ -612,19 +612,11 @@ fn decode_run(
         let status = loaded.status;
         return Err(corrupt(format!("a {status} run holds final events")));
     }
-    let own = OwnFinal {
-        answer: loaded.answer.clone(),
-        error: loaded.error.clone(),
-    };
-    let last = loaded
-        .events
-        .into_iter()
-        .map(|mut event| {
-            own.fill(&mut event);
-            serde_json::from_value(event).map_err(|e| corrupt(e.to_string()))
-        })
-        .collect::<Result<Vec<LoggedEvent>, _>>()?;
-    let (logged, recent) = (loaded.messages_logged, loaded.messages_recent);
+    let (logged, recent, finals) = (
+        loaded.messages_logged,
+        loaded.messages_recent,
+        loaded.events,
+    );
     // Every field named: one added to `Run` fails to compile here until it is read.
     let mut run = Run {
         id: loaded.id,
@@ -648,6 +640,20 @@ fn decode_run(
         stored_messages: logged,
         logging_messages: None,
         written_messages: 0,
+    };
+    // Only a finished run's item holds events, and only they need its answer and error.
+    let last = match finals.is_empty() {
+        true => Vec::new(),
+        false => {
+            let own = OwnFinal::of(&run);
+            finals
+                .into_iter()
+                .map(|mut event| {
+                    own.fill(&mut event);
+                    serde_json::from_value(event).map_err(|e| corrupt(e.to_string()))
+                })
+                .collect::<Result<Vec<LoggedEvent>, _>>()?
+        }
     };
     parts.sort_by_key(|(from, _)| *from);
     for (from, messages) in parts {

@@ -47,16 +47,20 @@ pub struct Stored<T> {
 /// [`approval_body`]: approval::approval_body
 pub fn decode<T: DeserializeOwned>(item: &Item) -> Result<Stored<T>, EngineError> {
     let value = match item.sk == keys::APPROVAL_SK {
-        true => read_approval(item)
-            .map_err(|why| corrupt(item, why))
-            .map(|approval| serde_json::to_value(approval).expect("engine records serialize"))
-            .and_then(|value| serde_json::from_value(value).map_err(|e| corrupt(item, e))),
-        false => serde_json::from_str(&item.body).map_err(|e| corrupt(item, e)),
+        true => {
+            let approval = decode_approval(item)?.value;
+            serde_json::from_value(
+                serde_json::to_value(approval).expect("engine records serialize"),
+            )
+        }
+        false => serde_json::from_str(&item.body),
     };
-    value.map(|value| Stored {
-        value,
-        ver: item.ver,
-    })
+    value
+        .map(|value| Stored {
+            value,
+            ver: item.ver,
+        })
+        .map_err(|e| corrupt(item, e))
 }
 
 /// An approval from its item ([`decode`], as an [`Approval`]).
