@@ -56,7 +56,8 @@ impl StartRun {
     }
 }
 
-const MAX_TASK_LEN: usize = 4_000;
+/// The longest task a run takes, counted in bytes of UTF-8, not in characters.
+const MAX_TASK_BYTES: usize = 4_000;
 
 fn run_span(run: &Run) -> tracing::Span {
     tracing::info_span!("run", tenant = %run.tenant, agent = %run.agent, run = %run.id)
@@ -111,9 +112,11 @@ impl Engine {
     /// A new run of `start`, checked: its task, agent, time to decide and model.
     fn new_run(&self, start: StartRun) -> Result<Run, EngineError> {
         let task = start.task.trim();
-        if task.is_empty() || task.len() > MAX_TASK_LEN {
+        if task.is_empty() || task.len() > MAX_TASK_BYTES {
             return Err(EngineError::BadInput(format!(
-                "a task needs 1 to {MAX_TASK_LEN} characters"
+                "a task needs 1 to {MAX_TASK_BYTES} bytes of UTF-8 text (a character may take up \
+                 to 4); this one has {} bytes",
+                task.len()
             )));
         }
         let agent = self.agent(&start.agent)?;
