@@ -321,13 +321,13 @@ pub async fn run(args: &BenchArgs) -> Result<Output, BenchError> {
         files: &[("agent.toml", &agent_toml), ("policy.toml", POLICY)],
     })
     .map_err(|e| BenchError::Setup(e.to_string()))?;
-    let agent = definition
-        .build(&Wiring::new(
-            store.clone(),
-            Arc::new(SystemClock),
-            shared::example::expense::default_claims(),
-        ))
-        .map_err(|e| BenchError::Setup(e.to_string()))?;
+    let agent = Wiring::new(
+        store.clone(),
+        Arc::new(SystemClock),
+        shared::example::expense::default_claims(),
+    )
+    .build(&definition)
+    .map_err(|e| BenchError::Setup(e.to_string()))?;
     let engine = Arc::new(
         Engine::builder(store)
             .agents([agent])

@@ -239,7 +239,7 @@ fn engine(
     let wiring = Wiring::new(store.clone(), clock.clone(), claims);
     // The shipped expense definition, played by the bench's own scripted model.
     let agent = agents::shipped_one(expense::AGENT)
-        .and_then(|definition| definition.build(&wiring))
+        .and_then(|definition| wiring.build(&definition))
         .expect("the shipped expense agent builds")
         .with_model(Arc::new(ScriptedAgent));
     Engine::builder(store)

@@ -251,7 +251,7 @@ impl Harness {
     ) -> Agent {
         let wiring = Wiring::new(store.clone(), self.clock.clone(), self.claims.clone());
         let mut agent = agents::shipped_one(expense::AGENT)
-            .and_then(|definition| definition.build(&wiring))
+            .and_then(|definition| wiring.build(&definition))
             .expect("the shipped expense agent builds")
             .with_model(model);
         agent.tools = adjust(std::mem::take(&mut agent.tools));
@@ -307,7 +307,7 @@ impl Harness {
         let wiring = Wiring::new(store.clone(), self.clock.clone(), self.claims.clone());
         let built = definitions
             .iter()
-            .map(|d| d.build(&wiring).expect("the definition builds"));
+            .map(|d| wiring.build(d).expect("the definition builds"));
         let engine = Engine::builder(store.clone())
             .agents(built)
             .clock(self.clock.clone())

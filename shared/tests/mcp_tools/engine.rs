@@ -232,7 +232,7 @@ async fn defined_process_delivering(
                         h.claims.clone(),
                     )
                 };
-                match definition.build(&wiring) {
+                match wiring.build(definition) {
                     Ok(agent) => engine
                         .agent(agent.with_model(Arc::new(script)))
                         .delivery(delivery),
