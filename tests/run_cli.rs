@@ -69,6 +69,43 @@ fn a_run_that_cannot_start_is_refused_with_its_code_and_writes_nothing() {
 }
 
 #[test]
+fn a_run_of_an_agent_whose_model_key_is_unset_names_the_variable_and_writes_nothing() {
+    let definitions = TempDir::new("run-no-key");
+    let oai = definitions.agent(
+        "oai",
+        &[
+            (
+                "agent.toml",
+                "name = \"oai\"\nsystem_prompt = \"You answer questions.\"\n\n[model]\n\
+                 provider = \"openai\"\nid = \"gpt-4o\"\napi_key_env = \"OAI_TEST_KEY\"\n",
+            ),
+            (
+                "policy.toml",
+                "name = \"oai\"\nversion = 1\ndefault_ttl = \"1h\"\n",
+            ),
+        ],
+    );
+    let cs = Countersign::fresh("run-no-key").with_env(vec![
+        ("COUNTERSIGN_STORE", "embedded".to_string()),
+        ("COUNTERSIGN_AGENTS", oai),
+    ]);
+
+    let refused = cs.run(&["run", "--agent", "oai", "Hello?", "--as", "sam"]);
+
+    assert_eq!(refused.exit, 1, "{}", refused.stderr);
+    assert_eq!(refused.json["error"]["code"], "not_configured");
+    assert!(
+        refused.stderr.contains(
+            "the agent oai has no model in this process: its [model] reads the API key from \
+             OAI_TEST_KEY, which is not set here"
+        ),
+        "{}",
+        refused.stderr
+    );
+    assert_eq!(cs.ok(&["review"])["approvals"], json!([]));
+}
+
+#[test]
 fn a_shorter_ttl_gives_the_reviewer_less_time() {
     let orders = OrdersService::start("run-ttl");
     let cs = Countersign::fresh("run-ttl").with_env(orders.embedded_env());

@@ -6,9 +6,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::DefinitionError;
-use super::definition::{Definition, ModelSettings, Offline, Provider, ToolBinding, binding_error};
+use super::definition::{
+    ApiEndpoint, Definition, ModelSettings, Offline, Provider, ToolBinding, binding_error,
+};
 use super::mcp::{BoundMcpTool, LazyServer, McpTools};
-use crate::adapters::anthropic::AnthropicModel;
+use crate::adapters::anthropic::{self, AnthropicModel};
 use crate::adapters::bedrock::BedrockModel;
 use crate::adapters::env_template::{self, BindingError, Lookup};
 use crate::adapters::http_tool::{HttpTool, SharedClient};
@@ -198,9 +200,12 @@ impl<'a> Wiring<'a> {
         agent.claimant_args = claimant_args;
         agent.recovery_owner = definition.recovery_owner.clone();
         if self.drives
-            && let Some(model) = model_of(definition, self.env)?
+            && let Some(settings) = &definition.model
         {
-            agent = agent.with_model(model);
+            match model_of(definition, self.env)? {
+                Some(model) => agent = agent.with_model(model),
+                None => agent.model_missing = Some(no_model(definition, settings)),
+            }
         }
         Ok(agent)
     }
@@ -268,6 +273,23 @@ fn model_of(
     })
 }
 
+/// Why no model plays an agent whose definition names one: the variable its model API's key
+/// is read from is unset, and it names no offline script.
+fn no_model(definition: &Definition, settings: &ModelSettings) -> String {
+    let var = match &settings.endpoint {
+        Some(ApiEndpoint {
+            api_key_env: Some(var),
+            ..
+        }) => var.as_str(),
+        _ => anthropic::KEY_VARIABLE,
+    };
+    format!(
+        "the agent {} has no model in this process: its [model] reads the API key from {var}, \
+         which is not set here, and it names no offline script to play it without one",
+        definition.name
+    )
+}
+
 /// Bedrock playing model `id` with the definition's settings.
 fn bedrock(settings: &ModelSettings, id: &str) -> BedrockModel {
     BedrockModel::new(id, settings.max_tokens, settings.turn_timeout)
@@ -304,45 +326,86 @@ mod tests {
     use super::*;
     use crate::agents::definition::tests::{POLICY, REFUND_TOOL, listed, load, loaded, refused};
 
-    #[test]
-    fn only_a_process_that_drives_runs_builds_the_http_tools_client_when_binding() {
-        let dir = crate::testing::scratch_dir("wiring");
-        let store: Arc<dyn crate::ports::store::ItemStore> =
-            Arc::new(crate::adapters::sqlite::SqliteStore::open_dir(&dir).unwrap());
-        let refunds = crate::agents::shipped_one("refunds").unwrap();
-        assert!(matches!(refunds.tools[0].binding, ToolBinding::Http(_)));
-        for drives in [false, true] {
-            let wiring = Wiring {
+    /// An embedded store in a scratch directory, removed when dropped.
+    struct Scratch(std::path::PathBuf, Arc<dyn ItemStore>);
+
+    impl Scratch {
+        fn new(name: &str) -> Self {
+            let dir = crate::testing::scratch_dir(name);
+            let store = crate::adapters::sqlite::SqliteStore::open_dir(&dir).unwrap();
+            Self(dir, Arc::new(store))
+        }
+
+        /// A wiring over the store, `${VAR}` read from `env`, driving runs if `drives`.
+        fn wiring(&self, env: Lookup<'static>, drives: bool) -> Wiring<'static> {
+            Wiring {
+                env,
                 drives,
                 ..Wiring::new(
-                    store.clone(),
+                    self.1.clone(),
                     Arc::new(crate::ports::clock::SystemClock),
                     crate::example::expense::default_claims(),
                 )
-            };
+            }
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            std::fs::remove_dir_all(&self.0).ok();
+        }
+    }
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn only_a_process_that_drives_runs_builds_the_http_tools_client_when_binding() {
+        let scratch = Scratch::new("wiring");
+        let refunds = crate::agents::shipped_one("refunds").unwrap();
+        assert!(matches!(refunds.tools[0].binding, ToolBinding::Http(_)));
+        for drives in [false, true] {
+            let wiring = scratch.wiring(&env_template::process_env, drives);
             wiring.build(&refunds).expect("the refunds agent binds");
             assert_eq!(wiring.http.is_built(), drives, "drives: {drives}");
         }
-        std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[test]
+    fn a_process_that_drives_runs_without_the_models_key_says_which_variable_it_lacks() {
+        let scratch = Scratch::new("no-key");
+        let oai = listed(
+            "[model]\nprovider = \"openai\"\nid = \"gpt-4o\"\napi_key_env = \"OAI_TEST_KEY\"\n",
+        );
+
+        let agent = scratch.wiring(&no_env, true).build(&oai).unwrap();
+
+        assert!(agent.model.is_none());
+        let Err(error) = agent.model_here() else {
+            panic!("no model without its key");
+        };
+        assert_eq!(error.code(), "not_configured");
+        assert_eq!(
+            error.to_string(),
+            "the agent orders has no model in this process: its [model] reads the API key from \
+             OAI_TEST_KEY, which is not set here, and it names no offline script to play it \
+             without one"
+        );
+        let with_key = |var: &str| (var == "OAI_TEST_KEY").then(|| "sk-test".to_string());
+        let keyed = Wiring {
+            env: &with_key,
+            ..scratch.wiring(&no_env, true)
+        };
+        assert!(keyed.build(&oai).unwrap().model_here().is_ok());
     }
 
     /// What building `agent` under the test policy, with no environment, is refused with.
     fn build_refused(agent: &str) -> DefinitionError {
-        let dir = crate::testing::scratch_dir("http-binding");
-        let store: Arc<dyn crate::ports::store::ItemStore> =
-            Arc::new(crate::adapters::sqlite::SqliteStore::open_dir(&dir).unwrap());
-        let wiring = Wiring {
-            env: &|_| None,
-            ..Wiring::new(
-                store,
-                Arc::new(crate::ports::clock::SystemClock),
-                crate::example::expense::default_claims(),
-            )
-        };
-        let Err(error) = wiring.build(&loaded(agent)) else {
+        let scratch = Scratch::new("http-binding");
+        let Err(error) = scratch.wiring(&no_env, false).build(&loaded(agent)) else {
             panic!("the definition should not build");
         };
-        std::fs::remove_dir_all(dir).ok();
         error
     }
 
@@ -391,17 +454,9 @@ http = { method = "POST", url = "http://127.0.0.1:9/orders/{order_id}/refunds" }
             "name = \"refunds\"\nversion = 1\ndefault_ttl = \"1h\"\n[tools.issue_refund]\ndecision = \"approve\"\napprover_role = \"finance\"\n{rule}\n[[tools.issue_refund.thresholds]]\nabove = \"$100\"\nquorum = 1\nreason = \"Large refunds need finance.\"\n"
         );
         let definition = load(tool, &policy).expect("the files parse");
-        let dir = crate::testing::scratch_dir("amount-field");
-        let store: Arc<dyn crate::ports::store::ItemStore> =
-            Arc::new(crate::adapters::sqlite::SqliteStore::open_dir(&dir).unwrap());
-        let wiring = Wiring::new(
-            store,
-            Arc::new(crate::ports::clock::SystemClock),
-            crate::example::expense::default_claims(),
-        );
-        let built = wiring.build(&definition).map(|_| ());
-        std::fs::remove_dir_all(dir).ok();
-        built
+        let scratch = Scratch::new("amount-field");
+        let wiring = scratch.wiring(&env_template::process_env, false);
+        wiring.build(&definition).map(|_| ())
     }
 
     #[test]

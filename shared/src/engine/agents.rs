@@ -42,6 +42,9 @@ pub struct Agent {
     pub tools: Toolbox,
     /// Only processes that drive runs (start, resume) have one.
     pub model: Option<Arc<dyn Model>>,
+    /// Why a process that drives runs has no model for it: the variable its model API's key
+    /// is read from is unset here, and no offline script plays it.
+    pub model_missing: Option<String>,
     pub system_prompt: String,
     pub limits: Limits,
     /// Per tool, the argument that names a person who may not approve the call (a claimant).
@@ -73,6 +76,7 @@ impl Agent {
             policy,
             tools: Toolbox::new(),
             model: None,
+            model_missing: None,
             system_prompt: String::new(),
             limits: Limits::default(),
             claimant_args: BTreeMap::new(),
@@ -89,7 +93,21 @@ impl Agent {
 
     pub fn with_model(mut self, model: Arc<dyn Model>) -> Self {
         self.model = Some(model);
+        self.model_missing = None;
         self
+    }
+
+    /// The model that plays it in this process, or why there is none: a setting this process
+    /// lacks, which trying again does not mend.
+    pub fn model_here(&self) -> Result<&Arc<dyn Model>, EngineError> {
+        self.model.as_ref().ok_or_else(|| {
+            EngineError::NotConfigured(self.model_missing.clone().unwrap_or_else(|| {
+                format!(
+                    "this process does not drive runs, so no model plays the agent {} here",
+                    self.name
+                )
+            }))
+        })
     }
 
     pub fn with_system_prompt(mut self, prompt: impl Into<String>) -> Self {

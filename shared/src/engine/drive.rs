@@ -131,12 +131,7 @@ impl Engine {
                 agent.name
             )));
         }
-        if agent.model.is_none() {
-            return Err(EngineError::Unavailable(format!(
-                "this process has no model to run the agent {}",
-                agent.name
-            )));
-        }
+        agent.model_here()?;
         let now = self.now();
         let mut run = Run::start(
             RunId::generate(),
@@ -249,11 +244,7 @@ impl Engine {
             return self.finish_run(run, answer).await;
         }
         let agent = self.agent(&run.value.agent)?.clone();
-        let Some(model) = agent.model.clone() else {
-            return Err(EngineError::Unavailable(
-                "this process has no model to continue the run".into(),
-            ));
-        };
+        let model = agent.model_here()?.clone();
         let specs = agent.tools.specs();
         for _ in 0..agent.limits.max_model_turns {
             if run.value.messages.len() > run.value.written_messages {
