@@ -8,6 +8,7 @@ use chrono::{DateTime, Utc};
 use std::sync::Arc;
 
 use shared::adapters::sqlite::SqliteStore;
+use shared::agents::Environment;
 use shared::deploy::{self, Aws, Backing, Setup, StoreKind};
 use shared::domain::identity::{Directory, Identity};
 use shared::engine::records::{decode, keys};
@@ -92,8 +93,9 @@ impl Clock for AheadClock {
 
 impl Local {
     /// The embedded mode: the store is a SQLite file in the state directory, and a decision
-    /// resumes its run in this process.
-    pub fn open(global: &Global) -> Result<Self, Failure> {
+    /// resumes its run in this process where it can run the agent's tools. `environment` says
+    /// when this command needs the variables the agents' bindings read.
+    pub fn open(global: &Global, environment: Environment) -> Result<Self, Failure> {
         let store: Arc<dyn ItemStore> =
             Arc::new(SqliteStore::open_dir(&global.state).map_err(EngineError::from)?);
         let backing = Backing {
@@ -102,14 +104,14 @@ impl Local {
             scheduler: Arc::new(SweepOnly),
             clock: clock(global)?,
         };
-        Self::assemble(global, backing, None)
+        Self::assemble(global, backing, None, environment)
     }
 
     /// The store `COUNTERSIGN_STORE` names: embedded (the default), or DynamoDB with SQS and
     /// EventBridge Scheduler, where a decision queues its resume message for a worker.
-    pub async fn connect(global: &Global) -> Result<Self, Failure> {
+    pub async fn connect(global: &Global, environment: Environment) -> Result<Self, Failure> {
         match StoreKind::from_env().map_err(|e| Failure::usage(e.to_string()))? {
-            StoreKind::Embedded => Self::open(global),
+            StoreKind::Embedded => Self::open(global, environment),
             StoreKind::DynamoDb => {
                 let aws = Aws::from_env()
                     .await
@@ -120,18 +122,23 @@ impl Local {
                     scheduler: aws.scheduler.clone(),
                     clock: clock(global)?,
                 };
-                Self::assemble(global, backing, Some(aws))
+                Self::assemble(global, backing, Some(aws), environment)
             }
         }
     }
 
     /// Every command may drive a run (a decision resumes it in the embedded mode), so each
     /// agent gets its model.
-    fn assemble(global: &Global, backing: Backing, aws: Option<Aws>) -> Result<Self, Failure> {
+    fn assemble(
+        global: &Global,
+        backing: Backing,
+        aws: Option<Aws>,
+        environment: Environment,
+    ) -> Result<Self, Failure> {
         let (setup, directory) = load(global)?;
         let store = backing.store.clone();
-        let engine =
-            deploy::engine(backing, &setup, true).map_err(|e| Failure::usage(e.to_string()))?;
+        let engine = deploy::engine(backing, &setup, true, environment)
+            .map_err(|e| Failure::usage(e.to_string()))?;
         Ok(Self {
             engine,
             directory,

@@ -14,11 +14,12 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use serde_json::{Value, json};
-use shared::domain::approval::{Choice, DecisionRequest};
+use shared::domain::approval::{Approval, ApprovalStatus, Choice, DecisionRequest};
 use shared::domain::ids::{ActionVersion, AgentName, ApprovalId, DecisionId, RunId, TenantId};
 use shared::domain::run::RunStatus;
 use shared::engine::{History, RunReport, StartRun};
 use shared::example::expense;
+use shared::ports::tools::NotRunnableHere;
 
 use cli::{Cli, Command, Review};
 use fail::Failure;
@@ -105,7 +106,7 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
             None => agent,
         });
     }
-    let local = Local::connect(&cli.global).await?;
+    let local = Local::connect(&cli.global, cli.command.environment()).await?;
     match cli.command {
         Command::Agent { claim, ttl } => {
             local.loaded(&AgentName::parse(expense::AGENT)?)?;
@@ -300,6 +301,7 @@ async fn expire(local: &Local) -> Result<Output, Failure> {
     shared::agents::prepare_all(&local.engine).await;
     let report = local.engine.sweep(1_000).await?;
     let tenants = local.tenants().await?;
+    let mut agents = Vec::new();
     let mut swept = render::Swept {
         report: &report,
         expired: Vec::new(),
@@ -310,6 +312,9 @@ async fn expire(local: &Local) -> Result<Output, Failure> {
         let Some(approval) = find_approval(local, &tenants, approval_id).await else {
             continue;
         };
+        if !agents.contains(&approval.agent) {
+            agents.push(approval.agent.clone());
+        }
         let run = local.engine.run(&approval.tenant, &approval.run_id).await?;
         let run = shared::engine::RunReport::of(&run, vec![]);
         runs.push(run.clone());
@@ -322,10 +327,43 @@ async fn expire(local: &Local) -> Result<Output, Failure> {
             .and_then(|a| a.escalated_to.last().cloned());
         swept.escalated.push((approval_id.clone(), role));
     }
+    let mut text = render::sweep(&swept);
+    let mut waiting = Vec::new();
+    for agent in &agents {
+        if let Some(missing) = waits_for_environment(local, agent) {
+            text.push_str(&environment_note(&missing));
+            waiting.push(missing_json(&missing));
+        }
+    }
     Ok(Output {
-        text: render::sweep(&swept),
-        json: json!({"sweep": report, "runs": runs}),
+        text,
+        json: json!({"sweep": report, "runs": runs, "waits_for_environment": waiting}),
     })
+}
+
+/// In the embedded mode, what this process lacks to resume a run of `agent` and run its calls
+/// (a variable its bindings read): the decision or expiry it recorded waits, nothing claimed,
+/// for a process that has it. `None` where it can, or where a queue's consumer resumes runs.
+fn waits_for_environment(local: &Local, agent: &AgentName) -> Option<NotRunnableHere> {
+    if local.aws.is_some() {
+        return None;
+    }
+    local.engine.agent(agent).ok()?.tools.all_run_here().err()
+}
+
+/// What [`waits_for_environment`] found, said to a person with what runs the call instead.
+fn environment_note(missing: &NotRunnableHere) -> String {
+    format!(
+        "waits for the agent's environment: {missing}; nothing was claimed or sent. \
+         `countersign serve` (its sweep) or `countersign review expire`, run where {} is set, \
+         resumes the run and runs an approved call once.\n",
+        missing.var
+    )
+}
+
+/// [`waits_for_environment`]'s finding as `--json` gives it.
+fn missing_json(missing: &NotRunnableHere) -> Value {
+    json!({"variable": missing.var, "field": missing.field, "message": missing.to_string()})
 }
 
 /// An approval of one of the tenants, by id.
@@ -394,8 +432,14 @@ async fn decide(local: &Local, review: Review) -> Result<Output, Failure> {
         .history(&who.tenant, &report.approval.run_id)
         .await
         .ok();
-    Ok(Output {
-        text: render::decision(&report, history.as_ref()),
-        json: json_of(&report),
-    })
+    let mut text = render::decision(&report, history.as_ref());
+    let mut json = json_of(&report);
+    // A decision that settled its approval resumes the run, where this process can.
+    let waiting = |a: &Approval| a.status == ApprovalStatus::AwaitingApproval;
+    let resumes = !waiting(&report.approval) && !report.next_approval.as_ref().is_some_and(waiting);
+    if resumes && let Some(missing) = waits_for_environment(local, &report.approval.agent) {
+        text.push_str(&environment_note(&missing));
+        json["waits_for_environment"] = missing_json(&missing);
+    }
+    Ok(Output { text, json })
 }

@@ -14,7 +14,7 @@ use crate::adapters::scheduler::{EventBridgeScheduler, ScheduleTarget};
 use crate::adapters::slack::{self, SigningSecret, SlackApp, SlackChannel, WebApi};
 use crate::adapters::sqs::SqsQueue;
 use crate::adapters::webhook::{self, Webhooks};
-use crate::agents::{self, Definition, Wiring};
+use crate::agents::{self, Definition, Environment, Wiring};
 use crate::domain::identity::Directory;
 use crate::engine::records::IndexShards;
 use crate::engine::{DEFAULT_REMIND_BEFORE, Delivery, Engine, EngineBuilder};
@@ -414,11 +414,18 @@ pub fn index_shards() -> Result<IndexShards, ConfigError> {
 const INDEX_SHARDS: &str = "COUNTERSIGN_INDEX_SHARDS";
 
 /// The one way every entry point builds its engine: each definition bound into an agent (a
-/// model attached only where `drives`: the processes that start and resume runs), notices as
-/// configured, over the given store.
-pub fn engine(backing: Backing, setup: &Setup, drives: bool) -> Result<Engine, ConfigError> {
+/// model attached only where `drives`: the processes that start and resume runs; the variables
+/// its bindings read needed as `environment` says), notices as configured, over the given
+/// store.
+pub fn engine(
+    backing: Backing,
+    setup: &Setup,
+    drives: bool,
+    environment: Environment,
+) -> Result<Engine, ConfigError> {
     let wiring = Wiring {
         drives,
+        environment,
         ..Wiring::new(
             backing.store.clone(),
             backing.clock.clone(),
@@ -438,7 +445,9 @@ pub fn engine(backing: Backing, setup: &Setup, drives: bool) -> Result<Engine, C
 }
 
 /// The engine of a function over AWS: resume messages go to the queue, deadlines to the
-/// scheduler.
+/// scheduler. Every function may run a tool (start and resume drive runs, decide takes gate
+/// calls, the sweep asks lookups), so a variable a binding reads that is unset stops it at
+/// start.
 pub fn aws_engine(aws: &Aws, setup: &Setup, drives: bool) -> Result<Engine, ConfigError> {
     let backing = Backing {
         store: aws.store.clone(),
@@ -446,7 +455,7 @@ pub fn aws_engine(aws: &Aws, setup: &Setup, drives: bool) -> Result<Engine, Conf
         scheduler: aws.scheduler.clone(),
         clock: Arc::new(SystemClock),
     };
-    engine(backing, setup, drives)
+    engine(backing, setup, drives, Environment::AtStart)
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! `${NAME}` in a tool binding's settings (a URL, a header value), filled from the process
 //! environment when the binding is built; `${NAME:-default}` falls back to the default. A
 //! variable that is unset with no default fails the build at once, naming the field and the
-//! variable; the values themselves are never echoed.
+//! variable (where the process runs tools; elsewhere the tool is one it cannot run); the values
+//! themselves are never echoed.
 
 /// Looks a variable up; `std::env::var` in a process, a map in tests.
 pub type Lookup<'a> = &'a dyn Fn(&str) -> Option<String>;

@@ -57,7 +57,7 @@ use std::path::{Path, PathBuf};
 pub use definition::{
     ApiEndpoint, Definition, ModelSettings, Offline, Provider, ToolBinding, ToolDefinition,
 };
-pub use wiring::{BEDROCK_MODEL_VAR, Wiring};
+pub use wiring::{BEDROCK_MODEL_VAR, Environment, Wiring};
 
 use crate::domain::ids::{AgentName, RunId, TenantId};
 use crate::engine::{Engine, EngineError};
@@ -304,7 +304,9 @@ async fn prepare_run(engine: &Engine, tenant: &TenantId, run: &RunId) -> Result<
 /// resumed run sees every tool. A server that is down is logged and tried again next time; a
 /// named MCP tool still connects by itself when called, a listed one is "no such tool" then.
 pub async fn prepare_all(engine: &Engine) {
-    for agent in engine.agents().iter() {
+    // An agent whose tools this process cannot run is never resumed here.
+    let runnable = engine.agents().iter().filter(|a| a.runs_here().is_ok());
+    for agent in runnable {
         if let Err(error) = agent.tools.prepare().await {
             tracing::warn!(agent = %agent.name, %error, "its MCP tools are not listed yet");
         }

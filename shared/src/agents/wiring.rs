@@ -7,13 +7,14 @@ use std::sync::Arc;
 
 use super::DefinitionError;
 use super::definition::{
-    ApiEndpoint, Definition, ModelSettings, Offline, Provider, ToolBinding, binding_error,
+    ApiEndpoint, Definition, ModelSettings, Offline, Provider, ToolBinding, ToolDefinition,
+    binding_error,
 };
 use super::mcp::{BoundMcpTool, LazyServer, McpTools};
 use crate::adapters::anthropic::{self, AnthropicModel};
 use crate::adapters::bedrock::BedrockModel;
-use crate::adapters::env_template::{self, BindingError, Lookup};
-use crate::adapters::http_tool::{HttpTool, SharedClient};
+use crate::adapters::env_template::{self, BindingError, EnvError, Lookup};
+use crate::adapters::http_tool::{HttpBinding, HttpTool, SharedClient};
 use crate::adapters::openai::{OpenAiEndpoint, OpenAiModel};
 use crate::adapters::scripted::ScriptedModel;
 use crate::domain::action::ToolOutcome;
@@ -22,12 +23,24 @@ use crate::example::expense::{self, Claims, OfflineExpenseAgent};
 use crate::ports::clock::Clock;
 use crate::ports::model::{Model, ToolSpec};
 use crate::ports::store::ItemStore;
-use crate::ports::tools::{Tool, ToolCall, Toolbox};
+use crate::ports::tools::{NotRunnableHere, Tool, ToolCall, Toolbox};
 
 /// Set (a model id or inference profile), every definition whose provider is a model API is
 /// played by Bedrock with that model: how an AWS deployment moves its agents to Bedrock
 /// without editing them.
 pub const BEDROCK_MODEL_VAR: &str = "COUNTERSIGN_BEDROCK_MODEL";
+
+/// When a process needs the variables (`${VAR}`) its agents' bindings read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Environment {
+    /// At start: the process runs tools (it serves, drives or resumes runs), so a variable
+    /// unset here stops it, naming the file and the field.
+    AtStart,
+    /// Only to run a tool: a tool whose variable is unset here is bound all the same, and this
+    /// process runs none of its agent's calls; they wait, unclaimed, for a process that has
+    /// the agent's environment. For the commands that review, decide and read.
+    WhenRun,
+}
 
 /// What binding a definition's tools and model needs from the process.
 pub struct Wiring<'a> {
@@ -43,6 +56,8 @@ pub struct Wiring<'a> {
     pub env: Lookup<'a>,
     /// Whether this process drives runs (start, resume): only then is a model attached.
     pub drives: bool,
+    /// When the variables bindings read are needed.
+    pub environment: Environment,
 }
 
 impl<'a> Wiring<'a> {
@@ -55,6 +70,7 @@ impl<'a> Wiring<'a> {
             http: Default::default(),
             env: &env_template::process_env,
             drives: false,
+            environment: Environment::AtStart,
         }
     }
 
@@ -63,9 +79,9 @@ impl<'a> Wiring<'a> {
         definitions.iter().map(|d| self.build(d)).collect()
     }
 
-    /// Binds the definition's tools (resolving `${VAR}` from the environment) and, for a
-    /// process that drives runs, its model: the Anthropic API with `ANTHROPIC_API_KEY`, else
-    /// the offline one.
+    /// Binds the definition's tools (resolving `${VAR}` from the environment, or, where only
+    /// running a tool needs them, noting the first one unset) and, for a process that drives
+    /// runs, its model: the Anthropic API with `ANTHROPIC_API_KEY`, else the offline one.
     pub fn build(&self, definition: &Definition) -> Result<Agent, DefinitionError> {
         let file = &definition.file;
         let mut toolbox = Toolbox::new();
@@ -78,10 +94,9 @@ impl<'a> Wiring<'a> {
         );
         let mut servers = BTreeMap::new();
         for (name, binding) in &definition.mcp {
-            let resolved = binding
-                .resolve(&format!("mcp.{name}"), self.env)
-                .map_err(|e| binding_error(file, e))?;
-            servers.insert(name.clone(), LazyServer::new(resolved));
+            let resolved = binding.resolve(&format!("mcp.{name}"), self.env);
+            let resolved = self.unless_unset(file, resolved)?;
+            servers.insert(name.clone(), LazyServer::new(name, resolved));
         }
         for tool in &definition.tools {
             let field = format!("tools.{}", tool.name);
@@ -92,31 +107,7 @@ impl<'a> Wiring<'a> {
                         DefinitionError::new(file, &field, format!("no built-in tool {name}"))
                     })?
                 }
-                ToolBinding::Http(binding) => {
-                    let resolved = binding
-                        .resolve(&format!("{field}.http"), self.env)
-                        .map_err(|e| binding_error(file, e))?;
-                    let spec = tool.spec.clone().expect("an HTTP tool has its spec");
-                    if let Some((at, missing)) = resolved
-                        .named_arguments()
-                        .into_iter()
-                        .find(|(_, arg)| spec.input_schema["properties"].get(*arg).is_none())
-                    {
-                        let named = match at.ends_with("url") {
-                            true => format!("{{{missing}}}"),
-                            false => missing.to_string(),
-                        };
-                        return Err(DefinitionError::new(
-                            file,
-                            &format!("{field}.http.{at}"),
-                            format!("{named} is not one of the tool's arguments"),
-                        ));
-                    }
-                    if self.drives {
-                        self.http.get();
-                    }
-                    Arc::new(HttpTool::new(spec, resolved, self.http.clone()))
-                }
+                ToolBinding::Http(binding) => self.http_tool(file, &field, tool, binding)?,
                 ToolBinding::Caller { lease } => Arc::new(CallerTool {
                     spec: tool.spec.clone().expect("a caller-run tool has its spec"),
                     lease: *lease,
@@ -208,6 +199,87 @@ impl<'a> Wiring<'a> {
             }
         }
         Ok(agent)
+    }
+}
+
+impl Wiring<'_> {
+    /// An HTTP tool, the arguments its URLs name checked against its schema; where a variable
+    /// it reads is unset and only running it needs it, a stand-in this process never runs.
+    fn http_tool(
+        &self,
+        file: &str,
+        field: &str,
+        tool: &ToolDefinition,
+        binding: &HttpBinding,
+    ) -> Result<Arc<dyn Tool>, DefinitionError> {
+        let spec = tool.spec.clone().expect("an HTTP tool has its spec");
+        let resolved = binding.resolve(&format!("{field}.http"), self.env);
+        let resolved = match self.unless_unset(file, resolved)? {
+            Ok(resolved) => resolved,
+            Err(missing) => return Ok(Arc::new(NotHere { spec, missing })),
+        };
+        if let Some((at, missing)) = resolved
+            .named_arguments()
+            .into_iter()
+            .find(|(_, arg)| spec.input_schema["properties"].get(*arg).is_none())
+        {
+            let named = match at.ends_with("url") {
+                true => format!("{{{missing}}}"),
+                false => missing.to_string(),
+            };
+            return Err(DefinitionError::new(
+                file,
+                &format!("{field}.http.{at}"),
+                format!("{named} is not one of the tool's arguments"),
+            ));
+        }
+        if self.drives {
+            self.http.get();
+        }
+        Ok(Arc::new(HttpTool::new(spec, resolved, self.http.clone())))
+    }
+
+    /// A binding as resolved; where only running a tool needs its variables, a variable unset
+    /// here is what this process lacks to run it, not an error. Any other fault is the
+    /// definition's.
+    fn unless_unset<T>(
+        &self,
+        file: &str,
+        resolved: Result<T, BindingError>,
+    ) -> Result<Result<T, NotRunnableHere>, DefinitionError> {
+        match resolved {
+            Ok(resolved) => Ok(Ok(resolved)),
+            Err(BindingError::Env(EnvError::Unset { field, var }))
+                if self.environment == Environment::WhenRun =>
+            {
+                Ok(Err(NotRunnableHere { var, field }))
+            }
+            Err(error) => Err(binding_error(file, error)),
+        }
+    }
+}
+
+/// A bound tool this process cannot run: a variable its binding reads is unset here. Its calls
+/// are checked and ruled on as the definition describes it; the engine never claims one here.
+struct NotHere {
+    spec: ToolSpec,
+    missing: NotRunnableHere,
+}
+
+#[async_trait::async_trait]
+impl Tool for NotHere {
+    fn spec(&self) -> ToolSpec {
+        self.spec.clone()
+    }
+
+    async fn call(&self, _call: ToolCall<'_>) -> ToolOutcome {
+        ToolOutcome::Failed {
+            error: format!("{}; nothing was sent", self.missing),
+        }
+    }
+
+    fn runs_here(&self) -> Result<(), NotRunnableHere> {
+        Err(self.missing.clone())
     }
 }
 

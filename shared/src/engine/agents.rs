@@ -120,6 +120,18 @@ impl Agent {
         self
     }
 
+    /// Whether this process can run the agent's calls: every tool it binds or lists. A process
+    /// that lacks a variable the agent's bindings read resumes and drives none of its runs: a
+    /// decision it records waits for a process that has the agent's environment.
+    pub fn runs_here(&self) -> Result<(), EngineError> {
+        self.tools.all_run_here().map_err(|missing| {
+            EngineError::NotConfigured(format!(
+                "this process cannot run the agent {}'s tools: {missing}",
+                self.name
+            ))
+        })
+    }
+
     /// What a tool says about itself, as policy may match it.
     pub fn hints(&self, tool: &str) -> ToolHints {
         self.tools.get(tool).map(|t| t.hints()).unwrap_or_default()

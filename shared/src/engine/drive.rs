@@ -132,6 +132,7 @@ impl Engine {
             )));
         }
         agent.model_here()?;
+        agent.runs_here()?;
         let now = self.now();
         let mut run = Run::start(
             RunId::generate(),
@@ -245,6 +246,7 @@ impl Engine {
         }
         let agent = self.agent(&run.value.agent)?.clone();
         let model = agent.model_here()?.clone();
+        agent.runs_here()?;
         let specs = agent.tools.specs();
         for _ in 0..agent.limits.max_model_turns {
             if run.value.messages.len() > run.value.written_messages {

@@ -195,6 +195,7 @@ impl Engine {
     /// once it is settled or waits on a person; [`Engine::call_state`] reads it again later.
     pub async fn gate_call(&self, call: GateCall) -> Result<CallState, EngineError> {
         let agent = self.agent(&call.agent)?.clone();
+        agent.runs_here()?;
         agent
             .tools
             .prepare()

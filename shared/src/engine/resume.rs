@@ -86,6 +86,11 @@ impl Engine {
                 run.value.status, message.action_id
             )));
         }
+        // Resumed only where the agent's calls can run: elsewhere nothing is claimed or held,
+        // and the message waits in the outbox for a process that has the agent's environment.
+        if let Ok(agent) = self.agent(&run.value.agent) {
+            agent.runs_here()?;
+        }
         let (pk, sk) = (
             keys::run_pk(&message.tenant, &message.run_id),
             keys::action_sk(&message.action_id, message.version),

@@ -608,6 +608,13 @@ impl Engine {
         if run.value.status != RunStatus::Running {
             return Ok(None);
         }
+        // A process that cannot run the agent's tools leaves the run to one that can.
+        if let Ok(agent) = self.agent(&run.value.agent)
+            && let Err(error) = agent.runs_here()
+        {
+            tracing::info!(%error, "left for a process that has the agent's environment");
+            return Ok(None);
+        }
         let (tenant, run_id) = (run.value.tenant.clone(), run.value.id.clone());
         let actions = self.actions_of(&tenant, &run_id).await?;
         let mut redriven = run.clone();
@@ -713,6 +720,11 @@ impl Engine {
             .as_ref()
             .and_then(|run| self.agent(&run.value.agent).ok())
             .and_then(|agent| agent.tools.get(&action.value.tool).cloned());
+        // Only a process that can run the tool asks it, or gives up on it.
+        if let Some(Err(missing)) = tool.as_ref().map(|tool| tool.runs_here()) {
+            tracing::info!(%key, %missing, "left for a process that has the agent's environment");
+            return Ok(());
+        }
         let patience = tool.as_ref().and_then(|tool| tool.gives_up_after());
         let answer = match tool {
             Some(tool) => {

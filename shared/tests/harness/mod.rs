@@ -14,8 +14,9 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use chrono::{DateTime, TimeZone, Utc};
+use shared::adapters::env_template::Lookup;
 use shared::adapters::sqlite::SqliteStore;
-use shared::agents::{self, Wiring};
+use shared::agents::{self, Environment, Wiring};
 use shared::domain::action::ToolOutcome;
 use shared::domain::approval::{Approval, Choice, DecisionRequest};
 use shared::domain::audit::{AuditEntry, AuditEvent};
@@ -303,8 +304,26 @@ impl Harness {
         definitions: &[agents::Definition],
         delivery: Delivery,
     ) -> Process {
+        let env = shared::adapters::env_template::process_env;
+        self.process_of_definitions_in(definitions, delivery, &env, Environment::AtStart)
+            .await
+    }
+
+    /// [`Harness::process_of_definitions_with`], the variables the bindings read taken from
+    /// `env` and needed as `environment` says.
+    pub async fn process_of_definitions_in(
+        &self,
+        definitions: &[agents::Definition],
+        delivery: Delivery,
+        env: Lookup<'_>,
+        environment: Environment,
+    ) -> Process {
         let store = self.backend.connect().await;
-        let wiring = Wiring::new(store.clone(), self.clock.clone(), self.claims.clone());
+        let wiring = Wiring {
+            env,
+            environment,
+            ..Wiring::new(store.clone(), self.clock.clone(), self.claims.clone())
+        };
         let built = definitions
             .iter()
             .map(|d| wiring.build(d).expect("the definition builds"));

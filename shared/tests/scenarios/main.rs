@@ -26,6 +26,7 @@ mod claims;
 mod crashes;
 mod decisions;
 mod edits;
+mod environment;
 mod expiry;
 mod gate;
 mod limits;
