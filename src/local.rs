@@ -11,6 +11,7 @@ use shared::adapters::sqlite::SqliteStore;
 use shared::agents::Environment;
 use shared::deploy::{self, Aws, Backing, Setup, StoreKind};
 use shared::domain::identity::{Directory, Identity};
+use shared::domain::ids::{AgentName, TenantId};
 use shared::engine::records::{decode, keys};
 use shared::engine::{Delivery, Engine, EngineError};
 use shared::example::expense::{self, Claims, Ledger};
@@ -156,17 +157,19 @@ impl Local {
             .map_err(|e| Failure::from(EngineError::from(e)))
     }
 
-    /// Whether this process has the agent: without it, it cannot start, decide or resume the
-    /// agent's runs, and the user is told how to load its definition.
-    pub fn loaded(&self, name: &shared::domain::ids::AgentName) -> Result<(), Failure> {
-        if self.engine.agent(name).is_ok() {
+    /// Whether this process has the agent for `tenant`: without it, it cannot start, decide or
+    /// resume the agent's runs, and the user is told how to load its definition. An agent that
+    /// does not serve the tenant is not loaded for it, in the same words.
+    pub fn loaded(&self, tenant: &TenantId, name: &AgentName) -> Result<(), Failure> {
+        if self.engine.agent(tenant, name).is_ok() {
             return Ok(());
         }
         let loaded: Vec<String> = self
             .engine
             .agents()
-            .names()
-            .map(|n| n.to_string())
+            .iter()
+            .filter(|agent| agent.serves(tenant))
+            .map(|agent| agent.name.to_string())
             .collect();
         Err(Failure {
             code: "not_found",
@@ -184,7 +187,7 @@ impl Local {
     }
 
     /// Every tenant that has started a run, for views across the whole local deployment.
-    pub async fn tenants(&self) -> Result<Vec<shared::domain::ids::TenantId>, Failure> {
+    pub async fn tenants(&self) -> Result<Vec<TenantId>, Failure> {
         let items = query_all(self.store.as_ref(), keys::TENANTS_PK, "")
             .await
             .map_err(EngineError::from)?;

@@ -109,8 +109,8 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
     let local = Local::connect(&cli.global, cli.command.environment()).await?;
     match cli.command {
         Command::Agent { claim, ttl } => {
-            local.loaded(&AgentName::parse(expense::AGENT)?)?;
             let mut start = expense::task_for(&local.claims, &claim)?;
+            local.loaded(&start.tenant, &start.agent)?;
             start.approval_ttl = ttl;
             start_run(&local, start).await
         }
@@ -122,7 +122,7 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
         } => {
             let who = local.identify(&person)?;
             let agent = agent_named(&agent)?;
-            local.loaded(&agent)?;
+            local.loaded(&who.tenant, &agent)?;
             let start = StartRun {
                 approval_ttl: ttl,
                 ..StartRun::for_person(&who, agent, task)
@@ -247,8 +247,8 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
                 .partition(|s| matches!(s.outcome, expense::SettlementOutcome::Paid { .. }));
             let expense = local
                 .engine
-                .agent(&AgentName::parse(expense::AGENT)?)
-                .is_ok();
+                .agents()
+                .contains(&AgentName::parse(expense::AGENT)?);
             let text = render::ledger(&payments, &declined, expense);
             Ok(Output {
                 text,
@@ -273,7 +273,7 @@ pub(crate) fn agent_named(text: &str) -> Result<AgentName, Failure> {
 
 /// Starts a run, its agent's tools prepared first.
 async fn start_run(local: &Local, start: StartRun) -> Result<Output, Failure> {
-    shared::agents::prepare(&local.engine, &start.agent).await?;
+    shared::agents::prepare(&local.engine, &start.tenant, &start.agent).await?;
     let report = local.engine.start(start).await?;
     let history = waits_on_calls(local, &report).await;
     Ok(Output {
@@ -312,8 +312,9 @@ async fn expire(local: &Local) -> Result<Output, Failure> {
         let Some(approval) = find_approval(local, &tenants, approval_id).await else {
             continue;
         };
-        if !agents.contains(&approval.agent) {
-            agents.push(approval.agent.clone());
+        let of = (approval.tenant.clone(), approval.agent.clone());
+        if !agents.contains(&of) {
+            agents.push(of);
         }
         let run = local.engine.run(&approval.tenant, &approval.run_id).await?;
         let run = shared::engine::RunReport::of(&run, vec![]);
@@ -329,8 +330,8 @@ async fn expire(local: &Local) -> Result<Output, Failure> {
     }
     let mut text = render::sweep(&swept);
     let mut waiting = Vec::new();
-    for agent in &agents {
-        if let Some(missing) = waits_for_environment(local, agent) {
+    for (tenant, agent) in &agents {
+        if let Some(missing) = waits_for_environment(local, tenant, agent) {
             text.push_str(&environment_note(&missing));
             waiting.push(missing_json(&missing));
         }
@@ -344,11 +345,16 @@ async fn expire(local: &Local) -> Result<Output, Failure> {
 /// In the embedded mode, what this process lacks to resume a run of `agent` and run its calls
 /// (a variable its bindings read): the decision or expiry it recorded waits, nothing claimed,
 /// for a process that has it. `None` where it can, or where a queue's consumer resumes runs.
-fn waits_for_environment(local: &Local, agent: &AgentName) -> Option<NotRunnableHere> {
+fn waits_for_environment(
+    local: &Local,
+    tenant: &TenantId,
+    agent: &AgentName,
+) -> Option<NotRunnableHere> {
     if local.aws.is_some() {
         return None;
     }
-    local.engine.agent(agent).ok()?.tools.all_run_here().err()
+    let agent = local.engine.agent(tenant, agent).ok()?;
+    agent.tools.all_run_here().err()
 }
 
 /// What [`waits_for_environment`] found, said to a person with what runs the call instead.
@@ -406,7 +412,7 @@ async fn decide(local: &Local, review: Review) -> Result<Output, Failure> {
     let approval_id = ApprovalId::parse(&submission.approval)?;
     let who = local.identify(&submission.person)?;
     let approval = local.engine.approval(&who.tenant, &approval_id).await?;
-    local.loaded(&approval.agent)?;
+    local.loaded(&who.tenant, &approval.agent)?;
     let action_version = match submission.version {
         Some(v) => ActionVersion::new(v)?,
         // The approval id names one action version; deciding it by id decides that version.
@@ -437,7 +443,8 @@ async fn decide(local: &Local, review: Review) -> Result<Output, Failure> {
     // A decision that settled its approval resumes the run, where this process can.
     let waiting = |a: &Approval| a.status == ApprovalStatus::AwaitingApproval;
     let resumes = !waiting(&report.approval) && !report.next_approval.as_ref().is_some_and(waiting);
-    if resumes && let Some(missing) = waits_for_environment(local, &report.approval.agent) {
+    let (tenant, agent) = (&report.approval.tenant, &report.approval.agent);
+    if resumes && let Some(missing) = waits_for_environment(local, tenant, agent) {
         text.push_str(&environment_note(&missing));
         json["waits_for_environment"] = missing_json(&missing);
     }

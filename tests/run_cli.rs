@@ -106,6 +106,83 @@ fn a_run_of_an_agent_whose_model_key_is_unset_names_the_variable_and_writes_noth
 }
 
 #[test]
+fn an_agent_is_not_loaded_for_a_tenant_its_definition_does_not_name_in_the_words_of_an_unknown_one()
+{
+    let cs = Countersign::fresh("run-tenants");
+
+    // zoe is of globex; the shipped refunds agent names acme only.
+    let foreign = cs.run(&["run", "--agent", "refunds", TASK, "--as", "zoe"]);
+    let unknown = cs.run(&["run", "--agent", "payroll", TASK, "--as", "zoe"]);
+    let gateway = cs.run(&["mcp", "--agent", "refunds", "--as", "zoe"]);
+
+    assert_eq!(foreign.exit, 1, "{}", foreign.stderr);
+    assert_eq!(foreign.json["error"]["code"], "not_found");
+    assert!(
+        foreign
+            .stderr
+            .contains("agent refunds is not loaded here (loaded: none)"),
+        "{}",
+        foreign.stderr
+    );
+    assert_eq!(
+        foreign.stderr.replace("refunds", "payroll"),
+        unknown.stderr,
+        "the same words"
+    );
+    assert_eq!(gateway.exit, 1, "{}", gateway.stderr);
+    assert!(
+        gateway.stderr.contains("agent refunds is not loaded here"),
+        "{}",
+        gateway.stderr
+    );
+    assert_eq!(cs.ok(&["review"])["approvals"], json!([]));
+}
+
+#[test]
+fn a_definition_open_to_every_tenant_whose_bindings_hold_secrets_is_warned_of_at_start() {
+    let definitions = TempDir::new("run-open-secrets");
+    let bonuses = definitions.bonuses_agent(BONUSES_SCRIPT);
+    let agent = std::path::Path::new(&bonuses).join("agent.toml");
+    let text = std::fs::read_to_string(&agent).unwrap();
+    std::fs::write(
+        &agent,
+        text.replace(
+            "timeout = \"1s\"",
+            "timeout = \"1s\"\nheaders = { Authorization = \"Bearer ${PAYROLL_TOKEN:-t0k3n}\" }",
+        ),
+    )
+    .unwrap();
+    let cs = Countersign::fresh("run-open-secrets").with_env(vec![
+        ("COUNTERSIGN_STORE", "embedded".to_string()),
+        ("COUNTERSIGN_AGENTS", bonuses.clone()),
+        ("COUNTERSIGN_PEOPLE", definitions.people()),
+    ]);
+
+    let open = cs.run(&["review"]);
+
+    assert_eq!(open.exit, 0, "{}", open.stderr);
+    assert!(
+        open.stderr
+            .contains("names no tenants, so every tenant may use it")
+            && open
+                .stderr
+                .contains("tools.pay_bonus.http.headers.Authorization"),
+        "{}",
+        open.stderr
+    );
+    assert!(!open.stderr.contains("t0k3n"), "{}", open.stderr);
+    // Named, no warning.
+    let text = std::fs::read_to_string(&agent).unwrap();
+    std::fs::write(&agent, format!("tenants = [\"acme\"]\n{text}")).unwrap();
+    let named = cs.run(&["review"]);
+    assert!(
+        !named.stderr.contains("names no tenants"),
+        "{}",
+        named.stderr
+    );
+}
+
+#[test]
 fn a_shorter_ttl_gives_the_reviewer_less_time() {
     let orders = OrdersService::start("run-ttl");
     let cs = Countersign::fresh("run-ttl").with_env(orders.embedded_env());

@@ -100,6 +100,35 @@ async fn an_unknown_agent_is_404_and_starts_nothing() {
 }
 
 #[tokio::test]
+async fn an_agent_is_not_found_for_a_tenant_its_definition_does_not_name_as_an_unknown_one_is() {
+    let orders = OrdersService::start("runs-api-tenants");
+    let server = server_beside(&orders, "runs-tenants");
+
+    // zoe is of globex; the refunds agent names acme only.
+    let foreign = server.start_agent("zoe", "refunds", TASK).await;
+    let unknown = server.start_agent("zoe", "payroll", TASK).await;
+
+    assert_refused_naming(&foreign, 404, "not_found", "agent refunds was not found");
+    assert_refused_naming(&unknown, 404, "not_found", "agent payroll was not found");
+    assert_eq!(
+        foreign.json["error"]["message"]
+            .as_str()
+            .unwrap()
+            .replace("refunds", "payroll"),
+        unknown.json["error"]["message"].as_str().unwrap()
+    );
+    let zoes = server.get("/approvals", "zoe").await;
+    assert_eq!(zoes.json["approvals"], json!([]), "{}", zoes.json);
+    // acme's own people start it as ever.
+    let started = server.start_agent("sam", "refunds", TASK).await;
+    assert_eq!(
+        started.json["status"], "awaiting_approval",
+        "{}",
+        started.json
+    );
+}
+
+#[tokio::test]
 async fn an_agent_without_a_task_or_a_task_beside_a_claim_is_400() {
     let server = Server::start("runs-shape");
     for body in [

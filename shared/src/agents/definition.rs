@@ -1,6 +1,6 @@
 //! One agent definition: `agent.toml` parsed and checked, its policy and offline script read.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,11 +11,13 @@ use super::mcp;
 use super::{DEFINITION_FILE, DefinitionError, Files, schema};
 use crate::adapters::env_template::{self, BindingError};
 use crate::adapters::http_tool::{HttpBinding, parse_duration};
-use crate::adapters::mcp_tool::{McpServerBinding, McpToolBinding, SERVER_FORMS};
+use crate::adapters::mcp_tool::{
+    Endpoint as McpEndpoint, McpServerBinding, McpToolBinding, SERVER_FORMS,
+};
 use crate::adapters::model_api::DEFAULT_TURN_TIMEOUT;
 use crate::adapters::openai;
 use crate::adapters::scripted::Script;
-use crate::domain::ids::{AgentName, Role};
+use crate::domain::ids::{AgentName, Role, TenantId};
 use crate::domain::policy::Policy;
 use crate::engine::Limits;
 use crate::ports::model::ToolSpec;
@@ -129,6 +131,8 @@ pub struct Definition {
     /// `[mcp.<server>]`: the MCP servers its tools come from, by the name it gives them.
     pub mcp: BTreeMap<String, McpServerBinding>,
     pub recovery_owner: Option<Role>,
+    /// The tenants that may use the agent (`tenants = ["acme"]`); `None`: every tenant.
+    pub tenants: Option<BTreeSet<TenantId>>,
 }
 
 #[derive(Deserialize)]
@@ -140,6 +144,7 @@ struct RawDefinition {
     policy: String,
     system_prompt: String,
     recovery_owner: Option<String>,
+    tenants: Option<Vec<String>>,
     model: Option<RawModel>,
     #[serde(default)]
     tools: BTreeMap<String, RawTool>,
@@ -211,6 +216,11 @@ impl Definition {
             .map(Role::parse)
             .transpose()
             .map_err(|e| err("recovery_owner", e.to_string()))?;
+
+        let tenants = raw
+            .tenants
+            .map(|names| tenants(&names).map_err(|why| err("tenants", why)))
+            .transpose()?;
 
         let policy_file = files.label(&raw.policy);
         let policy = Policy::from_toml(&files.read(&raw.policy)?)
@@ -315,7 +325,64 @@ impl Definition {
             tools,
             mcp: servers,
             recovery_owner,
+            tenants,
         })
+    }
+
+    /// Where a definition open to every tenant (no `tenants`) binds a secret: the first field
+    /// of a binding that holds one (a header, a value a `${VAR}` fills in, a stdio server's
+    /// env). Such an agent lends whatever the secret opens to every tenant of the deployment.
+    pub fn secret_open_to_every_tenant(&self) -> Option<String> {
+        if self.tenants.is_some() {
+            return None;
+        }
+        let http = self.tools.iter().filter_map(|tool| match &tool.binding {
+            ToolBinding::Http(binding) => Some((format!("tools.{}.http", tool.name), binding)),
+            _ => None,
+        });
+        for (field, binding) in http {
+            let lookup = binding.reconcile.as_ref().map(|r| (&r.url, &r.headers));
+            let requests = [(field.clone(), &binding.url, &binding.headers)]
+                .into_iter()
+                .chain(lookup.map(|(url, headers)| (format!("{field}.reconcile"), url, headers)));
+            for (field, url, headers) in requests {
+                if let Some(header) = headers.0.keys().next() {
+                    return Some(format!("{field}.headers.{header}"));
+                }
+                if env_template::mentions_env(url) {
+                    return Some(format!("{field}.url"));
+                }
+            }
+        }
+        for (name, server) in &self.mcp {
+            let field = format!("mcp.{name}");
+            let texts: Vec<(&str, &String)> = match &server.endpoint {
+                McpEndpoint::Http { url, headers } => {
+                    if let Some(header) = headers.keys().next() {
+                        return Some(format!("{field}.headers.{header}"));
+                    }
+                    vec![("url", url)]
+                }
+                McpEndpoint::Stdio {
+                    command,
+                    args,
+                    env,
+                    cwd,
+                } => {
+                    if let Some(var) = env.keys().next() {
+                        return Some(format!("{field}.env.{var}"));
+                    }
+                    let mut texts = vec![("command", command)];
+                    texts.extend(args.iter().map(|arg| ("args", arg)));
+                    texts.extend(cwd.iter().map(|cwd| ("cwd", cwd)));
+                    texts
+                }
+            };
+            if let Some((at, _)) = texts.iter().find(|(_, t)| env_template::mentions_env(t)) {
+                return Some(format!("{field}.{at}"));
+            }
+        }
+        None
     }
 
     /// The servers under `[mcp.*]` that this process would start (`command = ...`), by name.
@@ -621,6 +688,25 @@ fn tool_definition(
         binding,
         claimant: raw.claimant,
     })
+}
+
+/// `tenants = [...]`: at least one tenant id, none twice.
+fn tenants(names: &[String]) -> Result<BTreeSet<TenantId>, String> {
+    if names.is_empty() {
+        return Err(
+            "names no tenant, so none could use the agent: name at least one, or leave tenants \
+             out for every tenant"
+                .into(),
+        );
+    }
+    let mut tenants = BTreeSet::new();
+    for name in names {
+        let tenant = TenantId::parse(name).map_err(|e| e.to_string())?;
+        if !tenants.insert(tenant) {
+            return Err(format!("names {name} twice"));
+        }
+    }
+    Ok(tenants)
 }
 
 /// 1 to 64 letters, digits, '_' or '-': a tool's or a server's name.

@@ -268,10 +268,15 @@ pub fn load_paths(paths: &[PathBuf]) -> Result<Vec<Definition>, DefinitionError>
 /// Makes an agent's tools ready before a run of it is driven: connects to and lists every MCP
 /// server of its definition not yet listed in this process. A server that is down refuses the
 /// run as unavailable (HTTP 503) before anything is written; the next attempt tries again.
-/// Call it before [`Engine::start`] and before a resume: it returns at once once listed.
-pub async fn prepare(engine: &Engine, agent: &AgentName) -> Result<(), EngineError> {
+/// Call it before [`Engine::start`] and before a resume: it returns at once once listed. An
+/// agent that does not serve `tenant` is `not_found`, as if it did not exist.
+pub async fn prepare(
+    engine: &Engine,
+    tenant: &TenantId,
+    agent: &AgentName,
+) -> Result<(), EngineError> {
     engine
-        .agent(agent)?
+        .agent(tenant, agent)?
         .tools
         .prepare()
         .await
@@ -294,7 +299,7 @@ pub async fn prepare_queued(engine: &Engine, message: &QueueMessage) -> Result<(
 
 async fn prepare_run(engine: &Engine, tenant: &TenantId, run: &RunId) -> Result<(), EngineError> {
     match engine.run(tenant, run).await {
-        Ok(run) => prepare(engine, &run.agent).await,
+        Ok(run) => prepare(engine, tenant, &run.agent).await,
         Err(_) => Ok(()),
     }
 }

@@ -188,6 +188,16 @@ impl<'a> Wiring<'a> {
                 ..Limits::default()
             });
         agent.gateway_only = definition.model.is_none();
+        agent.tenants = definition.tenants.clone();
+        if let Some(field) = definition.secret_open_to_every_tenant() {
+            tracing::warn!(
+                agent = %definition.name,
+                file = %definition.file,
+                %field,
+                "names no tenants, so every tenant may use it, and its bindings hold secrets: name \
+                 the tenants that may, with tenants = [...]"
+            );
+        }
         agent.claimant_args = claimant_args;
         agent.recovery_owner = definition.recovery_owner.clone();
         if self.drives

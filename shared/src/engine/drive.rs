@@ -119,7 +119,7 @@ impl Engine {
                 task.len()
             )));
         }
-        let agent = self.agent(&start.agent)?;
+        let agent = self.agent(&start.tenant, &start.agent)?;
         if let Some(ttl) = start.approval_ttl {
             agent.policy.check_ttl(ttl).map_err(EngineError::BadInput)?;
         }
@@ -244,7 +244,7 @@ impl Engine {
                 .unwrap_or_default();
             return self.finish_run(run, answer).await;
         }
-        let agent = self.agent(&run.value.agent)?.clone();
+        let agent = self.agent_of(&run.value)?.clone();
         let model = agent.model_here()?.clone();
         agent.runs_here()?;
         let specs = agent.tools.specs();

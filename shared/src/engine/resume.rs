@@ -88,7 +88,7 @@ impl Engine {
         }
         // Resumed only where the agent's calls can run: elsewhere nothing is claimed or held,
         // and the message waits in the outbox for a process that has the agent's environment.
-        if let Ok(agent) = self.agent(&run.value.agent) {
+        if let Ok(agent) = self.agent_of(&run.value) {
             agent.runs_here()?;
         }
         let (pk, sk) = (
@@ -135,7 +135,7 @@ impl Engine {
 
     /// The lease of a caller's claim of this tool, for a tool its caller runs.
     pub(super) fn caller_lease(&self, run: &Run, tool: &str) -> Option<std::time::Duration> {
-        self.agent(&run.agent).ok()?.caller_lease(tool)
+        self.agent_of(run).ok()?.caller_lease(tool)
     }
 
     /// Claims the approved version (`approved → executing`), calls the tool with the key
@@ -153,7 +153,7 @@ impl Engine {
             return Ok(ignored("another worker claimed this action"));
         };
         let outcome = if intact {
-            match self.agent(&run.value.agent) {
+            match self.agent_of(&run.value) {
                 Ok(agent) => self.call_tool(agent, &action.value).await,
                 Err(error) => ToolOutcome::Failed {
                     error: format!("not executed: {error}"),
@@ -453,7 +453,7 @@ impl Engine {
         action: &Action,
         detail: &str,
     ) -> Result<Option<Approval>, EngineError> {
-        let reconciles = self.agent(&run.agent).is_ok_and(|agent| {
+        let reconciles = self.agent_of(run).is_ok_and(|agent| {
             agent
                 .tools
                 .get(&action.tool)
@@ -472,7 +472,7 @@ impl Engine {
         action: &Action,
         detail: &str,
     ) -> Result<Option<Approval>, EngineError> {
-        let Ok(agent) = self.agent(&run.agent) else {
+        let Ok(agent) = self.agent_of(run) else {
             return Ok(None);
         };
         let Some(owner) = agent.recovery_owner.clone() else {

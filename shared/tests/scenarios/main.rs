@@ -34,6 +34,7 @@ mod races;
 mod recovery;
 mod resume;
 mod snapshots;
+mod tenants;
 mod turns;
 
 use std::future::Future;
