@@ -1143,4 +1143,75 @@ description = "Refund an order."
         let unknown = refused("[model]\nprovider = \"gemini\"\n", POLICY);
         assert!(unknown.message.contains("openai"), "{unknown}");
     }
+
+    #[test]
+    fn tenants_name_who_may_use_the_agent_and_an_empty_or_repeated_list_is_refused() {
+        let named = listed("tenants = [\"acme\", \"globex\"]");
+        let names: Vec<&str> = named.tenants.iter().flatten().map(|t| t.as_str()).collect();
+        assert_eq!(names, ["acme", "globex"]);
+        assert_eq!(listed("").tenants, None, "without it, every tenant");
+
+        for (line, says) in [
+            ("tenants = []", "name at least one"),
+            ("tenants = [\"acme\", \"acme\"]", "names acme twice"),
+            ("tenants = [\"acme corp\"]", "is not valid"),
+        ] {
+            let error = refused(
+                &format!("{line}\n[mcp.orders]\nurl = \"http://x/mcp\"\ntools = \"*\"\n"),
+                POLICY,
+            );
+            assert_eq!(
+                (error.file.as_str(), error.field.as_str()),
+                ("test/agent.toml", "tenants")
+            );
+            assert!(error.message.contains(says), "{line}: {error}");
+        }
+    }
+
+    #[test]
+    fn a_definition_open_to_every_tenant_names_the_first_binding_that_holds_a_secret() {
+        let policy = "name = \"o\"\nversion = 1\ndefault_ttl = \"1h\"\n";
+        let secret = |agent: &str| load(agent, policy).unwrap().secret_open_to_every_tenant();
+        let http = |extra: &str| {
+            format!(
+                "{REFUND_TOOL}[tools.issue_refund.http]\nmethod = \"POST\"\n{extra}\n\
+                 [tools.issue_refund.http.reconcile]\nmethod = \"GET\"\n\
+                 url = \"http://o.example/refunds/by-key/{{idempotency_key}}\"\n"
+            )
+        };
+        let plain = http("url = \"http://o.example/refunds\"");
+        assert_eq!(secret(&plain), None);
+        assert_eq!(
+            secret(&http(
+                "url = \"http://o.example/refunds\"\nheaders = { Authorization = \"Bearer t\" }"
+            )),
+            Some("tools.issue_refund.http.headers.Authorization".into())
+        );
+        assert_eq!(
+            secret(&http("url = \"${ORDERS_URL:-http://o.example}/refunds\"")),
+            Some("tools.issue_refund.http.url".into())
+        );
+        let server = |body: &str| format!("[mcp.files]\n{body}\ntools = \"*\"\n");
+        assert_eq!(
+            secret(&server(
+                "command = \"npx\"\nenv = { GITHUB_TOKEN = \"ghp\" }"
+            )),
+            Some("mcp.files.env.GITHUB_TOKEN".into())
+        );
+        assert_eq!(
+            secret(&server(
+                "command = \"npx\"\nargs = [\"-y\", \"${NOTES_DIR}\"]"
+            )),
+            Some("mcp.files.args".into())
+        );
+        assert_eq!(secret(&server("url = \"http://x/mcp\"")), None);
+        assert_eq!(
+            secret(&format!(
+                "tenants = [\"acme\"]\n{}",
+                server("url = \"${MCP_URL}\"")
+            )),
+            None,
+            "named tenants: nothing lent to others"
+        );
+    }
 }

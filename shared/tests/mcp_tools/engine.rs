@@ -270,7 +270,9 @@ async fn a_defined_agent_runs_a_read_only_tool_at_once_and_a_destructive_one_aft
         .await
         .unwrap();
 
-    shared::agents::prepare(&p, &harness::acme(), &orders_name()).await.unwrap();
+    shared::agents::prepare(&p, &harness::acme(), &orders_name())
+        .await
+        .unwrap();
     let report = p.start(orders_task()).await.unwrap();
 
     let approval = waiting_refund(&report, &seen);
@@ -307,7 +309,9 @@ mcp = { server = "orders", tool = "issue_refund" }
         .await
         .unwrap();
 
-    shared::agents::prepare(&p, &harness::acme(), &orders_name()).await.unwrap();
+    shared::agents::prepare(&p, &harness::acme(), &orders_name())
+        .await
+        .unwrap();
     let tools = &p.agent(&harness::acme(), &orders_name()).unwrap().tools;
     let specs: Vec<String> = tools.specs().iter().map(|s| s.name.clone()).collect();
     assert_eq!(specs, ["refund"], "only the bound tool, under its own name");
@@ -364,7 +368,10 @@ async fn another_process_lists_the_tools_before_it_resumes_and_runs_the_approved
     let resumer = defined_process(&h, &definition, &env, script)
         .await
         .unwrap();
-    let tools = &resumer.agent(&harness::acme(), &orders_name()).unwrap().tools;
+    let tools = &resumer
+        .agent(&harness::acme(), &orders_name())
+        .unwrap()
+        .tools;
     assert!(
         tools.get("issue_refund").is_none(),
         "nothing listed yet here"
@@ -418,7 +425,9 @@ async fn a_run_whose_mcp_server_is_down_is_refused_before_anything_is_written() 
     assert!(seen.calls.lock().unwrap().is_empty());
 
     relay.restart_on(server.addr);
-    shared::agents::prepare(&p, &harness::acme(), &orders_name()).await.unwrap();
+    shared::agents::prepare(&p, &harness::acme(), &orders_name())
+        .await
+        .unwrap();
     let report = p.start(orders_task()).await.unwrap();
     assert_eq!(
         report.status,
