@@ -15,19 +15,9 @@ use serde_json::Value;
 /// The shipped refunds definition as a team that keeps its token out of the file writes it:
 /// named "returns", its token read from `ORDERS_TOKEN` with no default.
 fn returns_agent(into: &Path) -> String {
-    let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("agents/refunds");
-    let dir = into.join("returns");
-    std::fs::create_dir_all(&dir).unwrap();
-    for file in ["agent.toml", "policy.toml", "script.toml"] {
-        let text = std::fs::read_to_string(shipped.join(file)).unwrap();
-        let text = match file {
-            "agent.toml" => text
-                .replacen("name = \"refunds\"", "name = \"returns\"", 1)
-                .replace("${ORDERS_TOKEN:-local-orders-token}", "${ORDERS_TOKEN}"),
-            _ => text,
-        };
-        std::fs::write(dir.join(file), text).unwrap();
-    }
+    let token =
+        |text: String| text.replace("${ORDERS_TOKEN:-local-orders-token}", "${ORDERS_TOKEN}");
+    let dir = common::agents::returns_agent(into, token);
     dir.to_str().unwrap().to_string()
 }
 

@@ -15,21 +15,9 @@ use serde_json::json;
 
 const TASK: &str = "Refund USD 125 for order ord_55: the blender arrived damaged.";
 
-/// The shipped refunds definition copied into `into/returns`, renamed "returns": a team's own
-/// agent, two files and no Rust.
+/// The shipped refunds definition as a team's own, "returns".
 fn returns_agent(into: &Path) -> PathBuf {
-    let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("agents/refunds");
-    let dir = into.join("returns");
-    std::fs::create_dir_all(&dir).unwrap();
-    for file in ["agent.toml", "policy.toml", "script.toml"] {
-        let text = std::fs::read_to_string(shipped.join(file)).unwrap();
-        let text = match file {
-            "agent.toml" => text.replacen("name = \"refunds\"", "name = \"returns\"", 1),
-            _ => text,
-        };
-        std::fs::write(dir.join(file), text).unwrap();
-    }
-    dir
+    common::agents::returns_agent(into, |text| text)
 }
 
 #[test]

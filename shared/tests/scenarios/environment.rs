@@ -9,22 +9,26 @@ use shared::domain::ids::AgentName;
 use shared::domain::run::GateVia;
 use shared::engine::{CallStatus, GateCall};
 
-/// A payroll agent whose one tool sends its token from `PAYROLL_TOKEN`; every payment waits for
-/// finance. Its service is not there: a call made is failed, nothing sent.
-fn payroll() -> Definition {
-    let agent = r#"name = "payroll"
+/// A payroll agent, `top` among its top-level lines and `http` among its one tool's binding:
+/// every payment waits for finance. Its service is not there: a call made is failed, nothing
+/// sent.
+pub(super) fn payroll(top: &str, http: &str) -> Definition {
+    let agent = format!(
+        r#"name = "payroll"
 system_prompt = "You pay what you are asked to."
+{top}
 
 [tools.pay]
 description = "Pays an employee, in cents."
-input_schema = { type = "object", properties = { employee = { type = "string" }, amount_cents = { type = "integer", minimum = 1 } }, required = ["employee", "amount_cents"], additionalProperties = false }
+input_schema = {{ type = "object", properties = {{ employee = {{ type = "string" }}, amount_cents = {{ type = "integer", minimum = 1 }} }}, required = ["employee", "amount_cents"], additionalProperties = false }}
 
 [tools.pay.http]
 method = "POST"
 url = "http://127.0.0.1:9/pay"
-headers = { Authorization = "Bearer ${PAYROLL_TOKEN}" }
 timeout = "1s"
-"#;
+{http}
+"#
+    );
     let policy = r#"name = "payroll"
 version = 1
 default_ttl = "1h"
@@ -37,9 +41,17 @@ reason = "Every payment needs finance."
 "#;
     Definition::load(&InMemory {
         dir: "test-payroll",
-        files: &[("agent.toml", agent), ("policy.toml", policy)],
+        files: &[("agent.toml", &agent), ("policy.toml", policy)],
     })
     .expect("the payroll definition loads")
+}
+
+/// [`payroll`] sending its token from `PAYROLL_TOKEN`.
+fn payroll_with_a_token() -> Definition {
+    payroll(
+        "",
+        r#"headers = { Authorization = "Bearer ${PAYROLL_TOKEN}" }"#,
+    )
 }
 
 /// `ben` asks, through the gate API, to pay `employee` 200 dollars.
@@ -66,8 +78,13 @@ fn without_it(_: &str) -> Option<String> {
 
 /// A process of the payroll agent, its variables read from `env`.
 async fn payroll_process(h: &Harness, env: Lookup<'_>, environment: Environment) -> Process {
-    h.process_of_definitions_in(&[payroll()], Delivery::InProcess, env, environment)
-        .await
+    h.process_of_definitions_in(
+        &[payroll_with_a_token()],
+        Delivery::InProcess,
+        env,
+        environment,
+    )
+    .await
 }
 
 async fn given_a_process_without_the_agents_token_when_it_approves_a_call_then_the_call_waits_unclaimed_and_a_process_with_it_runs_it_once(

@@ -2,43 +2,14 @@
 //! path (a run, a call from outside, a decision, a read), in the words an unknown agent gets.
 
 use super::*;
-use shared::agents::{Definition, InMemory};
+use shared::agents::Definition;
 use shared::domain::ids::AgentName;
 use shared::domain::run::GateVia;
 use shared::engine::{CallStatus, GateCall};
 
-/// A payroll agent that `tenants` (a TOML line) may use; every payment waits for finance.
+/// The payroll agent that `tenants` (a TOML line) may use.
 fn payroll(tenants: &str) -> Definition {
-    let agent = format!(
-        r#"name = "payroll"
-system_prompt = "You pay what you are asked to."
-{tenants}
-
-[tools.pay]
-description = "Pays an employee, in cents."
-input_schema = {{ type = "object", properties = {{ employee = {{ type = "string" }}, amount_cents = {{ type = "integer", minimum = 1 }} }}, required = ["employee", "amount_cents"], additionalProperties = false }}
-
-[tools.pay.http]
-method = "POST"
-url = "http://127.0.0.1:9/pay"
-timeout = "1s"
-"#
-    );
-    let policy = r#"name = "payroll"
-version = 1
-default_ttl = "1h"
-
-[tools.pay]
-decision = "approve"
-approver_role = "finance"
-quorum = 1
-reason = "Every payment needs finance."
-"#;
-    Definition::load(&InMemory {
-        dir: "test-payroll",
-        files: &[("agent.toml", &agent), ("policy.toml", policy)],
-    })
-    .expect("the payroll definition loads")
+    super::environment::payroll(tenants, "")
 }
 
 /// `who` asks, through the gate API, to pay ana 200 dollars with `agent`.
