@@ -319,9 +319,11 @@ impl Harness {
         environment: Environment,
     ) -> Process {
         let store = self.backend.connect().await;
+        // Its runs are driven here, as the embedded mode drives them: each agent gets its model.
         let wiring = Wiring {
             env,
             environment,
+            drives: true,
             ..Wiring::new(store.clone(), self.clock.clone(), self.claims.clone())
         };
         let built = definitions

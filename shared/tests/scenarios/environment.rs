@@ -1,18 +1,19 @@
 //! A process without the variables an agent's bindings read (a reviewer's) records decisions
 //! and runs none of the agent's calls: an approved call waits, unclaimed, in the outbox for a
-//! process that has them, which runs it once.
+//! process that has them, which runs it once; its sweep leaves what the tools would do to one.
 
 use super::*;
-use shared::adapters::env_template::Lookup;
 use shared::agents::{Definition, Environment, InMemory};
 use shared::domain::ids::AgentName;
 use shared::domain::run::GateVia;
 use shared::engine::{CallStatus, GateCall};
 
-/// A payroll agent, `top` among its top-level lines and `http` among its one tool's binding:
-/// every payment waits for finance. Its service is not there: a call made is failed, nothing
-/// sent.
-pub(super) fn payroll(top: &str, http: &str) -> Definition {
+/// Where the payroll service is not: a call made there is failed, nothing sent.
+pub(super) const NOWHERE: &str = "http://127.0.0.1:9/pay";
+
+/// A payroll agent, `top` among its top-level lines, its one tool posting to `url` with the
+/// binding's `http` lines: every payment waits for finance.
+pub(super) fn payroll(top: &str, url: &str, http: &str) -> Definition {
     let agent = format!(
         r#"name = "payroll"
 system_prompt = "You pay what you are asked to."
@@ -24,7 +25,7 @@ input_schema = {{ type = "object", properties = {{ employee = {{ type = "string"
 
 [tools.pay.http]
 method = "POST"
-url = "http://127.0.0.1:9/pay"
+url = "{url}"
 timeout = "1s"
 {http}
 "#
@@ -39,19 +40,24 @@ approver_role = "finance"
 quorum = 1
 reason = "Every payment needs finance."
 "#;
+    // Played, where `top` names it, by a script that pays no one.
+    let script = "[[turns]]\nsay = \"Nothing to pay.\"\n";
     Definition::load(&InMemory {
         dir: "test-payroll",
-        files: &[("agent.toml", &agent), ("policy.toml", policy)],
+        files: &[
+            ("agent.toml", &agent),
+            ("policy.toml", policy),
+            ("script.toml", script),
+        ],
     })
     .expect("the payroll definition loads")
 }
 
-/// [`payroll`] sending its token from `PAYROLL_TOKEN`.
+const TOKEN_HEADER: &str = r#"headers = { Authorization = "Bearer ${PAYROLL_TOKEN}" }"#;
+
+/// [`payroll`] sending its token from `PAYROLL_TOKEN`, to nowhere.
 fn payroll_with_a_token() -> Definition {
-    payroll(
-        "",
-        r#"headers = { Authorization = "Bearer ${PAYROLL_TOKEN}" }"#,
-    )
+    payroll("", NOWHERE, TOKEN_HEADER)
 }
 
 /// `ben` asks, through the gate API, to pay `employee` 200 dollars.
@@ -76,22 +82,34 @@ fn without_it(_: &str) -> Option<String> {
     None
 }
 
-/// A process of the payroll agent, its variables read from `env`.
-async fn payroll_process(h: &Harness, env: Lookup<'_>, environment: Environment) -> Process {
-    h.process_of_definitions_in(
-        &[payroll_with_a_token()],
-        Delivery::InProcess,
-        env,
-        environment,
-    )
-    .await
+/// A process of `payroll` that has the token, and one that has not (a reviewer's).
+async fn serving_and_reviewing(
+    h: &Harness,
+    payroll: impl Fn() -> Definition,
+) -> (Process, Process) {
+    let serving = h
+        .process_of_definitions_in(
+            &[payroll()],
+            Delivery::InProcess,
+            &with_the_token,
+            Environment::AtStart,
+        )
+        .await;
+    let reviewing = h
+        .process_of_definitions_in(
+            &[payroll()],
+            Delivery::InProcess,
+            &without_it,
+            Environment::WhenRun,
+        )
+        .await;
+    (serving, reviewing)
 }
 
 async fn given_a_process_without_the_agents_token_when_it_approves_a_call_then_the_call_waits_unclaimed_and_a_process_with_it_runs_it_once(
     h: &Harness,
 ) {
-    let serving = payroll_process(h, &with_the_token, Environment::AtStart).await;
-    let reviewing = payroll_process(h, &without_it, Environment::WhenRun).await;
+    let (serving, reviewing) = serving_and_reviewing(h, payroll_with_a_token).await;
     let waiting = serving.gate_call(pay("ana")).await.unwrap();
     assert_eq!(waiting.status, CallStatus::AwaitingApproval, "{waiting:?}");
     let approval = waiting.approval.clone().unwrap();
@@ -133,6 +151,73 @@ async fn given_a_process_without_the_agents_token_when_it_approves_a_call_then_t
     assert_eq!(history.run.status, RunStatus::Done, "{names:?}");
 }
 
+async fn given_a_call_whose_outcome_is_unknown_when_a_process_without_the_token_sweeps_then_only_a_process_with_it_asks_again(
+    h: &Harness,
+) {
+    // A service that takes the request and never answers: the outcome is unknown.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/pay", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    let silent = || payroll("", &url, TOKEN_HEADER);
+    let (serving, reviewing) = serving_and_reviewing(h, silent).await;
+    let waiting = serving.gate_call(pay("ana")).await.unwrap();
+    let approval = waiting.approval.clone().unwrap();
+    serving
+        .decide(&h.person("dana"), &approval.id, approve("dana-1"))
+        .await
+        .unwrap();
+    let history = serving.history(&acme(), &waiting.run_id).await.unwrap();
+    assert_eq!(history.actions[0].status, ActionStatus::Unknown);
+    let key = history.actions[0].key();
+
+    let left = reviewing.sweep(100).await.unwrap();
+    let asked = serving.sweep(100).await.unwrap();
+
+    assert!(left.unknown.is_empty(), "{left:?}");
+    assert_eq!(asked.unknown, [key]);
+}
+
+async fn given_a_run_whose_driver_stopped_when_a_process_without_the_token_sweeps_then_it_is_left_for_one_with_it(
+    h: &Harness,
+) {
+    let scripted = || {
+        payroll(
+            "[model]\nprovider = \"scripted\"\noffline = \"script.toml\"",
+            NOWHERE,
+            TOKEN_HEADER,
+        )
+    };
+    let (serving, reviewing) = serving_and_reviewing(h, scripted).await;
+    let start = shared::engine::StartRun {
+        agent: AgentName::parse("payroll").unwrap(),
+        task: "Pay no one.".into(),
+        ..scripted_task("ben")
+    };
+    // Accepted, and its driver gone before it drove it: its lease runs out.
+    let accepted = serving.accept(start).await.unwrap();
+    h.clock.advance(Duration::minutes(16));
+
+    let left = reviewing.sweep(100).await.unwrap();
+    let still = reviewing.run(&acme(), &accepted.run_id).await.unwrap();
+    let taken = serving.sweep(100).await.unwrap();
+
+    assert!(
+        left.redriven.is_empty() && left.abandoned.is_empty(),
+        "{left:?}"
+    );
+    assert_eq!(still.status, RunStatus::Running);
+    assert_eq!(taken.redriven, from_ref(&accepted.run_id));
+    let done = serving.run(&acme(), &accepted.run_id).await.unwrap();
+    assert_eq!(done.status, RunStatus::Done);
+}
+
 on_both_stores!([
     given_a_process_without_the_agents_token_when_it_approves_a_call_then_the_call_waits_unclaimed_and_a_process_with_it_runs_it_once,
+    given_a_call_whose_outcome_is_unknown_when_a_process_without_the_token_sweeps_then_only_a_process_with_it_asks_again,
+    given_a_run_whose_driver_stopped_when_a_process_without_the_token_sweeps_then_it_is_left_for_one_with_it,
 ]);

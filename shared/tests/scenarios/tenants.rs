@@ -9,7 +9,7 @@ use shared::engine::{CallStatus, GateCall};
 
 /// The payroll agent that `tenants` (a TOML line) may use.
 fn payroll(tenants: &str) -> Definition {
-    super::environment::payroll(tenants, "")
+    super::environment::payroll(tenants, super::environment::NOWHERE, "")
 }
 
 /// `who` asks, through the gate API, to pay ana 200 dollars with `agent`.
