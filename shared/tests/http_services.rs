@@ -8,6 +8,8 @@
 mod harness;
 #[path = "harness/dynamodb.rs"]
 mod dynamodb_backend;
+#[path = "support/secret_forms.rs"]
+mod secret_forms;
 mod support;
 
 use std::collections::HashMap;
@@ -444,26 +446,14 @@ async fn given_no_recovery_owner_when_the_lookup_never_tells_then_the_sweep_keep
 // Secrets
 // ---------------------------------------------------------------------------------------------
 
-const TOKEN: &str = "tok-SECRET-abcdef123";
-const URL_KEY: &str = "url-key-secret-456";
+/// A token a JSON string escapes, a query parameter the URL percent-encodes, a literal.
+const TOKEN: &str = "tok\"SECRET\\abcdef123";
+const URL_KEY: &str = "url key/\"secret\"-456";
 const LITERAL: &str = "literal-secret-value-123";
-
-/// Every secret of the secrets test, and the first bytes of each, which a cut could keep.
-fn secret_texts() -> Vec<String> {
-    let mut texts = Vec::new();
-    for secret in [TOKEN, URL_KEY, LITERAL] {
-        texts.push(secret.to_string());
-        texts.push(secret[..8].to_string());
-    }
-    texts
-}
 
 #[track_caller]
 fn assert_no_secret_in(what: &str, bytes: &[u8]) {
-    for secret in secret_texts() {
-        let found = bytes.windows(secret.len()).any(|w| w == secret.as_bytes());
-        assert!(!found, "{what} holds {secret:?}");
-    }
+    secret_forms::assert_no_secret_in(what, bytes, &[TOKEN, URL_KEY, LITERAL]);
 }
 
 /// A careless service that quotes what it was sent: the URL, every header; `/cut` quotes the
@@ -476,7 +466,7 @@ fn careless_service(request: &Request) -> (u16, String) {
     });
     match request.path.as_str() {
         "/echo" => (200, echoed.to_string()),
-        // 81 bytes, then `Bearer tok-SECRET-abcdef123`: a cut at 100 kept `Bearer tok-SECRET-a`.
+        // 81 bytes, then `Bearer tok"SECRET\abcdef123`: a cut at 100 kept `Bearer tok"SECRET\a`.
         "/cut" => (
             200,
             format!(
