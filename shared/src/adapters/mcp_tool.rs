@@ -40,9 +40,12 @@
 //!   its annotations later does not change what policy matched.
 //! - A server that is down at [`McpServer::connect`] or [`McpServer::tools`] is
 //!   [`McpError::Unreachable`]: a run is not started on it.
-//! - Header values and the variables filled from the environment never appear in `Debug`,
-//!   errors or outcomes: they are replaced by their `${NAME}` or by `<redacted>`. Keep a
-//!   secret in a header rather than the URL: the SDK's own error logs may print the URL.
+//! - Header values, `env` values and every value a `${VAR}` filled in never appear in `Debug`,
+//!   errors, outcomes or the stderr lines logged, in any form the wire gives them
+//!   ([`Secrets`]): they are replaced by their `${NAME}` or by `[redacted]`, in an outcome's
+//!   every string (content, `structuredContent`, its keys included), in one pass over the
+//!   whole outcome. Keep a secret in a header rather than the URL: the SDK's own error logs
+//!   may print the URL.
 //! - Redirects are not followed. An answer larger than 1 MiB is refused; to a `tools/call`,
 //!   that is unknown like any failure after sending.
 
@@ -73,6 +76,7 @@ use tokio::sync::Mutex;
 
 use super::env_template::BindingError;
 use super::env_template::{self, Lookup};
+use super::secrets::Secrets;
 use crate::domain::action::ToolOutcome;
 use crate::domain::policy::ToolHints;
 use crate::ports::model::ToolSpec;
@@ -277,7 +281,7 @@ impl McpServerBinding {
     /// such as `mcp.orders`; the server's name is its last segment.
     pub fn resolve(&self, field: &str, env: Lookup<'_>) -> Result<ResolvedMcpServer, BindingError> {
         let name = field.rsplit('.').next().unwrap_or(field).to_string();
-        let mut secrets = Vec::new();
+        let mut secrets = Secrets::default();
 
         let transport = match &self.endpoint {
             Endpoint::Http { url, headers } => {
@@ -327,9 +331,6 @@ impl McpServerBinding {
             }
         }
 
-        // Longest first, so a value that contains another is redacted whole.
-        secrets.retain(|(value, _)| !value.is_empty());
-        secrets.sort_by_key(|(value, _)| std::cmp::Reverse(value.len()));
         Ok(ResolvedMcpServer {
             name,
             transport,
@@ -345,11 +346,10 @@ fn resolve_http(
     template: &str,
     header_templates: &BTreeMap<String, String>,
     env: Lookup<'_>,
-    secrets: &mut Vec<(String, String)>,
+    secrets: &mut Secrets,
 ) -> Result<Transport, BindingError> {
     let url_field = format!("{field}.url");
-    let url_text = env_template::expand(template, &url_field, env)?;
-    collect_env_values(template, env, secrets);
+    let url_text = env_template::expand_into(template, &url_field, env, secrets)?;
     let url = reqwest::Url::parse(&url_text)
         .ok()
         .filter(|url| matches!(url.scheme(), "http" | "https") && url.has_host())
@@ -371,8 +371,7 @@ fn resolve_http(
     let mut headers = HashMap::new();
     for (header, template) in header_templates {
         let header_field = format!("{field}.headers.{header}");
-        let value = env_template::expand(template, &header_field, env)?;
-        collect_env_values(template, env, secrets);
+        let value = env_template::expand_credential(template, &header_field, env, secrets)?;
         let header_name = HeaderName::from_bytes(header.as_bytes())
             .map_err(|_| BindingError::invalid(&header_field, "not a valid header name"))?;
         if RESERVED_HEADERS.contains(&header_name.as_str()) {
@@ -384,7 +383,7 @@ fn resolve_http(
         let mut header_value = HeaderValue::from_str(&value)
             .map_err(|_| BindingError::invalid(&header_field, "not a valid header value"))?;
         header_value.set_sensitive(true);
-        secrets.push((value, "<redacted>".to_string()));
+        secrets.add_header(&value);
         headers.insert(header_name, header_value);
     }
     Ok(Transport::Http {
@@ -401,11 +400,10 @@ fn resolve_stdio(
     vars: &BTreeMap<String, String>,
     cwd: Option<&str>,
     env: Lookup<'_>,
-    secrets: &mut Vec<(String, String)>,
+    secrets: &mut Secrets,
 ) -> Result<Transport, BindingError> {
     let command_field = format!("{field}.command");
-    let program = env_template::expand(command, &command_field, env)?;
-    collect_env_values(command, env, secrets);
+    let program = env_template::expand_into(command, &command_field, env, secrets)?;
     if program.trim().is_empty() {
         return Err(BindingError::invalid(
             &command_field,
@@ -415,8 +413,7 @@ fn resolve_stdio(
     let args_field = format!("{field}.args");
     let mut expanded_args = Vec::with_capacity(args.len());
     for arg in args {
-        expanded_args.push(env_template::expand(arg, &args_field, env)?);
-        collect_env_values(arg, env, secrets);
+        expanded_args.push(env_template::expand_into(arg, &args_field, env, secrets)?);
     }
     let mut expanded_vars = BTreeMap::new();
     for (var, template) in vars {
@@ -425,15 +422,14 @@ fn resolve_stdio(
         if !valid {
             return Err(BindingError::invalid(&var_field, "not a variable name"));
         }
-        let value = env_template::expand(template, &var_field, env)?;
-        collect_env_values(template, env, secrets);
-        secrets.push((value.clone(), "<redacted>".to_string()));
+        let value = env_template::expand_credential(template, &var_field, env, secrets)?;
+        secrets.add(&value);
         expanded_vars.insert(var.clone(), value);
     }
     let cwd = cwd
         .map(|dir| {
             let cwd_field = format!("{field}.cwd");
-            let dir = env_template::expand(dir, &cwd_field, env)?;
+            let dir = env_template::expand_into(dir, &cwd_field, env, secrets)?;
             Ok::<_, BindingError>(std::path::PathBuf::from(dir))
         })
         .transpose()?;
@@ -443,20 +439,6 @@ fn resolve_stdio(
         vars: expanded_vars,
         cwd,
     })
-}
-
-/// Each `${NAME}` of `template` with its value, to be written back as `${NAME}` wherever it shows.
-fn collect_env_values(template: &str, env: Lookup<'_>, secrets: &mut Vec<(String, String)>) {
-    let mut rest = template;
-    while let Some(start) = rest.find("${") {
-        let after = &rest[start + 2..];
-        let Some(end) = after.find('}') else { break };
-        let name = &after[..end];
-        if let Some(value) = env(name) {
-            secrets.push((value, format!("${{{name}}}")));
-        }
-        rest = &after[end + 1..];
-    }
 }
 
 /// How a resolved server is reached.
@@ -483,8 +465,9 @@ pub struct ResolvedMcpServer {
     transport: Transport,
     timeout: Duration,
     tools: Option<ToolSelection>,
-    /// Values that must never show, each with what to write instead.
-    secrets: Vec<(String, String)>,
+    /// Values that must never show: every header and `env` value, every value a `${VAR}`
+    /// filled in.
+    secrets: Secrets,
 }
 
 impl ResolvedMcpServer {
@@ -511,13 +494,10 @@ impl ResolvedMcpServer {
         }
     }
 
-    /// `text` with every secret replaced by its variable's name or `<redacted>`.
+    /// `text` with every secret, in any form, replaced by its variable's `${NAME}` or
+    /// `[redacted]`.
     fn redact(&self, text: &str) -> String {
-        let mut out = text.to_string();
-        for (value, shown) in &self.secrets {
-            out = out.replace(value.as_str(), shown);
-        }
-        out
+        self.secrets.redact(text)
     }
 }
 
@@ -726,8 +706,15 @@ impl McpServer {
         }
     }
 
-    /// Sends one `tools/call` and says what came of it; see the module's semantics.
+    /// Sends one `tools/call` and says what came of it, with no secret of the binding in it
+    /// in any form, whatever the server answered: redacted here, on the whole outcome.
     async fn call_tool(&self, tool: &str, call: ToolCall<'_>) -> ToolOutcome {
+        let outcome = self.send_call(tool, call).await;
+        self.inner.config.secrets.redact_outcome(outcome)
+    }
+
+    /// Sends one `tools/call` and says what came of it; see the module's semantics.
+    async fn send_call(&self, tool: &str, call: ToolCall<'_>) -> ToolOutcome {
         let config = &self.inner.config;
         let session = match self.ready().await {
             Ok(session) => session,
@@ -754,11 +741,11 @@ impl McpServer {
             Ok(handle) => handle,
             Err(error) => {
                 return ToolOutcome::Failed {
-                    error: config.redact(&format!(
+                    error: format!(
                         "the MCP server {} could not be given the call ({}); it was not sent",
                         config.name,
                         cause(&error)
-                    )),
+                    ),
                 };
             }
         };
@@ -771,10 +758,10 @@ impl McpServer {
                 ),
             },
             Err(ServiceError::McpError(error)) => ToolOutcome::Failed {
-                error: config.redact(&format!(
+                error: format!(
                     "the MCP server {} refused the call: {}",
                     config.name, error.message
-                )),
+                ),
             },
             Err(ServiceError::Timeout { timeout }) => ToolOutcome::Unknown {
                 detail: format!(
@@ -784,19 +771,19 @@ impl McpServer {
                 ),
             },
             Err(error) if never_connected(&error) => ToolOutcome::Failed {
-                error: config.redact(&format!(
+                error: format!(
                     "could not connect to the MCP server {} ({}); the call was not sent",
                     config.name,
                     cause(&error)
-                )),
+                ),
             },
             Err(error) => ToolOutcome::Unknown {
-                detail: config.redact(&format!(
+                detail: format!(
                     "the connection to the MCP server {} failed after the call was sent ({}); \
                      it may have taken effect",
                     config.name,
                     cause(&error)
-                )),
+                ),
             },
         }
     }
@@ -1205,7 +1192,7 @@ mod tests {
         assert_eq!(resolved.shown(), "orders-mcp --token ${ORDERS_MCP_TOKEN}");
         assert_eq!(
             resolved.redact("ORDERS_KEY=literal-key"),
-            "ORDERS_KEY=<redacted>"
+            "ORDERS_KEY=[redacted]"
         );
 
         let unset = orders("[mcp.orders]\ncommand = \"x\"\nenv = { A = \"${NOPE}\" }\n");
@@ -1229,7 +1216,7 @@ mod tests {
         );
         assert_eq!(
             resolved.redact("sent Bearer tok-s3cret and literal-key"),
-            "sent <redacted> and <redacted>"
+            "sent [redacted] and [redacted]"
         );
         assert_eq!(
             resolved.redact("token tok-s3cret"),

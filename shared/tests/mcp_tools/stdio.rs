@@ -1,7 +1,8 @@
 //! An upstream MCP server started as a local process over stdio: the protocol's reference
 //! "everything" server (npm, pinned in tests/npm/servers), run by `node`. It is started
-//! when first needed, sees only the environment it is given, is started again when it has
-//! exited, and a call in flight when it dies is an unknown outcome, never sent again.
+//! when first needed, sees only the environment it is given (its `env` values never come back
+//! in a result), is started again when it has exited, and a call in flight when it dies is an
+//! unknown outcome, never sent again.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -11,7 +12,10 @@ use serde_json::json;
 use shared::adapters::mcp_tool::{McpServer, McpServerBinding};
 use shared::domain::action::ToolOutcome;
 
-use super::{call, mcp_servers};
+use super::{call, mcp_servers, secret_forms};
+
+/// The value the binding's `env` gives the server: a secret, which a JSON string escapes.
+const GREETING: &str = "hello \"from\" the binding";
 
 /// The everything server over stdio, through `sh` so the test knows the server's process id
 /// (the shell writes it to `pid_file`, then becomes the server).
@@ -33,7 +37,7 @@ async fn everything(pid_file: &Path) -> McpServer {
         mcp: BTreeMap<String, McpServerBinding>,
     }
     let definition: Definition = toml::from_str(&text).unwrap();
-    let env = |name: &str| (name == "TEST_GREETING").then(|| "hello-from-the-binding".to_string());
+    let env = |name: &str| (name == "TEST_GREETING").then(|| GREETING.to_string());
     let resolved = definition.mcp["everything"]
         .resolve("mcp.everything", &env)
         .unwrap();
@@ -101,7 +105,10 @@ async fn a_stdio_server_is_started_lists_its_tools_and_sees_only_the_environment
         panic!("get-env fails");
     };
     let seen = result.to_string();
-    assert!(seen.contains("hello-from-the-binding"), "{seen}");
+    // The server echoes its environment: the binding's value reached it, and comes back as
+    // the variable's name.
+    assert!(seen.contains(r#""GREETING":"${TEST_GREETING}""#), "{seen}");
+    secret_forms::assert_no_secret_in("get-env's result", seen.as_bytes(), &[GREETING]);
     assert!(seen.contains("PATH"), "{seen}");
     // This process's own settings (cargo gives a test its manifest's directory) stay here.
     assert!(!seen.contains("CARGO_MANIFEST_DIR"), "{seen}");
