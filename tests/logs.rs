@@ -127,11 +127,23 @@ fn an_upstreams_stderr_reaches_the_log_and_the_error_escaped() {
         .lines()
         .find(|line| line.contains("INFO") && line.contains("server=notes"))
         .unwrap_or_else(|| panic!("the upstream's stderr is logged: {:?}", ran.stderr));
+    let words = format!("None of the specified directories are accessible{FORGED_ESCAPED}");
+    assert!(logged.contains(&words), "{logged}");
+    // The refusal says why in the server's own words, with no RUST_LOG needed.
+    let error = ran
+        .stderr
+        .lines()
+        .find(|line| line.starts_with("error: "))
+        .unwrap_or_else(|| panic!("the refusal is printed: {:?}", ran.stderr));
+    // The transport's reason depends on when the pipe closed: a closed connection or a
+    // broken pipe.
     assert!(
-        logged.contains(&format!(
-            "None of the specified directories are accessible{FORGED_ESCAPED}"
-        )),
-        "{logged}"
+        error.contains("the MCP server notes is unreachable: "),
+        "{error}"
+    );
+    assert!(
+        error.ends_with(&format!("; its stderr said: {words}")),
+        "{error}"
     );
     assert_escaped(&ran.stderr);
 }

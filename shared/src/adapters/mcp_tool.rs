@@ -3,7 +3,8 @@
 //! server gets [`INHERITED_ENV`] and its own `env`, logs its stderr through `tracing`, runs in
 //! a process group of its own killed with its session, and is started again by the next call
 //! once it has exited (the ping before each call finds it gone); a call in flight when it dies
-//! is unknown, as any transport failure after sending is.
+//! is unknown, as any transport failure after sending is. An error that says it would not start
+//! or died quotes the last lines of its stderr: its own words say why.
 //!
 //! An agent definition binds a server, then its tools by name or all at once:
 //!
@@ -546,6 +547,8 @@ struct Inner {
     config: ResolvedMcpServer,
     /// The HTTP client of a server reached by URL.
     http: Option<reqwest::Client>,
+    /// The last words of a stdio server's process on its stderr.
+    stderr: StderrTail,
     /// The live session; replaced when it is found dead before a call.
     session: Mutex<Arc<Session>>,
 }
@@ -578,11 +581,13 @@ impl McpServer {
             ),
             Transport::Stdio { .. } => None,
         };
-        let session = open(&config, http.as_ref()).await?;
+        let stderr = StderrTail::default();
+        let session = open(&config, http.as_ref(), &stderr).await?;
         Ok(Self {
             inner: Arc::new(Inner {
                 config,
                 http,
+                stderr,
                 session: Mutex::new(Arc::new(session)),
             }),
         })
@@ -675,7 +680,8 @@ impl McpServer {
         if matches!(self.inner.config.transport, Transport::Stdio { .. }) {
             tracing::warn!(server = %self.inner.config.name, "the MCP server's process is gone: starting it again");
         }
-        let fresh = Arc::new(open(&self.inner.config, self.inner.http.as_ref()).await?);
+        let inner = &self.inner;
+        let fresh = Arc::new(open(&inner.config, inner.http.as_ref(), &inner.stderr).await?);
         *slot = fresh.clone();
         Ok(fresh)
     }
@@ -742,9 +748,10 @@ impl McpServer {
             Err(error) => {
                 return ToolOutcome::Failed {
                     error: format!(
-                        "the MCP server {} could not be given the call ({}); it was not sent",
+                        "the MCP server {} could not be given the call ({}){}; it was not sent",
                         config.name,
-                        cause(&error)
+                        cause(&error),
+                        self.last_words().await
                     ),
                 };
             }
@@ -779,12 +786,22 @@ impl McpServer {
             },
             Err(error) => ToolOutcome::Unknown {
                 detail: format!(
-                    "the connection to the MCP server {} failed after the call was sent ({}); \
+                    "the connection to the MCP server {} failed after the call was sent ({}){}; \
                      it may have taken effect",
                     config.name,
-                    cause(&error)
+                    cause(&error),
+                    self.last_words().await
                 ),
             },
+        }
+    }
+
+    /// What a stdio server's process last wrote to its stderr, for an error that says it died:
+    /// `; its stderr said: …`, or nothing.
+    async fn last_words(&self) -> String {
+        match self.inner.config.transport {
+            Transport::Stdio { .. } => self.inner.stderr.said().await,
+            Transport::Http { .. } => String::new(),
         }
     }
 }
@@ -820,9 +837,12 @@ fn never_connected(error: &ServiceError) -> bool {
     )
 }
 
+/// Opens a session; a stdio server's process, started now, writes its stderr to `stderr`, and
+/// an error saying it would not start quotes its last lines.
 async fn open(
     config: &ResolvedMcpServer,
     http: Option<&reqwest::Client>,
+    stderr: &StderrTail,
 ) -> Result<Session, McpError> {
     let client = ClientConfig::new(
         ClientCapabilities::default(),
@@ -845,33 +865,98 @@ async fn open(
             tokio::time::timeout(config.timeout, client.serve(transport)).await
         }
         (Transport::Stdio { .. }, _) => {
-            let transport = spawn(config)
+            let transport = spawn(config, stderr)
                 .map_err(|e| unreachable(format!("cannot start {}: {e}", config.shown())))?;
             // Timing out drops the transport, which kills the process it started.
             tokio::time::timeout(config.timeout, client.serve(transport)).await
         }
         (Transport::Http { .. }, None) => unreachable!("a server reached by URL has its client"),
     };
-    match initialized {
-        Ok(Ok(session)) => Ok(session),
-        Ok(Err(ClientInitializeError::TransportError { error, .. })) => {
-            Err(unreachable(cause(error.error.as_ref())))
-        }
-        Ok(Err(error)) => Err(unreachable(cause(&error))),
-        Err(_) => Err(unreachable(format!(
+    let why = match initialized {
+        Ok(Ok(session)) => return Ok(session),
+        Ok(Err(ClientInitializeError::TransportError { error, .. })) => cause(error.error.as_ref()),
+        Ok(Err(error)) => cause(&error),
+        Err(_) => format!(
             "no answer to initialize within {}",
             humantime::format_duration(config.timeout)
-        ))),
-    }
+        ),
+    };
+    let said = match config.transport {
+        Transport::Stdio { .. } => stderr.said().await,
+        Transport::Http { .. } => String::new(),
+    };
+    Err(unreachable(format!("{why}{said}")))
 }
 
 /// The longest line of a stdio server's stderr logged as one event; a longer one is split.
 const MAX_STDERR_LINE: u64 = 8 * 1024;
+/// How many of a stdio server's last stderr lines an error quotes.
+const STDERR_LINES_QUOTED: usize = 5;
+/// The most characters of one quoted line, escaped.
+const STDERR_LINE_QUOTED: usize = 240;
+/// How long an error waits for a dead server's last stderr lines to be read.
+const STDERR_SETTLE: Duration = Duration::from_millis(500);
+
+/// The last lines a stdio server's process wrote to its stderr, redacted, escaped onto one
+/// line each and cut short, for the error that says it would not start or died: its own words
+/// ("None of the specified directories are accessible") say why. A new process starts afresh.
+#[derive(Clone, Default)]
+struct StderrTail(Arc<std::sync::Mutex<Tail>>);
+
+#[derive(Default)]
+struct Tail {
+    lines: std::collections::VecDeque<String>,
+    /// Closed once the current process's stderr has been read to its end.
+    reading: Option<tokio::sync::watch::Receiver<()>>,
+}
+
+impl StderrTail {
+    /// A new process's stderr: the last one's lines are forgotten. Reading holds the sender
+    /// and drops it at the end.
+    fn restart(&self) -> tokio::sync::watch::Sender<()> {
+        let (sender, reading) = tokio::sync::watch::channel(());
+        let mut tail = self.0.lock().unwrap();
+        tail.lines.clear();
+        tail.reading = Some(reading);
+        sender
+    }
+
+    /// Keeps `line` (redacted already) as one of the last.
+    fn push(&self, line: &str) {
+        let escaped = crate::logs::one_line(line);
+        let quoted = match escaped.char_indices().nth(STDERR_LINE_QUOTED) {
+            Some((at, _)) => format!("{}…", &escaped[..at]),
+            None => escaped,
+        };
+        let mut tail = self.0.lock().unwrap();
+        if tail.lines.len() == STDERR_LINES_QUOTED {
+            tail.lines.pop_front();
+        }
+        tail.lines.push_back(quoted);
+    }
+
+    /// `; its stderr said: a | b`, once the process's stderr has ended or [`STDERR_SETTLE`]
+    /// has passed; nothing when it said nothing.
+    async fn said(&self) -> String {
+        let reading = self.0.lock().unwrap().reading.clone();
+        if let Some(mut reading) = reading {
+            // Never sent on: this ends when reading does, the sender dropped.
+            let _ = tokio::time::timeout(STDERR_SETTLE, reading.changed()).await;
+        }
+        let tail = self.0.lock().unwrap();
+        if tail.lines.is_empty() {
+            return String::new();
+        }
+        let lines: Vec<&str> = tail.lines.iter().map(String::as_str).collect();
+        format!("; its stderr said: {}", lines.join(" | "))
+    }
+}
 
 /// Starts a stdio server: its own process group, killed with everything it started when its
-/// session is dropped (or this process ends), its stderr logged, never on this process's
-/// stdout, which may be `countersign mcp`'s own protocol channel.
-fn spawn(config: &ResolvedMcpServer) -> std::io::Result<TokioChildProcess> {
+/// session is dropped (or this process ends), its stderr logged and its last lines kept in
+/// `tail`, never on this process's stdout, which may be `countersign mcp`'s own protocol
+/// channel.
+fn spawn(config: &ResolvedMcpServer, tail: &StderrTail) -> std::io::Result<TokioChildProcess> {
     let Transport::Stdio {
         program,
         args,
@@ -900,13 +985,21 @@ fn spawn(config: &ResolvedMcpServer) -> std::io::Result<TokioChildProcess> {
         .stderr(std::process::Stdio::piped())
         .spawn()?;
     if let Some(stderr) = stderr {
-        tokio::spawn(log_stderr(config.clone(), stderr));
+        let reading = tail.restart();
+        tokio::spawn(log_stderr(config.clone(), stderr, tail.clone(), reading));
     }
     Ok(transport)
 }
 
-/// Each line a stdio server writes to its stderr, as a log event with its secrets redacted.
-async fn log_stderr(config: ResolvedMcpServer, stderr: tokio::process::ChildStderr) {
+/// Each line a stdio server writes to its stderr, as a log event with its secrets redacted
+/// (its control characters escaped by the log), and kept in `tail`. `reading` is dropped at
+/// the end.
+async fn log_stderr(
+    config: ResolvedMcpServer,
+    stderr: tokio::process::ChildStderr,
+    tail: StderrTail,
+    reading: tokio::sync::watch::Sender<()>,
+) {
     use tokio::io::{AsyncBufReadExt, AsyncReadExt};
     let mut reader = tokio::io::BufReader::new(stderr);
     let mut line = Vec::new();
@@ -919,11 +1012,15 @@ async fn log_stderr(config: ResolvedMcpServer, stderr: tokio::process::ChildStde
         {
             Ok(0) | Err(_) => break,
             Ok(_) => {
-                let text = String::from_utf8_lossy(&line);
-                tracing::info!(server = %config.name, "{}", config.redact(text.trim_end()));
+                let text = config.redact(String::from_utf8_lossy(&line).trim_end());
+                tracing::info!(server = %config.name, "{text}");
+                if !text.trim().is_empty() {
+                    tail.push(&text);
+                }
             }
         }
     }
+    drop(reading);
 }
 
 /// What a `tools/call` result means for the action.
