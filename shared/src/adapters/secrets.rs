@@ -17,6 +17,7 @@
 //! environment where a credential stands (a header, a stdio server's `env`, a model's key) is
 //! warned of at load, naming the field and the variable.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use base64::Engine as _;
@@ -321,13 +322,13 @@ fn positions<'a>(haystack: &'a [u8], needle: &'a [u8]) -> impl Iterator<Item = u
 }
 
 /// A text as bytes, each with the range of the original text it was decoded from.
-struct View {
-    bytes: Vec<u8>,
+struct View<'t> {
+    bytes: Cow<'t, [u8]>,
     /// `None`: the text itself, each byte its own range.
     spans: Option<Vec<(usize, usize)>>,
 }
 
-impl View {
+impl View<'_> {
     fn len(&self) -> usize {
         self.bytes.len()
     }
@@ -341,21 +342,21 @@ impl View {
 
     fn decoded(capacity: usize) -> Self {
         View {
-            bytes: Vec::with_capacity(capacity),
+            bytes: Cow::Owned(Vec::with_capacity(capacity)),
             spans: Some(Vec::with_capacity(capacity)),
         }
     }
 
     fn push(&mut self, byte: u8, span: (usize, usize)) {
-        self.bytes.push(byte);
+        self.bytes.to_mut().push(byte);
         self.spans.as_mut().expect("a decoded view").push(span);
     }
 }
 
 /// `text`, and what it reads with up to [`MAX_LAYERS`] layers of encoding undone, in any order.
-fn views(text: &str) -> Vec<View> {
+fn views(text: &str) -> Vec<View<'_>> {
     let mut views = vec![View {
-        bytes: text.as_bytes().to_vec(),
+        bytes: Cow::Borrowed(text.as_bytes()),
         spans: None,
     }];
     let mut layer = 0..1;
@@ -376,7 +377,7 @@ fn hex(byte: u8) -> Option<u8> {
 }
 
 /// `%XX` (either case) as the byte it stands for; `None` when there is none.
-fn percent_decoded(view: &View) -> Option<View> {
+fn percent_decoded(view: &View<'_>) -> Option<View<'static>> {
     if !view.bytes.contains(&b'%') {
         return None;
     }
@@ -414,7 +415,7 @@ fn json_code_unit(bytes: &[u8], at: usize) -> Option<u32> {
 
 /// JSON's escapes as the bytes they stand for (`\u` ones as UTF-8, surrogate pairs joined);
 /// `None` when there is none.
-fn json_unescaped(view: &View) -> Option<View> {
+fn json_unescaped(view: &View<'_>) -> Option<View<'static>> {
     if !view.bytes.contains(&b'\\') {
         return None;
     }
