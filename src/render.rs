@@ -39,13 +39,7 @@ impl<T: fmt::Display> fmt::Display for Plain<T> {
 /// A whole output as a terminal may print it: as [`Plain`], but its line breaks kept, where
 /// the layout put them (text from data has had its own escaped already).
 pub fn terminal(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let _ = Escaping {
-        out: &mut out,
-        lines: true,
-    }
-    .write_str(text);
-    out
+    shared::logs::escaped(text, true)
 }
 
 /// `[run-…] done: …`, or paused with one line per approval it waits on, or with the calls

@@ -49,12 +49,12 @@ fn acts_on_terminal(c: char) -> bool {
         )
 }
 
-/// `text` on one line as a terminal may print it.
-pub fn one_line(text: &str) -> String {
+/// `text` as a terminal may print it, its line breaks kept where `lines`, else escaped too.
+pub fn escaped(text: &str, lines: bool) -> String {
     let mut out = String::with_capacity(text.len());
     let _ = Escaping {
         out: &mut out,
-        lines: false,
+        lines,
     }
     .write_str(text);
     out
@@ -219,8 +219,9 @@ mod tests {
     }
 
     #[test]
-    fn one_line_escapes_line_breaks_too() {
-        assert_eq!(one_line("a\r\nb\u{7}"), r"a\r\nb\u{7}");
-        assert_eq!(one_line("plain, ünïcode"), "plain, ünïcode");
+    fn text_is_escaped_its_line_breaks_kept_or_not() {
+        assert_eq!(escaped("a\r\nb\u{7}", false), r"a\r\nb\u{7}");
+        assert_eq!(escaped("a\r\nb", true), "a\\r\nb");
+        assert_eq!(escaped("plain, ünïcode", false), "plain, ünïcode");
     }
 }

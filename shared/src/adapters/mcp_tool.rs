@@ -923,7 +923,7 @@ impl StderrTail {
 
     /// Keeps `line` (redacted already) as one of the last.
     fn push(&self, line: &str) {
-        let escaped = crate::logs::one_line(line);
+        let escaped = crate::logs::escaped(line, false);
         let quoted = match escaped.char_indices().nth(STDERR_LINE_QUOTED) {
             Some((at, _)) => format!("{}…", &escaped[..at]),
             None => escaped,
