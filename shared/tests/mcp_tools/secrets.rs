@@ -21,8 +21,11 @@ const SECRETS: [&str; 3] = [QUOTED_TOKEN, URL_KEY, LITERAL];
 #[derive(Clone)]
 struct Careless;
 
+/// Its tools, each quoting in its own way.
+const CARELESS_TOOLS: [&str; 4] = ["echo_text", "echo_structured", "refuse", "protocol_error"];
+
 fn careless_listing() -> Vec<McpListing> {
-    ["echo_text", "echo_structured", "refuse", "protocol_error"]
+    CARELESS_TOOLS
         .into_iter()
         .map(|name| McpListing::new(name, "Quotes what it was sent.", schema(json!({}))))
         .collect()
@@ -136,23 +139,14 @@ async fn careless_at(addr: SocketAddr) -> McpServer {
     McpServer::connect(resolved).await.unwrap()
 }
 
-const CARELESS_POLICY: &str = r#"
-name = "careless"
-version = 1
-default_ttl = "1h"
-
-[tools.echo_text]
-decision = "allow"
-
-[tools.echo_structured]
-decision = "allow"
-
-[tools.refuse]
-decision = "allow"
-
-[tools.protocol_error]
-decision = "allow"
-"#;
+/// A policy that lets every careless tool run.
+fn careless_policy() -> Policy {
+    let mut text = "name = \"careless\"\nversion = 1\ndefault_ttl = \"1h\"\n".to_string();
+    for tool in CARELESS_TOOLS {
+        text.push_str(&format!("\n[tools.{tool}]\ndecision = \"allow\"\n"));
+    }
+    Policy::from_toml(&text).unwrap()
+}
 
 #[tokio::test]
 async fn a_server_that_quotes_the_secrets_back_in_every_form_has_none_of_them_stored_or_shown() {
@@ -162,13 +156,9 @@ async fn a_server_that_quotes_the_secrets_back_in_every_form_has_none_of_them_st
     for tool in careless.tools().await.unwrap() {
         tools = tools.with(Arc::new(tool));
     }
-    let script = harness::Script::default().then_call(&[
-        ("echo_text", json!({})),
-        ("echo_structured", json!({})),
-        ("refuse", json!({})),
-        ("protocol_error", json!({})),
-    ]);
-    let policy = Arc::new(Policy::from_toml(CARELESS_POLICY).unwrap());
+    let calls: Vec<(&str, Value)> = CARELESS_TOOLS.iter().map(|t| (*t, json!({}))).collect();
+    let script = harness::Script::default().then_call(&calls);
+    let policy = Arc::new(careless_policy());
     let agent = Agent::new(harness::scripted_task("ben").agent, policy)
         .with_model(Arc::new(script))
         .with_tools(tools);
