@@ -4,6 +4,7 @@
 //! terminal and `NO_COLOR` is unset. JSON logs (Lambda's, when its log format is JSON) escape
 //! control characters by JSON's own rules.
 
+use std::ffi::OsStr;
 use std::fmt::{self, Write as _};
 use std::io::IsTerminal;
 use std::str::FromStr;
@@ -120,9 +121,18 @@ impl Visit for FieldWriter<'_> {
     }
 }
 
-/// Whether to colour a log written to a stream that `is_terminal` says is one or not.
-fn colour(is_terminal: bool) -> bool {
-    is_terminal && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+/// Whether to colour a log written to a stream that `is_terminal` says is one or not, given
+/// the value of `NO_COLOR` (<https://no-color.org>: set and not empty, no colour).
+fn colour(is_terminal: bool, no_color: Option<&OsStr>) -> bool {
+    is_terminal && no_color.is_none_or(OsStr::is_empty)
+}
+
+/// [`colour`] for `stream`, in this process's environment.
+fn colour_for(stream: &impl IsTerminal) -> bool {
+    colour(
+        stream.is_terminal(),
+        std::env::var_os("NO_COLOR").as_deref(),
+    )
 }
 
 /// Logs to stderr (stdout is the command's output), filtered by `RUST_LOG` or else by
@@ -133,7 +143,7 @@ pub fn to_stderr(default_filter: &str) {
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter)),
         )
         .with_writer(std::io::stderr)
-        .with_ansi(colour(std::io::stderr().is_terminal()))
+        .with_ansi(colour_for(&std::io::stderr()))
         .fmt_fields(EscapedFields)
         .init();
 }
@@ -160,10 +170,27 @@ pub fn for_lambda() {
     match json {
         true => builder.json().with_ansi(false).init(),
         false => builder
-            .with_ansi(colour(std::io::stdout().is_terminal()))
+            .with_ansi(colour_for(&std::io::stdout()))
             .fmt_fields(EscapedFields)
             .init(),
     }
+}
+
+/// What `logging` logs, at any level, as the text log writes it: for tests of what is logged.
+#[cfg(test)]
+pub(crate) fn logged_by(logging: impl FnOnce()) -> String {
+    let written = tests::Written::default();
+    let into = written.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || into.clone())
+        .with_max_level(tracing::Level::TRACE)
+        .with_ansi(false)
+        .without_time()
+        .fmt_fields(EscapedFields)
+        .finish();
+    tracing::subscriber::with_default(subscriber, logging);
+    let bytes = written.0.lock().unwrap().clone();
+    String::from_utf8(bytes).unwrap()
 }
 
 #[cfg(test)]
@@ -174,7 +201,7 @@ mod tests {
 
     /// What a subscriber wrote, shared with the test.
     #[derive(Clone, Default)]
-    struct Written(Arc<Mutex<Vec<u8>>>);
+    pub(super) struct Written(pub(super) Arc<Mutex<Vec<u8>>>);
 
     impl std::io::Write for Written {
         fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
@@ -189,21 +216,12 @@ mod tests {
 
     #[test]
     fn every_field_and_message_is_escaped_onto_its_line() {
-        let written = Written::default();
-        let into = written.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || into.clone())
-            .with_ansi(false)
-            .without_time()
-            .fmt_fields(EscapedFields)
-            .finish();
         let said = "boom\r\u{1b}[32mINFO approved by policy\n\u{202e}";
-        tracing::subscriber::with_default(subscriber, || {
+        let text = logged_by(|| {
             let span = tracing::info_span!("turn", model = %said);
             let _in = span.enter();
             tracing::warn!(error = %said, quoted = said, debug = ?said, "failed: {said}");
         });
-        let text = String::from_utf8(written.0.lock().unwrap().clone()).unwrap();
         assert_eq!(text.matches('\n').count(), 1, "one line: {text:?}");
         assert!(text.ends_with('\n'), "{text:?}");
         assert!(!text.contains(['\r', '\u{1b}', '\u{202e}']), "{text:?}");
@@ -216,6 +234,20 @@ mod tests {
             assert!(text.contains(&part), "{part} in {text:?}");
         }
         assert!(text.contains(r#"quoted="boom\r"#), "{text:?}");
+    }
+
+    #[test]
+    fn colour_only_on_a_terminal_that_no_color_leaves_alone() {
+        assert!(colour(true, None));
+        assert!(
+            colour(true, Some(OsStr::new(""))),
+            "an empty NO_COLOR says nothing"
+        );
+        assert!(!colour(true, Some(OsStr::new("1"))));
+        assert!(
+            !colour(false, None),
+            "a pipe or a file gets no colour codes"
+        );
     }
 
     #[test]
