@@ -178,6 +178,29 @@ mod tests {
     }
 
     #[test]
+    fn a_credential_too_short_to_redact_is_warned_of_by_its_field_and_variable() {
+        let env = |name: &str| match name {
+            "SHORT" => Some("ab7".to_string()),
+            "NONE" => Some(String::new()),
+            _ => env(name),
+        };
+        let mut secrets = Secrets::default();
+        let logged = crate::logs::logged_by(|| {
+            let field = "tools.t.http.headers.X-Key";
+            expand_credential("${SHORT}${NONE}${ORDERS_TOKEN}", field, &env, &mut secrets).unwrap();
+            expand_into("${SHORT}", "tools.t.http.url", &env, &mut secrets).unwrap();
+        });
+        assert_eq!(logged.lines().count(), 1, "{logged}");
+        assert!(logged.contains("WARN"), "{logged}");
+        assert!(
+            logged.contains(r#"field="tools.t.http.headers.X-Key" variable="SHORT""#),
+            "{logged}"
+        );
+        assert!(!logged.contains("ab7"), "{logged}");
+        assert_eq!(secrets.redact("ab7 s3cret"), "ab7 ${ORDERS_TOKEN}");
+    }
+
+    #[test]
     fn an_unset_variable_names_the_field_and_the_variable() {
         let error = expand("Bearer ${NOPE}", "tools.t.http.headers.Authorization", &env)
             .unwrap_err()
