@@ -135,8 +135,13 @@ async fn given_a_call_with_the_callers_own_id_when_it_comes_again_then_it_is_the
         .await
         .unwrap_err();
 
+    h.clock.advance(ATTACHABLE * 2);
+    let later = gated(&p, with_id(json!({"claim_id": "c-101"}))).await;
+
     assert_eq!(again.run_id, first.run_id);
     assert!(again.attached);
+    assert_eq!(later.run_id, first.run_id, "for good");
+    assert!(later.attached);
     assert_eq!(again.call_id.as_deref(), Some("call_7f3"));
     assert_eq!(again.conversation.as_deref(), Some("thread-42"));
     assert!(again.result.unwrap().content.contains("\"id\":\"c-101\""));
@@ -277,22 +282,76 @@ async fn given_a_caller_waiting_on_a_call_when_this_process_decides_it_then_the_
     assert!(took < REREAD, "woken, not re-read: {took:?}");
 }
 
-async fn given_a_settled_call_known_by_its_arguments_when_the_same_call_comes_after_the_window_then_it_is_a_new_call(
+async fn given_an_approved_call_known_by_its_arguments_when_the_same_call_comes_after_the_window_then_it_is_a_new_call(
+    h: &Harness,
+) {
+    let p = h.process().await;
+    let first = gated(&p, pay_c102()).await;
+    h.decided(&p, "dana", &first.approval.unwrap().id, approve("d-1"))
+        .await;
+    h.clock.advance(Duration::minutes(30));
+    let within = gated(&p, pay_c102()).await;
+    assert_eq!(within.run_id, first.run_id, "attached within the window");
+    assert_eq!(within.status, CallStatus::Succeeded);
+
+    h.clock.advance(ATTACHABLE);
+    let after = gated(&p, pay_c102()).await;
+
+    assert_ne!(after.run_id, first.run_id);
+    assert!(!after.attached);
+    assert_eq!(
+        after.status,
+        CallStatus::AwaitingApproval,
+        "policy rules on it again"
+    );
+    assert_eq!(h.payments().await.len(), 1, "paid once");
+}
+
+async fn given_an_allowed_read_when_what_it_reads_changed_and_it_is_made_again_then_it_runs_again_and_reads_afresh(
     h: &Harness,
 ) {
     let p = h.process().await;
     let read = || call("get_claim", json!({"claim_id": "c-102"}));
-    let first = gated(&p, read()).await;
-    h.clock.advance(Duration::minutes(30));
-    let within = gated(&p, read()).await;
-    assert_eq!(within.run_id, first.run_id, "attached within the window");
+    let before = gated(&p, read()).await;
+    assert!(
+        before
+            .result
+            .unwrap()
+            .content
+            .contains("\"status\":\"open\"")
+    );
+    let payment = gated(&p, pay_c102()).await;
+    h.decided(&p, "dana", &payment.approval.unwrap().id, approve("d-1"))
+        .await;
 
-    h.clock.advance(ATTACHABLE);
     let after = gated(&p, read()).await;
 
-    assert_ne!(after.run_id, first.run_id);
-    assert!(!after.attached);
+    assert!(!after.attached, "{after:?}");
+    assert_ne!(after.run_id, before.run_id);
     assert_eq!(after.status, CallStatus::Succeeded);
+    let told = after.result.unwrap().content;
+    assert!(told.contains("\"status\":\"paid $250.00\""), "{told}");
+    let history = p.history(&acme(), &after.run_id).await.unwrap();
+    assert_eq!(
+        event_names(&history.entries),
+        ["started", "proposed", "executing", "executed", "done"],
+        "ruled on and run again"
+    );
+}
+
+async fn given_a_refused_call_when_it_is_made_again_then_it_is_a_new_call_checked_again(
+    h: &Harness,
+) {
+    let p = h.process().await;
+    let unfit = || call("reimburse", json!({"claim_id": "c-102"}));
+    let first = gated(&p, unfit()).await;
+    assert_eq!(first.status, CallStatus::Refused, "{first:?}");
+
+    let again = gated(&p, unfit()).await;
+
+    assert!(!again.attached, "{again:?}");
+    assert_ne!(again.run_id, first.run_id);
+    assert_eq!(again.status, CallStatus::Refused);
 }
 
 on_both_stores!([
@@ -304,5 +363,7 @@ on_both_stores!([
     given_a_gated_call_a_reviewer_lowers_when_it_is_read_then_version_2_ran_with_the_lowered_arguments,
     given_a_caller_waiting_on_a_call_when_another_process_decides_it_then_the_wait_ends_with_the_outcome,
     given_a_caller_waiting_on_a_call_when_this_process_decides_it_then_the_waiter_is_woken_before_any_re_read,
-    given_a_settled_call_known_by_its_arguments_when_the_same_call_comes_after_the_window_then_it_is_a_new_call,
+    given_an_approved_call_known_by_its_arguments_when_the_same_call_comes_after_the_window_then_it_is_a_new_call,
+    given_an_allowed_read_when_what_it_reads_changed_and_it_is_made_again_then_it_runs_again_and_reads_afresh,
+    given_a_refused_call_when_it_is_made_again_then_it_is_a_new_call_checked_again,
 ]);
