@@ -175,7 +175,9 @@ pub fn call(action: &Action, history: &History) -> String {
                 Some((approval, owner)) => format!(
                     "{approval} asks the {owner} role whether it took effect (countersign review answer)"
                 ),
-                None => "the sweep asks its tool again (countersign review expire)".into(),
+                None => "the sweep asks its tool again, or, where it cannot be asked, the \
+                         agent's recovery owner (countersign review expire)"
+                    .into(),
             };
             format!(
                 "{head} outcome unknown ({}): held for reconciliation; {settles}",
@@ -462,13 +464,25 @@ pub fn sweep(swept: &Swept<'_>) -> String {
             "reconciled {key}: its tool said what became of it, and its run goes on"
         );
     }
+    for key in &report.lost_reads {
+        let _ = writeln!(
+            out,
+            "failed {key}: a read whose answer was lost; nothing took effect, so nothing is left to reconcile"
+        );
+    }
     for key in &report.unknown {
-        let _ = writeln!(out, "still unknown {key}: its tool is asked again later");
+        let _ = match report.unowned.contains(key) {
+            true => writeln!(
+                out,
+                "still unknown {key}: its tool cannot be asked and its agent names no recovery_owner; a person must settle it: name that role in the agent's definition, and the next sweep asks it"
+            ),
+            false => writeln!(out, "still unknown {key}: its tool is asked again later"),
+        };
     }
     for key in &report.to_recovery_owner {
         let _ = writeln!(
             out,
-            "to the recovery owner {key}: its tool could not tell in time, so a person answers"
+            "to the recovery owner {key}: its tool cannot tell what became of it, so a person answers"
         );
     }
     for key in &report.resent {
@@ -886,7 +900,9 @@ mod tests {
             escalated: vec![approval("ap-escalated")],
             redelivered: 2,
             reconciled: vec!["act-1:1".into()],
-            unknown: vec!["act-2:1".into()],
+            lost_reads: vec!["act-6:1".into()],
+            unknown: vec!["act-2:1".into(), "act-7:1".into()],
+            unowned: vec!["act-7:1".into()],
             to_recovery_owner: vec!["act-3:1".into()],
             resent: vec!["act-4:1".into()],
             resumes_given_up: vec!["act-5:1".into()],
@@ -912,7 +928,9 @@ mod tests {
             "escalated ap-escalated: the cfo role may decide it too",
             "reconciled act-1:1: its tool said what became of it, and its run goes on",
             "still unknown act-2:1: its tool is asked again later",
-            "to the recovery owner act-3:1: its tool could not tell in time, so a person answers",
+            "failed act-6:1: a read whose answer was lost; nothing took effect, so nothing is left to reconcile",
+            "still unknown act-7:1: its tool cannot be asked and its agent names no recovery_owner; a person must settle it: name that role in the agent's definition, and the next sweep asks it",
+            "to the recovery owner act-3:1: its tool cannot tell what became of it, so a person answers",
             "sent again act-4:1: its resume message was not acted on, so its run goes on",
             "gave up resending act-5:1: its resume message waits in the dead-letter queue for an operator",
             "delivered again 2 resume messages left undelivered: their runs go on",

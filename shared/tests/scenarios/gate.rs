@@ -354,6 +354,88 @@ async fn given_a_refused_call_when_it_is_made_again_then_it_is_a_new_call_checke
     assert_eq!(again.status, CallStatus::Refused);
 }
 
+/// A process whose `get_claim` goes through `around`, and whose agent names finance as its
+/// recovery owner.
+async fn reading_through(h: &Harness, around: impl harness::Around) -> Process {
+    let on_get_claim = |tools| harness::wrap(tools, "get_claim", around);
+    h.process_recovering(on_get_claim, "finance").await
+}
+
+fn read_c102() -> GateCall {
+    call("get_claim", json!({"claim_id": "c-102"}))
+}
+
+async fn given_an_allowed_read_whose_answer_is_lost_when_its_tool_cannot_be_asked_then_it_fails_and_the_same_read_runs_again(
+    h: &Harness,
+) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let p = reading_through(h, AnswerLost(Counted::new(&calls))).await;
+
+    let lost = gated(&p, read_c102()).await;
+
+    assert_eq!(lost.status, CallStatus::Failed, "{lost:?}");
+    let told = lost.result.unwrap();
+    assert!(told.is_error);
+    assert_eq!(
+        told.content,
+        "The call failed: the connection dropped after the request was sent; get_claim only \
+         reads, so nothing took effect and nothing is left to reconcile: it may be called again"
+    );
+    assert!(
+        p.pending(&acme()).await.unwrap().is_empty(),
+        "nobody is asked whether a read took effect"
+    );
+    h.clock.advance(Duration::days(2));
+    let swept = p.sweep(100).await.unwrap();
+    assert!(
+        swept.unknown.is_empty() && swept.to_recovery_owner.is_empty(),
+        "{swept:?}"
+    );
+    let again = gated(&p, read_c102()).await;
+    assert!(!again.attached, "{again:?}");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+async fn given_a_read_left_running_by_a_process_that_died_when_the_sweep_finds_it_then_it_fails_and_nothing_is_left_unknown(
+    h: &Harness,
+) {
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let dying = Arc::new(reading_through(h, Hangs::before_effect(in_flight.clone())).await);
+    let read = || GateCall {
+        call_id: Some("read-1".into()),
+        ..read_c102()
+    };
+    let taking = {
+        let dying = dying.clone();
+        tokio::spawn(async move { dying.gate_call(read()).await })
+    };
+    while in_flight.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(StdDuration::from_millis(5)).await;
+    }
+    taking.abort();
+    let _ = taking.await;
+    let sweeper = h.process_recovering(|tools| tools, "finance").await;
+    h.clock.advance(Duration::minutes(16));
+
+    let swept = sweeper.sweep(100).await.unwrap();
+
+    assert_eq!(swept.lost_reads.len(), 1, "{swept:?}");
+    assert!(
+        swept.unknown.is_empty() && swept.to_recovery_owner.is_empty(),
+        "{swept:?}"
+    );
+    assert!(sweeper.pending(&acme()).await.unwrap().is_empty());
+    let failed = gated(&sweeper, read()).await;
+    assert!(failed.attached, "known by its id");
+    assert_eq!(failed.status, CallStatus::Failed, "{failed:?}");
+    let told = failed.result.unwrap().content;
+    assert!(
+        told.contains("get_claim only reads, so nothing took effect"),
+        "{told}"
+    );
+    assert_eq!(in_flight.load(Ordering::SeqCst), 1, "never sent again");
+}
+
 on_both_stores!([
     given_an_allowed_call_from_outside_when_it_is_made_then_it_runs_once_and_its_result_comes_back,
     given_a_gated_call_when_it_is_made_again_before_and_after_its_approval_then_one_approval_and_one_payment_and_the_outcome_comes_back,
@@ -366,4 +448,6 @@ on_both_stores!([
     given_an_approved_call_known_by_its_arguments_when_the_same_call_comes_after_the_window_then_it_is_a_new_call,
     given_an_allowed_read_when_what_it_reads_changed_and_it_is_made_again_then_it_runs_again_and_reads_afresh,
     given_a_refused_call_when_it_is_made_again_then_it_is_a_new_call_checked_again,
+    given_an_allowed_read_whose_answer_is_lost_when_its_tool_cannot_be_asked_then_it_fails_and_the_same_read_runs_again,
+    given_a_read_left_running_by_a_process_that_died_when_the_sweep_finds_it_then_it_fails_and_nothing_is_left_unknown,
 ]);
