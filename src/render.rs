@@ -306,8 +306,9 @@ pub fn pending(
 }
 
 /// The decision, what became of the call it let run (`history`: its run's, read after it),
-/// and where the run stands.
-pub fn decision(report: &DecisionReport, history: Option<&History>) -> String {
+/// and where the run stands. `caller_runs`: the call's tool is one its caller runs
+/// (`executor = "caller"`), so an approved version waits for the caller's claim, not a resume.
+pub fn decision(report: &DecisionReport, history: Option<&History>, caller_runs: bool) -> String {
     let mut out = String::new();
     let d = &report.decision;
     let a = &report.approval;
@@ -376,6 +377,25 @@ pub fn decision(report: &DecisionReport, history: Option<&History>) -> String {
             .iter()
             .find(|x| x.id == a.action_id && x.version == version)
     });
+    // Approved for its caller, who claims it and runs it: nothing here resumes the run for it.
+    let for_caller = action.filter(|a| caller_runs && a.status == ActionStatus::Approved);
+    if let Some(action) = for_caller {
+        let key = action.key();
+        let _ = writeln!(
+            out,
+            "{} {key} approved: its caller claims it and runs it in its own process, once, with \
+             the arguments {} and the key {key}, then reports the outcome",
+            Plain(&action.tool),
+            Plain(&action.args.canonical())
+        );
+        let _ = writeln!(
+            out,
+            "[{}] waits for its caller to claim the call (POST /gate/calls/{}/claim) and report \
+             what it did",
+            a.run_id, a.run_id
+        );
+        return out;
+    }
     let mut told = None;
     if let (Some(action), Some(history)) = (action, history)
         && action.status != ActionStatus::AwaitingApproval

@@ -142,11 +142,27 @@ async fn a_refund_proposed_over_http_and_lowered_from_the_cli_is_claimed_once_an
                 "{}",
                 String::from_utf8_lossy(&output.stderr)
             );
-            Instant::now()
+            (
+                Instant::now(),
+                String::from_utf8_lossy(&output.stdout).into_owned(),
+            )
         })
         .await
         .unwrap()
     };
+    let (decided, said) = decided;
+    let run = proposed["id"].as_str().unwrap();
+    assert!(
+        said.contains(r#"approved: its caller claims it and runs it in its own process, once, with the arguments {"amount_cents":7500,"order_id":"A-1001"}"#)
+            && said.contains(&format!(
+                "[{run}] waits for its caller to claim the call (POST /gate/calls/{run}/claim)"
+            )),
+        "{said}"
+    );
+    assert!(
+        !said.contains("resumes"),
+        "nothing resumes a caller-run call: {said}"
+    );
     let (polled, answered) = polling.await.unwrap();
     assert_eq!(polled["status"], "approved", "{polled}");
     assert_eq!(polled["version"], 2);
@@ -227,6 +243,29 @@ async fn a_refund_proposed_over_http_and_lowered_from_the_cli_is_claimed_once_an
 
     let audit = cs.ok(&["audit", proposed["id"].as_str().unwrap()]);
     assert_eq!(audit["run"]["status"], "done", "{audit}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_run_call_approved_from_the_cli_is_said_to_wait_for_its_caller() {
+    let cs = refunds("gate-api-approved");
+    let server = Serve::start(&cs);
+    let runner = token(&cs, "helpdesk-bot");
+    let (_, proposed) = server
+        .post(&runner, "/gate/calls", refund("call_approved", 12_500))
+        .await;
+    let approval = proposed["approval"]["id"].as_str().unwrap();
+    let run = proposed["id"].as_str().unwrap();
+
+    let said = cs.printed(&["review", "approve", approval, "--as", "fran"]);
+
+    assert!(
+        said.contains(r#"approved: its caller claims it and runs it in its own process, once, with the arguments {"amount_cents":12500,"order_id":"A-1001"} and the key act-"#)
+            && said.contains(&format!(
+                "[{run}] waits for its caller to claim the call (POST /gate/calls/{run}/claim) and report what it did"
+            )),
+        "{said}"
+    );
+    assert!(!said.contains("resumes"), "{said}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
