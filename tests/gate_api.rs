@@ -232,6 +232,19 @@ async fn a_refund_proposed_over_http_and_lowered_from_the_cli_is_claimed_once_an
         .post(&runner, &format!("{call}/outcome"), report)
         .await;
     assert_eq!(status, 200, "the same report again");
+    // Settled: claiming it again, even by its claimant, is refused with the call as it stands.
+    let (status, late) = server
+        .post(
+            &runner,
+            &format!("{call}/claim"),
+            json!({"claimant": "worker-1"}),
+        )
+        .await;
+    assert_eq!(
+        (status, &late["error"]["code"], &late["call"]["status"]),
+        (409, &json!("not_claimable"), &json!("succeeded")),
+        "{late}"
+    );
     let failed = json!({"claimant": "worker-1", "status": "failed", "result": "declined"});
     let (status, refused) = server
         .post(&runner, &format!("{call}/outcome"), failed)
