@@ -37,7 +37,8 @@ use crate::ports::store::StoreError;
 /// attachable: an identical call within it returns that outcome; one after it is a new call.
 pub const ATTACHABLE: Duration = Duration::hours(24);
 
-/// How often a waiter reads its call again, for changes made by another process.
+/// How often a waiter reads its call again, for changes made by another process that the
+/// store cannot tell it of cheaply (DynamoDB), or that a busy store has not yet shown it.
 pub const REREAD: StdDuration = StdDuration::from_secs(1);
 
 /// The longest a caller's own id for a call, or its conversation's, may be.
@@ -344,7 +345,9 @@ impl Engine {
 
     /// Waits while the call waits on a person or runs, until it moves on or `wait` has passed,
     /// and answers its state then. A commit of this process that writes the call's run wakes
-    /// the waiter at once; a change another process made is seen within [`REREAD`].
+    /// the waiter at once; a commit another process made is seen within
+    /// [`GLANCE`](super::GLANCE) where the
+    /// store can tell it cheaply (the embedded store), else within [`REREAD`].
     pub async fn wait_for_call(
         &self,
         tenant: &TenantId,
@@ -358,6 +361,8 @@ impl Engine {
             let woken = watch.signal.notified();
             tokio::pin!(woken);
             woken.as_mut().enable();
+            // Looked at before the read, so a commit elsewhere after it is a change to read.
+            let seen = self.waiters.commits_elsewhere(self.store.as_ref());
             let state = self.call_state(tenant, run).await?;
             let now = tokio::time::Instant::now();
             if !state.status.is_pending() || now >= deadline {
@@ -365,6 +370,7 @@ impl Engine {
             }
             tokio::select! {
                 () = woken => {}
+                () = self.waiters.committed_elsewhere(self.store.as_ref(), seen) => {}
                 () = tokio::time::sleep(REREAD.min(deadline - now)) => {}
             }
         }

@@ -4,7 +4,7 @@
 use super::*;
 use shared::domain::ids::AgentName;
 use shared::domain::run::GateVia;
-use shared::engine::{ATTACHABLE, CallState, CallStatus, GateCall, REREAD};
+use shared::engine::{ATTACHABLE, CallState, CallStatus, GLANCE, GateCall, REREAD};
 
 /// `ben` asks the expense agent for `tool` with `args`, through the MCP gateway.
 fn call(tool: &str, args: serde_json::Value) -> GateCall {
@@ -218,7 +218,7 @@ async fn given_a_gated_call_a_reviewer_lowers_when_it_is_read_then_version_2_ran
     assert_eq!(h.payments().await.len(), 1);
 }
 
-async fn given_a_caller_waiting_on_a_call_when_another_process_decides_it_then_the_wait_ends_with_the_outcome(
+async fn given_a_caller_waiting_on_a_call_when_another_process_decides_it_then_the_wait_ends_with_the_outcome_within_the_stores_promise(
     h: &Harness,
 ) {
     let p = Arc::new(h.process().await);
@@ -228,17 +228,29 @@ async fn given_a_caller_waiting_on_a_call_when_another_process_decides_it_then_t
         let p = p.clone();
         let run = first.run_id.clone();
         tokio::spawn(async move {
-            p.wait_for_call(&acme(), &run, StdDuration::from_secs(20))
-                .await
+            let state = p
+                .wait_for_call(&acme(), &run, StdDuration::from_secs(20))
+                .await;
+            (state, tokio::time::Instant::now())
         })
     };
     tokio::time::sleep(StdDuration::from_millis(100)).await;
     let other = h.process().await;
     h.decided(&other, "dana", &approval.id, approve("d-1"))
         .await;
+    let decided = tokio::time::Instant::now();
 
-    let state = waiter.await.unwrap().unwrap();
+    let (state, seen) = waiter.await.unwrap();
+    let state = state.unwrap();
     assert_eq!(state.status, CallStatus::Succeeded, "{state:?}");
+    // The embedded store tells a waiter of another process's commit at a glance; DynamoDB
+    // cannot cheaply, and the waiter reads again every second.
+    let lag = seen.saturating_duration_since(decided);
+    let promise = match h.backend() {
+        "embedded" => GLANCE * 6,
+        _ => REREAD + StdDuration::from_millis(500),
+    };
+    assert!(lag < promise, "seen {lag:?} after, on {}", h.backend());
 
     // Nobody decides the next one: the wait ends with it still waiting.
     let decline = gated(
@@ -443,7 +455,7 @@ on_both_stores!([
     given_a_call_with_the_callers_own_id_when_it_comes_again_then_it_is_the_same_call_and_with_other_arguments_a_conflict,
     given_calls_that_do_not_fit_or_that_policy_denies_or_a_person_rejects_then_each_is_told_why_and_nothing_runs,
     given_a_gated_call_a_reviewer_lowers_when_it_is_read_then_version_2_ran_with_the_lowered_arguments,
-    given_a_caller_waiting_on_a_call_when_another_process_decides_it_then_the_wait_ends_with_the_outcome,
+    given_a_caller_waiting_on_a_call_when_another_process_decides_it_then_the_wait_ends_with_the_outcome_within_the_stores_promise,
     given_a_caller_waiting_on_a_call_when_this_process_decides_it_then_the_waiter_is_woken_before_any_re_read,
     given_an_approved_call_known_by_its_arguments_when_the_same_call_comes_after_the_window_then_it_is_a_new_call,
     given_an_allowed_read_when_what_it_reads_changed_and_it_is_made_again_then_it_runs_again_and_reads_afresh,
