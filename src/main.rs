@@ -43,7 +43,7 @@ fn json_of<T: serde::Serialize>(value: &T) -> Value {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    shared::deploy::log_to_stderr("warn");
+    shared::logs::to_stderr("warn");
 
     let json = cli.global.json;
     // Over stdio, stdout carries the MCP protocol and nothing else.
@@ -438,12 +438,16 @@ async fn decide(local: &Local, review: Review) -> Result<Output, Failure> {
         .history(&who.tenant, &report.approval.run_id)
         .await
         .ok();
-    let mut text = render::decision(&report, history.as_ref());
+    let (tenant, agent) = (&report.approval.tenant, &report.approval.agent);
+    let caller_runs = local
+        .engine
+        .agent(tenant, agent)
+        .is_ok_and(|agent| agent.caller_lease(&report.approval.tool).is_some());
+    let mut text = render::decision(&report, history.as_ref(), caller_runs);
     let mut json = json_of(&report);
     // A decision that settled its approval resumes the run, where this process can.
     let waiting = |a: &Approval| a.status == ApprovalStatus::AwaitingApproval;
     let resumes = !waiting(&report.approval) && !report.next_approval.as_ref().is_some_and(waiting);
-    let (tenant, agent) = (&report.approval.tenant, &report.approval.agent);
     if resumes && let Some(missing) = waits_for_environment(local, tenant, agent) {
         text.push_str(&environment_note(&missing));
         json["waits_for_environment"] = missing_json(&missing);

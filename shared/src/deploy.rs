@@ -95,18 +95,6 @@ pub struct Aws {
     pub scheduler: Arc<dyn Scheduler>,
 }
 
-/// Logs to stderr (stdout is the command's output), filtered by `RUST_LOG` or else by
-/// `default_filter`, such as `warn`.
-pub fn log_to_stderr(default_filter: &str) {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-}
-
 impl Aws {
     pub fn new(config: &aws_config::SdkConfig, settings: &AwsSettings) -> Self {
         let store = Arc::new(DynamoStore::new(

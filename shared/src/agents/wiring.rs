@@ -17,6 +17,7 @@ use crate::adapters::env_template::{self, BindingError, EnvError, Lookup};
 use crate::adapters::http_tool::{HttpBinding, HttpTool, SharedClient};
 use crate::adapters::openai::{OpenAiEndpoint, OpenAiModel};
 use crate::adapters::scripted::ScriptedModel;
+use crate::adapters::secrets::Secrets;
 use crate::domain::action::ToolOutcome;
 use crate::engine::{Agent, Limits};
 use crate::example::expense::{self, Claims, OfflineExpenseAgent};
@@ -331,10 +332,17 @@ fn model_of(
                     .map(|k| Some((k.trim().to_string(), var.as_str()))),
             };
             if let Some(key) = key {
-                let base_url = env_template::expand(&endpoint.base_url, "model.base_url", env)
-                    .map_err(|e| binding_error(&definition.file, BindingError::Env(e)))?;
+                let mut secrets = Secrets::default();
+                let base_url = env_template::expand_into(
+                    &endpoint.base_url,
+                    "model.base_url",
+                    env,
+                    &mut secrets,
+                )
+                .map_err(|e| binding_error(&definition.file, BindingError::Env(e)))?;
                 let api = OpenAiEndpoint {
                     base_url: &base_url,
+                    secrets,
                     key: key.as_ref().map(|(key, var)| (key.as_str(), *var)),
                     turn_timeout: settings.turn_timeout,
                 };
