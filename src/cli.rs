@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use shared::api::waiting::WaitLimits;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -164,6 +165,15 @@ pub struct ServeOptions {
     /// closed to admit another; with none idle, more wait to be accepted.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65_536))]
     pub max_connections: u32,
+    /// Requests waiting at once (gate long-polls, MCP calls held for a person). A waiting
+    /// request gives its connection slot back while it waits; past this, a wait is answered at
+    /// once.
+    #[arg(long, default_value_t = WaitLimits::DEFAULT.total, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    pub max_waiting: u32,
+    /// Of the waiting requests, how many one person may hold; past it, their next wait is
+    /// answered at once (a gate long-poll with 429 and Retry-After).
+    #[arg(long, default_value_t = WaitLimits::DEFAULT.per_person, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    pub max_waiting_per_person: u32,
 }
 
 #[derive(Debug, Subcommand)]

@@ -77,6 +77,12 @@ impl ApiError {
         )
     }
 
+    /// 429: the caller already has as many requests waiting as one person may, or the server
+    /// as many as it takes; the answer says when to ask again.
+    pub fn too_many_waits(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::TOO_MANY_REQUESTS, "too_many_waits", message)
+    }
+
     pub fn no_route(method: &str, path: &str) -> Self {
         let path: String = path.chars().take(200).collect();
         Self::new(

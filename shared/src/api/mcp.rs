@@ -47,6 +47,7 @@ use super::DecideState;
 use super::auth::Authenticate;
 use super::error::ApiError;
 use super::extract::Caller;
+use super::waiting::WaitPlace;
 use crate::adapters::webhook::review_link;
 use crate::domain::action::NotExecuted;
 use crate::domain::approval::Approval;
@@ -156,7 +157,9 @@ impl Gateway {
     }
 
     /// Waits while the call waits on a person or runs, until `deadline`, the caller going
-    /// away, or the call settling; tells a caller with a progress token every so often.
+    /// away, or the call settling; tells a caller with a progress token every so often. The
+    /// wait takes one of the server's waiting slots: past the caller's share of them, the call
+    /// is answered at once, as it stands.
     async fn wait(
         &self,
         caller: &McpCaller,
@@ -167,6 +170,21 @@ impl Gateway {
         context: &RequestContext<RoleServer>,
     ) -> CallState {
         let attached = state.attached;
+        if !state.status.is_pending() || Instant::now() >= deadline {
+            return state;
+        }
+        let place = context
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .map(|parts| WaitPlace::of(&parts.extensions))
+            .unwrap_or_default();
+        let _slot = match place.take(&caller.who) {
+            Ok(slot) => slot,
+            Err(refused) => {
+                tracing::info!(%refused, "wait refused; answered at once");
+                return state;
+            }
+        };
         while state.status.is_pending() {
             let now = Instant::now();
             if now >= deadline {
