@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use shared::api::waiting::WaitLimits;
+use shared::deploy::MOST_OPEN_APPROVALS;
+use shared::engine::DEFAULT_MAX_OPEN_APPROVALS;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -45,6 +47,17 @@ pub struct Global {
     /// A claims file to use instead of the shipped example claims.
     #[arg(long, global = true, env = "COUNTERSIGN_CLAIMS")]
     pub claims: Option<PathBuf>,
+    /// The most approvals one requester may have waiting on people at once; a call past it is
+    /// not proposed (its caller is told so, and no reviewer sees it).
+    #[arg(
+        long,
+        global = true,
+        env = "COUNTERSIGN_MAX_OPEN_APPROVALS",
+        value_name = "N",
+        default_value_t = DEFAULT_MAX_OPEN_APPROVALS,
+        value_parser = clap::value_parser!(u32).range(1..=i64::from(MOST_OPEN_APPROVALS))
+    )]
+    pub max_open_approvals: u32,
     /// Testing aid, in debug builds only: this process's clock runs this far ahead (such as 2d),
     /// so the sweep finds every deadline and lease past. A release build has no such option.
     #[cfg(debug_assertions)]

@@ -27,6 +27,7 @@ pub fn status_of(kind: ErrorKind) -> StatusCode {
         ErrorKind::Conflict => StatusCode::CONFLICT,
         ErrorKind::PolicyRefused => StatusCode::UNPROCESSABLE_ENTITY,
         ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorKind::TooMany => StatusCode::TOO_MANY_REQUESTS,
     }
 }
 
@@ -330,6 +331,10 @@ mod tests {
             DirectoryError::Invalid("no people".into()).into(),
             EngineError::Contended,
             EngineError::TooManyComments("full".into()),
+            EngineError::TooManyOpenApprovals {
+                requester: "ben".into(),
+                limit: 100,
+            },
             StoreError::Invalid("too large".into()).into(),
             StoreError::Unavailable("down".into()).into(),
             StoreError::Contended.into(),
@@ -371,6 +376,7 @@ mod tests {
                 | EngineError::PolicyRefused(_)
                 | EngineError::Contended
                 | EngineError::TooManyComments(_)
+                | EngineError::TooManyOpenApprovals { .. }
                 | EngineError::Corrupt(_)
                 | EngineError::Unavailable(_)
                 | EngineError::Directory(DirectoryError::UnknownPerson(_))

@@ -420,6 +420,21 @@ fn listed(spec: ToolSpec, hints: ToolHints, may_wait: bool) -> Listed {
 /// A call the engine could not take: bad input is the caller's error; anything else is told
 /// to the model, which may try the same call again later.
 fn not_taken(error: EngineError) -> Result<CallToolResult, ErrorData> {
+    if let EngineError::TooManyOpenApprovals { requester, limit } = &error {
+        // Nobody was asked: a plain answer the model acts on, as a refusal is.
+        let told = NotExecuted::NotProposed {
+            requester,
+            limit: *limit,
+        }
+        .told();
+        let meta = json!({"countersign/status": CallStatus::Refused});
+        let Value::Object(meta) = meta else {
+            unreachable!("an object")
+        };
+        return Ok(
+            CallToolResult::error(vec![ContentBlock::text(told)]).with_meta(Some(MetaObject(meta)))
+        );
+    }
     match error.kind() {
         _ if matches!(error, EngineError::Gate(_)) => {
             Err(ErrorData::invalid_params(error.to_string(), None))

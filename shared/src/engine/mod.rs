@@ -45,9 +45,10 @@ use crate::ports::clock::{Clock, SystemClock};
 use crate::ports::notifier::Notifier;
 use crate::ports::queue::ResumeQueue;
 use crate::ports::scheduler::{Scheduler, SweepOnly};
-use crate::ports::store::{ItemStore, StoreError, query_all};
+use crate::ports::store::{ItemStore, Refused, StoreError, Write, query_all};
 use records::{
-    OutboxEntry, Outgoing, Stored, Tx, decode, decode_approval, keys, load, resume_message,
+    CountRefused, Opening, OutboxEntry, Outgoing, OverCap, Stored, Tx, count_writes, decode,
+    decode_approval, keys, load, resume_message,
 };
 
 /// How a settled action's resume message reaches the run.
@@ -114,6 +115,8 @@ pub struct Engine {
     registered: std::sync::Mutex<std::collections::HashSet<TenantId>>,
     /// Callers of this process waiting on a gated call, woken by the commits that move it.
     waiters: waiters::Waiters,
+    /// The most approvals one requester may have waiting on people at once.
+    max_open_approvals: u32,
 }
 
 /// Builds an engine from the ports a process has; each entry point supplies only what it uses.
@@ -164,6 +167,13 @@ impl EngineBuilder {
         self
     }
 
+    /// The most approvals one requester may have waiting on people at once
+    /// ([`DEFAULT_MAX_OPEN_APPROVALS`] by default); a call past it is not proposed.
+    pub fn max_open_approvals(mut self, cap: u32) -> Self {
+        self.engine.max_open_approvals = cap;
+        self
+    }
+
     /// How many partitions each index every tenant writes is split over (16 by default).
     pub fn index_shards(mut self, shards: records::IndexShards) -> Self {
         self.engine.index_shards = shards;
@@ -190,6 +200,7 @@ impl Engine {
                 sweeps: Default::default(),
                 registered: Default::default(),
                 waiters: Default::default(),
+                max_open_approvals: DEFAULT_MAX_OPEN_APPROVALS,
             },
         }
     }
@@ -232,11 +243,77 @@ impl Engine {
 
     /// Applies one transaction; on success what it hands over for delivery is returned.
     async fn commit(&self, tx: Tx) -> Result<Outgoing, StoreError> {
+        self.commit_capped(tx, None)
+            .await
+            .map_err(|refused| match refused {
+                Uncommitted::Refused(refused) => refused.error,
+                Uncommitted::OverCap(_) => unreachable!("no cap, so nothing goes past it"),
+            })
+    }
+
+    /// [`Engine::commit`], with the counts of open approvals of the requesters whose approvals
+    /// the transaction opens; where `cap` is given, an opening it would take past the cap
+    /// writes nothing.
+    async fn commit_capped(&self, tx: Tx, cap: Option<u32>) -> Result<Outgoing, Uncommitted> {
+        let openings = tx.openings();
         let (writes, outgoing) = tx.into_parts();
         let touched = self.waiters.touched(&writes);
-        self.store.transact(writes).await?;
+        let sent = self
+            .transact_counted(writes, &openings, cap, |writes| async move {
+                self.store.transact(writes).await.map_err(|error| Refused {
+                    error,
+                    found: Vec::new(),
+                })
+            })
+            .await;
+        sent?;
         waiters::wake(touched);
         Ok(outgoing)
+    }
+
+    /// Sends `writes` through `send` with the count items of `openings`, counted now and
+    /// compare-and-set on what was read. A refusal that is only a count's lost compare-and-set
+    /// (another opening of the requester committed first) counts again and tries again: the
+    /// transaction's own conditions held.
+    async fn transact_counted<F, Fut>(
+        &self,
+        writes: Vec<Write>,
+        openings: &[Opening],
+        cap: Option<u32>,
+        send: F,
+    ) -> Result<(), Uncommitted>
+    where
+        F: Fn(Vec<Write>) -> Fut,
+        Fut: Future<Output = Result<(), Refused>>,
+    {
+        if openings.is_empty() {
+            return send(writes).await.map_err(Uncommitted::Refused);
+        }
+        let own = writes.len();
+        for _ in 0..CAS_ATTEMPTS {
+            let counts = match count_writes(self.store.as_ref(), openings, cap).await {
+                Ok(counts) => counts,
+                Err(CountRefused::OverCap(over)) => return Err(Uncommitted::OverCap(over)),
+                Err(CountRefused::Store(error)) => {
+                    return Err(Uncommitted::Refused(Refused {
+                        error,
+                        found: Vec::new(),
+                    }));
+                }
+            };
+            let mut all = writes.clone();
+            all.extend(counts);
+            match send(all).await {
+                Err(refused)
+                    if matches!(&refused.error, StoreError::ConditionFailed { failed }
+                        if failed.iter().all(|&i| i >= own)) => {}
+                sent => return sent.map_err(Uncommitted::Refused),
+            }
+        }
+        Err(Uncommitted::Refused(Refused {
+            error: StoreError::Contended,
+            found: Vec::new(),
+        }))
     }
 
     /// [`Engine::commit`], and when it is refused, what the write to the item `watched` found
@@ -247,18 +324,25 @@ impl Engine {
         tx: Tx,
         watched: (&str, &str),
     ) -> Result<Outgoing, (StoreError, Option<Option<crate::ports::store::Item>>)> {
+        let openings = tx.openings();
         let (writes, outgoing) = tx.into_parts();
         let index = writes.iter().position(|w| w.key() == watched);
         let touched = self.waiters.touched(&writes);
-        match self.store.transact_or_found(writes).await {
+        let sent = self
+            .transact_counted(writes, &openings, None, |writes| {
+                self.store.transact_or_found(writes)
+            })
+            .await;
+        match sent {
             Ok(()) => {
                 waiters::wake(touched);
                 Ok(outgoing)
             }
-            Err(refused) => {
+            Err(Uncommitted::Refused(refused)) => {
                 let found = index.and_then(|i| refused.found(i).cloned());
                 Err((refused.error, found))
             }
+            Err(Uncommitted::OverCap(_)) => unreachable!("no cap, so nothing goes past it"),
         }
     }
 
@@ -468,3 +552,15 @@ const AWAITING_ACTION_VER: u64 = 1;
 
 /// How many times a use case re-reads and tries again after losing a compare-and-set.
 const CAS_ATTEMPTS: usize = 8;
+
+/// The most approvals one requester may have waiting on people at once, unless configured:
+/// far more than a person works through in a sitting, far fewer than a runaway agent opens.
+pub const DEFAULT_MAX_OPEN_APPROVALS: u32 = 100;
+
+/// Why a transaction was not committed.
+enum Uncommitted {
+    /// The store refused it (with what each failed write found, where it was asked).
+    Refused(Refused),
+    /// A requester's count of open approvals would pass the cap: nothing was sent.
+    OverCap(OverCap),
+}

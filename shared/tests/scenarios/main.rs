@@ -29,6 +29,7 @@ mod edits;
 mod expiry;
 mod gate;
 mod limits;
+mod open_approvals;
 mod races;
 mod recovery;
 mod resume;
