@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use shared::api::waiting::WaitLimits;
 use shared::deploy::MOST_OPEN_APPROVALS;
-use shared::engine::DEFAULT_MAX_OPEN_APPROVALS;
+use shared::engine::{DEFAULT_MAX_OPEN_APPROVALS, MAX_PENDING_PAGE, PENDING_PAGE};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -95,13 +95,22 @@ pub enum Command {
         #[arg(long, value_parser = parse_duration)]
         ttl: Option<std::time::Duration>,
     },
-    /// List what waits for a decision, or decide.
+    /// List what waits for a decision, a page at a time, or decide.
     Review {
         #[command(subcommand)]
         action: Option<Review>,
         /// Only what waits in this person's organisation.
         #[arg(long = "as", value_name = "NAME")]
         person: Option<String>,
+        /// How many to list, soonest deadline first.
+        #[arg(long, default_value_t = PENDING_PAGE as u32, value_parser = clap::value_parser!(u32).range(1..=MAX_PENDING_PAGE as i64))]
+        limit: u32,
+        /// Where to start: the cursor the page before printed.
+        #[arg(long)]
+        cursor: Option<String>,
+        /// Every waiting approval, page after page.
+        #[arg(long, conflicts_with_all = ["limit", "cursor"])]
+        all: bool,
     },
     /// Cancel a run; its open approvals are cancelled with it.
     Cancel {

@@ -1193,3 +1193,52 @@ async fn a_requester_at_the_cap_of_open_approvals_is_told_not_proposed_and_no_re
         .await;
     assert_eq!(chens.status, 202, "{}", chens.json);
 }
+
+#[tokio::test]
+async fn what_waits_is_listed_a_page_at_a_time_and_a_cursor_no_page_gave_is_400() {
+    let server = Server::start("pages");
+    let mut paused = Vec::new();
+    for _ in 0..5 {
+        paused.push(server.paused_run("ben", "c-102", None).await.approval);
+    }
+
+    let mut listed = Vec::new();
+    let mut path = "/approvals?limit=2".to_string();
+    let mut pages = 0;
+    loop {
+        let page = server.get(&path, "dana").await;
+        assert_eq!(page.status, 200, "{}", page.json);
+        pages += 1;
+        let ids = texts(&page.json["approvals"], "id");
+        assert!(ids.len() <= 2, "{}", page.json);
+        listed.extend(ids.into_iter().map(str::to_string));
+        match page.json["next_cursor"].as_str() {
+            Some(cursor) => path = format!("/approvals?limit=2&cursor={cursor}"),
+            None => {
+                assert!(page.json["next_cursor"].is_null(), "{}", page.json);
+                break;
+            }
+        }
+    }
+    assert_eq!(pages, 3);
+    let mut expected = paused.clone();
+    expected.sort();
+    listed.sort();
+    assert_eq!(listed, expected, "each once");
+    let whole = server.get("/approvals", "dana").await;
+    assert_eq!(
+        whole.json["approvals"].as_array().unwrap().len(),
+        5,
+        "50 by default"
+    );
+
+    for (query, code) in [
+        ("cursor=not-one", "invalid_field"),
+        ("limit=0", "invalid_field"),
+        ("limit=201", "invalid_field"),
+        ("page=2", "unknown_field"),
+    ] {
+        let refused = server.get(&format!("/approvals?{query}"), "dana").await;
+        assert_refused(&refused, 400, code);
+    }
+}

@@ -29,7 +29,10 @@ pub use decide::DecisionReport;
 pub use drive::StartRun;
 pub use error::{EngineError, ErrorKind};
 pub use gate::{ATTACHABLE, CallState, CallStatus, Executor, GateCall, REREAD};
-pub use history::{History, MAX_RESOLVED, Resolved, RunState, WaitingOn};
+pub use history::{
+    History, MAX_PENDING_PAGE, MAX_RESOLVED, PENDING_PAGE, PendingCursor, PendingPage, Resolved,
+    RunState, WaitingOn,
+};
 pub use notify::{DEFAULT_REMIND_BEFORE, MAX_NOTICE_ATTEMPTS, NoticeReport};
 pub use resume::ResumeReport;
 pub use snapshot::{Shown, Snapshot};

@@ -30,6 +30,7 @@ mod expiry;
 mod gate;
 mod limits;
 mod open_approvals;
+mod pages;
 mod races;
 mod recovery;
 mod resume;
