@@ -116,7 +116,7 @@ impl Client {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_waits_leave_a_reviewer_answered_within_a_second_and_nobody_waits_past_their_share()
  {
-    raise_open_files(4 * 1024);
+    raise_open_files(2 * 1024);
     let cs = helpdesk("waiting-load");
     let served = cs.serve_with(&["--max-waiting", "1024", "--max-waiting-per-person", "100"]);
     let client = Client {
