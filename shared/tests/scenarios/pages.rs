@@ -58,11 +58,7 @@ async fn given_five_waiting_approvals_when_they_are_read_two_at_a_time_then_each
 
     assert_eq!(pages.iter().map(Vec::len).collect::<Vec<_>>(), [2, 2, 1]);
     assert_eq!(pages.concat(), all, "each once, soonest deadline first");
-    assert_eq!(
-        pages_of(&p, 5).await,
-        [all],
-        "one page when it fits"
-    );
+    assert_eq!(pages_of(&p, 5).await, [all], "one page when it fits");
 }
 
 async fn given_the_approval_a_cursor_names_was_decided_when_the_next_page_is_read_then_it_starts_after_it(
