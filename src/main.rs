@@ -43,7 +43,7 @@ fn json_of<T: serde::Serialize>(value: &T) -> Value {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    shared::deploy::log_to_stderr("warn");
+    shared::logs::to_stderr("warn");
 
     let json = cli.global.json;
     // Over stdio, stdout carries the MCP protocol and nothing else.
@@ -448,8 +448,12 @@ async fn decide(local: &Local, review: Review) -> Result<Output, Failure> {
         .history(&who.tenant, &report.approval.run_id)
         .await
         .ok();
+    let caller_runs = local
+        .engine
+        .agent(&report.approval.agent)
+        .is_ok_and(|agent| agent.caller_lease(&report.approval.tool).is_some());
     Ok(Output {
-        text: render::decision(&report, history.as_ref()),
+        text: render::decision(&report, history.as_ref(), caller_runs),
         json: json_of(&report),
     })
 }

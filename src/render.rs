@@ -18,6 +18,7 @@ use shared::engine::{
     DecisionReport, History, PENDING_PAGE, PendingCursor, RunReport, SweepReport,
 };
 use shared::example::expense::{Settlement, SettlementOutcome};
+use shared::logs::Escaping;
 
 /// Stored text as a terminal may print it: control characters (C0, DEL, C1, line breaks
 /// included) and the characters that reorder text (bidirectional overrides and isolates) show
@@ -40,46 +41,7 @@ impl<T: fmt::Display> fmt::Display for Plain<T> {
 /// A whole output as a terminal may print it: as [`Plain`], but its line breaks kept, where
 /// the layout put them (text from data has had its own escaped already).
 pub fn terminal(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let _ = Escaping {
-        out: &mut out,
-        lines: true,
-    }
-    .write_str(text);
-    out
-}
-
-/// Writes through to `out`, escaping what a terminal would act on.
-struct Escaping<W> {
-    out: W,
-    /// Line breaks pass through.
-    lines: bool,
-}
-
-impl<W: fmt::Write> fmt::Write for Escaping<W> {
-    fn write_str(&mut self, text: &str) -> fmt::Result {
-        for c in text.chars() {
-            match c {
-                '\n' if self.lines => self.out.write_char(c)?,
-                '\n' => self.out.write_str("\\n")?,
-                '\r' => self.out.write_str("\\r")?,
-                '\t' => self.out.write_str("\\t")?,
-                c if acts_on_terminal(c) => write!(self.out, "\\u{{{:x}}}", u32::from(c))?,
-                c => self.out.write_char(c)?,
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Control characters, and the invisible ones that reorder the text around them or break it.
-fn acts_on_terminal(c: char) -> bool {
-    c.is_control()
-        || matches!(
-            c,
-            '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
-                | '\u{2028}' | '\u{2029}'
-        )
+    shared::logs::escaped(text, true)
 }
 
 /// `[run-…] done: …`, or paused with one line per approval it waits on, or with the calls
@@ -177,7 +139,9 @@ pub fn call(action: &Action, history: &History) -> String {
                 Some((approval, owner)) => format!(
                     "{approval} asks the {owner} role whether it took effect (countersign review answer)"
                 ),
-                None => "the sweep asks its tool again (countersign review expire)".into(),
+                None => "the sweep asks its tool again, or, where it cannot be asked, the \
+                         agent's recovery owner (countersign review expire)"
+                    .into(),
             };
             format!(
                 "{head} outcome unknown ({}): held for reconciliation; {settles}",
@@ -321,8 +285,9 @@ pub fn pending(
 }
 
 /// The decision, what became of the call it let run (`history`: its run's, read after it),
-/// and where the run stands.
-pub fn decision(report: &DecisionReport, history: Option<&History>) -> String {
+/// and where the run stands. `caller_runs`: the call's tool is one its caller runs
+/// (`executor = "caller"`), so an approved version waits for the caller's claim, not a resume.
+pub fn decision(report: &DecisionReport, history: Option<&History>, caller_runs: bool) -> String {
     let mut out = String::new();
     let d = &report.decision;
     let a = &report.approval;
@@ -391,6 +356,25 @@ pub fn decision(report: &DecisionReport, history: Option<&History>) -> String {
             .iter()
             .find(|x| x.id == a.action_id && x.version == version)
     });
+    // Approved for its caller, who claims it and runs it: nothing here resumes the run for it.
+    let for_caller = action.filter(|a| caller_runs && a.status == ActionStatus::Approved);
+    if let Some(action) = for_caller {
+        let key = action.key();
+        let _ = writeln!(
+            out,
+            "{} {key} approved: its caller claims it and runs it in its own process, once, with \
+             the arguments {} and the key {key}, then reports the outcome",
+            Plain(&action.tool),
+            Plain(&action.args.canonical())
+        );
+        let _ = writeln!(
+            out,
+            "[{}] waits for its caller to claim the call (POST /gate/calls/{}/claim) and report \
+             what it did",
+            a.run_id, a.run_id
+        );
+        return out;
+    }
     let mut told = None;
     if let (Some(action), Some(history)) = (action, history)
         && action.status != ActionStatus::AwaitingApproval
@@ -479,13 +463,25 @@ pub fn sweep(swept: &Swept<'_>) -> String {
             "reconciled {key}: its tool said what became of it, and its run goes on"
         );
     }
+    for key in &report.lost_reads {
+        let _ = writeln!(
+            out,
+            "failed {key}: a read whose answer was lost; nothing took effect, so nothing is left to reconcile"
+        );
+    }
     for key in &report.unknown {
-        let _ = writeln!(out, "still unknown {key}: its tool is asked again later");
+        let _ = match report.unowned.contains(key) {
+            true => writeln!(
+                out,
+                "still unknown {key}: its tool cannot be asked and its agent names no recovery_owner; a person must settle it: name that role in the agent's definition, and the next sweep asks it"
+            ),
+            false => writeln!(out, "still unknown {key}: its tool is asked again later"),
+        };
     }
     for key in &report.to_recovery_owner {
         let _ = writeln!(
             out,
-            "to the recovery owner {key}: its tool could not tell in time, so a person answers"
+            "to the recovery owner {key}: its tool cannot tell what became of it, so a person answers"
         );
     }
     for key in &report.resent {
@@ -903,7 +899,9 @@ mod tests {
             escalated: vec![approval("ap-escalated")],
             redelivered: 2,
             reconciled: vec!["act-1:1".into()],
-            unknown: vec!["act-2:1".into()],
+            lost_reads: vec!["act-6:1".into()],
+            unknown: vec!["act-2:1".into(), "act-7:1".into()],
+            unowned: vec!["act-7:1".into()],
             to_recovery_owner: vec!["act-3:1".into()],
             resent: vec!["act-4:1".into()],
             resumes_given_up: vec!["act-5:1".into()],
@@ -929,7 +927,9 @@ mod tests {
             "escalated ap-escalated: the cfo role may decide it too",
             "reconciled act-1:1: its tool said what became of it, and its run goes on",
             "still unknown act-2:1: its tool is asked again later",
-            "to the recovery owner act-3:1: its tool could not tell in time, so a person answers",
+            "failed act-6:1: a read whose answer was lost; nothing took effect, so nothing is left to reconcile",
+            "still unknown act-7:1: its tool cannot be asked and its agent names no recovery_owner; a person must settle it: name that role in the agent's definition, and the next sweep asks it",
+            "to the recovery owner act-3:1: its tool cannot tell what became of it, so a person answers",
             "sent again act-4:1: its resume message was not acted on, so its run goes on",
             "gave up resending act-5:1: its resume message waits in the dead-letter queue for an operator",
             "delivered again 2 resume messages left undelivered: their runs go on",
