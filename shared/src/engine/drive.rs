@@ -584,10 +584,7 @@ impl Engine {
                 ),
             );
             tx.run(self.index_shards, &mut paused);
-            let outbox = match self
-                .commit_run_capped(tx, &paused.value, Some(limit))
-                .await?
-            {
+            let outbox = match self.commit_run_capped(tx, &paused.value, limit).await? {
                 Ok(outbox) => outbox,
                 // Counted by others since: only what is left of the cap opens.
                 Err(over) => {
@@ -685,38 +682,43 @@ impl Engine {
     /// Commits a transaction that writes the run being driven. Losing its compare-and-set means
     /// someone else moved the run on: a cancel, or the sweep after the run's lease ran out.
     async fn commit_run(&self, tx: Tx, run: &Run) -> Result<Outgoing, EngineError> {
-        match self.commit_run_capped(tx, run, None).await? {
+        match self.commit(tx).await {
             Ok(outbox) => Ok(outbox),
-            Err(_) => unreachable!("no cap, so nothing goes past it"),
+            Err(StoreError::ConditionFailed { .. }) => Err(self.moved_on(run).await),
+            Err(error) => Err(error.into()),
         }
     }
 
-    /// [`Engine::commit_run`], where a requester's count of open approvals may not pass `cap`:
-    /// `Ok(Err(_))` when it would (nothing was written).
+    /// [`Engine::commit_run`], where the requester's count of open approvals may not pass
+    /// `cap`: `Ok(Err(_))` when it would (nothing was written).
     async fn commit_run_capped(
         &self,
         tx: Tx,
         run: &Run,
-        cap: Option<u32>,
+        cap: u32,
     ) -> Result<Result<Outgoing, OverCap>, EngineError> {
-        let error = match self.commit_capped(tx, cap).await {
-            Ok(outbox) => return Ok(Ok(outbox)),
-            Err(Uncommitted::OverCap(over)) => return Ok(Err(over)),
-            Err(Uncommitted::Refused(refused)) => refused.error,
-        };
-        if !matches!(error, StoreError::ConditionFailed { .. }) {
-            return Err(error.into());
+        match self.commit_capped(tx, Some(cap)).await {
+            Ok(outbox) => Ok(Ok(outbox)),
+            Err(Uncommitted::OverCap(over)) => Ok(Err(over)),
+            Err(Uncommitted::Refused(refused)) => match refused.error {
+                StoreError::ConditionFailed { .. } => Err(self.moved_on(run).await),
+                error => Err(error.into()),
+            },
         }
-        let stored = self.load_run(&run.tenant, &run.id).await?;
-        let status = stored
-            .ok_or_else(|| EngineError::not_found(format!("run {}", run.id)))?
-            .value
-            .status;
+    }
+
+    /// What a driver that lost the run's compare-and-set is told: where the run went.
+    async fn moved_on(&self, run: &Run) -> EngineError {
+        let status = match self.load_run(&run.tenant, &run.id).await {
+            Ok(Some(stored)) => stored.value.status,
+            Ok(None) => return EngineError::not_found(format!("run {}", run.id)),
+            Err(error) => return error,
+        };
         tracing::warn!(%status, "the run moved on while this process drove it");
-        Err(EngineError::RunFinished {
+        EngineError::RunFinished {
             run: run.id.to_string(),
             status,
-        })
+        }
     }
 
     /// A call policy allows: written as executing, run, recorded. Two writes; an answer the

@@ -247,6 +247,14 @@ impl Engine {
 
     /// Applies one transaction; on success what it hands over for delivery is returned.
     async fn commit(&self, tx: Tx) -> Result<Outgoing, StoreError> {
+        if !tx.opens_approvals() {
+            // Most transactions: no count to read, one request.
+            let (writes, outgoing) = tx.into_parts();
+            let touched = self.waiters.touched(&writes);
+            self.store.transact(writes).await?;
+            waiters::wake(touched);
+            return Ok(outgoing);
+        }
         self.commit_capped(tx, None)
             .await
             .map_err(|refused| match refused {
@@ -262,36 +270,27 @@ impl Engine {
         let openings = tx.openings();
         let (writes, outgoing) = tx.into_parts();
         let touched = self.waiters.touched(&writes);
-        let sent = self
-            .transact_counted(writes, &openings, cap, |writes| async move {
-                self.store.transact(writes).await.map_err(|error| Refused {
-                    error,
-                    found: Vec::new(),
-                })
-            })
-            .await;
-        sent?;
+        self.transact_counted(writes, &openings, cap).await?;
         waiters::wake(touched);
         Ok(outgoing)
     }
 
-    /// Sends `writes` through `send` with the count items of `openings`, counted now and
-    /// compare-and-set on what was read. A refusal that is only a count's lost compare-and-set
-    /// (another opening of the requester committed first) counts again and tries again: the
-    /// transaction's own conditions held.
-    async fn transact_counted<F, Fut>(
+    /// Applies `writes` with the count items of `openings`, counted now and compare-and-set on
+    /// what was read. A refusal that is only a count's lost compare-and-set (another opening of
+    /// the requester committed first) counts again and tries again: the transaction's own
+    /// conditions held. A refusal says what each failed write found.
+    async fn transact_counted(
         &self,
         writes: Vec<Write>,
         openings: &[Opening],
         cap: Option<u32>,
-        send: F,
-    ) -> Result<(), Uncommitted>
-    where
-        F: Fn(Vec<Write>) -> Fut,
-        Fut: Future<Output = Result<(), Refused>>,
-    {
+    ) -> Result<(), Uncommitted> {
         if openings.is_empty() {
-            return send(writes).await.map_err(Uncommitted::Refused);
+            return self
+                .store
+                .transact_or_found(writes)
+                .await
+                .map_err(Uncommitted::Refused);
         }
         let own = writes.len();
         for _ in 0..CAS_ATTEMPTS {
@@ -307,7 +306,7 @@ impl Engine {
             };
             let mut all = writes.clone();
             all.extend(counts);
-            match send(all).await {
+            match self.store.transact_or_found(all).await {
                 Err(refused)
                     if matches!(&refused.error, StoreError::ConditionFailed { failed }
                         if failed.iter().all(|&i| i >= own)) => {}
@@ -332,11 +331,7 @@ impl Engine {
         let (writes, outgoing) = tx.into_parts();
         let index = writes.iter().position(|w| w.key() == watched);
         let touched = self.waiters.touched(&writes);
-        let sent = self
-            .transact_counted(writes, &openings, None, |writes| {
-                self.store.transact_or_found(writes)
-            })
-            .await;
+        let sent = self.transact_counted(writes, &openings, None).await;
         match sent {
             Ok(()) => {
                 waiters::wake(touched);

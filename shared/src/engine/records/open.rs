@@ -36,6 +36,13 @@ pub(super) struct SlotChange {
     by: i64,
 }
 
+impl SlotChange {
+    /// It opens the slot.
+    pub(super) fn opens(&self) -> bool {
+        self.by > 0
+    }
+}
+
 /// The requester's partition and the slot of `approval`, if it counts at all.
 fn slot_of(approval: &Approval) -> Option<(String, String)> {
     if approval.kind != ApprovalKind::Action {
@@ -86,7 +93,7 @@ pub(super) fn slot_writes(changes: &[SlotChange]) -> impl Iterator<Item = Write>
 /// The requesters whose approvals `changes` opens, and how many each.
 pub(super) fn openings(changes: &[SlotChange]) -> Vec<Opening> {
     let mut openings: Vec<Opening> = Vec::new();
-    for change in changes.iter().filter(|c| c.by > 0) {
+    for change in changes.iter().filter(|c| c.opens()) {
         match openings.iter_mut().find(|o| o.pk == change.pk) {
             Some(opening) => opening.opens += 1,
             None => openings.push(Opening {

@@ -139,6 +139,11 @@ impl Tx {
         open::openings(&self.open)
     }
 
+    /// Whether this transaction opens any approval (and so has counts to check).
+    pub fn opens_approvals(&self) -> bool {
+        self.open.iter().any(|change| change.opens())
+    }
+
     /// An approval's compare-and-set, in its stored form, with the index entry its status
     /// gives it. Returns the item as written.
     pub fn update_approval(&mut self, approval: &Approval, ver: u64) -> &Item {
