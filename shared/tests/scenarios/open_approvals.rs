@@ -20,6 +20,18 @@ pub async fn capped(h: &Harness, cap: u32, script: Script) -> Process {
     .await
 }
 
+/// [`capped`], its decisions handing their resumes to a queue that only records them, as on
+/// AWS: what settles an approval is the decision's transaction, not the resume after it.
+pub async fn capped_queued(h: &Harness, cap: u32, script: Script) -> Process {
+    let queue = Delivery::Queue(Arc::new(RecordingQueue::default()));
+    h.process_configured(
+        Arc::new(script),
+        |store| store,
+        |b| b.max_open_approvals(cap).delivery(queue),
+    )
+    .await
+}
+
 /// How many approvals `name` has open, as stored: their slots.
 pub async fn open_of(p: &Process, name: &str) -> u32 {
     let pk = keys::requester_pk(&acme(), &person(name));
@@ -125,7 +137,7 @@ async fn given_room_for_one_when_a_turn_proposes_two_calls_a_person_must_approve
 async fn given_a_requester_at_the_cap_when_an_approval_is_approved_rejected_expired_or_cancelled_then_each_makes_room_again(
     h: &Harness,
 ) {
-    let p = capped(h, 1, pays_c102()).await;
+    let p = capped_queued(h, 1, pays_c102()).await;
     let ben = h.person("ben");
 
     let approved = bens_paused(&p).await;
@@ -163,7 +175,7 @@ async fn given_a_requester_at_the_cap_when_an_approval_is_edited_then_a_new_vers
     h: &Harness,
 ) {
     // Above $500 two people must approve: an edit to $550 is one of them, so it still waits.
-    let p = capped(
+    let p = capped_queued(
         h,
         1,
         Script::default().then_call(&[reimburse("c-102", 60_000)]),
@@ -189,7 +201,7 @@ async fn given_a_requester_at_the_cap_when_an_approval_is_edited_then_a_new_vers
     assert_eq!(open_of(&p, "ben").await, 0);
 
     // One approver needed: the editor's edit approves the new version at once.
-    let p = capped(h, 1, pays_c102()).await;
+    let p = capped_queued(h, 1, pays_c102()).await;
     let report = bens_paused(&p).await;
     let edited = h
         .decided(&p, "dana", &report.approvals[0].id, edit("d-3", 200))
