@@ -734,12 +734,15 @@ fn the_filesystem_server_over_stdio_reads_freely_and_writes_once_after_approval_
         tools.contains(&"read_file") && tools.contains(&"write_file"),
         "{tools:?}"
     );
+    // The server's answer as it gave it: its text block, and its structured content.
     let read = &answers[1];
     assert_eq!(meta(read, "status"), "succeeded", "{read}");
-    assert!(
-        read["text"].as_str().unwrap().contains("Ship on Friday."),
+    assert_eq!(
+        read["content"],
+        json!([{"type": "text", "text": "Ship on Friday.\n"}]),
         "{read}"
     );
+    assert_eq!(read["structured"], json!({"content": "Ship on Friday.\n"}));
     assert!(
         !answers[4]["text"].as_str().unwrap().contains("plan.txt"),
         "{}",
@@ -820,6 +823,66 @@ fn the_filesystem_server_over_stdio_reads_freely_and_writes_once_after_approval_
     );
     std::fs::remove_dir_all(root).ok();
 }
+
+#[test]
+fn the_filesystem_servers_image_and_error_come_through_as_it_gave_them_over_http() {
+    let root = common::fresh_path("mcp-files-blocks");
+    let data = root.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let agents = upstream_agents(&root, &data, "http://127.0.0.1:9/mcp");
+    let data = data.canonicalize().unwrap();
+    std::fs::write(data.join("pixel.png"), PIXEL_PNG).unwrap();
+    let cs = Countersign::fresh("mcp-files-blocks").with_env(vec![
+        ("COUNTERSIGN_STORE", "embedded".into()),
+        ("COUNTERSIGN_AGENTS", agents.display().to_string()),
+        ("FILES_ROOT", data.display().to_string()),
+    ]);
+    let server = cs.serve();
+    let gateway = Gateway::http_for(&server, &cs, "files", "sam");
+    let path = |name: &str| data.join(name).display().to_string();
+
+    let answers = gateway.session(json!([
+        {"op": "call", "tool": "read_media_file", "args": {"path": path("pixel.png")}},
+        {"op": "call", "tool": "read_text_file", "args": {"path": "/etc/hostname"}},
+    ]));
+
+    let image = &answers[0];
+    assert_eq!(meta(image, "status"), "succeeded", "{image}");
+    assert_eq!(image["is_error"], false, "{image}");
+    let block = json!({"type": "image", "data": PIXEL_BASE64, "mimeType": "image/png"});
+    assert_eq!(image["content"], json!([block]), "{image}");
+    assert_eq!(image["structured"], json!({"content": [block]}));
+    let refused = &answers[1];
+    assert_eq!(meta(refused, "status"), "failed", "{refused}");
+    assert_eq!(refused["is_error"], true, "{refused}");
+    let said = refused["text"].as_str().unwrap();
+    assert!(said.contains("Access denied"), "{refused}");
+    assert!(
+        !said.starts_with("The call failed"),
+        "the server's own words: {said}"
+    );
+
+    // The audit keeps the text a model reads, the run's action the server's answer.
+    let run = meta(image, "run_id").as_str().unwrap();
+    let history = cs.ok(&["audit", run]);
+    let stored = &history["actions"][0]["result"];
+    assert_eq!(
+        stored["content"], "[image: image/png, 70 bytes]",
+        "{history}"
+    );
+    assert_eq!(stored["mcp"]["content"], json!([block]), "{history}");
+    std::fs::remove_dir_all(root).ok();
+}
+
+/// The smallest PNG there is, one pixel, and its bytes in base64.
+const PIXEL_PNG: &[u8] = &[
+    0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a, 0x00, 0x00, 0x00, 0x0d, 0x49, 0x48, 0x44, 0x52,
+    0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x01, 0x08, 0x06, 0x00, 0x00, 0x00, 0x1f, 0x15, 0xc4,
+    0x89, 0x00, 0x00, 0x00, 0x0d, 0x49, 0x44, 0x41, 0x54, 0x78, 0xda, 0x63, 0x64, 0xf8, 0xcf, 0x50,
+    0x0f, 0x00, 0x03, 0x86, 0x01, 0x80, 0x5a, 0x34, 0x7d, 0x6b, 0x00, 0x00, 0x00, 0x00, 0x49, 0x45,
+    0x4e, 0x44, 0xae, 0x42, 0x60, 0x82,
+];
+const PIXEL_BASE64: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==";
 
 #[tokio::test]
 async fn the_everything_server_over_streamable_http_lists_and_runs_an_allowed_call_and_an_agent_without_a_model_runs_no_run()

@@ -428,11 +428,12 @@ fn answer(
     named: bool,
     now: DateTime<Utc>,
 ) -> CallToolResult {
+    // As stored, to the last newline: a tool's text is handed on as the tool gave it.
     let told = state
         .result
         .as_ref()
-        .map(|r| r.content.trim())
-        .filter(|t| !t.is_empty());
+        .map(|r| r.content.as_str())
+        .filter(|t| !t.trim().is_empty());
     let again = again_words(named, state.attachable);
     let (text, is_error) = match state.status {
         CallStatus::Succeeded => (ran(state, told.unwrap_or("(no result)")), false),
@@ -477,12 +478,35 @@ fn answer(
             false,
         ),
     };
-    let content = vec![ContentBlock::text(text)];
-    let result = match is_error {
+    // A call that ran an MCP server's tool answers as that server did: its blocks and its
+    // structured content, as they were stored.
+    let upstream = match state.status {
+        CallStatus::Succeeded | CallStatus::Failed => {
+            state.result.as_ref().and_then(|r| r.mcp.as_ref())
+        }
+        _ => None,
+    };
+    let content = match upstream.and_then(|mcp| mcp.content.as_ref()) {
+        Some(blocks) => changed(state)
+            .filter(|_| state.status == CallStatus::Succeeded)
+            .map(ContentBlock::text)
+            .into_iter()
+            .chain(blocks.iter().map(block_of))
+            .collect(),
+        None => vec![ContentBlock::text(text)],
+    };
+    let mut result = match is_error {
         true => CallToolResult::error(content),
         false => CallToolResult::success(content),
     };
+    result.structured_content = upstream.and_then(|mcp| mcp.structured_content.clone());
     result.with_meta(Some(meta_of(state, link)))
+}
+
+/// A stored MCP content block as the client gets it: as the server sent it, or, should a block
+/// no longer read as one, its JSON as text.
+fn block_of(block: &Value) -> ContentBlock {
+    serde_json::from_value(block.clone()).unwrap_or_else(|_| ContentBlock::text(block.to_string()))
 }
 
 /// How a repeated call finds this one, or that it would not: a call policy ruled on alone,
@@ -508,13 +532,21 @@ fn word(status: CallStatus) -> String {
 
 /// A call that ran: its result, and where a reviewer changed it, which version ran with what.
 fn ran(state: &CallState, result: &str) -> String {
+    match changed(state) {
+        Some(changed) => format!("{changed} {result}"),
+        None => result.to_string(),
+    }
+}
+
+/// What a call a reviewer changed says before its result: which version ran, with what.
+fn changed(state: &CallState) -> Option<String> {
     match (state.version, &state.args) {
-        (Some(version), Some(args)) if version > 1 => format!(
+        (Some(version), Some(args)) if version > 1 => Some(format!(
             "A reviewer changed this call before it ran: it ran as version {version}, with the \
-             arguments {}. Its result: {result}",
+             arguments {}. Its result:",
             args.canonical()
-        ),
-        _ => result.to_string(),
+        )),
+        _ => None,
     }
 }
 
@@ -653,7 +685,7 @@ mod tests {
     use crate::domain::action::{ProposedCall, UNKNOWN_TEXT};
     use crate::domain::approval::Asking;
     use crate::domain::args::Args;
-    use crate::domain::conversation::ToolResultText;
+    use crate::domain::conversation::{McpResult, ToolResultText};
     use crate::domain::ids::{ActionId, ActionVersion, PersonId, Role, RunId, TenantId};
     use crate::domain::policy::Requirement;
 
@@ -747,6 +779,74 @@ mod tests {
         assert_eq!(meta(&answered, "countersign/status"), "succeeded");
         assert_eq!(meta(&answered, "countersign/action_id"), "act-9x4");
         assert_eq!(meta(&answered, "countersign/version"), 1);
+    }
+
+    /// What the orders server's MCP tool gave back: a line, a receipt image, and the refund.
+    fn upstream(is_error: bool) -> ToolResultText {
+        ToolResultText {
+            content: "stored text".into(),
+            is_error,
+            mcp: Some(McpResult {
+                content: Some(vec![
+                    json!({"type": "text", "text": "Refunded."}),
+                    json!({"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"}),
+                ]),
+                structured_content: Some(json!({"refund_id": "re_1"})),
+            }),
+        }
+    }
+
+    fn blocks(result: &CallToolResult) -> Value {
+        serde_json::to_value(&result.content).unwrap()
+    }
+
+    #[test]
+    fn a_call_that_ran_an_mcp_tool_answers_its_blocks_and_structured_content_as_the_server_gave_them()
+     {
+        let ran = call(CallStatus::Succeeded, Some(upstream(false)));
+        let failed = call(CallStatus::Failed, Some(upstream(true)));
+
+        let answered = answer(&ran, None, false, now());
+        let refused = answer(&failed, None, false, now());
+
+        assert_eq!(answered.is_error, Some(false));
+        assert_eq!(
+            blocks(&answered),
+            json!([
+                {"type": "text", "text": "Refunded."},
+                {"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"},
+            ])
+        );
+        assert_eq!(
+            answered.structured_content,
+            Some(json!({"refund_id": "re_1"}))
+        );
+        assert_eq!(meta(&answered, "countersign/status"), "succeeded");
+        assert_eq!(refused.is_error, Some(true));
+        assert_eq!(blocks(&refused), blocks(&answered));
+        assert_eq!(refused.structured_content, answered.structured_content);
+    }
+
+    #[test]
+    fn an_mcp_call_a_reviewer_changed_says_so_in_a_block_before_the_servers() {
+        let lowered = CallState {
+            version: Some(2),
+            args: Some(refund(7_500)),
+            ..call(CallStatus::Succeeded, Some(upstream(false)))
+        };
+
+        let answered = answer(&lowered, None, false, now());
+
+        assert_eq!(
+            text(&answered),
+            "A reviewer changed this call before it ran: it ran as version 2, with the \
+             arguments {\"amount_cents\":7500,\"order_id\":\"ord_55\"}. Its result:"
+        );
+        assert_eq!(answered.content.len(), 3);
+        assert_eq!(
+            answered.structured_content,
+            Some(json!({"refund_id": "re_1"}))
+        );
     }
 
     #[test]

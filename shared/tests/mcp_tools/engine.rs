@@ -119,6 +119,39 @@ async fn the_engine_gates_a_destructive_mcp_tool_until_a_person_approves_then_ru
 }
 
 #[tokio::test]
+async fn an_mcp_calls_stored_outcome_keeps_the_servers_structured_content_and_the_model_reads_its_text()
+ {
+    let (seen, _server, h, p) = refunds_over(Flavour::Plain).await;
+    let report = p.start(refund_task()).await.unwrap();
+    let approval = waiting_refund(&report, &seen);
+
+    approve_and_finish(&h, &p, &seen, &report, &approval).await;
+
+    let history = p.history(&harness::acme(), &report.run_id).await.unwrap();
+    let refund = history
+        .actions
+        .iter()
+        .find(|action| action.tool == "issue_refund")
+        .unwrap();
+    let stored = refund.result.clone().unwrap();
+    let refunded = json!({
+        "refund_id": "rf-1",
+        "order_id": "ord_55",
+        "amount_cents": 7500,
+        "key": format!("{}:1", approval.action_id),
+    });
+    let mcp = stored.mcp.expect("the server's structured content is kept");
+    assert_eq!(mcp.structured_content, Some(refunded.clone()));
+    assert_eq!(mcp.content, None, "its one text block is the text itself");
+    let told = harness::told_about(&history.run, "issue_refund");
+    assert_eq!(told.content, stored.content);
+    assert_eq!(
+        serde_json::from_str::<Value>(&told.content).unwrap(),
+        refunded
+    );
+}
+
+#[tokio::test]
 async fn the_engine_never_sends_an_mcp_call_again_after_an_unknown_outcome() {
     let (seen, _server, h, p) = refunds_over(Flavour::FailsAfterCommit).await;
     let report = p.start(refund_task()).await.unwrap();
