@@ -618,8 +618,9 @@ default_ttl = "1h"
 decision = "allow"
 "#;
 
-/// Two agents without a model: `files` starts the filesystem server over `data`, `reference`
-/// reaches the everything server at `everything_url`. Returns the directory holding both.
+/// Two agents without a model: `files` starts the filesystem server over `data` (each start
+/// counted in `root`'s [`STARTS`]), `reference` reaches the everything server at
+/// `everything_url`. Returns the directory holding both.
 fn upstream_agents(root: &Path, data: &Path, everything_url: &str) -> PathBuf {
     let agents = root.join("agents");
     let files = agents.join("files");
@@ -631,7 +632,10 @@ fn upstream_agents(root: &Path, data: &Path, everything_url: &str) -> PathBuf {
         files.join("agent.toml"),
         format!(
             "name = \"files\"\nsystem_prompt = \"You keep the team's notes.\"\n\n\
-             [mcp.files]\ncommand = \"node\"\nargs = [\"{}\", \"${{FILES_ROOT}}\"]\ntools = \"*\"\n",
+             [mcp.files]\ncommand = \"sh\"\n\
+             args = [\"-c\", \"echo started >> \\\"$0\\\" && exec node \\\"$1\\\" \\\"$2\\\"\", \"{}\", \"{}\", \"${{FILES_ROOT}}\"]\n\
+             tools = \"*\"\n",
+            root.join(STARTS).display(),
             filesystem.display()
         ),
     )
@@ -648,6 +652,16 @@ fn upstream_agents(root: &Path, data: &Path, everything_url: &str) -> PathBuf {
     std::fs::write(reference.join("policy.toml"), REFERENCE_POLICY).unwrap();
     std::fs::write(data.join("notes.txt"), "Ship on Friday.\n").unwrap();
     agents
+}
+
+/// The file under a test's root where each start of the filesystem server is a line.
+const STARTS: &str = "files-started";
+
+/// How many times the filesystem server of the agents under `root` was started.
+fn starts(root: &Path) -> usize {
+    std::fs::read_to_string(root.join(STARTS))
+        .map(|started| started.lines().count())
+        .unwrap_or(0)
 }
 
 /// The everything server over Streamable HTTP on a free port, in a process group of its own.
@@ -824,19 +838,94 @@ fn the_filesystem_server_over_stdio_reads_freely_and_writes_once_after_approval_
     std::fs::remove_dir_all(root).ok();
 }
 
-#[test]
-fn the_filesystem_servers_image_and_error_come_through_as_it_gave_them_over_http() {
-    let root = common::fresh_path("mcp-files-blocks");
+/// A fresh state whose agents are [`upstream_agents`] under `root` (the everything server
+/// nowhere), with their data directory: `countersign` over it, and the data directory.
+fn files_state(name: &str, root: &Path) -> (Countersign, PathBuf) {
     let data = root.join("data");
     std::fs::create_dir_all(&data).unwrap();
-    let agents = upstream_agents(&root, &data, "http://127.0.0.1:9/mcp");
+    let agents = upstream_agents(root, &data, "http://127.0.0.1:9/mcp");
     let data = data.canonicalize().unwrap();
-    std::fs::write(data.join("pixel.png"), PIXEL_PNG).unwrap();
-    let cs = Countersign::fresh("mcp-files-blocks").with_env(vec![
+    let cs = Countersign::fresh(name).with_env(vec![
         ("COUNTERSIGN_STORE", "embedded".into()),
         ("COUNTERSIGN_AGENTS", agents.display().to_string()),
         ("FILES_ROOT", data.display().to_string()),
     ]);
+    (cs, data)
+}
+
+#[test]
+fn a_stdio_mcp_server_is_started_when_a_call_first_needs_it_never_when_serve_or_mcp_starts() {
+    let root = common::fresh_path("mcp-lazy");
+    let (cs, _data) = files_state("mcp-lazy", &root);
+
+    let server = cs.serve();
+    // `countersign mcp` of another agent, sweeping every second, with its client still there.
+    let mut other = common::countersign(cs.state())
+        .args([
+            "mcp",
+            "--agent",
+            "reference",
+            "--as",
+            "sam",
+            "--sweep-every",
+            "1s",
+        ])
+        .envs(cs.env().iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    let before = starts(&root);
+    drop(other.stdin.take());
+    other.wait().unwrap();
+    let listed = Gateway::http_for(&server, &cs, "files", "sam").call(json!({"op": "list"}));
+
+    assert_eq!(before, 0, "started before anything needed it");
+    assert!(!listed["tools"].as_array().unwrap().is_empty(), "{listed}");
+    assert_eq!(starts(&root), 1);
+    std::fs::remove_dir_all(root).ok();
+}
+
+#[tokio::test]
+async fn after_a_restart_a_decision_over_http_lists_the_servers_tools_and_runs_the_approved_write_once()
+ {
+    let root = common::fresh_path("mcp-lazy-decide");
+    let (cs, data) = files_state("mcp-lazy-decide", &root);
+    let plan = data.join("plan.txt");
+    let server = cs.serve();
+    let waiting = Gateway::http_for(&server, &cs, "files", "sam")
+        .call(write_file(&plan, "Ship on Monday.\n"));
+    let approval = meta(&waiting, "approval_id").as_str().unwrap().to_string();
+    server.kill();
+
+    // Started again, the server has listed nothing when mia's decision comes in.
+    let server = cs.serve();
+    let token = cs.printed(&["token", "--as", "mia"]).trim().to_string();
+    let decided = reqwest::Client::new()
+        .post(format!("{}/approvals/{approval}/decisions", server.base))
+        .bearer_auth(token)
+        .json(&json!({"decision_id": "d-lazy", "action_version": 1, "choice": "approve"}))
+        .send()
+        .await
+        .unwrap();
+
+    assert_eq!(decided.status(), 200, "{}", decided.text().await.unwrap());
+    assert_eq!(std::fs::read_to_string(&plan).unwrap(), "Ship on Monday.\n");
+    let again = Gateway::http_for(&server, &cs, "files", "sam")
+        .call(write_file(&plan, "Ship on Monday.\n"));
+    assert_eq!(meta(&again, "status"), "succeeded", "{again}");
+    assert_eq!(meta(&again, "attached"), true, "{again}");
+    assert_eq!(starts(&root), 2, "once per server process");
+    std::fs::remove_dir_all(root).ok();
+}
+
+#[test]
+fn the_filesystem_servers_image_and_error_come_through_as_it_gave_them_over_http() {
+    let root = common::fresh_path("mcp-files-blocks");
+    let (cs, data) = files_state("mcp-files-blocks", &root);
+    std::fs::write(data.join("pixel.png"), PIXEL_PNG).unwrap();
     let server = cs.serve();
     let gateway = Gateway::http_for(&server, &cs, "files", "sam");
     let path = |name: &str| data.join(name).display().to_string();

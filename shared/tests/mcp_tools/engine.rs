@@ -240,6 +240,49 @@ async fn a_read_whose_answer_the_mcp_server_lost_fails_at_once_and_the_same_read
     assert_eq!(seen.tools_called(), ["get_order", "get_order"]);
 }
 
+#[tokio::test]
+async fn a_sweep_in_a_process_that_never_listed_the_tools_settles_a_call_a_dead_process_left_running()
+ {
+    let (seen, server) = Server::seeing(Flavour::Plain).await;
+    let h = harness::Harness::new(harness::Embedded::fresh()).await;
+    let definition = orders_definition(ORDERS_AGENT, BY_HINTS).unwrap();
+    let env = env_for(server.addr);
+    let runner = defined_process(&h, &definition, &env, harness::Script::default())
+        .await
+        .unwrap();
+    let stall = GateCall {
+        tool: "stall_refund".into(),
+        args: refund(),
+        ..read_through_the_gate("ord_55")
+    };
+    let approval = runner.gate_call(stall).await.unwrap().approval.unwrap();
+    // Approved, the call runs in this process, which dies once the refund took effect.
+    let dana = h.person("dana");
+    let id = approval.id.clone();
+    let running = tokio::spawn(async move {
+        runner
+            .decide(&dana, &id, harness::approve("d-1"))
+            .await
+            .map(|_| ())
+    });
+    seen.committed.notified().await;
+    running.abort();
+    h.clock.advance(chrono::Duration::hours(1));
+    let sweeper = defined_process(&h, &definition, &env, harness::Script::default())
+        .await
+        .unwrap();
+
+    let swept = sweeper.sweep(100).await.unwrap();
+
+    let key = format!("{}:1", approval.action_id);
+    assert_eq!(
+        swept.unowned,
+        std::slice::from_ref(&key),
+        "unknown, its tool cannot be asked and the agent names no recovery owner: {swept:?}"
+    );
+    assert_eq!(seen.effects(), BTreeMap::from([(key, 1)]));
+}
+
 // An agent defined by files alone: its MCP server and tools in agent.toml, its policy matching
 // the tools' annotations.
 
@@ -422,6 +465,93 @@ mcp = { server = "orders", tool = "issue_refund" }
     dana_approves(&h, &p, approval).await;
 
     assert_effect_once(&seen, approval);
+}
+
+/// The refunds policy over the orders server's listed tools: a refund waits for finance, who
+/// may lower its amount.
+const EDITABLE: &str = r#"
+name = "orders"
+version = 1
+default_ttl = "24h"
+
+[tools.get_order]
+decision = "allow"
+
+[tools.issue_refund]
+decision = "approve"
+approver_role = "finance"
+amount_field = "amount_cents"
+editable = { amount_cents = "lower" }
+[[tools.issue_refund.thresholds]]
+above = "$0"
+quorum = 1
+reason = "Every refund needs a finance approver."
+"#;
+
+/// A run of the orders agent under `policy` that waits on its refund, started by a process
+/// that leaves resumes to a queue; and a new process of the same agent, which has listed
+/// nothing.
+async fn waiting_elsewhere(
+    h: &harness::Harness,
+    addr: SocketAddr,
+    policy: &str,
+) -> (RunReport, harness::Process) {
+    let definition = orders_definition(ORDERS_AGENT, policy).unwrap();
+    let env = env_for(addr);
+    let script = harness::Script::default().then_call(&[
+        ("get_order", json!({"order_id": "ord_55"})),
+        ("issue_refund", refund()),
+    ]);
+    let queue = Delivery::Queue(Arc::new(harness::RecordingQueue::default()));
+    let starter = defined_process_delivering(h, &definition, &env, script.clone(), queue)
+        .await
+        .unwrap();
+    shared::agents::prepare(&starter, &harness::acme(), &orders_name())
+        .await
+        .unwrap();
+    let report = starter.start(orders_task()).await.unwrap();
+    let fresh = defined_process(h, &definition, &env, script).await.unwrap();
+    let tools = &fresh.agent(&harness::acme(), &orders_name()).unwrap().tools;
+    assert!(tools.get("issue_refund").is_none(), "nothing listed yet");
+    (report, fresh)
+}
+
+#[tokio::test]
+async fn a_process_that_never_listed_the_tools_decides_runs_the_approved_call_once_and_the_model_goes_on()
+ {
+    let (seen, server) = Server::seeing(Flavour::Plain).await;
+    let h = harness::Harness::new(harness::Embedded::fresh()).await;
+    let (report, decider) = waiting_elsewhere(&h, server.addr, BY_HINTS).await;
+    let approval = waiting_refund(&report, &seen);
+
+    dana_approves(&h, &decider, &approval).await;
+
+    assert_effect_once(&seen, &approval);
+    assert_eq!(
+        h.run(&decider, &report.run_id).await.status,
+        RunStatus::Done
+    );
+}
+
+#[tokio::test]
+async fn a_process_that_never_listed_the_tools_rules_on_an_edit_of_a_call_only_a_listing_gives() {
+    let (seen, server) = Server::seeing(Flavour::Plain).await;
+    let h = harness::Harness::new(harness::Embedded::fresh()).await;
+    let (report, decider) = waiting_elsewhere(&h, server.addr, EDITABLE).await;
+    let approval = waiting_refund(&report, &seen);
+
+    let edited = decider
+        .decide(&h.person("dana"), &approval.id, harness::edit("d-1", 50))
+        .await;
+
+    assert!(edited.is_ok(), "{edited:?}");
+    let history = decider
+        .history(&harness::acme(), &report.run_id)
+        .await
+        .unwrap();
+    let lowered = history.actions.last().unwrap();
+    assert_eq!(lowered.version.get(), 2);
+    assert_eq!(lowered.args.as_value()["amount_cents"], 5000);
 }
 
 #[tokio::test]

@@ -112,11 +112,11 @@ fn listing() -> Vec<McpListing> {
             schema(json!({"order_id": {"type": "string"}})),
         )
         .annotate(ToolAnnotations::new().read_only(true)),
-        McpListing::new(
-            "issue_refund",
-            "Refunds part of an order.",
-            schema(amount.clone()),
-        )
+        McpListing::new("issue_refund", "Refunds part of an order.", {
+            let mut refund = (*schema(amount.clone())).clone();
+            refund.insert("required".into(), json!(["order_id", "amount_cents"]));
+            Arc::new(refund)
+        })
         .annotate(ToolAnnotations::new().destructive(true)),
         McpListing::new(
             "cancel_order",
