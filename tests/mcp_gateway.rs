@@ -382,38 +382,95 @@ fn approved_while_it_waits(cs: &Countersign, gateway: &Gateway, approval: &str) 
     answer
 }
 
+/// `response`, a refusal: its status, its `error.code`, and its `Allow` header if any.
+async fn refusal(response: reqwest::Response) -> (u16, String, Option<String>) {
+    let status = response.status().as_u16();
+    let allow = response
+        .headers()
+        .get("allow")
+        .map(|allow| allow.to_str().unwrap().to_string());
+    let body: Value = response.json().await.expect("a JSON refusal");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(!message.is_empty(), "{body}");
+    (
+        status,
+        body["error"]["code"].as_str().unwrap().to_string(),
+        allow,
+    )
+}
+
 #[tokio::test]
-async fn over_http_a_caller_without_a_token_or_for_an_agent_not_loaded_is_refused() {
+async fn over_http_every_refusal_is_the_apis_json_error_and_a_json_rpc_error_stays_json_rpc() {
     let cs = Countersign::fresh("mcp-http-refused");
     let server = cs.serve();
     let token = cs.printed(&["token", "--as", "sam"]).trim().to_string();
     let http = reqwest::Client::new();
-    let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}});
-    let post = |path: &str, token: Option<&str>| {
-        let mut request = http
-            .post(format!("{}{path}", server.base))
-            .header("accept", "application/json, text/event-stream")
-            .json(&list);
-        if let Some(token) = token {
-            request = request.bearer_auth(token);
-        }
-        request.send()
+    let url = |agent: &str| format!("{}/mcp/{agent}", server.base);
+    let (both, json) = ("application/json, text/event-stream", "application/json");
+    let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).to_string();
+    let huge = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list",
+                      "params": {"padding": "x".repeat(70_000)}})
+    .to_string();
+    let unknown = json!({"jsonrpc": "2.0", "id": 2, "method": "nope/x"}).to_string();
+    // A POST of `body` as `content_type` to `agent`'s gateway, accepting `accept`, as sam.
+    let post = |agent: &str, accept: &str, content_type: &str, body: &str| {
+        http.post(url(agent))
+            .bearer_auth(&token)
+            .header("accept", accept)
+            .header("content-type", content_type)
+            .body(body.to_string())
+            .send()
     };
 
-    let anonymous = post("/mcp/refunds", None).await.unwrap();
-    let elsewhere = post("/mcp/payroll", Some(&token)).await.unwrap();
-    let listed = post("/mcp/refunds", Some(&token)).await.unwrap();
+    let refused = [
+        http.post(url("refunds"))
+            .header("accept", both)
+            .json(&list)
+            .send()
+            .await,
+        post("payroll", both, json, &list).await,
+        http.get(url("refunds")).bearer_auth(&token).send().await,
+        post("refunds", json, json, &list).await,
+        post("refunds", both, "text/plain", &list).await,
+        post("refunds", both, json, "{\"jsonrpc\":").await,
+        post("refunds", both, json, r#"{"a": 1}"#).await,
+        post("refunds", both, json, &huge).await,
+        http.post(url("refunds"))
+            .bearer_auth(&token)
+            .header("accept", both)
+            .header("content-type", json)
+            .header("mcp-protocol-version", "1999-01-01")
+            .body(list.clone())
+            .send()
+            .await,
+    ];
+    let answered = post("refunds", both, json, &unknown).await.unwrap();
+    let listed = post("refunds", both, json, &list).await.unwrap();
 
-    assert_eq!(anonymous.status(), 401);
+    let mut refusals = Vec::new();
+    for response in refused {
+        refusals.push(refusal(response.unwrap()).await);
+    }
+    let refusal = |status: u16, code: &str| (status, code.to_string(), None);
     assert_eq!(
-        anonymous.json::<Value>().await.unwrap()["error"]["code"],
-        "missing_token"
+        refusals,
+        [
+            refusal(401, "missing_token"),
+            refusal(404, "not_found"),
+            (405, "method_not_allowed".into(), Some("POST".into())),
+            refusal(406, "not_acceptable"),
+            refusal(400, "bad_content_type"),
+            refusal(400, "malformed_json"),
+            refusal(400, "not_json_rpc"),
+            refusal(400, "body_too_large"),
+            refusal(400, "bad_mcp_request"),
+        ]
     );
-    assert_eq!(elsewhere.status(), 404);
-    assert_eq!(
-        elsewhere.json::<Value>().await.unwrap()["error"]["code"],
-        "not_found"
-    );
+    // A request the transport took is answered in JSON-RPC, an error too.
+    assert_eq!(answered.status(), 200);
+    let answered: Value = answered.json().await.unwrap();
+    assert_eq!(answered["id"], 2, "{answered}");
+    assert_eq!(answered["error"]["code"], -32601, "{answered}");
     assert_eq!(listed.status(), 200);
     let listed: Value = listed.json().await.unwrap();
     assert_eq!(
