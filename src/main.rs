@@ -173,7 +173,7 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
             ..
         } => decide(&local, review).await,
         Command::Mcp(options) => {
-            mcp::run(local, options).await?;
+            mcp::run(local, &cli.global, options).await?;
             Ok(Output {
                 text: String::new(),
                 json: json!({"stopped": true}),

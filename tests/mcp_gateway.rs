@@ -260,6 +260,42 @@ fn waits_for_a_finance_manager(answer: &Value) -> String {
 }
 
 #[test]
+fn over_stdio_it_says_on_stderr_which_state_and_agents_it_works_on_and_stdout_stays_the_protocols()
+{
+    // A client starts it in a directory of its own, the state left to its default.
+    let dir = common::fresh_path("mcp-started");
+    std::fs::create_dir_all(&dir).unwrap();
+    assert!(dir.is_absolute());
+
+    let started = common::countersign(Path::new("state"))
+        .current_dir(&dir)
+        .env("COUNTERSIGN_STORE", "embedded")
+        .args(["mcp", "--agent", "refunds", "--as", "sam"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+
+    let told = String::from_utf8_lossy(&started.stderr);
+    let state = dir.join("state").display().to_string();
+    assert!(
+        told.contains("serving the tools of agent refunds to sam (acme) over stdio"),
+        "{told}"
+    );
+    assert!(
+        told.contains(&format!(
+            "state {state}; review its calls with: countersign review --state {state}"
+        )),
+        "{told}"
+    );
+    assert!(
+        told.contains("agents loaded: expense, refunds (the shipped ones"),
+        "{told}"
+    );
+    assert!(started.stdout.is_empty(), "stdout is the protocol's alone");
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
 fn over_stdio_a_client_lists_the_tools_and_a_gated_refund_runs_once_after_approval_from_the_cli() {
     let orders = OrdersService::start("mcp-stdio");
     let cs = Countersign::fresh("mcp-stdio").with_env(orders.embedded_env());
@@ -567,12 +603,14 @@ fn the_mcp_inspector_lists_and_calls_over_stdio_and_http_and_a_call_attaches_acr
     let orders = OrdersService::start("mcp-inspector");
     let cs = Countersign::fresh("mcp-inspector").with_env(orders.embedded_env());
     let server = cs.serve();
+    // As docs/mcp-gateway.md configures it: the state and the agents named, absolute.
     let mut stdio: Vec<String> = cs
         .env()
         .iter()
-        .chain(&[("COUNTERSIGN_STATE", cs.state().display().to_string())])
         .flat_map(|(k, v)| ["-e".to_string(), format!("{k}={v}")])
         .collect();
+    let state = cs.state().display().to_string();
+    let agents = concat!(env!("CARGO_MANIFEST_DIR"), "/agents");
     stdio.extend(
         [
             env!("CARGO_BIN_EXE_countersign"),
@@ -581,6 +619,10 @@ fn the_mcp_inspector_lists_and_calls_over_stdio_and_http_and_a_call_attaches_acr
             "refunds",
             "--as",
             "sam",
+            "--state",
+            &state,
+            "--agents",
+            agents,
         ]
         .map(String::from),
     );
