@@ -1,12 +1,15 @@
 //! The MCP gateway driven by clients nobody here wrote: the official MCP Python SDK (`mcp` from
-//! PyPI, pinned in tests/mcp-client.requirements.txt) through tests/mcp_client.py, and the MCP
-//! Inspector's CLI mode (npm, pinned in tests/npm/inspector), against `countersign mcp`
-//! over stdio and `/mcp/refunds` on a real `countersign serve`, in front of the refunds agent and
-//! a real orders service. Decisions come from `countersign review` in other processes.
+//! PyPI, pinned in tests/mcp-client.requirements.txt) through tests/mcp_client.py, the official
+//! TypeScript SDK (the one the reference servers pinned in tests/npm/servers are built on)
+//! through tests/mcp_client.mjs, and the MCP Inspector's CLI mode (npm, pinned in
+//! tests/npm/inspector), against `countersign mcp` over stdio and `/mcp/refunds` on a real
+//! `countersign serve`, in front of the refunds agent and a real orders service. Decisions come
+//! from `countersign review` in other processes.
 //!
-//! Both clients are installed once under `${XDG_CACHE_HOME:-~/.cache}/countersign` (PyPI and npm
+//! The clients are installed once under `${XDG_CACHE_HOME:-~/.cache}/countersign` (PyPI and npm
 //! the first time, offline after): the Python client in `mcp-client-venv`
-//! (`COUNTERSIGN_MCP_PYTHON` names another Python that has it), the Inspector in `mcp-inspector`.
+//! (`COUNTERSIGN_MCP_PYTHON` names another Python that has it), the Inspector in
+//! `mcp-inspector`, the TypeScript SDK with the reference servers in `mcp-servers`.
 
 mod common;
 #[allow(dead_code)]
@@ -24,6 +27,7 @@ use common::{Countersign, stop_group};
 use serde_json::{Value, json};
 
 const CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mcp_client.py");
+const TS_CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mcp_client.mjs");
 const REQUIREMENTS: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/tests/mcp-client.requirements.txt"
@@ -154,12 +158,38 @@ impl Gateway {
         }
     }
 
+    /// The Python SDK's client running `steps`.
     fn command(&self, steps: &Value) -> Command {
         let mut command = Command::new(python());
         command
             .arg(CLIENT)
             .arg(steps.to_string())
-            .args(&self.transport)
+            .args(&self.transport);
+        self.environment(command)
+    }
+
+    /// The TypeScript SDK's client running `steps`, over stdio only.
+    fn typescript(&self, steps: &Value) -> Command {
+        let [transport, server @ ..] = self.transport.as_slice() else {
+            panic!("no transport");
+        };
+        assert_eq!(
+            transport, "stdio",
+            "the TypeScript client speaks stdio here"
+        );
+        let mut command = Command::new("node");
+        command
+            .arg(TS_CLIENT)
+            .arg(mcp_servers::typescript_sdk())
+            .arg(steps.to_string())
+            .args(server);
+        self.environment(command)
+    }
+
+    /// `command` with this gateway's variables and none of the shell's Countersign settings,
+    /// its output piped.
+    fn environment(&self, mut command: Command) -> Command {
+        command
             .env_remove("ANTHROPIC_API_KEY")
             .env_remove("COUNTERSIGN_AGENTS")
             .env_remove("COUNTERSIGN_PEOPLE")
@@ -389,6 +419,47 @@ fn over_http_a_waiting_call_gets_progress_and_the_outcome_once_another_process_a
 
     assert_eq!(meta(&answer, "attached"), true, "{answer}");
     refunded_once(&orders, &answer, 1);
+}
+
+#[test]
+fn the_typescript_sdk_gives_up_on_a_longer_wait_unless_it_resets_its_timeout_on_the_gateways_progress()
+ {
+    let orders = OrdersService::start("mcp-typescript");
+    let cs = Countersign::fresh("mcp-typescript").with_env(orders.embedded_env());
+    let gateway = Gateway::stdio(&cs, "sam");
+    let refund = |wait_seconds: u64, timeout_ms: u64, reset: bool| {
+        json!({"tool": "issue_refund", "args": refund_125(), "wait_seconds": wait_seconds,
+               "timeout_ms": timeout_ms, "reset_timeout_on_progress": reset})
+    };
+
+    // Each waits on a person longer than the client's timeout; the second resets it on each
+    // progress notification, which the gateway sends when the wait begins and every 5 s.
+    let output = gateway
+        .typescript(&json!([refund(4, 2_000, false), refund(9, 7_000, true)]))
+        .output()
+        .unwrap();
+
+    assert!(
+        output.status.success(),
+        "the TypeScript client failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let answers: Vec<Value> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let [gave_up, waited] = answers.as_slice() else {
+        panic!("two answers: {answers:?}");
+    };
+    assert_eq!(
+        gave_up["error"]["code"], -32001,
+        "request timed out: {gave_up}"
+    );
+    waits_for_a_finance_manager(waited);
+    assert!(waited["elapsed_ms"].as_u64().unwrap() >= 8_500, "{waited}");
+    let progress = waited["progress"].as_array().unwrap();
+    assert!(progress.len() >= 2, "at the start and 5 s in: {waited}");
+    assert!(orders.refunds("ord_55").is_empty(), "nothing refunded");
 }
 
 /// The refund asked for again through `gateway`, approved by mia from another process once
