@@ -488,22 +488,30 @@ quorum = 1
 reason = "Every refund needs a finance approver."
 "#;
 
-/// A run of the orders agent under `policy` that waits on its refund, started by a process
-/// that leaves resumes to a queue; and a new process of the same agent, which has listed
-/// nothing.
+/// A run of the orders agent that waits on its refund, started by a process that leaves its
+/// resumes to a queue; and a new process of the same agent, which has listed nothing.
+struct WaitingElsewhere {
+    report: RunReport,
+    starter: harness::Process,
+    queue: Arc<harness::RecordingQueue>,
+    fresh: harness::Process,
+}
+
+/// [`WaitingElsewhere`] under `policy`, the orders server at `addr`.
 async fn waiting_elsewhere(
     h: &harness::Harness,
     addr: SocketAddr,
     policy: &str,
-) -> (RunReport, harness::Process) {
+) -> WaitingElsewhere {
     let definition = orders_definition(ORDERS_AGENT, policy).unwrap();
     let env = env_for(addr);
     let script = harness::Script::default().then_call(&[
         ("get_order", json!({"order_id": "ord_55"})),
         ("issue_refund", refund()),
     ]);
-    let queue = Delivery::Queue(Arc::new(harness::RecordingQueue::default()));
-    let starter = defined_process_delivering(h, &definition, &env, script.clone(), queue)
+    let queue = Arc::new(harness::RecordingQueue::default());
+    let delivery = Delivery::Queue(queue.clone());
+    let starter = defined_process_delivering(h, &definition, &env, script.clone(), delivery)
         .await
         .unwrap();
     shared::agents::prepare(&starter, &harness::acme(), &orders_name())
@@ -513,7 +521,12 @@ async fn waiting_elsewhere(
     let fresh = defined_process(h, &definition, &env, script).await.unwrap();
     let tools = &fresh.agent(&harness::acme(), &orders_name()).unwrap().tools;
     assert!(tools.get("issue_refund").is_none(), "nothing listed yet");
-    (report, fresh)
+    WaitingElsewhere {
+        report,
+        starter,
+        queue,
+        fresh,
+    }
 }
 
 #[tokio::test]
@@ -521,7 +534,11 @@ async fn a_process_that_never_listed_the_tools_decides_runs_the_approved_call_on
  {
     let (seen, server) = Server::seeing(Flavour::Plain).await;
     let h = harness::Harness::new(harness::Embedded::fresh()).await;
-    let (report, decider) = waiting_elsewhere(&h, server.addr, BY_HINTS).await;
+    let WaitingElsewhere {
+        report,
+        fresh: decider,
+        ..
+    } = waiting_elsewhere(&h, server.addr, BY_HINTS).await;
     let approval = waiting_refund(&report, &seen);
 
     dana_approves(&h, &decider, &approval).await;
@@ -537,7 +554,11 @@ async fn a_process_that_never_listed_the_tools_decides_runs_the_approved_call_on
 async fn a_process_that_never_listed_the_tools_rules_on_an_edit_of_a_call_only_a_listing_gives() {
     let (seen, server) = Server::seeing(Flavour::Plain).await;
     let h = harness::Harness::new(harness::Embedded::fresh()).await;
-    let (report, decider) = waiting_elsewhere(&h, server.addr, EDITABLE).await;
+    let WaitingElsewhere {
+        report,
+        fresh: decider,
+        ..
+    } = waiting_elsewhere(&h, server.addr, EDITABLE).await;
     let approval = waiting_refund(&report, &seen);
 
     let edited = decider
@@ -558,26 +579,12 @@ async fn a_process_that_never_listed_the_tools_rules_on_an_edit_of_a_call_only_a
 async fn another_process_lists_the_tools_before_it_resumes_and_runs_the_approved_call_once() {
     let (seen, server) = Server::seeing(Flavour::Plain).await;
     let h = harness::Harness::new(harness::Embedded::fresh()).await;
-    let definition = orders_definition(ORDERS_AGENT, BY_HINTS).unwrap();
-    let env = env_for(server.addr);
-    let script = harness::Script::default().then_call(&[
-        ("get_order", json!({"order_id": "ord_55"})),
-        ("issue_refund", refund()),
-    ]);
-    let queue = Arc::new(harness::RecordingQueue::default());
-    let starter = defined_process_delivering(
-        &h,
-        &definition,
-        &env,
-        script.clone(),
-        Delivery::Queue(queue.clone()),
-    )
-    .await
-    .unwrap();
-    shared::agents::prepare(&starter, &harness::acme(), &orders_name())
-        .await
-        .unwrap();
-    let report = starter.start(orders_task()).await.unwrap();
+    let WaitingElsewhere {
+        report,
+        starter,
+        queue,
+        fresh: resumer,
+    } = waiting_elsewhere(&h, server.addr, BY_HINTS).await;
     let approval = report.approvals[0].clone();
     dana_approves(&h, &starter, &approval).await;
     let message = queue
@@ -585,17 +592,6 @@ async fn another_process_lists_the_tools_before_it_resumes_and_runs_the_approved
         .pop()
         .expect("the decision queued a resume");
 
-    let resumer = defined_process(&h, &definition, &env, script)
-        .await
-        .unwrap();
-    let tools = &resumer
-        .agent(&harness::acme(), &orders_name())
-        .unwrap()
-        .tools;
-    assert!(
-        tools.get("issue_refund").is_none(),
-        "nothing listed yet here"
-    );
     shared::agents::prepare_resume(&resumer, &message)
         .await
         .unwrap();
