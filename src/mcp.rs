@@ -23,7 +23,9 @@ pub async fn run(local: Local, global: &Global, options: McpOptions) -> Result<(
         shared::deploy::mcp_settings_from_env().map_err(|e| Failure::usage(e.to_string()))?;
     // A client starts this process in a directory and an environment of its own: say which
     // state and agents it works on, where the client's log shows it (never on stdout).
-    eprintln!("{}", started(&local, global, &who, &agent));
+    for line in started(&local, global, &who, &agent) {
+        eprintln!("countersign mcp: {}", shared::logs::escaped(&line, false));
+    }
     let engine = Arc::new(local.engine);
     if !options.sweep_every.is_zero() {
         tokio::spawn(crate::serve::sweep_forever(
@@ -41,9 +43,10 @@ pub async fn run(local: Local, global: &Global, options: McpOptions) -> Result<(
         })
 }
 
-/// What `countersign mcp` says on stderr as it starts: whose calls of which agent, the state
-/// they are kept in (an absolute path, and how to review them there), and the agents loaded.
-fn started(local: &Local, global: &Global, who: &Identity, agent: &AgentName) -> String {
+/// What `countersign mcp` says on stderr as it starts, a line each: whose calls of which agent,
+/// the state they are kept in (an absolute path, and how to review them there), and the agents
+/// loaded.
+fn started(local: &Local, global: &Global, who: &Identity, agent: &AgentName) -> [String; 3] {
     let state = match &local.aws {
         Some(_) => format!(
             "the DynamoDB table {} (COUNTERSIGN_STORE=dynamodb)",
@@ -70,14 +73,14 @@ fn started(local: &Local, global: &Global, who: &Identity, agent: &AgentName) ->
         }
         None => "the shipped ones: no --agents or COUNTERSIGN_AGENTS".to_string(),
     };
-    format!(
-        "countersign mcp: serving the tools of agent {agent} to {} ({}) over stdio\n\
-         countersign mcp: state {state}\n\
-         countersign mcp: agents loaded: {} ({from})",
-        who.person,
-        who.tenant,
-        names.join(", ")
-    )
+    [
+        format!(
+            "serving the tools of agent {agent} to {} ({}) over stdio",
+            who.person, who.tenant
+        ),
+        format!("state {state}"),
+        format!("agents loaded: {} ({from})", names.join(", ")),
+    ]
 }
 
 /// `path` from the filesystem's root, as a person reads it.

@@ -292,8 +292,9 @@ fn waits_for_a_finance_manager(answer: &Value) -> String {
 #[test]
 fn over_stdio_it_says_on_stderr_which_state_and_agents_it_works_on_and_stdout_stays_the_protocols()
 {
-    // A client starts it in a directory of its own, the state left to its default.
-    let dir = common::fresh_path("mcp-started");
+    // A client starts it in a directory of its own, the state left to its default; the
+    // directory's name would colour a terminal.
+    let dir = common::fresh_path("mcp-started-\u{1b}[31m");
     std::fs::create_dir_all(&dir).unwrap();
     assert!(dir.is_absolute());
 
@@ -306,7 +307,15 @@ fn over_stdio_it_says_on_stderr_which_state_and_agents_it_works_on_and_stdout_st
         .unwrap();
 
     let told = String::from_utf8_lossy(&started.stderr);
-    let state = dir.join("state").display().to_string();
+    assert!(
+        !told.contains('\u{1b}'),
+        "escaped as every log line: {told}"
+    );
+    let state = dir
+        .join("state")
+        .display()
+        .to_string()
+        .replace('\u{1b}', "\\u{1b}");
     assert!(
         told.contains("serving the tools of agent refunds to sam (acme) over stdio"),
         "{told}"
