@@ -139,6 +139,13 @@ pub enum WaitingOn {
         version: ActionVersion,
         tool: String,
     },
+    /// An approved call its caller runs (`executor = "caller"`): the caller claims it, nothing
+    /// here runs it.
+    CallerClaim {
+        action_id: ActionId,
+        version: ActionVersion,
+        tool: String,
+    },
     /// The model's next turn (a running run with no call running).
     ModelTurn,
     /// Every call of its paused turn is settled: the run resumes.
@@ -166,6 +173,13 @@ impl Engine {
                         version,
                         tool,
                     }),
+                    ActionStatus::Approved if self.runs_in_caller(&run, action) => {
+                        waiting_on.push(WaitingOn::CallerClaim {
+                            action_id,
+                            version,
+                            tool,
+                        })
+                    }
                     _ => {}
                 }
             }

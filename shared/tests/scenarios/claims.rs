@@ -10,7 +10,7 @@ use shared::agents::{self, Definition};
 use shared::domain::approval::ApprovalKind;
 use shared::domain::ids::AgentName;
 use shared::domain::run::GateVia;
-use shared::engine::{CallState, CallStatus, Executor, GateCall, Reported};
+use shared::engine::{CallState, CallStatus, Executor, GateCall, Reported, WaitingOn};
 
 fn helpdesk_example() -> Vec<Definition> {
     let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/helpdesk"));
@@ -181,6 +181,16 @@ async fn given_a_refund_approved_through_a_queue_when_its_resume_message_comes_t
     );
     let history = p.history(&acme(), &proposed.run_id).await.unwrap();
     assert!(!event_names(&history.entries).contains(&"executing"));
+    let run = p.run_state(&acme(), &proposed.run_id).await.unwrap();
+    assert_eq!(
+        run.waiting_on,
+        [WaitingOn::CallerClaim {
+            action_id: state.action_id.clone().unwrap(),
+            version: v(1),
+            tool: "refund".into(),
+        }],
+        "the run says its caller claims the call, not that a resume is due"
+    );
 }
 
 async fn given_an_approved_refund_when_two_claimants_claim_at_once_then_one_wins_and_runs_it(
