@@ -457,18 +457,43 @@ pub fn sweep(swept: &Swept<'_>) -> String {
             None => writeln!(out, "escalated {approval}"),
         };
     }
-    for key in &report.reconciled {
-        let _ = writeln!(
-            out,
-            "reconciled {key}: its tool said what became of it, and its run goes on"
-        );
-    }
-    for key in &report.lost_reads {
-        let _ = writeln!(
-            out,
-            "failed {key}: a read whose answer was lost; nothing took effect, so nothing is left to reconcile"
-        );
-    }
+    let settled: [(&[String], &str, &str); 2] = [
+        (
+            &report.reconciled,
+            "reconciled",
+            "its tool said what became of it, and its run goes on",
+        ),
+        (
+            &report.lost_reads,
+            "failed",
+            "a read whose answer was lost; nothing took effect, so nothing is left to reconcile",
+        ),
+    ];
+    let handed_on: [(&[String], &str, &str); 3] = [
+        (
+            &report.to_recovery_owner,
+            "to the recovery owner",
+            "its tool cannot tell what became of it, so a person answers",
+        ),
+        (
+            &report.resent,
+            "sent again",
+            "its resume message was not acted on, so its run goes on",
+        ),
+        (
+            &report.resumes_given_up,
+            "gave up resending",
+            "its resume message waits in the dead-letter queue for an operator",
+        ),
+    ];
+    let each = |out: &mut String, lines: &[(&[String], &str, &str)]| {
+        for (keys, what, why) in lines {
+            for key in keys.iter() {
+                let _ = writeln!(out, "{what} {key}: {why}");
+            }
+        }
+    };
+    each(&mut out, &settled);
     for key in &report.unknown {
         let _ = match report.unowned.contains(key) {
             true => writeln!(
@@ -478,24 +503,7 @@ pub fn sweep(swept: &Swept<'_>) -> String {
             false => writeln!(out, "still unknown {key}: its tool is asked again later"),
         };
     }
-    for key in &report.to_recovery_owner {
-        let _ = writeln!(
-            out,
-            "to the recovery owner {key}: its tool cannot tell what became of it, so a person answers"
-        );
-    }
-    for key in &report.resent {
-        let _ = writeln!(
-            out,
-            "sent again {key}: its resume message was not acted on, so its run goes on"
-        );
-    }
-    for key in &report.resumes_given_up {
-        let _ = writeln!(
-            out,
-            "gave up resending {key}: its resume message waits in the dead-letter queue for an operator"
-        );
-    }
+    each(&mut out, &handed_on);
     if report.redelivered > 0 {
         let _ = writeln!(
             out,

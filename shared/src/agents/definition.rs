@@ -763,6 +763,18 @@ pub(super) mod tests {
         load(agent, policy).expect_err("the definition is refused")
     }
 
+    /// The agent file is refused at `field` of itself, saying `says`.
+    fn refused_at(agent: &str, policy: &str, field: &str, says: &str) -> DefinitionError {
+        let error = refused(agent, policy);
+        assert_eq!(
+            (error.file.as_str(), error.field.as_str()),
+            ("test/agent.toml", field),
+            "{agent}: {error}"
+        );
+        assert!(error.to_string().contains(says), "{agent}: {error}");
+        error
+    }
+
     pub(crate) const REFUND_TOOL: &str = r#"
 [tools.issue_refund]
 description = "Refund an order."
@@ -820,10 +832,7 @@ input_schema = { type = "object", properties = { order_id = { type = "string" } 
             ),
         ];
         for (agent, field, saying) in cases {
-            let error = refused(&agent, POLICY);
-
-            assert_eq!(error.field, field, "{agent}");
-            assert!(error.to_string().contains(saying), "{error}");
+            refused_at(&agent, POLICY, field, saying);
         }
     }
 
@@ -921,12 +930,12 @@ mcp = { server = "orderz", tool = "issue_refund" }
             ("url = \"http://x\"\ntools = \"all\"", "tools must be"),
             ("headers = {}", "url"),
         ] {
-            let error = refused(
+            refused_at(
                 &format!("[mcp.orders]\n{body}\n"),
                 "name = \"o\"\nversion = 1\ndefault_ttl = \"1h\"\n",
+                "mcp.orders",
+                says,
             );
-            assert_eq!(error.field, "mcp.orders", "{body}: {error}");
-            assert!(error.message.contains(says), "{body}: {error}");
         }
     }
 
@@ -939,16 +948,16 @@ mcp = { server = "orderz", tool = "issue_refund" }
             "tools = \"*\"",
             "url = \"http://x\"\nmethod = \"POST\"",
         ] {
-            let error = refused(
+            let error = refused_at(
                 &format!("[mcp.files]\n{body}\n"),
                 "name = \"o\"\nversion = 1\ndefault_ttl = \"1h\"\n",
+                "mcp.files",
+                "url = \"https://...\"",
             );
-            assert_eq!(error.field, "mcp.files", "{body}: {error}");
             assert!(
-                error.message.contains("url = \"https://...\"")
-                    && error
-                        .message
-                        .contains("command = \"npx\" with optional args"),
+                error
+                    .message
+                    .contains("command = \"npx\" with optional args"),
                 "{body}: {error}"
             );
         }
@@ -1014,9 +1023,7 @@ tools = "*"
             ),
         ];
         for (tool, field) in cases {
-            let error = refused(&format!("{server}{tool}"), POLICY);
-            assert_eq!(error.field, field, "{tool}: {error}");
-            assert_eq!(error.file, "test/agent.toml");
+            refused_at(&format!("{server}{tool}"), POLICY, field, "");
         }
     }
 
@@ -1137,8 +1144,7 @@ description = "Refund an order."
             ("api_key_env = \"OPENAI_API_KEY\"", "model.api_key_env"),
             ("turn_timeout = \"20m\"", "model.turn_timeout"),
         ] {
-            let error = refused(&format!("[model]\n{table}\n"), POLICY);
-            assert_eq!(error.field, field, "{table}: {error}");
+            refused_at(&format!("[model]\n{table}\n"), POLICY, field, "");
         }
         let unknown = refused("[model]\nprovider = \"gemini\"\n", POLICY);
         assert!(unknown.message.contains("openai"), "{unknown}");
@@ -1156,15 +1162,12 @@ description = "Refund an order."
             ("tenants = [\"acme\", \"acme\"]", "names acme twice"),
             ("tenants = [\"acme corp\"]", "is not valid"),
         ] {
-            let error = refused(
+            refused_at(
                 &format!("{line}\n[mcp.orders]\nurl = \"http://x/mcp\"\ntools = \"*\"\n"),
                 POLICY,
+                "tenants",
+                says,
             );
-            assert_eq!(
-                (error.file.as_str(), error.field.as_str()),
-                ("test/agent.toml", "tenants")
-            );
-            assert!(error.message.contains(says), "{line}: {error}");
         }
     }
 

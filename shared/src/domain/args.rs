@@ -90,31 +90,34 @@ fn into_text(out: Vec<u8>) -> String {
 fn write_object(map: &Map<String, Value>, out: &mut Vec<u8>) {
     let mut keys: Vec<&String> = map.keys().collect();
     keys.sort();
-    out.push(b'{');
-    for (i, key) in keys.into_iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
+    write_list(out, [b'{', b'}'], keys, |key, out| {
         write_json(key, out);
         out.push(b':');
         write_canonical(&map[key], out);
+    });
+}
+
+/// `items` between the `brackets`, each written by `write`, with a comma between two.
+fn write_list<T>(
+    out: &mut Vec<u8>,
+    [open, close]: [u8; 2],
+    items: impl IntoIterator<Item = T>,
+    mut write: impl FnMut(T, &mut Vec<u8>),
+) {
+    out.push(open);
+    for (i, item) in items.into_iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        write(item, out);
     }
-    out.push(b'}');
+    out.push(close);
 }
 
 fn write_canonical(value: &Value, out: &mut Vec<u8>) {
     match value {
         Value::Object(map) => write_object(map, out),
-        Value::Array(items) => {
-            out.push(b'[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_canonical(item, out);
-            }
-            out.push(b']');
-        }
+        Value::Array(items) => write_list(out, [b'[', b']'], items, write_canonical),
         Value::Number(n) => match n.as_f64() {
             Some(f) if n.is_f64() && f.fract() == 0.0 && f.abs() < 9.0e15 => {
                 let _ = write!(out, "{}", f as i64);

@@ -491,18 +491,22 @@ reason = "Every refund needs a finance approver."
 /// A run of the orders agent that waits on its refund, started by a process that leaves its
 /// resumes to a queue; and a new process of the same agent, which has listed nothing.
 struct WaitingElsewhere {
+    h: harness::Harness,
+    seen: Arc<Seen>,
+    _server: Server,
     report: RunReport,
+    approval: Approval,
     starter: harness::Process,
     queue: Arc<harness::RecordingQueue>,
     fresh: harness::Process,
 }
 
-/// [`WaitingElsewhere`] under `policy`, the orders server at `addr`.
-async fn waiting_elsewhere(
-    h: &harness::Harness,
-    addr: SocketAddr,
-    policy: &str,
-) -> WaitingElsewhere {
+/// [`WaitingElsewhere`] under `policy`, on a fresh embedded store and orders server (bind
+/// `_server` to keep it serving).
+async fn waiting_elsewhere(policy: &str) -> WaitingElsewhere {
+    let (seen, server) = Server::seeing(Flavour::Plain).await;
+    let h = harness::Harness::new(harness::Embedded::fresh()).await;
+    let addr = server.addr;
     let definition = orders_definition(ORDERS_AGENT, policy).unwrap();
     let env = env_for(addr);
     let script = harness::Script::default().then_call(&[
@@ -511,18 +515,25 @@ async fn waiting_elsewhere(
     ]);
     let queue = Arc::new(harness::RecordingQueue::default());
     let delivery = Delivery::Queue(queue.clone());
-    let starter = defined_process_delivering(h, &definition, &env, script.clone(), delivery)
+    let starter = defined_process_delivering(&h, &definition, &env, script.clone(), delivery)
         .await
         .unwrap();
     shared::agents::prepare(&starter, &harness::acme(), &orders_name())
         .await
         .unwrap();
     let report = starter.start(orders_task()).await.unwrap();
-    let fresh = defined_process(h, &definition, &env, script).await.unwrap();
+    let fresh = defined_process(&h, &definition, &env, script)
+        .await
+        .unwrap();
     let tools = &fresh.agent(&harness::acme(), &orders_name()).unwrap().tools;
     assert!(tools.get("issue_refund").is_none(), "nothing listed yet");
+    let approval = waiting_refund(&report, &seen);
     WaitingElsewhere {
+        h,
+        seen,
+        _server: server,
         report,
+        approval,
         starter,
         queue,
         fresh,
@@ -532,14 +543,15 @@ async fn waiting_elsewhere(
 #[tokio::test]
 async fn a_process_that_never_listed_the_tools_decides_runs_the_approved_call_once_and_the_model_goes_on()
  {
-    let (seen, server) = Server::seeing(Flavour::Plain).await;
-    let h = harness::Harness::new(harness::Embedded::fresh()).await;
     let WaitingElsewhere {
+        h,
+        seen,
+        _server,
         report,
+        approval,
         fresh: decider,
         ..
-    } = waiting_elsewhere(&h, server.addr, BY_HINTS).await;
-    let approval = waiting_refund(&report, &seen);
+    } = waiting_elsewhere(BY_HINTS).await;
 
     dana_approves(&h, &decider, &approval).await;
 
@@ -552,14 +564,14 @@ async fn a_process_that_never_listed_the_tools_decides_runs_the_approved_call_on
 
 #[tokio::test]
 async fn a_process_that_never_listed_the_tools_rules_on_an_edit_of_a_call_only_a_listing_gives() {
-    let (seen, server) = Server::seeing(Flavour::Plain).await;
-    let h = harness::Harness::new(harness::Embedded::fresh()).await;
     let WaitingElsewhere {
+        h,
+        _server,
         report,
+        approval,
         fresh: decider,
         ..
-    } = waiting_elsewhere(&h, server.addr, EDITABLE).await;
-    let approval = waiting_refund(&report, &seen);
+    } = waiting_elsewhere(EDITABLE).await;
 
     let edited = decider
         .decide(&h.person("dana"), &approval.id, harness::edit("d-1", 50))
@@ -577,15 +589,16 @@ async fn a_process_that_never_listed_the_tools_rules_on_an_edit_of_a_call_only_a
 
 #[tokio::test]
 async fn another_process_lists_the_tools_before_it_resumes_and_runs_the_approved_call_once() {
-    let (seen, server) = Server::seeing(Flavour::Plain).await;
-    let h = harness::Harness::new(harness::Embedded::fresh()).await;
     let WaitingElsewhere {
+        h,
+        seen,
         report,
+        approval,
         starter,
         queue,
         fresh: resumer,
-    } = waiting_elsewhere(&h, server.addr, BY_HINTS).await;
-    let approval = report.approvals[0].clone();
+        _server,
+    } = waiting_elsewhere(BY_HINTS).await;
     dana_approves(&h, &starter, &approval).await;
     let message = queue
         .published()

@@ -79,36 +79,17 @@ async fn given_a_small_refund_the_caller_runs_when_it_claims_and_reports_then_it
         .claim_call(&sam(h), &proposed.run_id, "worker-1")
         .await
         .unwrap();
-    let settled = p
-        .report_outcome(
-            &sam(h),
-            &proposed.run_id,
-            "worker-1",
-            refunded("refunded 4000 cents"),
-        )
-        .await
-        .unwrap();
-    let repeated = p
-        .report_outcome(
-            &sam(h),
-            &proposed.run_id,
-            "worker-1",
-            refunded("refunded 4000 cents"),
-        )
-        .await
-        .unwrap();
-    let different = p
-        .report_outcome(
-            &sam(h),
-            &proposed.run_id,
-            "worker-1",
-            Reported {
-                succeeded: false,
-                result: json!("card declined"),
-            },
-        )
-        .await
-        .unwrap_err();
+    let who = sam(h);
+    let report =
+        |reported: Reported| p.report_outcome(&who, &proposed.run_id, "worker-1", reported);
+    let settled = report(refunded("refunded 4000 cents")).await.unwrap();
+    let repeated = report(refunded("refunded 4000 cents")).await.unwrap();
+    let different = report(Reported {
+        succeeded: false,
+        result: json!("card declined"),
+    })
+    .await
+    .unwrap_err();
 
     assert_eq!(
         proposed.status,

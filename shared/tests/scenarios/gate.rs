@@ -27,6 +27,13 @@ fn pay_c102() -> GateCall {
     )
 }
 
+fn decline_c103() -> GateCall {
+    call(
+        "decline",
+        json!({"claim_id": "c-103", "reason": "duplicate"}),
+    )
+}
+
 async fn gated(p: &Process, call: GateCall) -> CallState {
     p.gate_call(call).await.expect("the gate takes the call")
 }
@@ -177,14 +184,7 @@ async fn given_calls_that_do_not_fit_or_that_policy_denies_or_a_person_rejects_t
     let unknown_tool = gated(&p, call("wire_money", json!({"to": "ben"}))).await;
     assert_eq!(unknown_tool.status, CallStatus::Refused);
 
-    let decline = gated(
-        &p,
-        call(
-            "decline",
-            json!({"claim_id": "c-103", "reason": "duplicate"}),
-        ),
-    )
-    .await;
+    let decline = gated(&p, decline_c103()).await;
     assert_eq!(decline.status, CallStatus::AwaitingApproval);
     let approval = decline.approval.unwrap();
     h.decided(
@@ -253,14 +253,7 @@ async fn given_a_caller_waiting_on_a_call_when_another_process_decides_it_then_t
     assert!(lag < promise, "seen {lag:?} after, on {}", h.backend());
 
     // Nobody decides the next one: the wait ends with it still waiting.
-    let decline = gated(
-        &p,
-        call(
-            "decline",
-            json!({"claim_id": "c-103", "reason": "duplicate"}),
-        ),
-    )
-    .await;
+    let decline = gated(&p, decline_c103()).await;
     let waited = p
         .wait_for_call(&acme(), &decline.run_id, StdDuration::from_millis(200))
         .await
