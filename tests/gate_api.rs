@@ -141,21 +141,17 @@ async fn a_refund_proposed_over_http_and_lowered_from_the_cli_is_claimed_once_an
         let env = cs.env().to_vec();
         let approval = approval.clone();
         tokio::task::spawn_blocking(move || {
-            let output = common::countersign(&cs_state)
-                .envs(env.iter().map(|(k, v)| (k, v)))
-                .args([
-                    "review", "edit", &approval, "--amount", "75", "--as", "fran",
-                ])
-                .output()
-                .unwrap();
-            assert!(
-                output.status.success(),
-                "{}",
-                String::from_utf8_lossy(&output.stderr)
+            let printed = common::stdout_of(
+                common::countersign(&cs_state)
+                    .envs(env.iter().map(|(k, v)| (k, v)))
+                    .args([
+                        "review", "edit", &approval, "--amount", "75", "--as", "fran",
+                    ]),
+                "countersign review edit",
             );
             (
                 Instant::now(),
-                String::from_utf8_lossy(&output.stdout).into_owned(),
+                String::from_utf8_lossy(&printed).into_owned(),
             )
         })
         .await

@@ -83,17 +83,13 @@ fn watch(stack: &aws::FreshStack, key_file: &Path) -> Watch {
 
 /// A development token from `countersign token`, signed with the state's key.
 fn token(state: &Path, person: &str) -> String {
-    let output = Command::new(env!("CARGO_BIN_EXE_countersign"))
-        .args(["token", "--as", person, "--state"])
-        .arg(state)
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
+    let printed = common::stdout_of(
+        Command::new(env!("CARGO_BIN_EXE_countersign"))
+            .args(["token", "--as", person, "--state"])
+            .arg(state),
+        "countersign token",
     );
-    String::from_utf8(output.stdout).unwrap().trim().to_string()
+    String::from_utf8(printed).unwrap().trim().to_string()
 }
 
 /// `cargo lambda invoke <function>` with an event, as the README shows.
@@ -103,29 +99,26 @@ fn invoke(watch: &Watch, function: &str, event: &Value) -> Value {
         std::process::id()
     ));
     std::fs::write(&file, event.to_string()).unwrap();
-    let output = Command::new("cargo")
-        .args([
-            "lambda",
-            "invoke",
-            function,
-            "--invoke-address",
-            "127.0.0.1",
-            "--invoke-port",
-        ])
-        .arg(watch.port.to_string())
-        .arg("--data-file")
-        .arg(&file)
-        .args(["--output-format", "json"])
-        .current_dir(workspace())
-        .output()
-        .unwrap();
-    let _ = std::fs::remove_file(file);
-    assert!(
-        output.status.success(),
-        "invoking {function}: {}",
-        String::from_utf8_lossy(&output.stderr)
+    let what = format!("invoking {function}");
+    let printed = common::stdout_of(
+        Command::new("cargo")
+            .args([
+                "lambda",
+                "invoke",
+                function,
+                "--invoke-address",
+                "127.0.0.1",
+                "--invoke-port",
+            ])
+            .arg(watch.port.to_string())
+            .arg("--data-file")
+            .arg(&file)
+            .args(["--output-format", "json"])
+            .current_dir(workspace()),
+        &what,
     );
-    serde_json::from_slice(&output.stdout).unwrap()
+    let _ = std::fs::remove_file(file);
+    serde_json::from_slice(&printed).unwrap()
 }
 
 struct Http {

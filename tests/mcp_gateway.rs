@@ -443,17 +443,12 @@ fn the_typescript_sdk_gives_up_on_a_longer_wait_unless_it_resets_its_timeout_on_
 
     // Each waits on a person longer than the client's timeout; the second resets it on each
     // progress notification, which the gateway sends when the wait begins and every 5 s.
-    let output = gateway
-        .typescript(&json!([refund(4, 2_000, false), refund(9, 7_000, true)]))
-        .output()
-        .unwrap();
-
-    assert!(
-        output.status.success(),
-        "the TypeScript client failed: {}",
-        String::from_utf8_lossy(&output.stderr)
+    let printed = common::stdout_of(
+        &mut gateway.typescript(&json!([refund(4, 2_000, false), refund(9, 7_000, true)])),
+        "the TypeScript client",
     );
-    let answers: Vec<Value> = String::from_utf8_lossy(&output.stdout)
+
+    let answers: Vec<Value> = String::from_utf8_lossy(&printed)
         .lines()
         .map(|line| serde_json::from_str(line).unwrap())
         .collect();

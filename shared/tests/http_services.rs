@@ -555,9 +555,8 @@ async fn given_a_binding_with_secrets_in_every_form_when_the_service_echoes_them
     let report = engine.start(scripted_task("ben")).await.unwrap();
 
     let history = engine.history(&acme(), &report.run_id).await.unwrap();
-    let statuses: Vec<ActionStatus> = history.actions.iter().map(|a| a.status).collect();
     assert_eq!(
-        statuses,
+        harness::statuses(&history),
         [
             ActionStatus::Succeeded,
             ActionStatus::Succeeded,

@@ -537,6 +537,11 @@ pub fn told_about(run: &Run, tool: &str) -> ToolResultText {
         .unwrap_or_else(|| panic!("the model was never told about its {tool} call"))
 }
 
+/// Each action's status, in the order they were proposed.
+pub fn statuses(history: &shared::engine::History) -> Vec<shared::domain::action::ActionStatus> {
+    history.actions.iter().map(|a| a.status).collect()
+}
+
 pub fn event_names(entries: &[AuditEntry]) -> Vec<&'static str> {
     entries.iter().map(|e| e.event.name()).collect()
 }

@@ -339,6 +339,20 @@ async fn defined_process(
     defined_process_delivering(h, definition, env, script, Delivery::InProcess).await
 }
 
+/// [`defined_process`], its orders agent's tools listed from its servers.
+async fn prepared_process(
+    h: &harness::Harness,
+    definition: &Definition,
+    env: &dyn Fn(&str) -> Option<String>,
+    script: harness::Script,
+) -> harness::Process {
+    let p = defined_process(h, definition, env, script).await.unwrap();
+    shared::agents::prepare(&p, &harness::acme(), &orders_name())
+        .await
+        .unwrap();
+    p
+}
+
 /// [`defined_process`], its resume messages delivered as told.
 async fn defined_process_delivering(
     h: &harness::Harness,
@@ -399,13 +413,7 @@ async fn a_defined_agent_runs_a_read_only_tool_at_once_and_a_destructive_one_aft
         ("get_order", json!({"order_id": "ord_55"})),
         ("issue_refund", refund()),
     ]);
-    let p = defined_process(&h, &definition, &env_for(server.addr), script)
-        .await
-        .unwrap();
-
-    shared::agents::prepare(&p, &harness::acme(), &orders_name())
-        .await
-        .unwrap();
+    let p = prepared_process(&h, &definition, &env_for(server.addr), script).await;
     let report = p.start(orders_task()).await.unwrap();
 
     let approval = waiting_refund(&report, &seen);
@@ -438,13 +446,7 @@ mcp = { server = "orders", tool = "issue_refund" }
 "#;
     let definition = orders_definition(agent, BY_HINTS).unwrap();
     let script = harness::Script::default().then_call(&[("refund", refund())]);
-    let p = defined_process(&h, &definition, &env_for(server.addr), script)
-        .await
-        .unwrap();
-
-    shared::agents::prepare(&p, &harness::acme(), &orders_name())
-        .await
-        .unwrap();
+    let p = prepared_process(&h, &definition, &env_for(server.addr), script).await;
     let tools = &p.agent(&harness::acme(), &orders_name()).unwrap().tools;
     let specs: Vec<String> = tools.specs().iter().map(|s| s.name.clone()).collect();
     assert_eq!(specs, ["refund"], "only the bound tool, under its own name");

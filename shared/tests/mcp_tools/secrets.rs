@@ -174,9 +174,8 @@ async fn a_server_that_quotes_the_secrets_back_in_every_form_has_none_of_them_st
         .history(&harness::acme(), &report.run_id)
         .await
         .unwrap();
-    let statuses: Vec<ActionStatus> = history.actions.iter().map(|a| a.status).collect();
     assert_eq!(
-        statuses,
+        harness::statuses(&history),
         [
             ActionStatus::Succeeded,
             ActionStatus::Succeeded,

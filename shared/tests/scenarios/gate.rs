@@ -34,6 +34,20 @@ fn decline_c103() -> GateCall {
     )
 }
 
+/// A caller waiting up to 20 s on `call`'s outcome: the state it got, and when.
+fn waiting(
+    p: &Arc<Process>,
+    call: &CallState,
+) -> tokio::task::JoinHandle<(Result<CallState, EngineError>, tokio::time::Instant)> {
+    let (p, run) = (p.clone(), call.run_id.clone());
+    tokio::spawn(async move {
+        let state = p
+            .wait_for_call(&acme(), &run, StdDuration::from_secs(20))
+            .await;
+        (state, tokio::time::Instant::now())
+    })
+}
+
 async fn gated(p: &Process, call: GateCall) -> CallState {
     p.gate_call(call).await.expect("the gate takes the call")
 }
@@ -224,16 +238,7 @@ async fn given_a_caller_waiting_on_a_call_when_another_process_decides_it_then_t
     let p = Arc::new(h.process().await);
     let first = gated(&p, pay_c102()).await;
     let approval = first.approval.clone().unwrap();
-    let waiter = {
-        let p = p.clone();
-        let run = first.run_id.clone();
-        tokio::spawn(async move {
-            let state = p
-                .wait_for_call(&acme(), &run, StdDuration::from_secs(20))
-                .await;
-            (state, tokio::time::Instant::now())
-        })
-    };
+    let waiter = waiting(&p, &first);
     tokio::time::sleep(StdDuration::from_millis(100)).await;
     let other = h.process().await;
     h.decided(&other, "dana", &approval.id, approve("d-1"))
@@ -268,21 +273,13 @@ async fn given_a_caller_waiting_on_a_call_when_this_process_decides_it_then_the_
     let first = gated(&p, pay_c102()).await;
     let approval = first.approval.clone().unwrap();
     let started = tokio::time::Instant::now();
-    let waiter = {
-        let p = p.clone();
-        let run = first.run_id.clone();
-        tokio::spawn(async move {
-            let state = p
-                .wait_for_call(&acme(), &run, StdDuration::from_secs(20))
-                .await;
-            (state, started.elapsed())
-        })
-    };
+    let waiter = waiting(&p, &first);
     tokio::time::sleep(StdDuration::from_millis(50)).await;
 
     h.decided(&p, "dana", &approval.id, approve("d-1")).await;
 
-    let (state, took) = waiter.await.unwrap();
+    let (state, seen) = waiter.await.unwrap();
+    let took = seen - started;
     assert_eq!(state.unwrap().status, CallStatus::Succeeded);
     assert!(took < REREAD, "woken, not re-read: {took:?}");
 }
