@@ -693,6 +693,7 @@ mod tests {
             quorum,
             ttl: std::time::Duration::from_secs(1800),
             escalate: Vec::new(),
+            also: Vec::new(),
         };
         let asking = Asking {
             agent: AgentName::parse("refunds").unwrap(),

@@ -308,6 +308,7 @@ impl Approval {
             quorum: 1,
             ttl: std::time::Duration::ZERO,
             escalate: Vec::new(),
+            also: Vec::new(),
         };
         let mut recovery = Self::open(call, &requirement, asking);
         recovery.kind = ApprovalKind::Recovery;
@@ -619,6 +620,7 @@ mod tests {
             quorum,
             ttl: std::time::Duration::from_secs(24 * 3600),
             escalate: Vec::new(),
+            also: Vec::new(),
         };
         let asking = Asking {
             agent: AgentName::parse("expense").unwrap(),

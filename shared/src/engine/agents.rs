@@ -12,7 +12,9 @@ use super::error::EngineError;
 use crate::domain::approval::Asking;
 use crate::domain::args::Args;
 use crate::domain::budget;
+use crate::domain::identity::Directory;
 use crate::domain::ids::{AgentName, PersonId, Role};
+use crate::domain::policy::cases::{Cases, Failure};
 use crate::domain::policy::{Policy, ToolHints, Verdict};
 use crate::domain::run::Run;
 use crate::domain::schema::Schema;
@@ -153,6 +155,16 @@ impl Agent {
         let compiled = Arc::new(compiled);
         schemas.insert(tool.to_string(), compiled.clone());
         compiled
+    }
+
+    /// Runs a policy's test cases against this agent: each case's call passes the gate a real
+    /// call passes (a tool of the agent, arguments that match its schema) before policy rules
+    /// on it, with the tool's own hints.
+    pub fn run_cases(&self, cases: &Cases, people: &Directory) -> Vec<Failure> {
+        cases.run(&self.policy, self.name.as_str(), people, &|tool, input| {
+            let args = self.check_call(tool, input).map_err(|unfit| unfit.why)?;
+            Ok((args, self.hints(tool)))
+        })
     }
 
     /// What policy says about one proposed call of this agent.

@@ -523,6 +523,7 @@ impl Engine {
                     .to_std()
                     .unwrap_or_default(),
                 escalate: approval.escalate.clone(),
+                also: Vec::new(),
             });
             self.open_approval(&mut tx, approval, verdict, Actor::Agent);
         }

@@ -378,6 +378,7 @@ pub(crate) mod tests {
             quorum: 1,
             ttl: std::time::Duration::from_secs(24 * 3600),
             escalate: Vec::new(),
+            also: Vec::new(),
         };
         let now = Utc::now();
         let asking = Asking {
