@@ -42,7 +42,7 @@ fn json_of<T: serde::Serialize>(value: &T) -> Value {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    shared::deploy::log_to_stderr("warn");
+    shared::logs::to_stderr("warn");
 
     let json = cli.global.json;
     // Over stdio, stdout carries the MCP protocol and nothing else.

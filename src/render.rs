@@ -16,6 +16,7 @@ use shared::domain::policy::Verdict;
 use shared::domain::run::RunStatus;
 use shared::engine::{DecisionReport, History, RunReport, SweepReport};
 use shared::example::expense::{Settlement, SettlementOutcome};
+use shared::logs::Escaping;
 
 /// Stored text as a terminal may print it: control characters (C0, DEL, C1, line breaks
 /// included) and the characters that reorder text (bidirectional overrides and isolates) show
@@ -38,46 +39,7 @@ impl<T: fmt::Display> fmt::Display for Plain<T> {
 /// A whole output as a terminal may print it: as [`Plain`], but its line breaks kept, where
 /// the layout put them (text from data has had its own escaped already).
 pub fn terminal(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let _ = Escaping {
-        out: &mut out,
-        lines: true,
-    }
-    .write_str(text);
-    out
-}
-
-/// Writes through to `out`, escaping what a terminal would act on.
-struct Escaping<W> {
-    out: W,
-    /// Line breaks pass through.
-    lines: bool,
-}
-
-impl<W: fmt::Write> fmt::Write for Escaping<W> {
-    fn write_str(&mut self, text: &str) -> fmt::Result {
-        for c in text.chars() {
-            match c {
-                '\n' if self.lines => self.out.write_char(c)?,
-                '\n' => self.out.write_str("\\n")?,
-                '\r' => self.out.write_str("\\r")?,
-                '\t' => self.out.write_str("\\t")?,
-                c if acts_on_terminal(c) => write!(self.out, "\\u{{{:x}}}", u32::from(c))?,
-                c => self.out.write_char(c)?,
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Control characters, and the invisible ones that reorder the text around them or break it.
-fn acts_on_terminal(c: char) -> bool {
-    c.is_control()
-        || matches!(
-            c,
-            '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
-                | '\u{2028}' | '\u{2029}'
-        )
+    shared::logs::escaped(text, true)
 }
 
 /// `[run-…] done: …`, or paused with one line per approval it waits on, or with the calls

@@ -28,23 +28,10 @@ async fn receive(
 /// A webhook receiver on loopback, on a runtime of its own: its URL and what it was sent.
 fn receiver() -> (String, Seen) {
     let seen = Seen::default();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let url = format!("http://{}/hook", listener.local_addr().unwrap());
-    let state = seen.clone();
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            let app = Router::new()
-                .route("/hook", post(receive))
-                .with_state(state);
-            axum::serve(listener, app).await.unwrap();
-        });
-    });
+    let app = Router::new()
+        .route("/hook", post(receive))
+        .with_state(seen.clone());
+    let url = format!("{}/hook", common::serve_on_a_thread(app));
     (url, seen)
 }
 

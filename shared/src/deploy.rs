@@ -102,18 +102,6 @@ pub struct Aws {
     pub scheduler: Arc<dyn Scheduler>,
 }
 
-/// Logs to stderr (stdout is the command's output), filtered by `RUST_LOG` or else by
-/// `default_filter`, such as `warn`.
-pub fn log_to_stderr(default_filter: &str) {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-}
-
 /// The SDK configuration from the environment: region, credentials and `AWS_ENDPOINT_URL`.
 /// Its HTTPS client trusts the system bundle's roots, read once (see `adapters::trust`).
 pub async fn sdk_config() -> SdkConfig {

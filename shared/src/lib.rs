@@ -6,6 +6,7 @@
 //! - [`adapters`]: the ports on real things (SQLite, the Anthropic API, AWS).
 //! - [`api`]: the HTTP decision API, one axum router for Lambda and the local server.
 //! - [`example`]: the expense agent shipped with Countersign.
+//! - [`logs`]: log lines whose fields cannot forge a line or drive a terminal.
 //! - `testing` (feature `testing`): test doubles for the test suites and the bench.
 
 pub mod adapters;
@@ -16,6 +17,7 @@ pub mod domain;
 pub mod engine;
 pub mod example;
 pub mod lambda;
+pub mod logs;
 pub mod ports;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

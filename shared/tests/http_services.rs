@@ -6,21 +6,23 @@
 
 #[macro_use]
 mod harness;
+#[path = "support/audit_api.rs"]
+mod audit_api;
 #[path = "harness/dynamodb.rs"]
 mod dynamodb_backend;
+#[path = "support/secret_forms.rs"]
+mod secret_forms;
 mod support;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use chrono::Duration;
 use serde_json::{Value, json};
 use shared::adapters::http_tool::{HttpBinding, HttpTool, SharedClient};
-use shared::api::{Authenticate, BearerJwt};
 use shared::domain::action::ActionStatus;
 use shared::domain::approval::{Approval, ApprovalKind, Choice, DecisionRequest};
 use shared::domain::ids::{ActionVersion, DecisionId, Role};
@@ -181,15 +183,6 @@ impl PlainOrders {
 // ---------------------------------------------------------------------------------------------
 // The engine over a store, with tools bound to the service
 // ---------------------------------------------------------------------------------------------
-
-/// Every byte of every file the embedded store wrote in `dir`.
-fn bytes_in(dir: &Path) -> Vec<u8> {
-    let mut all = Vec::new();
-    for entry in std::fs::read_dir(dir).unwrap() {
-        all.extend(std::fs::read(entry.unwrap().path()).unwrap());
-    }
-    all
-}
 
 /// A tool `name` bound by `binding`, its variables from `env`.
 fn http_tool(name: &str, binding: &str, env: &[(&str, &str)]) -> HttpTool {
@@ -444,26 +437,14 @@ async fn given_no_recovery_owner_when_the_lookup_never_tells_then_the_sweep_keep
 // Secrets
 // ---------------------------------------------------------------------------------------------
 
-const TOKEN: &str = "tok-SECRET-abcdef123";
-const URL_KEY: &str = "url-key-secret-456";
+/// A token a JSON string escapes, a query parameter the URL percent-encodes, a literal.
+const TOKEN: &str = "tok\"SECRET\\abcdef123";
+const URL_KEY: &str = "url key/\"secret\"-456";
 const LITERAL: &str = "literal-secret-value-123";
-
-/// Every secret of the secrets test, and the first bytes of each, which a cut could keep.
-fn secret_texts() -> Vec<String> {
-    let mut texts = Vec::new();
-    for secret in [TOKEN, URL_KEY, LITERAL] {
-        texts.push(secret.to_string());
-        texts.push(secret[..8].to_string());
-    }
-    texts
-}
 
 #[track_caller]
 fn assert_no_secret_in(what: &str, bytes: &[u8]) {
-    for secret in secret_texts() {
-        let found = bytes.windows(secret.len()).any(|w| w == secret.as_bytes());
-        assert!(!found, "{what} holds {secret:?}");
-    }
+    secret_forms::assert_no_secret_in(what, bytes, &[TOKEN, URL_KEY, LITERAL]);
 }
 
 /// A careless service that quotes what it was sent: the URL, every header; `/cut` quotes the
@@ -476,7 +457,7 @@ fn careless_service(request: &Request) -> (u16, String) {
     });
     match request.path.as_str() {
         "/echo" => (200, echoed.to_string()),
-        // 81 bytes, then `Bearer tok-SECRET-abcdef123`: a cut at 100 kept `Bearer tok-SECRET-a`.
+        // 81 bytes, then `Bearer tok"SECRET\abcdef123`: a cut at 100 kept `Bearer tok"SECRET\a`.
         "/cut" => (
             200,
             format!(
@@ -531,32 +512,6 @@ decision = "allow"
 [tools.refund_lost]
 decision = "allow"
 "#;
-
-/// The run's history as `GET /runs/{id}/audit` answers it, over loopback, read by ben.
-async fn audit_over_http(engine: Engine, report: &RunReport) -> String {
-    let jwt = BearerJwt::hs256(&[7; 32]).unwrap();
-    let ben = default_directory().identify("ben").unwrap();
-    let token = jwt
-        .issue(
-            &ben,
-            chrono::Utc::now(),
-            std::time::Duration::from_secs(300),
-        )
-        .unwrap();
-    let auth: Arc<dyn Authenticate> = Arc::new(jwt);
-    let router = shared::api::router(Arc::new(engine), auth);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let api = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
-    let answer = reqwest::Client::new()
-        .get(format!("{api}/runs/{}/audit", report.run_id))
-        .bearer_auth(token)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(answer.status(), 200);
-    answer.text().await.unwrap()
-}
 
 async fn given_a_binding_with_secrets_in_every_form_when_the_service_echoes_them_then_the_audit_and_api_show_none(
     backend: &dyn Backend,
@@ -614,7 +569,7 @@ async fn given_a_binding_with_secrets_in_every_form_when_the_service_echoes_them
     let cut = &history.actions[1].result.as_ref().unwrap().content;
     let kept = format!("{}[redacted] and the ", "x".repeat(81));
     assert!(cut.contains(&kept), "{cut}");
-    let audit = audit_over_http(engine, &report).await;
+    let audit = audit_api::audit_over_http(engine, &report.run_id).await;
     // What the service said is there, its secrets redacted: the test is not vacuous.
     assert!(audit.contains("[redacted]"), "{audit}");
     assert!(audit.contains("only the first 100 are kept"), "{audit}");
@@ -647,7 +602,7 @@ async fn given_a_binding_with_secrets_in_every_form_when_the_service_echoes_them
     let state = Embedded::fresh();
     given_a_binding_with_secrets_in_every_form_when_the_service_echoes_them_then_the_audit_and_api_show_none(&state).await;
 
-    let bytes = bytes_in(state.dir());
+    let bytes = state.bytes();
     assert!(
         bytes.windows(10).any(|w| w == b"[redacted]"),
         "the results are in the file"

@@ -5,6 +5,8 @@
 
 #[macro_use]
 mod harness;
+#[path = "support/secret_forms.rs"]
+mod secret_forms;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -41,6 +43,12 @@ use harness::{
 };
 
 const SECRET: &str = "s3cret-orders-token-4242";
+/// A query parameter's secret, which the URL percent-encodes.
+const URL_KEY: &str = "uk \"Secret\"/é-456";
+/// A token a JSON string escapes.
+const QUOTED_TOKEN: &str = "tok\"en\\SECRET-789";
+/// The password of a Basic auth header's `user:password`.
+const PASSWORD: &str = "pw-secret-321";
 
 /// A POST to the echo route, which answers with what it was sent.
 const ECHO_POST: &str = r#"
@@ -226,6 +234,84 @@ async fn echo_token(State(orders): Shared, headers: HeaderMap) -> Response {
         .into_response()
 }
 
+/// A careless service that quotes what it was sent in every form a service may: the URI as
+/// sent and with lower-case escapes, the header as is and as a JSON string, Basic auth decoded;
+/// in a 200 (`echo`), a 403's JSON error with no message of its own (`refuse`), a 200 too long
+/// for the binding, the quoted header across its cut (`cut`), a 500 in plain words (`lost`).
+async fn careless(
+    State(orders): Shared,
+    Path(mode): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Response {
+    orders.hit("careless");
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string()
+    };
+    let authorization = header("authorization");
+    let basic = header("proxy-authorization");
+    let decoded = base64::Engine::decode(
+        &base64::engine::general_purpose::STANDARD,
+        basic.trim_start_matches("Basic "),
+    )
+    .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+    .unwrap_or_default();
+    let uri = uri.to_string();
+    let said = json!({
+        "uri": uri,
+        "uri_lower_case": lower_case_escapes(&uri),
+        "authorization": authorization,
+        "authorization_as_json": serde_json::to_string(&authorization).unwrap(),
+        "basic": decoded,
+    });
+    match mode.as_str() {
+        "echo" => (StatusCode::OK, said.to_string()).into_response(),
+        "refuse" => (
+            StatusCode::FORBIDDEN,
+            json!({"error": {"you_sent": said}}).to_string(),
+        )
+            .into_response(),
+        // The header's JSON form starts at byte 990: a cut at 1000 falls inside it.
+        "cut" => (
+            StatusCode::OK,
+            format!(
+                "{}{} and the rest",
+                "x".repeat(990),
+                said["authorization_as_json"]
+            ),
+        )
+            .into_response(),
+        _ => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("failed while handling {said}"),
+        )
+            .into_response(),
+    }
+}
+
+/// `text` with each percent escape's hex digits in lower case.
+fn lower_case_escapes(text: &str) -> String {
+    let mut out = String::new();
+    let mut after_percent = 0;
+    for c in text.chars() {
+        match c {
+            '%' => after_percent = 2,
+            c if after_percent > 0 => {
+                after_percent -= 1;
+                out.push(c.to_ascii_lowercase());
+                continue;
+            }
+            _ => {}
+        }
+        out.push(c);
+    }
+    out
+}
+
 /// Answers with what it received, for the tests of the request's shape.
 async fn echo(
     State(orders): Shared,
@@ -272,6 +358,7 @@ async fn orders_service() -> (Arc<Orders>, SocketAddr) {
         .route("/refuse-429", post(refuse_429))
         .route("/echo-token", post(echo_token))
         .route("/echo/{*rest}", get(echo).post(echo).delete(echo))
+        .route("/careless/{mode}", post(careless))
         .with_state(orders.clone());
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -351,9 +438,16 @@ fn spec(name: &str) -> ToolSpec {
 /// A tool from a binding's TOML, its `${ORDERS_URL}` at `addr` and its token a secret.
 fn tool_at(addr: SocketAddr, binding: &str) -> HttpTool {
     let base = format!("http://{addr}");
+    let basic = base64::Engine::encode(
+        &base64::engine::general_purpose::STANDARD,
+        format!("refunder:{PASSWORD}"),
+    );
     let env = move |name: &str| match name {
         "ORDERS_URL" => Some(base.clone()),
         "ORDERS_TOKEN" => Some(SECRET.to_string()),
+        "URL_KEY" => Some(URL_KEY.to_string()),
+        "QUOTED_TOKEN" => Some(QUOTED_TOKEN.to_string()),
+        "ORDERS_BASIC" => Some(basic.clone()),
         _ => None,
     };
     let binding: HttpBinding = toml::from_str(binding).expect("the binding parses");
@@ -829,6 +923,72 @@ async fn given_a_secret_token_from_the_environment_then_no_outcome_or_debug_text
     }
     let binding: HttpBinding = toml::from_str(REFUND).unwrap();
     assert_no_secret(&binding);
+}
+
+/// A POST to the careless service's `mode`, with a secret in its query, one in a header that
+/// JSON escapes and one inside Basic auth, reading at most 1000 bytes of an answer.
+fn careless_at(addr: SocketAddr, mode: &str) -> HttpTool {
+    tool_at(
+        addr,
+        &format!(
+            r#"
+            method = "POST"
+            url = "${{ORDERS_URL}}/careless/{mode}?k=${{URL_KEY}}"
+            headers = {{ Authorization = "Bearer ${{QUOTED_TOKEN}}", Proxy-Authorization = "Basic ${{ORDERS_BASIC}}" }}
+            timeout = "2s"
+            max_response_bytes = 1000
+            "#
+        ),
+    )
+}
+
+#[tokio::test]
+async fn given_a_service_that_echoes_secrets_in_every_form_then_no_outcome_holds_any_form_of_them()
+{
+    let (orders, addr) = orders_service().await;
+    let mut outcomes = Vec::new();
+    for mode in ["echo", "refuse", "cut", "lost"] {
+        outcomes.push(refund_55(&careless_at(addr, mode)).await);
+    }
+    assert_eq!(orders.hits("careless"), 4);
+
+    let [echo, refused, cut, lost] = outcomes.as_slice() else {
+        unreachable!()
+    };
+    // What the service said is there, each secret in the place it was: the test is not vacuous.
+    let echoed = succeeded_result(echo);
+    assert_eq!(echoed["authorization"], "[redacted]", "{echoed}");
+    assert_eq!(
+        echoed["authorization_as_json"], "\"[redacted]\"",
+        "{echoed}"
+    );
+    assert_eq!(echoed["basic"], "[redacted]", "{echoed}");
+    for uri in ["uri", "uri_lower_case"] {
+        assert_eq!(
+            echoed[uri], "/careless/echo?k=${URL_KEY}",
+            "{uri}: {echoed}"
+        );
+    }
+    let refused = failed_error(refused);
+    assert!(refused.contains("403 Forbidden: {"), "{refused}");
+    assert!(refused.contains("[redacted]"), "{refused}");
+    let cut = succeeded_result(cut);
+    // The header, JSON-escaped twice, redacted whole before the cut through what stands for it.
+    assert_eq!(
+        cut["body"],
+        format!("{}\"\\\"[redac", "x".repeat(990)),
+        "{cut}"
+    );
+    assert!(unknown_detail(lost).contains("${URL_KEY}"), "{lost:?}");
+
+    for outcome in &outcomes {
+        let shown = format!("{outcome:?} {}", serde_json::to_string(outcome).unwrap());
+        secret_forms::assert_no_secret_in(
+            "an outcome",
+            shown.as_bytes(),
+            &[URL_KEY, QUOTED_TOKEN, PASSWORD],
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

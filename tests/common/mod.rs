@@ -244,6 +244,24 @@ pub fn item_where<'a>(list: &'a Value, field: &str, value: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no item whose {field} is {value} in {list}"))
 }
 
+/// Serves `app` on loopback, on a runtime of its own thread: its base URL, `http://127.0.0.1:…`.
+pub fn serve_on_a_thread(app: axum::Router) -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            axum::serve(listener, app).await.unwrap();
+        });
+    });
+    url
+}
+
 /// A TCP port on loopback that nothing listens on now.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

@@ -119,7 +119,7 @@ impl BenchError {
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = BenchArgs::parse();
-    shared::deploy::log_to_stderr("warn");
+    shared::logs::to_stderr("warn");
 
     match run(&args).await {
         Ok(output) => {

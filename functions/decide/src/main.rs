@@ -7,7 +7,7 @@ use shared::deploy::{Aws, Setup, aws_engine};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    lambda_http::tracing::init_default_subscriber();
+    shared::logs::for_lambda();
     let aws = Aws::from_env().await?;
     // Deciding never drives a run: the decision queues its resume message. An edit that opens
     // a new version's approval posts its notices.

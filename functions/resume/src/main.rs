@@ -5,7 +5,7 @@ use shared::deploy::{Aws, Setup, aws_engine};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    lambda_runtime::tracing::init_default_subscriber();
+    shared::logs::for_lambda();
     let aws = Aws::from_env().await?;
     // Resuming drives the run on: each agent gets its model.
     let engine = aws_engine(&aws, &Setup::from_env()?, true)?;

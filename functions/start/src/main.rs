@@ -9,7 +9,7 @@ use shared::deploy::{Aws, Setup, aws_engine};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    lambda_http::tracing::init_default_subscriber();
+    shared::logs::for_lambda();
     let aws = Aws::from_env().await?;
     let setup = Setup::from_env()?;
     let engine = Arc::new(aws_engine(&aws, &setup, true)?);

@@ -7,7 +7,7 @@ use shared::engine::EngineError;
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    lambda_runtime::tracing::init_default_subscriber();
+    shared::logs::for_lambda();
     let aws = Aws::from_env().await?;
     // The sweep expires, reminds, republishes, retries notices and reconciles; it never drives
     // a run, so it has no model.

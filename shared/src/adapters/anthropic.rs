@@ -8,7 +8,8 @@ use serde_json::{Value, json};
 
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 
-use super::model_api::{ApiKey, DEFAULT_TURN_TIMEOUT, ModelApi};
+use super::model_api::{self, ApiKey, DEFAULT_TURN_TIMEOUT, ModelApi};
+use super::secrets::Secrets;
 use crate::domain::conversation::{Block, StopReason};
 use crate::ports::model::{Model, ModelError, ModelReply, ModelRequest, TurnUsage};
 
@@ -44,8 +45,12 @@ impl AnthropicModel {
             key: api_key,
             variable: "ANTHROPIC_API_KEY",
         };
+        if let Ok(url) = reqwest::Url::parse(base_url) {
+            model_api::refuse_credentials(&url)
+                .map_err(|why| format!("ANTHROPIC_BASE_URL {why}"))?;
+        }
         Ok(Self {
-            api: ModelApi::new(Some(key), headers, turn_timeout)?,
+            api: ModelApi::new(Some(key), headers, Secrets::default(), turn_timeout)?,
             base_url: base_url.trim_end_matches('/').to_string(),
             model: model.to_string(),
             max_tokens: 1024,
@@ -95,9 +100,9 @@ fn error_message(body: &Value) -> Option<String> {
 }
 
 /// Keeps the text and tool-use blocks; other block kinds do not go back into the conversation.
-fn parse_reply(text: &str, asked: &str) -> Result<ModelReply, ModelError> {
+fn parse_reply(answer: Value, asked: &str) -> Result<ModelReply, ModelError> {
     let raw: RawReply =
-        serde_json::from_str(text).map_err(|e| ModelError::BadReply(e.to_string()))?;
+        serde_json::from_value(answer).map_err(|e| ModelError::BadReply(e.to_string()))?;
     let mut content = Vec::new();
     for block in raw.content {
         match block["type"].as_str() {
@@ -135,7 +140,7 @@ impl Model for AnthropicModel {
             "messages": request.messages,
         });
         let url = format!("{}/v1/messages", self.base_url);
-        let text = self.api.post(&url, &body, error_message).await?;
-        parse_reply(&text, &self.model)
+        let answer = self.api.post(&url, &body, error_message).await?;
+        parse_reply(answer, &self.model)
     }
 }

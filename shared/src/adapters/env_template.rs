@@ -1,7 +1,10 @@
 //! `${NAME}` in a tool binding's settings (a URL, a header value), filled from the process
 //! environment when the binding is built; `${NAME:-default}` falls back to the default. A
 //! variable that is unset with no default fails the build at once, naming the field and the
-//! variable; the values themselves are never echoed.
+//! variable; the values themselves are never echoed, and every one filled in is a secret
+//! ([`Secrets`]).
+
+use super::secrets::{self, MIN_SECRET_BYTES, Secrets};
 
 /// Looks a variable up; `std::env::var` in a process, a map in tests.
 pub type Lookup<'a> = &'a dyn Fn(&str) -> Option<String>;
@@ -57,16 +60,44 @@ pub fn mentions_env(text: &str) -> bool {
 /// Replaces every `${NAME}` in `text` with the variable's value. `field` names where the text
 /// came from (such as `tools.issue_refund.http.headers.Authorization`) for the error.
 pub fn expand(text: &str, field: &str, env: Lookup<'_>) -> Result<String, EnvError> {
-    expand_noting(text, field, env).map(|(text, _)| text)
+    fill(text, field, env, &mut |_, _| {})
 }
 
-/// [`expand`], and the values it filled in (a default included), which may be secrets.
-pub fn expand_noting(
+/// [`expand`], each value it fills in (a default included) kept in `secrets` as its variable's.
+pub fn expand_into(
     text: &str,
     field: &str,
     env: Lookup<'_>,
-) -> Result<(String, Vec<String>), EnvError> {
-    let mut filled = Vec::new();
+    secrets: &mut Secrets,
+) -> Result<String, EnvError> {
+    fill(text, field, env, &mut |name, value| {
+        secrets.add_variable(name, value)
+    })
+}
+
+/// [`expand_into`] for a credential (a header's value, a stdio server's `env`): a value too
+/// short to redact is warned of, naming the field and the variable.
+pub fn expand_credential(
+    text: &str,
+    field: &str,
+    env: Lookup<'_>,
+    secrets: &mut Secrets,
+) -> Result<String, EnvError> {
+    fill(text, field, env, &mut |name, value| {
+        if !value.is_empty() && value.len() < MIN_SECRET_BYTES {
+            secrets::warn_too_short(field, name);
+        }
+        secrets.add_variable(name, value)
+    })
+}
+
+/// Fills `text`, telling `filled` each variable's name and the value it filled in.
+fn fill(
+    text: &str,
+    field: &str,
+    env: Lookup<'_>,
+    filled: &mut dyn FnMut(&str, &str),
+) -> Result<String, EnvError> {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(start) = rest.find("${") {
@@ -94,11 +125,11 @@ pub fn expand_noting(
                 var: name.to_string(),
             })?;
         out.push_str(&value);
-        filled.push(value);
+        filled(name, &value);
         rest = &after[end + 1..];
     }
     out.push_str(rest);
-    Ok((out, filled))
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -127,16 +158,46 @@ mod tests {
     }
 
     #[test]
-    fn the_values_filled_in_are_noted_defaults_included() {
-        let (url, filled) = expand_noting(
+    fn the_values_filled_in_are_secrets_shown_by_their_variable_defaults_included() {
+        let mut secrets = Secrets::default();
+        let url = expand_into(
             "${NOPE:-http://localhost:1}/x?k=${ORDERS_TOKEN}",
             "url",
             &env,
+            &mut secrets,
         )
         .unwrap();
         assert_eq!(url, "http://localhost:1/x?k=s3cret");
-        assert_eq!(filled, ["http://localhost:1", "s3cret"]);
-        assert!(expand_noting("plain", "x", &env).unwrap().1.is_empty());
+        assert_eq!(
+            secrets.redact("at http://localhost:1 with s3cret"),
+            "at ${NOPE} with ${ORDERS_TOKEN}"
+        );
+        let mut none = Secrets::default();
+        expand_into("plain", "x", &env, &mut none).unwrap();
+        assert!(none.is_empty());
+    }
+
+    #[test]
+    fn a_credential_too_short_to_redact_is_warned_of_by_its_field_and_variable() {
+        let env = |name: &str| match name {
+            "SHORT" => Some("ab7".to_string()),
+            "NONE" => Some(String::new()),
+            _ => env(name),
+        };
+        let mut secrets = Secrets::default();
+        let logged = crate::logs::logged_by(|| {
+            let field = "tools.t.http.headers.X-Key";
+            expand_credential("${SHORT}${NONE}${ORDERS_TOKEN}", field, &env, &mut secrets).unwrap();
+            expand_into("${SHORT}", "tools.t.http.url", &env, &mut secrets).unwrap();
+        });
+        assert_eq!(logged.lines().count(), 1, "{logged}");
+        assert!(logged.contains("WARN"), "{logged}");
+        assert!(
+            logged.contains(r#"field="tools.t.http.headers.X-Key" variable="SHORT""#),
+            "{logged}"
+        );
+        assert!(!logged.contains("ab7"), "{logged}");
+        assert_eq!(secrets.redact("ab7 s3cret"), "ab7 ${ORDERS_TOKEN}");
     }
 
     #[test]

@@ -52,9 +52,10 @@
 //!   recovery owner role decides (without one, the sweep keeps asking).
 //! - Secrets: every header value (and the credentials after its scheme word, as in
 //!   `Bearer <token>`) and every value a `${VAR}` filled in, the URL's included, never appear
-//!   in a result, an error, a log line or `Debug` output. They are scrubbed from what the
-//!   service answers before it is cut to size, so a cut never keeps a secret's first bytes.
-//!   Logs name only the tool, method, host, status and time taken.
+//!   in a result, an error, a log line or `Debug` output, in any form the wire gives them
+//!   ([`Secrets`]). They are redacted from what the service answers before it is cut to size,
+//!   so a cut never keeps a secret's first bytes. Logs name only the tool, method, host,
+//!   status and time taken.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -69,6 +70,7 @@ use serde_json::{Value, json};
 
 use super::env_template::BindingError;
 use super::env_template::{self, Lookup};
+use super::secrets::{REDACTED, Secrets};
 use crate::domain::action::ToolOutcome;
 use crate::domain::args::Args;
 use crate::ports::model::ToolSpec;
@@ -91,9 +93,6 @@ pub const MAX_GIVE_UP_AFTER: Duration = Duration::from_secs(30 * 24 * 60 * 60);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How much of a refusal's message the model reads.
 const MAX_ERROR_TEXT: usize = 300;
-/// Shorter secrets are not scrubbed from answers: they would match everywhere.
-const MIN_SCRUBBED_SECRET: usize = 4;
-const REDACTED: &str = "[redacted]";
 const KEY_PLACEHOLDER: &str = "idempotency_key";
 /// Headers Countersign sets itself; a binding may not replace them.
 const RESERVED_HEADERS: [&str; 4] = ["idempotency-key", "content-type", "content-length", "host"];
@@ -232,7 +231,7 @@ impl HttpBinding {
         };
         // Either request's secrets may come back in the other's answer (a stored request).
         if let Some(lookup) = &mut reconcile {
-            let all = call.secrets.with(&lookup.endpoint.secrets);
+            let all = call.secrets.merged(&lookup.endpoint.secrets);
             lookup.endpoint.secrets = all.clone();
             call.secrets = all;
         }
@@ -398,7 +397,8 @@ impl Endpoint {
 
         let url_field = format!("{field}.url");
         let url_from_env = env_template::mentions_env(request.url);
-        let (url, mut secrets) = env_template::expand_noting(request.url, &url_field, env)?;
+        let mut secrets = Secrets::default();
+        let url = env_template::expand_into(request.url, &url_field, env, &mut secrets)?;
         let pieces = parse_template(&url, &url_field, !url_from_env)?;
         let host = check_url(&pieces, &url_field)?;
 
@@ -420,7 +420,7 @@ impl Endpoint {
                     "Countersign sets this header itself",
                 ));
             }
-            let (text, filled) = env_template::expand_noting(value, &header_field, env)?;
+            let text = env_template::expand_credential(value, &header_field, env, &mut secrets)?;
             let mut value = HeaderValue::from_str(&text).map_err(|_| {
                 BindingError::invalid(
                     &header_field,
@@ -429,12 +429,7 @@ impl Endpoint {
             })?;
             value.set_sensitive(true);
             headers.insert(header, value);
-            secrets.extend(filled);
-            // The credentials of `Scheme credentials` may come back without their scheme.
-            if let Some((_, credentials)) = text.split_once(' ') {
-                secrets.push(credentials.trim().to_string());
-            }
-            secrets.push(text);
+            secrets.add_header(&text);
         }
 
         let timeout = match request.timeout {
@@ -469,88 +464,8 @@ impl Endpoint {
             timeout,
             max_response_bytes,
             host,
-            secrets: Secrets::new(secrets),
+            secrets,
         })
-    }
-}
-
-/// What a binding sends that must never be stored: its header values and the values its
-/// `${VAR}` filled in. Longest first, so a secret that contains another is scrubbed whole.
-#[derive(Clone, Default)]
-struct Secrets(Vec<String>);
-
-impl Secrets {
-    fn new(mut found: Vec<String>) -> Self {
-        found.retain(|s| s.len() >= MIN_SCRUBBED_SECRET);
-        found.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
-        found.dedup();
-        Self(found)
-    }
-
-    /// Both sets together.
-    fn with(&self, other: &Secrets) -> Secrets {
-        Secrets::new(self.0.iter().chain(&other.0).cloned().collect())
-    }
-
-    /// How many bytes past a cut must be read so that a secret crossing it is seen whole.
-    fn longest(&self) -> usize {
-        self.0.first().map_or(0, String::len)
-    }
-
-    /// Replaces every secret with `[redacted]`.
-    fn scrub(&self, text: &str) -> String {
-        let mut text = text.to_string();
-        for secret in &self.0 {
-            if text.contains(secret.as_str()) {
-                text = text.replace(secret.as_str(), REDACTED);
-            }
-        }
-        text
-    }
-
-    fn scrub_value(&self, value: Value) -> Value {
-        if self.0.is_empty() {
-            return value;
-        }
-        match value {
-            Value::String(s) => Value::String(self.scrub(&s)),
-            Value::Array(items) => {
-                Value::Array(items.into_iter().map(|v| self.scrub_value(v)).collect())
-            }
-            Value::Object(map) => Value::Object(
-                map.into_iter()
-                    .map(|(k, v)| (self.scrub(&k), self.scrub_value(v)))
-                    .collect(),
-            ),
-            other => other,
-        }
-    }
-
-    /// `text` scrubbed, then cut to at most `limit` bytes of whole characters: the cut never
-    /// keeps a secret's first bytes.
-    fn scrub_then_cut(&self, text: &str, limit: usize) -> String {
-        let scrubbed = self.scrub(text);
-        let mut end = scrubbed.len().min(limit);
-        while !scrubbed.is_char_boundary(end) {
-            end -= 1;
-        }
-        self.without_partial_tail(&scrubbed[..end]).to_string()
-    }
-
-    /// A cut text without the first bytes of a secret it may end in (a body that broke off
-    /// there): nothing after them can show it is a secret, so they go.
-    fn without_partial_tail<'t>(&self, text: &'t str) -> &'t str {
-        let partial = self
-            .0
-            .iter()
-            .filter_map(|secret| {
-                (1..secret.len())
-                    .rev()
-                    .find(|&n| secret.is_char_boundary(n) && text.ends_with(&secret[..n]))
-            })
-            .max()
-            .unwrap_or(0);
-        &text[..text.len() - partial]
     }
 }
 
@@ -875,8 +790,8 @@ async fn send(
     };
     let status = response.status();
     let limit = endpoint.max_response_bytes;
-    // Past the limit by a secret's length, so one crossing the cut is scrubbed before it.
-    let read = limit + endpoint.secrets.longest();
+    // Past the limit by a secret's longest form, so one crossing the cut is redacted before it.
+    let read = limit + endpoint.secrets.reach();
     let mut body = Vec::new();
     let cut = loop {
         match response.chunk().await {
@@ -918,15 +833,15 @@ fn result_of(body: &[u8], cut: Option<&Cut>, limit: usize, secrets: &Secrets) ->
     match cut {
         None if body.is_empty() => Value::Null,
         None => match serde_json::from_slice(body) {
-            Ok(value) => secrets.scrub_value(value),
-            Err(_) => Value::String(secrets.scrub(&text_of(body))),
+            Ok(value) => secrets.redact_value(value),
+            Err(_) => Value::String(secrets.redact(&text_of(body))),
         },
         Some(Cut::TooLong) => json!({
-            "body": secrets.scrub_then_cut(&text_of(body), limit),
+            "body": secrets.redact_then_cut(&text_of(body), limit),
             "cut": format!("the response was longer than {limit} bytes; only the first {limit} are kept"),
         }),
         Some(Cut::BrokeOff(why)) => json!({
-            "body": secrets.scrub_then_cut(&text_of(body), limit),
+            "body": secrets.redact_then_cut(&text_of(body), limit),
             "cut": format!("the response broke off after {} bytes: {why}", body.len()),
         }),
     }
@@ -937,7 +852,7 @@ fn result_of(body: &[u8], cut: Option<&Cut>, limit: usize, secrets: &Secrets) ->
 /// at `limit` bytes after scrubbing).
 fn message_of(body: &[u8], cut: Option<&Cut>, limit: usize, secrets: &Secrets) -> String {
     let text = match (cut, serde_json::from_slice::<Value>(body)) {
-        (Some(_), _) => secrets.scrub_then_cut(&text_of(body), limit),
+        (Some(_), _) => secrets.redact_then_cut(&text_of(body), limit),
         (None, Ok(value)) => {
             let found = [
                 value.get("error").and_then(Value::as_str),
@@ -950,9 +865,9 @@ fn message_of(body: &[u8], cut: Option<&Cut>, limit: usize, secrets: &Secrets) -
             .flatten()
             .next()
             .map(str::to_string);
-            secrets.scrub(&found.unwrap_or_else(|| value.to_string()))
+            secrets.redact(&found.unwrap_or_else(|| value.to_string()))
         }
-        (None, Err(_)) => secrets.scrub(&text_of(body)),
+        (None, Err(_)) => secrets.redact(&text_of(body)),
     };
     let text = text.trim();
     match text.char_indices().nth(MAX_ERROR_TEXT) {
@@ -1040,23 +955,6 @@ impl HttpTool {
         }
     }
 
-    /// `outcome` with no secret in it: what the service answered is scrubbed before it is cut,
-    /// and this is the last pass over everything, the transport's own words included.
-    fn scrubbed(&self, endpoint: &Endpoint, outcome: ToolOutcome) -> ToolOutcome {
-        let secrets = &endpoint.secrets;
-        match outcome {
-            ToolOutcome::Succeeded { result } => ToolOutcome::Succeeded {
-                result: secrets.scrub_value(result),
-            },
-            ToolOutcome::Failed { error } => ToolOutcome::Failed {
-                error: secrets.scrub(&error),
-            },
-            ToolOutcome::Unknown { detail } => ToolOutcome::Unknown {
-                detail: secrets.scrub(&detail),
-            },
-        }
-    }
-
     fn log(&self, purpose: &str, endpoint: &Endpoint, exchange: &Exchange, started: Instant) {
         let elapsed_ms = started.elapsed().as_millis() as u64;
         let (tool, method, host) = (&self.spec.name, endpoint.method.as_str(), &endpoint.host);
@@ -1113,7 +1011,7 @@ impl Tool for HttpTool {
         };
         self.log("call", endpoint, &exchange, started);
         let outcome = self.outcome_of_call(exchange);
-        self.scrubbed(endpoint, outcome)
+        endpoint.secrets.redact_outcome(outcome)
     }
 
     fn reconciles(&self) -> bool {
@@ -1167,7 +1065,7 @@ impl Tool for HttpTool {
             }
             _ => return None,
         };
-        Some(self.scrubbed(endpoint, outcome))
+        Some(endpoint.secrets.redact_outcome(outcome))
     }
 }
 
@@ -1603,13 +1501,13 @@ url = "https://orders.example/orders/{order_id}?v=1""#,
     }
 
     #[test]
-    fn answers_are_scrubbed_of_the_header_secrets() {
+    fn answers_are_redacted_of_the_header_secrets() {
         let resolved = resolved(refund());
-        let scrubbed = resolved
+        let redacted = resolved
             .call
             .secrets
-            .scrub_value(json!({"echo": ["Bearer s3cret-token", "s3cret-token"]}));
-        assert_eq!(scrubbed, json!({"echo": ["[redacted]", "[redacted]"]}));
+            .redact_value(json!({"echo": ["Bearer s3cret-token", "s3cret-token"]}));
+        assert_eq!(redacted, json!({"echo": ["[redacted]", "${ORDERS_TOKEN}"]}));
     }
 
     #[test]
@@ -1621,27 +1519,29 @@ url = "https://orders.example/orders/{order_id}?v=1""#,
             headers = { X-Literal = "literal-secret-value-123", Authorization = "Basic dXNlcjpwdw==" }
             "#,
         ));
-        let secrets = &resolved.call.secrets.0;
-        for secret in [
-            "http://127.0.0.1:8790",
-            "s3cret-token",
-            "literal-secret-value-123",
-            "Basic dXNlcjpwdw==",
-            "dXNlcjpwdw==",
+        let secrets = &resolved.call.secrets;
+        for (secret, shown) in [
+            ("http://127.0.0.1:8790", "${ORDERS_URL}"),
+            ("s3cret-token", "${ORDERS_TOKEN}"),
+            ("literal-secret-value-123", REDACTED),
+            ("Basic dXNlcjpwdw==", REDACTED),
+            ("dXNlcjpwdw==", REDACTED),
+            // The Basic credentials decoded: `user:pw`.
+            ("user:pw", REDACTED),
         ] {
-            assert!(secrets.iter().any(|s| s == secret), "{secret}: {secrets:?}");
+            assert_eq!(secrets.redact(secret), shown, "{secret}");
         }
     }
 
     #[test]
-    fn the_call_and_its_lookup_scrub_each_others_secrets() {
+    fn the_call_and_its_lookup_redact_each_others_secrets() {
         let mut b = refund();
         b.headers
             .0
             .insert("X-Call-Only".into(), "call-only-secret".into());
         let resolved = resolved(b);
         let lookup = &resolved.reconcile.as_ref().unwrap().endpoint.secrets;
-        assert_eq!(lookup.scrub("call-only-secret"), REDACTED);
+        assert_eq!(lookup.redact("call-only-secret"), REDACTED);
     }
 
     #[test]
@@ -1667,14 +1567,15 @@ url = "https://orders.example/orders/{order_id}?v=1""#,
     }
 
     #[test]
-    fn a_cut_is_made_after_scrubbing_so_it_keeps_none_of_a_secrets_bytes() {
-        let secrets = Secrets::new(vec!["Bearer tok-SECRET-abcdef".into()]);
+    fn a_cut_is_made_after_redacting_so_it_keeps_none_of_a_secrets_bytes() {
+        let mut secrets = Secrets::default();
+        secrets.add("Bearer tok-SECRET-abcdef");
         let body = format!("{}Bearer tok-SECRET-abcdef and more", "x".repeat(90));
-        let cut = secrets.scrub_then_cut(&body, 100);
+        let cut = secrets.redact_then_cut(&body, 100);
         assert_eq!(cut, format!("{}[redacted]", "x".repeat(90)));
         // A body that broke off inside a secret keeps none of it either.
         let broken = format!("{}Bearer tok-SEC", "x".repeat(10));
-        assert_eq!(secrets.scrub_then_cut(&broken, 100), "x".repeat(10));
+        assert_eq!(secrets.redact_then_cut(&broken, 100), "x".repeat(10));
         let message = message_of(
             format!("{}Bearer tok-SECRET-abcdef", "y".repeat(295)).as_bytes(),
             None,

@@ -3,7 +3,8 @@
 //! server gets [`INHERITED_ENV`] and its own `env`, logs its stderr through `tracing`, runs in
 //! a process group of its own killed with its session, and is started again by the next call
 //! once it has exited (the ping before each call finds it gone); a call in flight when it dies
-//! is unknown, as any transport failure after sending is.
+//! is unknown, as any transport failure after sending is. An error that says it would not start
+//! or died quotes the last lines of its stderr: its own words say why.
 //!
 //! An agent definition binds a server, then its tools by name or all at once:
 //!
@@ -40,9 +41,12 @@
 //!   its annotations later does not change what policy matched.
 //! - A server that is down at [`McpServer::connect`] or [`McpServer::tools`] is
 //!   [`McpError::Unreachable`]: a run is not started on it.
-//! - Header values and the variables filled from the environment never appear in `Debug`,
-//!   errors or outcomes: they are replaced by their `${NAME}` or by `<redacted>`. Keep a
-//!   secret in a header rather than the URL: the SDK's own error logs may print the URL.
+//! - Header values, `env` values and every value a `${VAR}` filled in never appear in `Debug`,
+//!   errors, outcomes or the stderr lines logged, in any form the wire gives them
+//!   ([`Secrets`]): they are replaced by their `${NAME}` or by `[redacted]`, in an outcome's
+//!   every string (content, `structuredContent`, its keys included), in one pass over the
+//!   whole outcome. Keep a secret in a header rather than the URL: the SDK's own error logs
+//!   may print the URL.
 //! - Redirects are not followed. An answer larger than 1 MiB is refused; to a `tools/call`,
 //!   that is unknown like any failure after sending.
 
@@ -73,6 +77,7 @@ use tokio::sync::Mutex;
 
 use super::env_template::BindingError;
 use super::env_template::{self, Lookup};
+use super::secrets::Secrets;
 use crate::domain::action::ToolOutcome;
 use crate::domain::policy::ToolHints;
 use crate::ports::model::ToolSpec;
@@ -277,7 +282,7 @@ impl McpServerBinding {
     /// such as `mcp.orders`; the server's name is its last segment.
     pub fn resolve(&self, field: &str, env: Lookup<'_>) -> Result<ResolvedMcpServer, BindingError> {
         let name = field.rsplit('.').next().unwrap_or(field).to_string();
-        let mut secrets = Vec::new();
+        let mut secrets = Secrets::default();
 
         let transport = match &self.endpoint {
             Endpoint::Http { url, headers } => {
@@ -327,9 +332,6 @@ impl McpServerBinding {
             }
         }
 
-        // Longest first, so a value that contains another is redacted whole.
-        secrets.retain(|(value, _)| !value.is_empty());
-        secrets.sort_by_key(|(value, _)| std::cmp::Reverse(value.len()));
         Ok(ResolvedMcpServer {
             name,
             transport,
@@ -345,11 +347,10 @@ fn resolve_http(
     template: &str,
     header_templates: &BTreeMap<String, String>,
     env: Lookup<'_>,
-    secrets: &mut Vec<(String, String)>,
+    secrets: &mut Secrets,
 ) -> Result<Transport, BindingError> {
     let url_field = format!("{field}.url");
-    let url_text = env_template::expand(template, &url_field, env)?;
-    collect_env_values(template, env, secrets);
+    let url_text = env_template::expand_into(template, &url_field, env, secrets)?;
     let url = reqwest::Url::parse(&url_text)
         .ok()
         .filter(|url| matches!(url.scheme(), "http" | "https") && url.has_host())
@@ -371,8 +372,7 @@ fn resolve_http(
     let mut headers = HashMap::new();
     for (header, template) in header_templates {
         let header_field = format!("{field}.headers.{header}");
-        let value = env_template::expand(template, &header_field, env)?;
-        collect_env_values(template, env, secrets);
+        let value = env_template::expand_credential(template, &header_field, env, secrets)?;
         let header_name = HeaderName::from_bytes(header.as_bytes())
             .map_err(|_| BindingError::invalid(&header_field, "not a valid header name"))?;
         if RESERVED_HEADERS.contains(&header_name.as_str()) {
@@ -384,7 +384,7 @@ fn resolve_http(
         let mut header_value = HeaderValue::from_str(&value)
             .map_err(|_| BindingError::invalid(&header_field, "not a valid header value"))?;
         header_value.set_sensitive(true);
-        secrets.push((value, "<redacted>".to_string()));
+        secrets.add_header(&value);
         headers.insert(header_name, header_value);
     }
     Ok(Transport::Http {
@@ -401,11 +401,10 @@ fn resolve_stdio(
     vars: &BTreeMap<String, String>,
     cwd: Option<&str>,
     env: Lookup<'_>,
-    secrets: &mut Vec<(String, String)>,
+    secrets: &mut Secrets,
 ) -> Result<Transport, BindingError> {
     let command_field = format!("{field}.command");
-    let program = env_template::expand(command, &command_field, env)?;
-    collect_env_values(command, env, secrets);
+    let program = env_template::expand_into(command, &command_field, env, secrets)?;
     if program.trim().is_empty() {
         return Err(BindingError::invalid(
             &command_field,
@@ -415,8 +414,7 @@ fn resolve_stdio(
     let args_field = format!("{field}.args");
     let mut expanded_args = Vec::with_capacity(args.len());
     for arg in args {
-        expanded_args.push(env_template::expand(arg, &args_field, env)?);
-        collect_env_values(arg, env, secrets);
+        expanded_args.push(env_template::expand_into(arg, &args_field, env, secrets)?);
     }
     let mut expanded_vars = BTreeMap::new();
     for (var, template) in vars {
@@ -425,15 +423,14 @@ fn resolve_stdio(
         if !valid {
             return Err(BindingError::invalid(&var_field, "not a variable name"));
         }
-        let value = env_template::expand(template, &var_field, env)?;
-        collect_env_values(template, env, secrets);
-        secrets.push((value.clone(), "<redacted>".to_string()));
+        let value = env_template::expand_credential(template, &var_field, env, secrets)?;
+        secrets.add(&value);
         expanded_vars.insert(var.clone(), value);
     }
     let cwd = cwd
         .map(|dir| {
             let cwd_field = format!("{field}.cwd");
-            let dir = env_template::expand(dir, &cwd_field, env)?;
+            let dir = env_template::expand_into(dir, &cwd_field, env, secrets)?;
             Ok::<_, BindingError>(std::path::PathBuf::from(dir))
         })
         .transpose()?;
@@ -443,20 +440,6 @@ fn resolve_stdio(
         vars: expanded_vars,
         cwd,
     })
-}
-
-/// Each `${NAME}` of `template` with its value, to be written back as `${NAME}` wherever it shows.
-fn collect_env_values(template: &str, env: Lookup<'_>, secrets: &mut Vec<(String, String)>) {
-    let mut rest = template;
-    while let Some(start) = rest.find("${") {
-        let after = &rest[start + 2..];
-        let Some(end) = after.find('}') else { break };
-        let name = &after[..end];
-        if let Some(value) = env(name) {
-            secrets.push((value, format!("${{{name}}}")));
-        }
-        rest = &after[end + 1..];
-    }
 }
 
 /// How a resolved server is reached.
@@ -483,8 +466,9 @@ pub struct ResolvedMcpServer {
     transport: Transport,
     timeout: Duration,
     tools: Option<ToolSelection>,
-    /// Values that must never show, each with what to write instead.
-    secrets: Vec<(String, String)>,
+    /// Values that must never show: every header and `env` value, every value a `${VAR}`
+    /// filled in.
+    secrets: Secrets,
 }
 
 impl ResolvedMcpServer {
@@ -511,13 +495,10 @@ impl ResolvedMcpServer {
         }
     }
 
-    /// `text` with every secret replaced by its variable's name or `<redacted>`.
+    /// `text` with every secret, in any form, replaced by its variable's `${NAME}` or
+    /// `[redacted]`.
     fn redact(&self, text: &str) -> String {
-        let mut out = text.to_string();
-        for (value, shown) in &self.secrets {
-            out = out.replace(value.as_str(), shown);
-        }
-        out
+        self.secrets.redact(text)
     }
 }
 
@@ -566,6 +547,8 @@ struct Inner {
     config: ResolvedMcpServer,
     /// The HTTP client of a server reached by URL.
     http: Option<reqwest::Client>,
+    /// The last words of a stdio server's process on its stderr.
+    stderr: StderrTail,
     /// The live session; replaced when it is found dead before a call.
     session: Mutex<Arc<Session>>,
 }
@@ -598,11 +581,13 @@ impl McpServer {
             ),
             Transport::Stdio { .. } => None,
         };
-        let session = open(&config, http.as_ref()).await?;
+        let stderr = StderrTail::default();
+        let session = open(&config, http.as_ref(), &stderr).await?;
         Ok(Self {
             inner: Arc::new(Inner {
                 config,
                 http,
+                stderr,
                 session: Mutex::new(Arc::new(session)),
             }),
         })
@@ -695,7 +680,8 @@ impl McpServer {
         if matches!(self.inner.config.transport, Transport::Stdio { .. }) {
             tracing::warn!(server = %self.inner.config.name, "the MCP server's process is gone: starting it again");
         }
-        let fresh = Arc::new(open(&self.inner.config, self.inner.http.as_ref()).await?);
+        let inner = &self.inner;
+        let fresh = Arc::new(open(&inner.config, inner.http.as_ref(), &inner.stderr).await?);
         *slot = fresh.clone();
         Ok(fresh)
     }
@@ -726,8 +712,15 @@ impl McpServer {
         }
     }
 
-    /// Sends one `tools/call` and says what came of it; see the module's semantics.
+    /// Sends one `tools/call` and says what came of it, with no secret of the binding in it
+    /// in any form, whatever the server answered: redacted here, on the whole outcome.
     async fn call_tool(&self, tool: &str, call: ToolCall<'_>) -> ToolOutcome {
+        let outcome = self.send_call(tool, call).await;
+        self.inner.config.secrets.redact_outcome(outcome)
+    }
+
+    /// Sends one `tools/call` and says what came of it; see the module's semantics.
+    async fn send_call(&self, tool: &str, call: ToolCall<'_>) -> ToolOutcome {
         let config = &self.inner.config;
         let session = match self.ready().await {
             Ok(session) => session,
@@ -754,11 +747,12 @@ impl McpServer {
             Ok(handle) => handle,
             Err(error) => {
                 return ToolOutcome::Failed {
-                    error: config.redact(&format!(
-                        "the MCP server {} could not be given the call ({}); it was not sent",
+                    error: format!(
+                        "the MCP server {} could not be given the call ({}){}; it was not sent",
                         config.name,
-                        cause(&error)
-                    )),
+                        cause(&error),
+                        self.last_words().await
+                    ),
                 };
             }
         };
@@ -771,10 +765,10 @@ impl McpServer {
                 ),
             },
             Err(ServiceError::McpError(error)) => ToolOutcome::Failed {
-                error: config.redact(&format!(
+                error: format!(
                     "the MCP server {} refused the call: {}",
                     config.name, error.message
-                )),
+                ),
             },
             Err(ServiceError::Timeout { timeout }) => ToolOutcome::Unknown {
                 detail: format!(
@@ -784,20 +778,30 @@ impl McpServer {
                 ),
             },
             Err(error) if never_connected(&error) => ToolOutcome::Failed {
-                error: config.redact(&format!(
+                error: format!(
                     "could not connect to the MCP server {} ({}); the call was not sent",
                     config.name,
                     cause(&error)
-                )),
+                ),
             },
             Err(error) => ToolOutcome::Unknown {
-                detail: config.redact(&format!(
-                    "the connection to the MCP server {} failed after the call was sent ({}); \
+                detail: format!(
+                    "the connection to the MCP server {} failed after the call was sent ({}){}; \
                      it may have taken effect",
                     config.name,
-                    cause(&error)
-                )),
+                    cause(&error),
+                    self.last_words().await
+                ),
             },
+        }
+    }
+
+    /// What a stdio server's process last wrote to its stderr, for an error that says it died:
+    /// `; its stderr said: …`, or nothing.
+    async fn last_words(&self) -> String {
+        match self.inner.config.transport {
+            Transport::Stdio { .. } => self.inner.stderr.said().await,
+            Transport::Http { .. } => String::new(),
         }
     }
 }
@@ -833,9 +837,12 @@ fn never_connected(error: &ServiceError) -> bool {
     )
 }
 
+/// Opens a session; a stdio server's process, started now, writes its stderr to `stderr`, and
+/// an error saying it would not start quotes its last lines.
 async fn open(
     config: &ResolvedMcpServer,
     http: Option<&reqwest::Client>,
+    stderr: &StderrTail,
 ) -> Result<Session, McpError> {
     let client = ClientConfig::new(
         ClientCapabilities::default(),
@@ -858,33 +865,98 @@ async fn open(
             tokio::time::timeout(config.timeout, client.serve(transport)).await
         }
         (Transport::Stdio { .. }, _) => {
-            let transport = spawn(config)
+            let transport = spawn(config, stderr)
                 .map_err(|e| unreachable(format!("cannot start {}: {e}", config.shown())))?;
             // Timing out drops the transport, which kills the process it started.
             tokio::time::timeout(config.timeout, client.serve(transport)).await
         }
         (Transport::Http { .. }, None) => unreachable!("a server reached by URL has its client"),
     };
-    match initialized {
-        Ok(Ok(session)) => Ok(session),
-        Ok(Err(ClientInitializeError::TransportError { error, .. })) => {
-            Err(unreachable(cause(error.error.as_ref())))
-        }
-        Ok(Err(error)) => Err(unreachable(cause(&error))),
-        Err(_) => Err(unreachable(format!(
+    let why = match initialized {
+        Ok(Ok(session)) => return Ok(session),
+        Ok(Err(ClientInitializeError::TransportError { error, .. })) => cause(error.error.as_ref()),
+        Ok(Err(error)) => cause(&error),
+        Err(_) => format!(
             "no answer to initialize within {}",
             humantime::format_duration(config.timeout)
-        ))),
-    }
+        ),
+    };
+    let said = match config.transport {
+        Transport::Stdio { .. } => stderr.said().await,
+        Transport::Http { .. } => String::new(),
+    };
+    Err(unreachable(format!("{why}{said}")))
 }
 
 /// The longest line of a stdio server's stderr logged as one event; a longer one is split.
 const MAX_STDERR_LINE: u64 = 8 * 1024;
+/// How many of a stdio server's last stderr lines an error quotes.
+const STDERR_LINES_QUOTED: usize = 5;
+/// The most characters of one quoted line, escaped.
+const STDERR_LINE_QUOTED: usize = 240;
+/// How long an error waits for a dead server's last stderr lines to be read.
+const STDERR_SETTLE: Duration = Duration::from_millis(500);
+
+/// The last lines a stdio server's process wrote to its stderr, redacted, escaped onto one
+/// line each and cut short, for the error that says it would not start or died: its own words
+/// ("None of the specified directories are accessible") say why. A new process starts afresh.
+#[derive(Clone, Default)]
+struct StderrTail(Arc<std::sync::Mutex<Tail>>);
+
+#[derive(Default)]
+struct Tail {
+    lines: std::collections::VecDeque<String>,
+    /// Closed once the current process's stderr has been read to its end.
+    reading: Option<tokio::sync::watch::Receiver<()>>,
+}
+
+impl StderrTail {
+    /// A new process's stderr: the last one's lines are forgotten. Reading holds the sender
+    /// and drops it at the end.
+    fn restart(&self) -> tokio::sync::watch::Sender<()> {
+        let (sender, reading) = tokio::sync::watch::channel(());
+        let mut tail = self.0.lock().unwrap();
+        tail.lines.clear();
+        tail.reading = Some(reading);
+        sender
+    }
+
+    /// Keeps `line` (redacted already) as one of the last.
+    fn push(&self, line: &str) {
+        let escaped = crate::logs::escaped(line, false);
+        let quoted = match escaped.char_indices().nth(STDERR_LINE_QUOTED) {
+            Some((at, _)) => format!("{}…", &escaped[..at]),
+            None => escaped,
+        };
+        let mut tail = self.0.lock().unwrap();
+        if tail.lines.len() == STDERR_LINES_QUOTED {
+            tail.lines.pop_front();
+        }
+        tail.lines.push_back(quoted);
+    }
+
+    /// `; its stderr said: a | b`, once the process's stderr has ended or [`STDERR_SETTLE`]
+    /// has passed; nothing when it said nothing.
+    async fn said(&self) -> String {
+        let reading = self.0.lock().unwrap().reading.clone();
+        if let Some(mut reading) = reading {
+            // Never sent on: this ends when reading does, the sender dropped.
+            let _ = tokio::time::timeout(STDERR_SETTLE, reading.changed()).await;
+        }
+        let tail = self.0.lock().unwrap();
+        if tail.lines.is_empty() {
+            return String::new();
+        }
+        let lines: Vec<&str> = tail.lines.iter().map(String::as_str).collect();
+        format!("; its stderr said: {}", lines.join(" | "))
+    }
+}
 
 /// Starts a stdio server: its own process group, killed with everything it started when its
-/// session is dropped (or this process ends), its stderr logged, never on this process's
-/// stdout, which may be `countersign mcp`'s own protocol channel.
-fn spawn(config: &ResolvedMcpServer) -> std::io::Result<TokioChildProcess> {
+/// session is dropped (or this process ends), its stderr logged and its last lines kept in
+/// `tail`, never on this process's stdout, which may be `countersign mcp`'s own protocol
+/// channel.
+fn spawn(config: &ResolvedMcpServer, tail: &StderrTail) -> std::io::Result<TokioChildProcess> {
     let Transport::Stdio {
         program,
         args,
@@ -913,13 +985,21 @@ fn spawn(config: &ResolvedMcpServer) -> std::io::Result<TokioChildProcess> {
         .stderr(std::process::Stdio::piped())
         .spawn()?;
     if let Some(stderr) = stderr {
-        tokio::spawn(log_stderr(config.clone(), stderr));
+        let reading = tail.restart();
+        tokio::spawn(log_stderr(config.clone(), stderr, tail.clone(), reading));
     }
     Ok(transport)
 }
 
-/// Each line a stdio server writes to its stderr, as a log event with its secrets redacted.
-async fn log_stderr(config: ResolvedMcpServer, stderr: tokio::process::ChildStderr) {
+/// Each line a stdio server writes to its stderr, as a log event with its secrets redacted
+/// (its control characters escaped by the log), and kept in `tail`. `reading` is dropped at
+/// the end.
+async fn log_stderr(
+    config: ResolvedMcpServer,
+    stderr: tokio::process::ChildStderr,
+    tail: StderrTail,
+    reading: tokio::sync::watch::Sender<()>,
+) {
     use tokio::io::{AsyncBufReadExt, AsyncReadExt};
     let mut reader = tokio::io::BufReader::new(stderr);
     let mut line = Vec::new();
@@ -932,11 +1012,15 @@ async fn log_stderr(config: ResolvedMcpServer, stderr: tokio::process::ChildStde
         {
             Ok(0) | Err(_) => break,
             Ok(_) => {
-                let text = String::from_utf8_lossy(&line);
-                tracing::info!(server = %config.name, "{}", config.redact(text.trim_end()));
+                let text = config.redact(String::from_utf8_lossy(&line).trim_end());
+                tracing::info!(server = %config.name, "{text}");
+                if !text.trim().is_empty() {
+                    tail.push(&text);
+                }
             }
         }
     }
+    drop(reading);
 }
 
 /// What a `tools/call` result means for the action.
@@ -1205,7 +1289,7 @@ mod tests {
         assert_eq!(resolved.shown(), "orders-mcp --token ${ORDERS_MCP_TOKEN}");
         assert_eq!(
             resolved.redact("ORDERS_KEY=literal-key"),
-            "ORDERS_KEY=<redacted>"
+            "ORDERS_KEY=[redacted]"
         );
 
         let unset = orders("[mcp.orders]\ncommand = \"x\"\nenv = { A = \"${NOPE}\" }\n");
@@ -1229,7 +1313,7 @@ mod tests {
         );
         assert_eq!(
             resolved.redact("sent Bearer tok-s3cret and literal-key"),
-            "sent <redacted> and <redacted>"
+            "sent [redacted] and [redacted]"
         );
         assert_eq!(
             resolved.redact("token tok-s3cret"),

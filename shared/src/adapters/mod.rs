@@ -10,6 +10,7 @@ pub mod model_api;
 pub mod openai;
 pub mod scheduler;
 pub mod scripted;
+pub mod secrets;
 pub mod slack;
 mod slack_buttons;
 pub mod sqlite;

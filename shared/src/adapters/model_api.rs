@@ -1,13 +1,17 @@
 //! What every model API client shares: one HTTPS client, retries with back-off on 408, 409, 429,
-//! 5xx and lost connections that honour `retry-after`, a bounded time per turn, and the key kept
-//! out of every error (a header marked sensitive, its text scrubbed from what the API says back).
+//! 5xx and lost connections that honour `retry-after`, a bounded time per turn, and the key (and
+//! whatever a `${VAR}` filled into the endpoint) kept out of everything kept or shown: a header
+//! marked sensitive, redacted in every form ([`Secrets`]) from what the API says back, an error
+//! or an answer.
 
 use std::time::{Duration, SystemTime};
 
+use reqwest::Url;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use serde_json::Value;
 use tokio::time::Instant;
 
+use super::secrets::{self, MIN_SECRET_BYTES, Secrets};
 use crate::ports::model::ModelError;
 
 /// How long one turn may take, every attempt and wait included, unless `[model]` says otherwise.
@@ -16,8 +20,6 @@ pub const DEFAULT_TURN_TIMEOUT: Duration = Duration::from_secs(90);
 const ATTEMPTS: u32 = 4;
 /// The wait before the second try when the API names none; doubled before each next one.
 const FIRST_BACKOFF: Duration = Duration::from_millis(500);
-/// What stands in for the key in an error that quoted it.
-const REDACTED: &str = "[redacted]";
 /// Azure OpenAI and OpenAI may name the wait in milliseconds; it wins over `retry-after`.
 const RETRY_AFTER_MS: &str = "retry-after-ms";
 
@@ -26,7 +28,8 @@ const RETRY_AFTER_MS: &str = "retry-after-ms";
 pub(crate) struct ModelApi {
     client: reqwest::Client,
     headers: HeaderMap,
-    key: Option<String>,
+    /// The key, and what the endpoint's `${VAR}`s filled in.
+    secrets: Secrets,
     turn_timeout: Duration,
 }
 
@@ -48,46 +51,52 @@ enum Attempt {
 
 impl ModelApi {
     /// Posts carry `headers` and the key, if there is one, in a header marked sensitive.
+    /// `secrets` are the endpoint's own (what its `${VAR}`s filled in); the key joins them.
     pub fn new(
         key: Option<ApiKey<'_>>,
         mut headers: HeaderMap,
+        mut secrets: Secrets,
         turn_timeout: Duration,
     ) -> Result<Self, String> {
         let client = super::trust::client_builder()
             .connect_timeout(Duration::from_secs(10))
             .build()
             .map_err(|e| format!("no HTTP client: {e}"))?;
-        let key = match key {
-            None => None,
-            Some(ApiKey {
-                header,
-                prefix,
-                key,
-                variable,
-            }) => {
-                let mut value = HeaderValue::from_str(&format!("{prefix}{key}"))
-                    .map_err(|_| format!("{variable} holds characters no HTTP header may carry"))?;
-                value.set_sensitive(true);
-                headers.insert(header, value);
-                Some(key.to_string()).filter(|k| !k.is_empty())
+        if let Some(ApiKey {
+            header,
+            prefix,
+            key,
+            variable,
+        }) = key
+        {
+            let text = format!("{prefix}{key}");
+            let mut value = HeaderValue::from_str(&text)
+                .map_err(|_| format!("{variable} holds characters no HTTP header may carry"))?;
+            value.set_sensitive(true);
+            headers.insert(header, value);
+            if !key.is_empty() && key.len() < MIN_SECRET_BYTES {
+                secrets::warn_too_short("model", variable);
             }
-        };
+            secrets.add(key);
+            secrets.add_header(&text);
+        }
         Ok(Self {
             client,
             headers,
-            key,
+            secrets,
             turn_timeout,
         })
     }
 
-    /// Posts one turn's `body` to `url` and returns the answer's text, trying again while the
-    /// failure may pass and the turn has time left. `error_message` reads an error body's words.
+    /// Posts one turn's `body` to `url` and returns the answer's JSON, every secret redacted
+    /// from it, trying again while the failure may pass and the turn has time left.
+    /// `error_message` reads an error body's words.
     pub async fn post(
         &self,
         url: &str,
         body: &Value,
         error_message: fn(&Value) -> Option<String>,
-    ) -> Result<String, ModelError> {
+    ) -> Result<Value, ModelError> {
         let deadline = Instant::now() + self.turn_timeout;
         let mut backoff = FIRST_BACKOFF;
         let mut attempt = 1;
@@ -120,7 +129,7 @@ impl ModelApi {
         body: &Value,
         left: Duration,
         error_message: fn(&Value) -> Option<String>,
-    ) -> Result<String, Attempt> {
+    ) -> Result<Value, Attempt> {
         if left.is_zero() {
             return Err(Attempt::Final(ModelError::Unavailable(format!(
                 "the turn took longer than {}",
@@ -144,7 +153,10 @@ impl ModelApi {
         let asked = retry_after(response.headers(), SystemTime::now());
         let text = response.text().await.map_err(lost)?;
         if (200..300).contains(&status) {
-            return Ok(text);
+            let answer = serde_json::from_str(&text).map_err(|e| {
+                Attempt::Final(ModelError::BadReply(format!("the answer is not JSON: {e}")))
+            })?;
+            return Ok(self.secrets.redact_value(answer));
         }
         let message = serde_json::from_str::<Value>(&text)
             .ok()
@@ -152,20 +164,25 @@ impl ModelApi {
             .unwrap_or(text);
         let error = ModelError::Refused {
             status,
-            message: self.scrub(&message),
+            message: self.secrets.redact(&message),
         };
         Err(match status {
             408 | 409 | 429 | 500..=599 => Attempt::Retry(error, asked),
             _ => Attempt::Final(error),
         })
     }
+}
 
-    /// `text` without the key, should the API have quoted it.
-    pub fn scrub(&self, text: &str) -> String {
-        match &self.key {
-            Some(key) if text.contains(key.as_str()) => text.replace(key.as_str(), REDACTED),
-            _ => text.to_string(),
-        }
+/// Refuses a base URL with `user:password@` before its host, which would go out as Basic auth
+/// beside the key.
+pub(crate) fn refuse_credentials(url: &Url) -> Result<(), String> {
+    match url.username().is_empty() && url.password().is_none() {
+        true => Ok(()),
+        false => Err(
+            "carries credentials (user:password@ before the host), which would be \
+                      sent as Basic auth: give the key through the API's key variable instead"
+                .into(),
+        ),
     }
 }
 
@@ -227,7 +244,9 @@ mod tests {
     }
 
     #[test]
-    fn the_key_is_scrubbed_from_what_the_api_says_back() {
+    fn the_key_and_its_header_are_secrets_beside_the_endpoints_own() {
+        let mut endpoint = Secrets::default();
+        endpoint.add_variable("LLM_HOST", "llm.internal.example");
         let api = ModelApi::new(
             Some(ApiKey {
                 header: reqwest::header::AUTHORIZATION,
@@ -236,12 +255,14 @@ mod tests {
                 variable: "OPENAI_API_KEY",
             }),
             HeaderMap::new(),
+            endpoint,
             DEFAULT_TURN_TIMEOUT,
         )
         .unwrap();
         assert_eq!(
-            api.scrub("Incorrect API key provided: sk-secret-123."),
-            "Incorrect API key provided: [redacted]."
+            api.secrets
+                .redact("Bearer sk-secret-123, sk-secret-123 at llm.internal.example"),
+            "[redacted], [redacted] at ${LLM_HOST}"
         );
         assert!(api.headers[reqwest::header::AUTHORIZATION].is_sensitive());
     }

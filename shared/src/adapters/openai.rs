@@ -10,7 +10,8 @@ use reqwest::header::{AUTHORIZATION, HeaderMap};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use super::model_api::{ApiKey, ModelApi};
+use super::model_api::{self, ApiKey, ModelApi};
+use super::secrets::Secrets;
 use crate::domain::conversation::{Block, Message, Speaker, StopReason};
 use crate::ports::model::{Model, ModelError, ModelReply, ModelRequest, ToolSpec, TurnUsage};
 
@@ -30,6 +31,8 @@ pub struct OpenAiEndpoint<'a> {
     /// Such as `https://api.openai.com/v1` or `http://localhost:11434/v1`; a query (Azure's
     /// `api-version`) is kept.
     pub base_url: &'a str,
+    /// What the `${VAR}`s of `base_url` filled in: kept out of errors and answers as the key is.
+    pub secrets: Secrets,
     /// The key and the variable it came from; none for a local server that takes no key.
     pub key: Option<(&'a str, &'a str)>,
     pub turn_timeout: Duration,
@@ -37,7 +40,8 @@ pub struct OpenAiEndpoint<'a> {
 
 impl OpenAiModel {
     pub fn new(endpoint: OpenAiEndpoint<'_>, model: &str, max_tokens: u32) -> Result<Self, String> {
-        let url = completions_url(endpoint.base_url)?;
+        let url =
+            completions_url(endpoint.base_url).map_err(|why| endpoint.secrets.redact(&why))?;
         let key = endpoint.key.map(|(key, variable)| ApiKey {
             header: AUTHORIZATION,
             prefix: "Bearer ",
@@ -45,7 +49,12 @@ impl OpenAiModel {
             variable,
         });
         Ok(Self {
-            api: ModelApi::new(key, HeaderMap::new(), endpoint.turn_timeout)?,
+            api: ModelApi::new(
+                key,
+                HeaderMap::new(),
+                endpoint.secrets,
+                endpoint.turn_timeout,
+            )?,
             url,
             model: model.to_string(),
             max_tokens,
@@ -53,14 +62,16 @@ impl OpenAiModel {
     }
 }
 
-/// Where turns are posted: `chat/completions` under an http(s) base URL, its query kept.
+/// Where turns are posted: `chat/completions` under an http(s) base URL, its query kept. The
+/// error never quotes the URL: it may hold what a `${VAR}` filled in.
 pub fn completions_url(base_url: &str) -> Result<Url, String> {
     let mut url = Url::parse(base_url)
         .ok()
         .filter(|url| matches!(url.scheme(), "http" | "https") && url.has_host())
-        .ok_or_else(|| format!("{base_url:?} is not an http(s) URL"))?;
+        .ok_or("is not an http:// or https:// URL with a host (once ${...} is filled)")?;
+    model_api::refuse_credentials(&url)?;
     url.path_segments_mut()
-        .map_err(|_| format!("{base_url:?} cannot take a path"))?
+        .map_err(|_| "cannot take a path")?
         .pop_if_empty()
         .extend(["chat", "completions"]);
     Ok(url)
@@ -82,14 +93,11 @@ impl Model for OpenAiModel {
             // Some servers refuse an empty list.
             body["tools"] = request.tools.iter().map(wire_tool).collect();
         }
-        let text = self
+        let answer = self
             .api
             .post(self.url.as_str(), &body, error_message)
             .await?;
-        parse_reply(&text, &self.model).map_err(|e| match e {
-            ModelError::BadReply(why) => ModelError::BadReply(self.api.scrub(&why)),
-            other => other,
-        })
+        parse_reply(answer, &self.model)
     }
 }
 
@@ -221,9 +229,9 @@ struct RawUsage {
 /// The first choice as the engine's blocks. A refusal is the turn's text. Arguments that are not
 /// JSON are kept as the model's text, a string, which the engine refuses as not an object and
 /// tells the model so, as a plain result: the run goes on.
-fn parse_reply(text: &str, asked: &str) -> Result<ModelReply, ModelError> {
+fn parse_reply(answer: Value, asked: &str) -> Result<ModelReply, ModelError> {
     let raw: RawReply =
-        serde_json::from_str(text).map_err(|e| ModelError::BadReply(e.to_string()))?;
+        serde_json::from_value(answer).map_err(|e| ModelError::BadReply(e.to_string()))?;
     let choice = raw
         .choices
         .into_iter()
@@ -362,5 +370,32 @@ mod tests {
             "http://127.0.0.1:11434/v1/chat/completions"
         );
         assert!(completions_url("localhost:11434").is_err());
+    }
+
+    #[test]
+    fn a_base_url_with_credentials_is_refused_without_quoting_them() {
+        for base in [
+            "https://user:pw-secret-1@llm.example/v1",
+            "https://only-user@llm.example/v1",
+        ] {
+            let error = completions_url(base).unwrap_err();
+            assert!(error.starts_with("carries credentials"), "{error}");
+            assert!(!error.contains("pw-secret-1") && !error.contains("only-user"));
+        }
+    }
+
+    #[test]
+    fn a_bad_base_url_filled_from_the_environment_is_not_quoted() {
+        let mut secrets = Secrets::default();
+        secrets.add_variable("LLM_URL", "ftp://llm-secret-host.example");
+        let endpoint = OpenAiEndpoint {
+            base_url: "ftp://llm-secret-host.example/v1",
+            secrets,
+            key: None,
+            turn_timeout: Duration::from_secs(10),
+        };
+        let error = OpenAiModel::new(endpoint, "gpt-4o", 16).err().unwrap();
+        assert!(error.starts_with("is not an http"), "{error}");
+        assert!(!error.contains("llm-secret-host"), "{error}");
     }
 }

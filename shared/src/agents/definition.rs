@@ -17,6 +17,7 @@ use crate::adapters::mcp_tool::{McpServerBinding, McpToolBinding, SERVER_FORMS};
 use crate::adapters::model_api::DEFAULT_TURN_TIMEOUT;
 use crate::adapters::openai::{self, OpenAiEndpoint, OpenAiModel};
 use crate::adapters::scripted::{Script, ScriptedModel};
+use crate::adapters::secrets::Secrets;
 use crate::domain::action::ToolOutcome;
 use crate::domain::ids::{AgentName, Role};
 use crate::domain::policy::Policy;
@@ -505,10 +506,17 @@ impl Definition {
                         .map(|k| Some((k.trim().to_string(), var.as_str()))),
                 };
                 if let Some(key) = key {
-                    let base_url = env_template::expand(&endpoint.base_url, "model.base_url", env)
-                        .map_err(|e| binding_error(&self.file, BindingError::Env(e)))?;
+                    let mut secrets = Secrets::default();
+                    let base_url = env_template::expand_into(
+                        &endpoint.base_url,
+                        "model.base_url",
+                        env,
+                        &mut secrets,
+                    )
+                    .map_err(|e| binding_error(&self.file, BindingError::Env(e)))?;
                     let api = OpenAiEndpoint {
                         base_url: &base_url,
+                        secrets,
                         key: key.as_ref().map(|(key, var)| (key.as_str(), *var)),
                         turn_timeout: settings.turn_timeout,
                     };

@@ -74,6 +74,15 @@ impl Embedded {
     pub fn dir(&self) -> &std::path::Path {
         &self.dir
     }
+
+    /// Every byte of every file the store wrote.
+    pub fn bytes(&self) -> Vec<u8> {
+        let mut all = Vec::new();
+        for entry in std::fs::read_dir(&self.dir).unwrap() {
+            all.extend(std::fs::read(entry.unwrap().path()).unwrap());
+        }
+        all
+    }
 }
 
 #[async_trait]

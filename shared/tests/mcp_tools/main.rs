@@ -1,15 +1,21 @@
 //! MCP tools against a real MCP server (rmcp's server side) over Streamable HTTP on loopback:
 //! listing, hints, the key in `_meta`, error results, and the outcomes of a call whose answer
 //! never comes back. The engine over MCP tools, and agents defined by files alone, are in
-//! [`engine`]; a server started over stdio in [`stdio`]: one test binary.
+//! [`engine`]; a server that quotes the binding's secrets back in [`secrets`]; a server started
+//! over stdio in [`stdio`]: one test binary.
 
+#[path = "../support/audit_api.rs"]
+mod audit_api;
 #[path = "../harness/mod.rs"]
 mod harness;
 #[allow(dead_code)]
 #[path = "../support/mcp_servers.rs"]
 mod mcp_servers;
+#[path = "../support/secret_forms.rs"]
+mod secret_forms;
 
 mod engine;
+mod secrets;
 mod stdio;
 
 use std::borrow::Cow;

@@ -1,17 +1,21 @@
 //! An upstream MCP server started as a local process over stdio: the protocol's reference
 //! "everything" server (npm, pinned in tests/npm/servers), run by `node`. It is started
-//! when first needed, sees only the environment it is given, is started again when it has
-//! exited, and a call in flight when it dies is an unknown outcome, never sent again.
+//! when first needed, sees only the environment it is given (its `env` values never come back
+//! in a result), is started again when it has exited, and a call in flight when it dies is an
+//! unknown outcome, never sent again.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::json;
-use shared::adapters::mcp_tool::{McpServer, McpServerBinding};
+use shared::adapters::mcp_tool::{McpError, McpServer, McpServerBinding};
 use shared::domain::action::ToolOutcome;
 
-use super::{call, mcp_servers};
+use super::{call, mcp_servers, secret_forms};
+
+/// The value the binding's `env` gives the server: a secret, which a JSON string escapes.
+const GREETING: &str = "hello \"from\" the binding";
 
 /// The everything server over stdio, through `sh` so the test knows the server's process id
 /// (the shell writes it to `pid_file`, then becomes the server).
@@ -33,7 +37,7 @@ async fn everything(pid_file: &Path) -> McpServer {
         mcp: BTreeMap<String, McpServerBinding>,
     }
     let definition: Definition = toml::from_str(&text).unwrap();
-    let env = |name: &str| (name == "TEST_GREETING").then(|| "hello-from-the-binding".to_string());
+    let env = |name: &str| (name == "TEST_GREETING").then(|| GREETING.to_string());
     let resolved = definition.mcp["everything"]
         .resolve("mcp.everything", &env)
         .unwrap();
@@ -101,7 +105,10 @@ async fn a_stdio_server_is_started_lists_its_tools_and_sees_only_the_environment
         panic!("get-env fails");
     };
     let seen = result.to_string();
-    assert!(seen.contains("hello-from-the-binding"), "{seen}");
+    // The server echoes its environment: the binding's value reached it, and comes back as
+    // the variable's name.
+    assert!(seen.contains(r#""GREETING":"${TEST_GREETING}""#), "{seen}");
+    secret_forms::assert_no_secret_in("get-env's result", seen.as_bytes(), &[GREETING]);
     assert!(seen.contains("PATH"), "{seen}");
     // This process's own settings (cargo gives a test its manifest's directory) stay here.
     assert!(!seen.contains("CARGO_MANIFEST_DIR"), "{seen}");
@@ -149,7 +156,77 @@ async fn a_call_in_flight_when_the_server_dies_is_unknown_and_not_sent_again() {
         panic!("{answer:?}");
     };
     assert!(detail.contains("may have taken effect"), "{detail}");
+    // What the server last wrote to its stderr, read to its end before the outcome was told.
+    assert!(
+        detail.contains("its stderr said: Starting default (STDIO) server..."),
+        "{detail}"
+    );
     // Nothing started the server again to send the call a second time.
     assert_eq!(pid(&dir.join("pid")), first);
     std::fs::remove_dir_all(dir).ok();
+}
+
+/// A stdio server, the shell script `script`, that exits before it answers `initialize`; its
+/// `env` gives it `${NOTES_DIR}` as `DIR`.
+async fn failing_to_start(script: &str) -> McpError {
+    let dir = scratch("failing");
+    let file = dir.join("server.sh");
+    std::fs::write(&file, format!("{script}\nexit 1\n")).unwrap();
+    let text = format!(
+        r#"
+        [mcp.notes]
+        command = "sh"
+        args = ['{}']
+        env = {{ DIR = "${{NOTES_DIR}}" }}
+        timeout = "10s"
+        "#,
+        file.display()
+    );
+    #[derive(serde::Deserialize)]
+    struct Definition {
+        mcp: BTreeMap<String, McpServerBinding>,
+    }
+    let definition: Definition = toml::from_str(&text).unwrap();
+    let env = |name: &str| (name == "NOTES_DIR").then(|| NOTES_DIR.to_string());
+    let resolved = definition.mcp["notes"].resolve("mcp.notes", &env).unwrap();
+    let error = McpServer::connect(resolved).await.unwrap_err();
+    std::fs::remove_dir_all(dir).ok();
+    error
+}
+
+/// A directory the binding names: a secret, as every value a `${VAR}` fills in.
+const NOTES_DIR: &str = "/srv/private-notes-4471";
+
+#[tokio::test]
+async fn a_stdio_server_that_will_not_start_is_unreachable_in_its_own_last_words() {
+    let error = failing_to_start(
+        r#"for n in 1 2 3 4 5; do echo "noise $n" >&2; done
+printf 'Error: Access denied - %s\n' "$DIR" >&2
+printf 'None of the specified directories are accessible\r\033[2K\n' >&2"#,
+    )
+    .await;
+
+    let McpError::Unreachable { server, detail } = &error else {
+        panic!("{error:?}");
+    };
+    assert_eq!(server, "notes");
+    // The transport's reason, then the last five lines: redacted, escaped, in order.
+    assert!(
+        detail.ends_with(
+            r"; its stderr said: noise 3 | noise 4 | noise 5 | Error: Access denied - ${NOTES_DIR} | None of the specified directories are accessible\r\u{1b}[2K"
+        ),
+        "{detail}"
+    );
+    assert!(!detail.contains("noise 2"), "{detail}");
+    secret_forms::assert_no_secret_in("the error", error.to_string().as_bytes(), &[NOTES_DIR]);
+}
+
+#[tokio::test]
+async fn a_long_stderr_line_is_quoted_cut_short() {
+    let long = "x".repeat(1000);
+    let error = failing_to_start(&format!("echo {long} >&2")).await;
+
+    let detail = error.to_string();
+    let quoted = detail.split("its stderr said: ").nth(1).unwrap();
+    assert_eq!(quoted, format!("{}…", "x".repeat(240)));
 }

@@ -7,8 +7,12 @@
 #[macro_use]
 #[path = "../harness/mod.rs"]
 mod harness;
+#[path = "../support/audit_api.rs"]
+mod audit_api;
 #[path = "../harness/dynamodb.rs"]
 mod dynamodb_backend;
+#[path = "../support/secret_forms.rs"]
+mod secret_forms;
 #[path = "../support/mod.rs"]
 mod support;
 
@@ -46,7 +50,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
-use shared::agents::{Definition, Dir, Wiring};
+use shared::agents::{Definition, DefinitionError, Dir, Wiring};
 use shared::domain::approval::{Approval, Choice, DecisionRequest};
 use shared::domain::audit::AuditEvent;
 use shared::domain::conversation::{Block, Message, StopReason, TurnUsage};
@@ -225,6 +229,11 @@ impl Orders {
 
 /// The shipped refunds definition with its `[model]` table, and nothing else, replaced.
 fn refunds_definition_with_model(table: &str, dir: &Path) -> Definition {
+    load_refunds_with_model(table, dir).expect("the changed definition loads")
+}
+
+/// [`refunds_definition_with_model`], written to `dir` and loaded, or why it did not load.
+fn load_refunds_with_model(table: &str, dir: &Path) -> Result<Definition, DefinitionError> {
     let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("../agents/refunds");
     std::fs::create_dir_all(dir).unwrap();
     for file in ["policy.toml", "script.toml"] {
@@ -235,7 +244,7 @@ fn refunds_definition_with_model(table: &str, dir: &Path) -> Definition {
     let end = start + agent[start..].find("\n[tools.").expect("tools after it");
     let agent = format!("{}{table}\n{}", &agent[..start], &agent[end..]);
     std::fs::write(dir.join("agent.toml"), agent).unwrap();
-    Definition::load(&Dir(dir.to_path_buf())).expect("the changed definition loads")
+    Definition::load(&Dir(dir.to_path_buf()))
 }
 
 /// A scratch directory removed when dropped.

@@ -6,14 +6,17 @@ use axum::Router;
 use axum::routing::post;
 use serde_json::{Value, json};
 use shared::adapters::openai::{OpenAiEndpoint, OpenAiModel};
+use shared::adapters::secrets::Secrets;
+use shared::agents::Wiring;
 use shared::domain::conversation::{Block, StopReason, TurnUsage};
 use shared::ports::model::ModelError;
 
 use super::{
-    Backend, Orders, Scratch, ScriptedApi, looking_up_ord_55, mia_lowers_the_refund_to_75,
-    model_turns, one_turn, refund_task, refunds_engine, serve, told_not_an_object,
+    Backend, Orders, Scratch, ScriptedApi, load_refunds_with_model, looking_up_ord_55,
+    mia_lowers_the_refund_to_75, model_turns, one_turn, refund_task, refunds_engine, secret_forms,
+    serve, told_not_an_object,
 };
-use crate::harness::event_names;
+use crate::harness::{acme, event_names};
 
 const ROUTE: &str = "/v1/chat/completions";
 const KEY: &str = "sk-test-4f9c2a7e";
@@ -72,6 +75,7 @@ fn api_error(message: &str, kind: &str, code: &str) -> Value {
 fn model_at(base_url: &str, turn_timeout: Duration) -> OpenAiModel {
     let endpoint = OpenAiEndpoint {
         base_url,
+        secrets: Secrets::default(),
         key: Some((KEY, "OPENAI_API_KEY")),
         turn_timeout,
     };
@@ -395,7 +399,89 @@ async fn given_a_tool_call_whose_arguments_are_not_json_then_the_model_is_told_s
     told_not_an_object(&engine, &report, &orders, told["content"].as_str().unwrap()).await;
 }
 
+/// The key as a careless API quotes it back: as is, percent-encoded, in a JSON string's own
+/// escapes, inside Basic auth.
+fn key_in_every_form() -> String {
+    let basic = base64::Engine::encode(
+        &base64::engine::general_purpose::STANDARD,
+        format!("user:{KEY}"),
+    );
+    format!(
+        "You sent {KEY} (as {}), \"{}\", Basic {basic}.",
+        KEY.replace('-', "%2d"),
+        KEY.replace('-', "\\u002d"),
+    )
+}
+
+async fn given_a_model_api_that_quotes_its_key_back_in_every_form_then_no_record_or_api_answer_holds_it(
+    backend: &dyn Backend,
+) {
+    let quoted = key_in_every_form();
+    let api = ScriptedApi::default()
+        .reply(
+            200,
+            calls(
+                &quoted,
+                &[("call_get", "get_order", r#"{"order_id":"ord_55"}"#)],
+            ),
+        )
+        .reply(200, words(&quoted));
+    let orders = Orders::default();
+    let scratch = Scratch::new();
+    let engine = openai_refunds(backend, &api, &orders, &scratch).await;
+
+    let report = engine.start(refund_task()).await.unwrap();
+
+    let history = engine.history(&acme(), &report.run_id).await.unwrap();
+    let answer = history.run.answer.clone().unwrap();
+    // The model's words are kept, the key in none of its forms: of the base64, what encodes
+    // `user:` alone is left.
+    assert_eq!(
+        answer,
+        "You sent [redacted] (as [redacted]), \"[redacted]\", Basic dXNlcjp[redacted]."
+    );
+    let records = serde_json::to_string(&history).unwrap();
+    assert!(records.contains("You sent [redacted]"), "{records}");
+    secret_forms::assert_no_secret_in("the run's records", records.as_bytes(), &[KEY]);
+    let audit = crate::audit_api::audit_over_http(engine, &report.run_id).await;
+    assert!(audit.contains("You sent [redacted]"), "{audit}");
+    secret_forms::assert_no_secret_in("GET /runs/{id}/audit", audit.as_bytes(), &[KEY]);
+}
+
 on_both_stores!([
     given_the_refunds_agent_on_an_openai_compatible_api_when_mia_lowers_the_refund_then_version_2_runs_once_and_every_result_goes_back_as_a_tool_message,
     given_a_tool_call_whose_arguments_are_not_json_then_the_model_is_told_so_and_the_run_goes_on,
+    given_a_model_api_that_quotes_its_key_back_in_every_form_then_no_record_or_api_answer_holds_it,
 ]);
+
+#[tokio::test]
+async fn a_base_url_with_credentials_is_refused_at_load_naming_its_field_and_not_them() {
+    let scratch = Scratch::new();
+    let written = "[model]\nprovider = \"openai\"\nid = \"gpt-4o\"\n\
+                   base_url = \"https://bot:pw-hunter-77@llm.example/v1\"";
+    let error = load_refunds_with_model(written, &scratch.0).err().unwrap();
+    assert_eq!(error.field, "model.base_url", "{error}");
+    assert!(error.message.contains("carries credentials"), "{error}");
+    assert!(!error.to_string().contains("pw-hunter-77"), "{error}");
+
+    // Filled from the environment, it is refused when the agent is bound, the same way.
+    let filled = "[model]\nprovider = \"openai\"\nid = \"gpt-4o\"\n\
+                  base_url = \"${LLM_BASE_URL}\"\napi_key_env = \"\"";
+    let definition = load_refunds_with_model(filled, &scratch.0).unwrap();
+    let env = |var: &str| {
+        (var == "LLM_BASE_URL").then(|| "https://bot:pw-hunter-77@llm.example/v1".into())
+    };
+    let store = crate::Embedded::fresh().connect().await;
+    let wiring = Wiring {
+        env: &env,
+        drives: true,
+        ..Wiring::new(
+            store,
+            std::sync::Arc::new(shared::ports::clock::SystemClock),
+            shared::example::expense::default_claims(),
+        )
+    };
+    let error = definition.build(&wiring).err().unwrap();
+    assert_eq!(error.field, "model.base_url", "{error}");
+    assert!(!error.to_string().contains("pw-hunter-77"), "{error}");
+}
