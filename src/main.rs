@@ -394,8 +394,12 @@ async fn decide(local: &Local, review: Review) -> Result<Output, Failure> {
         .history(&who.tenant, &report.approval.run_id)
         .await
         .ok();
+    let caller_runs = local
+        .engine
+        .agent(&report.approval.agent)
+        .is_ok_and(|agent| agent.caller_lease(&report.approval.tool).is_some());
     Ok(Output {
-        text: render::decision(&report, history.as_ref()),
+        text: render::decision(&report, history.as_ref(), caller_runs),
         json: json_of(&report),
     })
 }

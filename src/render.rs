@@ -137,7 +137,9 @@ pub fn call(action: &Action, history: &History) -> String {
                 Some((approval, owner)) => format!(
                     "{approval} asks the {owner} role whether it took effect (countersign review answer)"
                 ),
-                None => "the sweep asks its tool again (countersign review expire)".into(),
+                None => "the sweep asks its tool again, or, where it cannot be asked, the \
+                         agent's recovery owner (countersign review expire)"
+                    .into(),
             };
             format!(
                 "{head} outcome unknown ({}): held for reconciliation; {settles}",
@@ -266,8 +268,9 @@ pub fn pending(
 }
 
 /// The decision, what became of the call it let run (`history`: its run's, read after it),
-/// and where the run stands.
-pub fn decision(report: &DecisionReport, history: Option<&History>) -> String {
+/// and where the run stands. `caller_runs`: the call's tool is one its caller runs
+/// (`executor = "caller"`), so an approved version waits for the caller's claim, not a resume.
+pub fn decision(report: &DecisionReport, history: Option<&History>, caller_runs: bool) -> String {
     let mut out = String::new();
     let d = &report.decision;
     let a = &report.approval;
@@ -336,6 +339,25 @@ pub fn decision(report: &DecisionReport, history: Option<&History>) -> String {
             .iter()
             .find(|x| x.id == a.action_id && x.version == version)
     });
+    // Approved for its caller, who claims it and runs it: nothing here resumes the run for it.
+    let for_caller = action.filter(|a| caller_runs && a.status == ActionStatus::Approved);
+    if let Some(action) = for_caller {
+        let key = action.key();
+        let _ = writeln!(
+            out,
+            "{} {key} approved: its caller claims it and runs it in its own process, once, with \
+             the arguments {} and the key {key}, then reports the outcome",
+            Plain(&action.tool),
+            Plain(&action.args.canonical())
+        );
+        let _ = writeln!(
+            out,
+            "[{}] waits for its caller to claim the call (POST /gate/calls/{}/claim) and report \
+             what it did",
+            a.run_id, a.run_id
+        );
+        return out;
+    }
     let mut told = None;
     if let (Some(action), Some(history)) = (action, history)
         && action.status != ActionStatus::AwaitingApproval
@@ -424,13 +446,25 @@ pub fn sweep(swept: &Swept<'_>) -> String {
             "reconciled {key}: its tool said what became of it, and its run goes on"
         );
     }
+    for key in &report.lost_reads {
+        let _ = writeln!(
+            out,
+            "failed {key}: a read whose answer was lost; nothing took effect, so nothing is left to reconcile"
+        );
+    }
     for key in &report.unknown {
-        let _ = writeln!(out, "still unknown {key}: its tool is asked again later");
+        let _ = match report.unowned.contains(key) {
+            true => writeln!(
+                out,
+                "still unknown {key}: its tool cannot be asked and its agent names no recovery_owner; a person must settle it: name that role in the agent's definition, and the next sweep asks it"
+            ),
+            false => writeln!(out, "still unknown {key}: its tool is asked again later"),
+        };
     }
     for key in &report.to_recovery_owner {
         let _ = writeln!(
             out,
-            "to the recovery owner {key}: its tool could not tell in time, so a person answers"
+            "to the recovery owner {key}: its tool cannot tell what became of it, so a person answers"
         );
     }
     for key in &report.resent {
@@ -848,7 +882,9 @@ mod tests {
             escalated: vec![approval("ap-escalated")],
             redelivered: 2,
             reconciled: vec!["act-1:1".into()],
-            unknown: vec!["act-2:1".into()],
+            lost_reads: vec!["act-6:1".into()],
+            unknown: vec!["act-2:1".into(), "act-7:1".into()],
+            unowned: vec!["act-7:1".into()],
             to_recovery_owner: vec!["act-3:1".into()],
             resent: vec!["act-4:1".into()],
             resumes_given_up: vec!["act-5:1".into()],
@@ -874,7 +910,9 @@ mod tests {
             "escalated ap-escalated: the cfo role may decide it too",
             "reconciled act-1:1: its tool said what became of it, and its run goes on",
             "still unknown act-2:1: its tool is asked again later",
-            "to the recovery owner act-3:1: its tool could not tell in time, so a person answers",
+            "failed act-6:1: a read whose answer was lost; nothing took effect, so nothing is left to reconcile",
+            "still unknown act-7:1: its tool cannot be asked and its agent names no recovery_owner; a person must settle it: name that role in the agent's definition, and the next sweep asks it",
+            "to the recovery owner act-3:1: its tool cannot tell what became of it, so a person answers",
             "sent again act-4:1: its resume message was not acted on, so its run goes on",
             "gave up resending act-5:1: its resume message waits in the dead-letter queue for an operator",
             "delivered again 2 resume messages left undelivered: their runs go on",

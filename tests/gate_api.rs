@@ -63,6 +63,12 @@ impl Serve {
         self.send(token, request).await
     }
 
+    /// `claimant` of `token`'s person claims the call at `call` (`/gate/calls/{id}`).
+    async fn claim(&self, token: &str, call: &str, claimant: &str) -> (u16, Value) {
+        let body = json!({"claimant": claimant});
+        self.post(token, &format!("{call}/claim"), body).await
+    }
+
     /// A long-poll of `path` on a task of its own: its answer, and when it came.
     fn long_poll(&self, token: &str, path: &str) -> tokio::task::JoinHandle<(Value, Instant)> {
         let request = self.http.get(format!("{}{path}", self.served.base));
@@ -142,17 +148,34 @@ async fn a_refund_proposed_over_http_and_lowered_from_the_cli_is_claimed_once_an
                 "{}",
                 String::from_utf8_lossy(&output.stderr)
             );
-            Instant::now()
+            (
+                Instant::now(),
+                String::from_utf8_lossy(&output.stdout).into_owned(),
+            )
         })
         .await
         .unwrap()
     };
+    let (decided, said) = decided;
+    let run = proposed["id"].as_str().unwrap();
+    assert!(
+        said.contains(r#"approved: its caller claims it and runs it in its own process, once, with the arguments {"amount_cents":7500,"order_id":"A-1001"}"#)
+            && said.contains(&format!(
+                "[{run}] waits for its caller to claim the call (POST /gate/calls/{run}/claim)"
+            )),
+        "{said}"
+    );
+    assert!(
+        !said.contains("resumes"),
+        "nothing resumes a caller-run call: {said}"
+    );
     let (polled, answered) = polling.await.unwrap();
     assert_eq!(polled["status"], "approved", "{polled}");
     assert_eq!(polled["version"], 2);
+    // The embedded store shows the server another process's commit at a glance (50 ms).
     let lag = answered.saturating_duration_since(decided);
     assert!(
-        lag < Duration::from_millis(1500),
+        lag < Duration::from_millis(500),
         "another process's decision seen after {lag:?}"
     );
 
@@ -167,38 +190,20 @@ async fn a_refund_proposed_over_http_and_lowered_from_the_cli_is_claimed_once_an
         .expect("the lowered version, approved");
     assert_eq!(waiting["awaiting_caller"]["stuck"], false, "{waiting}");
 
-    let (status, claimed) = server
-        .post(
-            &runner,
-            &format!("{call}/claim"),
-            json!({"claimant": "worker-1"}),
-        )
-        .await;
+    let (status, claimed) = server.claim(&runner, &call, "worker-1").await;
     assert_eq!(status, 200, "{claimed}");
     assert_eq!(claimed["status"], "running");
     assert_eq!(claimed["args"]["amount_cents"], 7_500);
     let key = format!("{}:2", claimed["action_id"].as_str().unwrap());
     assert_eq!(claimed["key"], key);
     assert_eq!(claimed["claim"]["claimant"], "worker-1");
-    let (status, other) = server
-        .post(
-            &runner,
-            &format!("{call}/claim"),
-            json!({"claimant": "worker-2"}),
-        )
-        .await;
+    let (status, other) = server.claim(&runner, &call, "worker-2").await;
     assert_eq!((status, &other["error"]["code"]), (409, &json!("claimed")));
     assert_eq!(
         other["call"]["status"], "running",
         "the call comes with the refusal"
     );
-    let (status, stranger) = server
-        .post(
-            &fran,
-            &format!("{call}/claim"),
-            json!({"claimant": "worker-1"}),
-        )
-        .await;
+    let (status, stranger) = server.claim(&fran, &call, "worker-1").await;
     assert_eq!(
         (status, &stranger["error"]["code"]),
         (403, &json!("not_requester"))
@@ -216,6 +221,13 @@ async fn a_refund_proposed_over_http_and_lowered_from_the_cli_is_claimed_once_an
         .post(&runner, &format!("{call}/outcome"), report)
         .await;
     assert_eq!(status, 200, "the same report again");
+    // Settled: claiming it again, even by its claimant, is refused with the call as it stands.
+    let (status, late) = server.claim(&runner, &call, "worker-1").await;
+    assert_eq!(
+        (status, &late["error"]["code"], &late["call"]["status"]),
+        (409, &json!("not_claimable"), &json!("succeeded")),
+        "{late}"
+    );
     let failed = json!({"claimant": "worker-1", "status": "failed", "result": "declined"});
     let (status, refused) = server
         .post(&runner, &format!("{call}/outcome"), failed)
@@ -227,6 +239,74 @@ async fn a_refund_proposed_over_http_and_lowered_from_the_cli_is_claimed_once_an
 
     let audit = cs.ok(&["audit", proposed["id"].as_str().unwrap()]);
     assert_eq!(audit["run"]["status"], "done", "{audit}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_run_call_approved_from_the_cli_is_said_to_wait_for_its_caller() {
+    let cs = refunds("gate-api-approved");
+    let server = Serve::start(&cs);
+    let runner = token(&cs, "helpdesk-bot");
+    let (_, proposed) = server
+        .post(&runner, "/gate/calls", refund("call_approved", 12_500))
+        .await;
+    let approval = proposed["approval"]["id"].as_str().unwrap();
+    let run = proposed["id"].as_str().unwrap();
+
+    let said = cs.printed(&["review", "approve", approval, "--as", "fran"]);
+
+    assert!(
+        said.contains(r#"approved: its caller claims it and runs it in its own process, once, with the arguments {"amount_cents":12500,"order_id":"A-1001"} and the key act-"#)
+            && said.contains(&format!(
+                "[{run}] waits for its caller to claim the call (POST /gate/calls/{run}/claim) and report what it did"
+            )),
+        "{said}"
+    );
+    assert!(!said.contains("resumes"), "{said}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outcome_report_is_read_up_to_64_kib_and_its_result_kept_up_to_32_kib() {
+    let cs = refunds("gate-api-sizes");
+    let server = Serve::start(&cs);
+    let runner = token(&cs, "helpdesk-bot");
+    let (_, proposed) = server
+        .post(&runner, "/gate/calls", refund("call_sizes", 4_000))
+        .await;
+    assert_eq!(
+        proposed["status"], "approved",
+        "allowed by policy: {proposed}"
+    );
+    let call = format!("/gate/calls/{}", proposed["id"].as_str().unwrap());
+    let (status, _) = server.claim(&runner, &call, "worker-1").await;
+    assert_eq!(status, 200);
+    let report = |bytes: usize| json!({"claimant": "worker-1", "status": "succeeded", "result": "r".repeat(bytes)});
+
+    let (status, over) = server
+        .post(&runner, &format!("{call}/outcome"), report(65 * 1024))
+        .await;
+    assert_eq!(
+        (status, &over["error"]["code"]),
+        (400, &json!("body_too_large")),
+        "{over}"
+    );
+    let (_, unchanged) = server.get(&runner, &call).await;
+    assert_eq!(unchanged["status"], "running", "{unchanged}");
+
+    let (status, kept) = server
+        .post(&runner, &format!("{call}/outcome"), report(40 * 1024))
+        .await;
+    assert_eq!(
+        status, 200,
+        "a body past 16 KiB is read on the gate's routes"
+    );
+    assert_eq!(kept["status"], "succeeded");
+    let result = kept["result"]["content"].as_str().unwrap();
+    assert!(result.len() <= 32 * 1024, "{}", result.len());
+    assert!(
+        result.contains("[Countersign kept the first 32 KiB of this result, which was 40 KiB"),
+        "{}",
+        &result[result.len() - 200..]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

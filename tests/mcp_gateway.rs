@@ -686,6 +686,8 @@ fn the_filesystem_server_over_stdio_reads_freely_and_writes_once_after_approval_
         {"op": "list"},
         {"op": "call", "tool": "read_file", "args": {"path": data.join("notes.txt").display().to_string()}},
         write_file(&approved, "Ship on Monday.\n"),
+        {"op": "call", "tool": "read_text_file", "args": {"path": data.join("notes.txt").display().to_string()}},
+        {"op": "call", "tool": "list_directory", "args": {"path": data.display().to_string()}},
     ]));
 
     let tools = common::texts(&answers[0]["tools"], "name");
@@ -699,6 +701,11 @@ fn the_filesystem_server_over_stdio_reads_freely_and_writes_once_after_approval_
         read["text"].as_str().unwrap().contains("Ship on Friday."),
         "{read}"
     );
+    assert!(
+        !answers[4]["text"].as_str().unwrap().contains("plan.txt"),
+        "{}",
+        answers[4]
+    );
     let waiting = &answers[2];
     assert_eq!(meta(waiting, "status"), "awaiting_approval", "{waiting}");
     let approval = meta(waiting, "approval_id").as_str().unwrap().to_string();
@@ -711,6 +718,37 @@ fn the_filesystem_server_over_stdio_reads_freely_and_writes_once_after_approval_
     assert_eq!(
         std::fs::read_to_string(&approved).unwrap(),
         "Ship on Monday.\n"
+    );
+    // A read policy allows runs every time: what changed since the first is read afresh. A
+    // call policy denies is ruled on again each time too.
+    std::fs::write(data.join("notes.txt"), "Ship on Tuesday.\n").unwrap();
+    let mkdir = json!({"op": "call", "tool": "create_directory", "args": {"path": data.join("old").display().to_string()}});
+    let reads = gateway.session(json!([
+        {"op": "call", "tool": "read_text_file", "args": {"path": data.join("notes.txt").display().to_string()}},
+        {"op": "call", "tool": "list_directory", "args": {"path": data.display().to_string()}},
+        mkdir,
+        mkdir,
+    ]));
+    for read in &reads[..2] {
+        assert_eq!(meta(read, "status"), "succeeded", "{read}");
+        assert_eq!(meta(read, "attached"), false, "{read}");
+    }
+    for denied in &reads[2..] {
+        assert_eq!(meta(denied, "status"), "denied", "{denied}");
+        assert_eq!(meta(denied, "attached"), false, "{denied}");
+    }
+    assert!(
+        reads[0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("Ship on Tuesday."),
+        "{}",
+        reads[0]
+    );
+    assert!(
+        reads[1]["text"].as_str().unwrap().contains("plan.txt"),
+        "{}",
+        reads[1]
     );
     // Once: the file removed, the same call again answers the outcome and writes nothing.
     std::fs::remove_file(&approved).unwrap();

@@ -1018,6 +1018,11 @@ impl Tool for HttpTool {
         self.binding.reconcile.is_some()
     }
 
+    /// A GET changes nothing at the service, as HTTP means it.
+    fn reads_only(&self) -> bool {
+        self.binding.call.method == Method::GET
+    }
+
     fn gives_up_after(&self) -> Option<Duration> {
         self.binding.reconcile.as_ref().map(|l| l.give_up_after)
     }

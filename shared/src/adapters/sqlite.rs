@@ -80,6 +80,8 @@ pub struct SqliteStore {
 struct WriteSide {
     conn: Mutex<Connection>,
     waiting: AtomicUsize,
+    /// The connection's `PRAGMA data_version` when last read ([`SqliteStore::commits_elsewhere`]).
+    data_version: AtomicU64,
 }
 
 // A commit that panicked left no SQL transaction open that the next `BEGIN` minds: a poisoned
@@ -204,6 +206,7 @@ impl SqliteStore {
         let write = Arc::new(WriteSide {
             conn: Mutex::new(conn),
             waiting: AtomicUsize::new(0),
+            data_version: AtomicU64::new(0),
         });
         let (counted, side) = (commits.clone(), write.clone());
         std::thread::Builder::new()
@@ -723,6 +726,24 @@ impl ItemStore for SqliteStore {
         }
     }
 
+    /// The write connection's `PRAGMA data_version`, which SQLite moves when another connection
+    /// commits and never for the connection's own commits: read from shared memory, in
+    /// microseconds. While the connection is busy committing, the value last read (the next
+    /// look reads it).
+    fn commits_elsewhere(&self) -> Option<u64> {
+        if let Some(conn) = self.write.free() {
+            let read = conn
+                .prepare_cached("PRAGMA data_version")
+                .and_then(|mut stmt| stmt.query_row([], |row| row.get::<_, i64>(0)));
+            if let Ok(version) = read {
+                self.write
+                    .data_version
+                    .store(version as u64, Ordering::Relaxed);
+            }
+        }
+        Some(self.write.data_version.load(Ordering::Relaxed))
+    }
+
     async fn transact(&self, writes: Vec<Write>) -> Result<(), StoreError> {
         check_transaction(&writes)?;
         if let Some(outcome) = self.commit_in_place(&writes) {
@@ -857,6 +878,27 @@ mod tests {
         use std::task::{Context, Waker};
         let transact = store.transact(writes);
         std::pin::pin!(transact).poll(&mut Context::from_waker(Waker::noop()))
+    }
+
+    #[tokio::test]
+    async fn the_count_of_commits_elsewhere_moves_for_another_connections_commit_not_its_own() {
+        let path = scratch("elsewhere");
+        let here = SqliteStore::open(&path).unwrap();
+        let there = SqliteStore::open(&path).unwrap();
+        let before = here.commits_elsewhere().unwrap();
+
+        here.transact(vec![put("mine", 1, Condition::NotExists)])
+            .await
+            .unwrap();
+        let after_own = here.commits_elsewhere().unwrap();
+        there
+            .transact(vec![put("theirs", 1, Condition::NotExists)])
+            .await
+            .unwrap();
+        let after_theirs = here.commits_elsewhere().unwrap();
+
+        assert_eq!(after_own, before, "its own commit");
+        assert_ne!(after_theirs, after_own, "another connection's commit");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,8 +8,9 @@
 //!   policy, approvals and execution, as the one action of a run of its own. A call that waits
 //!   on a person is waited on up to [`Settings::wait`] (the caller may shorten it), with progress
 //!   notifications when the caller gave a progress token; then its state is answered in words a
-//!   model acts on. A repeated identical call attaches to the first: never a second approval,
-//!   never a second execution.
+//!   model acts on. A repeated identical call attaches to a first that went to a person: never
+//!   a second approval, never a second execution; one policy ruled on alone is ruled on and
+//!   run again.
 //!
 //! Served over stdio by `countersign mcp` (one agent, one person: [`Gateway::for_caller`]) and
 //! over Streamable HTTP at `/mcp/{agent}` ([`routes`]), stateless and answered in JSON where no
@@ -432,7 +433,7 @@ fn answer(
         .as_ref()
         .map(|r| r.content.trim())
         .filter(|t| !t.is_empty());
-    let again = again_words(named);
+    let again = again_words(named, state.attachable);
     let (text, is_error) = match state.status {
         CallStatus::Succeeded => (ran(state, told.unwrap_or("(no result)")), false),
         CallStatus::Failed | CallStatus::Denied | CallStatus::Refused => (
@@ -484,13 +485,21 @@ fn answer(
     result.with_meta(Some(meta_of(state, link)))
 }
 
-/// How a repeated call finds this one.
-fn again_words(named: bool) -> String {
-    let how = match named {
-        true => "Calling again with the same call id",
-        false => "Calling the same tool with the same arguments again",
-    };
-    format!("{how} returns its outcome and never runs it twice.")
+/// How a repeated call finds this one, or that it would not: a call policy ruled on alone,
+/// made again without a call id, is ruled on and run again.
+fn again_words(named: bool, attachable: bool) -> String {
+    match (named, attachable) {
+        (true, _) => {
+            "Calling again with the same call id returns its outcome and never runs it twice."
+                .into()
+        }
+        (false, true) => "Calling the same tool with the same arguments again returns its \
+                          outcome and never runs it twice."
+            .into(),
+        (false, false) => "Calling the same tool with the same arguments again is a new call: \
+                           policy rules on it and it runs again."
+            .into(),
+    }
 }
 
 fn word(status: CallStatus) -> String {
@@ -672,6 +681,7 @@ mod tests {
             executor: crate::engine::Executor::Countersign,
             claim: None,
             attached: false,
+            attachable: true,
         }
     }
 
@@ -904,6 +914,25 @@ mod tests {
                 .0
                 .get("countersign/approval_url")
                 .is_none()
+        );
+    }
+
+    #[test]
+    fn a_call_policy_ruled_on_alone_says_the_same_call_again_runs_again() {
+        let allowed = CallState {
+            attachable: false,
+            ..call(CallStatus::Running, None)
+        };
+
+        let answered = answer(&allowed, None, false, now());
+
+        assert!(
+            text(&answered).ends_with(
+                "Calling the same tool with the same arguments again is a new call: policy \
+                 rules on it and it runs again."
+            ),
+            "{}",
+            text(&answered)
         );
     }
 

@@ -64,7 +64,8 @@ fn word(state: &CallState) -> String {
 
 impl Engine {
     /// Claims an approved call its caller runs, for `claimant` of `who`'s process: the first
-    /// claimant wins; the same claimant again gets the same claim.
+    /// claimant wins; the same claimant again gets the same claim while it holds (a retry after
+    /// a lost answer). A call settled or gone unknown is not claimable, whoever asks.
     pub async fn claim_call(
         &self,
         who: &Identity,
@@ -107,7 +108,10 @@ impl Engine {
                         Err(error) => return Err(error.into()),
                     }
                 }
-                (_, Some(claim), _) if claim.claimant == claimant => return Ok(state),
+                // A retry after a lost answer; once its outcome is in, there is nothing to run.
+                (ActionStatus::Executing, Some(claim), _) if claim.claimant == claimant => {
+                    return Ok(state);
+                }
                 (ActionStatus::Executing, Some(_), _) => {
                     return Err(GateRefusal::Claimed { call }.into());
                 }

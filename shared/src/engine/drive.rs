@@ -416,7 +416,7 @@ impl Engine {
                 self.approve_for_caller(agent, proposal).await?;
                 (None, None)
             }
-            Verdict::Allow => (Some(self.run_allowed(agent, proposal).await?), None),
+            Verdict::Allow => (Some(self.run_allowed(agent, run, proposal).await?), None),
             Verdict::Deny { reason } => (
                 Some(self.record_denied(agent, proposal, reason).await?),
                 None,
@@ -611,10 +611,12 @@ impl Engine {
         }
     }
 
-    /// A call policy allows: written as executing, run, recorded. Two writes.
+    /// A call policy allows: written as executing, run, recorded. Two writes; an answer the
+    /// tool lost is recorded as [`Engine::lost_answer`] says, its recovery opened in the second.
     async fn run_allowed(
         &self,
         agent: &Agent,
+        run: &Run,
         proposal: ProposedCall,
     ) -> Result<ToolResultText, EngineError> {
         let now = self.now();
@@ -641,7 +643,8 @@ impl Engine {
         self.commit(tx).await?;
 
         let executing = action;
-        let mut outcome = self.call_tool(agent, &executing).await;
+        let called = self.call_tool(agent, &executing).await;
+        let (mut outcome, mut recovery) = self.lost_answer(run, &executing, called)?;
         loop {
             let now = self.now();
             let mut action = executing.clone();
@@ -649,7 +652,18 @@ impl Engine {
                 .record(&outcome, now)
                 .expect("an executing action records its outcome");
             let mut tx = Tx::new();
-            tx.update_action(self.index_shards, &action, 1);
+            match &recovery {
+                // A person answers it: no longer the sweep's to ask about.
+                Some(recovery) => {
+                    let (pk, sk) = (
+                        keys::run_pk(&tenant, &run_id),
+                        keys::action_sk(&action.id, action.version),
+                    );
+                    tx.update(pk, sk, None, &action, 1);
+                    self.open_recovery(&mut tx, recovery, "engine");
+                }
+                None => tx.update_action(self.index_shards, &action, 1),
+            }
             tx.audit(
                 &tenant,
                 AuditEntry::new(
@@ -660,7 +674,12 @@ impl Engine {
                 ),
             );
             return match self.commit(tx).await {
-                Ok(_) => Ok(action.result.expect("recorded")),
+                Ok(outbox) => {
+                    // A recovery's notices, the only thing this write posts.
+                    self.post_notices(super::just_written(outbox.notices).collect())
+                        .await;
+                    Ok(action.result.expect("recorded"))
+                }
                 // The call outlived the stale-execution limit and the sweep recorded its
                 // outcome through the tool's reconciliation: that record stands, and is what
                 // the model reads.
@@ -679,9 +698,10 @@ impl Engine {
                 }
                 // The tool ran and its outcome could not be written: held as unknown at once,
                 // with the true reason, rather than left executing until its lease runs out.
+                // The sweep settles it from there as it settles any unknown outcome.
                 Err(error) if !outcome.is_unknown() => {
                     tracing::warn!(key = %action.key(), %error, "outcome not stored; held as unknown");
-                    outcome = ToolOutcome::unstored(&error);
+                    (outcome, recovery) = (ToolOutcome::unstored(&error), None);
                     continue;
                 }
                 Err(error) => Err(error.into()),

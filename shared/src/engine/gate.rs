@@ -4,15 +4,18 @@
 //! tool's schema, the agent's policy, approvals, versions, edits, expiry, escalation, audit and
 //! the recovery owner work unchanged. No model drives the run: it ends with its call's outcome.
 //!
-//! A repeated identical call finds the first by its key and attaches to it: never a second
+//! A repeated identical call finds the first by its key and may attach to it: never a second
 //! approval, never a second execution. The key is the caller's own id for the call when it
 //! gives one (attachable for good), else who asks which agent for which tool with which
-//! arguments (attachable while the call is open and for [`ATTACHABLE`] after its outcome; an
-//! identical call after that is a new call).
+//! arguments. A call known by its arguments is attachable while policy has not ruled on it yet,
+//! and once it went to a person, while it is open and for [`ATTACHABLE`] after its outcome; a
+//! call policy ruled on alone (allowed, denied) or refused is never attached by its arguments:
+//! an identical call takes its key and is ruled on and run again, so a read is never answered
+//! from an earlier one.
 
 use std::time::Duration as StdDuration;
 
-use chrono::Duration;
+use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -21,7 +24,7 @@ use super::drive::Proposed;
 use super::records::{Stored, Tx, keys, load};
 use super::{Engine, EngineError, History};
 use crate::domain::action::{Action, ActionStatus, CallerClaim};
-use crate::domain::approval::{Approval, ApprovalStatus};
+use crate::domain::approval::{Approval, ApprovalKind, ApprovalStatus};
 use crate::domain::args::{Args, canonical};
 use crate::domain::budget;
 use crate::domain::conversation::{Block, Message, Speaker, ToolResultText};
@@ -30,11 +33,12 @@ use crate::domain::ids::{ActionId, AgentName, PersonId, RunId, TenantId};
 use crate::domain::run::{GateOrigin, GateVia, HeldCall, Run, RunStatus};
 use crate::ports::store::StoreError;
 
-/// How long after its outcome a call known by its arguments stays attachable: an identical
-/// call within it returns that outcome; one after it is a new call.
+/// How long after its outcome a call known by its arguments that went to a person stays
+/// attachable: an identical call within it returns that outcome; one after it is a new call.
 pub const ATTACHABLE: Duration = Duration::hours(24);
 
-/// How often a waiter reads its call again, for changes made by another process.
+/// How often a waiter reads its call again, for changes made by another process that the
+/// store cannot tell it of cheaply (DynamoDB), or that a busy store has not yet shown it.
 pub const REREAD: StdDuration = StdDuration::from_secs(1);
 
 /// The longest a caller's own id for a call, or its conversation's, may be.
@@ -126,6 +130,9 @@ pub struct CallState {
     pub claim: Option<CallerClaim>,
     /// This call found an earlier identical one and is its state.
     pub attached: bool,
+    /// An identical call made now would attach to this one; else it is ruled on and run again.
+    #[serde(skip)]
+    pub attachable: bool,
 }
 
 /// Who runs a call once it is approved.
@@ -338,7 +345,9 @@ impl Engine {
 
     /// Waits while the call waits on a person or runs, until it moves on or `wait` has passed,
     /// and answers its state then. A commit of this process that writes the call's run wakes
-    /// the waiter at once; a change another process made is seen within [`REREAD`].
+    /// the waiter at once; a commit another process made is seen within
+    /// [`GLANCE`](super::GLANCE) where the
+    /// store can tell it cheaply (the embedded store), else within [`REREAD`].
     pub async fn wait_for_call(
         &self,
         tenant: &TenantId,
@@ -352,6 +361,8 @@ impl Engine {
             let woken = watch.signal.notified();
             tokio::pin!(woken);
             woken.as_mut().enable();
+            // Looked at before the read, so a commit elsewhere after it is a change to read.
+            let seen = self.waiters.commits_elsewhere(self.store.as_ref());
             let state = self.call_state(tenant, run).await?;
             let now = tokio::time::Instant::now();
             if !state.status.is_pending() || now >= deadline {
@@ -359,6 +370,7 @@ impl Engine {
             }
             tokio::select! {
                 () = woken => {}
+                () = self.waiters.committed_elsewhere(self.store.as_ref(), seen) => {}
                 () = tokio::time::sleep(REREAD.min(deadline - now)) => {}
             }
         }
@@ -376,11 +388,7 @@ impl Engine {
         refuse_reuse(call, &history)?;
         let mut state = self.state_of(&history);
         state.attached = true;
-        let stale = call.call_id.is_none()
-            && history.run.status.is_finished()
-            && state.status != CallStatus::Unknown
-            && history.run.updated_at + ATTACHABLE < self.now();
-        Ok((!stale).then_some(state))
+        Ok(state.attachable.then_some(state))
     }
 
     async fn attached_state(&self, call: &GateCall, run: &RunId) -> Result<CallState, EngineError> {
@@ -424,8 +432,34 @@ impl Engine {
             Some(_) => Executor::Caller,
             None => Executor::Countersign,
         };
-        state_of(history, executor)
+        let mut state = state_of(history, executor);
+        state.attachable = attachable(history, state.status, self.now());
+        state
     }
+}
+
+/// Whether an identical call made `now` attaches to the call `history` holds, in `status`:
+/// always when the caller named it by its own id; by its arguments, while policy has not ruled
+/// on it yet, or once it went to a person (an approval, not a recovery), while it is open and
+/// for [`ATTACHABLE`] after its outcome (an unknown one until it is settled). A person's
+/// approval is what a repeated call must never run twice; a call policy ruled on alone, or
+/// refused, is ruled on and run again, so a read always reads afresh.
+fn attachable(history: &History, status: CallStatus, now: DateTime<Utc>) -> bool {
+    let run = &history.run;
+    if run.gate.as_ref().is_some_and(|g| g.call_id.is_some()) {
+        return true;
+    }
+    if history.actions.is_empty() {
+        return !run.status.is_finished();
+    }
+    let to_a_person = history
+        .approvals
+        .iter()
+        .any(|a| a.kind == ApprovalKind::Action);
+    to_a_person
+        && (!run.status.is_finished()
+            || status == CallStatus::Unknown
+            || now <= run.updated_at + ATTACHABLE)
 }
 
 /// A call's state from its run's history: its action's latest version, its open approval.
@@ -492,5 +526,6 @@ fn state_of(history: &History, executor: Executor) -> CallState {
         executor,
         claim: action.and_then(|a| a.caller_claim().cloned()),
         attached: false,
+        attachable: false,
     }
 }

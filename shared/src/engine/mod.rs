@@ -34,6 +34,7 @@ pub use notify::{DEFAULT_REMIND_BEFORE, MAX_NOTICE_ATTEMPTS, NoticeReport};
 pub use resume::ResumeReport;
 pub use snapshot::{Shown, Snapshot};
 pub use sweep::SweepReport;
+pub use waiters::GLANCE;
 
 use crate::domain::action::{Action, ActionStatus};
 use crate::domain::approval::Approval;

@@ -28,8 +28,34 @@ pub enum ResumeReport {
     /// The turn was complete and the run went on to this point; or, for a drive message, the
     /// run was driven to this point.
     Continued { run: RunReport },
-    /// The tool could not say whether the call took effect; the sweep reconciles it.
+    /// The tool could not say whether the call took effect: the sweep reconciles it, or a
+    /// person of the recovery owner role answers.
     Unknown { key: String },
+}
+
+/// Who settles an outcome a tool lost (`unknown`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Settles {
+    /// The sweep, asking the tool; or looking again once this process has the tool listed.
+    Sweep,
+    /// Nobody: the call only reads, so nothing took effect; it failed, and may be made again.
+    Nobody,
+    /// A person of the agent's recovery owner role, asked at once.
+    Owner,
+    /// A person, once the agent names a recovery owner: nothing can ask the tool, and no role
+    /// is named to answer. The sweep looks again and asks that role once it is named.
+    NoOwnerYet,
+}
+
+/// The outcome of a read that lost its answer: failed, saying why nothing is left to reconcile.
+pub(super) fn lost_read(action: &Action, detail: &str) -> ToolOutcome {
+    ToolOutcome::Failed {
+        error: format!(
+            "{detail}; {} only reads, so nothing took effect and nothing is left to reconcile: \
+             it may be called again",
+            action.tool
+        ),
+    }
 }
 
 fn ignored(reason: impl Into<String>) -> (ResumeReport, Outgoing) {
@@ -247,6 +273,7 @@ impl Engine {
         by: Actor,
         closing: Option<Stored<Approval>>,
     ) -> Result<(ResumeReport, Outgoing), EngineError> {
+        let (outcome, recovery) = self.lost_answer(&run.value, &action.value, outcome)?;
         let now = self.now();
         action
             .value
@@ -276,12 +303,6 @@ impl Engine {
             keys::run_pk(&tenant, &run_id),
             keys::action_sk(&action.value.id, action.value.version),
         );
-        let recovery = match &outcome {
-            ToolOutcome::Unknown { detail } => {
-                self.recovery_for(&run.value, &action.value, detail)?
-            }
-            _ => None,
-        };
         for _ in 0..CAS_ATTEMPTS {
             let mut tx = Tx::new();
             // An unknown outcome a person will settle is no longer the sweep's to ask about.
@@ -440,28 +461,57 @@ impl Engine {
         Ok((ResumeReport::Continued { run: report }, outbox))
     }
 
-    /// The question for a person when an outcome is unknown and nothing can ask the tool
-    /// again: the run's agent names a recovery owner, and the tool cannot reconcile.
-    fn recovery_for(
+    /// An outcome as it is recorded, with the recovery to open beside it. An answer a read lost
+    /// is a failure: nothing took effect. Of another call whose tool cannot be asked, the
+    /// question for the agent's recovery owner, at once, whoever let the call run; where the
+    /// agent names none, the unknown outcome says so. Any other outcome is as it came.
+    pub(super) fn lost_answer(
         &self,
         run: &Run,
         action: &Action,
-        detail: &str,
-    ) -> Result<Option<Approval>, EngineError> {
-        let reconciles = self.agent(&run.agent).is_ok_and(|agent| {
-            agent
-                .tools
-                .get(&action.tool)
-                .is_some_and(|t| t.reconciles())
-        });
-        if reconciles {
-            return Ok(None);
+        outcome: ToolOutcome,
+    ) -> Result<(ToolOutcome, Option<Approval>), EngineError> {
+        let ToolOutcome::Unknown { detail } = outcome else {
+            return Ok((outcome, None));
+        };
+        Ok(match self.who_settles(run, action) {
+            Settles::Nobody => (lost_read(action, &detail), None),
+            Settles::Owner => {
+                let question = format!("{detail}; the tool cannot be asked");
+                let recovery = self.recovery_question(run, action, &question)?;
+                (ToolOutcome::Unknown { detail }, recovery)
+            }
+            Settles::NoOwnerYet => {
+                tracing::warn!(key = %action.key(), agent = %run.agent, "outcome unknown, its tool cannot be asked and no recovery owner is named: a person must name one");
+                let detail = format!(
+                    "{detail}; its tool cannot be asked and agent {} names no recovery_owner \
+                     to answer",
+                    run.agent
+                );
+                (ToolOutcome::Unknown { detail }, None)
+            }
+            Settles::Sweep => (ToolOutcome::Unknown { detail }, None),
+        })
+    }
+
+    /// Who settles an outcome the action's tool lost, by what the tool is in this process and
+    /// whom the run's agent names.
+    pub(super) fn who_settles(&self, run: &Run, action: &Action) -> Settles {
+        let Ok(agent) = self.agent(&run.agent) else {
+            return Settles::Sweep;
+        };
+        match agent.tools.get(&action.tool) {
+            // Not listed in this process (its server is down): a later sweep looks again.
+            None => Settles::Sweep,
+            Some(tool) if tool.reconciles() => Settles::Sweep,
+            Some(tool) if tool.reads_only() => Settles::Nobody,
+            Some(_) if agent.recovery_owner.is_some() => Settles::Owner,
+            Some(_) => Settles::NoOwnerYet,
         }
-        self.recovery_question(run, action, &format!("{detail}; the tool cannot be asked"))
     }
 
     /// The question "did it take effect?" for the run's agent's recovery owner, if it names one.
-    fn recovery_question(
+    pub(super) fn recovery_question(
         &self,
         run: &Run,
         action: &Action,
@@ -500,7 +550,20 @@ impl Engine {
             "its service could not tell within {} of asking",
             humantime::format_duration(patience)
         );
-        let Some(recovery) = self.recovery_question(&run.value, &action.value, &detail)? else {
+        self.to_recovery_owner(run, action, &detail).await
+    }
+
+    /// Puts an unknown outcome to the run's agent's recovery owner, asking about `detail`: the
+    /// action leaves the reconcile index and the recovery opens, in one write. `None` where the
+    /// agent names no owner or another sweep moved the action first; else the notices to
+    /// deliver.
+    pub(super) async fn to_recovery_owner(
+        &self,
+        run: &Stored<Run>,
+        action: &Stored<Action>,
+        detail: &str,
+    ) -> Result<Option<Outgoing>, EngineError> {
+        let Some(recovery) = self.recovery_question(&run.value, &action.value, detail)? else {
             return Ok(None);
         };
         let (tenant, run_id) = (&action.value.tenant, &action.value.run_id);
@@ -521,7 +584,7 @@ impl Engine {
     }
 
     /// Writes a recovery as it opens: the approval, its audit event, and its notices.
-    fn open_recovery(&self, tx: &mut Tx, recovery: &Approval, by: &str) {
+    pub(super) fn open_recovery(&self, tx: &mut Tx, recovery: &Approval, by: &str) {
         let tenant = &recovery.tenant;
         tx.create_approval(recovery);
         let event = AuditEvent::RecoveryRequested {

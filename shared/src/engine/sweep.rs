@@ -14,6 +14,7 @@ use super::records::{
     EscalationDue, OutboxEntry, Outgoing, STALE_EXECUTION, Stored, Tx, decode, decode_approval,
     keys, reconcile_key, resume_message,
 };
+use super::resume::{Settles, lost_read};
 use super::{Delivery, Engine, EngineError, NoticeReport};
 use crate::domain::action::{Action, ActionStatus, ToolOutcome};
 use crate::domain::approval::Approval;
@@ -47,9 +48,17 @@ pub struct SweepReport {
     pub notices: NoticeReport,
     /// `action_id:version` of actions whose outcome the tool settled.
     pub reconciled: Vec<String>,
+    /// Reads whose answer was lost, now failed: nothing took effect, so nothing is left to
+    /// reconcile.
+    pub lost_reads: Vec<String>,
     /// Actions still without a definite outcome.
     pub unknown: Vec<String>,
-    /// Actions whose tool could not tell in its time, now a question for the recovery owner.
+    /// Of `unknown`, the ones only a person can settle and none is named to: their tool cannot
+    /// be asked and their agent names no recovery owner. Once it names one, the next sweep asks
+    /// that role.
+    pub unowned: Vec<String>,
+    /// Actions whose tool could not tell in its time, or cannot be asked at all, now a question
+    /// for the recovery owner.
     pub to_recovery_owner: Vec<String>,
     /// Runs whose driving process stopped (their lease ran out), now failed: replaying their
     /// turn could have run a call twice, or they were driven again too often.
@@ -256,6 +265,7 @@ impl Engine {
             || !report.resent.is_empty()
             || !report.resumes_given_up.is_empty()
             || !report.reconciled.is_empty()
+            || !report.lost_reads.is_empty()
             || !report.to_recovery_owner.is_empty()
             || !report.abandoned.is_empty()
             || !report.redriven.is_empty();
@@ -271,6 +281,8 @@ impl Engine {
                 resent = report.resent.len(),
                 resumes_given_up = report.resumes_given_up.len(),
                 reconciled = report.reconciled.len(),
+                lost_reads = report.lost_reads.len(),
+                unowned = report.unowned.len(),
                 to_recovery_owner = report.to_recovery_owner.len(),
                 abandoned = report.abandoned.len(),
                 redriven = report.redriven.len(),
@@ -698,10 +710,11 @@ impl Engine {
         Ok(Some(TakenOver::Redriven(run_id)))
     }
 
-    /// Asks the tool what became of an unknown (or long-executing) call. Never calls it again.
+    /// Asks the tool what became of an unknown (or long-executing) call. Never calls it again,
+    /// and never asks a tool that cannot tell ([`Engine::settle_unaskable`]).
     async fn reconcile(
         &self,
-        mut action: Stored<Action>,
+        action: Stored<Action>,
         report: &mut SweepReport,
     ) -> Result<(), EngineError> {
         let key = action.value.key();
@@ -713,6 +726,12 @@ impl Engine {
             .as_ref()
             .and_then(|run| self.agent(&run.value.agent).ok())
             .and_then(|agent| agent.tools.get(&action.value.tool).cloned());
+        if let Some(run) = run.clone()
+            && action.value.status == ActionStatus::Unknown
+            && tool.as_ref().is_some_and(|tool| !tool.reconciles())
+        {
+            return self.settle_unaskable(run, action, report).await;
+        }
         let patience = tool.as_ref().and_then(|tool| tool.gives_up_after());
         let answer = match tool {
             Some(tool) => {
@@ -764,35 +783,78 @@ impl Engine {
                         STALE_EXECUTION.num_minutes()
                     ),
                 };
-                self.record_outcome(run, action, ToolOutcome::Unknown { detail }, false)
+                let settles = self.who_settles(&run.value, &action.value);
+                let (_, outbox) = self
+                    .record_outcome(run, action, ToolOutcome::Unknown { detail }, false)
                     .await?;
-                report.unknown.push(key);
+                report.notices.add(self.deliver(outbox).await);
+                match settles {
+                    Settles::Nobody => report.lost_reads.push(key),
+                    Settles::Owner => report.to_recovery_owner.push(key),
+                    Settles::NoOwnerYet => {
+                        report.unowned.push(key.clone());
+                        report.unknown.push(key);
+                    }
+                    Settles::Sweep => report.unknown.push(key),
+                }
             }
             _ => {
-                // Still unknown: ask again later.
-                let mut tx = Tx::new();
-                let (pk, sk) = (
-                    keys::run_pk(&action.value.tenant, &action.value.run_id),
-                    keys::action_sk(&action.value.id, action.value.version),
-                );
-                tx.update(
-                    pk,
-                    sk,
-                    Some(reconcile_key(
-                        self.index_shards,
-                        &action.value,
-                        now + RECHECK,
-                    )),
-                    &action.value,
-                    action.ver,
-                );
-                if let Err(error) = self.commit(tx).await {
-                    tracing::debug!(%error, %key, "someone else moved this action");
-                }
-                action.ver += 1;
+                self.look_again_later(&action, now).await;
                 report.unknown.push(key);
             }
         }
         Ok(())
+    }
+
+    /// An unknown outcome no tool can settle, looked at again: a read's fails (nothing took
+    /// effect); another's goes to the agent's recovery owner, once the agent names one, and
+    /// waits for one until then. The tool is never asked.
+    async fn settle_unaskable(
+        &self,
+        run: Stored<Run>,
+        action: Stored<Action>,
+        report: &mut SweepReport,
+    ) -> Result<(), EngineError> {
+        let key = action.value.key();
+        match self.who_settles(&run.value, &action.value) {
+            Settles::Nobody => {
+                let failed = lost_read(&action.value, "its answer was lost");
+                let (_, outbox) = self.record_outcome(run, action, failed, true).await?;
+                report.notices.add(self.deliver(outbox).await);
+                report.lost_reads.push(key);
+            }
+            Settles::Owner => {
+                let detail = "its outcome was lost and its tool cannot be asked";
+                if let Some(outbox) = self.to_recovery_owner(&run, &action, detail).await? {
+                    report.notices.add(self.deliver(outbox).await);
+                    report.to_recovery_owner.push(key);
+                }
+            }
+            Settles::NoOwnerYet => {
+                tracing::warn!(%key, agent = %run.value.agent, "outcome unknown, its tool cannot be asked and no recovery owner is named: a person must name one");
+                self.look_again_later(&action, self.now()).await;
+                report.unowned.push(key.clone());
+                report.unknown.push(key);
+            }
+            Settles::Sweep => {
+                self.look_again_later(&action, self.now()).await;
+                report.unknown.push(key);
+            }
+        }
+        Ok(())
+    }
+
+    /// Leaves an unknown outcome in the reconcile index, due again [`RECHECK`] after `now`.
+    async fn look_again_later(&self, action: &Stored<Action>, now: DateTime<Utc>) {
+        let mut tx = Tx::new();
+        let (pk, sk) = (
+            keys::run_pk(&action.value.tenant, &action.value.run_id),
+            keys::action_sk(&action.value.id, action.value.version),
+        );
+        let due = reconcile_key(self.index_shards, &action.value, now + RECHECK);
+        tx.update(pk, sk, Some(due), &action.value, action.ver);
+        if let Err(error) = self.commit(tx).await {
+            tracing::debug!(%error, key = %action.value.key(), "someone else moved this action");
+        }
     }
 }

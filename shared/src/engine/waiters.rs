@@ -1,22 +1,32 @@
 //! Wake-ups for callers waiting on a call through the gate: a waiter registers on its run, and
 //! every transaction this process commits that writes the run's items (its record, its action,
-//! its audit) wakes the run's waiters, which read the call again. No thread and no polling per
-//! waiter; a change made by another process is seen by the waiter's slow re-read.
+//! its audit) wakes the run's waiters, which read the call again. A change made by another
+//! process is seen by a glance, every [`GLANCE`], at whether anyone else committed to the store
+//! (where the store can tell cheaply: the embedded one), shared by every waiter of the process,
+//! and otherwise by the waiter's slow re-read.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
 use super::records::keys;
 use crate::domain::ids::{RunId, TenantId};
-use crate::ports::store::Write;
+use crate::ports::store::{ItemStore, Write};
+
+/// How often a waiter glances at whether another process committed to the store.
+pub const GLANCE: Duration = Duration::from_millis(50);
 
 /// The runs someone in this process waits on, each with the signal that wakes its waiters.
 #[derive(Default)]
 pub(super) struct Waiters {
     /// Each watched run's signal, and how many waiters hold it.
     runs: Mutex<HashMap<String, (Arc<Notify>, usize)>>,
+    /// The store's count of commits elsewhere, and when it was looked at: one look serves
+    /// every waiter that glances within half a [`GLANCE`] of it.
+    glanced: Mutex<Option<(Instant, Option<u64>)>>,
 }
 
 /// One waiter's registration; dropping the last one of a run forgets the run.
@@ -38,6 +48,35 @@ impl Waiters {
             waiters: self,
             pk,
             signal,
+        }
+    }
+
+    /// The store's count of commits made elsewhere ([`ItemStore::commits_elsewhere`]), looked
+    /// at again unless another waiter just did.
+    pub(super) fn commits_elsewhere(&self, store: &dyn ItemStore) -> Option<u64> {
+        let mut glanced = self.glanced.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        match *glanced {
+            Some((at, count)) if now.duration_since(at) < GLANCE / 2 => count,
+            _ => {
+                let count = store.commits_elsewhere();
+                *glanced = Some((now, count));
+                count
+            }
+        }
+    }
+
+    /// Returns once the store's count of commits made elsewhere is no longer `seen`, glancing
+    /// every [`GLANCE`]; never where the store cannot tell (`seen` is `None`).
+    pub(super) async fn committed_elsewhere(&self, store: &dyn ItemStore, seen: Option<u64>) {
+        if seen.is_none() {
+            return std::future::pending().await;
+        }
+        loop {
+            tokio::time::sleep(GLANCE).await;
+            if self.commits_elsewhere(store) != seen {
+                return;
+            }
         }
     }
 

@@ -150,6 +150,14 @@ pub trait ItemStore: Send + Sync {
     /// All writes apply, or none do. At most 100 writes, each on a different item.
     async fn transact(&self, writes: Vec<Write>) -> Result<(), StoreError>;
 
+    /// A count that moves once another process (another connection to the same store) has
+    /// committed, never for this handle's own commits: a look cheap enough to take many times a
+    /// second before a full read. `None` where the store cannot tell cheaply (DynamoDB): a
+    /// reader waiting on another process's change reads again on a timer instead.
+    fn commits_elsewhere(&self) -> Option<u64> {
+        None
+    }
+
     /// [`ItemStore::transact`], and when conditions fail, what each failed write found, so a
     /// caller that lost a race has the winner's item without reading it again. DynamoDB takes
     /// it from the refusal itself (`ReturnValuesOnConditionCheckFailure=ALL_OLD`); a store

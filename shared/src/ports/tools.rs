@@ -51,6 +51,14 @@ pub trait Tool: Send + Sync {
         false
     }
 
+    /// Whether a call of it only reads, changing nothing: an answer it lost leaves nothing to
+    /// reconcile, so the call failed and may simply be made again. By default what the tool
+    /// says of itself (an MCP server's `readOnlyHint`, unless it also says it destroys).
+    fn reads_only(&self) -> bool {
+        let hints = self.hints();
+        hints.read_only && !hints.destructive
+    }
+
     /// How long, from when an outcome became unknown, the sweep keeps asking
     /// [`Tool::reconcile`] before it hands the question to the agent's recovery owner (a
     /// person); `None`: for as long as it takes.

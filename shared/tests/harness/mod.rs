@@ -576,6 +576,10 @@ impl<A: Around> Tool for Wrapped<A> {
         self.around.reconciles(&*self.inner)
     }
 
+    fn reads_only(&self) -> bool {
+        self.inner.reads_only()
+    }
+
     async fn reconcile(&self, call: ToolCall<'_>) -> Option<ToolOutcome> {
         self.around.reconcile(&*self.inner, call).await
     }

@@ -3,7 +3,8 @@
 
 use super::*;
 use shared::domain::approval::Approval;
-use shared::engine::RunReport;
+use shared::domain::run::GateVia;
+use shared::engine::{CallStatus, GateCall, RunReport};
 
 const REFUND_POLICY: &str = include_str!("../fixtures/refund-policy.toml");
 
@@ -141,6 +142,11 @@ async fn the_engine_never_sends_an_mcp_call_again_after_an_unknown_outcome() {
     let swept = p.sweep(100).await.unwrap();
     assert!(swept.reconciled.is_empty(), "{swept:?}");
     assert_eq!(swept.unknown, std::slice::from_ref(&key));
+    assert_eq!(
+        swept.unowned,
+        std::slice::from_ref(&key),
+        "nobody can ask the tool, and the agent names no recovery owner"
+    );
     assert_eq!(seen.effects(), BTreeMap::from([(key, 1)]));
     let refunds = seen
         .tools_called()
@@ -148,6 +154,57 @@ async fn the_engine_never_sends_an_mcp_call_again_after_an_unknown_outcome() {
         .filter(|tool| *tool == "issue_refund")
         .count();
     assert_eq!(refunds, 1);
+}
+
+/// `get_order` of `order`, asked through the gate of the orders agent by ben, over MCP.
+fn read_through_the_gate(order: &str) -> GateCall {
+    GateCall {
+        tenant: harness::acme(),
+        agent: orders_name(),
+        requested_by: PersonId::parse("ben").unwrap(),
+        tool: "get_order".into(),
+        args: json!({"order_id": order}),
+        call_id: None,
+        conversation: None,
+        via: GateVia::Mcp,
+    }
+}
+
+#[tokio::test]
+async fn a_read_whose_answer_the_mcp_server_lost_fails_at_once_and_the_same_read_runs_again() {
+    let (seen, server) = Server::seeing(Flavour::ReadsFailAfterRunning).await;
+    let h = harness::Harness::new(harness::Embedded::fresh()).await;
+    let definition = orders_definition(ORDERS_AGENT, BY_HINTS).unwrap();
+    let p = defined_process(
+        &h,
+        &definition,
+        &env_for(server.addr),
+        harness::Script::default(),
+    )
+    .await
+    .unwrap();
+
+    let lost = p.gate_call(read_through_the_gate("ord_55")).await.unwrap();
+
+    assert_eq!(lost.status, CallStatus::Failed, "{lost:?}");
+    let told = lost.result.unwrap();
+    assert!(told.is_error);
+    assert!(
+        told.content.contains(
+            "get_order only reads, so nothing took effect and nothing is left to reconcile"
+        ),
+        "{}",
+        told.content
+    );
+    h.clock.advance(chrono::Duration::days(2));
+    let swept = p.sweep(100).await.unwrap();
+    assert!(
+        swept.unknown.is_empty() && swept.to_recovery_owner.is_empty(),
+        "{swept:?}"
+    );
+    let again = p.gate_call(read_through_the_gate("ord_55")).await.unwrap();
+    assert!(!again.attached, "{again:?}");
+    assert_eq!(seen.tools_called(), ["get_order", "get_order"]);
 }
 
 // An agent defined by files alone: its MCP server and tools in agent.toml, its policy matching

@@ -248,6 +248,8 @@ enum Flavour {
     SessionsOnly,
     /// Runs every `issue_refund` call to the end, then answers it with a 500.
     FailsAfterCommit,
+    /// Answers every `get_order` call, a read, with a 500 once it ran.
+    ReadsFailAfterRunning,
 }
 
 impl Server {
@@ -276,8 +278,16 @@ impl Server {
                 StreamableHttpServerConfig::default(),
             );
         let mut router = axum::Router::new().nest_service("/mcp", service);
-        if flavour == Flavour::FailsAfterCommit {
-            router = router.layer(axum::middleware::from_fn(fail_after_commit));
+        let failing = match flavour {
+            Flavour::FailsAfterCommit => Some("issue_refund"),
+            Flavour::ReadsFailAfterRunning => Some("get_order"),
+            Flavour::Plain | Flavour::SessionsOnly => None,
+        };
+        if let Some(tool) = failing {
+            router = router.layer(axum::middleware::from_fn_with_state(
+                tool,
+                fail_after_commit,
+            ));
         }
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -294,18 +304,19 @@ impl Drop for Server {
     }
 }
 
-/// Lets an `issue_refund` call run to its end (its whole answer read), then answers 500 instead.
+/// Lets a call of `tool` run to its end (its whole answer read), then answers 500 instead.
 async fn fail_after_commit(
+    axum::extract::State(tool): axum::extract::State<&'static str>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     let (parts, body) = request.into_parts();
     let body = axum::body::to_bytes(body, usize::MAX).await.unwrap();
     let mentions = |text: &[u8]| body.windows(text.len()).any(|w| w == text);
-    let is_refund = mentions(b"tools/call") && mentions(b"issue_refund");
+    let is_call = mentions(b"tools/call") && mentions(tool.as_bytes());
     let request = axum::extract::Request::from_parts(parts, axum::body::Body::from(body));
     let response = next.run(request).await;
-    if !is_refund {
+    if !is_call {
         return response;
     }
     let answer = axum::body::to_bytes(response.into_body(), usize::MAX);

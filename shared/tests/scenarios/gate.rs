@@ -4,7 +4,7 @@
 use super::*;
 use shared::domain::ids::AgentName;
 use shared::domain::run::GateVia;
-use shared::engine::{ATTACHABLE, CallState, CallStatus, GateCall, REREAD};
+use shared::engine::{ATTACHABLE, CallState, CallStatus, GLANCE, GateCall, REREAD};
 
 /// `ben` asks the expense agent for `tool` with `args`, through the MCP gateway.
 fn call(tool: &str, args: serde_json::Value) -> GateCall {
@@ -135,8 +135,13 @@ async fn given_a_call_with_the_callers_own_id_when_it_comes_again_then_it_is_the
         .await
         .unwrap_err();
 
+    h.clock.advance(ATTACHABLE * 2);
+    let later = gated(&p, with_id(json!({"claim_id": "c-101"}))).await;
+
     assert_eq!(again.run_id, first.run_id);
     assert!(again.attached);
+    assert_eq!(later.run_id, first.run_id, "for good");
+    assert!(later.attached);
     assert_eq!(again.call_id.as_deref(), Some("call_7f3"));
     assert_eq!(again.conversation.as_deref(), Some("thread-42"));
     assert!(again.result.unwrap().content.contains("\"id\":\"c-101\""));
@@ -213,7 +218,7 @@ async fn given_a_gated_call_a_reviewer_lowers_when_it_is_read_then_version_2_ran
     assert_eq!(h.payments().await.len(), 1);
 }
 
-async fn given_a_caller_waiting_on_a_call_when_another_process_decides_it_then_the_wait_ends_with_the_outcome(
+async fn given_a_caller_waiting_on_a_call_when_another_process_decides_it_then_the_wait_ends_with_the_outcome_within_the_stores_promise(
     h: &Harness,
 ) {
     let p = Arc::new(h.process().await);
@@ -223,17 +228,29 @@ async fn given_a_caller_waiting_on_a_call_when_another_process_decides_it_then_t
         let p = p.clone();
         let run = first.run_id.clone();
         tokio::spawn(async move {
-            p.wait_for_call(&acme(), &run, StdDuration::from_secs(20))
-                .await
+            let state = p
+                .wait_for_call(&acme(), &run, StdDuration::from_secs(20))
+                .await;
+            (state, tokio::time::Instant::now())
         })
     };
     tokio::time::sleep(StdDuration::from_millis(100)).await;
     let other = h.process().await;
     h.decided(&other, "dana", &approval.id, approve("d-1"))
         .await;
+    let decided = tokio::time::Instant::now();
 
-    let state = waiter.await.unwrap().unwrap();
+    let (state, seen) = waiter.await.unwrap();
+    let state = state.unwrap();
     assert_eq!(state.status, CallStatus::Succeeded, "{state:?}");
+    // The embedded store tells a waiter of another process's commit at a glance; DynamoDB
+    // cannot cheaply, and the waiter reads again every second.
+    let lag = seen.saturating_duration_since(decided);
+    let promise = match h.backend() {
+        "embedded" => GLANCE * 6,
+        _ => REREAD + StdDuration::from_millis(500),
+    };
+    assert!(lag < promise, "seen {lag:?} after, on {}", h.backend());
 
     // Nobody decides the next one: the wait ends with it still waiting.
     let decline = gated(
@@ -277,22 +294,158 @@ async fn given_a_caller_waiting_on_a_call_when_this_process_decides_it_then_the_
     assert!(took < REREAD, "woken, not re-read: {took:?}");
 }
 
-async fn given_a_settled_call_known_by_its_arguments_when_the_same_call_comes_after_the_window_then_it_is_a_new_call(
+async fn given_an_approved_call_known_by_its_arguments_when_the_same_call_comes_after_the_window_then_it_is_a_new_call(
+    h: &Harness,
+) {
+    let p = h.process().await;
+    let first = gated(&p, pay_c102()).await;
+    h.decided(&p, "dana", &first.approval.unwrap().id, approve("d-1"))
+        .await;
+    h.clock.advance(Duration::minutes(30));
+    let within = gated(&p, pay_c102()).await;
+    assert_eq!(within.run_id, first.run_id, "attached within the window");
+    assert_eq!(within.status, CallStatus::Succeeded);
+
+    h.clock.advance(ATTACHABLE);
+    let after = gated(&p, pay_c102()).await;
+
+    assert_ne!(after.run_id, first.run_id);
+    assert!(!after.attached);
+    assert_eq!(
+        after.status,
+        CallStatus::AwaitingApproval,
+        "policy rules on it again"
+    );
+    assert_eq!(h.payments().await.len(), 1, "paid once");
+}
+
+async fn given_an_allowed_read_when_what_it_reads_changed_and_it_is_made_again_then_it_runs_again_and_reads_afresh(
     h: &Harness,
 ) {
     let p = h.process().await;
     let read = || call("get_claim", json!({"claim_id": "c-102"}));
-    let first = gated(&p, read()).await;
-    h.clock.advance(Duration::minutes(30));
-    let within = gated(&p, read()).await;
-    assert_eq!(within.run_id, first.run_id, "attached within the window");
+    let before = gated(&p, read()).await;
+    assert!(
+        before
+            .result
+            .unwrap()
+            .content
+            .contains("\"status\":\"open\"")
+    );
+    let payment = gated(&p, pay_c102()).await;
+    h.decided(&p, "dana", &payment.approval.unwrap().id, approve("d-1"))
+        .await;
 
-    h.clock.advance(ATTACHABLE);
     let after = gated(&p, read()).await;
 
-    assert_ne!(after.run_id, first.run_id);
-    assert!(!after.attached);
+    assert!(!after.attached, "{after:?}");
+    assert_ne!(after.run_id, before.run_id);
     assert_eq!(after.status, CallStatus::Succeeded);
+    let told = after.result.unwrap().content;
+    assert!(told.contains("\"status\":\"paid $250.00\""), "{told}");
+    let history = p.history(&acme(), &after.run_id).await.unwrap();
+    assert_eq!(
+        event_names(&history.entries),
+        ["started", "proposed", "executing", "executed", "done"],
+        "ruled on and run again"
+    );
+}
+
+async fn given_a_refused_call_when_it_is_made_again_then_it_is_a_new_call_checked_again(
+    h: &Harness,
+) {
+    let p = h.process().await;
+    let unfit = || call("reimburse", json!({"claim_id": "c-102"}));
+    let first = gated(&p, unfit()).await;
+    assert_eq!(first.status, CallStatus::Refused, "{first:?}");
+
+    let again = gated(&p, unfit()).await;
+
+    assert!(!again.attached, "{again:?}");
+    assert_ne!(again.run_id, first.run_id);
+    assert_eq!(again.status, CallStatus::Refused);
+}
+
+/// A process whose `get_claim` goes through `around`, and whose agent names finance as its
+/// recovery owner.
+async fn reading_through(h: &Harness, around: impl harness::Around) -> Process {
+    let on_get_claim = |tools| harness::wrap(tools, "get_claim", around);
+    h.process_recovering(on_get_claim, "finance").await
+}
+
+fn read_c102() -> GateCall {
+    call("get_claim", json!({"claim_id": "c-102"}))
+}
+
+async fn given_an_allowed_read_whose_answer_is_lost_when_its_tool_cannot_be_asked_then_it_fails_and_the_same_read_runs_again(
+    h: &Harness,
+) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let p = reading_through(h, AnswerLost(Counted::new(&calls))).await;
+
+    let lost = gated(&p, read_c102()).await;
+
+    assert_eq!(lost.status, CallStatus::Failed, "{lost:?}");
+    let told = lost.result.unwrap();
+    assert!(told.is_error);
+    assert_eq!(
+        told.content,
+        "The call failed: the connection dropped after the request was sent; get_claim only \
+         reads, so nothing took effect and nothing is left to reconcile: it may be called again"
+    );
+    assert!(
+        p.pending(&acme()).await.unwrap().is_empty(),
+        "nobody is asked whether a read took effect"
+    );
+    h.clock.advance(Duration::days(2));
+    let swept = p.sweep(100).await.unwrap();
+    assert!(
+        swept.unknown.is_empty() && swept.to_recovery_owner.is_empty(),
+        "{swept:?}"
+    );
+    let again = gated(&p, read_c102()).await;
+    assert!(!again.attached, "{again:?}");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+async fn given_a_read_left_running_by_a_process_that_died_when_the_sweep_finds_it_then_it_fails_and_nothing_is_left_unknown(
+    h: &Harness,
+) {
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let dying = Arc::new(reading_through(h, Hangs::before_effect(in_flight.clone())).await);
+    let read = || GateCall {
+        call_id: Some("read-1".into()),
+        ..read_c102()
+    };
+    let taking = {
+        let dying = dying.clone();
+        tokio::spawn(async move { dying.gate_call(read()).await })
+    };
+    while in_flight.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(StdDuration::from_millis(5)).await;
+    }
+    taking.abort();
+    let _ = taking.await;
+    let sweeper = h.process_recovering(|tools| tools, "finance").await;
+    h.clock.advance(Duration::minutes(16));
+
+    let swept = sweeper.sweep(100).await.unwrap();
+
+    assert_eq!(swept.lost_reads.len(), 1, "{swept:?}");
+    assert!(
+        swept.unknown.is_empty() && swept.to_recovery_owner.is_empty(),
+        "{swept:?}"
+    );
+    assert!(sweeper.pending(&acme()).await.unwrap().is_empty());
+    let failed = gated(&sweeper, read()).await;
+    assert!(failed.attached, "known by its id");
+    assert_eq!(failed.status, CallStatus::Failed, "{failed:?}");
+    let told = failed.result.unwrap().content;
+    assert!(
+        told.contains("get_claim only reads, so nothing took effect"),
+        "{told}"
+    );
+    assert_eq!(in_flight.load(Ordering::SeqCst), 1, "never sent again");
 }
 
 on_both_stores!([
@@ -302,7 +455,11 @@ on_both_stores!([
     given_a_call_with_the_callers_own_id_when_it_comes_again_then_it_is_the_same_call_and_with_other_arguments_a_conflict,
     given_calls_that_do_not_fit_or_that_policy_denies_or_a_person_rejects_then_each_is_told_why_and_nothing_runs,
     given_a_gated_call_a_reviewer_lowers_when_it_is_read_then_version_2_ran_with_the_lowered_arguments,
-    given_a_caller_waiting_on_a_call_when_another_process_decides_it_then_the_wait_ends_with_the_outcome,
+    given_a_caller_waiting_on_a_call_when_another_process_decides_it_then_the_wait_ends_with_the_outcome_within_the_stores_promise,
     given_a_caller_waiting_on_a_call_when_this_process_decides_it_then_the_waiter_is_woken_before_any_re_read,
-    given_a_settled_call_known_by_its_arguments_when_the_same_call_comes_after_the_window_then_it_is_a_new_call,
+    given_an_approved_call_known_by_its_arguments_when_the_same_call_comes_after_the_window_then_it_is_a_new_call,
+    given_an_allowed_read_when_what_it_reads_changed_and_it_is_made_again_then_it_runs_again_and_reads_afresh,
+    given_a_refused_call_when_it_is_made_again_then_it_is_a_new_call_checked_again,
+    given_an_allowed_read_whose_answer_is_lost_when_its_tool_cannot_be_asked_then_it_fails_and_the_same_read_runs_again,
+    given_a_read_left_running_by_a_process_that_died_when_the_sweep_finds_it_then_it_fails_and_nothing_is_left_unknown,
 ]);

@@ -1,6 +1,8 @@
 //! Recovery owners: a call whose outcome is unknown and whose tool cannot reconcile it goes to a
-//! person of the agent's recovery owner role, who answers "it took effect" or "it did not", with
-//! the identity, tenant and audit rules of every decision; the run resumes with the answer.
+//! person of the agent's recovery owner role, at once, whoever let it run, who answers "it took
+//! effect" or "it did not", with the identity, tenant and audit rules of every decision; the run
+//! resumes with the answer. Without an owner, nothing asks the tool and the sweep says a person
+//! must name one.
 
 use super::*;
 use async_trait::async_trait;
@@ -140,22 +142,101 @@ async fn given_a_payment_that_never_reached_the_ledger_when_its_owner_says_it_di
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
-async fn given_an_agent_without_a_recovery_owner_when_an_outcome_is_unknown_then_nobody_is_asked_and_the_sweep_keeps_asking_the_tool(
+async fn given_a_payment_policy_allows_without_a_person_when_its_answer_is_lost_then_the_recovery_owner_is_asked_at_once(
+    h: &Harness,
+) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let p = h
+        .process_recovering(on_reimburse(AnswerLost(Counted::new(&calls))), "finance")
+        .await;
+
+    let report = h.start(&p, "c-101").await;
+
+    let pending = p.pending(&acme()).await.unwrap();
+    let [recovery] = pending.as_slice() else {
+        panic!("one question for the recovery owner: {pending:?} {report:?}");
+    };
+    assert_eq!(recovery.kind, ApprovalKind::Recovery);
+    assert_eq!(recovery.tool, "reimburse");
+    let history = p.history(&acme(), &report.run_id).await.unwrap();
+    assert!(
+        event_names(&history.entries).contains(&"recovery_requested"),
+        "{:?}",
+        event_names(&history.entries)
+    );
+    let swept = p.sweep(100).await.unwrap();
+    assert!(swept.unknown.is_empty(), "a person answers it: {swept:?}");
+
+    h.decided(
+        &p,
+        "erin",
+        &recovery.id,
+        answer("erin-1", true, "The ledger shows it."),
+    )
+    .await;
+    let history = p.history(&acme(), &report.run_id).await.unwrap();
+    assert_eq!(
+        action_of(&history, recovery).status,
+        ActionStatus::Succeeded
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "never sent again");
+}
+
+async fn given_an_agent_without_a_recovery_owner_when_an_outcome_its_tool_cannot_tell_is_unknown_then_nothing_asks_the_tool_and_once_an_owner_is_named_the_sweep_asks_that_role(
     h: &Harness,
 ) {
     let (calls, p, _, approval) = paused_where_answers_are_lost(h).await;
     h.decided(&p, "dana", &approval.id, approve("dana-1")).await;
 
     assert!(p.pending(&acme()).await.unwrap().is_empty());
+    let key = format!("{}:1", approval.action_id);
+    let history = p.history(&acme(), &approval.run_id).await.unwrap();
+    let detail = history.entries.iter().find_map(|e| match &e.event {
+        AuditEvent::Unknown { detail, .. } => Some(detail.clone()),
+        _ => None,
+    });
+    assert_eq!(
+        detail.as_deref(),
+        Some(
+            "the connection dropped after the request was sent; its tool cannot be asked and \
+             agent expense names no recovery_owner to answer"
+        )
+    );
     h.clock.advance(Duration::minutes(6));
     let swept = p.sweep(100).await.unwrap();
-    assert_eq!(swept.unknown.len(), 1, "{swept:?}");
+    assert_eq!(swept.unknown, from_ref(&key), "{swept:?}");
+    assert_eq!(swept.unowned, from_ref(&key), "nobody named to settle it");
     assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+    // The definition names finance as its recovery owner: the next sweep asks that role.
+    let named = h
+        .process_recovering(on_reimburse(AnswerLost(Counted::new(&calls))), "finance")
+        .await;
+    h.clock.advance(Duration::minutes(6));
+    let swept = named.sweep(100).await.unwrap();
+    assert_eq!(swept.to_recovery_owner, from_ref(&key), "{swept:?}");
+    assert!(swept.unknown.is_empty());
+    let pending = named.pending(&acme()).await.unwrap();
+    let [recovery] = pending.as_slice() else {
+        panic!("{pending:?}");
+    };
+    let answered = h
+        .decided(
+            &named,
+            "erin",
+            &recovery.id,
+            answer("erin-1", true, "The ledger shows the payment."),
+        )
+        .await;
+    let run = answered.run.expect("resumed in this process");
+    assert_eq!(run.status, RunStatus::Done, "{run:?}");
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "never sent again");
 }
 
 // Each scenario on the embedded store and on DynamoDB (moto over HTTP).
 on_both_stores!([
     given_a_payment_whose_answer_was_lost_and_cannot_be_reconciled_when_its_owner_says_it_took_effect_then_the_run_finishes_paid_once,
     given_a_payment_that_never_reached_the_ledger_when_its_owner_says_it_did_not_take_effect_then_the_model_is_told_and_nothing_is_paid,
-    given_an_agent_without_a_recovery_owner_when_an_outcome_is_unknown_then_nobody_is_asked_and_the_sweep_keeps_asking_the_tool,
+    given_a_payment_policy_allows_without_a_person_when_its_answer_is_lost_then_the_recovery_owner_is_asked_at_once,
+    given_an_agent_without_a_recovery_owner_when_an_outcome_its_tool_cannot_tell_is_unknown_then_nothing_asks_the_tool_and_once_an_owner_is_named_the_sweep_asks_that_role,
 ]);

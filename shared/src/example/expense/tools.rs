@@ -192,6 +192,10 @@ struct FindSimilarClaims(Books);
 
 #[async_trait]
 impl Tool for GetClaim {
+    fn reads_only(&self) -> bool {
+        true
+    }
+
     fn spec(&self) -> ToolSpec {
         let properties =
             json!({"claim_id": {"type": "string", "description": "The claim id, such as c-101"}});
@@ -217,6 +221,10 @@ impl Tool for GetClaim {
 
 #[async_trait]
 impl Tool for GetPolicy {
+    fn reads_only(&self) -> bool {
+        true
+    }
+
     fn spec(&self) -> ToolSpec {
         let properties =
             json!({"category": {"type": "string", "description": "taxi, lodging or meals"}});
@@ -247,6 +255,10 @@ impl Tool for GetPolicy {
 
 #[async_trait]
 impl Tool for FindSimilarClaims {
+    fn reads_only(&self) -> bool {
+        true
+    }
+
     fn spec(&self) -> ToolSpec {
         let properties = json!({"claim_id": {"type": "string"}});
         spec(
