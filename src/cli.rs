@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use shared::agents::Environment;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -122,6 +123,26 @@ pub enum Command {
         #[arg(long)]
         once: bool,
     },
+}
+
+impl Command {
+    /// When the command needs the variables the agents' bindings read: at start for the ones
+    /// that run tools (they start, serve or resume runs themselves); only to run a tool for the
+    /// ones that review, decide and read, which leave a call they cannot run to one that can.
+    pub fn environment(&self) -> Environment {
+        match self {
+            Command::Agent { .. }
+            | Command::Run { .. }
+            | Command::Serve(_)
+            | Command::Mcp(_)
+            | Command::Worker { .. } => Environment::AtStart,
+            Command::Review { .. }
+            | Command::Cancel { .. }
+            | Command::Audit { .. }
+            | Command::Token { .. }
+            | Command::Ledger => Environment::WhenRun,
+        }
+    }
 }
 
 /// Whose tools `mcp` serves, to whom.

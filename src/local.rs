@@ -8,8 +8,10 @@ use chrono::{DateTime, Utc};
 use std::sync::Arc;
 
 use shared::adapters::sqlite::SqliteStore;
+use shared::agents::Environment;
 use shared::deploy::{self, Aws, Backing, Setup, StoreKind};
 use shared::domain::identity::{Directory, Identity};
+use shared::domain::ids::{AgentName, TenantId};
 use shared::engine::records::{decode, keys};
 use shared::engine::{Delivery, Engine, EngineError};
 use shared::example::expense::{self, Claims, Ledger};
@@ -92,8 +94,9 @@ impl Clock for AheadClock {
 
 impl Local {
     /// The embedded mode: the store is a SQLite file in the state directory, and a decision
-    /// resumes its run in this process.
-    pub fn open(global: &Global) -> Result<Self, Failure> {
+    /// resumes its run in this process where it can run the agent's tools. `environment` says
+    /// when this command needs the variables the agents' bindings read.
+    pub fn open(global: &Global, environment: Environment) -> Result<Self, Failure> {
         let store: Arc<dyn ItemStore> =
             Arc::new(SqliteStore::open_dir(&global.state).map_err(EngineError::from)?);
         let backing = Backing {
@@ -102,14 +105,14 @@ impl Local {
             scheduler: Arc::new(SweepOnly),
             clock: clock(global)?,
         };
-        Self::assemble(global, backing, None)
+        Self::assemble(global, backing, None, environment)
     }
 
     /// The store `COUNTERSIGN_STORE` names: embedded (the default), or DynamoDB with SQS and
     /// EventBridge Scheduler, where a decision queues its resume message for a worker.
-    pub async fn connect(global: &Global) -> Result<Self, Failure> {
+    pub async fn connect(global: &Global, environment: Environment) -> Result<Self, Failure> {
         match StoreKind::from_env().map_err(|e| Failure::usage(e.to_string()))? {
-            StoreKind::Embedded => Self::open(global),
+            StoreKind::Embedded => Self::open(global, environment),
             StoreKind::DynamoDb => {
                 let aws = Aws::from_env()
                     .await
@@ -120,18 +123,23 @@ impl Local {
                     scheduler: aws.scheduler.clone(),
                     clock: clock(global)?,
                 };
-                Self::assemble(global, backing, Some(aws))
+                Self::assemble(global, backing, Some(aws), environment)
             }
         }
     }
 
     /// Every command may drive a run (a decision resumes it in the embedded mode), so each
     /// agent gets its model.
-    fn assemble(global: &Global, backing: Backing, aws: Option<Aws>) -> Result<Self, Failure> {
+    fn assemble(
+        global: &Global,
+        backing: Backing,
+        aws: Option<Aws>,
+        environment: Environment,
+    ) -> Result<Self, Failure> {
         let (setup, directory) = load(global)?;
         let store = backing.store.clone();
-        let engine =
-            deploy::engine(backing, &setup, true).map_err(|e| Failure::usage(e.to_string()))?;
+        let engine = deploy::engine(backing, &setup, true, environment)
+            .map_err(|e| Failure::usage(e.to_string()))?;
         Ok(Self {
             engine,
             directory,
@@ -149,17 +157,19 @@ impl Local {
             .map_err(|e| Failure::from(EngineError::from(e)))
     }
 
-    /// Whether this process has the agent: without it, it cannot start, decide or resume the
-    /// agent's runs, and the user is told how to load its definition.
-    pub fn loaded(&self, name: &shared::domain::ids::AgentName) -> Result<(), Failure> {
-        if self.engine.agent(name).is_ok() {
+    /// Whether this process has the agent for `tenant`: without it, it cannot start, decide or
+    /// resume the agent's runs, and the user is told how to load its definition. An agent that
+    /// does not serve the tenant is not loaded for it, in the same words.
+    pub fn loaded(&self, tenant: &TenantId, name: &AgentName) -> Result<(), Failure> {
+        if self.engine.agent(tenant, name).is_ok() {
             return Ok(());
         }
         let loaded: Vec<String> = self
             .engine
             .agents()
-            .names()
-            .map(|n| n.to_string())
+            .iter()
+            .filter(|agent| agent.serves(tenant))
+            .map(|agent| agent.name.to_string())
             .collect();
         Err(Failure {
             code: "not_found",
@@ -177,7 +187,7 @@ impl Local {
     }
 
     /// Every tenant that has started a run, for views across the whole local deployment.
-    pub async fn tenants(&self) -> Result<Vec<shared::domain::ids::TenantId>, Failure> {
+    pub async fn tenants(&self) -> Result<Vec<TenantId>, Failure> {
         let items = query_all(self.store.as_ref(), keys::TENANTS_PK, "")
             .await
             .map_err(EngineError::from)?;

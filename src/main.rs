@@ -14,11 +14,12 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use serde_json::{Value, json};
-use shared::domain::approval::{Choice, DecisionRequest};
+use shared::domain::approval::{Approval, ApprovalStatus, Choice, DecisionRequest};
 use shared::domain::ids::{ActionVersion, AgentName, ApprovalId, DecisionId, RunId, TenantId};
 use shared::domain::run::RunStatus;
 use shared::engine::{History, RunReport, StartRun};
 use shared::example::expense;
+use shared::ports::tools::NotRunnableHere;
 
 use cli::{Cli, Command, Review};
 use fail::Failure;
@@ -105,11 +106,11 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
             None => agent,
         });
     }
-    let local = Local::connect(&cli.global).await?;
+    let local = Local::connect(&cli.global, cli.command.environment()).await?;
     match cli.command {
         Command::Agent { claim, ttl } => {
-            local.loaded(&AgentName::parse(expense::AGENT)?)?;
             let mut start = expense::task_for(&local.claims, &claim)?;
+            local.loaded(&start.tenant, &start.agent)?;
             start.approval_ttl = ttl;
             start_run(&local, start).await
         }
@@ -121,7 +122,7 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
         } => {
             let who = local.identify(&person)?;
             let agent = agent_named(&agent)?;
-            local.loaded(&agent)?;
+            local.loaded(&who.tenant, &agent)?;
             let start = StartRun {
                 approval_ttl: ttl,
                 ..StartRun::for_person(&who, agent, task)
@@ -246,8 +247,8 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
                 .partition(|s| matches!(s.outcome, expense::SettlementOutcome::Paid { .. }));
             let expense = local
                 .engine
-                .agent(&AgentName::parse(expense::AGENT)?)
-                .is_ok();
+                .agents()
+                .contains(&AgentName::parse(expense::AGENT)?);
             let text = render::ledger(&payments, &declined, expense);
             Ok(Output {
                 text,
@@ -272,7 +273,7 @@ pub(crate) fn agent_named(text: &str) -> Result<AgentName, Failure> {
 
 /// Starts a run, its agent's tools prepared first.
 async fn start_run(local: &Local, start: StartRun) -> Result<Output, Failure> {
-    shared::agents::prepare(&local.engine, &start.agent).await?;
+    shared::agents::prepare(&local.engine, &start.tenant, &start.agent).await?;
     let report = local.engine.start(start).await?;
     let history = waits_on_calls(local, &report).await;
     Ok(Output {
@@ -300,6 +301,7 @@ async fn expire(local: &Local) -> Result<Output, Failure> {
     shared::agents::prepare_all(&local.engine).await;
     let report = local.engine.sweep(1_000).await?;
     let tenants = local.tenants().await?;
+    let mut agents = Vec::new();
     let mut swept = render::Swept {
         report: &report,
         expired: Vec::new(),
@@ -310,6 +312,10 @@ async fn expire(local: &Local) -> Result<Output, Failure> {
         let Some(approval) = find_approval(local, &tenants, approval_id).await else {
             continue;
         };
+        let of = (approval.tenant.clone(), approval.agent.clone());
+        if !agents.contains(&of) {
+            agents.push(of);
+        }
         let run = local.engine.run(&approval.tenant, &approval.run_id).await?;
         let run = shared::engine::RunReport::of(&run, vec![]);
         runs.push(run.clone());
@@ -322,10 +328,48 @@ async fn expire(local: &Local) -> Result<Output, Failure> {
             .and_then(|a| a.escalated_to.last().cloned());
         swept.escalated.push((approval_id.clone(), role));
     }
+    let mut text = render::sweep(&swept);
+    let mut waiting = Vec::new();
+    for (tenant, agent) in &agents {
+        if let Some(missing) = waits_for_environment(local, tenant, agent) {
+            text.push_str(&environment_note(&missing));
+            waiting.push(missing_json(&missing));
+        }
+    }
     Ok(Output {
-        text: render::sweep(&swept),
-        json: json!({"sweep": report, "runs": runs}),
+        text,
+        json: json!({"sweep": report, "runs": runs, "waits_for_environment": waiting}),
     })
+}
+
+/// In the embedded mode, what this process lacks to resume a run of `agent` and run its calls
+/// (a variable its bindings read): the decision or expiry it recorded waits, nothing claimed,
+/// for a process that has it. `None` where it can, or where a queue's consumer resumes runs.
+fn waits_for_environment(
+    local: &Local,
+    tenant: &TenantId,
+    agent: &AgentName,
+) -> Option<NotRunnableHere> {
+    if local.aws.is_some() {
+        return None;
+    }
+    let agent = local.engine.agent(tenant, agent).ok()?;
+    agent.tools.all_run_here().err()
+}
+
+/// What [`waits_for_environment`] found, said to a person with what runs the call instead.
+fn environment_note(missing: &NotRunnableHere) -> String {
+    format!(
+        "waits for the agent's environment: {missing}; nothing was claimed or sent. \
+         `countersign serve` (its sweep) or `countersign review expire`, run where {} is set, \
+         resumes the run and runs an approved call once.\n",
+        missing.var
+    )
+}
+
+/// [`waits_for_environment`]'s finding as `--json` gives it.
+fn missing_json(missing: &NotRunnableHere) -> Value {
+    json!({"variable": missing.var, "field": missing.field, "message": missing.to_string()})
 }
 
 /// An approval of one of the tenants, by id.
@@ -368,7 +412,7 @@ async fn decide(local: &Local, review: Review) -> Result<Output, Failure> {
     let approval_id = ApprovalId::parse(&submission.approval)?;
     let who = local.identify(&submission.person)?;
     let approval = local.engine.approval(&who.tenant, &approval_id).await?;
-    local.loaded(&approval.agent)?;
+    local.loaded(&who.tenant, &approval.agent)?;
     let action_version = match submission.version {
         Some(v) => ActionVersion::new(v)?,
         // The approval id names one action version; deciding it by id decides that version.
@@ -394,12 +438,19 @@ async fn decide(local: &Local, review: Review) -> Result<Output, Failure> {
         .history(&who.tenant, &report.approval.run_id)
         .await
         .ok();
+    let (tenant, agent) = (&report.approval.tenant, &report.approval.agent);
     let caller_runs = local
         .engine
-        .agent(&report.approval.agent)
+        .agent(tenant, agent)
         .is_ok_and(|agent| agent.caller_lease(&report.approval.tool).is_some());
-    Ok(Output {
-        text: render::decision(&report, history.as_ref(), caller_runs),
-        json: json_of(&report),
-    })
+    let mut text = render::decision(&report, history.as_ref(), caller_runs);
+    let mut json = json_of(&report);
+    // A decision that settled its approval resumes the run, where this process can.
+    let waiting = |a: &Approval| a.status == ApprovalStatus::AwaitingApproval;
+    let resumes = !waiting(&report.approval) && !report.next_approval.as_ref().is_some_and(waiting);
+    if resumes && let Some(missing) = waits_for_environment(local, tenant, agent) {
+        text.push_str(&environment_note(&missing));
+        json["waits_for_environment"] = missing_json(&missing);
+    }
+    Ok(Output { text, json })
 }

@@ -15,7 +15,7 @@ use crate::local::Local;
 pub async fn run(local: Local, options: McpOptions) -> Result<(), Failure> {
     let who = local.identify(&options.person)?;
     let agent = crate::agent_named(&options.agent)?;
-    local.loaded(&agent)?;
+    local.loaded(&who.tenant, &agent)?;
     let settings =
         shared::deploy::mcp_settings_from_env().map_err(|e| Failure::usage(e.to_string()))?;
     let engine = Arc::new(local.engine);

@@ -311,9 +311,20 @@ async fn an_outcome_report_is_read_up_to_64_kib_and_its_result_kept_up_to_32_kib
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_gate_requests_are_refused_with_their_codes() {
+    // The helpdesk's people, and gus of globex, whom the helpdesk agent (acme's) does not serve.
     let cs = refunds("gate-api-bad");
+    let people = cs.state().join("people.toml");
+    std::fs::create_dir_all(cs.state()).unwrap();
+    let file = std::fs::read_to_string(example().join("people.toml")).unwrap();
+    let gus = "  { name = \"gus\", tenant = \"globex\", roles = [\"support\"] },\n]\n";
+    std::fs::write(&people, file.replace("]\n", gus)).unwrap();
+    let mut env = cs.env().to_vec();
+    env.retain(|(name, _)| *name != "COUNTERSIGN_PEOPLE");
+    env.push(("COUNTERSIGN_PEOPLE", people.display().to_string()));
+    let cs = cs.with_env(env);
     let server = Serve::start(&cs);
     let runner = token(&cs, "helpdesk-bot");
+    let gus = token(&cs, "gus");
     let mut no_id = refund("x", 100);
     no_id.as_object_mut().unwrap().remove("call_id");
 
@@ -335,8 +346,32 @@ async fn bad_gate_requests_are_refused_with_their_codes() {
         )
         .await;
 
+    let (foreign, foreign_told) = server
+        .post(&gus, "/gate/calls", refund("gus-1", 2_500))
+        .await;
+    let (_, unknown_told) = server
+        .post(
+            &gus,
+            "/gate/calls",
+            json!({"agent": "payroll", "tool": "refund", "args": {}, "call_id": "c"}),
+        )
+        .await;
+
     assert_eq!(missing, 400);
     assert_eq!(unknown_agent, 404);
+    // Another tenant's agent is not found, in the words of an agent that does not exist.
+    assert_eq!(foreign, 404, "{foreign_told}");
+    assert_eq!(foreign_told["error"]["code"], "not_found");
+    assert_eq!(
+        foreign_told["error"]["message"],
+        "agent helpdesk was not found"
+    );
+    assert_eq!(
+        unknown_told["error"]["message"],
+        "agent payroll was not found"
+    );
+    let (_, waiting) = server.get(&gus, "/approvals").await;
+    assert_eq!(waiting["approvals"], json!([]), "{waiting}");
     assert_eq!(bad_wait, 400);
     assert_eq!(no_call, 404);
     assert_eq!(

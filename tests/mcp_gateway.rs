@@ -422,6 +422,45 @@ async fn over_http_a_caller_without_a_token_or_for_an_agent_not_loaded_is_refuse
     );
 }
 
+#[tokio::test]
+async fn over_http_an_agent_is_not_found_for_a_tenant_it_does_not_name_as_an_unknown_one_is() {
+    let cs = Countersign::fresh("mcp-http-tenants");
+    let server = cs.serve();
+    // zoe is of globex; the refunds agent names acme only.
+    let zoe = cs.printed(&["token", "--as", "zoe"]).trim().to_string();
+    let http = reqwest::Client::new();
+    let post = |agent: &str, method: &str, params: Value| {
+        http.post(format!("{}/mcp/{agent}", server.base))
+            .header("accept", "application/json, text/event-stream")
+            .bearer_auth(&zoe)
+            .json(&json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}))
+            .send()
+    };
+    let call = json!({"name": "issue_refund", "arguments": refund_125()});
+
+    for (agent, method, params) in [
+        ("refunds", "tools/list", json!({})),
+        ("refunds", "tools/call", call.clone()),
+        ("payroll", "tools/list", json!({})),
+    ] {
+        let answer = post(agent, method, params).await.unwrap();
+
+        assert_eq!(answer.status(), 404, "{agent} {method}");
+        let body: Value = answer.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "not_found", "{body}");
+        assert_eq!(
+            body["error"]["message"],
+            format!("agent {agent} was not found"),
+            "{body}"
+        );
+    }
+    assert_eq!(
+        cs.ok(&["review"])["approvals"],
+        json!([]),
+        "nothing was proposed"
+    );
+}
+
 #[test]
 fn a_client_that_disconnects_while_its_call_waits_gets_the_outcome_by_calling_again() {
     let orders = OrdersService::start("mcp-disconnect");

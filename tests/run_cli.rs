@@ -15,21 +15,9 @@ use serde_json::json;
 
 const TASK: &str = "Refund USD 125 for order ord_55: the blender arrived damaged.";
 
-/// The shipped refunds definition copied into `into/returns`, renamed "returns": a team's own
-/// agent, two files and no Rust.
+/// The shipped refunds definition as a team's own, "returns".
 fn returns_agent(into: &Path) -> PathBuf {
-    let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("agents/refunds");
-    let dir = into.join("returns");
-    std::fs::create_dir_all(&dir).unwrap();
-    for file in ["agent.toml", "policy.toml", "script.toml"] {
-        let text = std::fs::read_to_string(shipped.join(file)).unwrap();
-        let text = match file {
-            "agent.toml" => text.replacen("name = \"refunds\"", "name = \"returns\"", 1),
-            _ => text,
-        };
-        std::fs::write(dir.join(file), text).unwrap();
-    }
-    dir
+    common::agents::returns_agent(into, |text| text)
 }
 
 #[test]
@@ -66,6 +54,120 @@ fn a_run_that_cannot_start_is_refused_with_its_code_and_writes_nothing() {
     assert_eq!(bad_name.exit, 2, "{}", bad_name.stderr);
 
     assert_eq!(cs.ok(&["review"])["approvals"], json!([]));
+}
+
+#[test]
+fn a_run_of_an_agent_whose_model_key_is_unset_names_the_variable_and_writes_nothing() {
+    let definitions = TempDir::new("run-no-key");
+    let oai = definitions.agent(
+        "oai",
+        &[
+            (
+                "agent.toml",
+                "name = \"oai\"\nsystem_prompt = \"You answer questions.\"\n\n[model]\n\
+                 provider = \"openai\"\nid = \"gpt-4o\"\napi_key_env = \"OAI_TEST_KEY\"\n",
+            ),
+            (
+                "policy.toml",
+                "name = \"oai\"\nversion = 1\ndefault_ttl = \"1h\"\n",
+            ),
+        ],
+    );
+    let cs = Countersign::fresh("run-no-key").with_env(vec![
+        ("COUNTERSIGN_STORE", "embedded".to_string()),
+        ("COUNTERSIGN_AGENTS", oai),
+    ]);
+
+    let refused = cs.run(&["run", "--agent", "oai", "Hello?", "--as", "sam"]);
+
+    assert_eq!(refused.exit, 1, "{}", refused.stderr);
+    assert_eq!(refused.json["error"]["code"], "not_configured");
+    assert!(
+        refused.stderr.contains(
+            "the agent oai has no model in this process: its [model] reads the API key from \
+             OAI_TEST_KEY, which is not set here"
+        ),
+        "{}",
+        refused.stderr
+    );
+    assert_eq!(cs.ok(&["review"])["approvals"], json!([]));
+}
+
+#[test]
+fn an_agent_is_not_loaded_for_a_tenant_its_definition_does_not_name_in_the_words_of_an_unknown_one()
+{
+    let cs = Countersign::fresh("run-tenants");
+
+    // zoe is of globex; the shipped refunds agent names acme only.
+    let foreign = cs.run(&["run", "--agent", "refunds", TASK, "--as", "zoe"]);
+    let unknown = cs.run(&["run", "--agent", "payroll", TASK, "--as", "zoe"]);
+    let gateway = cs.run(&["mcp", "--agent", "refunds", "--as", "zoe"]);
+
+    assert_eq!(foreign.exit, 1, "{}", foreign.stderr);
+    assert_eq!(foreign.json["error"]["code"], "not_found");
+    assert!(
+        foreign
+            .stderr
+            .contains("agent refunds is not loaded here (loaded: none)"),
+        "{}",
+        foreign.stderr
+    );
+    assert_eq!(
+        foreign.stderr.replace("refunds", "payroll"),
+        unknown.stderr,
+        "the same words"
+    );
+    assert_eq!(gateway.exit, 1, "{}", gateway.stderr);
+    assert!(
+        gateway.stderr.contains("agent refunds is not loaded here"),
+        "{}",
+        gateway.stderr
+    );
+    assert_eq!(cs.ok(&["review"])["approvals"], json!([]));
+}
+
+#[test]
+fn a_definition_open_to_every_tenant_whose_bindings_hold_secrets_is_warned_of_at_start() {
+    let definitions = TempDir::new("run-open-secrets");
+    let bonuses = definitions.bonuses_agent(BONUSES_SCRIPT);
+    let agent = std::path::Path::new(&bonuses).join("agent.toml");
+    let text = std::fs::read_to_string(&agent).unwrap();
+    std::fs::write(
+        &agent,
+        text.replace(
+            "timeout = \"1s\"",
+            "timeout = \"1s\"\nheaders = { Authorization = \"Bearer ${PAYROLL_TOKEN:-t0k3n}\" }",
+        ),
+    )
+    .unwrap();
+    let cs = Countersign::fresh("run-open-secrets").with_env(vec![
+        ("COUNTERSIGN_STORE", "embedded".to_string()),
+        ("COUNTERSIGN_AGENTS", bonuses.clone()),
+        ("COUNTERSIGN_PEOPLE", definitions.people()),
+    ]);
+
+    let open = cs.run(&["review"]);
+
+    assert_eq!(open.exit, 0, "{}", open.stderr);
+    assert!(
+        open.stderr
+            .contains("names no tenants, so every tenant may use it")
+            && open
+                .stderr
+                .contains("tools.pay_bonus.http.headers.Authorization"),
+        "{}",
+        open.stderr
+    );
+    assert!(!open.stderr.contains("t0k3n"), "{}", open.stderr);
+    // Named, no warning.
+    let text = std::fs::read_to_string(&agent).unwrap();
+    std::fs::write(&agent, format!("tenants = [\"acme\"]\n{text}")).unwrap();
+    let named = cs.run(&["review"]);
+    assert!(
+        !named.stderr.contains("names no tenants"),
+        "{}",
+        named.stderr
+    );
 }
 
 #[test]

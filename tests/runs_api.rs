@@ -100,6 +100,35 @@ async fn an_unknown_agent_is_404_and_starts_nothing() {
 }
 
 #[tokio::test]
+async fn an_agent_is_not_found_for_a_tenant_its_definition_does_not_name_as_an_unknown_one_is() {
+    let orders = OrdersService::start("runs-api-tenants");
+    let server = server_beside(&orders, "runs-tenants");
+
+    // zoe is of globex; the refunds agent names acme only.
+    let foreign = server.start_agent("zoe", "refunds", TASK).await;
+    let unknown = server.start_agent("zoe", "payroll", TASK).await;
+
+    assert_refused_naming(&foreign, 404, "not_found", "agent refunds was not found");
+    assert_refused_naming(&unknown, 404, "not_found", "agent payroll was not found");
+    assert_eq!(
+        foreign.json["error"]["message"]
+            .as_str()
+            .unwrap()
+            .replace("refunds", "payroll"),
+        unknown.json["error"]["message"].as_str().unwrap()
+    );
+    let zoes = server.get("/approvals", "zoe").await;
+    assert_eq!(zoes.json["approvals"], json!([]), "{}", zoes.json);
+    // acme's own people start it as ever.
+    let started = server.start_agent("sam", "refunds", TASK).await;
+    assert_eq!(
+        started.json["status"], "awaiting_approval",
+        "{}",
+        started.json
+    );
+}
+
+#[tokio::test]
 async fn an_agent_without_a_task_or_a_task_beside_a_claim_is_400() {
     let server = Server::start("runs-shape");
     for body in [
@@ -122,6 +151,42 @@ async fn an_agent_without_a_task_or_a_task_beside_a_claim_is_400() {
     refused_starting_nothing(&server, &blank, 400, "bad_input", "").await;
     let bad_name = server.start_agent("ben", "../refunds", TASK).await;
     refused_starting_nothing(&server, &bad_name, 400, "invalid_field", "").await;
+}
+
+/// An agent named `name` played by the model API its `[model]` lines give, with no offline
+/// script and no tools.
+fn keyless_agent(dir: &TempDir, name: &str, model: &str) -> String {
+    let agent = format!(
+        "name = \"{name}\"\nsystem_prompt = \"You answer questions.\"\n\n[model]\n{model}\n"
+    );
+    let policy = format!("name = \"{name}\"\nversion = 1\ndefault_ttl = \"1h\"\n");
+    dir.agent(name, &[("agent.toml", &agent), ("policy.toml", &policy)])
+}
+
+#[tokio::test]
+async fn a_run_of_an_agent_whose_model_key_is_unset_is_a_500_naming_the_variable_not_a_503() {
+    let dir = TempDir::new("runs-no-key");
+    let claude = keyless_agent(&dir, "claude-desk", "provider = \"anthropic\"");
+    let oai = keyless_agent(
+        &dir,
+        "oai",
+        "provider = \"openai\"\nid = \"gpt-4o\"\napi_key_env = \"OAI_TEST_KEY\"",
+    );
+    let env = [("COUNTERSIGN_AGENTS", format!("{claude},{oai}"))];
+    let server = Server::start_with_env("runs-no-key", &["--sweep-every", "0s"], &env);
+
+    for (agent, variable) in [
+        ("claude-desk", "ANTHROPIC_API_KEY"),
+        ("oai", "OAI_TEST_KEY"),
+    ] {
+        let reply = server
+            .post("/runs", "sam", json!({"agent": agent, "task": "Hello?"}))
+            .await;
+
+        refused_starting_nothing(&server, &reply, 500, "not_configured", variable).await;
+        let message = reply.json["error"]["message"].as_str().unwrap();
+        assert!(!message.contains("try again"), "{message}");
+    }
 }
 
 #[tokio::test]

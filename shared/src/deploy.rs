@@ -7,15 +7,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use aws_config::{BehaviorVersion, SdkConfig};
-
+pub use crate::adapters::aws_sdk::sdk_config;
 use crate::adapters::dynamodb::DynamoStore;
+use crate::adapters::env_template::setting;
 use crate::adapters::scheduler::{EventBridgeScheduler, ScheduleTarget};
 use crate::adapters::slack::{self, SigningSecret, SlackApp, SlackChannel, WebApi};
 use crate::adapters::sqs::SqsQueue;
-use crate::adapters::trust;
 use crate::adapters::webhook::{self, Webhooks};
-use crate::agents::{self, Definition, Wiring};
+use crate::agents::{self, Definition, Environment, Wiring};
 use crate::domain::identity::Directory;
 use crate::engine::records::IndexShards;
 use crate::engine::{DEFAULT_REMIND_BEFORE, Delivery, Engine, EngineBuilder};
@@ -35,17 +34,10 @@ pub enum StoreKind {
     DynamoDb,
 }
 
-fn var(name: &str) -> Option<String> {
-    std::env::var(name)
-        .ok()
-        .map(|v| v.trim().to_string())
-        .filter(|v| !v.is_empty())
-}
-
 impl StoreKind {
     /// `COUNTERSIGN_STORE`: `embedded` (the default) or `dynamodb`.
     pub fn from_env() -> Result<Self, ConfigError> {
-        match var("COUNTERSIGN_STORE").as_deref() {
+        match setting("COUNTERSIGN_STORE").as_deref() {
             None | Some("embedded") => Ok(StoreKind::Embedded),
             Some("dynamodb") => Ok(StoreKind::DynamoDb),
             Some(other) => Err(ConfigError(format!(
@@ -69,14 +61,15 @@ const HINT: &str = "for a local stack: eval \"$(infra/local-stack up)\"";
 impl AwsSettings {
     pub fn from_env() -> Result<Self, ConfigError> {
         let required = |name: &str, what: &str| {
-            var(name).ok_or_else(|| ConfigError(format!("{name} must name the {what} ({HINT})")))
+            setting(name)
+                .ok_or_else(|| ConfigError(format!("{name} must name the {what} ({HINT})")))
         };
         let table = required("COUNTERSIGN_TABLE", "DynamoDB table")?;
         let queue_url = required("COUNTERSIGN_QUEUE_URL", "SQS FIFO resume queue's URL")?;
         let schedule = match (
-            var("COUNTERSIGN_SCHEDULE_GROUP"),
-            var("COUNTERSIGN_SCHEDULER_ROLE_ARN"),
-            var("COUNTERSIGN_SWEEP_ARN"),
+            setting("COUNTERSIGN_SCHEDULE_GROUP"),
+            setting("COUNTERSIGN_SCHEDULER_ROLE_ARN"),
+            setting("COUNTERSIGN_SWEEP_ARN"),
         ) {
             (Some(group), Some(role), Some(target)) => Some((group, role, target)),
             (None, None, None) => None,
@@ -102,70 +95,8 @@ pub struct Aws {
     pub scheduler: Arc<dyn Scheduler>,
 }
 
-/// The SDK configuration from the environment: region, credentials and `AWS_ENDPOINT_URL`.
-/// Its HTTPS client trusts the system bundle's roots, read once (see `adapters::trust`).
-pub async fn sdk_config() -> SdkConfig {
-    let loader = from_lambda_env(aws_config::defaults(BehaviorVersion::latest()));
-    match trust::bundle_pem() {
-        Some(pem) => loader.http_client(sdk_https_client(pem)),
-        None => loader,
-    }
-    .load()
-    .await
-}
-
-/// Where the environment names the region and holds the credentials, as Lambda's does, the
-/// loader takes them from there, as the default chains would (the environment comes first in
-/// each), without building the chains' other providers (profile, SSO, web identity, ECS,
-/// IMDS): most of the configuration's CPU at start-up.
-fn from_lambda_env(loader: aws_config::ConfigLoader) -> aws_config::ConfigLoader {
-    let region = var("AWS_REGION").or_else(|| var("AWS_DEFAULT_REGION"));
-    let credentials = var("AWS_ACCESS_KEY_ID").is_some() && var("AWS_SECRET_ACCESS_KEY").is_some();
-    let loader = match region {
-        Some(region) => loader.region(aws_config::Region::new(region)),
-        None => loader,
-    };
-    if credentials {
-        loader.credentials_provider(
-            aws_config::environment::EnvironmentVariableCredentialsProvider::new(),
-        )
-    } else {
-        loader
-    }
-}
-
-/// The SDK's default HTTPS client (hyper with rustls on aws-lc, its proxy settings from the
-/// environment), with the given roots instead of the platform loader's.
-fn sdk_https_client(pem: Vec<u8>) -> aws_sdk_dynamodb::config::SharedHttpClient {
-    use aws_smithy_http_client::tls::{self, TlsContext, TrustStore};
-    use aws_smithy_http_client::{Builder, ConnectorBuilder, proxy::ProxyConfig};
-
-    let roots = TrustStore::empty().with_pem_certificate(pem);
-    let context = TlsContext::builder()
-        .with_trust_store(roots)
-        .build()
-        .expect("a TLS context of PEM roots");
-    Builder::new().build_with_connector_fn(move |settings, components| {
-        // Each client built on the configuration probes its HTTP client once (no settings, no
-        // runtime components) and drops what it gets: a plain connector will do, so the roots
-        // are decoded once, for the connector the clients' requests share.
-        let Some(components) = components else {
-            return ConnectorBuilder::default().build_http();
-        };
-        let mut connector = ConnectorBuilder::default()
-            .tls_provider(tls::Provider::Rustls(
-                tls::rustls_provider::CryptoMode::AwsLc,
-            ))
-            .tls_context(context.clone());
-        connector.set_connector_settings(settings.cloned());
-        connector.set_sleep_impl(components.sleep_impl());
-        connector.set_proxy_config(Some(ProxyConfig::from_env()));
-        connector.build()
-    })
-}
-
 impl Aws {
-    pub fn new(config: &SdkConfig, settings: &AwsSettings) -> Self {
+    pub fn new(config: &aws_config::SdkConfig, settings: &AwsSettings) -> Self {
         let store = Arc::new(DynamoStore::new(
             aws_sdk_dynamodb::Client::new(config),
             &settings.table,
@@ -221,7 +152,7 @@ impl Default for Notifications {
 }
 
 fn duration_var(name: &str) -> Result<Option<Duration>, ConfigError> {
-    var(name)
+    setting(name)
         .map(|text| {
             humantime::parse_duration(&text).map_err(|e| {
                 ConfigError(format!(
@@ -239,7 +170,7 @@ impl Notifications {
     /// may take (default 5s). `COUNTERSIGN_PUBLIC_URL`: the review page's public address, which
     /// every notice links to (none: no link).
     pub fn from_env() -> Result<Self, ConfigError> {
-        let public_url = var("COUNTERSIGN_PUBLIC_URL")
+        let public_url = setting("COUNTERSIGN_PUBLIC_URL")
             .map(|text| webhook::public_url(&text))
             .transpose()
             .map_err(|e| ConfigError(format!("COUNTERSIGN_PUBLIC_URL: {e}")))?;
@@ -255,9 +186,9 @@ impl Notifications {
         }
         let rendering = webhook::Rendering {
             public_url: public_url.clone(),
-            buttons: var(SLACK_SIGNING_SECRET).is_some(),
+            buttons: setting(SLACK_SIGNING_SECRET).is_some(),
         };
-        let urls = webhook::split_list(&var("COUNTERSIGN_WEBHOOKS").unwrap_or_default());
+        let urls = webhook::split_list(&setting("COUNTERSIGN_WEBHOOKS").unwrap_or_default());
         let mut notifiers: Vec<Arc<dyn Notifier>> = Vec::new();
         if !urls.is_empty() {
             let webhooks = Webhooks::new(&urls, timeout)
@@ -266,11 +197,12 @@ impl Notifications {
             notifiers.push(Arc::new(webhooks));
         }
         match (
-            var("COUNTERSIGN_SLACK_BOT_TOKEN"),
-            var("COUNTERSIGN_SLACK_CHANNEL"),
+            setting("COUNTERSIGN_SLACK_BOT_TOKEN"),
+            setting("COUNTERSIGN_SLACK_CHANNEL"),
         ) {
             (Some(token), Some(channel)) => {
-                let api = var("COUNTERSIGN_SLACK_API_URL").unwrap_or(slack::SLACK_API_URL.into());
+                let api =
+                    setting("COUNTERSIGN_SLACK_API_URL").unwrap_or(slack::SLACK_API_URL.into());
                 let channel = SlackChannel::new(&api, &token, &channel, timeout)
                     .map_err(|e| ConfigError(format!("COUNTERSIGN_SLACK_CHANNEL: {e}")))?
                     .with_rendering(rendering);
@@ -320,7 +252,7 @@ pub fn mcp_settings_from_env() -> Result<crate::api::mcp::Settings, ConfigError>
             "COUNTERSIGN_MCP_WAIT must be at most 10m".into(),
         ));
     }
-    let public_url = var("COUNTERSIGN_PUBLIC_URL")
+    let public_url = setting("COUNTERSIGN_PUBLIC_URL")
         .map(|text| webhook::public_url(&text))
         .transpose()
         .map_err(|e| ConfigError(format!("COUNTERSIGN_PUBLIC_URL: {e}")))?;
@@ -333,12 +265,12 @@ pub fn mcp_settings_from_env() -> Result<crate::api::mcp::Settings, ConfigError>
 /// file), or else of `directory` (the local server's people directory). Answers go only to
 /// `response_url`s under `COUNTERSIGN_SLACK_HOOKS_URL` (default Slack's own, `https://hooks.slack.com/`).
 pub fn slack_from_env(directory: Option<&Directory>) -> Result<Option<Arc<SlackApp>>, ConfigError> {
-    let Some(secret) = var(SLACK_SIGNING_SECRET) else {
+    let Some(secret) = setting(SLACK_SIGNING_SECRET) else {
         return Ok(None);
     };
     let secret = SigningSecret::new(&secret)
         .map_err(|e| ConfigError(format!("{SLACK_SIGNING_SECRET}: {e}")))?;
-    let people = match var("COUNTERSIGN_SLACK_PEOPLE") {
+    let people = match setting("COUNTERSIGN_SLACK_PEOPLE") {
         Some(path) => {
             let text = std::fs::read_to_string(&path).map_err(|e| {
                 ConfigError(format!("COUNTERSIGN_SLACK_PEOPLE: cannot read {path}: {e}"))
@@ -353,11 +285,11 @@ pub fn slack_from_env(directory: Option<&Directory>) -> Result<Option<Arc<SlackA
             ))
         })?,
     };
-    let hooks = var("COUNTERSIGN_SLACK_HOOKS_URL").unwrap_or(slack::SLACK_HOOKS_URL.into());
+    let hooks = setting("COUNTERSIGN_SLACK_HOOKS_URL").unwrap_or(slack::SLACK_HOOKS_URL.into());
     // With the bot token, Edit opens its form through the Web API; Slack's trigger lasts 3 s.
-    let web = var("COUNTERSIGN_SLACK_BOT_TOKEN")
+    let web = setting("COUNTERSIGN_SLACK_BOT_TOKEN")
         .map(|token| {
-            let api = var("COUNTERSIGN_SLACK_API_URL").unwrap_or(slack::SLACK_API_URL.into());
+            let api = setting("COUNTERSIGN_SLACK_API_URL").unwrap_or(slack::SLACK_API_URL.into());
             WebApi::new(&api, &token, Duration::from_secs(2))
                 .map_err(|e| ConfigError(format!("COUNTERSIGN_SLACK_BOT_TOKEN: {e}")))
         })
@@ -420,8 +352,8 @@ impl Setup {
     /// local process (`command = ...`) is refused: a function cannot keep one running.
     pub fn from_env() -> Result<Self, ConfigError> {
         let setup = Self::load(
-            var("COUNTERSIGN_AGENTS").as_deref(),
-            var("COUNTERSIGN_CLAIMS").map(PathBuf::from).as_deref(),
+            setting("COUNTERSIGN_AGENTS").as_deref(),
+            setting("COUNTERSIGN_CLAIMS").map(PathBuf::from).as_deref(),
         )?;
         refuse_stdio_servers(&setup.definitions)?;
         Ok(setup)
@@ -459,7 +391,7 @@ pub struct Backing {
 /// `COUNTERSIGN_INDEX_SHARDS`: how many partitions each index every tenant writes is split
 /// over (default 16, at most 256). Every process of a deployment must read the same number.
 pub fn index_shards() -> Result<IndexShards, ConfigError> {
-    match var(INDEX_SHARDS) {
+    match setting(INDEX_SHARDS) {
         None => Ok(IndexShards::DEFAULT),
         Some(text) => text
             .parse()
@@ -470,19 +402,27 @@ pub fn index_shards() -> Result<IndexShards, ConfigError> {
 const INDEX_SHARDS: &str = "COUNTERSIGN_INDEX_SHARDS";
 
 /// The one way every entry point builds its engine: each definition bound into an agent (a
-/// model attached only where `drives`: the processes that start and resume runs), notices as
-/// configured, over the given store.
-pub fn engine(backing: Backing, setup: &Setup, drives: bool) -> Result<Engine, ConfigError> {
+/// model attached only where `drives`: the processes that start and resume runs; the variables
+/// its bindings read needed as `environment` says), notices as configured, over the given
+/// store.
+pub fn engine(
+    backing: Backing,
+    setup: &Setup,
+    drives: bool,
+    environment: Environment,
+) -> Result<Engine, ConfigError> {
     let wiring = Wiring {
         drives,
+        environment,
         ..Wiring::new(
             backing.store.clone(),
             backing.clock.clone(),
             setup.claims.clone(),
         )
     };
-    let agents =
-        agents::build_all(&setup.definitions, &wiring).map_err(|e| ConfigError(e.to_string()))?;
+    let agents = wiring
+        .build_all(&setup.definitions)
+        .map_err(|e| ConfigError(e.to_string()))?;
     let builder = Engine::builder(backing.store)
         .index_shards(index_shards()?)
         .agents(agents)
@@ -493,7 +433,9 @@ pub fn engine(backing: Backing, setup: &Setup, drives: bool) -> Result<Engine, C
 }
 
 /// The engine of a function over AWS: resume messages go to the queue, deadlines to the
-/// scheduler.
+/// scheduler. Every function may run a tool (start and resume drive runs, decide takes gate
+/// calls, the sweep asks lookups), so a variable a binding reads that is unset stops it at
+/// start.
 pub fn aws_engine(aws: &Aws, setup: &Setup, drives: bool) -> Result<Engine, ConfigError> {
     let backing = Backing {
         store: aws.store.clone(),
@@ -501,7 +443,7 @@ pub fn aws_engine(aws: &Aws, setup: &Setup, drives: bool) -> Result<Engine, Conf
         scheduler: aws.scheduler.clone(),
         clock: Arc::new(SystemClock),
     };
-    engine(backing, setup, drives)
+    engine(backing, setup, drives, Environment::AtStart)
 }
 
 #[cfg(test)]

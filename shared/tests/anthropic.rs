@@ -196,8 +196,8 @@ async fn a_run_driven_by_the_api_pauses_then_sends_the_held_and_decided_results_
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let definition = agents::shipped_one(expense::AGENT).unwrap();
     let wiring = Wiring::new(store.clone(), clock, expense::default_claims());
-    let agent = definition
-        .build(&wiring)
+    let agent = wiring
+        .build(&definition)
         .unwrap()
         .with_model(Arc::new(AnthropicModel::new(
             "sk-test",

@@ -50,7 +50,7 @@ fn engine(
     let clock: Arc<dyn Clock> = clock;
     let wiring = Wiring::new(store.clone(), clock.clone(), expense::default_claims());
     let agent = agents::shipped_one(expense::AGENT)
-        .and_then(|definition| definition.build(&wiring))
+        .and_then(|definition| wiring.build(&definition))
         .unwrap()
         .with_model(Arc::new(OfflineExpenseAgent));
     Engine::builder(store)

@@ -1,6 +1,6 @@
 //! Agent definitions a team writes, as files in a directory removed when the test ends.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::fresh_path;
 
@@ -50,6 +50,23 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// The shipped refunds definition copied into `into/returns`, renamed "returns", its
+/// `agent.toml` as `edit` leaves it: a team's own agent, two files and no Rust.
+pub fn returns_agent(into: &Path, edit: impl Fn(String) -> String) -> PathBuf {
+    let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("agents/refunds");
+    let dir = into.join("returns");
+    std::fs::create_dir_all(&dir).unwrap();
+    for file in ["agent.toml", "policy.toml", "script.toml"] {
+        let text = std::fs::read_to_string(shipped.join(file)).unwrap();
+        let text = match file {
+            "agent.toml" => edit(text.replacen("name = \"refunds\"", "name = \"returns\"", 1)),
+            _ => text,
+        };
+        std::fs::write(dir.join(file), text).unwrap();
+    }
+    dir
 }
 
 pub const BONUSES_AGENT: &str = r#"name = "bonuses"

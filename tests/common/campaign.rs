@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use aws_sdk_sqs::types::QueueAttributeName;
 use serde_json::Value;
+use shared::agents::Environment;
 use shared::deploy::{self, Backing, Setup};
 use shared::domain::action::ActionStatus;
 use shared::domain::approval::ApprovalStatus;
@@ -842,7 +843,8 @@ impl Campaign {
             scheduler: Arc::new(SweepOnly),
             clock: Arc::new(SystemClock),
         };
-        let engine = deploy::engine(backing, &setup, false).expect("an engine to read with");
+        let engine = deploy::engine(backing, &setup, false, Environment::WhenRun)
+            .expect("an engine to read with");
         let tenant = TenantId::parse("acme").unwrap();
         let mut verdict = Verdict::default();
         // action_id:version -> (approval status, the amount it was approved for)

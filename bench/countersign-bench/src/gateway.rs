@@ -321,13 +321,13 @@ pub async fn run(args: &BenchArgs) -> Result<Output, BenchError> {
         files: &[("agent.toml", &agent_toml), ("policy.toml", POLICY)],
     })
     .map_err(|e| BenchError::Setup(e.to_string()))?;
-    let agent = definition
-        .build(&Wiring::new(
-            store.clone(),
-            Arc::new(SystemClock),
-            shared::example::expense::default_claims(),
-        ))
-        .map_err(|e| BenchError::Setup(e.to_string()))?;
+    let agent = Wiring::new(
+        store.clone(),
+        Arc::new(SystemClock),
+        shared::example::expense::default_claims(),
+    )
+    .build(&definition)
+    .map_err(|e| BenchError::Setup(e.to_string()))?;
     let engine = Arc::new(
         Engine::builder(store)
             .agents([agent])
@@ -335,13 +335,13 @@ pub async fn run(args: &BenchArgs) -> Result<Output, BenchError> {
             .build(),
     );
     let name = AgentName::parse("orders").expect("a well-formed name");
-    shared::agents::prepare(&engine, &name)
+    let tenant = TenantId::parse("acme").expect("a tenant");
+    shared::agents::prepare(&engine, &tenant, &name)
         .await
         .map_err(|e| BenchError::Setup(e.to_string()))?;
 
     let key = rand::random::<[u8; 32]>();
     let auth = BearerJwt::hs256(&key).map_err(|e| BenchError::Setup(e.to_string()))?;
-    let tenant = TenantId::parse("acme").expect("a tenant");
     let person = |name: &str, roles: &[&str]| Identity {
         tenant: tenant.clone(),
         person: PersonId::parse(name).expect("a person"),

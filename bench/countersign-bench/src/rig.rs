@@ -238,10 +238,12 @@ fn engine(
     let clock: Arc<dyn Clock> = clock;
     let wiring = Wiring::new(store.clone(), clock.clone(), claims);
     // The shipped expense definition, played by the bench's own scripted model.
-    let agent = agents::shipped_one(expense::AGENT)
-        .and_then(|definition| definition.build(&wiring))
+    let mut agent = agents::shipped_one(expense::AGENT)
+        .and_then(|definition| wiring.build(&definition))
         .expect("the shipped expense agent builds")
         .with_model(Arc::new(ScriptedAgent));
+    // The bench runs it for a tenant of its own, not the shipped definition's acme.
+    agent.tenants = None;
     Engine::builder(store)
         .agent(agent)
         .clock(clock)

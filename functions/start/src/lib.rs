@@ -119,7 +119,7 @@ impl Start {
             Some(ttl) => Some(humantime::parse_duration(ttl).map_err(|e| bad("ttl", &e))?),
             None => None,
         };
-        shared::agents::prepare(&self.engine, &run.agent).await?;
+        shared::agents::prepare(&self.engine, &run.tenant, &run.agent).await?;
         Ok(self.engine.start(run).await?)
     }
 }

@@ -15,6 +15,8 @@ use crate::ports::model::{Model, ModelError, ModelReply, ModelRequest, TurnUsage
 
 pub const DEFAULT_BASE_URL: &str = "https://api.anthropic.com";
 pub const DEFAULT_MODEL: &str = "claude-sonnet-4-5";
+/// The variable that holds the API key.
+pub const KEY_VARIABLE: &str = "ANTHROPIC_API_KEY";
 const API_VERSION: &str = "2023-06-01";
 
 pub struct AnthropicModel {
@@ -43,7 +45,7 @@ impl AnthropicModel {
             header: HeaderName::from_static("x-api-key"),
             prefix: "",
             key: api_key,
-            variable: "ANTHROPIC_API_KEY",
+            variable: KEY_VARIABLE,
         };
         if let Ok(url) = reqwest::Url::parse(base_url) {
             model_api::refuse_credentials(&url)
@@ -65,7 +67,7 @@ impl AnthropicModel {
         max_tokens: u32,
         turn_timeout: Duration,
     ) -> Result<Option<Self>, String> {
-        let Some(key) = std::env::var("ANTHROPIC_API_KEY")
+        let Some(key) = std::env::var(KEY_VARIABLE)
             .ok()
             .filter(|k| !k.trim().is_empty())
         else {

@@ -75,7 +75,7 @@ impl BedrockModel {
     async fn client(&self) -> &Client {
         self.client
             .get_or_init(|| async {
-                let config = crate::deploy::sdk_config().await;
+                let config = super::aws_sdk::sdk_config().await;
                 self.client_of((&config).into())
             })
             .await

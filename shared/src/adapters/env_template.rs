@@ -1,8 +1,8 @@
 //! `${NAME}` in a tool binding's settings (a URL, a header value), filled from the process
 //! environment when the binding is built; `${NAME:-default}` falls back to the default. A
 //! variable that is unset with no default fails the build at once, naming the field and the
-//! variable; the values themselves are never echoed, and every one filled in is a secret
-//! ([`Secrets`]).
+//! variable (where the process runs tools; elsewhere the tool is one it cannot run); the values
+//! themselves are never echoed, and every one filled in is a secret ([`Secrets`]).
 
 use super::secrets::{self, MIN_SECRET_BYTES, Secrets};
 
@@ -12,6 +12,14 @@ pub type Lookup<'a> = &'a dyn Fn(&str) -> Option<String>;
 /// The process environment, as a [`Lookup`].
 pub fn process_env(name: &str) -> Option<String> {
     std::env::var(name).ok()
+}
+
+/// A setting of the process environment, trimmed; `None` when unset, empty or blank.
+pub fn setting(name: &str) -> Option<String> {
+    std::env::var(name)
+        .ok()
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -21,8 +21,9 @@
 //!
 //! The contract:
 //! - `${VAR}` in the URL and in header values is filled from the environment when the binding
-//!   is resolved, at start-up; an unset variable fails at once, naming the field. A URL with
-//!   credentials (`http://user:password@host`) is refused: they belong in a header.
+//!   is resolved, at start-up; an unset variable fails at once, naming the field (a process
+//!   that runs no tools binds the tool as one it cannot run instead: `agents/wiring.rs`). A URL
+//!   with credentials (`http://user:password@host`) is refused: they belong in a header.
 //! - `{name}` in the URL's path is filled from the call's top-level argument `name` (a string or
 //!   an integer), percent-encoded as one path segment, `:` left as is (RFC 3986 allows it in a
 //!   segment); `{idempotency_key}` is the call's key, `act_…:1` as is. A missing argument fails

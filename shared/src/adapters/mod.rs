@@ -1,6 +1,7 @@
 //! Adapters: the ports implemented on real things.
 
 pub mod anthropic;
+pub mod aws_sdk;
 pub mod bedrock;
 pub mod dynamodb;
 pub mod env_template;

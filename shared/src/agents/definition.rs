@@ -1,30 +1,26 @@
 //! One agent definition: `agent.toml` parsed and checked, its policy and offline script read.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::mcp::{self, BoundMcpTool, LazyServer, McpTools};
-use super::{DEFINITION_FILE, DefinitionError, Files, Wiring, schema};
-use crate::adapters::anthropic::AnthropicModel;
-use crate::adapters::bedrock::BedrockModel;
-use crate::adapters::env_template::{self, BindingError, Lookup};
-use crate::adapters::http_tool::{HttpBinding, HttpTool, parse_duration};
-use crate::adapters::mcp_tool::{McpServerBinding, McpToolBinding, SERVER_FORMS};
+use super::mcp;
+use super::{DEFINITION_FILE, DefinitionError, Files, schema};
+use crate::adapters::env_template::{self, BindingError};
+use crate::adapters::http_tool::{HttpBinding, parse_duration};
+use crate::adapters::mcp_tool::{
+    Endpoint as McpEndpoint, McpServerBinding, McpToolBinding, SERVER_FORMS,
+};
 use crate::adapters::model_api::DEFAULT_TURN_TIMEOUT;
-use crate::adapters::openai::{self, OpenAiEndpoint, OpenAiModel};
-use crate::adapters::scripted::{Script, ScriptedModel};
-use crate::adapters::secrets::Secrets;
-use crate::domain::action::ToolOutcome;
-use crate::domain::ids::{AgentName, Role};
+use crate::adapters::openai;
+use crate::adapters::scripted::Script;
+use crate::domain::ids::{AgentName, Role, TenantId};
 use crate::domain::policy::Policy;
-use crate::engine::{Agent, Limits};
-use crate::example::expense::{self, OfflineExpenseAgent};
-use crate::ports::model::{Model, ToolSpec};
-use crate::ports::tools::{Tool, Toolbox};
+use crate::engine::Limits;
+use crate::ports::model::ToolSpec;
 
 /// The most model turns and tokens a definition may ask for, and the longest time per turn.
 const MAX_TURNS: u32 = 64;
@@ -107,7 +103,7 @@ pub struct ToolDefinition {
 
 impl ToolDefinition {
     /// Whether its input schema is the one its MCP server lists (the entry gives none).
-    fn schema_is_listed(&self) -> bool {
+    pub(super) fn schema_is_listed(&self) -> bool {
         matches!(
             self.binding,
             ToolBinding::Mcp {
@@ -135,6 +131,8 @@ pub struct Definition {
     /// `[mcp.<server>]`: the MCP servers its tools come from, by the name it gives them.
     pub mcp: BTreeMap<String, McpServerBinding>,
     pub recovery_owner: Option<Role>,
+    /// The tenants that may use the agent (`tenants = ["acme"]`); `None`: every tenant.
+    pub tenants: Option<BTreeSet<TenantId>>,
 }
 
 #[derive(Deserialize)]
@@ -146,6 +144,7 @@ struct RawDefinition {
     policy: String,
     system_prompt: String,
     recovery_owner: Option<String>,
+    tenants: Option<Vec<String>>,
     model: Option<RawModel>,
     #[serde(default)]
     tools: BTreeMap<String, RawTool>,
@@ -217,6 +216,11 @@ impl Definition {
             .map(Role::parse)
             .transpose()
             .map_err(|e| err("recovery_owner", e.to_string()))?;
+
+        let tenants = raw
+            .tenants
+            .map(|names| tenants(&names).map_err(|why| err("tenants", why)))
+            .transpose()?;
 
         let policy_file = files.label(&raw.policy);
         let policy = Policy::from_toml(&files.read(&raw.policy)?)
@@ -321,7 +325,64 @@ impl Definition {
             tools,
             mcp: servers,
             recovery_owner,
+            tenants,
         })
+    }
+
+    /// Where a definition open to every tenant (no `tenants`) binds a secret: the first field
+    /// of a binding that holds one (a header, a value a `${VAR}` fills in, a stdio server's
+    /// env). Such an agent lends whatever the secret opens to every tenant of the deployment.
+    pub fn secret_open_to_every_tenant(&self) -> Option<String> {
+        if self.tenants.is_some() {
+            return None;
+        }
+        let http = self.tools.iter().filter_map(|tool| match &tool.binding {
+            ToolBinding::Http(binding) => Some((format!("tools.{}.http", tool.name), binding)),
+            _ => None,
+        });
+        for (field, binding) in http {
+            let lookup = binding.reconcile.as_ref().map(|r| (&r.url, &r.headers));
+            let requests = [(field.clone(), &binding.url, &binding.headers)]
+                .into_iter()
+                .chain(lookup.map(|(url, headers)| (format!("{field}.reconcile"), url, headers)));
+            for (field, url, headers) in requests {
+                if let Some(header) = headers.0.keys().next() {
+                    return Some(format!("{field}.headers.{header}"));
+                }
+                if env_template::mentions_env(url) {
+                    return Some(format!("{field}.url"));
+                }
+            }
+        }
+        for (name, server) in &self.mcp {
+            let field = format!("mcp.{name}");
+            let texts: Vec<(&str, &String)> = match &server.endpoint {
+                McpEndpoint::Http { url, headers } => {
+                    if let Some(header) = headers.keys().next() {
+                        return Some(format!("{field}.headers.{header}"));
+                    }
+                    vec![("url", url)]
+                }
+                McpEndpoint::Stdio {
+                    command,
+                    args,
+                    env,
+                    cwd,
+                } => {
+                    if let Some(var) = env.keys().next() {
+                        return Some(format!("{field}.env.{var}"));
+                    }
+                    let mut texts = vec![("command", command)];
+                    texts.extend(args.iter().map(|arg| ("args", arg)));
+                    texts.extend(cwd.iter().map(|cwd| ("cwd", cwd)));
+                    texts
+                }
+            };
+            if let Some((at, _)) = texts.iter().find(|(_, t)| env_template::mentions_env(t)) {
+                return Some(format!("{field}.{at}"));
+            }
+        }
+        None
     }
 
     /// The servers under `[mcp.*]` that this process would start (`command = ...`), by name.
@@ -331,224 +392,7 @@ impl Definition {
             .filter(|(_, binding)| binding.is_stdio())
             .map(|(name, _)| name.as_str())
     }
-
-    /// Binds the tools (resolving `${VAR}` from the environment) and, for a process that drives
-    /// runs, the model: the Anthropic API with `ANTHROPIC_API_KEY`, else the offline one.
-    pub fn build(&self, wiring: &Wiring<'_>) -> Result<Agent, DefinitionError> {
-        let mut toolbox = Toolbox::new();
-        let mut claimant_args = BTreeMap::new();
-        let builtins = expense::toolbox(
-            wiring.claims.clone(),
-            self.policy.clone(),
-            wiring.store.clone(),
-            wiring.clock.clone(),
-        );
-        let mut servers = BTreeMap::new();
-        for (name, binding) in &self.mcp {
-            let resolved = binding
-                .resolve(&format!("mcp.{name}"), wiring.env)
-                .map_err(|e| binding_error(&self.file, e))?;
-            servers.insert(name.clone(), LazyServer::new(resolved));
-        }
-        for tool in &self.tools {
-            let field = format!("tools.{}", tool.name);
-            let bound: Arc<dyn Tool> = match &tool.binding {
-                ToolBinding::Builtin(name) => {
-                    let short = name.trim_start_matches("expense.");
-                    builtins.get(short).cloned().ok_or_else(|| {
-                        DefinitionError::new(&self.file, &field, format!("no built-in tool {name}"))
-                    })?
-                }
-                ToolBinding::Http(binding) => {
-                    let resolved = binding
-                        .resolve(&format!("{field}.http"), wiring.env)
-                        .map_err(|e| binding_error(&self.file, e))?;
-                    let spec = tool.spec.clone().expect("an HTTP tool has its spec");
-                    if let Some((at, missing)) = resolved
-                        .named_arguments()
-                        .into_iter()
-                        .find(|(_, arg)| spec.input_schema["properties"].get(*arg).is_none())
-                    {
-                        let named = match at.ends_with("url") {
-                            true => format!("{{{missing}}}"),
-                            false => missing.to_string(),
-                        };
-                        return Err(DefinitionError::new(
-                            &self.file,
-                            &format!("{field}.http.{at}"),
-                            format!("{named} is not one of the tool's arguments"),
-                        ));
-                    }
-                    if wiring.drives {
-                        wiring.http.get();
-                    }
-                    Arc::new(HttpTool::new(spec, resolved, wiring.http.clone()))
-                }
-                ToolBinding::Caller { lease } => Arc::new(CallerTool {
-                    spec: tool.spec.clone().expect("a caller-run tool has its spec"),
-                    lease: *lease,
-                }),
-                ToolBinding::Mcp {
-                    binding,
-                    description,
-                    input_schema,
-                } => Arc::new(BoundMcpTool {
-                    name: tool.name.clone(),
-                    server: servers[&binding.server].clone(),
-                    remote: binding.tool.clone(),
-                    description: description.clone(),
-                    input_schema: input_schema.clone(),
-                }),
-            };
-            if bound.spec().name != tool.name {
-                return Err(DefinitionError::new(
-                    &self.file,
-                    &field,
-                    format!("the built-in tool is named {}", bound.spec().name),
-                ));
-            }
-            // An MCP entry without a schema of its own is checked once its server lists it.
-            if !tool.schema_is_listed() {
-                self.policy
-                    .check_fields(&tool.name, &bound.spec().input_schema)
-                    .map_err(|(field, why)| DefinitionError::new(&self.policy_file, &field, why))?;
-            }
-            toolbox = toolbox.with(bound);
-            if let Some(arg) = &tool.claimant {
-                claimant_args.insert(tool.name.clone(), arg.clone());
-            }
-        }
-        if !servers.is_empty() {
-            // An entry's own schema was checked at load; the listing's is checked once listed.
-            let schema_listed = || self.tools.iter().filter(|tool| tool.schema_is_listed());
-            toolbox = toolbox.with_source(Arc::new(McpTools {
-                file: self.file.clone(),
-                policy_file: self.policy_file.clone(),
-                servers,
-                entries: self
-                    .tools
-                    .iter()
-                    .map(|tool| {
-                        let remote = match &tool.binding {
-                            ToolBinding::Mcp { binding, .. } => {
-                                Some((binding.server.clone(), binding.tool.clone()))
-                            }
-                            _ => None,
-                        };
-                        (tool.name.clone(), remote)
-                    })
-                    .collect(),
-                claimants: schema_listed()
-                    .filter_map(|tool| Some((tool.name.clone(), tool.claimant.clone()?)))
-                    .collect(),
-                listed_schemas: schema_listed().map(|tool| tool.name.clone()).collect(),
-                policy: self.policy.clone(),
-                script_tools: match self.model.as_ref().and_then(|m| m.offline.as_ref()) {
-                    Some(Offline::Script(script)) => script.tools().map(str::to_string).collect(),
-                    _ => Vec::new(),
-                },
-                listed: Default::default(),
-            }));
-        }
-        let mut agent = Agent::new(self.name.clone(), self.policy.clone())
-            .with_tools(toolbox)
-            .with_system_prompt(self.system_prompt.clone())
-            .with_limits(Limits {
-                max_model_turns: self
-                    .model
-                    .as_ref()
-                    .map_or(Limits::default().max_model_turns, |m| m.max_turns),
-                ..Limits::default()
-            });
-        agent.gateway_only = self.model.is_none();
-        agent.claimant_args = claimant_args;
-        agent.recovery_owner = self.recovery_owner.clone();
-        if wiring.drives
-            && let Some(model) = self.model(wiring.env)?
-        {
-            agent = agent.with_model(model);
-        }
-        Ok(agent)
-    }
-
-    /// The model that plays this agent here: the provider's API when its key is set (Claude
-    /// with `ANTHROPIC_API_KEY`; an OpenAI-compatible API with its `api_key_env`, or without a
-    /// key when it names none), else the offline one, if the definition has one.
-    fn model(&self, env: Lookup<'_>) -> Result<Option<Arc<dyn Model>>, DefinitionError> {
-        let Some(settings) = self.model.as_ref() else {
-            return Ok(None);
-        };
-        let refused = |field: &str, why: String| DefinitionError::new(&self.file, field, why);
-        let on_bedrock = env(BEDROCK_MODEL_VAR).filter(|id| !id.trim().is_empty());
-        match (settings.provider, on_bedrock) {
-            (Provider::Scripted, _) => {}
-            (_, Some(id)) => return Ok(Some(Arc::new(settings.bedrock(id.trim())))),
-            (Provider::Bedrock, None) => return Ok(Some(Arc::new(settings.bedrock(&settings.id)))),
-            _ => {}
-        }
-        match (settings.provider, &settings.endpoint) {
-            (Provider::Anthropic, _) => {
-                let found = AnthropicModel::from_env_for(
-                    &settings.id,
-                    settings.max_tokens,
-                    settings.turn_timeout,
-                )
-                .map_err(|why| refused("model", why))?;
-                if let Some(model) = found {
-                    return Ok(Some(Arc::new(model)));
-                }
-            }
-            (Provider::OpenAi, Some(endpoint)) => {
-                let key = match &endpoint.api_key_env {
-                    None => Some(None),
-                    Some(var) => env(var)
-                        .filter(|k| !k.trim().is_empty())
-                        .map(|k| Some((k.trim().to_string(), var.as_str()))),
-                };
-                if let Some(key) = key {
-                    let mut secrets = Secrets::default();
-                    let base_url = env_template::expand_into(
-                        &endpoint.base_url,
-                        "model.base_url",
-                        env,
-                        &mut secrets,
-                    )
-                    .map_err(|e| binding_error(&self.file, BindingError::Env(e)))?;
-                    let api = OpenAiEndpoint {
-                        base_url: &base_url,
-                        secrets,
-                        key: key.as_ref().map(|(key, var)| (key.as_str(), *var)),
-                        turn_timeout: settings.turn_timeout,
-                    };
-                    let model = OpenAiModel::new(api, &settings.id, settings.max_tokens)
-                        .map_err(|why| refused("model.base_url", why))?;
-                    return Ok(Some(Arc::new(model)));
-                }
-            }
-            _ => {}
-        }
-        Ok(match settings.offline.as_ref() {
-            None => None,
-            Some(Offline::Script(script)) => Some(Arc::new(ScriptedModel::new(
-                format!("{}-script", self.name),
-                script.clone(),
-            ))),
-            Some(Offline::Expense) => Some(Arc::new(OfflineExpenseAgent)),
-        })
-    }
 }
-
-impl ModelSettings {
-    /// Bedrock playing model `id` with these settings.
-    fn bedrock(&self, id: &str) -> BedrockModel {
-        BedrockModel::new(id, self.max_tokens, self.turn_timeout)
-    }
-}
-
-/// Set (a model id or inference profile), every definition whose provider is a model API is
-/// played by Bedrock with that model: how an AWS deployment moves its agents to Bedrock
-/// without editing them.
-pub const BEDROCK_MODEL_VAR: &str = "COUNTERSIGN_BEDROCK_MODEL";
 
 fn model_settings(
     raw: RawModel,
@@ -846,6 +690,25 @@ fn tool_definition(
     })
 }
 
+/// `tenants = [...]`: at least one tenant id, none twice.
+fn tenants(names: &[String]) -> Result<BTreeSet<TenantId>, String> {
+    if names.is_empty() {
+        return Err(
+            "names no tenant, so none could use the agent: name at least one, or leave tenants \
+             out for every tenant"
+                .into(),
+        );
+    }
+    let mut tenants = BTreeSet::new();
+    for name in names {
+        let tenant = TenantId::parse(name).map_err(|e| e.to_string())?;
+        if !tenants.insert(tenant) {
+            return Err(format!("names {name} twice"));
+        }
+    }
+    Ok(tenants)
+}
+
 /// 1 to 64 letters, digits, '_' or '-': a tool's or a server's name.
 fn valid_name(name: &str) -> bool {
     !name.is_empty()
@@ -856,7 +719,7 @@ fn valid_name(name: &str) -> bool {
 }
 
 /// A binding's error as the definition's, naming the field it sits at.
-fn binding_error(file: &str, error: BindingError) -> DefinitionError {
+pub(super) fn binding_error(file: &str, error: BindingError) -> DefinitionError {
     use crate::adapters::env_template::EnvError;
     match error {
         BindingError::Env(EnvError::Unset { field, var }) => DefinitionError::new(
@@ -873,42 +736,17 @@ fn binding_error(file: &str, error: BindingError) -> DefinitionError {
     }
 }
 
-/// A tool its caller runs: described here, never called here.
-struct CallerTool {
-    spec: ToolSpec,
-    lease: std::time::Duration,
-}
-
-#[async_trait::async_trait]
-impl Tool for CallerTool {
-    fn spec(&self) -> ToolSpec {
-        self.spec.clone()
-    }
-
-    async fn call(&self, _call: crate::ports::tools::ToolCall<'_>) -> ToolOutcome {
-        ToolOutcome::Failed {
-            error: format!(
-                "{} runs in its caller's process, never in Countersign: not executed",
-                self.spec.name
-            ),
-        }
-    }
-
-    fn caller_lease(&self) -> Option<std::time::Duration> {
-        Some(self.lease)
-    }
-}
-
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::adapters::mcp_tool::Endpoint;
     use crate::agents::InMemory;
 
     /// Refunds wait for finance; tools the server calls read-only run.
-    const POLICY: &str = include_str!("../../tests/fixtures/policies/orders-refunds.toml");
+    pub(crate) const POLICY: &str =
+        include_str!("../../tests/fixtures/policies/orders-refunds.toml");
 
-    fn load(agent: &str, policy: &str) -> Result<Definition, DefinitionError> {
+    pub(crate) fn load(agent: &str, policy: &str) -> Result<Definition, DefinitionError> {
         let agent = format!("name = \"orders\"\nsystem_prompt = \"Refund orders.\"\n{agent}");
         Definition::load(&InMemory {
             dir: "test",
@@ -917,57 +755,15 @@ mod tests {
     }
 
     /// The definition of `agent` under the test policy, which must load.
-    fn loaded(agent: &str) -> Definition {
+    pub(crate) fn loaded(agent: &str) -> Definition {
         load(agent, POLICY).expect("the definition loads")
     }
 
-    fn refused(agent: &str, policy: &str) -> DefinitionError {
+    pub(crate) fn refused(agent: &str, policy: &str) -> DefinitionError {
         load(agent, policy).expect_err("the definition is refused")
     }
 
-    #[test]
-    fn only_a_process_that_drives_runs_builds_the_http_tools_client_when_binding() {
-        let dir = crate::testing::scratch_dir("wiring");
-        let store: Arc<dyn crate::ports::store::ItemStore> =
-            Arc::new(crate::adapters::sqlite::SqliteStore::open_dir(&dir).unwrap());
-        let refunds = crate::agents::shipped_one("refunds").unwrap();
-        assert!(matches!(refunds.tools[0].binding, ToolBinding::Http(_)));
-        for drives in [false, true] {
-            let wiring = Wiring {
-                drives,
-                ..Wiring::new(
-                    store.clone(),
-                    Arc::new(crate::ports::clock::SystemClock),
-                    crate::example::expense::default_claims(),
-                )
-            };
-            refunds.build(&wiring).expect("the refunds agent binds");
-            assert_eq!(wiring.http.is_built(), drives, "drives: {drives}");
-        }
-        std::fs::remove_dir_all(dir).ok();
-    }
-
-    /// What building `agent` under the test policy, with no environment, is refused with.
-    fn build_refused(agent: &str) -> DefinitionError {
-        let dir = crate::testing::scratch_dir("http-binding");
-        let store: Arc<dyn crate::ports::store::ItemStore> =
-            Arc::new(crate::adapters::sqlite::SqliteStore::open_dir(&dir).unwrap());
-        let wiring = Wiring {
-            env: &|_| None,
-            ..Wiring::new(
-                store,
-                Arc::new(crate::ports::clock::SystemClock),
-                crate::example::expense::default_claims(),
-            )
-        };
-        let Err(error) = loaded(agent).build(&wiring) else {
-            panic!("the definition should not build");
-        };
-        std::fs::remove_dir_all(dir).ok();
-        error
-    }
-
-    const REFUND_TOOL: &str = r#"
+    pub(crate) const REFUND_TOOL: &str = r#"
 [tools.issue_refund]
 description = "Refund an order."
 input_schema = { type = "object", properties = { order_id = { type = "string" } } }
@@ -1029,109 +825,6 @@ input_schema = { type = "object", properties = { order_id = { type = "string" } 
             assert_eq!(error.field, field, "{agent}");
             assert!(error.to_string().contains(saying), "{error}");
         }
-    }
-
-    #[test]
-    fn an_http_url_with_credentials_is_refused_naming_the_file_and_field_not_the_credentials() {
-        let error = build_refused(&format!(
-            "{REFUND_TOOL}[tools.issue_refund.http]\nmethod = \"POST\"\n\
-             url = \"http://refunder:hunter22@orders.example/orders/{{order_id}}/refunds\"\n"
-        ));
-        assert_eq!(error.file, "test/agent.toml");
-        assert_eq!(error.field, "tools.issue_refund.http.url");
-        assert!(error.message.contains("in a header"), "{error}");
-        assert!(!error.to_string().contains("hunter22"), "{error}");
-    }
-
-    #[test]
-    fn a_lookup_query_argument_the_schema_lacks_names_its_field() {
-        let error = build_refused(&format!(
-            "{REFUND_TOOL}[tools.issue_refund.http]\nmethod = \"POST\"\n\
-             url = \"http://orders.example/orders/{{order_id}}/refunds\"\n\
-             [tools.issue_refund.http.reconcile]\nmethod = \"GET\"\n\
-             url = \"http://orders.example/refunds/by-key/{{idempotency_key}}\"\n\
-             query = [\"customer\"]\n"
-        ));
-        assert_eq!(error.file, "test/agent.toml");
-        assert_eq!(error.field, "tools.issue_refund.http.reconcile.query");
-        assert!(
-            error
-                .message
-                .contains("customer is not one of the tool's arguments"),
-            "{error}"
-        );
-    }
-
-    /// An HTTP refund tool whose amount is `amount_cents`, an integer the schema requires.
-    const GATED_REFUND_TOOL: &str = r#"
-[tools.issue_refund]
-description = "Refunds an order."
-input_schema = { type = "object", properties = { order_id = { type = "string" }, amount_cents = { type = "integer" }, note = { type = "string" }, tip = { type = "number" } }, required = ["order_id", "amount_cents"] }
-http = { method = "POST", url = "http://127.0.0.1:9/orders/{order_id}/refunds" }
-"#;
-
-    /// Building `tool` under a policy gating it with `rule` (its `amount_field`).
-    fn built_gated(tool: &str, rule: &str) -> Result<(), DefinitionError> {
-        let policy = format!(
-            "name = \"refunds\"\nversion = 1\ndefault_ttl = \"1h\"\n[tools.issue_refund]\ndecision = \"approve\"\napprover_role = \"finance\"\n{rule}\n[[tools.issue_refund.thresholds]]\nabove = \"$100\"\nquorum = 1\nreason = \"Large refunds need finance.\"\n"
-        );
-        let definition = load(tool, &policy).expect("the files parse");
-        let dir = crate::testing::scratch_dir("amount-field");
-        let store: Arc<dyn crate::ports::store::ItemStore> =
-            Arc::new(crate::adapters::sqlite::SqliteStore::open_dir(&dir).unwrap());
-        let wiring = Wiring::new(
-            store,
-            Arc::new(crate::ports::clock::SystemClock),
-            crate::example::expense::default_claims(),
-        );
-        let built = definition.build(&wiring).map(|_| ());
-        std::fs::remove_dir_all(dir).ok();
-        built
-    }
-
-    #[test]
-    fn a_policy_amount_field_must_be_a_required_integer_argument_of_its_tool() {
-        assert_eq!(
-            built_gated(GATED_REFUND_TOOL, "amount_field = \"amount_cents\""),
-            Ok(())
-        );
-        let cases = [
-            (
-                "amount_field = \"amount\"",
-                "tools.issue_refund.amount_field",
-                "amount is not one of issue_refund's arguments",
-            ),
-            (
-                "amount_field = \"tip\"",
-                "tools.issue_refund.amount_field",
-                "issue_refund's argument tip must have type \"integer\" (whole cents)",
-            ),
-            (
-                "amount_field = \"note\"",
-                "tools.issue_refund.amount_field",
-                "issue_refund's argument note must have type \"integer\" (whole cents)",
-            ),
-        ];
-        for (rule, field, message) in cases {
-            let error = built_gated(GATED_REFUND_TOOL, rule).expect_err(rule);
-            assert_eq!(error.file, "test/policy.toml", "{rule}");
-            assert_eq!(error.field, field, "{rule}");
-            assert_eq!(error.message, message, "{rule}");
-        }
-    }
-
-    #[test]
-    fn a_policy_amount_field_the_schema_does_not_require_is_refused() {
-        let optional = GATED_REFUND_TOOL.replace(
-            r#"required = ["order_id", "amount_cents"]"#,
-            r#"required = ["order_id"]"#,
-        );
-        let error = built_gated(&optional, "amount_field = \"amount_cents\"").expect_err("refused");
-        assert_eq!(error.field, "tools.issue_refund.amount_field");
-        assert_eq!(
-            error.message,
-            "issue_refund's input schema must list amount_cents under required"
-        );
     }
 
     #[test]
@@ -1392,7 +1085,7 @@ description = "Refund an order."
     }
 
     /// `model` over an MCP server that lists every tool of the test policy.
-    fn listed(model: &str) -> Definition {
+    pub(crate) fn listed(model: &str) -> Definition {
         loaded(&format!(
             "{model}\n[mcp.orders]\nurl = \"http://x/mcp\"\ntools = \"*\"\n"
         ))
@@ -1452,52 +1145,73 @@ description = "Refund an order."
     }
 
     #[test]
-    fn an_openai_model_is_played_by_its_api_when_its_key_is_set_and_offline_otherwise() {
-        let definition = listed(
-            "[model]\nprovider = \"openai\"\nid = \"gpt-4o\"\n\
-             base_url = \"${LLM_URL:-http://127.0.0.1:4000}/v1\"\napi_key_env = \"LLM_KEY\"\n",
-        );
-        let with_key = |var: &str| (var == "LLM_KEY").then(|| "sk-test".to_string());
-        let model = definition
-            .model(&with_key)
-            .unwrap()
-            .expect("the API plays it");
-        assert_eq!(model.name(), "gpt-4o");
-        assert!(
-            definition.model(&|_| None).unwrap().is_none(),
-            "no key and no offline script: no model here"
-        );
-        let keyless = listed(
-            "[model]\nprovider = \"openai\"\nid = \"llama3.1\"\n\
-             base_url = \"http://127.0.0.1:11434/v1\"\napi_key_env = \"\"\n",
-        );
-        assert!(keyless.model(&|_| None).unwrap().is_some());
+    fn tenants_name_who_may_use_the_agent_and_an_empty_or_repeated_list_is_refused() {
+        let named = listed("tenants = [\"acme\", \"globex\"]");
+        let names: Vec<&str> = named.tenants.iter().flatten().map(|t| t.as_str()).collect();
+        assert_eq!(names, ["acme", "globex"]);
+        assert_eq!(listed("").tenants, None, "without it, every tenant");
+
+        for (line, says) in [
+            ("tenants = []", "name at least one"),
+            ("tenants = [\"acme\", \"acme\"]", "names acme twice"),
+            ("tenants = [\"acme corp\"]", "is not valid"),
+        ] {
+            let error = refused(
+                &format!("{line}\n[mcp.orders]\nurl = \"http://x/mcp\"\ntools = \"*\"\n"),
+                POLICY,
+            );
+            assert_eq!(
+                (error.file.as_str(), error.field.as_str()),
+                ("test/agent.toml", "tenants")
+            );
+            assert!(error.message.contains(says), "{line}: {error}");
+        }
     }
 
     #[test]
-    fn bedrock_plays_a_bedrock_definition_and_any_api_definition_once_the_deployment_names_its_model()
-     {
-        let bedrock = listed(
-            "[model]\nprovider = \"bedrock\"\nid = \"us.anthropic.claude-sonnet-4-5-20250929-v1:0\"\n",
-        );
-        let model = bedrock.model(&|_| None).unwrap().unwrap();
-        assert_eq!(model.name(), "us.anthropic.claude-sonnet-4-5-20250929-v1:0");
-        let no_id = refused("[model]\nprovider = \"bedrock\"\n", POLICY);
-        assert_eq!(no_id.field, "model.id");
-
-        let deployed = |var: &str| {
-            (var == BEDROCK_MODEL_VAR).then(|| "anthropic.claude-3-5-haiku-20241022-v1:0".into())
+    fn a_definition_open_to_every_tenant_names_the_first_binding_that_holds_a_secret() {
+        let policy = "name = \"o\"\nversion = 1\ndefault_ttl = \"1h\"\n";
+        let secret = |agent: &str| load(agent, policy).unwrap().secret_open_to_every_tenant();
+        let http = |extra: &str| {
+            format!(
+                "{REFUND_TOOL}[tools.issue_refund.http]\nmethod = \"POST\"\n{extra}\n\
+                 [tools.issue_refund.http.reconcile]\nmethod = \"GET\"\n\
+                 url = \"http://o.example/refunds/by-key/{{idempotency_key}}\"\n"
+            )
         };
-        for table in [
-            "[model]\nprovider = \"anthropic\"\n",
-            "[model]\nprovider = \"openai\"\nid = \"gpt-4o\"\n",
-        ] {
-            let model = listed(table).model(&deployed).unwrap().unwrap();
-            assert_eq!(
-                model.name(),
-                "anthropic.claude-3-5-haiku-20241022-v1:0",
-                "{table}"
-            );
-        }
+        let plain = http("url = \"http://o.example/refunds\"");
+        assert_eq!(secret(&plain), None);
+        assert_eq!(
+            secret(&http(
+                "url = \"http://o.example/refunds\"\nheaders = { Authorization = \"Bearer t\" }"
+            )),
+            Some("tools.issue_refund.http.headers.Authorization".into())
+        );
+        assert_eq!(
+            secret(&http("url = \"${ORDERS_URL:-http://o.example}/refunds\"")),
+            Some("tools.issue_refund.http.url".into())
+        );
+        let server = |body: &str| format!("[mcp.files]\n{body}\ntools = \"*\"\n");
+        assert_eq!(
+            secret(&server(
+                "command = \"npx\"\nenv = { GITHUB_TOKEN = \"ghp\" }"
+            )),
+            Some("mcp.files.env.GITHUB_TOKEN".into())
+        );
+        assert_eq!(
+            secret(&server(
+                "command = \"npx\"\nargs = [\"-y\", \"${NOTES_DIR}\"]"
+            )),
+            Some("mcp.files.args".into())
+        );
+        assert_eq!(secret(&server("url = \"http://x/mcp\"")), None);
+        assert_eq!(
+            secret(&format!(
+                "tenants = [\"acme\"]\n{}",
+                server("url = \"${MCP_URL}\"")
+            )),
+            None,
+            "named tenants: nothing lent to others"
+        );
     }
 }

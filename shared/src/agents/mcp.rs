@@ -27,11 +27,13 @@ use crate::adapters::mcp_tool::{McpError, McpServer, McpTool, ResolvedMcpServer,
 use crate::domain::action::ToolOutcome;
 use crate::domain::policy::{Policy, ToolHints};
 use crate::ports::model::ToolSpec;
-use crate::ports::tools::{Tool, ToolCall, ToolSource, Unprepared};
+use crate::ports::tools::{NotRunnableHere, Tool, ToolCall, ToolSource, Unprepared};
 
-/// One server of a definition: its settings, and its session and listing once it was reached.
+/// One server of a definition: its settings (or the variable they read that this process
+/// lacks), and its session and listing once it was reached.
 pub(super) struct LazyServer {
-    config: ResolvedMcpServer,
+    name: String,
+    config: Result<ResolvedMcpServer, NotRunnableHere>,
     listing: OnceCell<Listing>,
 }
 
@@ -39,23 +41,46 @@ struct Listing {
     tools: Vec<McpTool>,
 }
 
+/// Why a server's tools are not listed: this process cannot start or reach it by its settings,
+/// or it did not answer.
+#[derive(Debug, thiserror::Error)]
+enum Unlisted {
+    #[error(transparent)]
+    NotHere(#[from] NotRunnableHere),
+    #[error(transparent)]
+    Mcp(#[from] McpError),
+}
+
 impl LazyServer {
-    pub(super) fn new(config: ResolvedMcpServer) -> Arc<Self> {
+    pub(super) fn new(name: &str, config: Result<ResolvedMcpServer, NotRunnableHere>) -> Arc<Self> {
         Arc::new(Self {
+            name: name.to_string(),
             config,
             listing: OnceCell::new(),
         })
     }
 
+    /// Whether this process can start or reach it: not when its settings read a variable
+    /// unset here.
+    fn runs_here(&self) -> Result<(), NotRunnableHere> {
+        self.config.as_ref().map(|_| ()).map_err(Clone::clone)
+    }
+
     /// Connects and lists on first use; a failure is not kept, so the next use tries again.
-    async fn listing(&self) -> Result<&Listing, McpError> {
-        self.listing
-            .get_or_try_init(|| async {
-                let server = McpServer::connect(self.config.clone()).await?;
-                let tools = server.tools().await?;
-                Ok(Listing { tools })
-            })
-            .await
+    async fn listing(&self) -> Result<&Listing, Unlisted> {
+        let config = self.config.as_ref().map_err(Clone::clone)?;
+        let listing = self.listing.get_or_try_init(|| async {
+            let server = McpServer::connect(config.clone()).await?;
+            let tools = server.tools().await?;
+            Ok::<_, McpError>(Listing { tools })
+        });
+        Ok(listing.await?)
+    }
+
+    /// The tools its `tools = ...` adds, as listed; `None` when the definition binds them one
+    /// by one.
+    fn selection(&self) -> Option<&ToolSelection> {
+        self.config.as_ref().ok()?.tools()
     }
 
     fn listed(&self, remote: &str) -> Option<&McpTool> {
@@ -104,6 +129,10 @@ impl Tool for BoundMcpTool {
             .unwrap_or_default()
     }
 
+    fn runs_here(&self) -> Result<(), NotRunnableHere> {
+        self.server.runs_here()
+    }
+
     async fn call(&self, call: ToolCall<'_>) -> ToolOutcome {
         if let Err(error) = self.server.listing().await {
             return ToolOutcome::Failed {
@@ -115,8 +144,7 @@ impl Tool for BoundMcpTool {
             None => ToolOutcome::Failed {
                 error: format!(
                     "the MCP server {} lists no tool named {}; the call was not sent",
-                    self.server.config.name(),
-                    self.remote
+                    self.server.name, self.remote
                 ),
             },
         }
@@ -177,7 +205,7 @@ impl McpTools {
                     .flatten()
                     .any(|(server_of, bound)| server_of == server_name && bound == remote)
             };
-            let selected: Vec<&McpTool> = match server.config.tools() {
+            let selected: Vec<&McpTool> = match server.selection() {
                 None => Vec::new(),
                 Some(ToolSelection::All) => listing.tools.iter().collect(),
                 Some(ToolSelection::Named(names)) => names
@@ -297,6 +325,12 @@ impl ToolSource for McpTools {
             .get()
             .map(|tools| tools.values().map(|tool| tool.spec()).collect())
             .unwrap_or_default()
+    }
+
+    fn runs_here(&self) -> Result<(), NotRunnableHere> {
+        self.servers
+            .values()
+            .try_for_each(|server| server.runs_here())
     }
 }
 

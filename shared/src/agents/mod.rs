@@ -1,8 +1,8 @@
 //! Agent definitions as data: a directory holding `agent.toml` (name, model settings, system
 //! prompt, tools and how each is reached) and the policy it names (`policy.toml`). A process
 //! loads every definition it is given at start-up; a bad one fails at once, naming the file and
-//! the field. [`Definition::build`] binds the tools and the model and yields the engine's
-//! [`Agent`].
+//! the field. [`Wiring::build`] binds the tools and the model and yields the engine's
+//! [`crate::engine::Agent`].
 //!
 //! ```toml
 //! name = "refunds"
@@ -50,23 +50,18 @@
 mod definition;
 mod mcp;
 mod schema;
+mod wiring;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 pub use definition::{
-    ApiEndpoint, BEDROCK_MODEL_VAR, Definition, ModelSettings, Offline, Provider, ToolBinding,
-    ToolDefinition,
+    ApiEndpoint, Definition, ModelSettings, Offline, Provider, ToolBinding, ToolDefinition,
 };
+pub use wiring::{BEDROCK_MODEL_VAR, Environment, Wiring};
 
-use crate::adapters::env_template::Lookup;
-use crate::adapters::http_tool::SharedClient;
 use crate::domain::ids::{AgentName, RunId, TenantId};
-use crate::engine::{Agent, Engine, EngineError};
-use crate::example::expense::Claims;
-use crate::ports::clock::Clock;
+use crate::engine::{Engine, EngineError};
 use crate::ports::queue::{QueueMessage, ResumeMessage};
-use crate::ports::store::ItemStore;
 
 /// Why a definition cannot be loaded or built: the file, the field, and what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -270,51 +265,18 @@ pub fn load_paths(paths: &[PathBuf]) -> Result<Vec<Definition>, DefinitionError>
     Ok(definitions)
 }
 
-/// What binding a definition's tools and model needs from the process.
-pub struct Wiring<'a> {
-    pub store: Arc<dyn ItemStore>,
-    pub clock: Arc<dyn Clock>,
-    /// The expense example's claims, for its built-in tools.
-    pub claims: Arc<Claims>,
-    /// One HTTP client for every HTTP tool of the process: built while binding where runs are
-    /// driven (in Lambda's init phase), elsewhere at a tool's first call, which the decide and
-    /// sweep functions never make.
-    pub http: SharedClient,
-    /// Where `${VAR}` in bindings is read from.
-    pub env: Lookup<'a>,
-    /// Whether this process drives runs (start, resume): only then is a model attached.
-    pub drives: bool,
-}
-
-impl<'a> Wiring<'a> {
-    /// Tools over `store` and `clock`, `${VAR}` from the process environment, no model.
-    pub fn new(store: Arc<dyn ItemStore>, clock: Arc<dyn Clock>, claims: Arc<Claims>) -> Self {
-        Self {
-            store,
-            clock,
-            claims,
-            http: Default::default(),
-            env: &crate::adapters::env_template::process_env,
-            drives: false,
-        }
-    }
-}
-
-/// Builds every definition into an agent.
-pub fn build_all(
-    definitions: &[Definition],
-    wiring: &Wiring<'_>,
-) -> Result<Vec<Agent>, DefinitionError> {
-    definitions.iter().map(|d| d.build(wiring)).collect()
-}
-
 /// Makes an agent's tools ready before a run of it is driven: connects to and lists every MCP
 /// server of its definition not yet listed in this process. A server that is down refuses the
 /// run as unavailable (HTTP 503) before anything is written; the next attempt tries again.
-/// Call it before [`Engine::start`] and before a resume: it returns at once once listed.
-pub async fn prepare(engine: &Engine, agent: &AgentName) -> Result<(), EngineError> {
+/// Call it before [`Engine::start`] and before a resume: it returns at once once listed. An
+/// agent that does not serve `tenant` is `not_found`, as if it did not exist.
+pub async fn prepare(
+    engine: &Engine,
+    tenant: &TenantId,
+    agent: &AgentName,
+) -> Result<(), EngineError> {
     engine
-        .agent(agent)?
+        .agent(tenant, agent)?
         .tools
         .prepare()
         .await
@@ -337,7 +299,7 @@ pub async fn prepare_queued(engine: &Engine, message: &QueueMessage) -> Result<(
 
 async fn prepare_run(engine: &Engine, tenant: &TenantId, run: &RunId) -> Result<(), EngineError> {
     match engine.run(tenant, run).await {
-        Ok(run) => prepare(engine, &run.agent).await,
+        Ok(run) => prepare(engine, tenant, &run.agent).await,
         Err(_) => Ok(()),
     }
 }
@@ -347,7 +309,9 @@ async fn prepare_run(engine: &Engine, tenant: &TenantId, run: &RunId) -> Result<
 /// resumed run sees every tool. A server that is down is logged and tried again next time; a
 /// named MCP tool still connects by itself when called, a listed one is "no such tool" then.
 pub async fn prepare_all(engine: &Engine) {
-    for agent in engine.agents().iter() {
+    // An agent whose tools this process cannot run is never resumed here.
+    let runnable = engine.agents().iter().filter(|a| a.runs_here().is_ok());
+    for agent in runnable {
         if let Err(error) = agent.tools.prepare().await {
             tracing::warn!(agent = %agent.name, %error, "its MCP tools are not listed yet");
         }
@@ -417,16 +381,16 @@ mod tests {
             ("examples/helpdesk", Some("examples/helpdesk/people.toml")),
         ];
         let dir = crate::testing::scratch_dir("policy-cases");
-        let store: Arc<dyn ItemStore> =
-            Arc::new(crate::adapters::sqlite::SqliteStore::open_dir(&dir).unwrap());
+        let store: std::sync::Arc<dyn crate::ports::store::ItemStore> =
+            std::sync::Arc::new(crate::adapters::sqlite::SqliteStore::open_dir(&dir).unwrap());
         let wiring = Wiring::new(
             store,
-            Arc::new(crate::ports::clock::SystemClock),
+            std::sync::Arc::new(crate::ports::clock::SystemClock),
             crate::example::expense::default_claims(),
         );
         for (path, people) in agents {
             let definition = Definition::load(&Dir(root.join(path))).unwrap();
-            let agent = definition.build(&wiring).unwrap();
+            let agent = wiring.build(&definition).unwrap();
             let people = match people {
                 Some(file) => std::fs::read_to_string(root.join(file)).unwrap(),
                 None => shipped_people.clone(),

@@ -49,7 +49,7 @@ pub struct EditableAmount {
 
 impl ApprovalView {
     fn of(approval: Approval, engine: &Engine, now: DateTime<Utc>) -> Self {
-        let policy = engine.policy_of(&approval.agent).ok();
+        let policy = engine.policy_of(&approval.tenant, &approval.agent).ok();
         Self {
             still_needed: approval.still_needed(),
             approved_by: approval.approvers().into_iter().cloned().collect(),
@@ -169,7 +169,10 @@ impl AwaitingCaller {
         if call.status != ActionStatus::Approved {
             return None;
         }
-        let lease = engine.agent(agent).ok()?.caller_lease(&call.tool)?;
+        let lease = engine
+            .agent(&call.tenant, agent)
+            .ok()?
+            .caller_lease(&call.tool)?;
         let lease_ends_at = call.updated_at + chrono::Duration::from_std(lease).ok()?;
         Some(Self {
             since: call.updated_at,

@@ -27,6 +27,7 @@ pub fn status_of(kind: ErrorKind) -> StatusCode {
         ErrorKind::Conflict => StatusCode::CONFLICT,
         ErrorKind::PolicyRefused => StatusCode::UNPROCESSABLE_ENTITY,
         ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorKind::NotConfigured => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 
@@ -99,11 +100,16 @@ impl ApiError {
 impl From<EngineError> for ApiError {
     fn from(error: EngineError) -> Self {
         let status = status_of(error.kind());
-        // A failing store or dependency is logged in full and told to the caller in general terms.
+        // A failing store or dependency is logged in full and told to the caller in general
+        // terms; a setting the server lacks is told as it is (a variable's name, never a value).
         let message = match error.kind() {
             ErrorKind::Unavailable => {
                 tracing::error!(%error, code = error.code(), "unavailable");
                 "the service cannot complete this now; try again later".to_string()
+            }
+            ErrorKind::NotConfigured => {
+                tracing::error!(%error, code = error.code(), "not configured");
+                error.to_string()
             }
             _ => error.to_string(),
         };
@@ -243,6 +249,20 @@ mod tests {
     }
 
     #[test]
+    fn a_setting_the_server_lacks_is_500_naming_it_not_a_503_to_try_again() {
+        let error = ApiError::from(EngineError::NotConfigured(
+            "the agent oai has no model in this process: OPENAI_API_KEY is not set".into(),
+        ));
+        assert_eq!((error.status.as_u16(), error.code), (500, "not_configured"));
+        assert!(
+            error.message.contains("OPENAI_API_KEY"),
+            "{}",
+            error.message
+        );
+        assert!(!error.message.contains("try again"), "{}", error.message);
+    }
+
+    #[test]
     fn authentication_failures_are_401() {
         let api = ApiError::from(AuthError::Missing);
         assert_eq!((api.status.as_u16(), api.code), (401, "missing_token"));
@@ -336,6 +356,7 @@ mod tests {
             StoreError::Throttled("busy".into()).into(),
             EngineError::Corrupt("unreadable".into()),
             EngineError::Unavailable("down".into()),
+            EngineError::NotConfigured("OPENAI_API_KEY is not set".into()),
         ]);
         let call = || "run-1".to_string();
         errors.extend(
@@ -367,6 +388,7 @@ mod tests {
                 | EngineError::TooManyComments(_)
                 | EngineError::Corrupt(_)
                 | EngineError::Unavailable(_)
+                | EngineError::NotConfigured(_)
                 | EngineError::Directory(DirectoryError::UnknownPerson(_))
                 | EngineError::Directory(DirectoryError::Invalid(_))
                 | EngineError::Store(StoreError::ConditionFailed { .. })

@@ -151,7 +151,7 @@ impl Gateway {
 
     fn agent(&self, caller: &McpCaller) -> Result<Arc<Agent>, ErrorData> {
         self.engine
-            .agent(&caller.agent)
+            .agent(&caller.who.tenant, &caller.agent)
             .cloned()
             .map_err(|e| ErrorData::invalid_params(e.to_string(), None))
     }
@@ -640,7 +640,7 @@ async fn admit(
 ) -> Result<Response, ApiError> {
     let agent =
         AgentName::parse(&agent).map_err(|e| ApiError::bad_request("bad_id", e.to_string()))?;
-    state.engine.agent(&agent)?;
+    state.engine.agent(&who.tenant, &agent)?;
     request.extensions_mut().insert(McpCaller { who, agent });
     Ok(next.run(request).await)
 }

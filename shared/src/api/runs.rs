@@ -136,7 +136,7 @@ pub(super) async fn start(
         approval_ttl,
         ..StartRun::for_person(&who, agent, task)
     };
-    match crate::agents::prepare(&state.engine, &start.agent).await {
+    match crate::agents::prepare(&state.engine, &start.tenant, &start.agent).await {
         Err(error @ EngineError::Unavailable(_)) => {
             // Logged in full (a server's address, the definition's file); told in general terms.
             tracing::error!(%error, agent = %start.agent, "its tools cannot be reached");

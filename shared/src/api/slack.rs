@@ -293,7 +293,7 @@ async fn open_edit(
     }
     let cents = state
         .engine
-        .policy_of(&approval.agent)
+        .policy_of(&approval.tenant, &approval.agent)
         .ok()
         .and_then(|policy| policy.lowerable_field(&approval.tool))
         .and_then(|field| approval.args.int(field));

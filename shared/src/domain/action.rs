@@ -5,13 +5,13 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::args::{Args, ArgsHash};
-use super::audit::LogSlot;
 use super::budget;
 use super::conversation::ToolResultText;
 use super::identity::Actor;
 use super::ids::{
     ActionId, ActionVersion, AgentName, ApprovalId, RunId, TenantId, idempotency_key,
 };
+use super::log_slot::LogSlot;
 use super::names::shown_by_serde_name;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -529,5 +529,11 @@ pub(crate) mod tests {
             NotExecuted::reason_in(expected),
             Some("mia rejected this call: Retention team calls first")
         );
+    }
+
+    #[test]
+    fn an_action_status_reads_as_its_record_stores_it() {
+        assert_eq!(ActionStatus::AwaitingApproval.as_str(), "awaiting_approval");
+        assert_eq!(ActionStatus::Executing.to_string(), "executing");
     }
 }

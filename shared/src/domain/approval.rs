@@ -5,11 +5,11 @@ use serde::{Deserialize, Serialize};
 
 use super::action::{Action, ActionStatus, ProposedCall};
 use super::args::{Args, ArgsHash};
-use super::audit::LogSlot;
 use super::identity::{Actor, Identity};
 use super::ids::{
     ActionId, ActionVersion, AgentName, ApprovalId, DecisionId, PersonId, Role, RunId, TenantId,
 };
+use super::log_slot::LogSlot;
 use super::money::Amount;
 use super::names::{serde_name, shown_by_serde_name};
 use super::policy::{EditRefusal, Escalation, Policy, Requirement, ToolHints};
@@ -866,5 +866,15 @@ mod tests {
         short.expires_at = now + Duration::minutes(45);
         assert_eq!(short.reminder_at(lead), None);
         assert!(!short.remind(now + Duration::minutes(30), lead));
+    }
+
+    #[test]
+    fn an_approval_status_and_a_choice_read_as_their_records_store_them() {
+        assert_eq!(ApprovalStatus::Answered.to_string(), "answered");
+        let choice = Choice::DidNotTakeEffect { note: None };
+        assert_eq!(
+            serde_json::json!(choice.name()),
+            serde_json::to_value(&choice).unwrap()["choice"]
+        );
     }
 }

@@ -34,6 +34,7 @@ pub mod conversation;
 pub mod gate;
 pub mod identity;
 pub mod ids;
+pub mod log_slot;
 pub mod money;
 pub mod names;
 pub mod notice;

@@ -148,24 +148,6 @@ mod tests {
     }
 
     #[test]
-    fn the_domains_statuses_and_choices_read_as_their_records_store_them() {
-        use crate::domain::action::ActionStatus;
-        use crate::domain::approval::{ApprovalStatus, Choice};
-        use crate::domain::run::RunStatus;
-        use crate::ports::scheduler::Wake;
-
-        assert_eq!(ActionStatus::AwaitingApproval.as_str(), "awaiting_approval");
-        assert_eq!(ApprovalStatus::Answered.to_string(), "answered");
-        assert_eq!(RunStatus::Cancelled.as_str(), "cancelled");
-        assert_eq!(Wake::Deadline.as_str(), "deadline");
-        let choice = Choice::DidNotTakeEffect { note: None };
-        assert_eq!(
-            json!(choice.name()),
-            serde_json::to_value(&choice).unwrap()["choice"]
-        );
-    }
-
-    #[test]
     #[should_panic(expected = "has no serde name")]
     fn a_value_that_is_not_an_enum_has_no_name() {
         serde_name(&42);

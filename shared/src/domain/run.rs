@@ -591,4 +591,9 @@ mod tests {
         assert!(r.fail("late".into(), Utc::now()).is_err());
         assert_eq!(r.status, RunStatus::Cancelled);
     }
+
+    #[test]
+    fn a_run_status_reads_as_its_record_stores_it() {
+        assert_eq!(RunStatus::Cancelled.as_str(), "cancelled");
+    }
 }

@@ -2,7 +2,7 @@
 //! A run names its agent, so a resume, a decision or the sweep uses that agent's rules and tools,
 //! whichever process handles it. Definitions files become agents in [`crate::agents`].
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
@@ -13,7 +13,7 @@ use crate::domain::approval::Asking;
 use crate::domain::args::Args;
 use crate::domain::budget;
 use crate::domain::identity::Directory;
-use crate::domain::ids::{AgentName, PersonId, Role};
+use crate::domain::ids::{AgentName, PersonId, Role, TenantId};
 use crate::domain::policy::cases::{Cases, Failure};
 use crate::domain::policy::{Policy, ToolHints, Verdict};
 use crate::domain::run::Run;
@@ -44,6 +44,9 @@ pub struct Agent {
     pub tools: Toolbox,
     /// Only processes that drive runs (start, resume) have one.
     pub model: Option<Arc<dyn Model>>,
+    /// Why a process that drives runs has no model for it: the variable its model API's key
+    /// is read from is unset here, and no offline script plays it.
+    pub model_missing: Option<String>,
     pub system_prompt: String,
     pub limits: Limits,
     /// Per tool, the argument that names a person who may not approve the call (a claimant).
@@ -54,6 +57,8 @@ pub struct Agent {
     /// Its definition has no `[model]`: its calls come through the MCP gateway and the gate
     /// API only, and a run of it is refused unless a model was attached by other means.
     pub gateway_only: bool,
+    /// The tenants that may use it; `None`: every tenant. To any other it does not exist.
+    pub tenants: Option<BTreeSet<TenantId>>,
     /// Each tool's input schema, compiled the first time a call of it is checked (a tool of an
     /// MCP server is known once listed), or why it cannot be.
     schemas: Mutex<HashMap<String, Arc<Result<Schema, String>>>>,
@@ -75,11 +80,13 @@ impl Agent {
             policy,
             tools: Toolbox::new(),
             model: None,
+            model_missing: None,
             system_prompt: String::new(),
             limits: Limits::default(),
             claimant_args: BTreeMap::new(),
             recovery_owner: None,
             gateway_only: false,
+            tenants: None,
             schemas: Mutex::default(),
         }
     }
@@ -91,7 +98,21 @@ impl Agent {
 
     pub fn with_model(mut self, model: Arc<dyn Model>) -> Self {
         self.model = Some(model);
+        self.model_missing = None;
         self
+    }
+
+    /// The model that plays it in this process, or why there is none: a setting this process
+    /// lacks, which trying again does not mend.
+    pub fn model_here(&self) -> Result<&Arc<dyn Model>, EngineError> {
+        self.model.as_ref().ok_or_else(|| {
+            EngineError::NotConfigured(self.model_missing.clone().unwrap_or_else(|| {
+                format!(
+                    "this process does not drive runs, so no model plays the agent {} here",
+                    self.name
+                )
+            }))
+        })
     }
 
     pub fn with_system_prompt(mut self, prompt: impl Into<String>) -> Self {
@@ -102,6 +123,23 @@ impl Agent {
     pub fn with_limits(mut self, limits: Limits) -> Self {
         self.limits = limits;
         self
+    }
+
+    /// Whether `tenant` may use it: one its definition names, or any where it names none.
+    pub fn serves(&self, tenant: &TenantId) -> bool {
+        self.tenants.as_ref().is_none_or(|t| t.contains(tenant))
+    }
+
+    /// Whether this process can run the agent's calls: every tool it binds or lists. A process
+    /// that lacks a variable the agent's bindings read resumes and drives none of its runs: a
+    /// decision it records waits for a process that has the agent's environment.
+    pub fn runs_here(&self) -> Result<(), EngineError> {
+        self.tools.all_run_here().map_err(|missing| {
+            EngineError::NotConfigured(format!(
+                "this process cannot run the agent {}'s tools: {missing}",
+                self.name
+            ))
+        })
     }
 
     /// What a tool says about itself, as policy may match it.
@@ -223,10 +261,24 @@ impl Agents {
         self.0.insert(agent.name.clone(), Arc::new(agent));
     }
 
-    pub fn get(&self, name: &AgentName) -> Result<&Arc<Agent>, EngineError> {
+    /// The agent of this name for `tenant`. To a tenant it does not serve it does not exist:
+    /// `not_found`, in the words an unknown agent gets, on every route that looks it up here.
+    pub fn get(&self, tenant: &TenantId, name: &AgentName) -> Result<&Arc<Agent>, EngineError> {
         self.0
             .get(name)
+            .filter(|agent| agent.serves(tenant))
             .ok_or_else(|| EngineError::not_found(format!("agent {name}")))
+    }
+
+    /// Whether `tenant` may read records of the agent `name`: unless this process loads the
+    /// agent and it does not serve the tenant (a definition changed since they were written).
+    pub fn admits(&self, tenant: &TenantId, name: &AgentName) -> bool {
+        self.0.get(name).is_none_or(|agent| agent.serves(tenant))
+    }
+
+    /// Whether this process loads an agent of this name, for any tenant.
+    pub fn contains(&self, name: &AgentName) -> bool {
+        self.0.contains_key(name)
     }
 
     pub fn names(&self) -> impl Iterator<Item = &AgentName> {

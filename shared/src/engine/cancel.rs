@@ -22,9 +22,10 @@ impl Engine {
 
     async fn cancel_run(&self, who: &Identity, run_id: &RunId) -> Result<RunReport, EngineError> {
         for _ in 0..CAS_ATTEMPTS {
-            let Some(mut run) = self.load_run(&who.tenant, run_id).await? else {
-                return Err(EngineError::not_found(format!("run {run_id}")));
-            };
+            let what = || format!("run {run_id}");
+            let run = self.load_run(&who.tenant, run_id).await?;
+            let mut run = run.ok_or_else(|| EngineError::not_found(what()))?;
+            self.readable(&who.tenant, &run.value.agent, what())?;
             if run.value.status.is_finished() {
                 return Err(EngineError::RunFinished {
                     run: run_id.to_string(),

@@ -40,9 +40,10 @@ impl Engine {
             )));
         }
         for _ in 0..CAS_ATTEMPTS {
-            let Some(stored) = self.load_approval(&who.tenant, approval_id).await? else {
-                return Err(EngineError::not_found(format!("approval {approval_id}")));
-            };
+            let what = || format!("approval {approval_id}");
+            let stored = self.load_approval(&who.tenant, approval_id).await?;
+            let stored = stored.ok_or_else(|| EngineError::not_found(what()))?;
+            self.readable(&who.tenant, &stored.value.agent, what())?;
             let mut approval = stored.value;
             if approval.comments.len() >= MAX_COMMENTS {
                 return Err(EngineError::TooManyComments(format!(

@@ -180,7 +180,7 @@ impl Engine {
             span.record("action", tracing::field::display(&approval.action_id));
             span.record("version", tracing::field::display(approval.action_version));
             let now = self.now();
-            let agent = or_read_again!(self.agent(&approval.agent)).clone();
+            let agent = or_read_again!(self.agent(&approval.tenant, &approval.agent)).clone();
             let (decision, edited_args) = match approval.decide(who, &request, &agent.policy, now) {
                 Ok(Decided::AlreadyRecorded(_)) if from_snapshot => continue,
                 Err(ref refusal)

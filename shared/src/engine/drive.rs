@@ -56,7 +56,8 @@ impl StartRun {
     }
 }
 
-const MAX_TASK_LEN: usize = 4_000;
+/// The longest task a run takes, counted in bytes of UTF-8, not in characters.
+const MAX_TASK_BYTES: usize = 4_000;
 
 fn run_span(run: &Run) -> tracing::Span {
     tracing::info_span!("run", tenant = %run.tenant, agent = %run.agent, run = %run.id)
@@ -111,12 +112,14 @@ impl Engine {
     /// A new run of `start`, checked: its task, agent, time to decide and model.
     fn new_run(&self, start: StartRun) -> Result<Run, EngineError> {
         let task = start.task.trim();
-        if task.is_empty() || task.len() > MAX_TASK_LEN {
+        if task.is_empty() || task.len() > MAX_TASK_BYTES {
             return Err(EngineError::BadInput(format!(
-                "a task needs 1 to {MAX_TASK_LEN} characters"
+                "a task needs 1 to {MAX_TASK_BYTES} bytes of UTF-8 text (a character may take up \
+                 to 4); this one has {} bytes",
+                task.len()
             )));
         }
-        let agent = self.agent(&start.agent)?;
+        let agent = self.agent(&start.tenant, &start.agent)?;
         if let Some(ttl) = start.approval_ttl {
             agent.policy.check_ttl(ttl).map_err(EngineError::BadInput)?;
         }
@@ -128,12 +131,8 @@ impl Engine {
                 agent.name
             )));
         }
-        if agent.model.is_none() {
-            return Err(EngineError::Unavailable(format!(
-                "this process has no model to run the agent {}",
-                agent.name
-            )));
-        }
+        agent.model_here()?;
+        agent.runs_here()?;
         let now = self.now();
         let mut run = Run::start(
             RunId::generate(),
@@ -245,12 +244,9 @@ impl Engine {
                 .unwrap_or_default();
             return self.finish_run(run, answer).await;
         }
-        let agent = self.agent(&run.value.agent)?.clone();
-        let Some(model) = agent.model.clone() else {
-            return Err(EngineError::Unavailable(
-                "this process has no model to continue the run".into(),
-            ));
-        };
+        let agent = self.agent_of(&run.value)?.clone();
+        let model = agent.model_here()?.clone();
+        agent.runs_here()?;
         let specs = agent.tools.specs();
         for _ in 0..agent.limits.max_model_turns {
             if run.value.messages.len() > run.value.written_messages {

@@ -21,6 +21,9 @@ pub enum ErrorKind {
     PolicyRefused,
     /// The store or a dependency failed; trying again later may work (503).
     Unavailable,
+    /// This process lacks a setting it needs, such as a model's key: nothing changes until
+    /// an operator sets it, so trying again does not help (500).
+    NotConfigured,
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -54,6 +57,9 @@ pub enum EngineError {
     Corrupt(String),
     #[error("{0}")]
     Unavailable(String),
+    /// What this process lacks (a variable named), and what it stops.
+    #[error("{0}")]
+    NotConfigured(String),
 }
 
 impl EngineError {
@@ -91,6 +97,7 @@ impl EngineError {
             EngineError::Store(_) | EngineError::Corrupt(_) | EngineError::Unavailable(_) => {
                 ErrorKind::Unavailable
             }
+            EngineError::NotConfigured(_) => ErrorKind::NotConfigured,
         }
     }
 
@@ -138,6 +145,7 @@ impl EngineError {
             EngineError::Store(_) | EngineError::Corrupt(_) | EngineError::Unavailable(_) => {
                 "unavailable"
             }
+            EngineError::NotConfigured(_) => "not_configured",
         }
     }
 }

@@ -201,7 +201,8 @@ impl Engine {
     /// action of a new run and takes it through policy as a model's call is. Returns its state
     /// once it is settled or waits on a person; [`Engine::call_state`] reads it again later.
     pub async fn gate_call(&self, call: GateCall) -> Result<CallState, EngineError> {
-        let agent = self.agent(&call.agent)?.clone();
+        let agent = self.agent(&call.tenant, &call.agent)?.clone();
+        agent.runs_here()?;
         agent
             .tools
             .prepare()

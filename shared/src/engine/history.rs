@@ -146,16 +146,24 @@ impl Engine {
     /// the sweep has not expired yet are included: deciding them expires them.
     pub async fn pending(&self, tenant: &TenantId) -> Result<Vec<Approval>, EngineError> {
         let items = self.pending_items(tenant).await?;
-        items
+        let pending: Vec<Approval> = items
             .iter()
             .map(|item| Ok(decode_approval(item)?.value))
-            .collect()
+            .collect::<Result<_, EngineError>>()?;
+        Ok(pending
+            .into_iter()
+            .filter(|a| self.agents.admits(tenant, &a.agent))
+            .collect())
     }
 
     /// [`Engine::pending`], each approval with the snapshot a decision on it may bring back.
     pub async fn pending_shown(&self, tenant: &TenantId) -> Result<Vec<Shown>, EngineError> {
         let items = self.pending_items(tenant).await?;
-        items.iter().map(Shown::of).collect()
+        let shown: Vec<Shown> = items.iter().map(Shown::of).collect::<Result<_, _>>()?;
+        Ok(shown
+            .into_iter()
+            .filter(|s| self.agents.admits(tenant, &s.approval.agent))
+            .collect())
     }
 
     /// The items of the tenant's pending approvals, from the sparse index, every page of it.
@@ -192,6 +200,9 @@ impl Engine {
         let mut resolved = Vec::with_capacity(page.items.len());
         for item in &page.items {
             let approval = decode_approval(item)?.value;
+            if !self.agents.admits(tenant, &approval.agent) {
+                continue;
+            }
             let version = match approval.decisions.last().map(|d| &d.effect) {
                 Some(DecisionEffect::Edited { new_version }) => *new_version,
                 _ => approval.action_version,
@@ -210,17 +221,21 @@ impl Engine {
         tenant: &TenantId,
         id: &ApprovalId,
     ) -> Result<Approval, EngineError> {
-        let stored = self.load_approval(tenant, id).await?;
-        stored
-            .map(|s| s.value)
-            .ok_or_else(|| EngineError::not_found(format!("approval {id}")))
+        let what = || format!("approval {id}");
+        let approval = self.load_approval(tenant, id).await?;
+        let approval = approval
+            .ok_or_else(|| EngineError::not_found(what()))?
+            .value;
+        self.readable(tenant, &approval.agent, what())?;
+        Ok(approval)
     }
 
     pub async fn run(&self, tenant: &TenantId, id: &RunId) -> Result<Run, EngineError> {
-        let stored = self.load_run(tenant, id).await?;
-        stored
-            .map(|s| s.value)
-            .ok_or_else(|| EngineError::not_found(format!("run {id}")))
+        let what = || format!("run {id}");
+        let run = self.load_run(tenant, id).await?;
+        let run = run.ok_or_else(|| EngineError::not_found(what()))?.value;
+        self.readable(tenant, &run.agent, what())?;
+        Ok(run)
     }
 
     /// The task of each of these runs, so a reviewer reads what an approval is for: one read
@@ -276,6 +291,7 @@ impl Engine {
         let read = run_from_items(&items, held)?
             .ok_or_else(|| EngineError::not_found(format!("run {id}")))?;
         let (run, entries) = (read.run.value, read.log);
+        self.readable(tenant, &run.agent, format!("run {id}"))?;
         let actions = in_proposal_order(actions, &entries);
         let approvals = actions
             .iter()

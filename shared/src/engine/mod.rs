@@ -213,18 +213,38 @@ impl Engine {
         }
     }
 
-    /// The agent of this name, or `not_found`.
-    pub fn agent(&self, name: &AgentName) -> Result<&Arc<Agent>, EngineError> {
-        self.agents.get(name)
+    /// The agent of this name for `tenant`, or `not_found`: one it does not serve does not
+    /// exist for that tenant ([`Agents::get`]).
+    pub fn agent(&self, tenant: &TenantId, name: &AgentName) -> Result<&Arc<Agent>, EngineError> {
+        self.agents.get(tenant, name)
+    }
+
+    /// The agent of a run, for the run's tenant.
+    pub(crate) fn agent_of(&self, run: &Run) -> Result<&Arc<Agent>, EngineError> {
+        self.agent(&run.tenant, &run.agent)
     }
 
     pub fn agents(&self) -> &Agents {
         &self.agents
     }
 
-    /// The policy of an agent, as a reviewer's view needs it.
-    pub fn policy_of(&self, agent: &AgentName) -> Result<&Policy, EngineError> {
-        Ok(&self.agents.get(agent)?.policy)
+    /// The policy of an agent for `tenant`, as a reviewer's view needs it.
+    pub fn policy_of(&self, tenant: &TenantId, agent: &AgentName) -> Result<&Policy, EngineError> {
+        Ok(&self.agent(tenant, agent)?.policy)
+    }
+
+    /// `not_found` for a record of `agent` that `tenant` may no longer read: its definition,
+    /// changed since, names other tenants ([`Agents::admits`]).
+    pub(super) fn readable(
+        &self,
+        tenant: &TenantId,
+        agent: &AgentName,
+        what: impl std::fmt::Display,
+    ) -> Result<(), EngineError> {
+        match self.agents.admits(tenant, agent) {
+            true => Ok(()),
+            false => Err(EngineError::not_found(what)),
+        }
     }
 
     pub fn now(&self) -> DateTime<Utc> {

@@ -296,7 +296,7 @@ impl Engine {
             Err(StoreError::ConditionFailed { .. }) => return Ok(None),
             Err(error) => return Err(error.into()),
         }
-        let policy = self.policy_of(&approval.agent).ok();
+        let policy = self.policy_of(&approval.tenant, &approval.agent).ok();
         let amount = policy
             .and_then(|policy| policy.amount_field(&approval.tool))
             .and_then(|field| approval.args.int(field))

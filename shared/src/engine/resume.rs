@@ -112,6 +112,11 @@ impl Engine {
                 run.value.status, message.action_id
             )));
         }
+        // Resumed only where the agent's calls can run: elsewhere nothing is claimed or held,
+        // and the message waits in the outbox for a process that has the agent's environment.
+        if let Ok(agent) = self.agent_of(&run.value) {
+            agent.runs_here()?;
+        }
         let (pk, sk) = (
             keys::run_pk(&message.tenant, &message.run_id),
             keys::action_sk(&message.action_id, message.version),
@@ -156,7 +161,7 @@ impl Engine {
 
     /// The lease of a caller's claim of this tool, for a tool its caller runs.
     pub(super) fn caller_lease(&self, run: &Run, tool: &str) -> Option<std::time::Duration> {
-        self.agent(&run.agent).ok()?.caller_lease(tool)
+        self.agent_of(run).ok()?.caller_lease(tool)
     }
 
     /// Claims the approved version (`approved → executing`), calls the tool with the key
@@ -174,7 +179,7 @@ impl Engine {
             return Ok(ignored("another worker claimed this action"));
         };
         let outcome = if intact {
-            match self.agent(&run.value.agent) {
+            match self.agent_of(&run.value) {
                 Ok(agent) => self.call_tool(agent, &action.value).await,
                 Err(error) => ToolOutcome::Failed {
                     error: format!("not executed: {error}"),
@@ -497,7 +502,7 @@ impl Engine {
     /// Who settles an outcome the action's tool lost, by what the tool is in this process and
     /// whom the run's agent names.
     pub(super) fn who_settles(&self, run: &Run, action: &Action) -> Settles {
-        let Ok(agent) = self.agent(&run.agent) else {
+        let Ok(agent) = self.agent_of(run) else {
             return Settles::Sweep;
         };
         match agent.tools.get(&action.tool) {
@@ -517,7 +522,7 @@ impl Engine {
         action: &Action,
         detail: &str,
     ) -> Result<Option<Approval>, EngineError> {
-        let Ok(agent) = self.agent(&run.agent) else {
+        let Ok(agent) = self.agent_of(run) else {
             return Ok(None);
         };
         let Some(owner) = agent.recovery_owner.clone() else {

@@ -620,10 +620,17 @@ impl Engine {
         if run.value.status != RunStatus::Running {
             return Ok(None);
         }
+        // A process that cannot run the agent's tools leaves the run to one that can.
+        if let Ok(agent) = self.agent_of(&run.value)
+            && let Err(error) = agent.runs_here()
+        {
+            tracing::info!(%error, "left for a process that has the agent's environment");
+            return Ok(None);
+        }
         let (tenant, run_id) = (run.value.tenant.clone(), run.value.id.clone());
         let actions = self.actions_of(&tenant, &run_id).await?;
         let mut redriven = run.clone();
-        let why = match self.agent(&run.value.agent) {
+        let why = match self.agent_of(&run.value) {
             Ok(agent) if agent.model.is_some() => redriven
                 .value
                 .redrive(actions.iter().map(|a| a.tool_use_id.as_str()), now)
@@ -724,8 +731,13 @@ impl Engine {
         // The run's agent holds the tool that can say what became of the call.
         let tool = run
             .as_ref()
-            .and_then(|run| self.agent(&run.value.agent).ok())
+            .and_then(|run| self.agent_of(&run.value).ok())
             .and_then(|agent| agent.tools.get(&action.value.tool).cloned());
+        // Only a process that can run the tool asks it, or gives up on it.
+        if let Some(Err(missing)) = tool.as_ref().map(|tool| tool.runs_here()) {
+            tracing::info!(%key, %missing, "left for a process that has the agent's environment");
+            return Ok(());
+        }
         if let Some(run) = run.clone()
             && action.value.status == ActionStatus::Unknown
             && tool.as_ref().is_some_and(|tool| !tool.reconciles())

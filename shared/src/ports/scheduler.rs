@@ -67,3 +67,13 @@ impl Scheduler for SweepOnly {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Wake;
+
+    #[test]
+    fn a_wake_reads_as_its_schedule_names_it() {
+        assert_eq!(Wake::Deadline.as_str(), "deadline");
+    }
+}

@@ -72,6 +72,24 @@ pub trait Tool: Send + Sync {
         let _ = call;
         None
     }
+
+    /// Whether this process can run the tool: not where a variable its binding reads is unset.
+    /// The engine asks before it claims a call; a call this process cannot run waits, unclaimed,
+    /// for one that can.
+    fn runs_here(&self) -> Result<(), NotRunnableHere> {
+        Ok(())
+    }
+}
+
+/// Why a process cannot run a tool it knows: its binding reads an environment variable that is
+/// unset here. A process with the agent's environment runs it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field} reads the environment variable {var}, which is not set in this process")]
+pub struct NotRunnableHere {
+    /// The variable, such as `NOTES_DIR`.
+    pub var: String,
+    /// Where the definition reads it, such as `mcp.files.args`.
+    pub field: String,
 }
 
 /// Tools an agent gets only once something lists them, such as every tool an MCP server
@@ -86,6 +104,11 @@ pub trait ToolSource: Send + Sync {
 
     /// The listed tools' specs; none before a successful [`ToolSource::prepare`].
     fn specs(&self) -> Vec<ToolSpec>;
+
+    /// Whether this process can list and run the source's tools, as [`Tool::runs_here`].
+    fn runs_here(&self) -> Result<(), NotRunnableHere> {
+        Ok(())
+    }
 }
 
 /// Why an agent's tools cannot be made ready now (a server they come from is down).
@@ -149,6 +172,15 @@ impl Toolbox {
             specs.extend(source.specs());
         }
         specs.into()
+    }
+
+    /// Whether this process can run every tool of the box, bound or listed: the first variable
+    /// it lacks otherwise.
+    pub fn all_run_here(&self) -> Result<(), NotRunnableHere> {
+        self.tools.values().try_for_each(|tool| tool.runs_here())?;
+        self.sources
+            .iter()
+            .try_for_each(|source| source.runs_here())
     }
 
     /// Lists every source's tools (once per process); a process that drives runs calls it

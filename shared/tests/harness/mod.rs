@@ -14,8 +14,9 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use chrono::{DateTime, TimeZone, Utc};
+use shared::adapters::env_template::Lookup;
 use shared::adapters::sqlite::SqliteStore;
-use shared::agents::{self, Wiring};
+use shared::agents::{self, Environment, Wiring};
 use shared::domain::action::ToolOutcome;
 use shared::domain::approval::{Approval, Choice, DecisionRequest};
 use shared::domain::audit::{AuditEntry, AuditEvent};
@@ -260,7 +261,7 @@ impl Harness {
     ) -> Agent {
         let wiring = Wiring::new(store.clone(), self.clock.clone(), self.claims.clone());
         let mut agent = agents::shipped_one(expense::AGENT)
-            .and_then(|definition| definition.build(&wiring))
+            .and_then(|definition| wiring.build(&definition))
             .expect("the shipped expense agent builds")
             .with_model(model);
         agent.tools = adjust(std::mem::take(&mut agent.tools));
@@ -312,11 +313,31 @@ impl Harness {
         definitions: &[agents::Definition],
         delivery: Delivery,
     ) -> Process {
+        let env = shared::adapters::env_template::process_env;
+        self.process_of_definitions_in(definitions, delivery, &env, Environment::AtStart)
+            .await
+    }
+
+    /// [`Harness::process_of_definitions_with`], the variables the bindings read taken from
+    /// `env` and needed as `environment` says.
+    pub async fn process_of_definitions_in(
+        &self,
+        definitions: &[agents::Definition],
+        delivery: Delivery,
+        env: Lookup<'_>,
+        environment: Environment,
+    ) -> Process {
         let store = self.backend.connect().await;
-        let wiring = Wiring::new(store.clone(), self.clock.clone(), self.claims.clone());
+        // Its runs are driven here, as the embedded mode drives them: each agent gets its model.
+        let wiring = Wiring {
+            env,
+            environment,
+            drives: true,
+            ..Wiring::new(store.clone(), self.clock.clone(), self.claims.clone())
+        };
         let built = definitions
             .iter()
-            .map(|d| d.build(&wiring).expect("the definition builds"));
+            .map(|d| wiring.build(d).expect("the definition builds"));
         let engine = Engine::builder(store.clone())
             .agents(built)
             .clock(self.clock.clone())

@@ -289,7 +289,7 @@ async fn defined_process_delivering(
                         h.claims.clone(),
                     )
                 };
-                match definition.build(&wiring) {
+                match wiring.build(definition) {
                     Ok(agent) => engine
                         .agent(agent.with_model(Arc::new(script)))
                         .delivery(delivery),
@@ -327,7 +327,9 @@ async fn a_defined_agent_runs_a_read_only_tool_at_once_and_a_destructive_one_aft
         .await
         .unwrap();
 
-    shared::agents::prepare(&p, &orders_name()).await.unwrap();
+    shared::agents::prepare(&p, &harness::acme(), &orders_name())
+        .await
+        .unwrap();
     let report = p.start(orders_task()).await.unwrap();
 
     let approval = waiting_refund(&report, &seen);
@@ -364,8 +366,10 @@ mcp = { server = "orders", tool = "issue_refund" }
         .await
         .unwrap();
 
-    shared::agents::prepare(&p, &orders_name()).await.unwrap();
-    let tools = &p.agent(&orders_name()).unwrap().tools;
+    shared::agents::prepare(&p, &harness::acme(), &orders_name())
+        .await
+        .unwrap();
+    let tools = &p.agent(&harness::acme(), &orders_name()).unwrap().tools;
     let specs: Vec<String> = tools.specs().iter().map(|s| s.name.clone()).collect();
     assert_eq!(specs, ["refund"], "only the bound tool, under its own name");
     let refund_tool = tools.get("refund").unwrap();
@@ -407,7 +411,7 @@ async fn another_process_lists_the_tools_before_it_resumes_and_runs_the_approved
     )
     .await
     .unwrap();
-    shared::agents::prepare(&starter, &orders_name())
+    shared::agents::prepare(&starter, &harness::acme(), &orders_name())
         .await
         .unwrap();
     let report = starter.start(orders_task()).await.unwrap();
@@ -421,7 +425,10 @@ async fn another_process_lists_the_tools_before_it_resumes_and_runs_the_approved
     let resumer = defined_process(&h, &definition, &env, script)
         .await
         .unwrap();
-    let tools = &resumer.agent(&orders_name()).unwrap().tools;
+    let tools = &resumer
+        .agent(&harness::acme(), &orders_name())
+        .unwrap()
+        .tools;
     assert!(
         tools.get("issue_refund").is_none(),
         "nothing listed yet here"
@@ -458,7 +465,7 @@ async fn a_run_whose_mcp_server_is_down_is_refused_before_anything_is_written() 
         .await
         .expect("building never reaches the server");
 
-    let refused = shared::agents::prepare(&p, &orders_name())
+    let refused = shared::agents::prepare(&p, &harness::acme(), &orders_name())
         .await
         .unwrap_err();
 
@@ -475,7 +482,9 @@ async fn a_run_whose_mcp_server_is_down_is_refused_before_anything_is_written() 
     assert!(seen.calls.lock().unwrap().is_empty());
 
     relay.restart_on(server.addr);
-    shared::agents::prepare(&p, &orders_name()).await.unwrap();
+    shared::agents::prepare(&p, &harness::acme(), &orders_name())
+        .await
+        .unwrap();
     let report = p.start(orders_task()).await.unwrap();
     assert_eq!(
         report.status,
@@ -552,7 +561,7 @@ async fn prepare_refusal(
     let p = defined_process(h, definition, env, harness::Script::default())
         .await
         .unwrap();
-    shared::agents::prepare(&p, &orders_name())
+    shared::agents::prepare(&p, &harness::acme(), &orders_name())
         .await
         .unwrap_err()
         .to_string()

@@ -288,7 +288,7 @@ async fn refunds_engine(
         drives: true,
         ..Wiring::new(store.clone(), clock.clone(), default_claims())
     };
-    let mut agent = definition.build(&wiring).expect("the refunds agent builds");
+    let mut agent = wiring.build(&definition).expect("the refunds agent builds");
     if let Some(model) = model {
         agent = agent.with_model(model);
     }

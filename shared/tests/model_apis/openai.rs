@@ -481,7 +481,7 @@ async fn a_base_url_with_credentials_is_refused_at_load_naming_its_field_and_not
             shared::example::expense::default_claims(),
         )
     };
-    let error = definition.build(&wiring).err().unwrap();
+    let error = wiring.build(&definition).err().unwrap();
     assert_eq!(error.field, "model.base_url", "{error}");
     assert!(!error.to_string().contains("pw-hunter-77"), "{error}");
 }

@@ -290,7 +290,33 @@ async fn given_comments_of_long_characters_when_they_fill_the_approvals_share_th
     assert_eq!(read.comments.len(), kept, "the refused one changed nothing");
 }
 
+async fn given_a_task_of_2001_two_byte_characters_when_a_run_starts_then_it_is_refused_in_bytes_and_4000_bytes_start(
+    h: &Harness,
+) {
+    let p = h.scripted_process(Script::default()).await;
+    // 2,001 characters, 4,002 bytes: within a limit of characters, past the one of bytes.
+    let long = shared::engine::StartRun {
+        task: "é".repeat(2_001),
+        ..scripted_task("ben")
+    };
+
+    let refused = p.start(long).await.unwrap_err();
+
+    assert_eq!(refused.code(), "bad_input");
+    assert_eq!(
+        refused.to_string(),
+        "a task needs 1 to 4000 bytes of UTF-8 text (a character may take up to 4); this one \
+         has 4002 bytes"
+    );
+    let fits = shared::engine::StartRun {
+        task: "é".repeat(2_000),
+        ..scripted_task("ben")
+    };
+    assert_eq!(p.start(fits).await.unwrap().status, RunStatus::Done);
+}
+
 on_both_stores!([
+    given_a_task_of_2001_two_byte_characters_when_a_run_starts_then_it_is_refused_in_bytes_and_4000_bytes_start,
     given_an_approval_when_five_people_leave_100_comments_of_2000_characters_then_it_keeps_them_all_and_refuses_a_101st,
     given_comments_of_long_characters_when_they_fill_the_approvals_share_then_the_next_is_refused_and_nothing_changes,
     given_a_tool_answer_of_900_kb_when_it_is_read_then_it_is_stored_cut_the_model_is_told_and_the_run_completes,

@@ -26,6 +26,7 @@ mod claims;
 mod crashes;
 mod decisions;
 mod edits;
+mod environment;
 mod expiry;
 mod gate;
 mod limits;
@@ -33,6 +34,7 @@ mod races;
 mod recovery;
 mod resume;
 mod snapshots;
+mod tenants;
 mod turns;
 
 use std::future::Future;

@@ -9,10 +9,10 @@ use crate::domain::approval::{
     PreviousVersion, is_plain,
 };
 use crate::domain::args::{Args, ArgsHash};
-use crate::domain::audit::LogSlot;
 use crate::domain::ids::{
     ActionId, ActionVersion, AgentName, ApprovalId, DecisionId, PersonId, Role, RunId, TenantId,
 };
+use crate::domain::log_slot::LogSlot;
 use crate::domain::policy::{Escalation, ToolHints};
 use crate::ports::store::Item;
 
@@ -340,8 +340,8 @@ pub struct EscalationDue {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::domain::audit::LogSlot;
     use crate::domain::ids::{ActionId, ActionVersion, RunId};
+    use crate::domain::log_slot::LogSlot;
     use crate::engine::error::EngineError;
     use crate::engine::records::log::{audit_order, write_units};
     use crate::engine::records::{Tx, decode, decode_approval};

@@ -1,71 +1,10 @@
-//! The sparse index: how its partitions are sharded, and the entry each record holds in it.
+//! The sparse index: the entry each record holds in it.
 
-use super::keys;
+use super::keys::{self, IndexShards};
 use crate::domain::action::{Action, ActionStatus};
 use crate::domain::approval::{Approval, ApprovalStatus};
 use crate::domain::run::{Run, RunStatus};
 use crate::ports::store::IndexKey;
-
-// ---------------------------------------------------------------- index shards
-
-/// How many partitions each index written by every tenant is split over
-/// (`COUNTERSIGN_INDEX_SHARDS`). DynamoDB holds one partition key to about 1,000 write units a
-/// second; n shards raise that ceiling n times, and cost the sweep n queries per index instead
-/// of one. Every process of a deployment must use the same number: an entry in a shard the
-/// sweep does not read waits until it does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct IndexShards(u32);
-
-impl IndexShards {
-    pub const DEFAULT: IndexShards = IndexShards(16);
-    /// More would make every sweep slow for no gain a deployment could measure.
-    pub const MAX: u32 = 256;
-
-    pub fn new(n: u32) -> Result<Self, String> {
-        match n {
-            1..=Self::MAX => Ok(Self(n)),
-            _ => Err(format!(
-                "{n} index shards: the number must be from 1 to {}",
-                Self::MAX
-            )),
-        }
-    }
-
-    pub fn get(self) -> u32 {
-        self.0
-    }
-
-    /// The shard of the record `id`: FNV-1a, which (unlike std's hasher) never changes between
-    /// releases or processes.
-    pub fn of(self, id: &str) -> u32 {
-        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-        for byte in id.bytes() {
-            hash ^= u64::from(byte);
-            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        (hash % u64::from(self.0)) as u32
-    }
-}
-
-impl Default for IndexShards {
-    fn default() -> Self {
-        Self::DEFAULT
-    }
-}
-
-impl std::str::FromStr for IndexShards {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<Self, String> {
-        let n = text
-            .trim()
-            .parse::<u32>()
-            .map_err(|_| format!("{text:?} is not a whole number of index shards"))?;
-        Self::new(n)
-    }
-}
-
-// ---------------------------------------------------------------- index rules
 
 /// How long an action may sit in `executing` before the sweep asks its tool what happened.
 pub(crate) const STALE_EXECUTION: chrono::Duration = chrono::Duration::minutes(15);
@@ -138,30 +77,4 @@ pub(crate) fn action_index(shards: IndexShards, action: &Action) -> Option<Index
 /// lease runs out.
 pub(crate) fn resume_key(shards: IndexShards, action: &Action) -> IndexKey {
     keys::outbox(shards, action.updated_at, &action.key())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn index_shards_are_refused_outside_one_to_the_maximum() {
-        assert_eq!("16".parse::<IndexShards>(), Ok(IndexShards::DEFAULT));
-        for bad in ["0", "257", "-1", "four", ""] {
-            let error = bad.parse::<IndexShards>().unwrap_err();
-            assert!(error.contains("index shards"), "{bad:?}: {error}");
-        }
-    }
-
-    #[test]
-    fn a_record_keeps_its_shard_across_processes_and_releases() {
-        // Pinned: a changed hash would strand every entry written before the change.
-        let shards = IndexShards::new(16).unwrap();
-        assert_eq!(shards.of("TENANT#acme#RUN#r-1"), 9);
-        let seen: std::collections::BTreeSet<u32> =
-            (0..200).map(|n| shards.of(&format!("ob-{n}"))).collect();
-        assert_eq!(seen.len(), 16, "ids spread over every shard");
-        let one = IndexShards::new(1).unwrap();
-        assert_eq!(keys::shard_pks(keys::OUTBOX_INDEX, one), ["OUTBOX#0"]);
-    }
 }

@@ -2,8 +2,8 @@
 //! builder that writes a change and its audit events together: the events of one transaction
 //! about one run go into one append-only audit item, in the order they were added.
 //!
-//! - [`keys`]: where each record sits, tenant first;
-//! - `index`: the sparse index, its shards and which entry each record holds;
+//! - [`keys`]: where each record sits, tenant first, and how the index partitions are sharded;
+//! - `index`: the sparse index: which entry each record holds;
 //! - `approval`: an approval's stored form and its escalation marker;
 //! - `outbox`: what waits for delivery after a commit;
 //! - `log`: audit items, the run's item and the log read back from them;
@@ -27,8 +27,8 @@ pub mod keys;
 use approval::read_approval;
 
 pub use approval::EscalationDue;
-pub use index::IndexShards;
 pub(crate) use index::{STALE_EXECUTION, action_index, lease_end, reconcile_key};
+pub use keys::IndexShards;
 pub use log::{RunRead, held_by_action, held_by_approval, run_alone_from_items, run_from_items};
 pub use outbox::{NotifyMessage, OutboxEntry, OutboxMessage, Outgoing, outbox_key, resume_message};
 pub use tx::Tx;

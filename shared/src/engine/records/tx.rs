@@ -5,7 +5,8 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use super::approval::approval_body;
-use super::index::{IndexShards, action_index, approval_index, resume_key, run_index};
+use super::index::{action_index, approval_index, resume_key, run_index};
+use super::keys::IndexShards;
 use super::log::{
     AUDIT_ORDER_LEN, AUDIT_PART, AuditItem, FINAL_EVENTS, FINISHED_RUN_ITEM, LoggedEvent, OwnFinal,
     RunBodies, audit_order, write_units, write_units_of,
@@ -14,9 +15,10 @@ use super::outbox::{OutboxEntry, OutboxMessage, Outgoing};
 use super::{Stored, keys};
 use crate::domain::action::Action;
 use crate::domain::approval::Approval;
-use crate::domain::audit::{AuditEntry, LogSlot};
+use crate::domain::audit::AuditEntry;
 use crate::domain::budget;
 use crate::domain::ids::{OutboxId, RunId, TenantId};
+use crate::domain::log_slot::LogSlot;
 use crate::domain::run::Run;
 use crate::ports::store::{Condition, IndexKey, Item, Write};
 
