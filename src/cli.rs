@@ -5,6 +5,9 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use shared::agents::Environment;
+use shared::api::waiting::WaitLimits;
+use shared::deploy::MOST_OPEN_APPROVALS;
+use shared::engine::{DEFAULT_MAX_OPEN_APPROVALS, MAX_PENDING_PAGE, PENDING_PAGE};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -45,6 +48,17 @@ pub struct Global {
     /// A claims file to use instead of the shipped example claims.
     #[arg(long, global = true, env = "COUNTERSIGN_CLAIMS")]
     pub claims: Option<PathBuf>,
+    /// The most approvals one requester may have waiting on people at once; a call past it is
+    /// not proposed (its caller is told so, and no reviewer sees it).
+    #[arg(
+        long,
+        global = true,
+        env = "COUNTERSIGN_MAX_OPEN_APPROVALS",
+        value_name = "N",
+        default_value_t = DEFAULT_MAX_OPEN_APPROVALS,
+        value_parser = clap::value_parser!(u32).range(1..=i64::from(MOST_OPEN_APPROVALS))
+    )]
+    pub max_open_approvals: u32,
     /// Testing aid, in debug builds only: this process's clock runs this far ahead (such as 2d),
     /// so the sweep finds every deadline and lease past. A release build has no such option.
     #[cfg(debug_assertions)]
@@ -82,13 +96,22 @@ pub enum Command {
         #[arg(long, value_parser = parse_duration)]
         ttl: Option<std::time::Duration>,
     },
-    /// List what waits for a decision, or decide.
+    /// List what waits for a decision, a page at a time, or decide.
     Review {
         #[command(subcommand)]
         action: Option<Review>,
         /// Only what waits in this person's organisation.
         #[arg(long = "as", value_name = "NAME")]
         person: Option<String>,
+        /// How many to list, soonest deadline first.
+        #[arg(long, default_value_t = PENDING_PAGE as u32, value_parser = clap::value_parser!(u32).range(1..=MAX_PENDING_PAGE as i64))]
+        limit: u32,
+        /// Where to start: the cursor the page before printed.
+        #[arg(long)]
+        cursor: Option<String>,
+        /// Every waiting approval, page after page.
+        #[arg(long, conflicts_with_all = ["limit", "cursor"])]
+        all: bool,
     },
     /// Cancel a run; its open approvals are cancelled with it.
     Cancel {
@@ -185,6 +208,15 @@ pub struct ServeOptions {
     /// closed to admit another; with none idle, more wait to be accepted.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65_536))]
     pub max_connections: u32,
+    /// Requests waiting at once (gate long-polls, MCP calls held for a person). A waiting
+    /// request gives its connection slot back while it waits; past this, a wait is answered at
+    /// once.
+    #[arg(long, default_value_t = WaitLimits::DEFAULT.total, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    pub max_waiting: u32,
+    /// Of the waiting requests, how many one person may hold; past it, their next wait is
+    /// answered at once (a gate long-poll with 429 and Retry-After).
+    #[arg(long, default_value_t = WaitLimits::DEFAULT.per_person, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    pub max_waiting_per_person: u32,
 }
 
 #[derive(Debug, Subcommand)]

@@ -44,8 +44,9 @@ fn read(path: &Path, what: &str) -> Result<String, Failure> {
 /// What a process loads besides its store: the agent definitions and the claims file (through
 /// [`Setup`]), and the people directory (the shipped one by default).
 fn load(global: &Global) -> Result<(Setup, Directory), Failure> {
-    let setup = Setup::load(global.agents.as_deref(), global.claims.as_deref())
+    let mut setup = Setup::load(global.agents.as_deref(), global.claims.as_deref())
         .map_err(|e| Failure::usage(e.to_string()))?;
+    setup.max_open_approvals = global.max_open_approvals;
     let directory = match &global.people {
         Some(path) => Directory::from_toml(&read(path, "people")?)
             .map_err(|e| Failure::usage(e.to_string()))?,

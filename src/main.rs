@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use shared::domain::approval::{Approval, ApprovalStatus, Choice, DecisionRequest};
 use shared::domain::ids::{ActionVersion, AgentName, ApprovalId, DecisionId, RunId, TenantId};
 use shared::domain::run::RunStatus;
-use shared::engine::{History, RunReport, StartRun};
+use shared::engine::{History, MAX_PENDING_PAGE, PendingCursor, RunReport, StartRun};
 use shared::example::expense;
 use shared::ports::tools::NotRunnableHere;
 
@@ -67,6 +67,46 @@ async fn main() -> ExitCode {
             }
             eprintln!("error: {}", render::terminal(&failure.message));
             ExitCode::from(failure.exit as u8)
+        }
+    }
+}
+
+/// One page of what waits in `tenants`, soonest deadline first: at most `limit`, those after
+/// `after`, and where the next page starts if more wait.
+async fn waiting_page(
+    local: &Local,
+    tenants: &[TenantId],
+    after: Option<&PendingCursor>,
+    limit: usize,
+) -> Result<(Vec<Approval>, Option<PendingCursor>), Failure> {
+    let mut approvals = Vec::new();
+    let mut more = false;
+    for tenant in tenants {
+        let page = local.engine.pending_page(tenant, after, limit).await?;
+        more |= page.next.is_some();
+        approvals.extend(page.approvals.into_iter().map(|shown| shown.approval));
+    }
+    // Each tenant's list is in this order too: their pages merge into one.
+    approvals.sort_by_key(PendingCursor::after);
+    more |= approvals.len() > limit;
+    approvals.truncate(limit);
+    let next = approvals.last().filter(|_| more).map(PendingCursor::after);
+    Ok((approvals, next))
+}
+
+/// Everything that waits in `tenants`, page after page.
+async fn every_waiting(
+    local: &Local,
+    tenants: &[TenantId],
+) -> Result<(Vec<Approval>, Option<PendingCursor>), Failure> {
+    let mut approvals = Vec::new();
+    let mut after = None;
+    loop {
+        let (page, next) = waiting_page(local, tenants, after.as_ref(), MAX_PENDING_PAGE).await?;
+        approvals.extend(page);
+        match next {
+            Some(next) => after = Some(next),
+            None => return Ok((approvals, None)),
         }
     }
 }
@@ -132,24 +172,28 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
         Command::Review {
             action: None,
             person,
+            limit,
+            cursor,
+            all,
         } => {
-            let tenants = match person {
-                Some(name) => vec![local.identify(&name)?.tenant],
+            let tenants = match &person {
+                Some(name) => vec![local.identify(name)?.tenant],
                 None => local.tenants().await?,
             };
-            let mut approvals = Vec::new();
+            let after = cursor
+                .as_deref()
+                .map(PendingCursor::parse)
+                .transpose()
+                .map_err(|e| Failure::usage(e.to_string()))?;
+            let (approvals, next) = match all {
+                true => every_waiting(&local, &tenants).await?,
+                false => waiting_page(&local, &tenants, after.as_ref(), limit as usize).await?,
+            };
             let mut tasks = std::collections::BTreeMap::new();
             for tenant in &tenants {
-                let waiting = local.engine.pending(tenant).await?;
-                tasks.extend(
-                    local
-                        .engine
-                        .tasks(tenant, waiting.iter().map(|a| &a.run_id))
-                        .await?,
-                );
-                approvals.extend(waiting);
+                let runs = approvals.iter().filter(|a| a.tenant == *tenant);
+                tasks.extend(local.engine.tasks(tenant, runs.map(|a| &a.run_id)).await?);
             }
-            approvals.sort_by_key(|a| a.expires_at);
             let now = local.engine.now();
             let listed: Vec<Value> = approvals
                 .iter()
@@ -159,9 +203,18 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
                     listed
                 })
                 .collect();
+            let mut text = render::pending(&approvals, &tasks, now);
+            if let Some(next) = &next {
+                let again = match &person {
+                    Some(name) => format!("countersign review --as {name}"),
+                    None => "countersign review".to_string(),
+                };
+                text.push_str(&render::more(approvals.len(), &again, limit, next));
+            }
+            let next_cursor = next.map(|next| next.encode());
             Ok(Output {
-                text: render::pending(&approvals, &tasks, now),
-                json: json!({"approvals": listed, "now": now}),
+                text,
+                json: json!({"approvals": listed, "now": now, "next_cursor": next_cursor}),
             })
         }
         Command::Review {

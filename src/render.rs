@@ -14,7 +14,9 @@ use shared::domain::audit::{AuditEntry, AuditEvent};
 use shared::domain::ids::{ActionId, ApprovalId, Role, RunId};
 use shared::domain::policy::Verdict;
 use shared::domain::run::RunStatus;
-use shared::engine::{DecisionReport, History, RunReport, SweepReport};
+use shared::engine::{
+    DecisionReport, History, PENDING_PAGE, PendingCursor, RunReport, SweepReport,
+};
 use shared::example::expense::{Settlement, SettlementOutcome};
 use shared::logs::Escaping;
 
@@ -197,6 +199,21 @@ fn who_may(a: &Approval) -> String {
 
 /// One card per approval: what it is for (`tasks`: each run's task, by run id), the agent's
 /// words, the exact call, why a person decides, who may, and until when.
+/// What `review` says below a page that is not the last: how to see the rest. `again` is the
+/// command that listed it, `limit` its page's size.
+pub fn more(shown: usize, again: &str, limit: u32, next: &PendingCursor) -> String {
+    let size = match limit as usize == PENDING_PAGE {
+        true => String::new(),
+        false => format!(" --limit {limit}"),
+    };
+    format!(
+        "{shown} shown, soonest deadline first; more wait.\n\
+         Next page: {again}{size} --cursor {}\n\
+         Every one: {again} --all\n",
+        next.encode()
+    )
+}
+
 pub fn pending(
     approvals: &[Approval],
     tasks: &std::collections::BTreeMap<RunId, String>,

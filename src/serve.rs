@@ -7,7 +7,9 @@
 //! Each connection is HTTP/1.1 with limits a slow, idle or greedy client cannot outlast
 //! (`connections.rs`): a head within the header timeout and of a sane size, a body within the
 //! body timeout and read only once the caller is authenticated, and at most `max_connections`
-//! open, the one idle the longest closed to admit a new one when all are.
+//! open, the one idle the longest closed to admit a new one when all are. Requests that wait
+//! take the API's waiting slots (`max_waiting`, at most `max_waiting_per_person` of them one
+//! person's) instead of connection slots, so waiters cannot keep anyone else out.
 
 mod connections;
 
@@ -16,6 +18,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use shared::api::waiting::{WaitLimits, WaitSlots};
 use shared::api::{self, Authenticate, BearerJwt, DevSignIn};
 use shared::engine::Engine;
 use tokio::net::TcpListener;
@@ -90,6 +93,10 @@ pub async fn run(local: Local, state: &Path, options: ServeOptions) -> Result<()
     let background = api::Background::default();
     let gateway =
         shared::deploy::mcp_settings_from_env().map_err(|e| Failure::usage(e.to_string()))?;
+    let waiting = WaitSlots::new(WaitLimits {
+        total: options.max_waiting,
+        per_person: options.max_waiting_per_person,
+    });
     let app = api::local_router(
         engine,
         auth,
@@ -98,7 +105,9 @@ pub async fn run(local: Local, state: &Path, options: ServeOptions) -> Result<()
         slack,
         background.clone(),
         gateway,
-    );
+    )
+    .layer(axum::Extension(Arc::new(waiting)));
+    open_files_for(options.max_connections + options.max_waiting);
     // One flushed line: scripts and tests read the address from it (port 0 picks a free one).
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout, "listening on http://{bound}")
@@ -133,6 +142,39 @@ pub(crate) async fn sweep_forever(engine: Arc<Engine>, every: Duration) {
         }
     }
 }
+
+/// Files this process keeps open besides its connections: the store's, the listener, stdio,
+/// outgoing connections to models, tools and MCP servers.
+const OTHER_FILES: u64 = 128;
+
+/// Raises this process's limit of open files to what `connections` (connections and waiting
+/// requests together) need, up to the hard limit, as servers do: many systems start a process
+/// at 1,024. Says on stderr if even the hard limit is short, then serves within it.
+#[cfg(unix)]
+fn open_files_for(connections: u32) {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let wanted = u64::from(connections) + OTHER_FILES;
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return;
+    };
+    let raised = wanted.min(hard);
+    if raised > soft
+        && let Err(error) = setrlimit(Resource::RLIMIT_NOFILE, raised, hard)
+    {
+        tracing::warn!(%error, "cannot raise the open-file limit");
+    }
+    let now = getrlimit(Resource::RLIMIT_NOFILE).map_or(soft, |(soft, _)| soft);
+    if now < wanted {
+        eprintln!(
+            "WARNING: this process may open {now} files, fewer than the {wanted} that \
+             --max-connections and --max-waiting may hold with the store's own; past it, new \
+             connections wait. Raise the limit (ulimit -n) or lower those flags."
+        );
+    }
+}
+
+#[cfg(not(unix))]
+fn open_files_for(_: u32) {}
 
 /// Items of each kind one local sweep touches at most, as the sweep function's default.
 const SWEEP_BUDGET: usize = 200;

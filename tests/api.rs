@@ -1121,3 +1121,124 @@ async fn each_approval_names_its_task_and_what_was_decided_lately_says_by_whom_a
         .await;
     assert_refused(&anonymous, 401, "missing_token");
 }
+
+#[tokio::test]
+async fn a_requester_at_the_cap_of_open_approvals_is_told_not_proposed_and_no_reviewer_sees_the_call()
+ {
+    let server = Server::start_with(
+        "open-cap",
+        &["--sweep-every", "0s", "--max-open-approvals", "1"],
+    );
+    let pay = |call_id: &str, claim: &str| {
+        json!({"agent": "expense", "tool": "reimburse", "call_id": call_id,
+               "args": {"claim_id": claim, "amount_cents": 20_000}})
+    };
+    let first = server
+        .post("/gate/calls", "ben", pay("call-1", "c-102"))
+        .await;
+    assert_eq!(first.status, 202, "{}", first.json);
+
+    // Through the gate: 429, in words that say what to do.
+    let refused = server
+        .post("/gate/calls", "ben", pay("call-2", "c-104"))
+        .await;
+    common::server::assert_refused_naming(&refused, 429, "too_many_open_approvals", "ben has 1");
+    let message = refused.json["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("propose it again once reviewers have decided"),
+        "{message}"
+    );
+    // An agent's run: its model is told, and the run goes on without a person.
+    let run = server.start_run("ben", json!({"claim_id": "c-104"})).await;
+    assert_eq!(run.json["status"], "done", "{}", run.json);
+    let audit = server.audit(run.json["run_id"].as_str().unwrap()).await;
+    let refusal = item_where(&audit["entries"], "event", "refused");
+    assert!(
+        refusal["why"]
+            .as_str()
+            .unwrap()
+            .contains("not proposed: too many open approvals"),
+        "{refusal}"
+    );
+    // Over MCP: a plain answer the model acts on.
+    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "reimburse", "arguments": {"claim_id": "c-103", "amount_cents": 20_000}}});
+    let called = server
+        .http
+        .post(format!("{}/mcp/expense", server.base))
+        .header("accept", "application/json, text/event-stream")
+        .bearer_auth(server.token("ben"))
+        .json(&call)
+        .send()
+        .await
+        .unwrap();
+    let called: Value = called.json().await.unwrap();
+    let result = &called["result"];
+    assert_eq!(result["isError"], true, "{called}");
+    assert_eq!(result["_meta"]["countersign/status"], "refused", "{called}");
+    let told = result["content"][0]["text"].as_str().unwrap();
+    assert!(
+        told.starts_with("Not executed: not proposed: too many open approvals (ben has 1 waiting"),
+        "{told}"
+    );
+
+    let waiting = server.get("/approvals", "dana").await;
+    assert_eq!(
+        texts(&waiting.json["approvals"], "id"),
+        [first.json["approval"]["id"].as_str().unwrap()]
+    );
+    // Another requester's call is proposed.
+    let chens = server
+        .post("/gate/calls", "chen", pay("call-3", "c-101"))
+        .await;
+    assert_eq!(chens.status, 202, "{}", chens.json);
+}
+
+#[tokio::test]
+async fn what_waits_is_listed_a_page_at_a_time_and_a_cursor_no_page_gave_is_400() {
+    let server = Server::start("pages");
+    let mut paused = Vec::new();
+    for _ in 0..5 {
+        paused.push(server.paused_run("ben", "c-102", None).await.approval);
+    }
+
+    let mut listed = Vec::new();
+    let mut path = "/approvals?limit=2".to_string();
+    let mut pages = 0;
+    loop {
+        let page = server.get(&path, "dana").await;
+        assert_eq!(page.status, 200, "{}", page.json);
+        pages += 1;
+        let ids = texts(&page.json["approvals"], "id");
+        assert!(ids.len() <= 2, "{}", page.json);
+        listed.extend(ids.into_iter().map(str::to_string));
+        match page.json["next_cursor"].as_str() {
+            Some(cursor) => path = format!("/approvals?limit=2&cursor={cursor}"),
+            None => {
+                assert!(page.json["next_cursor"].is_null(), "{}", page.json);
+                break;
+            }
+        }
+    }
+    assert_eq!(pages, 3);
+    let mut expected = paused.clone();
+    expected.sort();
+    listed.sort();
+    assert_eq!(listed, expected, "each once");
+    let whole = server.get("/approvals", "dana").await;
+    assert_eq!(
+        whole.json["approvals"].as_array().unwrap().len(),
+        5,
+        "50 by default"
+    );
+
+    for (query, code) in [
+        ("cursor=not-one", "invalid_field"),
+        ("limit=0", "invalid_field"),
+        ("limit=201", "invalid_field"),
+        ("page=2", "unknown_field"),
+    ] {
+        let refused = server.get(&format!("/approvals?{query}"), "dana").await;
+        assert_refused(&refused, 400, code);
+    }
+}

@@ -1060,3 +1060,56 @@ async fn each_card_names_its_agent_and_task_and_what_was_decided_shows_who_decid
     erin.close().await;
     assert_eq!(server.payments(), [("c-102".to_string(), 25_000)]);
 }
+
+#[tokio::test]
+async fn a_queue_longer_than_a_page_shows_more_on_a_click_and_keeps_it_shown_after_a_decision() {
+    let server = Server::start_dev("more");
+    // One more than a page (50): ben's calls through the gate, each waiting on finance.
+    let mut approvals = Vec::new();
+    for n in 0..51 {
+        let call = json!({"agent": "expense", "tool": "reimburse", "call_id": format!("call-{n}"),
+                          "args": {"claim_id": "c-102", "amount_cents": 10_000 + n}});
+        let proposed = server.post("/gate/calls", "ben", call).await;
+        assert_eq!(proposed.status, 202, "{}", proposed.json);
+        approvals.push(
+            proposed.json["approval"]["id"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
+    }
+    let mut driver = Driver::start().await;
+    let dana = driver.signed_in(&server, "dana").await;
+    let shown = |count: usize| {
+        format!("return document.querySelectorAll('#approvals > li').length === {count};")
+    };
+    dana.until("a page of 50 cards", &shown(50)).await;
+    dana.find(&card(&approvals[0])).await;
+    let last = card(&approvals[50]);
+    assert_eq!(dana.text(&last).await, "", "the 51st is on the next page");
+
+    dana.click("#more:not([hidden])").await;
+
+    dana.until("51 cards", &shown(51)).await;
+    dana.find(&last).await;
+    dana.text_containing("#queue-status", "1 more shown.").await;
+    dana.find("#more[hidden]").await;
+    let focused = "return document.activeElement && \
+        document.activeElement.closest('[data-approval-id]').dataset.approvalId;";
+    assert_eq!(
+        dana.until("focus on the card added", focused).await,
+        approvals[50]
+    );
+
+    // A decision reads the queue again: both pages of it, less the one decided.
+    dana.decide_card(
+        &card(&approvals[0]),
+        "button.approve",
+        "You approved reimburse version 1",
+    )
+    .await;
+    dana.until("50 cards after the decision", &shown(50)).await;
+    dana.find(&last).await;
+    dana.find("#more[hidden]").await;
+    dana.close().await;
+}

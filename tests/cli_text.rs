@@ -388,3 +388,46 @@ fn a_script_placeholder_the_script_does_not_have_stops_the_process_naming_its_fi
     assert!(refused.stderr.contains("script.toml"), "{}", refused.stderr);
     assert!(refused.stderr.contains("{whom}"), "{}", refused.stderr);
 }
+
+#[test]
+fn review_lists_a_page_and_says_how_to_see_the_rest() {
+    let cs = Countersign::fresh("cli-text-pages");
+    for _ in 0..3 {
+        let paused = cs.ok(&["agent", "c-102"]);
+        assert_eq!(paused["status"], "awaiting_approval", "{paused}");
+    }
+    let cards = |text: &str| text.lines().filter(|l| l.starts_with("ap-")).count();
+
+    let first = cs.printed(&["review", "--limit", "2"]);
+
+    assert_eq!(cards(&first), 2, "{first}");
+    assert!(
+        first.contains("2 shown, soonest deadline first; more wait."),
+        "{first}"
+    );
+    let next = first
+        .lines()
+        .find_map(|l| l.strip_prefix("Next page: countersign review --limit 2 --cursor "))
+        .unwrap_or_else(|| panic!("no next page in:\n{first}"));
+    assert!(
+        first.contains("Every one: countersign review --all"),
+        "{first}"
+    );
+    let rest = cs.printed(&["review", "--limit", "2", "--cursor", next]);
+    assert_eq!(cards(&rest), 1, "{rest}");
+    assert!(!rest.contains("more wait"), "{rest}");
+    let every = cs.printed(&["review", "--all"]);
+    assert_eq!(cards(&every), 3, "{every}");
+    let listed = cs.ok(&["review", "--limit", "2"]);
+    assert_eq!(listed["approvals"].as_array().unwrap().len(), 2);
+    assert_eq!(listed["next_cursor"], next, "{listed}");
+    let refused = cs.print(&["review", "--cursor", "not-one"]);
+    assert_eq!(refused.exit, 2, "{}", refused.stderr);
+    assert!(
+        refused
+            .stderr
+            .contains("not one a page of waiting approvals gave"),
+        "{}",
+        refused.stderr
+    );
+}

@@ -36,7 +36,12 @@ struct Serve {
 
 impl Serve {
     fn start(cs: &Countersign) -> Self {
-        let served = cs.serve();
+        Self::start_with(cs, &[])
+    }
+
+    /// [`Serve::start`] with more of `serve`'s flags.
+    fn start_with(cs: &Countersign, args: &[&str]) -> Self {
+        let served = cs.serve_with(args);
         let http = reqwest::Client::builder()
             .pool_idle_timeout(Duration::from_secs(3))
             .build()
@@ -385,7 +390,8 @@ async fn bad_gate_requests_are_refused_with_their_codes() {
 async fn two_hundred_long_polls_are_held_while_others_are_answered_and_a_decision_here_wakes_them_at_once()
  {
     let cs = refunds("gate-api-many");
-    let server = Serve::start(&cs);
+    // One person's 200 waits: more than the default share of the waiting slots.
+    let server = Serve::start_with(&cs, &["--max-waiting-per-person", "200"]);
     let runner = token(&cs, "helpdesk-bot");
     let fran = token(&cs, "fran");
     let (_, proposed) = server

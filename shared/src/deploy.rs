@@ -17,7 +17,9 @@ use crate::adapters::webhook::{self, Webhooks};
 use crate::agents::{self, Definition, Environment, Wiring};
 use crate::domain::identity::Directory;
 use crate::engine::records::IndexShards;
-use crate::engine::{DEFAULT_REMIND_BEFORE, Delivery, Engine, EngineBuilder};
+use crate::engine::{
+    DEFAULT_MAX_OPEN_APPROVALS, DEFAULT_REMIND_BEFORE, Delivery, Engine, EngineBuilder,
+};
 use crate::example::expense::{self, Claims};
 use crate::ports::clock::{Clock, SystemClock};
 use crate::ports::notifier::{Notifier, Several};
@@ -341,6 +343,9 @@ pub struct Setup {
     pub notifications: Notifications,
     /// The expense example's claims, for its built-in tools (`COUNTERSIGN_CLAIMS` or the shipped).
     pub claims: Arc<Claims>,
+    /// The most approvals one requester may have waiting on people at once
+    /// ([`max_open_approvals`]).
+    pub max_open_approvals: u32,
 }
 
 impl Setup {
@@ -376,6 +381,7 @@ impl Setup {
             definitions: definitions(agents)?,
             notifications: Notifications::from_env()?,
             claims,
+            max_open_approvals: max_open_approvals()?,
         })
     }
 }
@@ -401,6 +407,29 @@ pub fn index_shards() -> Result<IndexShards, ConfigError> {
 
 const INDEX_SHARDS: &str = "COUNTERSIGN_INDEX_SHARDS";
 
+/// `COUNTERSIGN_MAX_OPEN_APPROVALS`: the most approvals one requester may have waiting on
+/// people at once (default [`DEFAULT_MAX_OPEN_APPROVALS`], 1 to [`MOST_OPEN_APPROVALS`]); a
+/// call past it is not proposed. Every process of a deployment should read the same number.
+pub fn max_open_approvals() -> Result<u32, ConfigError> {
+    let Some(text) = setting(MAX_OPEN_APPROVALS) else {
+        return Ok(DEFAULT_MAX_OPEN_APPROVALS);
+    };
+    text.trim()
+        .parse()
+        .ok()
+        .filter(|cap| (1..=MOST_OPEN_APPROVALS).contains(cap))
+        .ok_or_else(|| {
+            ConfigError(format!(
+                "{MAX_OPEN_APPROVALS}={text:?} is not a whole number from 1 to {MOST_OPEN_APPROVALS}"
+            ))
+        })
+}
+
+const MAX_OPEN_APPROVALS: &str = "COUNTERSIGN_MAX_OPEN_APPROVALS";
+
+/// The highest cap of open approvals a deployment may set.
+pub const MOST_OPEN_APPROVALS: u32 = 100_000;
+
 /// The one way every entry point builds its engine: each definition bound into an agent (a
 /// model attached only where `drives`: the processes that start and resume runs; the variables
 /// its bindings read needed as `environment` says), notices as configured, over the given
@@ -425,6 +454,7 @@ pub fn engine(
         .map_err(|e| ConfigError(e.to_string()))?;
     let builder = Engine::builder(backing.store)
         .index_shards(index_shards()?)
+        .max_open_approvals(setup.max_open_approvals)
         .agents(agents)
         .clock(backing.clock)
         .delivery(backing.delivery)

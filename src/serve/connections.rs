@@ -11,9 +11,15 @@
 //!   connection.
 //! - At most `max_connections` are open. When all are, the one idle the longest between
 //!   requests (or not yet sent one) is closed to admit the next, as nginx does with reusable
-//!   connections: cheap keep-alive traffic cannot keep a new client out. A connection in the
-//!   middle of a request is never cut; with none idle, the next one waits in the listen
-//!   backlog until one ends.
+//!   connections: cheap keep-alive traffic cannot keep a new client out. Idle means its socket
+//!   was found with nothing to read, at least [`IDLE_BEFORE_CLOSED`] ago: a new connection
+//!   whose request a busy server has not read yet is not idle. A connection in the middle of a
+//!   request is never cut; with none idle, the next one waits in the listen backlog until one
+//!   ends.
+//! - A connection whose request waits (a long-poll, an MCP call held for a person) lends its
+//!   slot back for the wait ([`ConnectionSlot`]): the waiting requests are bounded by the
+//!   API's waiting slots instead, and never keep another client out. Once its wait is over it
+//!   takes a slot again, or, with none free, ends after its answer.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -34,6 +40,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use shared::api::ApiError;
 use shared::api::extract::BodyLate;
+use shared::api::waiting::{ConnectionSlot, LendSlot};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
@@ -45,6 +52,10 @@ pub const MAX_REQUEST_LINE: usize = 8 * 1024;
 pub const MAX_HEAD: usize = 32 * 1024;
 /// The most headers a request may have (hyper's own limit); more is a 431.
 pub const MAX_HEADERS: usize = 100;
+/// How long a connection must have sat idle before it is closed to admit another: a client
+/// that just connected most likely sends its request at once, which a busy server may not
+/// read for a while, and a burst of new clients would otherwise close one another.
+pub const IDLE_BEFORE_CLOSED: Duration = Duration::from_millis(500);
 /// How long a connection that ends without reading all it was sent goes on reading (and
 /// dropping) the rest: closing on unread bytes resets the connection, which may lose the answer
 /// before the client reads it.
@@ -66,7 +77,7 @@ pub async fn serve(
     stop: impl Future<Output = ()>,
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections as usize));
-    let connections = Arc::new(Connections::default());
+    let connections = Arc::new(Connections::new(slots.clone()));
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new())
@@ -91,7 +102,7 @@ pub async fn serve(
         let slot = match slots.clone().try_acquire_owned() {
             Ok(slot) => slot,
             Err(_) => loop {
-                connections.make_room();
+                let again_in = connections.make_room();
                 tokio::select! {
                     () = &mut stop => break 'accepting,
                     slot = slots.clone().acquire_owned() => {
@@ -99,13 +110,16 @@ pub async fn serve(
                     }
                     // Another connection went idle: if the one asked to close did not, this may.
                     () = connections.went_idle.notified() => {}
+                    // The one idle the longest has now sat idle long enough to be closed.
+                    () = tokio::time::sleep(again_in.unwrap_or_default()), if again_in.is_some() => {}
                 }
             },
         };
-        let watch = connections.open();
+        let watch = connections.open(slot);
         let exchange = Exchange {
             app: TowerToHyperService::new(app.clone()),
             watch: watch.clone(),
+            lent: ConnectionSlot(Arc::new(Lender(watch.clone()))),
             body_timeout: limits.body_timeout,
         };
         let io = TokioIo::new(Watched {
@@ -114,12 +128,11 @@ pub async fn serve(
             refused: false,
         });
         let connection = http.serve_connection(io, exchange);
-        tokio::spawn(run(connection, watch, slot, peer, stop_rx.clone()));
+        tokio::spawn(run(connection, watch, peer, stop_rx.clone()));
     }
     drop(listener);
     let _ = stop_tx.send(true);
-    // Every connection holds a slot until it ends: having them all back means all have ended.
-    let _ = slots.acquire_many(limits.max_connections).await;
+    connections.all_ended().await;
 }
 
 type Connection = http1::Connection<TokioIo<Watched>, Exchange>;
@@ -129,7 +142,6 @@ type Connection = http1::Connection<TokioIo<Watched>, Exchange>;
 async fn run(
     mut connection: Connection,
     watch: Arc<Watch>,
-    _slot: OwnedSemaphorePermit,
     peer: SocketAddr,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -216,21 +228,37 @@ async fn close_lingering(mut stream: TcpStream) {
 }
 
 /// The open connections, for the accept loop to find the one idle the longest.
-#[derive(Default)]
 struct Connections {
     open: Mutex<HashMap<u64, Arc<Watch>>>,
     next_id: AtomicU64,
     /// Notified whenever a connection goes idle.
     went_idle: Arc<Notify>,
+    /// Notified whenever a connection ends.
+    ended: Notify,
+    /// The connection slots; each open connection holds one, except while its request waits.
+    slots: Arc<Semaphore>,
 }
 
 impl Connections {
-    /// A new connection's watch, registered until its task drops its [`Registered`].
-    fn open(self: &Arc<Self>) -> Arc<Watch> {
+    fn new(slots: Arc<Semaphore>) -> Self {
+        Self {
+            open: Mutex::default(),
+            next_id: AtomicU64::default(),
+            went_idle: Arc::default(),
+            ended: Notify::new(),
+            slots,
+        }
+    }
+
+    /// A new connection's watch, holding `slot`, registered until its task drops its
+    /// [`Registered`].
+    fn open(self: &Arc<Self>, slot: OwnedSemaphorePermit) -> Arc<Watch> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let watch = Arc::new(Watch {
             id,
+            slot: Mutex::new(Some(slot)),
             phase: Mutex::new(Phase::Idle(Instant::now())),
+            silent: Mutex::new(None),
             wake: Notify::new(),
             close_asked: AtomicBool::new(false),
             refused: Mutex::new(None),
@@ -242,32 +270,57 @@ impl Connections {
         watch
     }
 
+    /// Once every connection has ended (those lending their slot to a wait included).
+    async fn all_ended(&self) {
+        loop {
+            let ended = self.ended.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            if lock(&self.open).is_empty() {
+                return;
+            }
+            ended.await;
+        }
+    }
+
     /// Asks the connection idle the longest to close, unless one asked already is still idle
-    /// (it is closing now). With none idle, nothing: each busy one ends in its time.
-    fn make_room(&self) {
+    /// (it is closing now). With none idle, nothing: each busy one ends in its time. When the
+    /// one idle the longest has not sat idle for [`IDLE_BEFORE_CLOSED`] yet, how long until it
+    /// has.
+    fn make_room(&self) -> Option<Duration> {
         let open = lock(&self.open);
         let idle = || {
             open.values()
                 .filter_map(|watch| watch.idle_since().map(|since| (since, watch)))
         };
         if idle().any(|(_, watch)| watch.close_asked.load(Ordering::Acquire)) {
-            return;
+            return None;
         }
-        if let Some((since, oldest)) = idle().min_by_key(|(since, _)| *since) {
-            tracing::debug!(
-                idle_for = ?since.elapsed(),
-                "all connections are open: closing the one idle the longest"
-            );
-            oldest.close_asked.store(true, Ordering::Release);
-            oldest.wake.notify_one();
+        let (since, oldest) = idle().min_by_key(|(since, _)| *since)?;
+        let idle_for = since.elapsed();
+        if idle_for < IDLE_BEFORE_CLOSED {
+            return Some(IDLE_BEFORE_CLOSED - idle_for);
         }
+        tracing::debug!(
+            ?idle_for,
+            "all connections are open: closing the one idle the longest"
+        );
+        oldest.close_asked.store(true, Ordering::Release);
+        oldest.wake.notify_one();
+        None
     }
 }
 
 /// Where one connection stands between requests, and what its task is asked to do.
 struct Watch {
     id: u64,
+    /// Its connection slot; none while its request waits, or once the wait is over and no
+    /// slot was free (it ends after its answer).
+    slot: Mutex<Option<OwnedSemaphorePermit>>,
     phase: Mutex<Phase>,
+    /// Since when its reads have found nothing to read: idle between requests, it is silent
+    /// since then (a new connection not read yet may hold a request already).
+    silent: Mutex<Option<Instant>>,
     /// Wakes the connection's task: it is asked to close, or its request's head was refused.
     wake: Notify,
     close_asked: AtomicBool,
@@ -286,6 +339,7 @@ impl Drop for Registered {
     fn drop(&mut self) {
         if let Some(connections) = self.0.connections.upgrade() {
             lock(&connections.open).remove(&self.0.id);
+            connections.ended.notify_waiters();
         }
     }
 }
@@ -300,10 +354,25 @@ enum Phase {
 }
 
 impl Watch {
+    /// Since when the connection is idle: between requests, and found with nothing to read
+    /// (since then, or since its last answer if later).
     fn idle_since(&self) -> Option<Instant> {
+        let silent = (*lock(&self.silent))?;
         match *lock(&self.phase) {
-            Phase::Idle(since) => Some(since),
+            Phase::Idle(since) => Some(since.max(silent)),
             Phase::Head(_) | Phase::Busy => None,
+        }
+    }
+
+    /// A read found nothing to read: a connection between requests is now idle.
+    fn found_nothing(&self) {
+        let mut silent = lock(&self.silent);
+        if silent.is_none() {
+            *silent = Some(Instant::now());
+            drop(silent);
+            if let Some(connections) = self.connections.upgrade() {
+                connections.went_idle.notify_one();
+            }
         }
     }
 
@@ -313,6 +382,7 @@ impl Watch {
 
     /// Follows bytes the client sent: a refusal once they make a head too large.
     fn received(&self, bytes: &[u8]) -> Result<(), Refusal> {
+        *lock(&self.silent) = None;
         let mut phase = lock(&self.phase);
         if let Phase::Idle(_) = *phase {
             *phase = Phase::Head(HeadScan::default());
@@ -335,12 +405,43 @@ impl Watch {
         }
     }
 
-    /// The answer went out, and its request was read whole: the next request may come.
+    /// The answer went out, and its request was read whole: the next request may come, on a
+    /// connection that holds a slot; one that could not take one back closes now.
     fn answered(&self) {
         *lock(&self.phase) = Phase::Idle(Instant::now());
+        if !self.holds_slot() {
+            self.close_asked.store(true, Ordering::Release);
+            self.wake.notify_one();
+        }
         if let Some(connections) = self.connections.upgrade() {
             connections.went_idle.notify_one();
         }
+    }
+
+    /// Whether the connection holds a slot, taking a free one if it lent its own.
+    fn holds_slot(&self) -> bool {
+        let mut slot = lock(&self.slot);
+        if slot.is_none()
+            && let Some(connections) = self.connections.upgrade()
+        {
+            *slot = connections.slots.clone().try_acquire_owned().ok();
+        }
+        slot.is_some()
+    }
+}
+
+/// A connection as its requests see it ([`ConnectionSlot`]): one that waits lends the
+/// connection's slot back to the accept loop for the wait.
+struct Lender(Arc<Watch>);
+
+impl LendSlot for Lender {
+    fn lend(&self) {
+        // Dropped, the permit is the accept loop's again.
+        lock(&self.0.slot).take();
+    }
+
+    fn reclaim(&self) {
+        self.0.holds_slot();
     }
 }
 
@@ -434,7 +535,11 @@ impl AsyncRead for Watched {
             return Poll::Pending;
         }
         let before = buf.filled().len();
-        ready!(Pin::new(&mut this.stream).poll_read(cx, buf))?;
+        let read = Pin::new(&mut this.stream).poll_read(cx, buf);
+        if read.is_pending() {
+            this.watch.found_nothing();
+        }
+        ready!(read)?;
         let received = &buf.filled()[before..];
         if !received.is_empty() && this.watch.received(received).is_err() {
             buf.set_filled(before);
@@ -485,6 +590,8 @@ impl AsyncWrite for Watched {
 struct Exchange {
     app: TowerToHyperService<Router>,
     watch: Arc<Watch>,
+    /// Given to each request, for a wait to lend the connection's slot.
+    lent: ConnectionSlot,
     body_timeout: Duration,
 }
 
@@ -497,12 +604,13 @@ impl hyper::service::Service<Request<Incoming>> for Exchange {
 
     fn call(&self, request: Request<Incoming>) -> Answered {
         let read_through = Arc::new(AtomicBool::new(request.body().is_end_stream()));
-        let request = request.map(|body| Timed {
+        let mut request = request.map(|body| Timed {
             body,
             deadline: Box::pin(tokio::time::sleep(self.body_timeout)),
             within: self.body_timeout,
             read_through: read_through.clone(),
         });
+        request.extensions_mut().insert(self.lent.clone());
         let answer = hyper::service::Service::call(&self.app, request);
         let watch = self.watch.clone();
         Box::pin(async move {
@@ -514,6 +622,11 @@ impl hyper::service::Service<Request<Incoming>> for Exchange {
                     .headers_mut()
                     .insert(header::CONNECTION, HeaderValue::from_static("close"));
                 watch.body_unread.store(true, Ordering::Release);
+            } else if !watch.holds_slot() {
+                // It waited, and every slot was taken meanwhile: it ends after this answer.
+                response
+                    .headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
             }
             Ok(response.map(|body| Answer {
                 body,

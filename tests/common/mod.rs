@@ -95,8 +95,14 @@ impl Countersign {
     /// `countersign serve` on a free loopback port over this state, with this harness's
     /// variables, not sweeping, so what a test sees is only what it did.
     pub fn serve(&self) -> Served {
+        self.serve_with(&[])
+    }
+
+    /// [`Countersign::serve`] with more of `serve`'s flags.
+    pub fn serve_with(&self, args: &[&str]) -> Served {
         let mut child = countersign(&self.state)
             .args(["serve", "--addr", "127.0.0.1:0", "--sweep-every", "0s"])
+            .args(args)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

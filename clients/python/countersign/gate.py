@@ -36,6 +36,9 @@ SETTLED = frozenset(
 MAX_POLL = 25.0
 #: How long to pause before asking again about a call whose outcome is unknown.
 UNKNOWN_PAUSE = 5.0
+#: How long to pause when this person already holds their share of the server's waiting slots
+#: (429 `too_many_waits`), as its `Retry-After` says.
+WAITS_FULL_PAUSE = 5.0
 #: How often a request lost to the network is tried again: the call's id makes it safe.
 ATTEMPTS = 4
 
@@ -233,7 +236,15 @@ class Gate:
                 time.sleep(min(left, UNKNOWN_PAUSE))
                 outcome = self.get(outcome.id)
                 continue
-            outcome = self.get(outcome.id, wait=min(left, MAX_POLL))
+            try:
+                outcome = self.get(outcome.id, wait=min(left, MAX_POLL))
+            except GateError as refused:
+                # This person's other waits hold their share of the server's: the call as it
+                # stands came with the refusal; ask again after the pause.
+                if refused.code != "too_many_waits" or refused.call is None:
+                    raise
+                outcome = refused.call
+                time.sleep(min(left, WAITS_FULL_PAUSE))
         return outcome
 
     def call(

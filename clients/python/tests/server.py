@@ -25,7 +25,7 @@ def binary() -> str:
 
 
 class Server:
-    def __init__(self) -> None:
+    def __init__(self, *serve_args: str) -> None:
         self._dir = tempfile.TemporaryDirectory(prefix="countersign-client-")
         self.env = {
             **os.environ,
@@ -34,7 +34,7 @@ class Server:
             "COUNTERSIGN_PEOPLE": str(EXAMPLE / "people.toml"),
         }
         self.process = subprocess.Popen(
-            [binary(), "serve", "--addr", "127.0.0.1:0", "--sweep-every", "0s"],
+            [binary(), "serve", "--addr", "127.0.0.1:0", "--sweep-every", "0s", *serve_args],
             env=self.env,
             stdout=subprocess.PIPE,
             text=True,
@@ -78,13 +78,14 @@ class Server:
 
 
 class ServerTest(unittest.TestCase):
-    """Tests sharing one server for their class."""
+    """Tests sharing one server for their class, started with `serve_args`."""
 
     server: Server
+    serve_args: tuple[str, ...] = ()
 
     @classmethod
     def setUpClass(cls) -> None:
-        cls.server = Server()
+        cls.server = Server(*cls.serve_args)
 
     @classmethod
     def tearDownClass(cls) -> None:

@@ -200,3 +200,30 @@ class GateTest(ServerTest):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class OneWaitEachTest(ServerTest):
+    """A server where one person may hold one waiting request."""
+
+    serve_args = ("--max-waiting-per-person", "1")
+
+    def test_a_wait_past_the_persons_share_pauses_and_asks_again_instead_of_failing(self) -> None:
+        gate = Gate(self.server.url, self.server.token("helpdesk-bot"))
+        order = f"A-{uuid.uuid4().hex[:6]}"
+        outcome = gate.propose(AGENT, "refund", {"order_id": order, "amount_cents": 20000}, "call_held")
+        # Another wait of the same person holds their one slot.
+        holder = threading.Thread(target=gate.get, args=(outcome.id,), kwargs={"wait": 25})
+        holder.start()
+        time.sleep(0.5)
+        with self.assertRaises(GateError) as refused:
+            gate.get(outcome.id, wait=5)
+        self.assertEqual((refused.exception.status, refused.exception.code), (429, "too_many_waits"))
+
+        started = time.monotonic()
+        waited = gate.wait(outcome, timeout=6)
+
+        self.assertGreaterEqual(time.monotonic() - started, 5)
+        self.assertEqual(waited.status, "awaiting_approval")
+        approval = self.server.waiting("fran")[0]
+        self.server.cli("review", "reject", approval["id"], "--reason", "not now", "--as", "fran")
+        holder.join(timeout=10)

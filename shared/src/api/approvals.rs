@@ -15,7 +15,9 @@ use crate::domain::approval::{Approval, Choice, DecisionRequest};
 use crate::domain::ids::{ActionVersion, AgentName, ApprovalId, DecisionId, PersonId, TenantId};
 use crate::domain::money::Amount;
 use crate::domain::policy::{EditDirection, Policy, ToolRule};
-use crate::engine::{DecisionReport, Engine, MAX_RESOLVED, Shown};
+use crate::engine::{
+    DecisionReport, Engine, MAX_PENDING_PAGE, MAX_RESOLVED, PENDING_PAGE, PendingCursor, Shown,
+};
 
 /// An approval as a reviewer reads it: the stored approval (exact call, version, args hash,
 /// explanation, reason, deadline, decisions, previous version) and what it still needs.
@@ -91,6 +93,8 @@ fn editable_amount(policy: &Policy, approval: &Approval) -> Option<EditableAmoun
 pub struct ApprovalList {
     pub approvals: Vec<ApprovalView>,
     pub now: DateTime<Utc>,
+    /// Where the next page starts (`?cursor=`); `null` on the last page.
+    pub next_cursor: Option<String>,
 }
 
 /// Each view with its run's task, one read per run. A task that cannot be read is left out:
@@ -106,15 +110,33 @@ async fn with_tasks(engine: &Engine, tenant: &TenantId, views: &mut [&mut Approv
     }
 }
 
-/// `GET /approvals`: what waits for a decision in the caller's tenant, soonest deadline first.
+/// `GET /approvals?limit=N&cursor=C`: what waits for a decision in the caller's tenant,
+/// soonest deadline first, a page at a time.
 pub(super) async fn list(
     State(state): State<DecideState>,
     Caller(who): Caller,
+    RawQuery(query): RawQuery,
 ) -> Result<Json<ApprovalList>, ApiError> {
+    let asked = ListQuery::parse(
+        query.as_deref().unwrap_or_default(),
+        PENDING_PAGE,
+        MAX_PENDING_PAGE,
+        true,
+    )?;
+    let after = asked
+        .cursor
+        .as_deref()
+        .map(PendingCursor::parse)
+        .transpose()
+        .map_err(|e| ApiError::bad_request("invalid_field", e.to_string()))?;
     let now = state.engine.now();
-    let approvals = state.engine.pending_shown(&who.tenant).await?;
+    let page = state
+        .engine
+        .pending_page(&who.tenant, after.as_ref(), asked.limit)
+        .await?;
     let engine = &state.engine;
-    let mut approvals: Vec<ApprovalView> = approvals
+    let mut approvals: Vec<ApprovalView> = page
+        .approvals
         .into_iter()
         .map(|a| ApprovalView::shown(a, engine, now))
         .collect();
@@ -124,7 +146,11 @@ pub(super) async fn list(
         &mut approvals.iter_mut().collect::<Vec<_>>(),
     )
     .await;
-    Ok(Json(ApprovalList { approvals, now }))
+    Ok(Json(ApprovalList {
+        approvals,
+        now,
+        next_cursor: page.next.map(|cursor| cursor.encode()),
+    }))
 }
 
 /// `GET /approvals/{id}`.
@@ -198,7 +224,8 @@ pub(super) async fn decided(
     Caller(who): Caller,
     RawQuery(query): RawQuery,
 ) -> Result<Json<DecidedList>, ApiError> {
-    let limit = decided_limit(query.as_deref().unwrap_or_default())?;
+    let query = query.as_deref().unwrap_or_default();
+    let limit = ListQuery::parse(query, DECIDED_BY_DEFAULT, MAX_RESOLVED, false)?.limit;
     let now = state.engine.now();
     let resolved = state.engine.recently_decided(&who.tenant, limit).await?;
     let mut approvals: Vec<DecidedView> = resolved
@@ -217,35 +244,53 @@ pub(super) async fn decided(
     Ok(Json(DecidedList { approvals, now }))
 }
 
-/// The `limit` of `GET /approvals/decided`: a whole number from 1 to [`MAX_RESOLVED`], the
-/// query's only parameter.
-fn decided_limit(query: &str) -> Result<usize, ApiError> {
-    let pairs: Vec<(String, String)> = serde_urlencoded::from_str(query)
-        .map_err(|_| ApiError::bad_request("invalid_field", "the query string does not parse"))?;
-    let mut limit = DECIDED_BY_DEFAULT;
-    for (name, value) in pairs {
-        match name.as_str() {
-            "limit" => {
-                limit = value
-                    .parse()
-                    .ok()
-                    .filter(|n| (1..=MAX_RESOLVED).contains(n))
-                    .ok_or_else(|| {
-                        ApiError::bad_request(
-                            "invalid_field",
-                            format!("limit is a whole number from 1 to {MAX_RESOLVED}"),
-                        )
-                    })?;
-            }
-            _ => {
-                return Err(ApiError::bad_request(
-                    "unknown_field",
-                    format!("{name} is not a parameter of this list; it takes limit"),
-                ));
+/// What a list is asked for: how many, and where to start when it pages.
+#[derive(Debug)]
+struct ListQuery {
+    limit: usize,
+    cursor: Option<String>,
+}
+
+impl ListQuery {
+    /// `limit`, a whole number from 1 to `max` (`default` without it), and where the list
+    /// `pages`, `cursor`: the query's only parameters.
+    fn parse(query: &str, default: usize, max: usize, pages: bool) -> Result<Self, ApiError> {
+        let pairs: Vec<(String, String)> = serde_urlencoded::from_str(query).map_err(|_| {
+            ApiError::bad_request("invalid_field", "the query string does not parse")
+        })?;
+        let mut asked = Self {
+            limit: default,
+            cursor: None,
+        };
+        for (name, value) in pairs {
+            match name.as_str() {
+                "limit" => {
+                    asked.limit = value
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=max).contains(n))
+                        .ok_or_else(|| {
+                            ApiError::bad_request(
+                                "invalid_field",
+                                format!("limit is a whole number from 1 to {max}"),
+                            )
+                        })?;
+                }
+                "cursor" if pages => asked.cursor = Some(value),
+                _ => {
+                    let takes = match pages {
+                        true => "limit and cursor",
+                        false => "limit",
+                    };
+                    return Err(ApiError::bad_request(
+                        "unknown_field",
+                        format!("{name} is not a parameter of this list; it takes {takes}"),
+                    ));
+                }
             }
         }
+        Ok(asked)
     }
-    Ok(limit)
 }
 
 fn record_run(approval: &Approval) {
@@ -420,6 +465,26 @@ mod tests {
 
     fn request(body: &str) -> Result<DecisionRequest, ApiError> {
         parse_json::<DecisionBody>(body.as_bytes())?.into_request()
+    }
+
+    #[test]
+    fn a_list_takes_a_limit_within_its_bounds_and_a_cursor_only_where_it_pages() {
+        let pending = |query| ListQuery::parse(query, 50, 200, true);
+        let asked = pending("").unwrap();
+        assert_eq!((asked.limit, asked.cursor), (50, None));
+        let asked = pending("limit=2&cursor=abc").unwrap();
+        assert_eq!((asked.limit, asked.cursor.as_deref()), (2, Some("abc")));
+        for bad in ["limit=0", "limit=201", "limit=two", "limit=-1"] {
+            assert_eq!(pending(bad).unwrap_err().code, "invalid_field", "{bad}");
+        }
+        assert_eq!(pending("sort=deadline").unwrap_err().code, "unknown_field");
+        let decided = ListQuery::parse("cursor=abc", 20, 50, false).unwrap_err();
+        assert_eq!(decided.code, "unknown_field");
+        assert!(
+            decided.message.contains("it takes limit"),
+            "{}",
+            decided.message
+        );
     }
 
     #[test]

@@ -28,6 +28,7 @@ pub fn status_of(kind: ErrorKind) -> StatusCode {
         ErrorKind::PolicyRefused => StatusCode::UNPROCESSABLE_ENTITY,
         ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         ErrorKind::NotConfigured => StatusCode::INTERNAL_SERVER_ERROR,
+        ErrorKind::TooMany => StatusCode::TOO_MANY_REQUESTS,
     }
 }
 
@@ -76,6 +77,12 @@ impl ApiError {
             "headers_too_large",
             format!("the request's headers are larger than {limit} bytes or more than {headers}"),
         )
+    }
+
+    /// 429: the caller already has as many requests waiting as one person may, or the server
+    /// as many as it takes; the answer says when to ask again.
+    pub fn too_many_waits(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::TOO_MANY_REQUESTS, "too_many_waits", message)
     }
 
     pub fn no_route(method: &str, path: &str) -> Self {
@@ -344,6 +351,10 @@ mod tests {
             DirectoryError::Invalid("no people".into()).into(),
             EngineError::Contended,
             EngineError::TooManyComments("full".into()),
+            EngineError::TooManyOpenApprovals {
+                requester: "ben".into(),
+                limit: 100,
+            },
             StoreError::Invalid("too large".into()).into(),
             StoreError::Unavailable("down".into()).into(),
             StoreError::Contended.into(),
@@ -386,6 +397,7 @@ mod tests {
                 | EngineError::PolicyRefused(_)
                 | EngineError::Contended
                 | EngineError::TooManyComments(_)
+                | EngineError::TooManyOpenApprovals { .. }
                 | EngineError::Corrupt(_)
                 | EngineError::Unavailable(_)
                 | EngineError::NotConfigured(_)

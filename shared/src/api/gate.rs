@@ -8,7 +8,7 @@ use std::time::Duration;
 use axum::Json;
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, RawQuery, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use chrono::{DateTime, Utc};
@@ -19,6 +19,7 @@ use serde_json::Value;
 use super::auth::Authenticate;
 use super::error::ApiError;
 use super::extract::{Caller, IdPath, JsonBody};
+use super::waiting::{RETRY_AFTER, WaitPlace, WaitRefused};
 use crate::adapters::webhook::review_link;
 use crate::domain::action::CallerClaim;
 use crate::domain::conversation::ToolResultText;
@@ -106,19 +107,55 @@ async fn propose(
     Ok((status, Json(CallView::of(taken, state.public_url.as_ref()))))
 }
 
-/// `GET /gate/calls/{id}?wait=`: the call, held until it moves on or the wait ends.
+/// `GET /gate/calls/{id}?wait=`: the call, held until it moves on or the wait ends, in one of
+/// the server's waiting slots; past the caller's share of them, answered at once.
 async fn read(
     State(state): State<GateState>,
     Caller(who): Caller,
     IdPath(run): IdPath<RunId>,
     RawQuery(query): RawQuery,
-) -> Result<Json<CallView>, ApiError> {
-    let wait = wait_of(query.as_deref().unwrap_or_default())?;
-    let call = match wait {
-        Some(wait) => state.engine.wait_for_call(&who.tenant, &run, wait).await?,
-        None => state.engine.call_state(&who.tenant, &run).await?,
+    place: WaitPlace,
+) -> Result<Json<CallView>, Response> {
+    let wait = wait_of(query.as_deref().unwrap_or_default()).map_err(|e| e.into_response())?;
+    let waiting = match wait.filter(|wait| !wait.is_zero()) {
+        Some(wait) => match place.take(&who) {
+            Ok(slot) => Some((wait, slot)),
+            Err(refused) => return not_waited(&state, &who, &run, refused).await,
+        },
+        None => None,
     };
+    let call = match waiting {
+        Some((wait, _slot)) => state.engine.wait_for_call(&who.tenant, &run, wait).await,
+        None => state.engine.call_state(&who.tenant, &run).await,
+    };
+    let call = call.map_err(|e| ApiError::from(e).into_response())?;
     Ok(Json(CallView::of(call, state.public_url.as_ref())))
+}
+
+/// A wait the caller may not take now: the call as it stands, at once; while it still waits or
+/// runs, as 429 `too_many_waits` with `Retry-After` and the call in its body.
+async fn not_waited(
+    state: &GateState,
+    who: &Identity,
+    run: &RunId,
+    refused: WaitRefused,
+) -> Result<Json<CallView>, Response> {
+    let call = state
+        .engine
+        .call_state(&who.tenant, run)
+        .await
+        .map_err(|e| ApiError::from(e).into_response())?;
+    if !call.status.is_pending() {
+        return Ok(Json(CallView::of(call, state.public_url.as_ref())));
+    }
+    tracing::info!(%refused, "wait refused");
+    let view = CallView::of(call, state.public_url.as_ref());
+    let mut response = with_call(ApiError::too_many_waits(refused.to_string()), view);
+    response.headers_mut().insert(
+        header::RETRY_AFTER,
+        HeaderValue::from(RETRY_AFTER.as_secs()),
+    );
+    Err(response)
 }
 
 #[derive(Debug, Deserialize)]
@@ -200,11 +237,19 @@ async fn answered(
     let Some(call) = call else {
         return Err(api.into_response());
     };
+    Err(with_call(
+        api,
+        CallView::of(call, state.public_url.as_ref()),
+    ))
+}
+
+/// A refusal with the call as it stands in its body, so the caller need not ask again.
+fn with_call(api: ApiError, call: CallView) -> Response {
     let body = serde_json::json!({
         "error": {"code": api.code, "message": api.message},
-        "call": CallView::of(call, state.public_url.as_ref()),
+        "call": call,
     });
-    Err((api.status, Json(body)).into_response())
+    (api.status, Json(body)).into_response()
 }
 
 /// The `wait` of a read: seconds (`25`, `2.5`) or a duration (`25s`, `500ms`), at most

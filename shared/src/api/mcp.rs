@@ -48,6 +48,7 @@ use super::DecideState;
 use super::auth::Authenticate;
 use super::error::ApiError;
 use super::extract::Caller;
+use super::waiting::WaitPlace;
 use crate::adapters::webhook::review_link;
 use crate::domain::action::NotExecuted;
 use crate::domain::approval::Approval;
@@ -157,7 +158,9 @@ impl Gateway {
     }
 
     /// Waits while the call waits on a person or runs, until `deadline`, the caller going
-    /// away, or the call settling; tells a caller with a progress token every so often.
+    /// away, or the call settling; tells a caller with a progress token every so often. The
+    /// wait takes one of the server's waiting slots: past the caller's share of them, the call
+    /// is answered at once, as it stands.
     async fn wait(
         &self,
         caller: &McpCaller,
@@ -168,6 +171,21 @@ impl Gateway {
         context: &RequestContext<RoleServer>,
     ) -> CallState {
         let attached = state.attached;
+        if !state.status.is_pending() || Instant::now() >= deadline {
+            return state;
+        }
+        let place = context
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .map(|parts| WaitPlace::of(&parts.extensions))
+            .unwrap_or_default();
+        let _slot = match place.take(&caller.who) {
+            Ok(slot) => slot,
+            Err(refused) => {
+                tracing::info!(%refused, "wait refused; answered at once");
+                return state;
+            }
+        };
         while state.status.is_pending() {
             let now = Instant::now();
             if now >= deadline {
@@ -403,6 +421,21 @@ fn listed(spec: ToolSpec, hints: ToolHints, may_wait: bool) -> Listed {
 /// A call the engine could not take: bad input is the caller's error; anything else is told
 /// to the model, which may try the same call again later.
 fn not_taken(error: EngineError) -> Result<CallToolResult, ErrorData> {
+    if let EngineError::TooManyOpenApprovals { requester, limit } = &error {
+        // Nobody was asked: a plain answer the model acts on, as a refusal is.
+        let told = NotExecuted::NotProposed {
+            requester,
+            limit: *limit,
+        }
+        .told();
+        let meta = json!({"countersign/status": CallStatus::Refused});
+        let Value::Object(meta) = meta else {
+            unreachable!("an object")
+        };
+        return Ok(
+            CallToolResult::error(vec![ContentBlock::text(told)]).with_meta(Some(MetaObject(meta)))
+        );
+    }
     match error.kind() {
         _ if matches!(error, EngineError::Gate(_)) => {
             Err(ErrorData::invalid_params(error.to_string(), None))

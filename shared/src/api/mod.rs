@@ -10,6 +10,10 @@
 //! - [`mcp::routes`]: `/mcp/{agent}`, the MCP gateway over Streamable HTTP, with the decide
 //!   routes; [`gate::routes`]: `/gate/calls`, the gate API, with them too.
 //!
+//! A request that waits (a gate long-poll, an MCP call held for a person) takes a slot of the
+//! server's [`waiting::WaitSlots`], when it gives them, so waiters cannot crowd out everyone
+//! else.
+//!
 //! Identity comes only from an [`Authenticate`]: [`BearerJwt`] locally, [`GatewayClaims`] behind
 //! API Gateway's JWT authorizer (the Lambda adapter inserts [`VerifiedClaims`] into each
 //! request's extensions). Every error is `{"error": {"code", "message"}}` with a stable code.
@@ -25,6 +29,7 @@ pub mod mcp;
 mod page;
 mod runs;
 mod slack;
+pub mod waiting;
 
 use std::sync::Arc;
 use std::time::Instant;

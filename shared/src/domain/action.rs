@@ -87,6 +87,11 @@ pub enum NotExecuted<'a> {
     Cancelled {
         by: &'a str,
     },
+    /// Its requester already has as many approvals waiting as one may: nobody was asked.
+    NotProposed {
+        requester: &'a str,
+        limit: u32,
+    },
 }
 
 impl NotExecuted<'_> {
@@ -114,6 +119,14 @@ impl NotExecuted<'_> {
                 true,
             ),
             NotExecuted::Cancelled { by } => (format!("{by} cancelled the run."), false),
+            NotExecuted::NotProposed { requester, limit } => (
+                format!(
+                    "not proposed: too many open approvals ({requester} has {limit} waiting for \
+                     a person, the most one requester may). Propose it again once reviewers \
+                     have decided some of them."
+                ),
+                false,
+            ),
         };
         let tail = if final_word { Self::DO_NOT_RETRY } else { "" };
         format!("{}{why}{tail}", Self::PREFIX)

@@ -44,9 +44,10 @@ pub enum AuditEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         approval_id: Option<ApprovalId>,
     },
-    /// A proposed call answered before policy ruled on it: no such tool, or arguments that
-    /// do not match the tool's schema or are past their share. Nothing went to a person or the
-    /// tool; `args` is kept where it fits its share.
+    /// A proposed call answered before policy ruled on it (no such tool, or arguments that
+    /// do not match the tool's schema or are past their share), or one a person must approve
+    /// while its requester already has as many approvals open as one may. Nothing went to a
+    /// person or the tool; `args` is kept where it fits its share.
     Refused {
         action_id: ActionId,
         tool: String,

@@ -9,7 +9,7 @@ use crate::domain::action::{ActionStatus, NotExecuted};
 use crate::domain::audit::{AuditEntry, AuditEvent};
 use crate::domain::identity::{Actor, Identity};
 use crate::domain::ids::RunId;
-use crate::ports::store::StoreError;
+use crate::ports::store::{Condition, StoreError};
 
 impl Engine {
     /// Cancels a run that has not finished. Its requester may, and so may anyone who could
@@ -68,7 +68,7 @@ impl Engine {
                     &action,
                     AWAITING_ACTION_VER,
                 );
-                tx.update_approval(&approval.value, approval.ver);
+                tx.settle_approval(&approval.value, Condition::VersionIs(approval.ver));
                 self.follow_up_later(&mut tx, (&tenant, run_id, &approval.value.id), now);
                 cancelled.push(approval.value);
             }

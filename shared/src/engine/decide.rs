@@ -273,7 +273,11 @@ impl Engine {
                     None
                 }
             };
-            tx.update_approval_if(&approval, condition);
+            match approval.status {
+                // Counted toward a quorum: it still waits.
+                ApprovalStatus::AwaitingApproval => tx.update_approval_if(&approval, condition),
+                _ => tx.settle_approval(&approval, condition),
+            }
             self.follow_up_later(
                 &mut tx,
                 (&approval.tenant, &approval.run_id, &approval.id),
@@ -422,7 +426,7 @@ impl Engine {
             &approval.tenant,
             AuditEntry::new(&approval.run_id, actor, event, now),
         );
-        tx.update_approval_if(approval, read);
+        tx.settle_approval(approval, read);
         self.follow_up_later(tx, (&approval.tenant, &approval.run_id, &approval.id), now);
         self.settle_action(tx, &action);
     }

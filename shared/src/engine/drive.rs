@@ -6,10 +6,10 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tracing::Instrument;
 
-use super::records::{EscalationDue, Outgoing, Stored, Tx, keys, lease_end};
+use super::records::{EscalationDue, Outgoing, OverCap, Stored, Tx, keys, lease_end};
 use super::{
-    AWAITING_ACTION_VER, Agent, Delivery, Engine, EngineError, ResumeReport, RunReport, Unfit,
-    deadline,
+    AWAITING_ACTION_VER, Agent, CAS_ATTEMPTS, Delivery, Engine, EngineError, ResumeReport,
+    RunReport, Uncommitted, Unfit, deadline,
 };
 use crate::domain::action::{Action, ActionStatus, NotExecuted, ProposedCall, ToolOutcome};
 use crate::domain::approval::{Approval, ApprovalStatus};
@@ -69,6 +69,18 @@ const LEASE_MARGIN: chrono::Duration = chrono::Duration::minutes(5);
 
 /// Where a run stands after the engine drove it, and the notices its last write queued.
 pub(super) type Driven = (RunReport, Outgoing);
+
+/// What came of pausing a run on its approvals.
+pub(super) enum Paused {
+    /// It waits on them.
+    Waiting(Driven),
+    /// It does not pause: every call that needed a person was answered "not proposed" (its
+    /// requester has as many approvals open as one may), and the run goes on with its calls.
+    NotProposed {
+        run: Box<Stored<Run>>,
+        calls: Vec<HeldCall>,
+    },
+}
 
 /// One call as proposed: the tool, its arguments as given, what the proposer said of it, and
 /// why its arguments were not kept, if they were past their share.
@@ -333,7 +345,20 @@ impl Engine {
                 run.value.push_results(results.collect());
                 continue;
             }
-            return self.pause(run, calls, approvals).await;
+            match self.pause(run, calls, approvals).await? {
+                Paused::Waiting(driven) => return Ok(driven),
+                // Nobody was asked: the model reads why, and goes on.
+                Paused::NotProposed {
+                    run: going_on,
+                    calls,
+                } => {
+                    run = *going_on;
+                    let results = calls
+                        .into_iter()
+                        .map(|c| c.result.expect("ran or refused").into_block(&c.tool_use_id));
+                    run.value.push_results(results.collect());
+                }
+            }
         }
         let limit = agent.limits.max_model_turns;
         self.fail_run(
@@ -498,48 +523,113 @@ impl Engine {
         }
     }
 
-    /// Pauses the run on the held calls: run, actions, approvals and audit in one transaction.
+    /// Pauses the run on the held calls: run, actions, approvals and audit in one transaction,
+    /// with its requester's count of open approvals. The calls whose approvals would take the
+    /// count past the cap are not proposed to anyone: each is answered so and audited as
+    /// refused, and with no approval left to wait on, the run does not pause.
     pub(super) async fn pause(
         &self,
-        mut run: Stored<Run>,
+        run: Stored<Run>,
         calls: Vec<HeldCall>,
         approvals: Vec<Approval>,
-    ) -> Result<Driven, EngineError> {
-        let now = self.now();
-        run.value
-            .pause(PausedTurn { calls }, now)
-            .map_err(|e| EngineError::Unavailable(e.to_string()))?;
-        let mut tx = Tx::new();
-        for approval in &approvals {
-            let verdict = Verdict::RequireApproval(Requirement {
-                reason: approval.reason.clone(),
-                approver_role: approval.approver_role.clone(),
-                quorum: approval.quorum,
-                ttl: (approval.expires_at - approval.created_at)
-                    .to_std()
-                    .unwrap_or_default(),
-                escalate: approval.escalate.clone(),
-                also: Vec::new(),
-            });
-            self.open_approval(&mut tx, approval, verdict, Actor::Agent);
+    ) -> Result<Paused, EngineError> {
+        let limit = self.max_open_approvals;
+        // How many of the approvals open; the rest are not proposed.
+        let mut room = approvals.len();
+        for _ in 0..CAS_ATTEMPTS {
+            let (opened, refused) = approvals.split_at(room);
+            let now = self.now();
+            let mut tx = Tx::new();
+            let calls = self.not_proposed(&mut tx, &run.value, calls.clone(), refused, now);
+            if opened.is_empty() && !refused.is_empty() {
+                self.commit(tx).await?;
+                tracing::info!(
+                    calls = refused.len(),
+                    "not proposed: too many open approvals"
+                );
+                return Ok(Paused::NotProposed {
+                    run: Box::new(run),
+                    calls,
+                });
+            }
+            let mut paused = run.clone();
+            paused
+                .value
+                .pause(PausedTurn { calls }, now)
+                .map_err(|e| EngineError::Unavailable(e.to_string()))?;
+            for approval in opened {
+                let verdict = Verdict::RequireApproval(Requirement {
+                    reason: approval.reason.clone(),
+                    approver_role: approval.approver_role.clone(),
+                    quorum: approval.quorum,
+                    ttl: (approval.expires_at - approval.created_at)
+                        .to_std()
+                        .unwrap_or_default(),
+                    escalate: approval.escalate.clone(),
+                    also: Vec::new(),
+                });
+                self.open_approval(&mut tx, approval, verdict, Actor::Agent);
+            }
+            let ids = opened.iter().map(|a| a.id.clone()).collect();
+            tx.audit(
+                &paused.value.tenant,
+                AuditEntry::new(
+                    &paused.value.id,
+                    Actor::Agent,
+                    AuditEvent::Paused { approvals: ids },
+                    now,
+                ),
+            );
+            tx.run(self.index_shards, &mut paused);
+            let outbox = match self.commit_run_capped(tx, &paused.value, limit).await? {
+                Ok(outbox) => outbox,
+                // Counted by others since: only what is left of the cap opens.
+                Err(over) => {
+                    room = limit.saturating_sub(over.open) as usize;
+                    continue;
+                }
+            };
+            tracing::info!(approvals = opened.len(), "paused for a person");
+            for approval in opened {
+                self.schedule_wakeups(approval).await;
+            }
+            let report = RunReport::of(&paused.value, opened.to_vec());
+            return Ok(Paused::Waiting((report, outbox)));
         }
-        let ids = approvals.iter().map(|a| a.id.clone()).collect();
-        tx.audit(
-            &run.value.tenant,
-            AuditEntry::new(
-                &run.value.id,
-                Actor::Agent,
-                AuditEvent::Paused { approvals: ids },
-                now,
-            ),
-        );
-        tx.run(self.index_shards, &mut run);
-        let outbox = self.commit_run(tx, &run.value).await?;
-        tracing::info!(approvals = approvals.len(), "paused for a person");
-        for approval in &approvals {
-            self.schedule_wakeups(approval).await;
+        Err(EngineError::Contended)
+    }
+
+    /// Answers each of the calls `refused` asks about "not proposed": its requester already
+    /// has as many approvals open as one may. Audited as refused in `tx`; nobody is asked.
+    fn not_proposed(
+        &self,
+        tx: &mut Tx,
+        run: &Run,
+        mut calls: Vec<HeldCall>,
+        refused: &[Approval],
+        now: DateTime<Utc>,
+    ) -> Vec<HeldCall> {
+        let told = NotExecuted::NotProposed {
+            requester: run.requested_by.as_str(),
+            limit: self.max_open_approvals,
         }
-        Ok((RunReport::of(&run.value, approvals), outbox))
+        .told();
+        for approval in refused {
+            if let Some(call) = calls.iter_mut().find(|c| c.action_id == approval.action_id) {
+                call.result = Some(ToolResultText::ok(told.clone()));
+            }
+            let event = AuditEvent::Refused {
+                action_id: approval.action_id.clone(),
+                tool: approval.tool.clone(),
+                args: Some(approval.args.clone()),
+                why: told.clone(),
+            };
+            tx.audit(
+                &run.tenant,
+                AuditEntry::new(&run.id, Actor::system("engine"), event, now),
+            );
+        }
+        calls
     }
 
     /// One-time wake-ups are a convenience; the sweep finds the same work if they fail.
@@ -591,19 +681,40 @@ impl Engine {
     async fn commit_run(&self, tx: Tx, run: &Run) -> Result<Outgoing, EngineError> {
         match self.commit(tx).await {
             Ok(outbox) => Ok(outbox),
-            Err(StoreError::ConditionFailed { .. }) => {
-                let stored = self.load_run(&run.tenant, &run.id).await?;
-                let status = stored
-                    .ok_or_else(|| EngineError::not_found(format!("run {}", run.id)))?
-                    .value
-                    .status;
-                tracing::warn!(%status, "the run moved on while this process drove it");
-                Err(EngineError::RunFinished {
-                    run: run.id.to_string(),
-                    status,
-                })
-            }
+            Err(StoreError::ConditionFailed { .. }) => Err(self.moved_on(run).await),
             Err(error) => Err(error.into()),
+        }
+    }
+
+    /// [`Engine::commit_run`], where the requester's count of open approvals may not pass
+    /// `cap`: `Ok(Err(_))` when it would (nothing was written).
+    async fn commit_run_capped(
+        &self,
+        tx: Tx,
+        run: &Run,
+        cap: u32,
+    ) -> Result<Result<Outgoing, OverCap>, EngineError> {
+        match self.commit_capped(tx, Some(cap)).await {
+            Ok(outbox) => Ok(Ok(outbox)),
+            Err(Uncommitted::OverCap(over)) => Ok(Err(over)),
+            Err(Uncommitted::Refused(refused)) => match refused.error {
+                StoreError::ConditionFailed { .. } => Err(self.moved_on(run).await),
+                error => Err(error.into()),
+            },
+        }
+    }
+
+    /// What a driver that lost the run's compare-and-set is told: where the run went.
+    async fn moved_on(&self, run: &Run) -> EngineError {
+        let status = match self.load_run(&run.tenant, &run.id).await {
+            Ok(Some(stored)) => stored.value.status,
+            Ok(None) => return EngineError::not_found(format!("run {}", run.id)),
+            Err(error) => return error,
+        };
+        tracing::warn!(%status, "the run moved on while this process drove it");
+        EngineError::RunFinished {
+            run: run.id.to_string(),
+            status,
         }
     }
 
@@ -826,6 +937,16 @@ impl Engine {
 
     pub(super) async fn finish_run(
         &self,
+        run: Stored<Run>,
+        answer: String,
+    ) -> Result<Driven, EngineError> {
+        self.finish_run_in(Tx::new(), run, answer).await
+    }
+
+    /// [`Engine::finish_run`], in `tx` with the writes it already holds.
+    pub(super) async fn finish_run_in(
+        &self,
+        tx: Tx,
         mut run: Stored<Run>,
         answer: String,
     ) -> Result<Driven, EngineError> {
@@ -839,7 +960,7 @@ impl Engine {
             .finish(answer.clone(), now)
             .map_err(|e| EngineError::Unavailable(e.to_string()))?;
         let ended = self
-            .end_run(run, Actor::Agent, AuditEvent::Done { answer }, now)
+            .end_run(tx, run, Actor::Agent, AuditEvent::Done { answer }, now)
             .await?;
         tracing::info!("done");
         Ok(ended)
@@ -854,18 +975,19 @@ impl Engine {
             .fail(error.clone(), now)
             .map_err(|e| EngineError::Unavailable(e.to_string()))?;
         let event = AuditEvent::Failed { error };
-        self.end_run(run, Actor::system("engine"), event, now).await
+        self.end_run(Tx::new(), run, Actor::system("engine"), event, now)
+            .await
     }
 
     /// Writes a run that has just finished or failed, with the event that says so.
     async fn end_run(
         &self,
+        mut tx: Tx,
         mut run: Stored<Run>,
         by: Actor,
         event: AuditEvent,
         now: DateTime<Utc>,
     ) -> Result<Driven, EngineError> {
-        let mut tx = Tx::new();
         tx.audit(
             &run.value.tenant,
             AuditEntry::new(&run.value.id, by, event, now),

@@ -24,6 +24,8 @@ pub enum ErrorKind {
     /// This process lacks a setting it needs, such as a model's key: nothing changes until
     /// an operator sets it, so trying again does not help (500).
     NotConfigured,
+    /// The caller has as much open as one person may; again once some of it settles (429).
+    TooMany,
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -51,6 +53,14 @@ pub enum EngineError {
     /// The approval, or the commenter on it, has as many comments as it may hold.
     #[error("{0}")]
     TooManyComments(String),
+    /// A call a person must approve, from a requester who already has as many approvals
+    /// waiting as one may: not proposed, nobody asked.
+    #[error(
+        "not proposed: too many open approvals: {requester} has {limit} waiting for a person, \
+         the most one requester may; propose it again once reviewers have decided some of \
+         them, or cancel the runs that no longer need theirs"
+    )]
+    TooManyOpenApprovals { requester: String, limit: u32 },
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("a stored record could not be read: {0}")]
@@ -88,6 +98,7 @@ impl EngineError {
             | EngineError::Contended
             | EngineError::TooManyComments(_) => ErrorKind::Conflict,
             EngineError::MayNotCancel { .. } => ErrorKind::Forbidden,
+            EngineError::TooManyOpenApprovals { .. } => ErrorKind::TooMany,
             EngineError::Gate(GateRefusal::NotRequester { .. }) => ErrorKind::Forbidden,
             EngineError::Gate(_) => ErrorKind::Conflict,
             EngineError::PolicyRefused(_) => ErrorKind::PolicyRefused,
@@ -139,6 +150,7 @@ impl EngineError {
             EngineError::Directory(DirectoryError::Invalid(_)) => "directory_invalid",
             EngineError::Contended => "contended",
             EngineError::TooManyComments(_) => "too_many_comments",
+            EngineError::TooManyOpenApprovals { .. } => "too_many_open_approvals",
             EngineError::Store(StoreError::Invalid(_)) => "bad_input",
             EngineError::Store(StoreError::TooLarge { .. }) => "too_large",
             EngineError::Store(StoreError::Throttled(_)) => "throttled",

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use super::drive::Proposed;
+use super::drive::{Paused, Proposed};
 use super::records::{Stored, Tx, keys, load};
 use super::{Engine, EngineError, History};
 use crate::domain::action::{Action, ActionStatus, CallerClaim};
@@ -31,7 +31,7 @@ use crate::domain::conversation::{Block, Message, Speaker, ToolResultText};
 use crate::domain::gate::GateRefusal;
 use crate::domain::ids::{ActionId, AgentName, PersonId, RunId, TenantId};
 use crate::domain::run::{GateOrigin, GateVia, HeldCall, Run, RunStatus};
-use crate::ports::store::StoreError;
+use crate::ports::store::{Condition, StoreError};
 
 /// How long after its outcome a call known by its arguments that went to a person stays
 /// attachable: an identical call within it returns that outcome; one after it is a new call.
@@ -317,18 +317,56 @@ impl Engine {
         };
         let (held, approval) = self.propose_one(&agent, &run.value, held, proposed).await?;
         let outbox = match approval {
-            Some(approval) => self.pause(run, vec![held], vec![approval]).await?.1,
-            // Approved by policy for its caller to run: the run waits for the outcome report.
-            None if held.result.is_none() => self.pause(run, vec![held], vec![]).await?.1,
-            None => {
+            None if held.result.is_some() => {
                 let result = held.result.clone().expect("settled without a person");
                 run.value
                     .push_results(vec![result.clone().into_block(&held.tool_use_id)]);
                 self.finish_run(run, result.content).await?.1
             }
+            // Waits on a person; or, approved by policy for its caller to run, on the outcome
+            // report.
+            approval => match self
+                .pause(run, vec![held], approval.into_iter().collect())
+                .await?
+            {
+                Paused::Waiting((_, outbox)) => outbox,
+                Paused::NotProposed { run, calls } => {
+                    return Err(self.not_proposed_call(*run, calls, (pk, sk)).await);
+                }
+            },
         };
         self.deliver(outbox).await;
         self.call_state(&call.tenant, &keyed.run_id).await
+    }
+
+    /// Ends the run of a call that was not proposed (its requester has as many approvals open
+    /// as one may) with what its caller is told, and forgets its key (`key`), so the same call
+    /// made again once some have settled is proposed anew. The refusal to answer with.
+    async fn not_proposed_call(
+        &self,
+        mut run: Stored<Run>,
+        calls: Vec<HeldCall>,
+        key: (String, String),
+    ) -> EngineError {
+        let requester = run.value.requested_by.to_string();
+        let refused = EngineError::TooManyOpenApprovals {
+            requester,
+            limit: self.max_open_approvals,
+        };
+        let Some((told, tool_use_id)) = calls
+            .into_iter()
+            .find_map(|c| Some((c.result?, c.tool_use_id)))
+        else {
+            return refused;
+        };
+        run.value
+            .push_results(vec![told.clone().into_block(&tool_use_id)]);
+        let mut tx = Tx::new();
+        tx.delete(key.0, key.1, Condition::Always);
+        match self.finish_run_in(tx, run, told.content).await {
+            Ok(_) => refused,
+            Err(error) => error,
+        }
     }
 
     /// The state of a call taken through the gate, by its run.

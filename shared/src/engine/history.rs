@@ -2,6 +2,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
@@ -27,6 +29,61 @@ pub struct Resolved {
 
 /// The most resolved approvals one read lists.
 pub const MAX_RESOLVED: usize = 50;
+
+/// The most waiting approvals one page lists.
+pub const MAX_PENDING_PAGE: usize = 200;
+
+/// How many waiting approvals a page lists unless asked for another number.
+pub const PENDING_PAGE: usize = 50;
+
+/// A page of the approvals that wait, soonest deadline first.
+#[derive(Debug, Clone)]
+pub struct PendingPage {
+    pub approvals: Vec<Shown>,
+    /// Where the next page starts; `None` on the last.
+    pub next: Option<PendingCursor>,
+}
+
+/// Where a page of waiting approvals ends: the last one's place in its tenant's list (its
+/// deadline, then its id), the same in every tenant's, opaque to whoever holds it. A page from
+/// it lists the approvals after that place that still wait.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PendingCursor(String);
+
+impl PendingCursor {
+    /// The place of `approval` in its tenant's list of waiting approvals.
+    pub fn after(approval: &Approval) -> Self {
+        Self(keys::pending(&approval.tenant, approval.expires_at, &approval.id).sk)
+    }
+
+    /// The cursor as a client carries it: URL-safe, no padding.
+    pub fn encode(&self) -> String {
+        URL_SAFE_NO_PAD.encode(&self.0)
+    }
+
+    /// A cursor a page gave; anything else is bad input.
+    pub fn parse(text: &str) -> Result<Self, EngineError> {
+        let refused = || {
+            EngineError::BadInput(format!(
+                "cursor {:?} is not one a page of waiting approvals gave",
+                text.chars().take(40).collect::<String>()
+            ))
+        };
+        let decoded = URL_SAFE_NO_PAD
+            .decode(text)
+            .ok()
+            .and_then(|bytes| String::from_utf8(bytes).ok())
+            .ok_or_else(refused)?;
+        let (deadline, id) = decoded.split_once('#').ok_or_else(refused)?;
+        let deadline = DateTime::parse_from_rfc3339(deadline).map_err(|_| refused())?;
+        let id = ApprovalId::parse(id).map_err(|_| refused())?;
+        let cursor = Self(format!("{}#{id}", keys::sortable(deadline.to_utc())));
+        match cursor.0 == decoded {
+            true => Ok(cursor),
+            false => Err(refused()),
+        }
+    }
+}
 
 /// The one field of a run's item a reviewer's list reads.
 #[derive(serde::Deserialize)]
@@ -156,14 +213,50 @@ impl Engine {
             .collect())
     }
 
-    /// [`Engine::pending`], each approval with the snapshot a decision on it may bring back.
-    pub async fn pending_shown(&self, tenant: &TenantId) -> Result<Vec<Shown>, EngineError> {
-        let items = self.pending_items(tenant).await?;
-        let shown: Vec<Shown> = items.iter().map(Shown::of).collect::<Result<_, _>>()?;
-        Ok(shown
-            .into_iter()
-            .filter(|s| self.agents.admits(tenant, &s.approval.agent))
-            .collect())
+    /// One page of [`Engine::pending`]: at most `limit` approvals (up to [`MAX_PENDING_PAGE`]),
+    /// those after `after`, each with the snapshot a decision on it may bring back, and where
+    /// the next page starts if there is one. An agent that does not serve the tenant shows
+    /// none of its approvals.
+    pub async fn pending_page(
+        &self,
+        tenant: &TenantId,
+        after: Option<&PendingCursor>,
+        limit: usize,
+    ) -> Result<PendingPage, EngineError> {
+        let limit = limit.clamp(1, MAX_PENDING_PAGE);
+        let index = keys::pending_index(tenant);
+        // From the cursor's own place: it is left out below if it still waits.
+        let from = after.map_or("", |cursor| cursor.0.as_str());
+        let mut approvals: Vec<Shown> = Vec::new();
+        let mut resume: Option<String> = None;
+        // One more than the page says whether another follows.
+        while approvals.len() <= limit {
+            let page = self
+                .store
+                .query_index(&index, from, "\u{10FFFF}", resume.as_deref(), limit + 2)
+                .await?;
+            for item in page.items.iter().filter(|item| {
+                after.is_none_or(|cursor| item.gsi1.as_ref().is_some_and(|k| k.sk > cursor.0))
+            }) {
+                let shown = Shown::of(item)?;
+                if self.agents.admits(tenant, &shown.approval.agent) {
+                    approvals.push(shown);
+                }
+            }
+            match page.next {
+                Some(next) => resume = Some(next),
+                None => break,
+            }
+        }
+        let more = approvals.len() > limit;
+        approvals.truncate(limit);
+        let next = match more {
+            true => approvals
+                .last()
+                .map(|last| PendingCursor::after(&last.approval)),
+            false => None,
+        };
+        Ok(PendingPage { approvals, next })
     }
 
     /// The items of the tenant's pending approvals, from the sparse index, every page of it.
@@ -481,5 +574,20 @@ mod tests {
 
         let order: Vec<String> = ordered.iter().map(Action::key).collect();
         assert_eq!(order, ["act-b:1", "act-a:1", "act-a:2"]);
+    }
+
+    #[test]
+    fn a_cursor_reads_back_as_given_and_one_no_page_gave_is_bad_input() {
+        let given = URL_SAFE_NO_PAD.encode("2026-11-10T09:00:00.000Z#ap-7k2m9q4x8p1z");
+        let cursor = PendingCursor::parse(&given).unwrap();
+
+        assert_eq!(cursor.encode(), given);
+        let no_id = URL_SAFE_NO_PAD.encode("2026-11-10T09:00:00.000Z");
+        let no_time = URL_SAFE_NO_PAD.encode("soon#ap-7k2m9q4x8p1z");
+        let loose = URL_SAFE_NO_PAD.encode("2026-11-10T09:00:00Z#ap-7k2m9q4x8p1z");
+        for text in ["", "not a cursor", &no_id, &no_time, &loose] {
+            let refused = PendingCursor::parse(text).unwrap_err();
+            assert_eq!(refused.code(), "bad_input", "{text}");
+        }
     }
 }

@@ -29,7 +29,10 @@ pub use decide::DecisionReport;
 pub use drive::StartRun;
 pub use error::{EngineError, ErrorKind};
 pub use gate::{ATTACHABLE, CallState, CallStatus, Executor, GateCall, REREAD};
-pub use history::{History, MAX_RESOLVED, Resolved, RunState, WaitingOn};
+pub use history::{
+    History, MAX_PENDING_PAGE, MAX_RESOLVED, PENDING_PAGE, PendingCursor, PendingPage, Resolved,
+    RunState, WaitingOn,
+};
 pub use notify::{DEFAULT_REMIND_BEFORE, MAX_NOTICE_ATTEMPTS, NoticeReport};
 pub use resume::ResumeReport;
 pub use snapshot::{Shown, Snapshot};
@@ -46,9 +49,10 @@ use crate::ports::clock::{Clock, SystemClock};
 use crate::ports::notifier::Notifier;
 use crate::ports::queue::ResumeQueue;
 use crate::ports::scheduler::{Scheduler, SweepOnly};
-use crate::ports::store::{ItemStore, StoreError, query_all};
+use crate::ports::store::{ItemStore, Refused, StoreError, Write, query_all};
 use records::{
-    OutboxEntry, Outgoing, Stored, Tx, decode, decode_approval, keys, load, resume_message,
+    CountRefused, Opening, OutboxEntry, Outgoing, OverCap, Stored, Tx, count_writes, decode,
+    decode_approval, keys, load, resume_message,
 };
 
 /// How a settled action's resume message reaches the run.
@@ -115,6 +119,8 @@ pub struct Engine {
     registered: std::sync::Mutex<std::collections::HashSet<TenantId>>,
     /// Callers of this process waiting on a gated call, woken by the commits that move it.
     waiters: waiters::Waiters,
+    /// The most approvals one requester may have waiting on people at once.
+    max_open_approvals: u32,
 }
 
 /// Builds an engine from the ports a process has; each entry point supplies only what it uses.
@@ -165,6 +171,13 @@ impl EngineBuilder {
         self
     }
 
+    /// The most approvals one requester may have waiting on people at once
+    /// ([`DEFAULT_MAX_OPEN_APPROVALS`] by default); a call past it is not proposed.
+    pub fn max_open_approvals(mut self, cap: u32) -> Self {
+        self.engine.max_open_approvals = cap;
+        self
+    }
+
     /// How many partitions each index every tenant writes is split over (16 by default).
     pub fn index_shards(mut self, shards: records::IndexShards) -> Self {
         self.engine.index_shards = shards;
@@ -191,6 +204,7 @@ impl Engine {
                 sweeps: Default::default(),
                 registered: Default::default(),
                 waiters: Default::default(),
+                max_open_approvals: DEFAULT_MAX_OPEN_APPROVALS,
             },
         }
     }
@@ -253,11 +267,76 @@ impl Engine {
 
     /// Applies one transaction; on success what it hands over for delivery is returned.
     async fn commit(&self, tx: Tx) -> Result<Outgoing, StoreError> {
+        if !tx.opens_approvals() {
+            // Most transactions: no count to read, one request.
+            let (writes, outgoing) = tx.into_parts();
+            let touched = self.waiters.touched(&writes);
+            self.store.transact(writes).await?;
+            waiters::wake(touched);
+            return Ok(outgoing);
+        }
+        self.commit_capped(tx, None)
+            .await
+            .map_err(|refused| match refused {
+                Uncommitted::Refused(refused) => refused.error,
+                Uncommitted::OverCap(_) => unreachable!("no cap, so nothing goes past it"),
+            })
+    }
+
+    /// [`Engine::commit`], with the counts of open approvals of the requesters whose approvals
+    /// the transaction opens; where `cap` is given, an opening it would take past the cap
+    /// writes nothing.
+    async fn commit_capped(&self, tx: Tx, cap: Option<u32>) -> Result<Outgoing, Uncommitted> {
+        let openings = tx.openings();
         let (writes, outgoing) = tx.into_parts();
         let touched = self.waiters.touched(&writes);
-        self.store.transact(writes).await?;
+        self.transact_counted(writes, &openings, cap).await?;
         waiters::wake(touched);
         Ok(outgoing)
+    }
+
+    /// Applies `writes` with the count items of `openings`, counted now and compare-and-set on
+    /// what was read. A refusal that is only a count's lost compare-and-set (another opening of
+    /// the requester committed first) counts again and tries again: the transaction's own
+    /// conditions held. A refusal says what each failed write found.
+    async fn transact_counted(
+        &self,
+        writes: Vec<Write>,
+        openings: &[Opening],
+        cap: Option<u32>,
+    ) -> Result<(), Uncommitted> {
+        if openings.is_empty() {
+            return self
+                .store
+                .transact_or_found(writes)
+                .await
+                .map_err(Uncommitted::Refused);
+        }
+        let own = writes.len();
+        for _ in 0..CAS_ATTEMPTS {
+            let counts = match count_writes(self.store.as_ref(), openings, cap).await {
+                Ok(counts) => counts,
+                Err(CountRefused::OverCap(over)) => return Err(Uncommitted::OverCap(over)),
+                Err(CountRefused::Store(error)) => {
+                    return Err(Uncommitted::Refused(Refused {
+                        error,
+                        found: Vec::new(),
+                    }));
+                }
+            };
+            let mut all = writes.clone();
+            all.extend(counts);
+            match self.store.transact_or_found(all).await {
+                Err(refused)
+                    if matches!(&refused.error, StoreError::ConditionFailed { failed }
+                        if failed.iter().all(|&i| i >= own)) => {}
+                sent => return sent.map_err(Uncommitted::Refused),
+            }
+        }
+        Err(Uncommitted::Refused(Refused {
+            error: StoreError::Contended,
+            found: Vec::new(),
+        }))
     }
 
     /// [`Engine::commit`], and when it is refused, what the write to the item `watched` found
@@ -268,18 +347,21 @@ impl Engine {
         tx: Tx,
         watched: (&str, &str),
     ) -> Result<Outgoing, (StoreError, Option<Option<crate::ports::store::Item>>)> {
+        let openings = tx.openings();
         let (writes, outgoing) = tx.into_parts();
         let index = writes.iter().position(|w| w.key() == watched);
         let touched = self.waiters.touched(&writes);
-        match self.store.transact_or_found(writes).await {
+        let sent = self.transact_counted(writes, &openings, None).await;
+        match sent {
             Ok(()) => {
                 waiters::wake(touched);
                 Ok(outgoing)
             }
-            Err(refused) => {
+            Err(Uncommitted::Refused(refused)) => {
                 let found = index.and_then(|i| refused.found(i).cloned());
                 Err((refused.error, found))
             }
+            Err(Uncommitted::OverCap(_)) => unreachable!("no cap, so nothing goes past it"),
         }
     }
 
@@ -489,3 +571,15 @@ const AWAITING_ACTION_VER: u64 = 1;
 
 /// How many times a use case re-reads and tries again after losing a compare-and-set.
 const CAS_ATTEMPTS: usize = 8;
+
+/// The most approvals one requester may have waiting on people at once, unless configured:
+/// far more than a person works through in a sitting, far fewer than a runaway agent opens.
+pub const DEFAULT_MAX_OPEN_APPROVALS: u32 = 100;
+
+/// Why a transaction was not committed.
+enum Uncommitted {
+    /// The store refused it (with what each failed write found, where it was asked).
+    Refused(Refused),
+    /// A requester's count of open approvals would pass the cap: nothing was sent.
+    OverCap(OverCap),
+}

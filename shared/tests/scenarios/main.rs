@@ -30,6 +30,8 @@ mod environment;
 mod expiry;
 mod gate;
 mod limits;
+mod open_approvals;
+mod pages;
 mod races;
 mod recovery;
 mod resume;

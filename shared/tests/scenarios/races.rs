@@ -238,6 +238,41 @@ pub async fn given_a_paused_run_when_its_requester_cancels_as_an_approver_approv
     assert!(calls.load(Ordering::SeqCst) <= 1, "round {round}");
 }
 
+pub async fn given_a_cap_of_three_when_two_processes_propose_eight_calls_for_one_requester_at_once_then_exactly_three_approvals_open(
+    h: Harness,
+    round: usize,
+) {
+    use super::open_approvals::{capped, gated_payment, open_of};
+    let (a, b) = (
+        Arc::new(capped(&h, 3, Script::default()).await),
+        Arc::new(capped(&h, 3, Script::default()).await),
+    );
+    let barrier = Arc::new(Barrier::new(8));
+    let proposals: Vec<_> = (0..8)
+        .map(|n| {
+            let process = [&a, &b][n % 2].clone();
+            let barrier = barrier.clone();
+            let call = gated_payment("ben", &format!("call-{n}"), "c-102", 25_000 + n as i64);
+            tokio::spawn(async move {
+                barrier.wait().await;
+                process.gate_call(call).await
+            })
+        })
+        .collect();
+    let mut results = Vec::new();
+    for proposal in proposals {
+        results.push(proposal.await.unwrap());
+    }
+
+    let opened = results.iter().filter(|r| r.is_ok()).count();
+    assert_eq!(opened, 3, "round {round}: {results:?}");
+    for refused in results.iter().filter_map(|r| r.as_ref().err()) {
+        assert_eq!(refused.code(), "too_many_open_approvals", "round {round}");
+    }
+    assert_eq!(a.pending(&acme()).await.unwrap().len(), 3, "round {round}");
+    assert_eq!(open_of(&a, "ben").await, 3, "round {round}");
+}
+
 /// Every race, on one backend, `$rounds` rounds each on a fresh store; `$check`, if any, runs
 /// first.
 macro_rules! every_race {
@@ -251,6 +286,7 @@ macro_rules! every_race {
             given_two_approvals_in_one_turn_when_both_are_approved_at_once_from_two_processes_then_each_runs_once_and_the_run_resumes_once => $rounds,
             given_an_overdue_approval_when_the_sweep_and_a_late_approval_race_then_it_expires_once_and_nothing_is_paid => $rounds,
             given_a_paused_run_when_its_requester_cancels_as_an_approver_approves_then_a_refused_approval_never_pays => $rounds,
+            given_a_cap_of_three_when_two_processes_propose_eight_calls_for_one_requester_at_once_then_exactly_three_approvals_open => $rounds,
         ]);
     };
 }

@@ -60,6 +60,10 @@ const state = {
   linked: null,
   /** Whether the linked approval was already scrolled to and focused. */
   linkedShown: false,
+  /** How many pages of the queue are shown: "Show more" adds one, and a reload reads as many. */
+  pages: 1,
+  /** Where the page after the last one shown starts; null when nothing more waits. */
+  next: null,
 };
 
 const $ = (id) => document.getElementById(id);
@@ -258,6 +262,8 @@ function signOut(message) {
   state.token = null;
   state.items = new Map();
   state.order = [];
+  state.pages = 1;
+  state.next = null;
   state.submissions.clear();
   $("approvals").replaceChildren();
   $("decided").replaceChildren();
@@ -393,13 +399,28 @@ function listed(reply, errorId) {
   return false;
 }
 
+/** One page of the queue: the first, or the one `cursor` starts. */
+function queuePage(cursor) {
+  return api("GET", cursor ? `approvals?cursor=${encodeURIComponent(cursor)}` : "approvals");
+}
+
 async function loadQueue() {
-  const reply = await api("GET", "approvals");
-  if (!listed(reply, "queue-error")) return;
+  // As many pages as are shown, so a reload keeps what "Show more" added.
+  const views = [];
+  let reply;
+  let cursor = null;
+  for (let page = 0; page < state.pages; page++) {
+    reply = await queuePage(cursor);
+    if (!listed(reply, "queue-error")) return;
+    views.push(...reply.data.approvals);
+    cursor = reply.data.next_cursor;
+    if (!cursor) break;
+  }
+  state.next = cursor;
   state.skewMs = Date.parse(reply.data.now) - Date.now();
   const items = new Map();
   const order = [];
-  for (const view of reply.data.approvals) {
+  for (const view of views) {
     const old = state.items.get(view.id);
     items.set(view.id, { view, notice: old ? old.notice : null, pinned: old ? old.pinned : false });
     order.push(view.id);
@@ -422,6 +443,28 @@ async function loadQueue() {
   renderQueue();
   showLinked();
   await loadDecided();
+}
+
+/** The next page of the queue, below the ones shown. */
+async function loadMore() {
+  if (!state.next) return;
+  const reply = await queuePage(state.next);
+  if (!listed(reply, "queue-error")) return;
+  state.pages += 1;
+  state.next = reply.data.next_cursor;
+  const added = reply.data.approvals.filter((view) => !state.items.has(view.id));
+  for (const view of added) {
+    state.items.set(view.id, { view, notice: null, pinned: false });
+    state.order.push(view.id);
+  }
+  renderQueue();
+  announce(`${added.length} more shown.`);
+  // Focus goes to the first card added, where reading goes on (the button may be gone).
+  const first = added.length ? state.items.get(added[0].id).element.querySelector("article") : null;
+  if (first) {
+    first.setAttribute("tabindex", "-1");
+    first.focus();
+  }
 }
 
 // ---------------------------------------------------------------- recently decided
@@ -542,6 +585,7 @@ function renderQueue() {
   });
   while (list.children.length > wanted.length) list.lastElementChild.remove();
   $("queue-empty").hidden = state.order.length > 0;
+  $("more").hidden = !state.next;
   tick();
 }
 
@@ -1187,6 +1231,7 @@ function start() {
   $("token-sign-in").addEventListener("submit", onTokenSignIn);
   $("sign-out").addEventListener("click", () => signOut());
   $("refresh").addEventListener("click", () => loadQueue());
+  $("more").addEventListener("click", () => loadMore());
   $("audit-close").addEventListener("click", closeAudit);
   $("approvals").addEventListener("click", onQueueClick);
   $("approvals").addEventListener("submit", onQueueSubmit);

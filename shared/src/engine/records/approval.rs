@@ -392,15 +392,19 @@ pub(crate) mod tests {
         Approval::open(call, &requirement, asking)
     }
 
-    /// The item [`Tx::create_approval`] writes for `approval`.
+    /// The item [`Tx::create_approval`] writes for `approval` (beside its requester's slot).
     fn approval_item(approval: &Approval) -> Item {
         let mut tx = Tx::new();
         tx.create_approval(approval);
-        let (mut writes, _) = tx.into_parts();
-        assert_eq!(writes.len(), 1);
-        let Some(Write::Put { item, .. }) = writes.pop() else {
-            panic!("an approval is put")
-        };
+        let (writes, _) = tx.into_parts();
+        let approvals: Vec<Item> = writes
+            .into_iter()
+            .filter_map(|write| match write {
+                Write::Put { item, .. } if item.sk == keys::APPROVAL_SK => Some(item),
+                _ => None,
+            })
+            .collect();
+        let [item] = <[Item; 1]>::try_from(approvals).expect("one approval is put");
         item
     }
 

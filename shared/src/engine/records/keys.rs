@@ -1,6 +1,6 @@
 use chrono::{DateTime, SecondsFormat, Utc};
 
-use crate::domain::ids::{ActionId, ActionVersion, ApprovalId, RunId, TenantId};
+use crate::domain::ids::{ActionId, ActionVersion, ApprovalId, PersonId, RunId, TenantId};
 use crate::ports::store::IndexKey;
 
 /// How many partitions each index written by every tenant is split over
@@ -83,6 +83,21 @@ pub const RUNNING_INDEX: &str = "RUNNING";
 pub const ESCALATE_INDEX: &str = "ESCALATE";
 /// The marker item, with its approval, that puts it in the escalation index.
 pub const ESCALATION_SK: &str = "ESCALATION";
+
+/// The item that counts a requester's open approvals ([`requester_pk`]).
+pub const OPEN_APPROVALS_SK: &str = "OPEN_APPROVALS";
+/// A requester's open approvals, one slot each ([`open_slot_sk`]).
+pub const OPEN_SLOT_PREFIX: &str = "OPEN#";
+
+/// A requester of a tenant: the partition of their open approvals and their count.
+pub fn requester_pk(tenant: &TenantId, person: &PersonId) -> String {
+    format!("TENANT#{tenant}#PERSON#{person}")
+}
+
+/// The slot of an open approval, by its action: every version of the call holds the same.
+pub fn open_slot_sk(action: &ActionId) -> String {
+    format!("{OPEN_SLOT_PREFIX}{action}")
+}
 
 /// A call from outside, by its key: a partition of its own, so no tenant's calls share one.
 pub fn call_pk(tenant: &TenantId, key: &str) -> String {

@@ -6,6 +6,7 @@
 //! - `index`: the sparse index: which entry each record holds;
 //! - `approval`: an approval's stored form and its escalation marker;
 //! - `outbox`: what waits for delivery after a commit;
+//! - `open`: each requester's open approvals, and their count;
 //! - `log`: audit items, the run's item and the log read back from them;
 //! - `tx`: the transaction builder.
 
@@ -18,6 +19,7 @@ use crate::ports::store::{Item, ItemStore};
 mod approval;
 mod index;
 mod log;
+mod open;
 mod outbox;
 mod tx;
 
@@ -30,6 +32,7 @@ pub use approval::EscalationDue;
 pub(crate) use index::{STALE_EXECUTION, action_index, lease_end, reconcile_key};
 pub use keys::IndexShards;
 pub use log::{RunRead, held_by_action, held_by_approval, run_alone_from_items, run_from_items};
+pub use open::{CountRefused, OpenApprovals, Opening, OverCap, count_writes, open_slots};
 pub use outbox::{NotifyMessage, OutboxEntry, OutboxMessage, Outgoing, outbox_key, resume_message};
 pub use tx::Tx;
 

@@ -11,10 +11,11 @@ use super::log::{
     AUDIT_ORDER_LEN, AUDIT_PART, AuditItem, FINAL_EVENTS, FINISHED_RUN_ITEM, LoggedEvent, OwnFinal,
     RunBodies, audit_order, write_units, write_units_of,
 };
+use super::open::{self, Opening, SlotChange};
 use super::outbox::{OutboxEntry, OutboxMessage, Outgoing};
 use super::{Stored, keys};
 use crate::domain::action::Action;
-use crate::domain::approval::Approval;
+use crate::domain::approval::{Approval, ApprovalStatus};
 use crate::domain::audit::AuditEntry;
 use crate::domain::budget;
 use crate::domain::ids::{OutboxId, RunId, TenantId};
@@ -42,6 +43,8 @@ pub struct Tx {
     finished: Vec<(usize, OwnFinal)>,
     /// Where this transaction sits in its runs' logs: its audit items' key, made when first needed.
     order: Option<String>,
+    /// What it does to requesters' open approvals, one change per approval's slot.
+    open: Vec<SlotChange>,
 }
 
 impl Tx {
@@ -115,9 +118,32 @@ impl Tx {
     }
 
     /// A new approval, in its stored form ([`approval_body`]), with the index entry its status
-    /// gives it.
+    /// gives it; one that waits on a person is its requester's open approval.
     pub fn create_approval(&mut self, approval: &Approval) {
+        if approval.status == ApprovalStatus::AwaitingApproval {
+            open::count(&mut self.open, approval, 1);
+        }
         self.put_approval(approval, Condition::NotExists);
+    }
+
+    /// An approval that stopped waiting (decided, superseded, expired, cancelled, answered),
+    /// holding on `read` as [`Tx::update_approval_if`] does: its requester has one approval
+    /// fewer open, unless the new version of an edit in this transaction waits in its place.
+    pub fn settle_approval(&mut self, approval: &Approval, read: Condition) {
+        debug_assert_ne!(approval.status, ApprovalStatus::AwaitingApproval);
+        open::count(&mut self.open, approval, -1);
+        self.put_approval(approval, read);
+    }
+
+    /// The requesters whose approvals this transaction opens: the engine checks and writes
+    /// each one's count with it ([`open::count_writes`]).
+    pub fn openings(&self) -> Vec<Opening> {
+        open::openings(&self.open)
+    }
+
+    /// Whether this transaction opens any approval (and so has counts to check).
+    pub fn opens_approvals(&self) -> bool {
+        self.open.iter().any(|change| change.opens())
     }
 
     /// An approval's compare-and-set, in its stored form, with the index entry its status
@@ -376,6 +402,8 @@ impl Tx {
     /// The writes, each run's audit item last (a finished run's events in its own item), and
     /// what to deliver once they commit.
     pub fn into_parts(mut self) -> (Vec<Write>, Outgoing) {
+        let slots: Vec<Write> = open::slot_writes(&self.open).collect();
+        self.writes.extend(slots);
         for (at, own) in std::mem::take(&mut self.finished) {
             let Write::Put { item, .. } = &mut self.writes[at] else {
                 unreachable!("a run's write is a put")
@@ -433,6 +461,59 @@ mod tests {
             .approve(approval.authorized_by(), approval.created_at)
             .unwrap();
         action
+    }
+
+    /// The slot writes of a transaction, as (put or delete, sort key).
+    fn slots(tx: Tx) -> Vec<(&'static str, String)> {
+        tx.into_parts()
+            .0
+            .into_iter()
+            .filter(|w| w.key().1.starts_with(keys::OPEN_SLOT_PREFIX))
+            .map(|w| match w {
+                Write::Put { item, .. } => ("put", item.sk),
+                Write::Delete { sk, .. } => ("delete", sk),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_approval_opened_takes_a_slot_settled_frees_it_and_edited_to_a_version_that_waits_keeps_it()
+     {
+        let waiting = approval();
+        let slot = keys::open_slot_sk(&waiting.action_id);
+        let resolved = |status| {
+            let mut resolved = waiting.clone();
+            resolved.status = status;
+            resolved.resolved_at = Some(waiting.created_at);
+            resolved
+        };
+        let settled = resolved(ApprovalStatus::Approved);
+        let mut next = waiting.clone();
+        next.id = crate::domain::ids::ApprovalId::generate();
+        next.action_version = waiting.action_version.next();
+
+        let mut opened = Tx::new();
+        opened.create_approval(&waiting);
+        assert_eq!(opened.openings().len(), 1);
+        assert_eq!(slots(opened), [("put", slot.clone())]);
+
+        let mut decided = Tx::new();
+        decided.settle_approval(&settled, Condition::VersionIs(1));
+        assert!(decided.openings().is_empty(), "settling reads no count");
+        assert_eq!(slots(decided), [("delete", slot)]);
+
+        let mut edited = Tx::new();
+        let superseded = resolved(ApprovalStatus::Superseded);
+        edited.settle_approval(&superseded, Condition::VersionIs(1));
+        edited.create_approval(&next);
+        assert!(edited.openings().is_empty());
+        assert!(slots(edited).is_empty(), "the new version keeps the slot");
+
+        let mut recovery = waiting.clone();
+        recovery.kind = crate::domain::approval::ApprovalKind::Recovery;
+        let mut asked = Tx::new();
+        asked.create_approval(&recovery);
+        assert!(slots(asked).is_empty(), "a recovery is never counted");
     }
 
     #[test]
