@@ -226,7 +226,7 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
             ..
         } => decide(&local, review).await,
         Command::Mcp(options) => {
-            mcp::run(local, options).await?;
+            mcp::run(local, &cli.global, options).await?;
             Ok(Output {
                 text: String::new(),
                 json: json!({"stopped": true}),
@@ -248,7 +248,6 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
         }
         Command::Cancel { run, person } => {
             let who = local.identify(&person)?;
-            shared::agents::prepare_all(&local.engine).await;
             let report = local.engine.cancel(&who, &RunId::parse(&run)?).await?;
             let text = format!("[{}] cancelled by {}\n", report.run_id, who.person);
             Ok(Output {
@@ -351,7 +350,6 @@ async fn waits_on_calls(local: &Local, report: &RunReport) -> Option<History> {
 
 /// `review expire`: one sweep, and what became of each run it expired an approval of.
 async fn expire(local: &Local) -> Result<Output, Failure> {
-    shared::agents::prepare_all(&local.engine).await;
     let report = local.engine.sweep(1_000).await?;
     let tenants = local.tenants().await?;
     let mut agents = Vec::new();
@@ -483,7 +481,6 @@ async fn decide(local: &Local, review: Review) -> Result<Output, Failure> {
         action_version,
         choice,
     };
-    shared::agents::prepare_all(&local.engine).await;
     let report = local.engine.decide(&who, &approval_id, request).await?;
     // What became of the call it let run, read back from the run's history.
     let history = local

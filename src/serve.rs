@@ -79,12 +79,8 @@ pub async fn run(local: Local, state: &Path, options: ServeOptions) -> Result<()
             })
         }
     };
+    // MCP servers are started and listed when a call, a listing or a run first needs them.
     let engine = Arc::new(local.engine);
-    // Lists the agents' MCP tools without holding up the server; a server down is tried again.
-    tokio::spawn({
-        let engine = engine.clone();
-        async move { shared::agents::prepare_all(&engine).await }
-    });
     if !options.sweep_every.is_zero() {
         tokio::spawn(sweep_forever(engine.clone(), options.sweep_every));
     }
@@ -135,8 +131,6 @@ pub(crate) async fn sweep_forever(engine: Arc<Engine>, every: Duration) {
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
-        // Decisions resume runs in this process: keep every agent's MCP tools listed.
-        shared::agents::prepare_all(&engine).await;
         if let Err(error) = engine.sweep(SWEEP_BUDGET).await {
             tracing::warn!(%error, "the sweep failed; trying again next time");
         }

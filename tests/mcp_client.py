@@ -6,8 +6,11 @@ tests/mcp_gateway.rs: one session, a few steps, one JSON line printed (and flush
 
 STEPS is a JSON list of steps:
     {"op": "list"}                                  -> {"tools": [{name, description, input_schema, annotations}]}
-    {"op": "call", "tool": NAME, "args": {...},     -> {"is_error", "text", "meta", "progress"}
-     "wait_seconds": N, "call_id": ID, "progress": true}
+    {"op": "call", "tool": NAME, "args": {...},     -> {"is_error", "text", "content", "structured",
+     "wait_seconds": N, "call_id": ID, "progress": true}    "meta", "progress"}
+
+"text" joins the answer's text blocks; "content" is every block as sent, "structured" its
+structuredContent (null without).
 
 The first line says what the session negotiated: {"protocol_version", "server"}. A progress
 notification is also printed as it comes, as {"event": "progress", ...}.
@@ -67,6 +70,11 @@ async def step(session, spec):
         return {
             "is_error": bool(result.is_error),
             "text": "\n".join(block.text for block in result.content if block.type == "text"),
+            "content": [
+                block.model_dump(by_alias=True, exclude_none=True, mode="json")
+                for block in result.content
+            ],
+            "structured": result.structured_content,
             "meta": result.meta or {},
             "progress": progress,
         }

@@ -1,12 +1,15 @@
 //! The MCP gateway driven by clients nobody here wrote: the official MCP Python SDK (`mcp` from
-//! PyPI, pinned in tests/mcp-client.requirements.txt) through tests/mcp_client.py, and the MCP
-//! Inspector's CLI mode (npm, pinned in tests/npm/inspector), against `countersign mcp`
-//! over stdio and `/mcp/refunds` on a real `countersign serve`, in front of the refunds agent and
-//! a real orders service. Decisions come from `countersign review` in other processes.
+//! PyPI, pinned in tests/mcp-client.requirements.txt) through tests/mcp_client.py, the official
+//! TypeScript SDK (the one the reference servers pinned in tests/npm/servers are built on)
+//! through tests/mcp_client.mjs, and the MCP Inspector's CLI mode (npm, pinned in
+//! tests/npm/inspector), against `countersign mcp` over stdio and `/mcp/refunds` on a real
+//! `countersign serve`, in front of the refunds agent and a real orders service. Decisions come
+//! from `countersign review` in other processes.
 //!
-//! Both clients are installed once under `${XDG_CACHE_HOME:-~/.cache}/countersign` (PyPI and npm
+//! The clients are installed once under `${XDG_CACHE_HOME:-~/.cache}/countersign` (PyPI and npm
 //! the first time, offline after): the Python client in `mcp-client-venv`
-//! (`COUNTERSIGN_MCP_PYTHON` names another Python that has it), the Inspector in `mcp-inspector`.
+//! (`COUNTERSIGN_MCP_PYTHON` names another Python that has it), the Inspector in
+//! `mcp-inspector`, the TypeScript SDK with the reference servers in `mcp-servers`.
 
 mod common;
 #[allow(dead_code)]
@@ -24,6 +27,7 @@ use common::{Countersign, stop_group};
 use serde_json::{Value, json};
 
 const CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mcp_client.py");
+const TS_CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mcp_client.mjs");
 const REQUIREMENTS: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/tests/mcp-client.requirements.txt"
@@ -154,12 +158,38 @@ impl Gateway {
         }
     }
 
+    /// The Python SDK's client running `steps`.
     fn command(&self, steps: &Value) -> Command {
         let mut command = Command::new(python());
         command
             .arg(CLIENT)
             .arg(steps.to_string())
-            .args(&self.transport)
+            .args(&self.transport);
+        self.environment(command)
+    }
+
+    /// The TypeScript SDK's client running `steps`, over stdio only.
+    fn typescript(&self, steps: &Value) -> Command {
+        let [transport, server @ ..] = self.transport.as_slice() else {
+            panic!("no transport");
+        };
+        assert_eq!(
+            transport, "stdio",
+            "the TypeScript client speaks stdio here"
+        );
+        let mut command = Command::new("node");
+        command
+            .arg(TS_CLIENT)
+            .arg(mcp_servers::typescript_sdk())
+            .arg(steps.to_string())
+            .args(server);
+        self.environment(command)
+    }
+
+    /// `command` with this gateway's variables and none of the shell's Countersign settings,
+    /// its output piped.
+    fn environment(&self, mut command: Command) -> Command {
+        command
             .env_remove("ANTHROPIC_API_KEY")
             .env_remove("COUNTERSIGN_AGENTS")
             .env_remove("COUNTERSIGN_PEOPLE")
@@ -260,6 +290,51 @@ fn waits_for_a_finance_manager(answer: &Value) -> String {
 }
 
 #[test]
+fn over_stdio_it_says_on_stderr_which_state_and_agents_it_works_on_and_stdout_stays_the_protocols()
+{
+    // A client starts it in a directory of its own, the state left to its default; the
+    // directory's name would colour a terminal.
+    let dir = common::fresh_path("mcp-started-\u{1b}[31m");
+    std::fs::create_dir_all(&dir).unwrap();
+    assert!(dir.is_absolute());
+
+    let started = common::countersign(Path::new("state"))
+        .current_dir(&dir)
+        .env("COUNTERSIGN_STORE", "embedded")
+        .args(["mcp", "--agent", "refunds", "--as", "sam"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+
+    let told = String::from_utf8_lossy(&started.stderr);
+    assert!(
+        !told.contains('\u{1b}'),
+        "escaped as every log line: {told}"
+    );
+    let state = dir
+        .join("state")
+        .display()
+        .to_string()
+        .replace('\u{1b}', "\\u{1b}");
+    assert!(
+        told.contains("serving the tools of agent refunds to sam (acme) over stdio"),
+        "{told}"
+    );
+    assert!(
+        told.contains(&format!(
+            "state {state}; review its calls with: countersign review --state {state}"
+        )),
+        "{told}"
+    );
+    assert!(
+        told.contains("agents loaded: expense, refunds (the shipped ones"),
+        "{told}"
+    );
+    assert!(started.stdout.is_empty(), "stdout is the protocol's alone");
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
 fn over_stdio_a_client_lists_the_tools_and_a_gated_refund_runs_once_after_approval_from_the_cli() {
     let orders = OrdersService::start("mcp-stdio");
     let cs = Countersign::fresh("mcp-stdio").with_env(orders.embedded_env());
@@ -355,6 +430,47 @@ fn over_http_a_waiting_call_gets_progress_and_the_outcome_once_another_process_a
     refunded_once(&orders, &answer, 1);
 }
 
+#[test]
+fn the_typescript_sdk_gives_up_on_a_longer_wait_unless_it_resets_its_timeout_on_the_gateways_progress()
+ {
+    let orders = OrdersService::start("mcp-typescript");
+    let cs = Countersign::fresh("mcp-typescript").with_env(orders.embedded_env());
+    let gateway = Gateway::stdio(&cs, "sam");
+    let refund = |wait_seconds: u64, timeout_ms: u64, reset: bool| {
+        json!({"tool": "issue_refund", "args": refund_125(), "wait_seconds": wait_seconds,
+               "timeout_ms": timeout_ms, "reset_timeout_on_progress": reset})
+    };
+
+    // Each waits on a person longer than the client's timeout; the second resets it on each
+    // progress notification, which the gateway sends when the wait begins and every 5 s.
+    let output = gateway
+        .typescript(&json!([refund(4, 2_000, false), refund(9, 7_000, true)]))
+        .output()
+        .unwrap();
+
+    assert!(
+        output.status.success(),
+        "the TypeScript client failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let answers: Vec<Value> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let [gave_up, waited] = answers.as_slice() else {
+        panic!("two answers: {answers:?}");
+    };
+    assert_eq!(
+        gave_up["error"]["code"], -32001,
+        "request timed out: {gave_up}"
+    );
+    waits_for_a_finance_manager(waited);
+    assert!(waited["elapsed_ms"].as_u64().unwrap() >= 8_500, "{waited}");
+    let progress = waited["progress"].as_array().unwrap();
+    assert!(progress.len() >= 2, "at the start and 5 s in: {waited}");
+    assert!(orders.refunds("ord_55").is_empty(), "nothing refunded");
+}
+
 /// The refund asked for again through `gateway`, approved by mia from another process once
 /// the call is seen waiting (its first progress notification): what it answered.
 fn approved_while_it_waits(cs: &Countersign, gateway: &Gateway, approval: &str) -> Value {
@@ -382,38 +498,95 @@ fn approved_while_it_waits(cs: &Countersign, gateway: &Gateway, approval: &str) 
     answer
 }
 
+/// `response`, a refusal: its status, its `error.code`, and its `Allow` header if any.
+async fn refusal(response: reqwest::Response) -> (u16, String, Option<String>) {
+    let status = response.status().as_u16();
+    let allow = response
+        .headers()
+        .get("allow")
+        .map(|allow| allow.to_str().unwrap().to_string());
+    let body: Value = response.json().await.expect("a JSON refusal");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(!message.is_empty(), "{body}");
+    (
+        status,
+        body["error"]["code"].as_str().unwrap().to_string(),
+        allow,
+    )
+}
+
 #[tokio::test]
-async fn over_http_a_caller_without_a_token_or_for_an_agent_not_loaded_is_refused() {
+async fn over_http_every_refusal_is_the_apis_json_error_and_a_json_rpc_error_stays_json_rpc() {
     let cs = Countersign::fresh("mcp-http-refused");
     let server = cs.serve();
     let token = cs.printed(&["token", "--as", "sam"]).trim().to_string();
     let http = reqwest::Client::new();
-    let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}});
-    let post = |path: &str, token: Option<&str>| {
-        let mut request = http
-            .post(format!("{}{path}", server.base))
-            .header("accept", "application/json, text/event-stream")
-            .json(&list);
-        if let Some(token) = token {
-            request = request.bearer_auth(token);
-        }
-        request.send()
+    let url = |agent: &str| format!("{}/mcp/{agent}", server.base);
+    let (both, json) = ("application/json, text/event-stream", "application/json");
+    let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).to_string();
+    let huge = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list",
+                      "params": {"padding": "x".repeat(70_000)}})
+    .to_string();
+    let unknown = json!({"jsonrpc": "2.0", "id": 2, "method": "nope/x"}).to_string();
+    // A POST of `body` as `content_type` to `agent`'s gateway, accepting `accept`, as sam.
+    let post = |agent: &str, accept: &str, content_type: &str, body: &str| {
+        http.post(url(agent))
+            .bearer_auth(&token)
+            .header("accept", accept)
+            .header("content-type", content_type)
+            .body(body.to_string())
+            .send()
     };
 
-    let anonymous = post("/mcp/refunds", None).await.unwrap();
-    let elsewhere = post("/mcp/payroll", Some(&token)).await.unwrap();
-    let listed = post("/mcp/refunds", Some(&token)).await.unwrap();
+    let refused = [
+        http.post(url("refunds"))
+            .header("accept", both)
+            .json(&list)
+            .send()
+            .await,
+        post("payroll", both, json, &list).await,
+        http.get(url("refunds")).bearer_auth(&token).send().await,
+        post("refunds", json, json, &list).await,
+        post("refunds", both, "text/plain", &list).await,
+        post("refunds", both, json, "{\"jsonrpc\":").await,
+        post("refunds", both, json, r#"{"a": 1}"#).await,
+        post("refunds", both, json, &huge).await,
+        http.post(url("refunds"))
+            .bearer_auth(&token)
+            .header("accept", both)
+            .header("content-type", json)
+            .header("mcp-protocol-version", "1999-01-01")
+            .body(list.clone())
+            .send()
+            .await,
+    ];
+    let answered = post("refunds", both, json, &unknown).await.unwrap();
+    let listed = post("refunds", both, json, &list).await.unwrap();
 
-    assert_eq!(anonymous.status(), 401);
+    let mut refusals = Vec::new();
+    for response in refused {
+        refusals.push(refusal(response.unwrap()).await);
+    }
+    let refusal = |status: u16, code: &str| (status, code.to_string(), None);
     assert_eq!(
-        anonymous.json::<Value>().await.unwrap()["error"]["code"],
-        "missing_token"
+        refusals,
+        [
+            refusal(401, "missing_token"),
+            refusal(404, "not_found"),
+            (405, "method_not_allowed".into(), Some("POST".into())),
+            refusal(406, "not_acceptable"),
+            refusal(400, "bad_content_type"),
+            refusal(400, "malformed_json"),
+            refusal(400, "not_json_rpc"),
+            refusal(400, "body_too_large"),
+            refusal(400, "bad_mcp_request"),
+        ]
     );
-    assert_eq!(elsewhere.status(), 404);
-    assert_eq!(
-        elsewhere.json::<Value>().await.unwrap()["error"]["code"],
-        "not_found"
-    );
+    // A request the transport took is answered in JSON-RPC, an error too.
+    assert_eq!(answered.status(), 200);
+    let answered: Value = answered.json().await.unwrap();
+    assert_eq!(answered["id"], 2, "{answered}");
+    assert_eq!(answered["error"]["code"], -32601, "{answered}");
     assert_eq!(listed.status(), 200);
     let listed: Value = listed.json().await.unwrap();
     assert_eq!(
@@ -510,12 +683,14 @@ fn the_mcp_inspector_lists_and_calls_over_stdio_and_http_and_a_call_attaches_acr
     let orders = OrdersService::start("mcp-inspector");
     let cs = Countersign::fresh("mcp-inspector").with_env(orders.embedded_env());
     let server = cs.serve();
+    // As docs/mcp-gateway.md configures it: the state and the agents named, absolute.
     let mut stdio: Vec<String> = cs
         .env()
         .iter()
-        .chain(&[("COUNTERSIGN_STATE", cs.state().display().to_string())])
         .flat_map(|(k, v)| ["-e".to_string(), format!("{k}={v}")])
         .collect();
+    let state = cs.state().display().to_string();
+    let agents = concat!(env!("CARGO_MANIFEST_DIR"), "/agents");
     stdio.extend(
         [
             env!("CARGO_BIN_EXE_countersign"),
@@ -524,6 +699,10 @@ fn the_mcp_inspector_lists_and_calls_over_stdio_and_http_and_a_call_attaches_acr
             "refunds",
             "--as",
             "sam",
+            "--state",
+            &state,
+            "--agents",
+            agents,
         ]
         .map(String::from),
     );
@@ -618,8 +797,9 @@ default_ttl = "1h"
 decision = "allow"
 "#;
 
-/// Two agents without a model: `files` starts the filesystem server over `data`, `reference`
-/// reaches the everything server at `everything_url`. Returns the directory holding both.
+/// Two agents without a model: `files` starts the filesystem server over `data` (each start
+/// counted in `root`'s [`STARTS`]), `reference` reaches the everything server at
+/// `everything_url`. Returns the directory holding both.
 fn upstream_agents(root: &Path, data: &Path, everything_url: &str) -> PathBuf {
     let agents = root.join("agents");
     let files = agents.join("files");
@@ -631,7 +811,10 @@ fn upstream_agents(root: &Path, data: &Path, everything_url: &str) -> PathBuf {
         files.join("agent.toml"),
         format!(
             "name = \"files\"\nsystem_prompt = \"You keep the team's notes.\"\n\n\
-             [mcp.files]\ncommand = \"node\"\nargs = [\"{}\", \"${{FILES_ROOT}}\"]\ntools = \"*\"\n",
+             [mcp.files]\ncommand = \"sh\"\n\
+             args = [\"-c\", \"echo started >> \\\"$0\\\" && exec node \\\"$1\\\" \\\"$2\\\"\", \"{}\", \"{}\", \"${{FILES_ROOT}}\"]\n\
+             tools = \"*\"\n",
+            root.join(STARTS).display(),
             filesystem.display()
         ),
     )
@@ -648,6 +831,16 @@ fn upstream_agents(root: &Path, data: &Path, everything_url: &str) -> PathBuf {
     std::fs::write(reference.join("policy.toml"), REFERENCE_POLICY).unwrap();
     std::fs::write(data.join("notes.txt"), "Ship on Friday.\n").unwrap();
     agents
+}
+
+/// The file under a test's root where each start of the filesystem server is a line.
+const STARTS: &str = "files-started";
+
+/// How many times the filesystem server of the agents under `root` was started.
+fn starts(root: &Path) -> usize {
+    std::fs::read_to_string(root.join(STARTS))
+        .map(|started| started.lines().count())
+        .unwrap_or(0)
 }
 
 /// The everything server over Streamable HTTP on a free port, in a process group of its own.
@@ -734,12 +927,15 @@ fn the_filesystem_server_over_stdio_reads_freely_and_writes_once_after_approval_
         tools.contains(&"read_file") && tools.contains(&"write_file"),
         "{tools:?}"
     );
+    // The server's answer as it gave it: its text block, and its structured content.
     let read = &answers[1];
     assert_eq!(meta(read, "status"), "succeeded", "{read}");
-    assert!(
-        read["text"].as_str().unwrap().contains("Ship on Friday."),
+    assert_eq!(
+        read["content"],
+        json!([{"type": "text", "text": "Ship on Friday.\n"}]),
         "{read}"
     );
+    assert_eq!(read["structured"], json!({"content": "Ship on Friday.\n"}));
     assert!(
         !answers[4]["text"].as_str().unwrap().contains("plan.txt"),
         "{}",
@@ -820,6 +1016,141 @@ fn the_filesystem_server_over_stdio_reads_freely_and_writes_once_after_approval_
     );
     std::fs::remove_dir_all(root).ok();
 }
+
+/// A fresh state whose agents are [`upstream_agents`] under `root` (the everything server
+/// nowhere), with their data directory: `countersign` over it, and the data directory.
+fn files_state(name: &str, root: &Path) -> (Countersign, PathBuf) {
+    let data = root.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let agents = upstream_agents(root, &data, "http://127.0.0.1:9/mcp");
+    let data = data.canonicalize().unwrap();
+    let cs = Countersign::fresh(name).with_env(vec![
+        ("COUNTERSIGN_STORE", "embedded".into()),
+        ("COUNTERSIGN_AGENTS", agents.display().to_string()),
+        ("FILES_ROOT", data.display().to_string()),
+    ]);
+    (cs, data)
+}
+
+#[test]
+fn a_stdio_mcp_server_is_started_when_a_call_first_needs_it_never_when_serve_or_mcp_starts() {
+    let root = common::fresh_path("mcp-lazy");
+    let (cs, _data) = files_state("mcp-lazy", &root);
+
+    let server = cs.serve();
+    // `countersign mcp` of another agent, sweeping every second, with its client still there.
+    let mut other = common::countersign(cs.state())
+        .args([
+            "mcp",
+            "--agent",
+            "reference",
+            "--as",
+            "sam",
+            "--sweep-every",
+            "1s",
+        ])
+        .envs(cs.env().iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    let before = starts(&root);
+    drop(other.stdin.take());
+    other.wait().unwrap();
+    let listed = Gateway::http_for(&server, &cs, "files", "sam").call(json!({"op": "list"}));
+
+    assert_eq!(before, 0, "started before anything needed it");
+    assert!(!listed["tools"].as_array().unwrap().is_empty(), "{listed}");
+    assert_eq!(starts(&root), 1);
+    std::fs::remove_dir_all(root).ok();
+}
+
+#[tokio::test]
+async fn after_a_restart_a_decision_over_http_lists_the_servers_tools_and_runs_the_approved_write_once()
+ {
+    let root = common::fresh_path("mcp-lazy-decide");
+    let (cs, data) = files_state("mcp-lazy-decide", &root);
+    let plan = data.join("plan.txt");
+    let server = cs.serve();
+    let waiting = Gateway::http_for(&server, &cs, "files", "sam")
+        .call(write_file(&plan, "Ship on Monday.\n"));
+    let approval = meta(&waiting, "approval_id").as_str().unwrap().to_string();
+    server.kill();
+
+    // Started again, the server has listed nothing when mia's decision comes in.
+    let server = cs.serve();
+    let token = cs.printed(&["token", "--as", "mia"]).trim().to_string();
+    let decided = reqwest::Client::new()
+        .post(format!("{}/approvals/{approval}/decisions", server.base))
+        .bearer_auth(token)
+        .json(&json!({"decision_id": "d-lazy", "action_version": 1, "choice": "approve"}))
+        .send()
+        .await
+        .unwrap();
+
+    assert_eq!(decided.status(), 200, "{}", decided.text().await.unwrap());
+    assert_eq!(std::fs::read_to_string(&plan).unwrap(), "Ship on Monday.\n");
+    let again = Gateway::http_for(&server, &cs, "files", "sam")
+        .call(write_file(&plan, "Ship on Monday.\n"));
+    assert_eq!(meta(&again, "status"), "succeeded", "{again}");
+    assert_eq!(meta(&again, "attached"), true, "{again}");
+    assert_eq!(starts(&root), 2, "once per server process");
+    std::fs::remove_dir_all(root).ok();
+}
+
+#[test]
+fn the_filesystem_servers_image_and_error_come_through_as_it_gave_them_over_http() {
+    let root = common::fresh_path("mcp-files-blocks");
+    let (cs, data) = files_state("mcp-files-blocks", &root);
+    std::fs::write(data.join("pixel.png"), PIXEL_PNG).unwrap();
+    let server = cs.serve();
+    let gateway = Gateway::http_for(&server, &cs, "files", "sam");
+    let path = |name: &str| data.join(name).display().to_string();
+
+    let answers = gateway.session(json!([
+        {"op": "call", "tool": "read_media_file", "args": {"path": path("pixel.png")}},
+        {"op": "call", "tool": "read_text_file", "args": {"path": "/etc/hostname"}},
+    ]));
+
+    let image = &answers[0];
+    assert_eq!(meta(image, "status"), "succeeded", "{image}");
+    assert_eq!(image["is_error"], false, "{image}");
+    let block = json!({"type": "image", "data": PIXEL_BASE64, "mimeType": "image/png"});
+    assert_eq!(image["content"], json!([block]), "{image}");
+    assert_eq!(image["structured"], json!({"content": [block]}));
+    let refused = &answers[1];
+    assert_eq!(meta(refused, "status"), "failed", "{refused}");
+    assert_eq!(refused["is_error"], true, "{refused}");
+    let said = refused["text"].as_str().unwrap();
+    assert!(said.contains("Access denied"), "{refused}");
+    assert!(
+        !said.starts_with("The call failed"),
+        "the server's own words: {said}"
+    );
+
+    // The audit keeps the text a model reads, the run's action the server's answer.
+    let run = meta(image, "run_id").as_str().unwrap();
+    let history = cs.ok(&["audit", run]);
+    let stored = &history["actions"][0]["result"];
+    assert_eq!(
+        stored["content"], "[image: image/png, 70 bytes]",
+        "{history}"
+    );
+    assert_eq!(stored["mcp"]["content"], json!([block]), "{history}");
+    std::fs::remove_dir_all(root).ok();
+}
+
+/// The smallest PNG there is, one pixel, and its bytes in base64.
+const PIXEL_PNG: &[u8] = &[
+    0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a, 0x00, 0x00, 0x00, 0x0d, 0x49, 0x48, 0x44, 0x52,
+    0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x01, 0x08, 0x06, 0x00, 0x00, 0x00, 0x1f, 0x15, 0xc4,
+    0x89, 0x00, 0x00, 0x00, 0x0d, 0x49, 0x44, 0x41, 0x54, 0x78, 0xda, 0x63, 0x64, 0xf8, 0xcf, 0x50,
+    0x0f, 0x00, 0x03, 0x86, 0x01, 0x80, 0x5a, 0x34, 0x7d, 0x6b, 0x00, 0x00, 0x00, 0x00, 0x49, 0x45,
+    0x4e, 0x44, 0xae, 0x42, 0x60, 0x82,
+];
+const PIXEL_BASE64: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==";
 
 #[tokio::test]
 async fn the_everything_server_over_streamable_http_lists_and_runs_an_allowed_call_and_an_agent_without_a_model_runs_no_run()

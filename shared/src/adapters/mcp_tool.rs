@@ -24,8 +24,9 @@
 //! - `call` sends `tools/call` with the exact approved arguments and the key `action_id:version`
 //!   in the request's `_meta` as `"idempotency_key"`: a server that acts on it once makes the
 //!   call exactly-once across crashes.
-//! - A result with `isError: true` is **failed**, told with its text. A success is **succeeded**
-//!   with its `structuredContent` if present, else its text (parsed as JSON when it is JSON).
+//! - A result is kept as the server gave it ([`ToolOutcome::Mcp`]): its content blocks, its
+//!   `structuredContent`, and `isError: true` makes it **failed**, else **succeeded**. The model
+//!   reads the text made of it; the MCP gateway hands the blocks and structured content on.
 //!   A JSON-RPC error answering the call (unknown tool, invalid arguments) is **failed** too.
 //! - Before each call the server is pinged; if that fails (the server restarted, the session
 //!   expired, the connection dropped), the binding reconnects once. If it still cannot reach
@@ -61,8 +62,7 @@ use reqwest::header::{HeaderName, HeaderValue};
 use rmcp::ServiceExt;
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig,
-    ClientRequest, ContentBlock, Implementation, MetaObject, PingRequest, RequestMetaObject,
-    ServerResult,
+    ClientRequest, Implementation, MetaObject, PingRequest, RequestMetaObject, ServerResult,
 };
 use rmcp::service::{
     ClientInitializeError, PeerRequestOptions, RoleClient, RunningService, ServiceError,
@@ -1023,31 +1023,18 @@ async fn log_stderr(
     drop(reading);
 }
 
-/// What a `tools/call` result means for the action.
+/// What a `tools/call` result means for the action: the server's result as it gave it, its
+/// content blocks, structured content and `isError`. The one place an MCP outcome is made.
 fn outcome_of(result: CallToolResult) -> ToolOutcome {
-    let text = result
-        .content
-        .iter()
-        .filter_map(ContentBlock::as_text)
-        .map(|block| block.text.as_str())
-        .collect::<Vec<_>>()
-        .join("\n");
-    if result.is_error == Some(true) {
-        let error = if text.is_empty() {
-            "the tool reported an error and said nothing more".to_string()
-        } else {
-            text
-        };
-        return ToolOutcome::Failed { error };
+    ToolOutcome::Mcp {
+        content: result
+            .content
+            .iter()
+            .filter_map(|block| serde_json::to_value(block).ok())
+            .collect(),
+        structured_content: result.structured_content,
+        is_error: result.is_error == Some(true),
     }
-    let result = match result.structured_content {
-        Some(structured) => structured,
-        None if text.is_empty() => {
-            serde_json::to_value(&result.content).unwrap_or(Value::Array(Vec::new()))
-        }
-        None => serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    };
-    ToolOutcome::Succeeded { result }
 }
 
 /// One tool of an MCP server, as listed.
@@ -1322,33 +1309,32 @@ mod tests {
     }
 
     #[test]
-    fn results_become_outcomes() {
-        let structured = CallToolResult::structured(serde_json::json!({"refund_id": "r-1"}));
+    fn a_result_becomes_an_outcome_as_the_server_gave_it() {
+        use rmcp::model::ContentBlock;
+        use serde_json::json;
+        let mut image = CallToolResult::success(vec![
+            ContentBlock::text("The chart:"),
+            ContentBlock::image("iVBORw0KGgo=", "image/png"),
+        ]);
+        image.structured_content = Some(json!({"points": 3}));
         assert_eq!(
-            outcome_of(structured),
-            ToolOutcome::Succeeded {
-                result: serde_json::json!({"refund_id": "r-1"})
-            }
-        );
-        let json_text = CallToolResult::success(vec![ContentBlock::text("{\"ok\":true}")]);
-        assert_eq!(
-            outcome_of(json_text),
-            ToolOutcome::Succeeded {
-                result: serde_json::json!({"ok": true})
-            }
-        );
-        let plain = CallToolResult::success(vec![ContentBlock::text("done")]);
-        assert_eq!(
-            outcome_of(plain),
-            ToolOutcome::Succeeded {
-                result: Value::String("done".into())
+            outcome_of(image),
+            ToolOutcome::Mcp {
+                content: vec![
+                    json!({"type": "text", "text": "The chart:"}),
+                    json!({"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"}),
+                ],
+                structured_content: Some(json!({"points": 3})),
+                is_error: false,
             }
         );
         let refused = CallToolResult::error(vec![ContentBlock::text("order is closed")]);
         assert_eq!(
             outcome_of(refused),
-            ToolOutcome::Failed {
-                error: "order is closed".into()
+            ToolOutcome::Mcp {
+                content: vec![json!({"type": "text", "text": "order is closed"})],
+                structured_content: None,
+                is_error: true,
             }
         );
     }

@@ -204,6 +204,18 @@ impl Secrets {
             ToolOutcome::Unknown { detail } => ToolOutcome::Unknown {
                 detail: self.redact(&detail),
             },
+            ToolOutcome::Mcp {
+                content,
+                structured_content,
+                is_error,
+            } => ToolOutcome::Mcp {
+                content: content
+                    .into_iter()
+                    .map(|block| self.redact_value(block))
+                    .collect(),
+                structured_content: structured_content.map(|value| self.redact_value(value)),
+                is_error,
+            },
         }
     }
 

@@ -1,9 +1,12 @@
 //! A definition's MCP servers, connected lazily. Every process builds its agents at start-up,
 //! including ones that never call a tool (decide, sweep), so building never touches a server.
-//! A process that drives a run first prepares the agent's tools ([`crate::agents::prepare`]):
-//! each server is connected and listed once, and its listing (specs and hints) is then fixed
-//! for the life of the process. If a server is down then, the run is refused (the engine's
-//! `unavailable`, HTTP 503) before anything is written, and the next attempt tries again.
+//! A process that starts a run first prepares the agent's tools ([`crate::agents::prepare`]);
+//! one that resumes a run, takes a turn of its model, rules on an edit of it or takes a
+//! gateway call lists them itself ([`crate::engine::Agent::list_tools`]), when it first needs
+//! them: each server is connected and listed once, and its listing (specs and hints) is then
+//! fixed for the life of the process. If a server is down then, the run is refused (the
+//! engine's `unavailable`, HTTP 503) before anything is written, a resume waits to be delivered
+//! again, and the next attempt tries again.
 //!
 //! - A `[tools.<name>]` entry bound with `mcp = { server, tool }` is always in the toolbox
 //!   under its own name. Its spec is the server's listing, with the entry's `description` and

@@ -268,19 +268,15 @@ pub fn load_paths(paths: &[PathBuf]) -> Result<Vec<Definition>, DefinitionError>
 /// Makes an agent's tools ready before a run of it is driven: connects to and lists every MCP
 /// server of its definition not yet listed in this process. A server that is down refuses the
 /// run as unavailable (HTTP 503) before anything is written; the next attempt tries again.
-/// Call it before [`Engine::start`] and before a resume: it returns at once once listed. An
-/// agent that does not serve `tenant` is `not_found`, as if it did not exist.
+/// Call it before [`Engine::start`]; a resume, a model's turn and an edit list what they need
+/// themselves. It returns at once once listed. An agent that does not serve `tenant` is
+/// `not_found`, as if it did not exist.
 pub async fn prepare(
     engine: &Engine,
     tenant: &TenantId,
     agent: &AgentName,
 ) -> Result<(), EngineError> {
-    engine
-        .agent(tenant, agent)?
-        .tools
-        .prepare()
-        .await
-        .map_err(|e| EngineError::Unavailable(e.to_string()))
+    engine.agent(tenant, agent)?.list_tools().await
 }
 
 /// [`prepare`] for the agent of the run a resume message wakes, so the approved call and the
@@ -301,20 +297,6 @@ async fn prepare_run(engine: &Engine, tenant: &TenantId, run: &RunId) -> Result<
     match engine.run(tenant, run).await {
         Ok(run) => prepare(engine, tenant, &run.agent).await,
         Err(_) => Ok(()),
-    }
-}
-
-/// [`prepare`] for every agent, as far as their servers answer: a process that resumes runs in
-/// place (a decision, a cancellation or an expiry in the embedded mode) calls it first, so a
-/// resumed run sees every tool. A server that is down is logged and tried again next time; a
-/// named MCP tool still connects by itself when called, a listed one is "no such tool" then.
-pub async fn prepare_all(engine: &Engine) {
-    // An agent whose tools this process cannot run is never resumed here.
-    let runnable = engine.agents().iter().filter(|a| a.runs_here().is_ok());
-    for agent in runnable {
-        if let Err(error) = agent.tools.prepare().await {
-            tracing::warn!(agent = %agent.name, %error, "its MCP tools are not listed yet");
-        }
     }
 }
 

@@ -15,7 +15,8 @@
 //! Served over stdio by `countersign mcp` (one agent, one person: [`Gateway::for_caller`]) and
 //! over Streamable HTTP at `/mcp/{agent}` ([`routes`]), stateless and answered in JSON where no
 //! progress is sent, behind the API's bearer authentication: the token's person asks, in the
-//! token's tenant.
+//! token's tenant. A request refused before the protocol takes it is answered as every route
+//! refuses, `{"error": {"code", "message"}}`.
 //!
 //! A caller may put in the request's `_meta`: [`CALL_ID_META`], its own id for the call (a
 //! repeated call with the same id attaches for good; the same id with another tool or other
@@ -27,15 +28,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{Path, Request, State};
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use reqwest::Url;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    JsonObject, ListToolsResult, MetaObject, PaginatedRequestParams, ProgressNotificationParam,
-    ProgressToken, ServerCapabilities, ServerConfig, Tool as Listed, ToolAnnotations,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ClientJsonRpcMessage, ContentBlock,
+    Implementation, JsonObject, ListToolsResult, MetaObject, PaginatedRequestParams,
+    ProgressNotificationParam, ProgressToken, ServerCapabilities, ServerConfig, Tool as Listed,
+    ToolAnnotations,
 };
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
@@ -47,7 +51,7 @@ use tokio::time::Instant;
 use super::DecideState;
 use super::auth::Authenticate;
 use super::error::ApiError;
-use super::extract::Caller;
+use super::extract::{Caller, body_bytes, parse_json};
 use super::waiting::WaitPlace;
 use crate::adapters::webhook::review_link;
 use crate::domain::action::NotExecuted;
@@ -461,11 +465,12 @@ fn answer(
     named: bool,
     now: DateTime<Utc>,
 ) -> CallToolResult {
+    // As stored, to the last newline: a tool's text is handed on as the tool gave it.
     let told = state
         .result
         .as_ref()
-        .map(|r| r.content.trim())
-        .filter(|t| !t.is_empty());
+        .map(|r| r.content.as_str())
+        .filter(|t| !t.trim().is_empty());
     let again = again_words(named, state.attachable);
     let (text, is_error) = match state.status {
         CallStatus::Succeeded => (ran(state, told.unwrap_or("(no result)")), false),
@@ -510,12 +515,35 @@ fn answer(
             false,
         ),
     };
-    let content = vec![ContentBlock::text(text)];
-    let result = match is_error {
+    // A call that ran an MCP server's tool answers as that server did: its blocks and its
+    // structured content, as they were stored.
+    let upstream = match state.status {
+        CallStatus::Succeeded | CallStatus::Failed => {
+            state.result.as_ref().and_then(|r| r.mcp.as_ref())
+        }
+        _ => None,
+    };
+    let content = match upstream.and_then(|mcp| mcp.content.as_ref()) {
+        Some(blocks) => changed(state)
+            .filter(|_| state.status == CallStatus::Succeeded)
+            .map(ContentBlock::text)
+            .into_iter()
+            .chain(blocks.iter().map(block_of))
+            .collect(),
+        None => vec![ContentBlock::text(text)],
+    };
+    let mut result = match is_error {
         true => CallToolResult::error(content),
         false => CallToolResult::success(content),
     };
+    result.structured_content = upstream.and_then(|mcp| mcp.structured_content.clone());
     result.with_meta(Some(meta_of(state, link)))
+}
+
+/// A stored MCP content block as the client gets it: as the server sent it, or, should a block
+/// no longer read as one, its JSON as text.
+fn block_of(block: &Value) -> ContentBlock {
+    serde_json::from_value(block.clone()).unwrap_or_else(|_| ContentBlock::text(block.to_string()))
 }
 
 /// How a repeated call finds this one, or that it would not: a call policy ruled on alone,
@@ -541,13 +569,21 @@ fn word(status: CallStatus) -> String {
 
 /// A call that ran: its result, and where a reviewer changed it, which version ran with what.
 fn ran(state: &CallState, result: &str) -> String {
+    match changed(state) {
+        Some(changed) => format!("{changed} {result}"),
+        None => result.to_string(),
+    }
+}
+
+/// What a call a reviewer changed says before its result: which version ran, with what.
+fn changed(state: &CallState) -> Option<String> {
     match (state.version, &state.args) {
-        (Some(version), Some(args)) if version > 1 => format!(
+        (Some(version), Some(args)) if version > 1 => Some(format!(
             "A reviewer changed this call before it ran: it ran as version {version}, with the \
-             arguments {}. Its result: {result}",
+             arguments {}. Its result:",
             args.canonical()
-        ),
-        _ => result.to_string(),
+        )),
+        _ => None,
     }
 }
 
@@ -660,22 +696,110 @@ pub fn routes(engine: Arc<Engine>, auth: Arc<dyn Authenticate>, settings: Settin
             DecideState { engine, auth },
             admit,
         ))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
 }
 
-/// Lets a request through to the MCP server once its caller is authenticated and its agent is
-/// loaded, with both in its extensions.
+/// Lets a request through to the MCP server once its caller is authenticated, its agent is
+/// loaded (both put in its extensions), and it is one the transport takes: every refusal is
+/// the API's `{"error": {"code", "message"}}`, as on every other route. A JSON-RPC error that
+/// answers a request the transport took is left as it is.
 async fn admit(
     State(state): State<DecideState>,
     Path(agent): Path<String>,
     Caller(who): Caller,
-    mut request: Request,
+    request: Request,
     next: Next,
-) -> Result<Response, ApiError> {
-    let agent =
-        AgentName::parse(&agent).map_err(|e| ApiError::bad_request("bad_id", e.to_string()))?;
-    state.engine.agent(&who.tenant, &agent)?;
+) -> Result<Response, Response> {
+    let agent = AgentName::parse(&agent)
+        .map_err(|e| ApiError::bad_request("bad_id", e.to_string()).into_response())?;
+    state
+        .engine
+        .agent(&who.tenant, &agent)
+        .map_err(|e| ApiError::from(e).into_response())?;
+    let mut request = taken(request).await?;
     request.extensions_mut().insert(McpCaller { who, agent });
-    Ok(next.run(request).await)
+    Ok(in_the_apis_words(next.run(request).await).await)
+}
+
+/// `request` as the Streamable HTTP transport takes it (a POST of one JSON-RPC message in
+/// JSON), its body read; else why not. The transport checks the rest (`Accept`, say).
+async fn taken(request: Request) -> Result<Request, Response> {
+    if request.method() != Method::POST {
+        let mut refused = ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            format!(
+                "{} takes POST only: the MCP gateway keeps no session and opens no stream to \
+                 the client",
+                request.uri().path()
+            ),
+        )
+        .into_response();
+        refused
+            .headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static("POST"));
+        return Err(refused);
+    }
+    let json = request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split(';').next())
+        .is_some_and(|media| media.trim().eq_ignore_ascii_case("application/json"));
+    if !json {
+        return Err(ApiError::bad_request(
+            "bad_content_type",
+            "send the body as JSON, with Content-Type: application/json",
+        )
+        .into_response());
+    }
+    let (parts, body) = request.into_parts();
+    let bytes = body_bytes(
+        Request::from_parts(parts.clone(), body),
+        &(),
+        MAX_BODY_BYTES,
+    )
+    .await
+    .map_err(IntoResponse::into_response)?;
+    let message: Value = parse_json(&bytes).map_err(IntoResponse::into_response)?;
+    if let Err(error) = serde_json::from_value::<ClientJsonRpcMessage>(message) {
+        return Err(ApiError::bad_request(
+            "not_json_rpc",
+            format!("the body is not a JSON-RPC message of the MCP protocol: {error}"),
+        )
+        .into_response());
+    }
+    Ok(Request::from_parts(parts, Body::from(bytes)))
+}
+
+/// A refusal the transport answers in plain text (an `Accept` without both media types, an
+/// `MCP-Protocol-Version` it does not know), in the API's words: its status, a code, its text.
+async fn in_the_apis_words(response: Response) -> Response {
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let text = axum::body::to_bytes(response.into_body(), MAX_BODY_BYTES)
+        .await
+        .map(|bytes| String::from_utf8_lossy(&bytes).trim().to_string())
+        .unwrap_or_default();
+    match status {
+        StatusCode::NOT_ACCEPTABLE => ApiError::new(status, "not_acceptable", text),
+        _ if status.is_server_error() => {
+            tracing::error!(%status, text, "the MCP transport failed");
+            ApiError::new(
+                status,
+                "unavailable",
+                "the service cannot complete this now; try again later",
+            )
+        }
+        _ => ApiError::new(status, "bad_mcp_request", text),
+    }
+    .into_response()
 }
 
 #[cfg(test)]
@@ -686,7 +810,7 @@ mod tests {
     use crate::domain::action::{ProposedCall, UNKNOWN_TEXT};
     use crate::domain::approval::Asking;
     use crate::domain::args::Args;
-    use crate::domain::conversation::ToolResultText;
+    use crate::domain::conversation::{McpResult, ToolResultText};
     use crate::domain::ids::{ActionId, ActionVersion, PersonId, Role, RunId, TenantId};
     use crate::domain::policy::Requirement;
 
@@ -781,6 +905,74 @@ mod tests {
         assert_eq!(meta(&answered, "countersign/status"), "succeeded");
         assert_eq!(meta(&answered, "countersign/action_id"), "act-9x4");
         assert_eq!(meta(&answered, "countersign/version"), 1);
+    }
+
+    /// What the orders server's MCP tool gave back: a line, a receipt image, and the refund.
+    fn upstream(is_error: bool) -> ToolResultText {
+        ToolResultText {
+            content: "stored text".into(),
+            is_error,
+            mcp: Some(McpResult {
+                content: Some(vec![
+                    json!({"type": "text", "text": "Refunded."}),
+                    json!({"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"}),
+                ]),
+                structured_content: Some(json!({"refund_id": "re_1"})),
+            }),
+        }
+    }
+
+    fn blocks(result: &CallToolResult) -> Value {
+        serde_json::to_value(&result.content).unwrap()
+    }
+
+    #[test]
+    fn a_call_that_ran_an_mcp_tool_answers_its_blocks_and_structured_content_as_the_server_gave_them()
+     {
+        let ran = call(CallStatus::Succeeded, Some(upstream(false)));
+        let failed = call(CallStatus::Failed, Some(upstream(true)));
+
+        let answered = answer(&ran, None, false, now());
+        let refused = answer(&failed, None, false, now());
+
+        assert_eq!(answered.is_error, Some(false));
+        assert_eq!(
+            blocks(&answered),
+            json!([
+                {"type": "text", "text": "Refunded."},
+                {"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"},
+            ])
+        );
+        assert_eq!(
+            answered.structured_content,
+            Some(json!({"refund_id": "re_1"}))
+        );
+        assert_eq!(meta(&answered, "countersign/status"), "succeeded");
+        assert_eq!(refused.is_error, Some(true));
+        assert_eq!(blocks(&refused), blocks(&answered));
+        assert_eq!(refused.structured_content, answered.structured_content);
+    }
+
+    #[test]
+    fn an_mcp_call_a_reviewer_changed_says_so_in_a_block_before_the_servers() {
+        let lowered = CallState {
+            version: Some(2),
+            args: Some(refund(7_500)),
+            ..call(CallStatus::Succeeded, Some(upstream(false)))
+        };
+
+        let answered = answer(&lowered, None, false, now());
+
+        assert_eq!(
+            text(&answered),
+            "A reviewer changed this call before it ran: it ran as version 2, with the \
+             arguments {\"amount_cents\":7500,\"order_id\":\"ord_55\"}. Its result:"
+        );
+        assert_eq!(answered.content.len(), 3);
+        assert_eq!(
+            answered.structured_content,
+            Some(json!({"refund_id": "re_1"}))
+        );
     }
 
     #[test]

@@ -2,11 +2,11 @@
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::args::{Args, ArgsHash};
 use super::budget;
-use super::conversation::ToolResultText;
+use super::conversation::{McpResult, ToolResultText};
 use super::identity::Actor;
 use super::ids::{
     ActionId, ActionVersion, AgentName, ApprovalId, RunId, TenantId, idempotency_key,
@@ -45,6 +45,13 @@ pub enum ToolOutcome {
     /// The tool cannot say whether the call took effect (a timeout after sending, say).
     Unknown {
         detail: String,
+    },
+    /// An MCP server's result as it gave it: failed when it says `isError`, else succeeded.
+    /// Its content blocks and structured content are kept beside the text the model reads.
+    Mcp {
+        content: Vec<Value>,
+        structured_content: Option<Value>,
+        is_error: bool,
     },
 }
 
@@ -399,10 +406,43 @@ fn recorded(outcome: &ToolOutcome) -> (ActionStatus, ToolResultText) {
         ),
         ToolOutcome::Failed { error } => (
             ActionStatus::Failed,
-            ToolResultText::error(kept(format!("The call failed: {error}"))),
+            ToolResultText::error(kept(failed(error))),
         ),
         ToolOutcome::Unknown { .. } => (ActionStatus::Unknown, ToolResultText::error(UNKNOWN_TEXT)),
+        ToolOutcome::Mcp {
+            content,
+            structured_content,
+            is_error,
+        } => {
+            let text = McpResult::text_of(content, structured_content.as_ref());
+            let (status, text) = match is_error {
+                false => (ActionStatus::Succeeded, text),
+                true if text.trim().is_empty() => (
+                    ActionStatus::Failed,
+                    failed("the tool reported an error and said nothing more"),
+                ),
+                true => (ActionStatus::Failed, failed(&text)),
+            };
+            // One plain text block that is the text itself is not kept twice.
+            let plain = matches!(content.as_slice(), [block] if *block == json!({"type": "text", "text": text}));
+            let mcp = McpResult {
+                content: (!plain).then(|| content.clone()),
+                structured_content: structured_content.clone(),
+            };
+            let (content, mcp) = budget::fit_result(text, mcp);
+            let told = ToolResultText {
+                content,
+                is_error: *is_error,
+                mcp,
+            };
+            (status, told)
+        }
     }
+}
+
+/// What the model is told of a call the tool refused.
+fn failed(error: &str) -> String {
+    format!("The call failed: {error}")
 }
 
 pub const UNKNOWN_TEXT: &str = "The outcome of this call is unknown: it may have taken effect. It will be reconciled; do not retry it.";
@@ -548,5 +588,103 @@ pub(crate) mod tests {
     fn an_action_status_reads_as_its_record_stores_it() {
         assert_eq!(ActionStatus::AwaitingApproval.as_str(), "awaiting_approval");
         assert_eq!(ActionStatus::Executing.to_string(), "executing");
+    }
+
+    fn mcp(content: Vec<Value>, structured: Option<Value>, is_error: bool) -> ToolOutcome {
+        ToolOutcome::Mcp {
+            content,
+            structured_content: structured,
+            is_error,
+        }
+    }
+
+    fn text(text: &str) -> Value {
+        json!({"type": "text", "text": text})
+    }
+
+    #[test]
+    fn an_mcp_text_result_is_told_as_its_text_and_kept_once() {
+        let (status, told) = recorded(&mcp(vec![text("Ship on Friday.")], None, false));
+
+        assert_eq!(status, ActionStatus::Succeeded);
+        assert_eq!(told, ToolResultText::ok("Ship on Friday."));
+    }
+
+    #[test]
+    fn an_mcp_result_keeps_its_blocks_and_structured_content_beside_the_text_the_model_reads() {
+        let image = json!({"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"});
+        let blocks = vec![text("The chart:"), image.clone()];
+
+        let (status, told) = recorded(&mcp(blocks.clone(), Some(json!({"points": 3})), false));
+        let (_, structured_only) = recorded(&mcp(vec![], Some(json!({"points": 3})), false));
+
+        assert_eq!(status, ActionStatus::Succeeded);
+        assert_eq!(told.content, "The chart:\n[image: image/png, 8 bytes]");
+        assert!(!told.is_error);
+        assert_eq!(
+            told.mcp,
+            Some(McpResult {
+                content: Some(blocks),
+                structured_content: Some(json!({"points": 3})),
+            })
+        );
+        assert_eq!(structured_only.content, r#"{"points":3}"#);
+    }
+
+    #[test]
+    fn an_mcp_error_result_is_failed_told_as_such_and_keeps_its_blocks_as_given() {
+        let (status, told) = recorded(&mcp(vec![text("order is closed")], None, true));
+        let (_, silent) = recorded(&mcp(vec![], None, true));
+
+        assert_eq!(status, ActionStatus::Failed);
+        assert_eq!(told.content, "The call failed: order is closed");
+        assert!(told.is_error);
+        assert_eq!(
+            told.mcp.unwrap().content,
+            Some(vec![text("order is closed")])
+        );
+        assert_eq!(
+            silent.content,
+            "The call failed: the tool reported an error and said nothing more"
+        );
+    }
+
+    #[test]
+    fn an_mcp_result_too_large_to_store_keeps_its_text_and_says_what_was_left_out() {
+        let data = "A".repeat(40 * 1024);
+        let image = json!({"type": "image", "data": data, "mimeType": "image/png"});
+        let long = "x".repeat(20 * 1024);
+
+        let (_, picture) = recorded(&mcp(vec![image], Some(json!({"id": 7})), false));
+        let (_, document) = recorded(&mcp(
+            vec![text(&long), text("end")],
+            Some(json!({"content": long})),
+            false,
+        ));
+
+        assert_eq!(
+            picture.content,
+            "[image: image/png, 30 KiB]\n[Countersign kept the text of this result and left out \
+             its content blocks (40.0 KiB): a stored result is at most 32 KiB.]"
+        );
+        assert_eq!(
+            picture.mcp,
+            Some(McpResult {
+                content: None,
+                structured_content: Some(json!({"id": 7})),
+            })
+        );
+        assert!(document.content.starts_with(&long));
+        assert!(
+            document.content.ends_with(
+                "left out its content blocks (20.1 KiB) and its structured content (20.0 KiB): a \
+                 stored result is at most 32 KiB.]"
+            ),
+            "{}",
+            &document.content[long.len()..]
+        );
+        assert_eq!(document.mcp, None);
+        let whole = serde_json::to_string(&document).unwrap();
+        assert!(whole.len() <= budget::RESULT + 100, "{}", whole.len());
     }
 }

@@ -21,7 +21,7 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use super::args::canonical;
-use super::conversation::Block;
+use super::conversation::{Block, McpResult};
 
 /// The largest item either store keeps: DynamoDB's 400 KB item, attribute names and values,
 /// read as 400,000 bytes. DynamoDB itself takes a little more (409,600), the local stack less
@@ -83,6 +83,53 @@ fn cut_note(what: &str, kept: usize, whole: usize, text: Option<&str>) -> String
         Size(kept),
         Size(whole)
     )
+}
+
+/// A tool result's text with an MCP server's blocks and structured content beside it, made fit
+/// to store: all of it within [`RESULT`]. Whatever does not fit beside the whole text is left
+/// out, the blocks before the structured content, and the text ends saying what was left out
+/// and how large it was; a text past its share is cut as [`cut`] cuts it. `None` when nothing
+/// is left beside the text.
+pub fn fit_result(text: String, mut mcp: McpResult) -> (String, Option<McpResult>) {
+    let mut left_out = Vec::new();
+    if text.len() + json_len(&mcp.content) > RESULT {
+        left_out.push(format!(
+            "its content blocks ({})",
+            Size(json_len(&mcp.content))
+        ));
+        mcp.content = None;
+    }
+    let beside = |mcp: &McpResult| json_len(&mcp.content) + json_len(&mcp.structured_content);
+    if text.len() + beside(&mcp) > RESULT {
+        left_out.push(format!(
+            "its structured content ({})",
+            Size(json_len(&mcp.structured_content))
+        ));
+        mcp.structured_content = None;
+    }
+    let text = match left_out.is_empty() {
+        true => cut(&text, RESULT, "result").unwrap_or(text),
+        false => {
+            let note = format!(
+                "\n[Countersign kept the text of this result and left out {}: a stored result is at most {}.]",
+                left_out.join(" and "),
+                Size(RESULT)
+            );
+            let share = RESULT - beside(&mcp) - note.len();
+            let kept = cut(&text, share, "result").unwrap_or(text);
+            format!("{kept}{note}")
+        }
+    };
+    let kept = mcp.content.is_some() || mcp.structured_content.is_some();
+    (text, kept.then_some(mcp))
+}
+
+/// The length of `value` as JSON; nothing is 0.
+fn json_len<T: serde::Serialize>(value: &Option<T>) -> usize {
+    value
+        .as_ref()
+        .and_then(|v| serde_json::to_string(v).ok())
+        .map_or(0, |json| json.len())
 }
 
 /// The answer for arguments of `len` bytes past `max`: `None` if they fit.

@@ -142,6 +142,25 @@ impl Agent {
         })
     }
 
+    /// Lists the tools its MCP servers offer, once per process (at once after that): a tool only
+    /// a listing gives is known here only then. A server that is down is `unavailable`, and
+    /// the next call tries again.
+    pub async fn list_tools(&self) -> Result<(), EngineError> {
+        self.tools
+            .prepare()
+            .await
+            .map_err(|e| EngineError::Unavailable(e.to_string()))
+    }
+
+    /// [`Agent::list_tools`] unless `tool` is known here: a run this process did not start (or
+    /// started before it was restarted) may name a tool only a listing gives.
+    pub async fn knowing(&self, tool: &str) -> Result<(), EngineError> {
+        match self.tools.get(tool) {
+            Some(_) => Ok(()),
+            None => self.list_tools().await,
+        }
+    }
+
     /// What a tool says about itself, as policy may match it.
     pub fn hints(&self, tool: &str) -> ToolHints {
         self.tools.get(tool).map(|t| t.hints()).unwrap_or_default()

@@ -194,7 +194,14 @@ impl Engine {
                 Ok(Decided::New {
                     decision,
                     edited_args,
-                }) => (decision, edited_args),
+                }) => {
+                    // An edit's version passes the tool's schema check, which a tool only a
+                    // listing gives needs listed.
+                    if edited_args.is_some() {
+                        agent.knowing(&approval.tool).await?;
+                    }
+                    (decision, edited_args)
+                }
                 Err(Refusal::Expired { expires_at }) => {
                     // The deadline expired it, not whoever happened to send a late decision
                     // (who may not even hold the approver role).

@@ -259,6 +259,8 @@ impl Engine {
         let agent = self.agent_of(&run.value)?.clone();
         let model = agent.model_here()?.clone();
         agent.runs_here()?;
+        // The model sees every tool, those only a listing gives too, whichever process drives.
+        agent.list_tools().await?;
         let specs = agent.tools.specs();
         for _ in 0..agent.limits.max_model_turns {
             if run.value.messages.len() > run.value.written_messages {

@@ -203,11 +203,7 @@ impl Engine {
     pub async fn gate_call(&self, call: GateCall) -> Result<CallState, EngineError> {
         let agent = self.agent(&call.tenant, &call.agent)?.clone();
         agent.runs_here()?;
-        agent
-            .tools
-            .prepare()
-            .await
-            .map_err(|e| EngineError::Unavailable(e.to_string()))?;
+        agent.list_tools().await?;
         let key = call.key()?;
         let (pk, sk) = (keys::call_pk(&call.tenant, &key), keys::CALL_SK.to_string());
         let keyed = load::<CallKeyed>(self.store.as_ref(), &pk, &sk).await?;

@@ -175,6 +175,11 @@ impl Engine {
         queued: bool,
     ) -> Result<(ResumeReport, Outgoing), EngineError> {
         let intact = read.value.intact(&run.value.agent);
+        // A tool only a listing gives is listed before the claim: a server that is down leaves
+        // the action approved, for its resume to be delivered again.
+        if let Ok(agent) = self.agent_of(&run.value) {
+            agent.knowing(&read.value.tool).await?;
+        }
         let Some(action) = self.claim(read, queued).await? else {
             return Ok(ignored("another worker claimed this action"));
         };

@@ -728,11 +728,15 @@ impl Engine {
         let run = self
             .load_run(&action.value.tenant, &action.value.run_id)
             .await?;
-        // The run's agent holds the tool that can say what became of the call.
-        let tool = run
-            .as_ref()
-            .and_then(|run| self.agent_of(&run.value).ok())
-            .and_then(|agent| agent.tools.get(&action.value.tool).cloned());
+        // The run's agent holds the tool that can say what became of the call, listed first if
+        // only a listing gives it; a server that is down leaves the call to a later sweep.
+        let agent = run.as_ref().and_then(|run| self.agent_of(&run.value).ok());
+        if let Some(agent) = agent
+            && let Err(error) = agent.knowing(&action.value.tool).await
+        {
+            tracing::info!(%key, %error, "its tool is not listed here yet; a later sweep looks again");
+        }
+        let tool = agent.and_then(|agent| agent.tools.get(&action.value.tool).cloned());
         // Only a process that can run the tool asks it, or gives up on it.
         if let Some(Err(missing)) = tool.as_ref().map(|tool| tool.runs_here()) {
             tracing::info!(%key, %missing, "left for a process that has the agent's environment");

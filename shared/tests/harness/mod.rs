@@ -530,6 +530,7 @@ pub fn told_about(run: &Run, tool: &str) -> ToolResultText {
             } if tool_use_id == id => Some(ToolResultText {
                 content: content.clone(),
                 is_error: *is_error,
+                mcp: None,
             }),
             _ => None,
         })
@@ -878,6 +879,7 @@ pub fn results_after_turn(run: &Run, turn: usize) -> Vec<(String, ToolResultText
                 ToolResultText {
                     content: content.clone(),
                     is_error: *is_error,
+                    mcp: None,
                 },
             ),
             other => panic!("only tool results answer a turn: {other:?}"),

@@ -119,6 +119,39 @@ async fn the_engine_gates_a_destructive_mcp_tool_until_a_person_approves_then_ru
 }
 
 #[tokio::test]
+async fn an_mcp_calls_stored_outcome_keeps_the_servers_structured_content_and_the_model_reads_its_text()
+ {
+    let (seen, _server, h, p) = refunds_over(Flavour::Plain).await;
+    let report = p.start(refund_task()).await.unwrap();
+    let approval = waiting_refund(&report, &seen);
+
+    approve_and_finish(&h, &p, &seen, &report, &approval).await;
+
+    let history = p.history(&harness::acme(), &report.run_id).await.unwrap();
+    let refund = history
+        .actions
+        .iter()
+        .find(|action| action.tool == "issue_refund")
+        .unwrap();
+    let stored = refund.result.clone().unwrap();
+    let refunded = json!({
+        "refund_id": "rf-1",
+        "order_id": "ord_55",
+        "amount_cents": 7500,
+        "key": format!("{}:1", approval.action_id),
+    });
+    let mcp = stored.mcp.expect("the server's structured content is kept");
+    assert_eq!(mcp.structured_content, Some(refunded.clone()));
+    assert_eq!(mcp.content, None, "its one text block is the text itself");
+    let told = harness::told_about(&history.run, "issue_refund");
+    assert_eq!(told.content, stored.content);
+    assert_eq!(
+        serde_json::from_str::<Value>(&told.content).unwrap(),
+        refunded
+    );
+}
+
+#[tokio::test]
 async fn the_engine_never_sends_an_mcp_call_again_after_an_unknown_outcome() {
     let (seen, _server, h, p) = refunds_over(Flavour::FailsAfterCommit).await;
     let report = p.start(refund_task()).await.unwrap();
@@ -205,6 +238,49 @@ async fn a_read_whose_answer_the_mcp_server_lost_fails_at_once_and_the_same_read
     let again = p.gate_call(read_through_the_gate("ord_55")).await.unwrap();
     assert!(!again.attached, "{again:?}");
     assert_eq!(seen.tools_called(), ["get_order", "get_order"]);
+}
+
+#[tokio::test]
+async fn a_sweep_in_a_process_that_never_listed_the_tools_settles_a_call_a_dead_process_left_running()
+ {
+    let (seen, server) = Server::seeing(Flavour::Plain).await;
+    let h = harness::Harness::new(harness::Embedded::fresh()).await;
+    let definition = orders_definition(ORDERS_AGENT, BY_HINTS).unwrap();
+    let env = env_for(server.addr);
+    let runner = defined_process(&h, &definition, &env, harness::Script::default())
+        .await
+        .unwrap();
+    let stall = GateCall {
+        tool: "stall_refund".into(),
+        args: refund(),
+        ..read_through_the_gate("ord_55")
+    };
+    let approval = runner.gate_call(stall).await.unwrap().approval.unwrap();
+    // Approved, the call runs in this process, which dies once the refund took effect.
+    let dana = h.person("dana");
+    let id = approval.id.clone();
+    let running = tokio::spawn(async move {
+        runner
+            .decide(&dana, &id, harness::approve("d-1"))
+            .await
+            .map(|_| ())
+    });
+    seen.committed.notified().await;
+    running.abort();
+    h.clock.advance(chrono::Duration::hours(1));
+    let sweeper = defined_process(&h, &definition, &env, harness::Script::default())
+        .await
+        .unwrap();
+
+    let swept = sweeper.sweep(100).await.unwrap();
+
+    let key = format!("{}:1", approval.action_id);
+    assert_eq!(
+        swept.unowned,
+        std::slice::from_ref(&key),
+        "unknown, its tool cannot be asked and the agent names no recovery owner: {swept:?}"
+    );
+    assert_eq!(seen.effects(), BTreeMap::from([(key, 1)]));
 }
 
 // An agent defined by files alone: its MCP server and tools in agent.toml, its policy matching
@@ -391,30 +467,124 @@ mcp = { server = "orders", tool = "issue_refund" }
     assert_effect_once(&seen, approval);
 }
 
-#[tokio::test]
-async fn another_process_lists_the_tools_before_it_resumes_and_runs_the_approved_call_once() {
-    let (seen, server) = Server::seeing(Flavour::Plain).await;
-    let h = harness::Harness::new(harness::Embedded::fresh()).await;
-    let definition = orders_definition(ORDERS_AGENT, BY_HINTS).unwrap();
-    let env = env_for(server.addr);
+/// The refunds policy over the orders server's listed tools: a refund waits for finance, who
+/// may lower its amount.
+const EDITABLE: &str = r#"
+name = "orders"
+version = 1
+default_ttl = "24h"
+
+[tools.get_order]
+decision = "allow"
+
+[tools.issue_refund]
+decision = "approve"
+approver_role = "finance"
+amount_field = "amount_cents"
+editable = { amount_cents = "lower" }
+[[tools.issue_refund.thresholds]]
+above = "$0"
+quorum = 1
+reason = "Every refund needs a finance approver."
+"#;
+
+/// A run of the orders agent that waits on its refund, started by a process that leaves its
+/// resumes to a queue; and a new process of the same agent, which has listed nothing.
+struct WaitingElsewhere {
+    report: RunReport,
+    starter: harness::Process,
+    queue: Arc<harness::RecordingQueue>,
+    fresh: harness::Process,
+}
+
+/// [`WaitingElsewhere`] under `policy`, the orders server at `addr`.
+async fn waiting_elsewhere(
+    h: &harness::Harness,
+    addr: SocketAddr,
+    policy: &str,
+) -> WaitingElsewhere {
+    let definition = orders_definition(ORDERS_AGENT, policy).unwrap();
+    let env = env_for(addr);
     let script = harness::Script::default().then_call(&[
         ("get_order", json!({"order_id": "ord_55"})),
         ("issue_refund", refund()),
     ]);
     let queue = Arc::new(harness::RecordingQueue::default());
-    let starter = defined_process_delivering(
-        &h,
-        &definition,
-        &env,
-        script.clone(),
-        Delivery::Queue(queue.clone()),
-    )
-    .await
-    .unwrap();
+    let delivery = Delivery::Queue(queue.clone());
+    let starter = defined_process_delivering(h, &definition, &env, script.clone(), delivery)
+        .await
+        .unwrap();
     shared::agents::prepare(&starter, &harness::acme(), &orders_name())
         .await
         .unwrap();
     let report = starter.start(orders_task()).await.unwrap();
+    let fresh = defined_process(h, &definition, &env, script).await.unwrap();
+    let tools = &fresh.agent(&harness::acme(), &orders_name()).unwrap().tools;
+    assert!(tools.get("issue_refund").is_none(), "nothing listed yet");
+    WaitingElsewhere {
+        report,
+        starter,
+        queue,
+        fresh,
+    }
+}
+
+#[tokio::test]
+async fn a_process_that_never_listed_the_tools_decides_runs_the_approved_call_once_and_the_model_goes_on()
+ {
+    let (seen, server) = Server::seeing(Flavour::Plain).await;
+    let h = harness::Harness::new(harness::Embedded::fresh()).await;
+    let WaitingElsewhere {
+        report,
+        fresh: decider,
+        ..
+    } = waiting_elsewhere(&h, server.addr, BY_HINTS).await;
+    let approval = waiting_refund(&report, &seen);
+
+    dana_approves(&h, &decider, &approval).await;
+
+    assert_effect_once(&seen, &approval);
+    assert_eq!(
+        h.run(&decider, &report.run_id).await.status,
+        RunStatus::Done
+    );
+}
+
+#[tokio::test]
+async fn a_process_that_never_listed_the_tools_rules_on_an_edit_of_a_call_only_a_listing_gives() {
+    let (seen, server) = Server::seeing(Flavour::Plain).await;
+    let h = harness::Harness::new(harness::Embedded::fresh()).await;
+    let WaitingElsewhere {
+        report,
+        fresh: decider,
+        ..
+    } = waiting_elsewhere(&h, server.addr, EDITABLE).await;
+    let approval = waiting_refund(&report, &seen);
+
+    let edited = decider
+        .decide(&h.person("dana"), &approval.id, harness::edit("d-1", 50))
+        .await;
+
+    assert!(edited.is_ok(), "{edited:?}");
+    let history = decider
+        .history(&harness::acme(), &report.run_id)
+        .await
+        .unwrap();
+    let lowered = history.actions.last().unwrap();
+    assert_eq!(lowered.version.get(), 2);
+    assert_eq!(lowered.args.as_value()["amount_cents"], 5000);
+}
+
+#[tokio::test]
+async fn another_process_lists_the_tools_before_it_resumes_and_runs_the_approved_call_once() {
+    let (seen, server) = Server::seeing(Flavour::Plain).await;
+    let h = harness::Harness::new(harness::Embedded::fresh()).await;
+    let WaitingElsewhere {
+        report,
+        starter,
+        queue,
+        fresh: resumer,
+    } = waiting_elsewhere(&h, server.addr, BY_HINTS).await;
     let approval = report.approvals[0].clone();
     dana_approves(&h, &starter, &approval).await;
     let message = queue
@@ -422,17 +592,6 @@ async fn another_process_lists_the_tools_before_it_resumes_and_runs_the_approved
         .pop()
         .expect("the decision queued a resume");
 
-    let resumer = defined_process(&h, &definition, &env, script)
-        .await
-        .unwrap();
-    let tools = &resumer
-        .agent(&harness::acme(), &orders_name())
-        .unwrap()
-        .tools;
-    assert!(
-        tools.get("issue_refund").is_none(),
-        "nothing listed yet here"
-    );
     shared::agents::prepare_resume(&resumer, &message)
         .await
         .unwrap();

@@ -112,11 +112,11 @@ fn listing() -> Vec<McpListing> {
             schema(json!({"order_id": {"type": "string"}})),
         )
         .annotate(ToolAnnotations::new().read_only(true)),
-        McpListing::new(
-            "issue_refund",
-            "Refunds part of an order.",
-            schema(amount.clone()),
-        )
+        McpListing::new("issue_refund", "Refunds part of an order.", {
+            let mut refund = (*schema(amount.clone())).clone();
+            refund.insert("required".into(), json!(["order_id", "amount_cents"]));
+            Arc::new(refund)
+        })
         .annotate(ToolAnnotations::new().destructive(true)),
         McpListing::new(
             "cancel_order",
@@ -437,6 +437,19 @@ fn refund() -> Value {
     json!({"order_id": "ord_55", "amount_cents": 7500})
 }
 
+/// What a call that succeeded got back, as the server gave it: its blocks and structured
+/// content, as JSON.
+fn answered(outcome: &ToolOutcome) -> Value {
+    match outcome {
+        ToolOutcome::Mcp {
+            content,
+            structured_content,
+            is_error: false,
+        } => json!({"content": content, "structured_content": structured_content}),
+        other => panic!("not a result that succeeded: {other:?}"),
+    }
+}
+
 /// One call of `tool` with key `key` on a fresh orders server of `flavour`, within `timeout`:
 /// its outcome, and what the server saw.
 async fn one_call(
@@ -591,15 +604,13 @@ async fn a_call_sends_the_exact_arguments_with_the_key_in_meta() {
         one_call(Flavour::Plain, "5s", "issue_refund", refund(), "act-7q2:2").await;
 
     assert_eq!(
-        outcome,
-        ToolOutcome::Succeeded {
-            result: json!({
-                "refund_id": "rf-1",
-                "order_id": "ord_55",
-                "amount_cents": 7500,
-                "key": "act-7q2:2",
-            })
-        }
+        answered(&outcome)["structured_content"],
+        json!({
+            "refund_id": "rf-1",
+            "order_id": "ord_55",
+            "amount_cents": 7500,
+            "key": "act-7q2:2",
+        })
     );
     assert_eq!(
         *seen.calls.lock().unwrap(),
@@ -616,25 +627,32 @@ async fn a_call_sends_the_exact_arguments_with_the_key_in_meta() {
 }
 
 #[tokio::test]
-async fn a_text_result_is_read_as_json_when_it_is_json() {
+async fn a_text_result_is_kept_as_the_block_the_server_sent() {
     let outcome = order_call("get_order", "act-r1:1").await;
 
+    let order = json!({"order_id": "ord_55", "total_cents": 12500, "status": "delivered"});
     assert_eq!(
-        outcome,
-        ToolOutcome::Succeeded {
-            result: json!({"order_id": "ord_55", "total_cents": 12500, "status": "delivered"})
-        }
+        answered(&outcome),
+        json!({
+            "content": [{"type": "text", "text": order.to_string()}],
+            "structured_content": null,
+        })
     );
 }
 
 #[tokio::test]
-async fn an_error_result_is_failed_with_its_text() {
+async fn an_error_result_is_kept_as_the_server_gave_it_with_its_error_flag() {
     let outcome = order_call("cancel_order", "act-c1:1").await;
 
     assert_eq!(
         outcome,
-        ToolOutcome::Failed {
-            error: "order ord_55 has shipped, so it cannot be cancelled".into()
+        ToolOutcome::Mcp {
+            content: vec![json!({
+                "type": "text",
+                "text": "order ord_55 has shipped, so it cannot be cancelled",
+            })],
+            structured_content: None,
+            is_error: true,
         }
     );
 }
@@ -723,7 +741,10 @@ async fn a_session_the_restarted_server_forgot_is_renewed_before_the_call_is_sen
     let issue_refund = orders.tool("issue_refund").await.unwrap();
     assert!(matches!(
         call(&issue_refund, refund(), "act-e1:1").await,
-        ToolOutcome::Succeeded { .. }
+        ToolOutcome::Mcp {
+            is_error: false,
+            ..
+        }
     ));
 
     let second = Server::start_as(seen.clone(), Flavour::SessionsOnly).await;
@@ -732,7 +753,13 @@ async fn a_session_the_restarted_server_forgot_is_renewed_before_the_call_is_sen
     let outcome = call(&issue_refund, refund(), "act-e2:1").await;
 
     assert!(
-        matches!(outcome, ToolOutcome::Succeeded { .. }),
+        matches!(
+            outcome,
+            ToolOutcome::Mcp {
+                is_error: false,
+                ..
+            }
+        ),
         "{outcome:?}"
     );
     let sessions = seen.sessions.lock().unwrap().clone();

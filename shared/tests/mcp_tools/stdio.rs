@@ -8,11 +8,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde_json::json;
+use serde_json::{Value, json};
 use shared::adapters::mcp_tool::{McpError, McpServer, McpServerBinding};
 use shared::domain::action::ToolOutcome;
 
-use super::{call, mcp_servers, secret_forms};
+use super::{answered, call, mcp_servers, secret_forms};
 
 /// The value the binding's `env` gives the server: a secret, which a JSON string escapes.
 const GREETING: &str = "hello \"from\" the binding";
@@ -95,20 +95,17 @@ async fn a_stdio_server_is_started_lists_its_tools_and_sees_only_the_environment
 
     let echo = server.tool("echo").await.unwrap();
     let echoed = call(&echo, json!({"message": "over stdio"}), "act-s1:1").await;
-    let ToolOutcome::Succeeded { result } = echoed else {
-        panic!("{echoed:?}");
-    };
+    let result = answered(&echoed);
     assert!(result.to_string().contains("over stdio"), "{result}");
 
     let get_env = server.tool("get-env").await.unwrap();
-    let ToolOutcome::Succeeded { result } = call(&get_env, json!({}), "act-s2:1").await else {
-        panic!("get-env fails");
-    };
-    let seen = result.to_string();
-    // The server echoes its environment: the binding's value reached it, and comes back as
-    // the variable's name.
+    let answer = answered(&call(&get_env, json!({}), "act-s2:1").await);
+    // The server echoes its environment, as JSON in a text block: the binding's value reached
+    // it, and comes back as the variable's name.
+    let text = answer["content"][0]["text"].as_str().unwrap();
+    secret_forms::assert_no_secret_in("get-env's result", text.as_bytes(), &[GREETING]);
+    let seen = serde_json::from_str::<Value>(text).unwrap().to_string();
     assert!(seen.contains(r#""GREETING":"${TEST_GREETING}""#), "{seen}");
-    secret_forms::assert_no_secret_in("get-env's result", seen.as_bytes(), &[GREETING]);
     assert!(seen.contains("PATH"), "{seen}");
     // This process's own settings (cargo gives a test its manifest's directory) stay here.
     assert!(!seen.contains("CARGO_MANIFEST_DIR"), "{seen}");
@@ -132,7 +129,7 @@ async fn a_stdio_server_that_has_exited_is_started_again_for_the_next_call() {
 
     let answer = call(&echo, json!({"message": "again"}), "act-s3:1").await;
     assert!(
-        matches!(&answer, ToolOutcome::Succeeded { result } if result.to_string().contains("again")),
+        answered(&answer).to_string().contains("again"),
         "{answer:?}"
     );
     let second = pid(&dir.join("pid"));

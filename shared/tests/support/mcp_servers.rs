@@ -31,6 +31,13 @@ pub fn server_script(package: &str) -> PathBuf {
     installed.join(bin)
 }
 
+/// `@modelcontextprotocol/sdk`, the TypeScript SDK the reference servers are built on, as their
+/// lock pins it: a client of it drives the gateway too. Installed on first use.
+#[allow(dead_code)] // each test binary that includes this file uses what it needs
+pub fn typescript_sdk() -> PathBuf {
+    installed().join("mcp-servers/node_modules/@modelcontextprotocol/sdk")
+}
+
 /// The MCP Inspector's launcher, installed on first use.
 #[allow(dead_code)] // each test binary that includes this file uses what it needs
 pub fn inspector() -> PathBuf {
