@@ -49,6 +49,7 @@
 
 mod definition;
 mod mcp;
+mod policy_files;
 mod schema;
 mod wiring;
 

@@ -93,6 +93,7 @@ async fn propose(
         call_id: Some(body.call_id),
         conversation: body.conversation,
         via: GateVia::Api,
+        standing: who.standing(),
     };
     // Taken to the end even if the caller goes away meanwhile: a call is never left half taken.
     let engine = state.engine.clone();

@@ -270,6 +270,7 @@ impl ServerHandler for Gateway {
             call_id: asked.call_id,
             conversation: None,
             via: GateVia::Mcp,
+            standing: caller.who.standing(),
         };
         // Taken to the end even if the caller goes away meanwhile: a call is never left half
         // taken (a tool claimed and its outcome not written).
@@ -853,6 +854,8 @@ mod tests {
             tool: "issue_refund".into(),
             args: refund(12_500),
             explanation: String::new(),
+            rules: Vec::new(),
+            log_only: None,
         };
         let requirement = Requirement {
             reason: "Refunds above USD 100 need a finance manager".into(),

@@ -15,7 +15,7 @@ use crate::domain::budget;
 use crate::domain::identity::Directory;
 use crate::domain::ids::{AgentName, PersonId, Role, TenantId};
 use crate::domain::policy::cases::{Cases, Failure};
-use crate::domain::policy::{Policy, ToolHints, Verdict};
+use crate::domain::policy::{CallFacts, Policy, Requester, Ruling, ToolHints, Total};
 use crate::domain::run::Run;
 use crate::domain::schema::Schema;
 use crate::ports::model::Model;
@@ -224,9 +224,38 @@ impl Agent {
         })
     }
 
-    /// What policy says about one proposed call of this agent.
-    pub fn evaluate(&self, tool: &str, args: &Args) -> Verdict {
-        self.policy.evaluate_with(tool, self.hints(tool), args)
+    /// What policy says about one proposed call of `run`, asked by its requester as the run's
+    /// standing says, with the tool's `hints` and the totals of the policy's history windows,
+    /// at `at`.
+    pub fn decide(
+        &self,
+        run: &Run,
+        tool: &str,
+        args: &Args,
+        hints: ToolHints,
+        history: &BTreeMap<String, Total>,
+        at: DateTime<Utc>,
+    ) -> Ruling {
+        let requester = Requester {
+            name: run.requested_by.as_str(),
+            tenant: run.tenant.as_str(),
+            roles: run.standing.roles.iter().map(Role::as_str).collect(),
+            claims: run
+                .standing
+                .claims
+                .iter()
+                .map(|(name, value)| (name.as_str(), value.clone()))
+                .collect(),
+        };
+        self.policy.decide(&CallFacts {
+            tool,
+            args,
+            hints,
+            agent: self.name.as_str(),
+            requester: &requester,
+            history,
+            at,
+        })
     }
 
     /// Who asks a person about one call of `run`, under this agent's rules: the requester and

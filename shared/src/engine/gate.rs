@@ -29,6 +29,7 @@ use crate::domain::args::{Args, canonical};
 use crate::domain::budget;
 use crate::domain::conversation::{Block, Message, Speaker, ToolResultText};
 use crate::domain::gate::GateRefusal;
+use crate::domain::identity::Standing;
 use crate::domain::ids::{ActionId, AgentName, PersonId, RunId, TenantId};
 use crate::domain::run::{GateOrigin, GateVia, HeldCall, Run, RunStatus};
 use crate::ports::store::{Condition, StoreError};
@@ -58,6 +59,8 @@ pub struct GateCall {
     /// The caller's conversation or thread, shown to reviewers beside the call.
     pub conversation: Option<String>,
     pub via: GateVia,
+    /// What authentication said of who asks, as policy rules read it.
+    pub standing: Standing,
 }
 
 /// Where a call stands, as its caller reads it.
@@ -241,6 +244,7 @@ impl Engine {
             agent.policy.version,
             now,
         );
+        run.standing = call.standing.clone();
         run.gate = Some(GateOrigin {
             via: call.via,
             call_key: key,

@@ -22,7 +22,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::cedar::{Requester, Total};
-use super::{CallFacts, Policy, Ruling, ToolHints, Verdict};
+use super::{CallFacts, Policy, Ruling, ToolHints, Verdict, VerdictKind};
 use crate::domain::args::Args;
 use crate::domain::identity::Directory;
 
@@ -50,7 +50,7 @@ pub struct Case {
     pub history: BTreeMap<String, RawTotal>,
     /// When the call is made (RFC 3339); now if not given.
     pub at: Option<DateTime<Utc>>,
-    pub expect: Expect,
+    pub expect: VerdictKind,
     pub role: Option<String>,
     pub quorum: Option<u8>,
     pub reason: Option<String>,
@@ -70,32 +70,6 @@ pub struct RawTotal {
     pub sum: i64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Expect {
-    Allow,
-    Approve,
-    Deny,
-}
-
-impl Expect {
-    pub fn of(verdict: &Verdict) -> Self {
-        match verdict {
-            Verdict::Allow => Expect::Allow,
-            Verdict::Deny { .. } => Expect::Deny,
-            Verdict::RequireApproval(_) => Expect::Approve,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Expect::Allow => "allow",
-            Expect::Approve => "approve",
-            Expect::Deny => "deny",
-        }
-    }
-}
-
 /// One case that did not hold: what was expected, what policy said, and why.
 #[derive(Debug, Clone)]
 pub struct Failure {
@@ -103,8 +77,12 @@ pub struct Failure {
     pub case: String,
     pub problems: Vec<String>,
     /// What policy decided, when it got that far.
-    pub ruling: Option<Ruling>,
+    pub ruling: Option<Box<Ruling>>,
 }
+
+/// The gate a real call passes before policy (a tool of the agent, arguments that match its
+/// schema): the checked arguments and the tool's hints, or why not.
+pub type CheckCall<'a> = &'a dyn Fn(&str, Value) -> Result<(Args, ToolHints), String>;
 
 impl Cases {
     pub fn from_toml(text: &str) -> Result<Self, String> {
@@ -119,30 +97,27 @@ impl Cases {
         policy: &Policy,
         agent: &str,
         people: &Directory,
-        check: &dyn Fn(&str, Value) -> Result<(Args, ToolHints), String>,
+        check: CheckCall<'_>,
     ) -> Vec<Failure> {
-        self.cases
-            .iter()
-            .enumerate()
-            .filter_map(|(index, case)| {
-                let label = case
-                    .name
-                    .clone()
-                    .unwrap_or_else(|| format!("case {} ({})", index + 1, case.tool));
-                let fail = |problems: Vec<String>, ruling: Option<Ruling>| Failure {
-                    case: label.clone(),
+        let mut failures = Vec::new();
+        for (index, case) in self.cases.iter().enumerate() {
+            let label = case
+                .name
+                .clone()
+                .unwrap_or_else(|| format!("case {} ({})", index + 1, case.tool));
+            let (problems, ruling) = match case.run(policy, agent, people, check) {
+                Ok((problems, ruling)) => (problems, Some(Box::new(ruling))),
+                Err(problem) => (vec![problem], None),
+            };
+            if !problems.is_empty() {
+                failures.push(Failure {
+                    case: label,
                     problems,
                     ruling,
-                };
-                case.run(policy, agent, people, check)
-                    .map_err(|problem| fail(vec![problem], None))
-                    .and_then(|(problems, ruling)| match problems.is_empty() {
-                        true => Ok(()),
-                        false => Err(fail(problems, Some(ruling))),
-                    })
-                    .err()
-            })
-            .collect()
+                });
+            }
+        }
+        failures
     }
 }
 
@@ -152,7 +127,7 @@ impl Case {
         policy: &Policy,
         agent: &str,
         people: &Directory,
-        check: &dyn Fn(&str, Value) -> Result<(Args, ToolHints), String>,
+        check: CheckCall<'_>,
     ) -> Result<(Vec<String>, Ruling), String> {
         let person = people
             .people
@@ -209,7 +184,7 @@ impl Case {
     /// Where the ruling differs from what the case expects.
     fn problems(&self, ruling: &Ruling) -> Vec<String> {
         let mut problems = Vec::new();
-        let got = Expect::of(&ruling.verdict);
+        let got = VerdictKind::of(&ruling.verdict);
         if got != self.expect {
             problems.push(format!(
                 "expected {}, got {}",

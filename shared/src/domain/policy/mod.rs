@@ -23,7 +23,8 @@ use serde_json::Value;
 use super::args::Args;
 use super::ids::Role;
 use super::money::Amount;
-use cedar::{Defaults, Facts, Outcome, Requester, Rules, Total};
+use cedar::{Defaults, Facts, Rules};
+pub use cedar::{Outcome, Requester, Total};
 use history::{RawWindow, Window};
 use validate::ToolShape;
 
@@ -107,6 +108,58 @@ pub struct Policy {
     pub rules: Arc<Rules>,
 }
 
+/// Which of the three outcomes a verdict is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VerdictKind {
+    Allow,
+    Approve,
+    Deny,
+}
+
+impl VerdictKind {
+    pub fn of(verdict: &Verdict) -> Self {
+        match verdict {
+            Verdict::Allow => VerdictKind::Allow,
+            Verdict::Deny { .. } => VerdictKind::Deny,
+            Verdict::RequireApproval(_) => VerdictKind::Approve,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            VerdictKind::Allow => "allow",
+            VerdictKind::Approve => "approve",
+            VerdictKind::Deny => "deny",
+        }
+    }
+}
+
+/// What every rule, the log-only ones included, would have made of a call: recorded beside
+/// the enforced outcome, never acted on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogOnly {
+    pub outcome: VerdictKind,
+    pub rules: Vec<String>,
+    /// The reason it would have given: a denial's, or why a person would have been asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl LogOnly {
+    pub fn of(outcome: &Outcome) -> Self {
+        Self {
+            outcome: VerdictKind::of(&outcome.verdict),
+            rules: outcome.rules.clone(),
+            reason: match &outcome.verdict {
+                Verdict::Allow => None,
+                Verdict::Deny { reason } => Some(reason.clone()),
+                Verdict::RequireApproval(r) => Some(r.reason.clone()),
+            },
+        }
+    }
+}
+
 /// What policy says of one call: the enforced verdict and the rules that made it, and, where
 /// some rules are log-only, what every rule together would have said.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,6 +167,13 @@ pub struct Ruling {
     pub verdict: Verdict,
     pub rules: Vec<String>,
     pub log_only: Option<Outcome>,
+}
+
+impl Ruling {
+    /// The log-only outcome as it is stored, if some rules are log-only.
+    pub fn log_only(&self) -> Option<LogOnly> {
+        self.log_only.as_ref().map(LogOnly::of)
+    }
 }
 
 /// One proposed call, as policy decides it.
