@@ -58,7 +58,7 @@ use crate::domain::action::NotExecuted;
 use crate::domain::approval::Approval;
 use crate::domain::identity::Identity;
 use crate::domain::ids::AgentName;
-use crate::domain::policy::{ToolHints, ToolRule};
+use crate::domain::policy::ToolHints;
 use crate::domain::run::GateVia;
 use crate::engine::{Agent, CallState, CallStatus, Engine, EngineError, ErrorKind, GateCall};
 use crate::ports::model::ToolSpec;
@@ -387,10 +387,7 @@ fn listing(agent: &Agent) -> Vec<Listed> {
                 .get(&spec.name)
                 .map(|tool| tool.hints())
                 .unwrap_or_default();
-            let may_wait = matches!(
-                agent.policy.rule_for(&spec.name, hints),
-                Some(ToolRule::Approve { .. })
-            );
+            let may_wait = agent.policy.may_need_a_person(&spec.name, hints);
             listed(spec.clone(), hints, may_wait)
         })
         .collect()
@@ -840,6 +837,7 @@ mod tests {
             claim: None,
             attached: false,
             attachable: true,
+            rules: Vec::new(),
         }
     }
 

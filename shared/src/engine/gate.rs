@@ -136,6 +136,9 @@ pub struct CallState {
     /// An identical call made now would attach to this one; else it is ruled on and run again.
     #[serde(skip)]
     pub attachable: bool,
+    /// The policy rules that decided the version that ran or waits, by name.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rules: Vec<String>,
 }
 
 /// Who runs a call once it is approved.
@@ -566,5 +569,6 @@ fn state_of(history: &History, executor: Executor) -> CallState {
         claim: action.and_then(|a| a.caller_claim().cloned()),
         attached: false,
         attachable: false,
+        rules: action.map(|a| a.rules.clone()).unwrap_or_default(),
     }
 }

@@ -423,15 +423,19 @@ impl Policy {
         })
     }
 
-    /// Whether some rule may send a call of `tool` to a person: an approval rule whose scope
-    /// names it or every tool.
-    pub fn may_need_a_person(&self, tool: &str) -> bool {
-        self.rules.rules.iter().any(|rule| {
-            matches!(rule.effect, cedar::Meaning::Approve(_))
-                && rule
-                    .tools()
-                    .is_none_or(|tools| tools.iter().any(|t| t == tool))
-        })
+    /// Whether some rule may send a call of `tool` (which says `hints` of itself) to a person:
+    /// its TOML rule, by name or by its hints, asks for one; or an approval rule of a Cedar file
+    /// whose scope names it or every tool.
+    pub fn may_need_a_person(&self, tool: &str, hints: ToolHints) -> bool {
+        let by_toml = matches!(self.rule_for(tool, hints), Some(ToolRule::Approve { .. }));
+        by_toml
+            || self.rules.rules.iter().any(|rule| {
+                matches!(rule.effect, cedar::Meaning::Approve(_))
+                    && matches!(rule.place, cedar::Place::Line { .. })
+                    && rule
+                        .tools()
+                        .is_none_or(|tools| tools.iter().any(|t| t == tool))
+            })
     }
 
     /// Checks what the manifest reads of `tool`'s calls against the tool's input schema, so a
