@@ -52,6 +52,7 @@ fn load(global: &Global) -> Result<(Setup, Directory), Failure> {
             .map_err(|e| Failure::usage(e.to_string()))?,
         None => expense::default_directory(),
     };
+    setup.roles = Some(directory.roles());
     Ok((setup, directory))
 }
 

@@ -12,7 +12,7 @@ use shared::domain::action::{Action, ActionStatus};
 use shared::domain::approval::{Approval, ApprovalKind, Choice, DecisionEffect};
 use shared::domain::audit::{AuditEntry, AuditEvent};
 use shared::domain::ids::{ActionId, ApprovalId, Role, RunId};
-use shared::domain::policy::Verdict;
+use shared::domain::policy::{Requirement, Verdict};
 use shared::domain::run::RunStatus;
 use shared::engine::{
     DecisionReport, History, PENDING_PAGE, PendingCursor, RunReport, SweepReport,
@@ -179,17 +179,37 @@ pub fn time_left(expires_at: DateTime<Utc>, now: DateTime<Utc>) -> String {
 }
 
 fn who_may(a: &Approval) -> String {
+    let roles: Vec<&Role> = std::iter::once(&a.approver_role)
+        .chain(a.also.iter().map(|need| &need.role))
+        .collect();
     let mut text = format!(
         "{} (not {})",
-        Plain(&a.approver_role),
+        Plain(&join(&roles).replace(", ", " and ")),
         Plain(join(&a.requested_by))
     );
-    let _ = write!(
-        text,
-        "; {} of {} approvals still needed",
-        a.still_needed(),
-        a.quorum
-    );
+    match a.also.is_empty() {
+        true => {
+            let _ = write!(
+                text,
+                "; {} of {} approvals still needed",
+                a.still_needed(),
+                a.quorum
+            );
+        }
+        // Each role's count: every one must be met.
+        false => {
+            let counts: Vec<String> = roles
+                .iter()
+                .zip(a.needs())
+                .map(|(role, (_, quorum, more))| format!("{role} {more} of {quorum}"))
+                .collect();
+            let _ = write!(
+                text,
+                "; approvals still needed: {}",
+                Plain(&counts.join(", "))
+            );
+        }
+    }
     let approved = a.approvers();
     if !approved.is_empty() {
         let _ = write!(text, "; approved so far by {}", Plain(join(&approved)));
@@ -197,8 +217,6 @@ fn who_may(a: &Approval) -> String {
     text
 }
 
-/// One card per approval: what it is for (`tasks`: each run's task, by run id), the agent's
-/// words, the exact call, why a person decides, who may, and until when.
 /// What `review` says below a page that is not the last: how to see the rest. `again` is the
 /// command that listed it, `limit` its page's size.
 pub fn more(shown: usize, again: &str, limit: u32, next: &PendingCursor) -> String {
@@ -214,6 +232,8 @@ pub fn more(shown: usize, again: &str, limit: u32, next: &PendingCursor) -> Stri
     )
 }
 
+/// One card per approval: what it is for (`tasks`: each run's task, by run id), the agent's
+/// words, the exact call, why a person decides (and by which rules), who may, and until when.
 pub fn pending(
     approvals: &[Approval],
     tasks: &std::collections::BTreeMap<RunId, String>,
@@ -267,6 +287,9 @@ pub fn pending(
         }
         let _ = writeln!(out, "  hash:   {}", a.args_hash);
         let _ = writeln!(out, "  why:    {}", Plain(&a.reason));
+        if !a.rules.is_empty() {
+            let _ = writeln!(out, "  rules:  {}", Plain(&a.rules.join(", ")));
+        }
         let _ = writeln!(out, "  who:    {}", who_may(a));
         for comment in &a.comments {
             let _ = writeln!(out, "  comment: {}: {}", comment.by, Plain(&comment.text));
@@ -538,6 +561,22 @@ pub fn sweep(swept: &Swept<'_>) -> String {
     out
 }
 
+/// The approvals a requirement needs: "1 finance approval", "2 finance approvals and 1
+/// compliance approval".
+fn needed(r: &Requirement) -> String {
+    let each = |quorum: u8, role: &Role| {
+        format!(
+            "{quorum} {} approval{}",
+            Plain(role),
+            if quorum == 1 { "" } else { "s" }
+        )
+    };
+    std::iter::once(each(r.quorum, &r.approver_role))
+        .chain(r.also.iter().map(|need| each(need.quorum, &need.role)))
+        .collect::<Vec<_>>()
+        .join(" and ")
+}
+
 fn event_line(entry: &AuditEntry, tools: &std::collections::BTreeMap<String, String>) -> String {
     let tool = |action: &ActionId| Plain(tools.get(action.as_str()).cloned().unwrap_or_default());
     match &entry.event {
@@ -559,16 +598,16 @@ fn event_line(entry: &AuditEntry, tools: &std::collections::BTreeMap<String, Str
             verdict,
             approval_id,
             explanation,
+            rules,
+            log_only,
             ..
         } => {
-            let ruling = match verdict {
+            let mut ruling = match &**verdict {
                 Verdict::Allow => "allowed by policy".to_string(),
                 Verdict::Deny { reason } => format!("denied by policy: {}", Plain(reason)),
                 Verdict::RequireApproval(r) => format!(
-                    "needs {} {} approval{} ({}): {}",
-                    r.quorum,
-                    Plain(&r.approver_role),
-                    if r.quorum == 1 { "" } else { "s" },
+                    "needs {} ({}): {}",
+                    needed(r),
                     approval_id
                         .as_ref()
                         .map(|a| a.to_string())
@@ -576,8 +615,20 @@ fn event_line(entry: &AuditEntry, tools: &std::collections::BTreeMap<String, Str
                     Plain(&r.reason)
                 ),
             };
+            if !rules.is_empty() {
+                ruling.push_str(&format!(" [rules: {}]", Plain(&rules.join(", "))));
+            }
+            let shadow = match log_only {
+                Some(shadow) => format!(
+                    "\n{:>34}log-only rules would {} [rules: {}]",
+                    "",
+                    shadow.outcome.name(),
+                    Plain(&shadow.rules.join(", "))
+                ),
+                None => String::new(),
+            };
             format!(
-                "{} v{version} {} {}\n{:>34}{ruling}\n{:>34}explanation: {}",
+                "{} v{version} {} {}\n{:>34}{ruling}{shadow}\n{:>34}explanation: {}",
                 Plain(tool),
                 Plain(args),
                 args_hash.short(),

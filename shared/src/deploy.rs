@@ -3,6 +3,7 @@
 //! (`AWS_REGION`, `AWS_ENDPOINT_URL`, credentials) configure the clients. Notices go to the
 //! webhooks `COUNTERSIGN_WEBHOOKS` names, in every mode.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -346,6 +347,10 @@ pub struct Setup {
     /// The most approvals one requester may have waiting on people at once
     /// ([`max_open_approvals`]).
     pub max_open_approvals: u32,
+    /// The roles people hold, where the process has a people file: every role a policy rule
+    /// names must be one of them. On AWS the identity provider holds the people, and role
+    /// names go unchecked at start (`countersign policy test` checks them with a people file).
+    pub roles: Option<BTreeSet<String>>,
 }
 
 impl Setup {
@@ -382,6 +387,7 @@ impl Setup {
             notifications: Notifications::from_env()?,
             claims,
             max_open_approvals: max_open_approvals()?,
+            roles: None,
         })
     }
 }
@@ -443,6 +449,7 @@ pub fn engine(
     let wiring = Wiring {
         drives,
         environment,
+        roles: setup.roles.clone(),
         ..Wiring::new(
             backing.store.clone(),
             backing.clock.clone(),

@@ -338,6 +338,7 @@ async fn a_call_through_the_gate_api_approved_with_a_click_wakes_its_waiting_cal
         call_id: Some("call_slack".into()),
         conversation: Some("thread-7".into()),
         via: GateVia::Api,
+        standing: Default::default(),
     };
     let proposed = s.engine.gate_call(call).await.unwrap();
     assert_eq!(proposed.status, CallStatus::AwaitingApproval);

@@ -151,6 +151,7 @@ async fn serve(rig: &Rig) -> Result<Caller, BenchError> {
         tenant: rig.tenant.clone(),
         person: PersonId::parse("bench-agent").expect("a well-formed person"),
         roles: [Role::parse("employee").expect("a well-formed role")].into(),
+        claims: Default::default(),
     };
     let token = jwt
         .issue(&agent, chrono::Utc::now(), Duration::from_secs(3600))

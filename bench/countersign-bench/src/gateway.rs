@@ -349,6 +349,7 @@ pub async fn run(args: &BenchArgs) -> Result<Output, BenchError> {
             .iter()
             .map(|r| Role::parse(r).expect("a role"))
             .collect::<BTreeSet<_>>(),
+        claims: Default::default(),
     };
     let caller = person("sam", &["employee"]);
     let approver = person("dana", &["employee", "finance"]);

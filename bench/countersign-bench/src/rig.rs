@@ -67,6 +67,7 @@ fn approver(tenant: &TenantId) -> Identity {
         tenant: tenant.clone(),
         person: shared::domain::ids::PersonId::parse("dana").expect("a well-formed person"),
         roles: BTreeSet::from([role("employee"), role("finance")]),
+        claims: Default::default(),
     }
 }
 

@@ -47,5 +47,6 @@ pub fn task(tenant: &TenantId, n: usize) -> StartRun {
         started_by: None,
         task: format!("Process expense claim {}.", claim_id(n)),
         approval_ttl: None,
+        standing: Default::default(),
     }
 }

@@ -111,6 +111,7 @@ impl Start {
                     started_by: None,
                     task: task.task,
                     approval_ttl: None,
+                    standing: Default::default(),
                 };
                 (run, task.ttl)
             }

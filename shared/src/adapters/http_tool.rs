@@ -684,20 +684,24 @@ impl Endpoint {
         }
         let mut url = Url::parse(&text)
             .map_err(|_| Unfillable("the URL could not be built from the arguments".into()))?;
+        // A value that is not a string goes as its canonical JSON, keys sorted.
         let as_text = |value: &Value| match value {
             Value::String(s) => s.clone(),
-            other => other.to_string(),
+            other => crate::domain::args::canonical(other),
         };
         let query: Vec<(String, String)> = match &self.arguments {
             Arguments::Body => Vec::new(),
-            Arguments::RestAsQuery => match args.as_value() {
-                Value::Object(map) => map
+            // By name, so the same arguments always make the same URL.
+            Arguments::RestAsQuery => {
+                let mut rest: Vec<(String, String)> = args
+                    .fields()
                     .iter()
                     .filter(|(name, value)| !used.contains(name.as_str()) && !value.is_null())
                     .map(|(name, value)| (name.clone(), as_text(value)))
-                    .collect(),
-                _ => Vec::new(),
-            },
+                    .collect();
+                rest.sort();
+                rest
+            }
             Arguments::Query(names) => names
                 .iter()
                 .filter_map(|name| {

@@ -8,6 +8,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::mcp;
+use super::policy_files::PolicyFiles;
 use super::{DEFINITION_FILE, DefinitionError, Files, schema};
 use crate::adapters::env_template::{self, BindingError};
 use crate::adapters::http_tool::{HttpBinding, parse_duration};
@@ -122,6 +123,8 @@ pub struct Definition {
     pub file: String,
     /// Where its policy was loaded from.
     pub policy_file: String,
+    /// Where each file of its policy was read from, as errors name them.
+    pub policy_files: PolicyFiles,
     pub policy: Arc<Policy>,
     pub system_prompt: String,
     /// `None` without a `[model]` table: an agent used only through the MCP gateway and the
@@ -223,8 +226,17 @@ impl Definition {
             .transpose()?;
 
         let policy_file = files.label(&raw.policy);
-        let policy = Policy::from_toml(&files.read(&raw.policy)?)
-            .map_err(|e| DefinitionError::new(&policy_file, "", e.to_string()))?;
+        let manifest = files.read(&raw.policy)?;
+        let mut cedar = BTreeMap::new();
+        let policy = Policy::load(&manifest, &mut |name| {
+            cedar.insert(name.to_string(), files.label(name));
+            files.read(name).map_err(|e| e.to_string())
+        });
+        let policy_files = PolicyFiles {
+            manifest: policy_file.clone(),
+            cedar,
+        };
+        let policy = policy.map_err(|e| policy_files.error(e))?;
 
         let model = raw
             .model
@@ -319,6 +331,7 @@ impl Definition {
             description: raw.description,
             file,
             policy_file,
+            policy_files,
             policy: Arc::new(policy),
             system_prompt: raw.system_prompt,
             model,

@@ -18,7 +18,7 @@
 //!   preparing, naming both.
 //! - A policy rule for a tool only a `tools = "*"` listing can provide is checked once listed.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, OnceLock};
 
 use async_trait::async_trait;
@@ -26,6 +26,7 @@ use serde_json::Value;
 use tokio::sync::OnceCell;
 
 use super::DefinitionError;
+use super::policy_files::PolicyFiles;
 use crate::adapters::mcp_tool::{McpError, McpServer, McpTool, ResolvedMcpServer, ToolSelection};
 use crate::domain::action::ToolOutcome;
 use crate::domain::policy::{Policy, ToolHints};
@@ -168,6 +169,12 @@ pub(super) struct McpTools {
     /// policy's fields for them are checked once listed.
     pub listed_schemas: Vec<String>,
     pub policy: Arc<Policy>,
+    pub policy_files: PolicyFiles,
+    /// The agent's tools known before listing: each one's name and input schema. With the
+    /// listed ones, every policy rule is checked against them once listed.
+    pub known: Vec<(String, serde_json::Value)>,
+    /// The roles people hold, where the process knows them.
+    pub roles: Option<BTreeSet<String>>,
     /// The tools the offline script calls.
     pub script_tools: Vec<String>,
     /// The tools the servers' selections add, once listed.
@@ -280,10 +287,30 @@ impl McpTools {
                 ),
             ));
         }
-        Ok(listed
+        let listed: BTreeMap<String, Arc<dyn Tool>> = listed
             .into_iter()
             .map(|(name, (_, tool))| (name, tool))
-            .collect())
+            .collect();
+        // Every rule against every tool, the listed ones and the entries' listed schemas too.
+        let mut tools = self.known.clone();
+        for (entry, binding) in &self.entries {
+            let Some((server_of, remote)) = binding else {
+                continue;
+            };
+            if self.listed_schemas.contains(entry)
+                && let Some(tool) = self.servers[server_of].listed(remote)
+            {
+                tools.push((entry.clone(), tool.spec().input_schema));
+            }
+        }
+        tools.extend(
+            listed
+                .iter()
+                .map(|(name, tool)| (name.clone(), tool.spec().input_schema)),
+        );
+        self.policy_files
+            .check(&self.policy, &tools, self.roles.as_ref())?;
+        Ok(listed)
     }
 
     fn check_policy_fields(&self, tool: &str, spec: &ToolSpec) -> Result<(), DefinitionError> {

@@ -49,6 +49,7 @@
 
 mod definition;
 mod mcp;
+mod policy_files;
 mod schema;
 mod wiring;
 
@@ -346,6 +347,45 @@ mod tests {
         fn drop(&mut self) {
             let _ = std::fs::remove_dir_all(&self.0);
         }
+    }
+
+    /// Every shipped and example policy decides its cases as its case file says.
+    #[test]
+    fn every_shipped_and_example_policy_decides_its_cases() {
+        use crate::domain::identity::Directory;
+        use crate::domain::policy::cases::Cases;
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let shipped_people =
+            std::fs::read_to_string(root.join("shared/example/people.toml")).unwrap();
+        let agents = [
+            ("agents/expense", None),
+            ("agents/refunds", None),
+            ("examples/credits", Some("examples/credits/people.toml")),
+            ("examples/helpdesk", Some("examples/helpdesk/people.toml")),
+        ];
+        let dir = crate::testing::scratch_dir("policy-cases");
+        let store: std::sync::Arc<dyn crate::ports::store::ItemStore> =
+            std::sync::Arc::new(crate::adapters::sqlite::SqliteStore::open_dir(&dir).unwrap());
+        let wiring = Wiring::new(
+            store,
+            std::sync::Arc::new(crate::ports::clock::SystemClock),
+            crate::example::expense::default_claims(),
+        );
+        for (path, people) in agents {
+            let definition = Definition::load(&Dir(root.join(path))).unwrap();
+            let agent = wiring.build(&definition).unwrap();
+            let people = match people {
+                Some(file) => std::fs::read_to_string(root.join(file)).unwrap(),
+                None => shipped_people.clone(),
+            };
+            let people = Directory::from_toml(&people).unwrap();
+            let text = std::fs::read_to_string(root.join(path).join("policy-cases.toml")).unwrap();
+            let cases = Cases::from_toml(&text).unwrap();
+            assert!(cases.cases.len() >= 2, "{path}");
+            let failures = agent.run_cases(&cases, &people);
+            assert!(failures.is_empty(), "{path}: {failures:#?}");
+        }
+        std::fs::remove_dir_all(dir).ok();
     }
 
     const SECRET_LINE: &str = "root:x:0:0:the-first-line-of-a-private-file";

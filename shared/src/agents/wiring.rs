@@ -2,7 +2,7 @@
 //! bindings over what the process has (store, clock, HTTP client, environment), and its model
 //! from the `[model]` table. A definition is data; the adapters are built here.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use super::DefinitionError;
@@ -19,6 +19,7 @@ use crate::adapters::openai::{OpenAiEndpoint, OpenAiModel};
 use crate::adapters::scripted::ScriptedModel;
 use crate::adapters::secrets::Secrets;
 use crate::domain::action::ToolOutcome;
+use crate::domain::identity::Directory;
 use crate::engine::{Agent, Limits};
 use crate::example::expense::{self, Claims, OfflineExpenseAgent};
 use crate::ports::clock::Clock;
@@ -59,6 +60,9 @@ pub struct Wiring<'a> {
     pub drives: bool,
     /// When the variables bindings read are needed.
     pub environment: Environment,
+    /// The roles people hold, where the process knows them (its people file): every role a
+    /// policy rule names must be one. `None` checks no role names.
+    pub roles: Option<BTreeSet<String>>,
 }
 
 impl<'a> Wiring<'a> {
@@ -72,7 +76,14 @@ impl<'a> Wiring<'a> {
             env: &env_template::process_env,
             drives: false,
             environment: Environment::AtStart,
+            roles: None,
         }
+    }
+
+    /// With the roles the people of `directory` hold, as policy rules may name them.
+    pub fn with_roles_of(mut self, directory: &Directory) -> Self {
+        self.roles = Some(directory.roles());
+        self
     }
 
     /// Builds every definition into an agent.
@@ -146,6 +157,23 @@ impl<'a> Wiring<'a> {
                 claimant_args.insert(tool.name.clone(), arg.clone());
             }
         }
+        // The specs known now; a tool an MCP server lists is known once listed.
+        let known: Vec<(String, serde_json::Value)> = definition
+            .tools
+            .iter()
+            .filter(|tool| !tool.schema_is_listed())
+            .filter_map(|tool| {
+                let spec = toolbox.get(&tool.name)?.spec();
+                Some((spec.name, spec.input_schema))
+            })
+            .collect();
+        let listing_needed = definition.tools.iter().any(|t| t.schema_is_listed())
+            || definition.mcp.values().any(|server| server.tools.is_some());
+        if !listing_needed {
+            definition
+                .policy_files
+                .check(&definition.policy, &known, self.roles.as_ref())?;
+        }
         if !servers.is_empty() {
             // An entry's own schema was checked at load; the listing's is checked once listed.
             let schema_listed = || definition.tools.iter().filter(|t| t.schema_is_listed());
@@ -171,6 +199,9 @@ impl<'a> Wiring<'a> {
                     .collect(),
                 listed_schemas: schema_listed().map(|tool| tool.name.clone()).collect(),
                 policy: definition.policy.clone(),
+                policy_files: definition.policy_files.clone(),
+                known,
+                roles: self.roles.clone(),
                 script_tools: match definition.model.as_ref().and_then(|m| m.offline.as_ref()) {
                     Some(Offline::Script(script)) => script.tools().map(str::to_string).collect(),
                     _ => Vec::new(),

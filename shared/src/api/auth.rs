@@ -18,6 +18,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::domain::identity::Identity;
+#[cfg(test)]
+use crate::domain::identity::MAX_CLAIM_VALUE;
 use crate::domain::ids::{PersonId, Role, TenantId};
 
 /// Turns an authenticated request into the person acting. Implementations read only what
@@ -62,11 +64,11 @@ impl AuthError {
 }
 
 fn identity(subject: &str, tenant: &str, roles: BTreeSet<Role>) -> Result<Identity, AuthError> {
-    Ok(Identity {
-        person: PersonId::parse(subject).map_err(|e| AuthError::Claims(e.to_string()))?,
-        tenant: TenantId::parse(tenant).map_err(|e| AuthError::Claims(e.to_string()))?,
+    Ok(Identity::new(
+        TenantId::parse(tenant).map_err(|e| AuthError::Claims(e.to_string()))?,
+        PersonId::parse(subject).map_err(|e| AuthError::Claims(e.to_string()))?,
         roles,
-    })
+    ))
 }
 
 fn roles_of<'a>(names: impl IntoIterator<Item = &'a str>) -> Result<BTreeSet<Role>, AuthError> {
@@ -87,6 +89,10 @@ pub struct TokenClaims {
     pub exp: i64,
     pub iat: i64,
     pub iss: String,
+    /// What else the token says of the person (the people file's `claims`), as policy rules
+    /// read it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub claims: BTreeMap<String, String>,
 }
 
 /// A freshly issued bearer token and the identity it carries.
@@ -154,6 +160,7 @@ impl BearerJwt {
             exp: (issued_at + ttl).timestamp(),
             iat: issued_at.timestamp(),
             iss: Self::ISSUER.to_string(),
+            claims: who.claims.clone(),
         };
         jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &self.encoding)
             .map_err(|e| KeyError(e.to_string()))
@@ -189,7 +196,7 @@ impl BearerJwt {
             })?;
         let claims = data.claims;
         let roles = roles_of(claims.roles.iter().map(String::as_str))?;
-        identity(&claims.sub, &claims.tenant, roles)
+        Ok(identity(&claims.sub, &claims.tenant, roles)?.with_claims(claims.claims))
     }
 }
 
@@ -278,6 +285,9 @@ impl VerifiedClaims {
     }
 }
 
+/// The claims every JWT may carry about itself rather than its person: never a rule's tag.
+const REGISTERED_CLAIMS: [&str; 7] = ["iss", "sub", "aud", "exp", "nbf", "iat", "jti"];
+
 /// Reads the identity from [`VerifiedClaims`]: the person, the tenant and the roles claims.
 /// Their names are configurable because identity providers differ: the person may be `sub`
 /// (the default), or `email` or `cognito:username` where `sub` is an opaque id; custom claims
@@ -319,11 +329,27 @@ impl GatewayClaims {
             Some(value) => parse_roles(value)?,
             None => BTreeSet::new(),
         };
-        identity(
+        let named = [&self.person_claim, &self.tenant_claim, &self.roles_claim];
+        // A token's other claims, as text: what policy rules read as the person's tags.
+        let others = claims.0.iter().filter_map(|(name, value)| {
+            let registered = REGISTERED_CLAIMS.contains(&name.as_str());
+            if registered || named.contains(&name) {
+                return None;
+            }
+            let text = match value {
+                Value::String(s) => s.clone(),
+                Value::Number(n) => n.to_string(),
+                Value::Bool(b) => b.to_string(),
+                _ => return None,
+            };
+            Some((name.clone(), text))
+        });
+        Ok(identity(
             claims.text(&self.person_claim)?,
             claims.text(&self.tenant_claim)?,
             roles,
-        )
+        )?
+        .with_claims(others))
     }
 }
 
@@ -557,6 +583,34 @@ mod tests {
             .unwrap();
         let header = format!("Bearer {token}");
         assert_eq!(jwt.identify(&parts_with(None, Some(&header))), Ok(dana()));
+        let with_claims = dana().with_claims([("department".into(), "finance".into())]);
+        let token = jwt
+            .issue(&with_claims, Utc::now(), Duration::from_secs(600))
+            .unwrap();
+        let header = format!("Bearer {token}");
+        let read = jwt.identify(&parts_with(None, Some(&header))).unwrap();
+        assert_eq!(read.claims["department"], "finance");
+    }
+
+    #[test]
+    fn a_tokens_other_claims_are_the_persons_claims_the_registered_and_named_ones_are_not() {
+        let mut claims = VerifiedClaims::from_strings([
+            ("sub", "dana"),
+            ("tenant", "acme"),
+            ("roles", "[finance]"),
+            ("exp", "1900000000"),
+            ("iss", "https://idp.example"),
+            ("department", "treasury"),
+            ("long", &"x".repeat(MAX_CLAIM_VALUE + 1)),
+        ]);
+        claims.0.insert("level".into(), serde_json::json!(3));
+        claims
+            .0
+            .insert("groups".into(), serde_json::json!(["a", "b"]));
+        let dana = GatewayClaims::default().identity_of(&claims).unwrap();
+        let names: Vec<&str> = dana.claims.keys().map(String::as_str).collect();
+        assert_eq!(names, ["department", "level"]);
+        assert_eq!(dana.claims["level"], "3");
     }
 
     #[test]
@@ -615,6 +669,7 @@ mod tests {
             exp: Utc::now().timestamp() + 600,
             iat: Utc::now().timestamp(),
             iss: "someone-else".into(),
+            claims: Default::default(),
         };
         let token = jsonwebtoken::encode(
             &Header::new(Algorithm::HS256),

@@ -26,6 +26,7 @@ use crate::domain::conversation::ToolResultText;
 use crate::domain::gate::GateRefusal;
 use crate::domain::identity::Identity;
 use crate::domain::ids::{ActionId, AgentName, ApprovalId, Role, RunId};
+use crate::domain::policy::Need;
 use crate::domain::run::GateVia;
 use crate::engine::{CallState, CallStatus, Engine, EngineError, Executor, GateCall, Reported};
 
@@ -93,6 +94,7 @@ async fn propose(
         call_id: Some(body.call_id),
         conversation: body.conversation,
         via: GateVia::Api,
+        standing: who.standing(),
     };
     // Taken to the end even if the caller goes away meanwhile: a call is never left half taken.
     let engine = state.engine.clone();
@@ -311,6 +313,9 @@ struct CallView {
     #[serde(skip_serializing_if = "Option::is_none")]
     claim: Option<CallerClaim>,
     attached: bool,
+    /// The policy rules that decided it, by name.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    rules: Vec<String>,
 }
 
 /// Who must decide a waiting call, how many, by when, and where.
@@ -319,6 +324,9 @@ struct ApprovalView {
     id: ApprovalId,
     approver_role: Role,
     quorum: u8,
+    /// The other roles that must approve too, each with its quorum.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    also: Vec<Need>,
     expires_at: DateTime<Utc>,
     #[serde(skip_serializing_if = "Option::is_none")]
     link: Option<String>,
@@ -333,6 +341,7 @@ impl CallView {
                 id: a.id,
                 approver_role: a.approver_role,
                 quorum: a.quorum,
+                also: a.also,
                 expires_at: a.expires_at,
             }),
             id: call.run_id,
@@ -349,6 +358,7 @@ impl CallView {
             result: call.result,
             claim: call.claim,
             attached: call.attached,
+            rules: call.rules,
         }
     }
 }

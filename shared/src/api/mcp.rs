@@ -58,7 +58,7 @@ use crate::domain::action::NotExecuted;
 use crate::domain::approval::Approval;
 use crate::domain::identity::Identity;
 use crate::domain::ids::AgentName;
-use crate::domain::policy::{ToolHints, ToolRule};
+use crate::domain::policy::ToolHints;
 use crate::domain::run::GateVia;
 use crate::engine::{Agent, CallState, CallStatus, Engine, EngineError, ErrorKind, GateCall};
 use crate::ports::model::ToolSpec;
@@ -270,6 +270,7 @@ impl ServerHandler for Gateway {
             call_id: asked.call_id,
             conversation: None,
             via: GateVia::Mcp,
+            standing: caller.who.standing(),
         };
         // Taken to the end even if the caller goes away meanwhile: a call is never left half
         // taken (a tool claimed and its outcome not written).
@@ -386,10 +387,7 @@ fn listing(agent: &Agent) -> Vec<Listed> {
                 .get(&spec.name)
                 .map(|tool| tool.hints())
                 .unwrap_or_default();
-            let may_wait = matches!(
-                agent.policy.rule_for(&spec.name, hints),
-                Some(ToolRule::Approve { .. })
-            );
+            let may_wait = agent.policy.may_need_a_person(&spec.name, hints);
             listed(spec.clone(), hints, may_wait)
         })
         .collect()
@@ -839,6 +837,7 @@ mod tests {
             claim: None,
             attached: false,
             attachable: true,
+            rules: Vec::new(),
         }
     }
 
@@ -853,6 +852,8 @@ mod tests {
             tool: "issue_refund".into(),
             args: refund(12_500),
             explanation: String::new(),
+            rules: Vec::new(),
+            log_only: None,
         };
         let requirement = Requirement {
             reason: "Refunds above USD 100 need a finance manager".into(),
@@ -860,6 +861,7 @@ mod tests {
             quorum,
             ttl: std::time::Duration::from_secs(1800),
             escalate: Vec::new(),
+            also: Vec::new(),
         };
         let asking = Asking {
             agent: AgentName::parse("refunds").unwrap(),

@@ -229,6 +229,7 @@ mod tests {
             tenant: TenantId::parse(tenant).unwrap(),
             person: PersonId::parse(name).unwrap(),
             roles: Default::default(),
+            claims: Default::default(),
         }
     }
 

@@ -13,6 +13,7 @@ use super::ids::{
 };
 use super::log_slot::LogSlot;
 use super::names::shown_by_serde_name;
+use super::policy::LogOnly;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -181,6 +182,10 @@ pub struct ProposedCall {
     pub tool: String,
     pub args: Args,
     pub explanation: String,
+    /// The policy rules that decided it, by name.
+    pub rules: Vec<String>,
+    /// What the policy's log-only rules would have made of it, where it has some.
+    pub log_only: Option<LogOnly>,
 }
 
 impl ProposedCall {
@@ -203,6 +208,13 @@ pub struct Action {
     pub args_hash: ArgsHash,
     /// What the agent said about this call when it proposed it.
     pub explanation: String,
+    /// The policy rules that decided this version, by name: why it ran, waited or was refused.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rules: Vec<String>,
+    /// What the policy's log-only rules would have made of it, where it has some: recorded,
+    /// never acted on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_only: Option<LogOnly>,
     pub status: ActionStatus,
     /// Who let it run: a policy version, or the people who approved this exact version.
     #[serde(default)]
@@ -252,6 +264,8 @@ impl Action {
             args: call.args,
             args_hash,
             explanation: call.explanation,
+            rules: call.rules,
+            log_only: call.log_only,
             status: ActionStatus::AwaitingApproval,
             authorized_by: Vec::new(),
             approval_id: None,
@@ -477,6 +491,8 @@ pub(crate) mod tests {
             tool: "reimburse".into(),
             args: Args::new(json!({"claim_id": "c-102", "amount_cents": 25000})).unwrap(),
             explanation: explanation.into(),
+            rules: Vec::new(),
+            log_only: None,
         }
     }
 

@@ -12,7 +12,7 @@ use super::ids::{
 use super::log_slot::LogSlot;
 use super::money::Amount;
 use super::names::{serde_name, shown_by_serde_name};
-use super::policy::{EditRefusal, Escalation, Policy, Requirement, ToolHints};
+use super::policy::{EditRefusal, Escalation, LogOnly, Need, Policy, Requirement, ToolHints};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -130,6 +130,11 @@ pub struct Decision {
     pub args_hash: ArgsHash,
     pub at: DateTime<Utc>,
     pub effect: DecisionEffect,
+    /// The roles the approval needs that its decider held when they decided: which of its
+    /// requirements an approval counts toward. Empty on decisions made before approvals could
+    /// need several roles: those count toward the approval's own role.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub roles: Vec<Role>,
     /// Where its `decision` event sits in the run's log: the approval's item holds that event,
     /// written once by this decision and carried unchanged by every later write of the approval.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -202,6 +207,16 @@ pub struct Approval {
     pub reason: String,
     pub approver_role: Role,
     pub quorum: u8,
+    /// The other roles that must approve too, each with its quorum: where approval rules of
+    /// several roles matched.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub also: Vec<Need>,
+    /// The policy rules that asked for a person: why, by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rules: Vec<String>,
+    /// What the policy's log-only rules would have made of the call, where it has some.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_only: Option<LogOnly>,
     /// People who may never decide this: whoever asked for the run and whoever started it.
     pub requested_by: Vec<PersonId>,
     pub policy_version: u32,
@@ -266,6 +281,9 @@ impl Approval {
             reason: requirement.reason.clone(),
             approver_role: requirement.approver_role.clone(),
             quorum: requirement.quorum,
+            also: requirement.also.clone(),
+            rules: call.rules.clone(),
+            log_only: call.log_only.clone(),
             requested_by: asking.requested_by,
             policy_version: asking.policy_version,
             created_at: asking.opened_at,
@@ -297,6 +315,8 @@ impl Approval {
             tool: action.tool.clone(),
             args: action.args.clone(),
             explanation: action.explanation.clone(),
+            rules: Vec::new(),
+            log_only: None,
         };
         let requirement = Requirement {
             reason: format!(
@@ -308,6 +328,7 @@ impl Approval {
             quorum: 1,
             ttl: std::time::Duration::ZERO,
             escalate: Vec::new(),
+            also: Vec::new(),
         };
         let mut recovery = Self::open(call, &requirement, asking);
         recovery.kind = ApprovalKind::Recovery;
@@ -316,24 +337,53 @@ impl Approval {
         recovery
     }
 
-    /// The distinct people whose approval of this version counts toward the quorum.
+    /// The distinct people whose approval of this version counts toward the quorum of any of
+    /// its roles.
     pub fn approvers(&self) -> Vec<&PersonId> {
-        let mut people: Vec<&PersonId> = self
-            .decisions
-            .iter()
-            .filter(|d| {
-                matches!(d.choice, Choice::Approve | Choice::Edit { .. })
-                    && d.action_version == self.action_version
-            })
-            .map(|d| &d.by)
-            .collect();
+        let mut people: Vec<&PersonId> = self.approvals().map(|d| &d.by).collect();
         people.sort();
         people.dedup();
         people
     }
 
+    /// The approvals (and edits, which count as their editor's approval) of this version.
+    fn approvals(&self) -> impl Iterator<Item = &Decision> {
+        self.decisions.iter().filter(|d| {
+            matches!(d.choice, Choice::Approve | Choice::Edit { .. })
+                && d.action_version == self.action_version
+        })
+    }
+
+    /// Each requirement: its roles (the approval's own role and those it was escalated to;
+    /// then each other role), its quorum, and how many more distinct people of it must approve.
+    pub fn needs(&self) -> Vec<(Vec<&Role>, u8, u8)> {
+        let own: Vec<&Role> = self.deciding_roles().collect();
+        let mut needs = vec![(own, self.quorum)];
+        needs.extend(self.also.iter().map(|need| (vec![&need.role], need.quorum)));
+        needs
+            .into_iter()
+            .enumerate()
+            .map(|(index, (roles, quorum))| {
+                let mut people: Vec<&PersonId> = self
+                    .approvals()
+                    .filter(|d| match d.roles.is_empty() {
+                        // Decided before approvals needed several roles: the approval's own.
+                        true => index == 0,
+                        false => d.roles.iter().any(|r| roles.contains(&r)),
+                    })
+                    .map(|d| &d.by)
+                    .collect();
+                people.sort();
+                people.dedup();
+                let more = quorum.saturating_sub(people.len() as u8);
+                (roles, quorum, more)
+            })
+            .collect()
+    }
+
+    /// How many more approvals it needs, every role's together.
     pub fn still_needed(&self) -> u8 {
-        self.quorum.saturating_sub(self.approvers().len() as u8)
+        self.needs().iter().map(|(_, _, more)| more).sum()
     }
 
     /// Past the deadline. A recovery is never overdue: only a person can settle it.
@@ -411,7 +461,16 @@ impl Approval {
                 person: who.person.clone(),
             });
         }
-        if !self.deciding_roles().any(|role| who.has_role(role)) {
+        // The roles of the approval's requirements that this person holds: an approval counts
+        // toward those, and a person holding none may not decide.
+        let needs = self.needs();
+        let held: Vec<Role> = needs
+            .iter()
+            .flat_map(|(roles, _, _)| roles.iter())
+            .filter(|role| who.has_role(role))
+            .map(|role| (*role).clone())
+            .collect();
+        if held.is_empty() {
             return Err(Refusal::MissingRole {
                 person: who.person.clone(),
                 role: self.approver_role.clone(),
@@ -426,11 +485,33 @@ impl Approval {
                         person: who.person.clone(),
                     });
                 }
-                match self.still_needed() {
-                    0 | 1 => DecisionEffect::Approved,
-                    n => DecisionEffect::Counted {
-                        still_needed: n - 1,
-                    },
+                // What remains once this person's approval counts for every role they hold.
+                let left: u8 = needs
+                    .iter()
+                    .map(
+                        |(roles, _, more)| match roles.iter().any(|r| held.contains(r)) {
+                            true => more.saturating_sub(1),
+                            false => *more,
+                        },
+                    )
+                    .sum();
+                let counts = needs
+                    .iter()
+                    .any(|(roles, _, more)| *more > 0 && roles.iter().any(|r| held.contains(r)));
+                match (counts, left) {
+                    (false, _) => {
+                        let role = needs
+                            .iter()
+                            .find(|(_, _, more)| *more > 0)
+                            .and_then(|(roles, _, _)| roles.first())
+                            .map_or_else(|| self.approver_role.clone(), |r| (*r).clone());
+                        return Err(Refusal::MissingRole {
+                            person: who.person.clone(),
+                            role,
+                        });
+                    }
+                    (true, 0) => DecisionEffect::Approved,
+                    (true, n) => DecisionEffect::Counted { still_needed: n },
                 }
             }
             Choice::Reject { reason } if reason.trim().is_empty() => {
@@ -454,6 +535,7 @@ impl Approval {
             args_hash: self.args_hash.clone(),
             at: now,
             effect: effect.clone(),
+            roles: held,
             logged: None,
         };
         self.decisions.push(decision.clone());
@@ -553,6 +635,8 @@ impl Approval {
             args: self.args.clone(),
             args_hash: self.args_hash.clone(),
             explanation: self.explanation.clone(),
+            rules: self.rules.clone(),
+            log_only: self.log_only.clone(),
             status: ActionStatus::AwaitingApproval,
             authorized_by: Vec::new(),
             approval_id: Some(self.id.clone()),
@@ -601,14 +685,14 @@ mod tests {
     }
 
     fn person(name: &str, roles: &[&str]) -> Identity {
-        Identity {
-            tenant: TenantId::parse("acme").unwrap(),
-            person: PersonId::parse(name).unwrap(),
-            roles: roles
+        Identity::new(
+            TenantId::parse("acme").unwrap(),
+            PersonId::parse(name).unwrap(),
+            roles
                 .iter()
                 .map(|r| Role::parse(r).unwrap())
                 .collect::<BTreeSet<_>>(),
-        }
+        )
     }
 
     fn approval(quorum: u8, now: DateTime<Utc>) -> Approval {
@@ -619,6 +703,7 @@ mod tests {
             quorum,
             ttl: std::time::Duration::from_secs(24 * 3600),
             escalate: Vec::new(),
+            also: Vec::new(),
         };
         let asking = Asking {
             agent: AgentName::parse("expense").unwrap(),

@@ -50,6 +50,11 @@ impl Args {
         Self(map)
     }
 
+    /// The arguments by name.
+    pub fn fields(&self) -> &Map<String, Value> {
+        &self.0
+    }
+
     pub fn as_value(&self) -> Value {
         Value::Object(self.0.clone())
     }

@@ -13,7 +13,7 @@ use super::conversation::{StopReason, TurnUsage};
 use super::identity::Actor;
 use super::ids::{ActionId, ActionVersion, ApprovalId, PersonId, Role, RunId};
 use super::names::serde_name;
-use super::policy::Verdict;
+use super::policy::{LogOnly, Verdict};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AuditEntry {
@@ -40,9 +40,15 @@ pub enum AuditEvent {
         args: Args,
         args_hash: ArgsHash,
         explanation: String,
-        verdict: Verdict,
+        verdict: Box<Verdict>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         approval_id: Option<ApprovalId>,
+        /// The policy rules that made the verdict, by name.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        rules: Vec<String>,
+        /// What the log-only rules would have made of it, where the policy has some.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        log_only: Option<LogOnly>,
     },
     /// A proposed call answered before policy ruled on it (no such tool, or arguments that
     /// do not match the tool's schema or are past their share), or one a person must approve
@@ -195,8 +201,10 @@ impl AuditEvent {
             args: action.args.clone(),
             args_hash: action.args_hash.clone(),
             explanation: action.explanation.clone(),
-            verdict,
+            verdict: Box::new(verdict),
             approval_id,
+            rules: action.rules.clone(),
+            log_only: action.log_only.clone(),
         }
     }
 

@@ -221,7 +221,7 @@ mod tests {
             "Two files:\n[resource file:///notes.txt]\nShip on Friday.\n\
              [resource file:///a.bin: application/octet-stream, 6 bytes]\n\
              [audio: audio/wav, 3 bytes]\n[resource link: plan file:///plan.txt]\n\
-             {\"points\":3,\"type\":\"chart\"}"
+             {\"type\":\"chart\",\"points\":3}"
         );
     }
 }

@@ -1,6 +1,6 @@
 //! Who is acting: always from authentication, never from a request body.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -12,11 +12,73 @@ pub struct Identity {
     pub tenant: TenantId,
     pub person: PersonId,
     pub roles: BTreeSet<Role>,
+    /// What else authentication says of them (a token's other claims, a person's `claims` in
+    /// the people file), as policy rules read it: `principal.getTag("department")`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub claims: BTreeMap<String, String>,
 }
 
+/// The most claims an identity carries, and the longest name and value of one: a token's
+/// claims ride on every run it starts. Claims past these are left out.
+pub const MAX_CLAIMS: usize = 32;
+pub const MAX_CLAIM_NAME: usize = 64;
+pub const MAX_CLAIM_VALUE: usize = 256;
+
 impl Identity {
+    pub fn new(tenant: TenantId, person: PersonId, roles: BTreeSet<Role>) -> Self {
+        Self {
+            tenant,
+            person,
+            roles,
+            claims: BTreeMap::new(),
+        }
+    }
+
     pub fn has_role(&self, role: &Role) -> bool {
         self.roles.contains(role)
+    }
+
+    /// With these claims as well, within [`MAX_CLAIMS`] and their lengths: a claim too long,
+    /// or one past the count, is left out.
+    pub fn with_claims(mut self, claims: impl IntoIterator<Item = (String, String)>) -> Self {
+        self.claims = bounded_claims(claims);
+        self
+    }
+
+    /// What policy rules read of this person when they ask for a run or a call.
+    pub fn standing(&self) -> Standing {
+        Standing {
+            roles: self.roles.clone(),
+            claims: self.claims.clone(),
+        }
+    }
+}
+
+/// Claims within [`MAX_CLAIMS`], [`MAX_CLAIM_NAME`] and [`MAX_CLAIM_VALUE`].
+fn bounded_claims(claims: impl IntoIterator<Item = (String, String)>) -> BTreeMap<String, String> {
+    claims
+        .into_iter()
+        .filter(|(name, value)| {
+            !name.is_empty() && name.len() <= MAX_CLAIM_NAME && value.len() <= MAX_CLAIM_VALUE
+        })
+        .take(MAX_CLAIMS)
+        .collect()
+}
+
+/// What authentication said of a run's requester when the run started (or a gated call was
+/// made): the roles and claims policy rules read as `principal`, kept with the run so that
+/// every call of it is decided on the same facts, whichever process decides it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Standing {
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub roles: BTreeSet<Role>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub claims: BTreeMap<String, String>,
+}
+
+impl Standing {
+    pub fn is_empty(&self) -> bool {
+        self.roles.is_empty() && self.claims.is_empty()
     }
 }
 
@@ -81,6 +143,17 @@ pub struct Person {
     /// acts as this person.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub slack: Option<String>,
+    /// What a token would say of them besides their roles (`department = "finance"`), as
+    /// policy rules read it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub claims: BTreeMap<String, String>,
+}
+
+impl Person {
+    fn identity(&self) -> Identity {
+        Identity::new(self.tenant.clone(), self.name.clone(), self.roles.clone())
+            .with_claims(self.claims.clone())
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -98,6 +171,12 @@ impl Directory {
         let mut names = BTreeSet::new();
         let mut slack_users = BTreeSet::new();
         for person in &directory.people {
+            if bounded_claims(person.claims.clone()).len() != person.claims.len() {
+                return Err(DirectoryError::Invalid(format!(
+                    "{}'s claims: at most {MAX_CLAIMS}, each name 1 to {MAX_CLAIM_NAME} bytes and each value at most {MAX_CLAIM_VALUE}",
+                    person.name
+                )));
+            }
             if !names.insert(&person.name) {
                 return Err(DirectoryError::Invalid(format!(
                     "{} is listed twice",
@@ -125,27 +204,27 @@ impl Directory {
         Ok(directory)
     }
 
+    /// Every role some person holds, by name.
+    pub fn roles(&self) -> BTreeSet<String> {
+        self.people
+            .iter()
+            .flat_map(|person| person.roles.iter().map(|role| role.to_string()))
+            .collect()
+    }
+
     /// The person a Slack user id belongs to, as an identity with their tenant and roles.
     pub fn by_slack_user(&self, user: &str) -> Option<Identity> {
         self.people
             .iter()
             .find(|p| p.slack.as_deref() == Some(user))
-            .map(|p| Identity {
-                tenant: p.tenant.clone(),
-                person: p.name.clone(),
-                roles: p.roles.clone(),
-            })
+            .map(Person::identity)
     }
 
     pub fn identify(&self, name: &str) -> Result<Identity, DirectoryError> {
         self.people
             .iter()
             .find(|p| p.name.as_str() == name)
-            .map(|p| Identity {
-                tenant: p.tenant.clone(),
-                person: p.name.clone(),
-                roles: p.roles.clone(),
-            })
+            .map(Person::identity)
             .ok_or_else(|| DirectoryError::UnknownPerson(name.chars().take(64).collect()))
     }
 }

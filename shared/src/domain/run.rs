@@ -6,6 +6,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::conversation::{Block, Message, Speaker, ToolResultText};
+use super::identity::Standing;
 use super::ids::{ActionId, AgentName, PersonId, RunId, TenantId};
 use super::is_zero;
 use super::names::serde_name;
@@ -128,6 +129,10 @@ pub struct Run {
     /// The person who started the run, when that is someone else; never an approver either.
     #[serde(default)]
     pub started_by: Option<PersonId>,
+    /// What authentication said of the requester when the run started (roles, token claims):
+    /// what policy rules read of them for every call of the run.
+    #[serde(default, skip_serializing_if = "Standing::is_empty")]
+    pub standing: Standing,
     pub task: String,
     pub status: RunStatus,
     pub messages: Vec<Message>,
@@ -186,6 +191,7 @@ impl Run {
             agent,
             started_by: started_by.filter(|s| *s != requested_by),
             requested_by,
+            standing: Standing::default(),
             task: task.to_string(),
             status: RunStatus::Running,
             messages: vec![Message::user_text(task)],

@@ -12,8 +12,10 @@ use super::error::EngineError;
 use crate::domain::approval::Asking;
 use crate::domain::args::Args;
 use crate::domain::budget;
+use crate::domain::identity::Directory;
 use crate::domain::ids::{AgentName, PersonId, Role, TenantId};
-use crate::domain::policy::{Policy, ToolHints, Verdict};
+use crate::domain::policy::cases::{Cases, Failure};
+use crate::domain::policy::{CallFacts, Policy, Requester, Ruling, ToolHints, Total};
 use crate::domain::run::Run;
 use crate::domain::schema::Schema;
 use crate::ports::model::Model;
@@ -212,9 +214,48 @@ impl Agent {
         compiled
     }
 
-    /// What policy says about one proposed call of this agent.
-    pub fn evaluate(&self, tool: &str, args: &Args) -> Verdict {
-        self.policy.evaluate_with(tool, self.hints(tool), args)
+    /// Runs a policy's test cases against this agent: each case's call passes the gate a real
+    /// call passes (a tool of the agent, arguments that match its schema) before policy rules
+    /// on it, with the tool's own hints.
+    pub fn run_cases(&self, cases: &Cases, people: &Directory) -> Vec<Failure> {
+        cases.run(&self.policy, self.name.as_str(), people, &|tool, input| {
+            let args = self.check_call(tool, input).map_err(|unfit| unfit.why)?;
+            Ok((args, self.hints(tool)))
+        })
+    }
+
+    /// What policy says about one proposed call of `run`, asked by its requester as the run's
+    /// standing says, with the tool's `hints` and the totals of the policy's history windows,
+    /// at `at`.
+    pub fn decide(
+        &self,
+        run: &Run,
+        tool: &str,
+        args: &Args,
+        hints: ToolHints,
+        history: &BTreeMap<String, Total>,
+        at: DateTime<Utc>,
+    ) -> Ruling {
+        let requester = Requester {
+            name: run.requested_by.as_str(),
+            tenant: run.tenant.as_str(),
+            roles: run.standing.roles.iter().map(Role::as_str).collect(),
+            claims: run
+                .standing
+                .claims
+                .iter()
+                .map(|(name, value)| (name.as_str(), value.clone()))
+                .collect(),
+        };
+        self.policy.decide(&CallFacts {
+            tool,
+            args,
+            hints,
+            agent: self.name.as_str(),
+            requester: &requester,
+            history,
+            at,
+        })
     }
 
     /// Who asks a person about one call of `run`, under this agent's rules: the requester and

@@ -1,6 +1,8 @@
 //! Deciding an approval: the approval (read, or the snapshot the reviewer was shown), the
 //! domain's ruling, one conditional transaction.
 
+use std::collections::BTreeMap;
+
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use tracing::Instrument;
@@ -19,6 +21,7 @@ use crate::domain::audit::{AuditEntry, AuditEvent};
 use crate::domain::identity::{Actor, Identity};
 use crate::domain::ids::ApprovalId;
 use crate::domain::policy::{Requirement, Verdict};
+use crate::domain::run::Run;
 use crate::ports::store::{Condition, StoreError};
 
 /// The outcome of a decision, including one replayed for a repeated `decision_id`.
@@ -264,8 +267,19 @@ impl Engine {
                 }
                 DecisionEffect::Edited { .. } => {
                     let args = edited_args.expect("an edit brings the new arguments");
+                    // Policy rules on the new version as it did on the first: for the run's
+                    // requester, as the run holds them.
+                    let run = or_read_again!(
+                        self.load_run(&approval.tenant, &approval.run_id)
+                            .await?
+                            .ok_or_else(|| EngineError::not_found(format!(
+                                "run {}",
+                                approval.run_id
+                            )))
+                    );
                     or_read_again!(self.write_edit(
                         &agent,
+                        &run.value,
                         &mut tx,
                         &mut approval,
                         &decision,
@@ -440,9 +454,11 @@ impl Engine {
 
     /// An edit supersedes this version and proposes the next one, which policy evaluates again.
     /// The editor's edit counts as their approval of the new version.
+    #[allow(clippy::too_many_arguments)]
     fn write_edit(
         &self,
         agent: &Agent,
+        run: &Run,
         tx: &mut Tx,
         approval: &mut Approval,
         decision: &Decision,
@@ -462,7 +478,7 @@ impl Engine {
         );
 
         let version = approval.action_version.next();
-        let proposal = ProposedCall {
+        let mut proposal = ProposedCall {
             agent: approval.agent.clone(),
             id: approval.action_id.clone(),
             version,
@@ -472,6 +488,8 @@ impl Engine {
             tool: approval.tool.clone(),
             args,
             explanation: edited_explanation(decision),
+            rules: Vec::new(),
+            log_only: None,
         };
         // The next version passes the gate every proposed call passes, before policy.
         if let Err(unfit) = agent.check_call(&proposal.tool, proposal.args.as_value()) {
@@ -481,9 +499,17 @@ impl Engine {
             )));
         }
         // The same tool, so the hints policy matched on the first version rule on this one.
-        let verdict = agent
-            .policy
-            .evaluate_with(&proposal.tool, approval.hints, &proposal.args);
+        let ruling = agent.decide(
+            run,
+            &proposal.tool,
+            &proposal.args,
+            approval.hints,
+            &BTreeMap::new(),
+            now,
+        );
+        proposal.rules = ruling.rules.clone();
+        proposal.log_only = ruling.log_only();
+        let verdict = ruling.verdict;
         let next = match &verdict {
             Verdict::Deny { reason } => {
                 return Err(EngineError::PolicyRefused(format!(
@@ -590,12 +616,7 @@ impl Engine {
             edited_by: decision.by.clone(),
             note,
         });
-        let effect = match requirement.quorum {
-            0 | 1 => DecisionEffect::Approved,
-            n => DecisionEffect::Counted {
-                still_needed: n - 1,
-            },
-        };
+        // The edit counts as its editor's approval of the new version, for the roles they hold.
         next.decisions.push(Decision {
             decision_id: decision.decision_id.clone(),
             by: decision.by.clone(),
@@ -603,10 +624,18 @@ impl Engine {
             action_version: next.action_version,
             args_hash: next.args_hash.clone(),
             at: now,
-            effect: effect.clone(),
+            effect: DecisionEffect::Approved,
+            roles: decision.roles.clone(),
             // Its event is in this write's audit item, after the new version's own.
             logged: None,
         });
+        let effect = match next.still_needed() {
+            0 => DecisionEffect::Approved,
+            n => DecisionEffect::Counted { still_needed: n },
+        };
+        if let Some(counted) = next.decisions.last_mut() {
+            counted.effect = effect.clone();
+        }
         if effect == DecisionEffect::Approved {
             next.status = ApprovalStatus::Approved;
             next.resolved_at = Some(now);

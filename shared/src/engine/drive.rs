@@ -1,6 +1,7 @@
 //! The agent loop: the model proposes calls, policy rules on each, allowed calls run, calls that
 //! need a person are held, and the run pauses in one transaction.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -16,7 +17,7 @@ use crate::domain::approval::{Approval, ApprovalStatus};
 use crate::domain::audit::{AuditEntry, AuditEvent};
 use crate::domain::budget;
 use crate::domain::conversation::{Block, Message, Speaker, StopReason, ToolResultText, TurnUsage};
-use crate::domain::identity::{Actor, Identity};
+use crate::domain::identity::{Actor, Identity, Standing};
 use crate::domain::ids::{ActionId, ActionVersion, AgentName, PersonId, RunId, TenantId};
 use crate::domain::notice::NoticeKind;
 use crate::domain::policy::{Requirement, Verdict};
@@ -40,6 +41,9 @@ pub struct StartRun {
     pub task: String,
     /// Overrides the policy's time to decide for this run's approvals.
     pub approval_ttl: Option<Duration>,
+    /// What authentication said of the requester, as policy rules read it; empty where the
+    /// run is started for someone nobody authenticated here (an expense claim's employee).
+    pub standing: Standing,
 }
 
 impl StartRun {
@@ -52,6 +56,7 @@ impl StartRun {
             started_by: None,
             task,
             approval_ttl: None,
+            standing: who.standing(),
         }
     }
 }
@@ -157,6 +162,7 @@ impl Engine {
             now,
         );
         run.approval_ttl = start.approval_ttl;
+        run.standing = start.standing;
         Ok(run)
     }
 
@@ -422,6 +428,16 @@ impl Engine {
                 return Ok((call, None));
             }
         };
+        let hints = agent.hints(&proposed.tool);
+        let ruling = agent.decide(
+            run,
+            &proposed.tool,
+            &args,
+            hints,
+            &BTreeMap::new(),
+            self.now(),
+        );
+        let log_only = ruling.log_only();
         let proposal = ProposedCall {
             agent: agent.name.clone(),
             id: call.action_id.clone(),
@@ -432,8 +448,10 @@ impl Engine {
             tool: proposed.tool,
             args,
             explanation: proposed.explanation,
+            rules: ruling.rules,
+            log_only,
         };
-        let (result, approval) = match agent.evaluate(&proposal.tool, &proposal.args) {
+        let (result, approval) = match ruling.verdict {
             // Its caller claims and runs it: approved by policy, it waits for the claim.
             Verdict::Allow if caller_runs => {
                 self.approve_for_caller(agent, proposal).await?;
@@ -568,6 +586,7 @@ impl Engine {
                         .to_std()
                         .unwrap_or_default(),
                     escalate: approval.escalate.clone(),
+                    also: Vec::new(),
                 });
                 self.open_approval(&mut tx, approval, verdict, Actor::Agent);
             }

@@ -29,6 +29,7 @@ use crate::domain::args::{Args, canonical};
 use crate::domain::budget;
 use crate::domain::conversation::{Block, Message, Speaker, ToolResultText};
 use crate::domain::gate::GateRefusal;
+use crate::domain::identity::Standing;
 use crate::domain::ids::{ActionId, AgentName, PersonId, RunId, TenantId};
 use crate::domain::run::{GateOrigin, GateVia, HeldCall, Run, RunStatus};
 use crate::ports::store::{Condition, StoreError};
@@ -58,6 +59,8 @@ pub struct GateCall {
     /// The caller's conversation or thread, shown to reviewers beside the call.
     pub conversation: Option<String>,
     pub via: GateVia,
+    /// What authentication said of who asks, as policy rules read it.
+    pub standing: Standing,
 }
 
 /// Where a call stands, as its caller reads it.
@@ -133,6 +136,9 @@ pub struct CallState {
     /// An identical call made now would attach to this one; else it is ruled on and run again.
     #[serde(skip)]
     pub attachable: bool,
+    /// The policy rules that decided the version that ran or waits, by name.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rules: Vec<String>,
 }
 
 /// Who runs a call once it is approved.
@@ -241,6 +247,7 @@ impl Engine {
             agent.policy.version,
             now,
         );
+        run.standing = call.standing.clone();
         run.gate = Some(GateOrigin {
             via: call.via,
             call_key: key,
@@ -562,5 +569,6 @@ fn state_of(history: &History, executor: Executor) -> CallState {
         claim: action.and_then(|a| a.caller_claim().cloned()),
         attached: false,
         attachable: false,
+        rules: action.map(|a| a.rules.clone()).unwrap_or_default(),
     }
 }

@@ -556,6 +556,8 @@ mod tests {
             tool: "get_claim".into(),
             args: Args::new(json!({"claim_id": "c-101"})).unwrap(),
             explanation: String::new(),
+            rules: Vec::new(),
+            log_only: None,
         };
         Action::propose(call, Utc::now())
     }
@@ -572,8 +574,10 @@ mod tests {
                 args: action.args.clone(),
                 args_hash: action.args_hash.clone(),
                 explanation: String::new(),
-                verdict: Verdict::Allow,
+                verdict: Box::new(Verdict::Allow),
                 approval_id: None,
+                rules: Vec::new(),
+                log_only: None,
             },
         }
     }

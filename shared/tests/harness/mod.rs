@@ -901,5 +901,6 @@ pub fn scripted_task(requester: &str) -> shared::engine::StartRun {
         started_by: None,
         task: "Settle the claims of the script.".into(),
         approval_ttl: None,
+        standing: Default::default(),
     }
 }

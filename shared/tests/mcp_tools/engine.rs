@@ -99,6 +99,7 @@ fn refund_task() -> StartRun {
         started_by: None,
         task: "Refund USD 75 for order ord_55.".into(),
         approval_ttl: None,
+        standing: Default::default(),
     }
 }
 
@@ -200,6 +201,7 @@ fn read_through_the_gate(order: &str) -> GateCall {
         call_id: None,
         conversation: None,
         via: GateVia::Mcp,
+        standing: Default::default(),
     }
 }
 

@@ -307,6 +307,7 @@ fn refund_task() -> StartRun {
         started_by: None,
         task: "Refund USD 125 for order ord_55: the blender arrived damaged.".into(),
         approval_ttl: None,
+        standing: Default::default(),
     }
 }
 

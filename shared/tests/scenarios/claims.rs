@@ -32,6 +32,7 @@ fn refund(call_id: &str, cents: i64) -> GateCall {
         call_id: Some(call_id.into()),
         conversation: Some("thread-42".into()),
         via: GateVia::Api,
+        standing: Default::default(),
     }
 }
 

@@ -71,6 +71,7 @@ fn pay(employee: &str) -> GateCall {
         call_id: Some(format!("pay-{employee}")),
         conversation: None,
         via: GateVia::Api,
+        standing: Default::default(),
     }
 }
 

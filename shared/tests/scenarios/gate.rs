@@ -17,6 +17,7 @@ fn call(tool: &str, args: serde_json::Value) -> GateCall {
         call_id: None,
         conversation: None,
         via: GateVia::Mcp,
+        standing: Default::default(),
     }
 }
 

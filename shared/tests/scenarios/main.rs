@@ -32,6 +32,7 @@ mod gate;
 mod limits;
 mod open_approvals;
 mod pages;
+mod policy_rules;
 mod races;
 mod recovery;
 mod resume;

@@ -50,6 +50,7 @@ pub fn gated_payment(name: &str, call_id: &str, claim: &str, cents: i64) -> Gate
         call_id: Some(call_id.into()),
         conversation: None,
         via: GateVia::Api,
+        standing: Default::default(),
     }
 }
 

@@ -23,6 +23,7 @@ fn pay(who: &Identity, agent: &str) -> GateCall {
         call_id: Some(format!("pay-{}-{agent}", who.person)),
         conversation: None,
         via: GateVia::Api,
+        standing: Default::default(),
     }
 }
 

@@ -646,18 +646,22 @@ function buildCard(item) {
   const saying = v.previous ? `${v.previous.edited_by} says` : "The agent says";
   fact(saying, "explanation", el("blockquote", { text: v.explanation }));
   fact("Why a person decides", "reason", `${v.reason} (policy version ${v.policy_version})`);
+  if ((v.rules || []).length) fact("Rules that asked", "rules", v.rules.join(", "));
   const excluded = (v.requested_by || []).join(" and ");
   const escalated = (v.escalated_to || []).length ? ` (escalated: or the ${v.escalated_to.join(" or ")} role)` : "";
+  // Rules of several roles matched: each role must approve, with its own quorum.
+  const also = (v.also || []).map((need) => ` and ${need.quorum} with the ${need.role} role`).join("");
   fact(
     "Who may approve",
     "who",
-    `Anyone with the ${v.approver_role} role${escalated}`,
+    `Anyone with the ${v.approver_role} role${escalated}${also}`,
     excluded ? `, except ${excluded}, who asked for this` : "",
   );
+  const quorum = v.quorum + (v.also || []).reduce((sum, need) => sum + need.quorum, 0);
   fact(
     "Approvals",
     "quorum",
-    `${v.still_needed} of ${v.quorum} still needed; approved so far: ${approvedBy.length ? approvedBy.join(", ") : "nobody yet"}`,
+    `${v.still_needed} of ${quorum} still needed; approved so far: ${approvedBy.length ? approvedBy.join(", ") : "nobody yet"}`,
   );
   if (awaiting) {
     fact(

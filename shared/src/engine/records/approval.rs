@@ -13,7 +13,7 @@ use crate::domain::ids::{
     ActionId, ActionVersion, AgentName, ApprovalId, DecisionId, PersonId, Role, RunId, TenantId,
 };
 use crate::domain::log_slot::LogSlot;
-use crate::domain::policy::{Escalation, ToolHints};
+use crate::domain::policy::{Escalation, LogOnly, Need, ToolHints};
 use crate::ports::store::Item;
 
 /// The body of an approval's item: the approval's JSON (as the API shows it) less what the
@@ -61,6 +61,12 @@ struct StoredApproval<'a> {
     reason: &'a str,
     approver_role: &'a Role,
     quorum: u8,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    also: &'a [Need],
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    rules: &'a [String],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    log_only: Option<&'a LogOnly>,
     requested_by: &'a [PersonId],
     policy_version: u32,
     created_at: &'a DateTime<Utc>,
@@ -95,6 +101,8 @@ struct StoredDecision<'a> {
     args_hash: Option<&'a ArgsHash>,
     at: &'a DateTime<Utc>,
     effect: &'a DecisionEffect,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    roles: &'a [Role],
     #[serde(skip_serializing_if = "Option::is_none")]
     logged: Option<&'a LogSlot>,
 }
@@ -120,6 +128,9 @@ impl<'a> StoredApproval<'a> {
             reason,
             approver_role,
             quorum,
+            also,
+            rules,
+            log_only,
             requested_by,
             policy_version,
             created_at,
@@ -145,6 +156,7 @@ impl<'a> StoredApproval<'a> {
                     args_hash: hash,
                     at,
                     effect,
+                    roles,
                     logged,
                 } = decision;
                 StoredDecision {
@@ -155,6 +167,7 @@ impl<'a> StoredApproval<'a> {
                     args_hash: (hash != args_hash).then_some(hash),
                     at,
                     effect,
+                    roles,
                     logged: logged.as_ref(),
                 }
             })
@@ -176,6 +189,9 @@ impl<'a> StoredApproval<'a> {
             reason,
             approver_role,
             quorum: *quorum,
+            also,
+            rules,
+            log_only: log_only.as_ref(),
             requested_by,
             policy_version: *policy_version,
             created_at,
@@ -220,6 +236,12 @@ struct LoadedApproval {
     reason: String,
     approver_role: Role,
     quorum: u8,
+    #[serde(default)]
+    also: Vec<Need>,
+    #[serde(default)]
+    rules: Vec<String>,
+    #[serde(default)]
+    log_only: Option<LogOnly>,
     requested_by: Vec<PersonId>,
     policy_version: u32,
     created_at: DateTime<Utc>,
@@ -254,6 +276,8 @@ struct LoadedDecision {
     args_hash: Option<ArgsHash>,
     at: DateTime<Utc>,
     effect: DecisionEffect,
+    #[serde(default)]
+    roles: Vec<Role>,
     #[serde(default)]
     logged: Option<LogSlot>,
 }
@@ -293,6 +317,7 @@ pub(super) fn read_approval(item: &Item) -> Result<Approval, String> {
             args_hash: decision.args_hash.unwrap_or_else(|| args_hash.clone()),
             at: decision.at,
             effect: decision.effect,
+            roles: decision.roles,
             logged: decision.logged,
         })
         .collect();
@@ -315,6 +340,9 @@ pub(super) fn read_approval(item: &Item) -> Result<Approval, String> {
         reason: loaded.reason,
         approver_role: loaded.approver_role,
         quorum: loaded.quorum,
+        also: loaded.also,
+        rules: loaded.rules,
+        log_only: loaded.log_only,
         requested_by: loaded.requested_by,
         policy_version: loaded.policy_version,
         created_at: loaded.created_at,
@@ -378,6 +406,7 @@ pub(crate) mod tests {
             quorum: 1,
             ttl: std::time::Duration::from_secs(24 * 3600),
             escalate: Vec::new(),
+            also: Vec::new(),
         };
         let now = Utc::now();
         let asking = Asking {
@@ -428,6 +457,7 @@ pub(crate) mod tests {
                 },
                 at,
                 effect: DecisionEffect::Approved,
+                roles: vec![approval.approver_role.clone()],
                 // As the engine writes it: the approval's item holds the `decision` event.
                 logged: Some(LogSlot::new(&audit_order(), 0)),
             });

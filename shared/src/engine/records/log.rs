@@ -13,7 +13,7 @@ use crate::domain::approval::Approval;
 use crate::domain::audit::{AuditEntry, AuditEvent};
 use crate::domain::budget;
 use crate::domain::conversation::Message;
-use crate::domain::identity::Actor;
+use crate::domain::identity::{Actor, Standing};
 use crate::domain::ids::{AgentName, PersonId, RunId, TenantId};
 use crate::domain::is_zero;
 use crate::domain::log_slot::LogSlot;
@@ -217,6 +217,8 @@ struct StoredRun<'a> {
     requested_by: &'a PersonId,
     #[serde(skip_serializing_if = "Option::is_none")]
     started_by: Option<&'a PersonId>,
+    #[serde(skip_serializing_if = "Standing::is_empty")]
+    standing: &'a Standing,
     task: &'a str,
     status: RunStatus,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -248,6 +250,7 @@ impl<'a> StoredRun<'a> {
             agent,
             requested_by,
             started_by,
+            standing,
             task,
             status,
             messages: _,
@@ -271,6 +274,7 @@ impl<'a> StoredRun<'a> {
             agent,
             requested_by,
             started_by: started_by.as_ref(),
+            standing,
             task,
             status: *status,
             paused: paused.as_ref(),
@@ -571,6 +575,8 @@ struct LoadedRun {
     requested_by: PersonId,
     #[serde(default)]
     started_by: Option<PersonId>,
+    #[serde(default)]
+    standing: Standing,
     task: String,
     status: RunStatus,
     #[serde(default)]
@@ -625,6 +631,7 @@ fn decode_run(
         agent: loaded.agent,
         requested_by: loaded.requested_by,
         started_by: loaded.started_by,
+        standing: loaded.standing,
         messages: vec![Message::user_text(loaded.task.clone())],
         task: loaded.task,
         status: loaded.status,
@@ -860,6 +867,10 @@ mod tests {
         use crate::domain::run::{GateOrigin, GateVia, PausedTurn};
         let mut run = started_run().value;
         run.started_by = Some(PersonId::parse("ops").unwrap());
+        run.standing = crate::domain::identity::Standing {
+            roles: [crate::domain::ids::Role::parse("finance").unwrap()].into(),
+            claims: [("department".to_string(), "treasury".to_string())].into(),
+        };
         run.paused = Some(PausedTurn { calls: vec![] });
         run.answer = Some("paid".into());
         run.error = Some("none".into());

@@ -49,5 +49,6 @@ pub fn task_for(claims: &Claims, claim_id: &str) -> Result<StartRun, EngineError
         started_by: None,
         task: format!("Process expense claim {}.", claim.id),
         approval_ttl: None,
+        standing: Default::default(),
     })
 }
