@@ -146,6 +146,43 @@ pub enum Command {
         #[arg(long)]
         once: bool,
     },
+    /// Hold an agent's policy to a case file, or try a candidate policy on its stored calls.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// Decide each [[case]] of CASES under the agent's policy: each failing case is printed with
+    /// the rules that decided it, and the command exits 1 if any failed.
+    Test {
+        /// The agent: a definition's directory, or a loaded definition's name.
+        #[arg(long, value_name = "DIR")]
+        agent: String,
+        /// The case file: [[case]] tables with tool, args, as and expect.
+        cases: PathBuf,
+    },
+    /// Decide the agent's stored calls again under a candidate policy: how many calls each
+    /// outcome got, before and after, per tool, and every call whose outcome would change.
+    Replay {
+        /// The agent: a definition's directory, or a loaded definition's name.
+        #[arg(long, value_name = "DIR")]
+        agent: String,
+        /// The candidate policy's manifest (its Cedar files beside it); the agent's own if left out.
+        #[arg(long, value_name = "FILE")]
+        policy: Option<PathBuf>,
+        /// How far back to look, such as 7d or 12h.
+        #[arg(long, default_value = "7d", value_parser = parse_duration)]
+        since: std::time::Duration,
+    },
+}
+
+impl PolicyCommand {
+    pub fn agent(&self) -> &String {
+        match self {
+            PolicyCommand::Test { agent, .. } | PolicyCommand::Replay { agent, .. } => agent,
+        }
+    }
 }
 
 impl Command {
@@ -163,7 +200,8 @@ impl Command {
             | Command::Cancel { .. }
             | Command::Audit { .. }
             | Command::Token { .. }
-            | Command::Ledger => Environment::WhenRun,
+            | Command::Ledger
+            | Command::Policy(_) => Environment::WhenRun,
         }
     }
 }

@@ -12,12 +12,11 @@ use shared::agents::Environment;
 use shared::deploy::{self, Aws, Backing, Setup, StoreKind};
 use shared::domain::identity::{Directory, Identity};
 use shared::domain::ids::{AgentName, TenantId};
-use shared::engine::records::{decode, keys};
 use shared::engine::{Delivery, Engine, EngineError};
 use shared::example::expense::{self, Claims, Ledger};
 use shared::ports::clock::{Clock, SystemClock};
 use shared::ports::scheduler::SweepOnly;
-use shared::ports::store::{ItemStore, query_all};
+use shared::ports::store::ItemStore;
 
 use crate::cli::Global;
 use crate::fail::Failure;
@@ -27,7 +26,6 @@ pub struct Local {
     pub directory: Directory,
     pub claims: Arc<Claims>,
     pub ledger: Ledger,
-    store: Arc<dyn ItemStore>,
     /// The AWS adapters, when the store is DynamoDB.
     pub aws: Option<Aws>,
 }
@@ -146,8 +144,7 @@ impl Local {
             engine,
             directory,
             claims: setup.claims,
-            ledger: Ledger::new(store.clone()),
-            store,
+            ledger: Ledger::new(store),
             aws,
         })
     }
@@ -190,12 +187,6 @@ impl Local {
 
     /// Every tenant that has started a run, for views across the whole local deployment.
     pub async fn tenants(&self) -> Result<Vec<TenantId>, Failure> {
-        let items = query_all(self.store.as_ref(), keys::TENANTS_PK, "")
-            .await
-            .map_err(EngineError::from)?;
-        Ok(items
-            .iter()
-            .map(|i| decode(i).map(|s| s.value))
-            .collect::<Result<_, _>>()?)
+        Ok(self.engine.tenants().await?)
     }
 }

@@ -4,6 +4,7 @@ mod cli;
 mod fail;
 mod local;
 mod mcp;
+mod policy;
 mod render;
 mod serve;
 mod token;
@@ -132,6 +133,7 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
     let named = match &cli.command {
         Command::Run { agent, .. } => Some(agent),
         Command::Mcp(options) => Some(&options.agent),
+        Command::Policy(policy) => Some(policy.agent()),
         _ => None,
     };
     if let Some(agent) = named
@@ -283,6 +285,7 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
             })
         }
         Command::Worker { once } => worker::run(&local, once).await,
+        Command::Policy(command) => policy::run(&local, command).await,
         Command::Ledger => {
             let mut settlements = Vec::new();
             for tenant in local.tenants().await? {

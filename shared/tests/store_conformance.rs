@@ -272,6 +272,28 @@ async fn a_query_returns_one_partition_by_prefix_in_key_order(store: Arc<dyn Ite
     assert!(sort_keys("RUN#3", "").await.is_empty());
 }
 
+async fn partitions_are_listed_by_prefix_once_each_in_order(store: Arc<dyn ItemStore>) {
+    let writes = [
+        ("T#a#RUN#2", "RUN"),
+        ("T#a#RUN#1", "RUN"),
+        ("T#a#RUN#1", "ACTION#x"),
+    ]
+    .iter()
+    .map(|(pk, sk)| create(item(pk, sk, 1, "{}")))
+    .collect();
+    store.transact(writes).await.unwrap();
+    create_one(&store, "T#b#RUN#1", "RUN", "another tenant")
+        .await
+        .unwrap();
+
+    assert_eq!(
+        store.partitions("T#a#RUN#").await.unwrap(),
+        ["T#a#RUN#1", "T#a#RUN#2"]
+    );
+    assert_eq!(store.partitions("T#b#").await.unwrap(), ["T#b#RUN#1"]);
+    assert!(store.partitions("T#c#").await.unwrap().is_empty());
+}
+
 async fn pages_resume_where_the_last_one_ended(store: Arc<dyn ItemStore>) {
     let writes = (0..7)
         .map(|n| create(item("P", &format!("K#{n}"), 1, "x")))
@@ -625,6 +647,7 @@ both!(
     deletes_take_conditions_too,
     a_one_write_transaction_keeps_every_condition,
     a_query_returns_one_partition_by_prefix_in_key_order,
+    partitions_are_listed_by_prefix_once_each_in_order,
     pages_resume_where_the_last_one_ended,
     a_query_reads_past_one_megabyte_pages,
     the_index_is_sparse_and_read_by_range,

@@ -416,6 +416,34 @@ impl ItemStore for DynamoStore {
         })
     }
 
+    async fn partitions(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+        let mut partitions = std::collections::BTreeSet::new();
+        let mut start = None;
+        loop {
+            let output = self
+                .client
+                .scan()
+                .table_name(&self.table)
+                .consistent_read(true)
+                .projection_expression("pk")
+                .filter_expression("begins_with(pk, :prefix)")
+                .expression_attribute_values(":prefix", s(prefix))
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(store_error)?;
+            for item in output.items() {
+                if let Some(AttributeValue::S(pk)) = item.get("pk") {
+                    partitions.insert(pk.clone());
+                }
+            }
+            match output.last_evaluated_key() {
+                Some(key) if !key.is_empty() => start = Some(key.clone()),
+                _ => return Ok(partitions.into_iter().collect()),
+            }
+        }
+    }
+
     async fn transact(&self, writes: Vec<Write>) -> Result<(), StoreError> {
         self.transact_or_found(writes).await.map_err(|r| r.error)
     }

@@ -680,6 +680,20 @@ impl ItemStore for SqliteStore {
         })
     }
 
+    async fn partitions(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+        let to = prefix_end(prefix);
+        self.read(|conn| {
+            conn.prepare_cached(
+                "SELECT DISTINCT pk FROM items WHERE pk >= ?1 AND pk < ?2 ORDER BY pk",
+            )
+            .and_then(|mut stmt| {
+                stmt.query_map(params![prefix, to], |row| row.get(0))?
+                    .collect::<rusqlite::Result<Vec<String>>>()
+            })
+            .map_err(sql_error)
+        })
+    }
+
     async fn page(&self, query: Query<'_>) -> Result<Page, StoreError> {
         let Query {
             range,

@@ -225,18 +225,8 @@ impl Definition {
             .map(|names| tenants(&names).map_err(|why| err("tenants", why)))
             .transpose()?;
 
-        let policy_file = files.label(&raw.policy);
-        let manifest = files.read(&raw.policy)?;
-        let mut cedar = BTreeMap::new();
-        let policy = Policy::load(&manifest, &mut |name| {
-            cedar.insert(name.to_string(), files.label(name));
-            files.read(name).map_err(|e| e.to_string())
-        });
-        let policy_files = PolicyFiles {
-            manifest: policy_file.clone(),
-            cedar,
-        };
-        let policy = policy.map_err(|e| policy_files.error(e))?;
+        let (policy, policy_files) = load_policy(files, &raw.policy)?;
+        let policy_file = policy_files.manifest.clone();
 
         let model = raw
             .model
@@ -405,6 +395,26 @@ impl Definition {
             .filter(|(_, binding)| binding.is_stdio())
             .map(|(name, _)| name.as_str())
     }
+}
+
+/// The policy `name` of `files` (its manifest, and each Cedar file the manifest names), and
+/// where each was read from.
+pub(crate) fn load_policy(
+    files: &dyn Files,
+    name: &str,
+) -> Result<(Policy, PolicyFiles), DefinitionError> {
+    let manifest = files.read(name)?;
+    let mut cedar = BTreeMap::new();
+    let policy = Policy::load(&manifest, &mut |name| {
+        cedar.insert(name.to_string(), files.label(name));
+        files.read(name).map_err(|e| e.to_string())
+    });
+    let policy_files = PolicyFiles {
+        manifest: files.label(name),
+        cedar,
+    };
+    let policy = policy.map_err(|e| policy_files.error(e))?;
+    Ok((policy, policy_files))
 }
 
 fn model_settings(

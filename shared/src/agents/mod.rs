@@ -60,6 +60,39 @@ pub use definition::{
 };
 pub use wiring::{BEDROCK_MODEL_VAR, Environment, Wiring};
 
+/// A candidate policy for `agent`, read from the manifest at `path` (its Cedar files beside
+/// it) and checked against the agent's tools, where all of them are known here, and the roles
+/// people hold: the same checks its own policy passed.
+pub fn candidate_policy(
+    path: &Path,
+    agent: &crate::engine::Agent,
+    definition: &Definition,
+    roles: Option<&std::collections::BTreeSet<String>>,
+) -> Result<crate::domain::policy::Policy, DefinitionError> {
+    let refuse = |message: &str| DefinitionError::new(&path.display().to_string(), "", message);
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
+        return Err(refuse("a candidate policy is a file: policy.toml"));
+    };
+    let dir = match dir.as_os_str().is_empty() {
+        true => Path::new("."),
+        false => dir,
+    };
+    let (policy, files) = definition::load_policy(&Dir(dir.to_path_buf()), name)?;
+    let specs = agent.tools.specs();
+    let known: Vec<(String, serde_json::Value)> = specs
+        .iter()
+        .map(|spec| (spec.name.clone(), spec.input_schema.clone()))
+        .collect();
+    let all_known = definition
+        .tools
+        .iter()
+        .all(|tool| known.iter().any(|(name, _)| name == &tool.name));
+    if all_known && definition.mcp.values().all(|server| server.tools.is_none()) {
+        files.check(&policy, &known, roles)?;
+    }
+    Ok(policy)
+}
+
 use crate::domain::ids::{AgentName, RunId, TenantId};
 use crate::engine::{Engine, EngineError};
 use crate::ports::queue::{QueueMessage, ResumeMessage};

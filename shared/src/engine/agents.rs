@@ -236,6 +236,21 @@ impl Agent {
         history: &BTreeMap<String, Total>,
         at: DateTime<Utc>,
     ) -> Ruling {
+        self.decide_under(&self.policy, run, tool, args, hints, history, at)
+    }
+
+    /// [`Agent::decide`] under another policy than its own: a candidate, replayed.
+    #[allow(clippy::too_many_arguments)]
+    pub fn decide_under(
+        &self,
+        policy: &Policy,
+        run: &Run,
+        tool: &str,
+        args: &Args,
+        hints: ToolHints,
+        history: &BTreeMap<String, Total>,
+        at: DateTime<Utc>,
+    ) -> Ruling {
         let requester = Requester {
             name: run.requested_by.as_str(),
             tenant: run.tenant.as_str(),
@@ -247,7 +262,7 @@ impl Agent {
                 .map(|(name, value)| (name.as_str(), value.clone()))
                 .collect(),
         };
-        self.policy.decide(&CallFacts {
+        policy.decide(&CallFacts {
             tool,
             args,
             hints,

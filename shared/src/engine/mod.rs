@@ -12,6 +12,7 @@ mod gate;
 mod history;
 mod notify;
 pub mod records;
+mod replay;
 mod resume;
 mod snapshot;
 mod sweep;
@@ -34,6 +35,7 @@ pub use history::{
     RunState, WaitingOn,
 };
 pub use notify::{DEFAULT_REMIND_BEFORE, MAX_NOTICE_ATTEMPTS, NoticeReport};
+pub use replay::{Changed, Compared, Outcomes, Replay};
 pub use resume::ResumeReport;
 pub use snapshot::{Shown, Snapshot};
 pub use sweep::SweepReport;

@@ -150,6 +150,16 @@ pub trait ItemStore: Send + Sync {
     /// All writes apply, or none do. At most 100 writes, each on a different item.
     async fn transact(&self, writes: Vec<Write>) -> Result<(), StoreError>;
 
+    /// Every partition key that starts with `prefix`, in order: a read of the whole store (a
+    /// scan on DynamoDB), for an operator's command such as `policy replay`, never on a
+    /// request's path. A store that cannot list its partitions says so.
+    async fn partitions(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+        let _ = prefix;
+        Err(StoreError::Invalid(
+            "this store cannot list its partitions".into(),
+        ))
+    }
+
     /// A count that moves once another process (another connection to the same store) has
     /// committed, never for this handle's own commits: a look cheap enough to take many times a
     /// second before a full read. `None` where the store cannot tell cheaply (DynamoDB): a

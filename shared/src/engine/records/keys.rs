@@ -105,7 +105,19 @@ pub fn call_pk(tenant: &TenantId, key: &str) -> String {
 }
 
 pub fn run_pk(tenant: &TenantId, run: &RunId) -> String {
-    format!("TENANT#{tenant}#RUN#{run}")
+    format!("{}{run}", runs_prefix(tenant))
+}
+
+/// What every run partition of `tenant` starts with.
+pub fn runs_prefix(tenant: &TenantId) -> String {
+    format!("TENANT#{tenant}#RUN#")
+}
+
+/// The run of a run partition's key.
+pub fn run_of(pk: &str) -> Option<&str> {
+    pk.strip_prefix("TENANT#")?
+        .split_once("#RUN#")
+        .map(|(_, run)| run)
 }
 
 pub fn action_sk(action: &ActionId, version: ActionVersion) -> String {
