@@ -340,10 +340,7 @@ impl Engine {
     /// Every tenant that has started a run, for views across a whole deployment.
     pub async fn tenants(&self) -> Result<Vec<TenantId>, EngineError> {
         let items = query_all(self.store.as_ref(), keys::TENANTS_PK, "").await?;
-        Ok(items
-            .iter()
-            .map(|i| decode(i).map(|s| s.value))
-            .collect::<Result<_, _>>()?)
+        items.iter().map(|i| Ok(decode(i)?.value)).collect()
     }
 
     pub async fn run(&self, tenant: &TenantId, id: &RunId) -> Result<Run, EngineError> {
