@@ -401,7 +401,9 @@ impl Engine {
             let delivered = match &self.delivery {
                 // The resume took it out with the write that acted on the message, unless it
                 // had nothing to do.
-                Delivery::InProcess => match self.resume_once(&message).await {
+                // On the heap: a resumed run drives the model and runs tools, far deeper than the
+                // decision that delivers it, and a debug build's futures are large.
+                Delivery::InProcess => match Box::pin(self.resume_once(&message)).await {
                     Ok((report, more)) => {
                         pending.extend(more.resumes);
                         notices.extend(just_written(more.notices));
