@@ -206,14 +206,8 @@ impl dyn ItemStore + '_ {
         after: Option<&str>,
         limit: usize,
     ) -> Result<Page, StoreError> {
-        let range = Range::Partition { pk, sk_prefix };
-        self.page(Query {
-            range,
-            after,
-            limit,
-            backward: false,
-        })
-        .await
+        self.partition_page(pk, sk_prefix, after, limit, false)
+            .await
     }
 
     /// [`query`](Self::query) backwards: a page of the partition's items whose sort key starts
@@ -225,12 +219,23 @@ impl dyn ItemStore + '_ {
         after: Option<&str>,
         limit: usize,
     ) -> Result<Page, StoreError> {
+        self.partition_page(pk, sk_prefix, after, limit, true).await
+    }
+
+    async fn partition_page(
+        &self,
+        pk: &str,
+        sk_prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+        backward: bool,
+    ) -> Result<Page, StoreError> {
         let range = Range::Partition { pk, sk_prefix };
         self.page(Query {
             range,
             after,
             limit,
-            backward: true,
+            backward,
         })
         .await
     }

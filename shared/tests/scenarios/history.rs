@@ -144,6 +144,11 @@ async fn sent(p: &Process, who: &str, to: &str, cents: i64) -> CallState {
         .expect("the gate takes the call")
 }
 
+/// [`sent`], which must come to `status`.
+async fn sent_as(p: &Process, (who, to, cents): (&str, &str, i64), status: CallStatus) {
+    assert_status(&sent(p, who, to, cents).await, status);
+}
+
 #[track_caller]
 fn assert_status(state: &CallState, status: CallStatus) {
     assert_eq!(state.status, status, "{state:?}");
@@ -160,10 +165,7 @@ async fn given_a_limit_an_hour_when_calls_run_wait_are_rejected_and_expire_then_
 
     // USD 300 runs; USD 300 more would pass USD 500: finance decides, and while it waits it
     // counts, so USD 50 more waits too.
-    assert_status(
-        &sent(&p, "lee", "acct_1", 30_000).await,
-        CallStatus::Approved,
-    );
+    sent_as(&p, ("lee", "acct_1", 30_000), CallStatus::Approved).await;
     let first = sent(&p, "lee", "acct_2", 30_000).await;
     assert_status(&first, CallStatus::AwaitingApproval);
     let second = sent(&p, "lee", "acct_3", 5_000).await;
@@ -173,37 +175,22 @@ async fn given_a_limit_an_hour_when_calls_run_wait_are_rejected_and_expire_then_
     let rejected = first.approval.as_ref().unwrap();
     h.decided(&p, &fay(), &rejected.id, reject("d-1", "not this one"))
         .await;
-    assert_status(
-        &sent(&p, "lee", "acct_4", 15_000).await,
-        CallStatus::Approved,
-    );
-    assert_status(
-        &sent(&p, "lee", "acct_5", 1).await,
-        CallStatus::AwaitingApproval,
-    );
+    sent_as(&p, ("lee", "acct_4", 15_000), CallStatus::Approved).await;
+    sent_as(&p, ("lee", "acct_5", 1), CallStatus::AwaitingApproval).await;
 
     // Expired, the USD 50 no longer counts either: USD 50 more runs.
     h.clock.advance(Duration::minutes(11));
     let swept = p.sweep(100).await.unwrap();
     assert_eq!(swept.expired.len(), 2, "{swept:?}");
-    assert_status(
-        &sent(&p, "lee", "acct_6", 5_000).await,
-        CallStatus::Approved,
-    );
-    assert_status(
-        &sent(&p, "lee", "acct_7", 1).await,
-        CallStatus::AwaitingApproval,
-    );
+    sent_as(&p, ("lee", "acct_6", 5_000), CallStatus::Approved).await;
+    sent_as(&p, ("lee", "acct_7", 1), CallStatus::AwaitingApproval).await;
 }
 
 async fn given_a_call_that_waits_when_finance_lowers_it_then_the_window_counts_the_new_amount(
     h: &Harness,
 ) {
     let p = h.process_of_definitions(&[payments()]).await;
-    assert_status(
-        &sent(&p, "lee", "acct_1", 40_000).await,
-        CallStatus::Approved,
-    );
+    sent_as(&p, ("lee", "acct_1", 40_000), CallStatus::Approved).await;
     let waits = sent(&p, "lee", "acct_2", 30_000).await;
     let approval = waits.approval.clone().unwrap();
 
@@ -223,14 +210,8 @@ async fn given_a_call_that_waits_when_finance_lowers_it_then_the_window_counts_t
     assert_eq!(state.version, Some(2));
 
     // The window counts USD 450 now, not USD 700: USD 50 more runs, a cent more waits.
-    assert_status(
-        &sent(&p, "lee", "acct_3", 5_000).await,
-        CallStatus::Approved,
-    );
-    assert_status(
-        &sent(&p, "lee", "acct_4", 1).await,
-        CallStatus::AwaitingApproval,
-    );
+    sent_as(&p, ("lee", "acct_3", 5_000), CallStatus::Approved).await;
+    sent_as(&p, ("lee", "acct_4", 1), CallStatus::AwaitingApproval).await;
 }
 
 async fn given_windows_per_requester_per_agent_and_per_account_then_each_keeps_its_own_total(
@@ -239,24 +220,21 @@ async fn given_windows_per_requester_per_agent_and_per_account_then_each_keeps_i
     let p = h.process_of_definitions(&[payments()]).await;
 
     // Two transfers to one account an hour, whoever asks; another account has its own count.
-    assert_status(&sent(&p, "lee", "acct_1", 100).await, CallStatus::Approved);
-    assert_status(&sent(&p, "lee", "acct_1", 100).await, CallStatus::Approved);
+    sent_as(&p, ("lee", "acct_1", 100), CallStatus::Approved).await;
+    sent_as(&p, ("lee", "acct_1", 100), CallStatus::Approved).await;
     let third = sent(&p, "lee", "acct_1", 100).await;
     assert_status(&third, CallStatus::Denied);
     let told = third.result.unwrap().content;
     assert!(told.contains("At most two transfers"), "{told}");
-    assert_status(&sent(&p, "tam", "acct_1", 100).await, CallStatus::Denied);
-    assert_status(&sent(&p, "lee", "acct_2", 100).await, CallStatus::Approved);
+    sent_as(&p, ("tam", "acct_1", 100), CallStatus::Denied).await;
+    sent_as(&p, ("lee", "acct_2", 100), CallStatus::Approved).await;
 
     // Each requester has their own sum: lee's USD 3 do not count against tam's USD 500.
-    assert_status(
-        &sent(&p, "tam", "acct_3", 50_000).await,
-        CallStatus::Approved,
-    );
+    sent_as(&p, ("tam", "acct_3", 50_000), CallStatus::Approved).await;
 
     // The agent's six an hour count every requester's calls that ran, not the two denied.
-    assert_status(&sent(&p, "ivy", "acct_4", 100).await, CallStatus::Approved);
-    assert_status(&sent(&p, "ivy", "acct_5", 100).await, CallStatus::Approved);
+    sent_as(&p, ("ivy", "acct_4", 100), CallStatus::Approved).await;
+    sent_as(&p, ("ivy", "acct_5", 100), CallStatus::Approved).await;
     let seventh = sent(&p, "ivy", "acct_6", 100).await;
     assert_status(&seventh, CallStatus::Denied);
     let told = seventh.result.unwrap().content;
@@ -267,24 +245,15 @@ async fn given_calls_of_an_hour_ago_when_the_window_moves_on_then_they_no_longer
     h: &Harness,
 ) {
     let p = h.process_of_definitions(&[payments()]).await;
-    assert_status(
-        &sent(&p, "lee", "acct_1", 50_000).await,
-        CallStatus::Approved,
-    );
+    sent_as(&p, ("lee", "acct_1", 50_000), CallStatus::Approved).await;
     h.clock.advance(Duration::minutes(59));
     let waits = sent(&p, "lee", "acct_2", 100).await;
     assert_status(&waits, CallStatus::AwaitingApproval);
 
     // An hour after the first, it is out of the window; the USD 1 still waiting is in it.
     h.clock.advance(Duration::minutes(1));
-    assert_status(
-        &sent(&p, "lee", "acct_3", 49_900).await,
-        CallStatus::Approved,
-    );
-    assert_status(
-        &sent(&p, "lee", "acct_4", 1).await,
-        CallStatus::AwaitingApproval,
-    );
+    sent_as(&p, ("lee", "acct_3", 49_900), CallStatus::Approved).await;
+    sent_as(&p, ("lee", "acct_4", 1), CallStatus::AwaitingApproval).await;
 }
 
 async fn given_three_calls_in_one_turn_then_each_counts_against_the_ones_after_it(h: &Harness) {
@@ -343,18 +312,12 @@ pub async fn given_limits_of_usd_500_and_six_calls_when_sixteen_processes_propos
         let state = proposal.await.unwrap();
         states.push(state.unwrap_or_else(|e| panic!("round {round}: {e}")));
     }
-    let ran = states
-        .iter()
-        .filter(|s| s.status == CallStatus::Approved)
-        .count();
-    let waiting = states
-        .iter()
-        .filter(|s| s.status == CallStatus::AwaitingApproval)
-        .count();
-    let denied = states
-        .iter()
-        .filter(|s| s.status == CallStatus::Denied)
-        .count();
+    let [ran, waiting, denied] = [
+        CallStatus::Approved,
+        CallStatus::AwaitingApproval,
+        CallStatus::Denied,
+    ]
+    .map(|status| states.iter().filter(|s| s.status == status).count());
     assert_eq!(
         (ran, waiting, denied),
         (5, 1, 10),

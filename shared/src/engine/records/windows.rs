@@ -102,15 +102,26 @@ fn read_slot(item: &Item) -> Result<(u64, SlotBody), EngineError> {
     Ok((seq, body))
 }
 
-/// The write of one slot with `body`, on `condition`.
-fn slot_write(slot: &HistorySlot, body: &SlotBody, condition: Condition) -> Write {
+/// The write of one slot: its call, and what it adds to the sum (nothing, once `void`).
+fn slot_write(
+    slot: &HistorySlot,
+    action_id: &ActionId,
+    (amount, void): (i64, bool),
+    condition: Condition,
+) -> Write {
+    let body = SlotBody {
+        at: slot.at,
+        action_id: action_id.clone(),
+        amount,
+        void,
+    };
     Write::Put {
         item: Item {
             pk: slot.pk.clone(),
             sk: keys::history_slot_sk(slot.seq),
             gsi1: None,
             ver: 1,
-            body: serde_json::to_string(body).expect("engine records serialize"),
+            body: serde_json::to_string(&body).expect("engine records serialize"),
         },
         condition,
     }
@@ -118,35 +129,17 @@ fn slot_write(slot: &HistorySlot, body: &SlotBody, condition: Condition) -> Writ
 
 /// Takes the slot for a new call: it must not exist, or another call took it since the read.
 pub(super) fn claim(slot: &HistorySlot, action_id: &ActionId, amount: i64) -> Write {
-    let body = SlotBody {
-        at: slot.at,
-        action_id: action_id.clone(),
-        amount,
-        void: false,
-    };
-    slot_write(slot, &body, Condition::NotExists)
+    slot_write(slot, action_id, (amount, false), Condition::NotExists)
 }
 
 /// Rewrites a call's slot with the amount of its new version (an edit): the same place.
 pub(super) fn recount(slot: &HistorySlot, action_id: &ActionId, amount: i64) -> Write {
-    let body = SlotBody {
-        at: slot.at,
-        action_id: action_id.clone(),
-        amount,
-        void: false,
-    };
-    slot_write(slot, &body, Condition::Always)
+    slot_write(slot, action_id, (amount, false), Condition::Always)
 }
 
 /// Voids a call's slot: it no longer counts, and its number stays taken.
 pub(super) fn void(slot: &HistorySlot, action_id: &ActionId) -> Write {
-    let body = SlotBody {
-        at: slot.at,
-        action_id: action_id.clone(),
-        amount: 0,
-        void: true,
-    };
-    slot_write(slot, &body, Condition::Always)
+    slot_write(slot, action_id, (0, true), Condition::Always)
 }
 
 /// The partition of the slot `write` takes for a new call, if it is such a claim: the write a
