@@ -316,6 +316,61 @@ async fn pages_resume_where_the_last_one_ended(store: Arc<dyn ItemStore>) {
     assert!(pages >= 3);
 }
 
+async fn a_partition_reads_backwards_the_last_key_first_a_page_at_a_time(
+    store: Arc<dyn ItemStore>,
+) {
+    let writes = (0..7)
+        .map(|n| create(item("P", &format!("K#{n:02}"), 1, "x")))
+        .chain(["A#1", "L#1"].map(|sk| create(item("P", sk, 1, "other prefix"))))
+        .collect();
+    store.transact(writes).await.unwrap();
+    create_one(&store, "Q", "K#99", "other partition")
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let page = store
+            .query_backward("P", "K#", after.as_deref(), 3)
+            .await
+            .unwrap();
+        assert!(page.items.len() <= 3);
+        seen.extend(page.items.into_iter().map(|i| i.sk));
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    let newest_first: Vec<String> = (0..7).rev().map(|n| format!("K#{n:02}")).collect();
+    assert_eq!(seen, newest_first);
+    // One page of one item reads the newest alone.
+    let newest = store.query_backward("P", "K#", None, 1).await.unwrap();
+    assert_eq!(newest.items[0].sk, "K#06");
+    assert!(newest.next.is_some());
+    assert!(
+        store
+            .query_backward("R", "K#", None, 5)
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    // The index is read forwards only: backwards is refused, not read wrongly.
+    let index = store
+        .page(shared::ports::store::Query {
+            range: shared::ports::store::Range::Index {
+                pk: "IDX",
+                from: "",
+                to: "z",
+            },
+            after: None,
+            limit: 5,
+            backward: true,
+        })
+        .await;
+    assert!(matches!(index, Err(StoreError::Invalid(_))), "{index:?}");
+}
+
 async fn a_query_reads_past_one_megabyte_pages(store: Arc<dyn ItemStore>) {
     // 30 items of 60 KB: 1.8 MB, more than one DynamoDB response holds.
     let body = format!("\"{}\"", "x".repeat(60_000));
@@ -649,6 +704,7 @@ both!(
     a_query_returns_one_partition_by_prefix_in_key_order,
     partitions_are_listed_by_prefix_once_each_in_order,
     pages_resume_where_the_last_one_ended,
+    a_partition_reads_backwards_the_last_key_first_a_page_at_a_time,
     a_query_reads_past_one_megabyte_pages,
     the_index_is_sparse_and_read_by_range,
     index_pages_resume_too,

@@ -76,6 +76,9 @@ pub struct BenchArgs {
     /// Where the state lives.
     #[arg(long, value_enum, default_value = "embedded")]
     pub store: BenchStore,
+    /// The expense policy with a history window on reimburse: what counting costs an approval.
+    #[arg(long)]
+    pub history_window: bool,
     /// Instead: --runs allowed calls through the gate API against as many through `POST /runs`
     /// (loopback HTTP, embedded store, concurrency 1 and 8), then long-polls woken by decisions.
     #[arg(long, conflicts_with_all = ["sweep_scaling", "mcp_gateway"])]
@@ -201,7 +204,7 @@ struct LifecycleCpu {
 async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
     let (runs, concurrency) = (args.runs, args.concurrency.max(1));
     let load_before = report::load_average();
-    let rig = Arc::new(Rig::new(args.store, 2 * runs).await?);
+    let rig = Arc::new(Rig::counting(args.store, 2 * runs, args.history_window).await?);
     let in_process = rig.queue.is_none();
     rig.meter.take();
     rig.meter.take_keys();

@@ -166,6 +166,15 @@ fn family_of(pk: &str) -> (String, Spread) {
     }
     let parts: Vec<&str> = pk.split('#').collect();
     match parts.as_slice() {
+        // A history window's subject: one key per requester or value, one per agent for
+        // the whole agent.
+        ["TENANT", _, "HISTORY", agent, window, per, ..] => (
+            format!("TENANT#{{tenant}}#HISTORY#{agent}#{window}#{per}#{{subject}}"),
+            match *per {
+                "agent" => Spread::PerTenant,
+                _ => Spread::PerRecord,
+            },
+        ),
         ["TENANT", _, kind, _] => (
             format!("TENANT#{{tenant}}#{kind}#{{id}}"),
             Spread::PerRecord,
@@ -295,6 +304,15 @@ mod tests {
         assert_eq!(
             family_of("TENANT#bench#RUN#run-1"),
             ("TENANT#{tenant}#RUN#{id}".into(), Spread::PerRecord)
+        );
+        let window = "TENANT#{tenant}#HISTORY#expense#sent_1h";
+        assert_eq!(
+            family_of("TENANT#bench#HISTORY#expense#sent_1h#requester#emp-1"),
+            (format!("{window}#requester#{{subject}}"), Spread::PerRecord)
+        );
+        assert_eq!(
+            family_of("TENANT#bench#HISTORY#expense#sent_1h#agent#expense"),
+            (format!("{window}#agent#{{subject}}"), Spread::PerTenant)
         );
     }
 

@@ -16,6 +16,7 @@ use shared::agents::{self, Wiring};
 use shared::deploy::AwsSettings;
 use shared::domain::identity::Identity;
 use shared::domain::ids::{Role, TenantId};
+use shared::domain::policy::Policy;
 use shared::engine::records::IndexShards;
 use shared::engine::{Delivery, Engine};
 use shared::example::expense::{self, Claims};
@@ -74,6 +75,16 @@ fn approver(tenant: &TenantId) -> Identity {
 impl Rig {
     /// A rig with `claims` generated claims.
     pub async fn new(kind: BenchStore, claims: usize) -> Result<Self, BenchError> {
+        Self::counting(kind, claims, false).await
+    }
+
+    /// [`Rig::new`], the expense policy with a history window on `reimburse` when `window`
+    /// ([`WINDOW`]): what counting every reimbursement costs an approval.
+    pub async fn counting(
+        kind: BenchStore,
+        claims: usize,
+        window: bool,
+    ) -> Result<Self, BenchError> {
         let meter = Meter::new();
         let clock = Arc::new(SkewedClock::default());
         let shards =
@@ -158,6 +169,7 @@ impl Rig {
             backing.delivery,
             backing.scheduler,
             shards,
+            window,
         );
         Ok(Self {
             engine: Arc::new(engine),
@@ -228,6 +240,16 @@ pub struct CommitCounts {
     pub wal_writes: WalWrites,
 }
 
+/// The window `--history-window` adds to the shipped expense policy: the reimbursements of each
+/// requester's day, summed. No rule reads it; it is counted and read all the same.
+pub const WINDOW: &str = r#"
+[history.reimbursed_1d]
+tool = "reimburse"
+window = "1d"
+per = "requester"
+sum = "amount_cents"
+"#;
+
 fn engine(
     store: Arc<dyn ItemStore>,
     claims: Arc<Claims>,
@@ -235,6 +257,7 @@ fn engine(
     delivery: Delivery,
     scheduler: Arc<dyn Scheduler>,
     shards: IndexShards,
+    window: bool,
 ) -> Engine {
     let clock: Arc<dyn Clock> = clock;
     let wiring = Wiring::new(store.clone(), clock.clone(), claims);
@@ -245,6 +268,11 @@ fn engine(
         .with_model(Arc::new(ScriptedAgent));
     // The bench runs it for a tenant of its own, not the shipped definition's acme.
     agent.tenants = None;
+    if window {
+        let counted = format!("{}{WINDOW}", expense::POLICY_TOML);
+        let policy = Policy::from_toml(&counted).expect("the expense policy with a window loads");
+        agent.policy = Arc::new(policy);
+    }
     Engine::builder(store)
         .agent(agent)
         .clock(clock)

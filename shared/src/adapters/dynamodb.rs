@@ -363,10 +363,16 @@ impl ItemStore for DynamoStore {
     }
 
     async fn page(&self, query: Query<'_>) -> Result<Page, StoreError> {
+        if query.backward && matches!(query.range, Range::Index { .. }) {
+            return Err(StoreError::Invalid(
+                "only a partition is read backwards, not the index".into(),
+            ));
+        }
         let request = self
             .client
             .query()
             .table_name(&self.table)
+            .scan_index_forward(!query.backward)
             .set_return_consumed_capacity(self.consumed_capacity.clone())
             .limit(query.limit.clamp(1, i32::MAX as usize) as i32)
             .set_exclusive_start_key(start_key(query.after)?);

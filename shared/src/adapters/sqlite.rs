@@ -623,6 +623,7 @@ fn sql_error(e: rusqlite::Error) -> StoreError {
 
 const PARTITION_FROM: &str = "SELECT pk, sk, gsi1pk, gsi1sk, ver, body FROM items WHERE pk = ?1 AND sk >= ?2 AND sk < ?3 ORDER BY sk LIMIT ?4";
 const PARTITION_AFTER: &str = "SELECT pk, sk, gsi1pk, gsi1sk, ver, body FROM items WHERE pk = ?1 AND sk > ?2 AND sk < ?3 ORDER BY sk LIMIT ?4";
+const PARTITION_BACK: &str = "SELECT pk, sk, gsi1pk, gsi1sk, ver, body FROM items WHERE pk = ?1 AND sk >= ?2 AND sk < ?3 ORDER BY sk DESC LIMIT ?4";
 const INDEX_PAGE: &str = "SELECT pk, sk, gsi1pk, gsi1sk, ver, body FROM items
     WHERE gsi1pk = ?1 AND gsi1sk >= ?2 AND gsi1sk <= ?3 AND (gsi1sk, pk, sk) > (?4, ?5, ?6)
     ORDER BY gsi1sk, pk, sk LIMIT ?7";
@@ -659,6 +660,11 @@ fn read_cursor(cursor: &str) -> Result<String, StoreError> {
 fn read_index_cursor(cursor: &str) -> Result<(String, String, String), StoreError> {
     serde_json::from_str(cursor)
         .map_err(|_| StoreError::Invalid(format!("not a cursor of this store: {cursor:?}")))
+}
+
+/// What a query of the index backwards is told: only a partition reads that way.
+fn backward_index() -> StoreError {
+    StoreError::Invalid("only a partition is read backwards, not the index".into())
 }
 
 fn page(mut items: Vec<Item>, limit: usize, cursor: impl Fn(&Item) -> String) -> Page {
@@ -699,16 +705,21 @@ impl ItemStore for SqliteStore {
             range,
             after,
             limit,
+            backward,
         } = query;
         let limit = limit.max(1);
         match range {
             Range::Partition { pk, sk_prefix } => {
                 let after = after.map(read_cursor).transpose()?;
-                let (sql, from) = match &after {
-                    Some(sk) => (PARTITION_AFTER, sk.as_str()),
-                    None => (PARTITION_FROM, sk_prefix),
+                let end = prefix_end(sk_prefix);
+                // Forwards from the prefix or past the cursor; backwards down from the end of
+                // the prefix's keys or the cursor, down to the prefix.
+                let (sql, from, to) = match (&after, backward) {
+                    (Some(sk), false) => (PARTITION_AFTER, sk.as_str(), end.as_str()),
+                    (None, false) => (PARTITION_FROM, sk_prefix, end.as_str()),
+                    (Some(sk), true) => (PARTITION_BACK, sk_prefix, sk.as_str()),
+                    (None, true) => (PARTITION_BACK, sk_prefix, end.as_str()),
                 };
-                let to = prefix_end(sk_prefix);
                 self.read(|conn| {
                     let mut stmt = conn.prepare_cached(sql).map_err(sql_error)?;
                     let items = stmt
@@ -720,6 +731,7 @@ impl ItemStore for SqliteStore {
                     }))
                 })
             }
+            Range::Index { .. } if backward => Err(backward_index()),
             Range::Index { pk, from, to } => {
                 let (a_gsi, a_pk, a_sk) = after
                     .map(read_index_cursor)
@@ -1071,6 +1083,15 @@ mod tests {
                 .await
                 .unwrap();
             assert_eq!(after.items.len(), limit.min(5 - limit));
+            let newest = dyn_store
+                .query_backward("P", "s", None, limit)
+                .await
+                .unwrap();
+            let older = dyn_store
+                .query_backward("P", "s", newest.next.as_deref(), limit)
+                .await
+                .unwrap();
+            assert_eq!(older.items.len(), limit.min(5 - limit));
             let index = dyn_store
                 .query_index("I", "a", "z", None, limit)
                 .await
@@ -1080,7 +1101,7 @@ mod tests {
         // One lifecycle at a time, every read took the one pooled connection.
         let reprepared = store
             .read(|conn| {
-                [PARTITION_FROM, PARTITION_AFTER, INDEX_PAGE]
+                [PARTITION_FROM, PARTITION_AFTER, PARTITION_BACK, INDEX_PAGE]
                     .iter()
                     .map(|sql| {
                         conn.prepare_cached(sql)
@@ -1090,7 +1111,7 @@ mod tests {
                     .collect::<Result<Vec<_>, _>>()
             })
             .unwrap();
-        assert_eq!(reprepared, [0, 0, 0]);
+        assert_eq!(reprepared, [0, 0, 0, 0]);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,6 +12,7 @@ use super::ids::{
 use super::log_slot::LogSlot;
 use super::money::Amount;
 use super::names::{serde_name, shown_by_serde_name};
+use super::policy::history::HistorySlot;
 use super::policy::{EditRefusal, Escalation, LogOnly, Need, Policy, Requirement, ToolHints};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -237,6 +238,10 @@ pub struct Approval {
     /// The roles it was escalated to so far, in order: their people may decide it too.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub escalated_to: Vec<Role>,
+    /// Where its call is counted in the policy's history windows: the engine's, kept on its
+    /// item ([`HistorySlot`]), never shown.
+    #[serde(default, skip_serializing)]
+    pub counted: Vec<HistorySlot>,
 }
 
 /// A remark on an approval that decides nothing, such as a question to the requester.
@@ -296,6 +301,7 @@ impl Approval {
             comments: Vec::new(),
             escalate: requirement.escalate.clone(),
             escalated_to: Vec::new(),
+            counted: Vec::new(),
         }
     }
 

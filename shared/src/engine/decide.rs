@@ -9,6 +9,7 @@ use tracing::Instrument;
 
 use super::records::{Outgoing, Stored, Tx, decode_approval, keys};
 use super::snapshot::Snapshot;
+use super::tally::Tally;
 use super::{AWAITING_ACTION_VER, Agent, CAS_ATTEMPTS, Deferred, Delivery, Engine, EngineError};
 use super::{RunReport, deadline};
 use crate::domain::action::{Action, ActionStatus, NotExecuted, ProposedCall, ToolOutcome};
@@ -19,8 +20,9 @@ use crate::domain::approval::{
 use crate::domain::args::Args;
 use crate::domain::audit::{AuditEntry, AuditEvent};
 use crate::domain::identity::{Actor, Identity};
-use crate::domain::ids::ApprovalId;
-use crate::domain::policy::{Requirement, Verdict};
+use crate::domain::ids::{ActionId, ApprovalId};
+use crate::domain::policy::history::HistorySlot;
+use crate::domain::policy::{Requirement, Total, Verdict};
 use crate::domain::run::Run;
 use crate::ports::store::{Condition, StoreError};
 
@@ -42,6 +44,16 @@ pub struct DecisionReport {
 }
 
 const MAX_TEXT: usize = 2_000;
+
+/// Rewrites the slots where an edited call is counted with its new version's amounts: it keeps
+/// its place in each window. A window the policy no longer declares is left as it was.
+fn recount(tx: &mut Tx, agent: &Agent, slots: &[HistorySlot], action: &ActionId, args: &Args) {
+    for slot in slots {
+        if let Some(window) = agent.policy.history.get(&slot.window) {
+            tx.recount_call(slot, action, window.amount(args));
+        }
+    }
+}
 
 /// What an edited version says for itself: its editor's note, or what the editor changed. The
 /// agent's words were about the version it proposed, not this one.
@@ -277,13 +289,20 @@ impl Engine {
                                 approval.run_id
                             )))
                     );
+                    // The call's own earlier version is left out of the totals it is decided
+                    // on: the new version takes its place.
+                    let own = Some(&approval.action_id);
+                    let history = or_read_again!(
+                        self.totals(&agent, &run.value, &args, now, &mut Tally::default(), own)
+                            .await
+                    );
                     or_read_again!(self.write_edit(
                         &agent,
                         &run.value,
                         &mut tx,
                         &mut approval,
                         &decision,
-                        args,
+                        (args, &history),
                         now
                     ))
                 }
@@ -462,7 +481,7 @@ impl Engine {
         tx: &mut Tx,
         approval: &mut Approval,
         decision: &Decision,
-        args: Args,
+        (args, history): (Args, &BTreeMap<String, Total>),
         now: DateTime<Utc>,
     ) -> Result<Option<Approval>, EngineError> {
         let editor = &decision.by;
@@ -504,7 +523,7 @@ impl Engine {
             &proposal.tool,
             &proposal.args,
             approval.hints,
-            &BTreeMap::new(),
+            history,
             now,
         );
         proposal.rules = ruling.rules.clone();
@@ -530,6 +549,7 @@ impl Engine {
                     )
                     .expect("a new version can be approved");
                 self.write_superseded(tx, approval, version, None, now, editor);
+                recount(tx, agent, &approval.counted, &action.id, &action.args);
                 let event = AuditEvent::proposed(&action, verdict.clone(), None);
                 tx.audit(
                     &action.tenant,
@@ -539,8 +559,10 @@ impl Engine {
                 None
             }
             Verdict::RequireApproval(requirement) => {
-                let next =
+                let mut next =
                     self.next_approval(agent, approval, decision, proposal, requirement, now)?;
+                next.counted = approval.counted.clone();
+                recount(tx, agent, &next.counted, &next.action_id, &next.args);
                 self.write_superseded(tx, approval, version, Some(next.id.clone()), now, editor);
                 self.open_approval(tx, &next, verdict.clone(), Actor::person(editor));
                 let counted = next.decisions.last().expect("the editor's decision");

@@ -8,6 +8,7 @@ use chrono::{DateTime, Utc};
 use tracing::Instrument;
 
 use super::records::{EscalationDue, Outgoing, OverCap, Stored, Tx, keys, lease_end};
+use super::tally::{self, Tally};
 use super::{
     AWAITING_ACTION_VER, Agent, CAS_ATTEMPTS, Delivery, Engine, EngineError, ResumeReport,
     RunReport, Uncommitted, Unfit, deadline,
@@ -27,6 +28,14 @@ use crate::ports::queue::DriveMessage;
 use crate::ports::scheduler::Wake;
 use crate::ports::store::{Condition, StoreError};
 use crate::ports::tools::ToolCall;
+
+/// A call past the gate every proposed call passes: its tool, its checked arguments, and what
+/// its proposer said of it.
+pub(super) struct Checked {
+    pub tool: String,
+    pub args: crate::domain::args::Args,
+    pub explanation: String,
+}
 
 /// A request to start a run.
 #[derive(Debug, Clone)]
@@ -85,6 +94,22 @@ pub(super) enum Paused {
         run: Box<Stored<Run>>,
         calls: Vec<HeldCall>,
     },
+    /// It does not pause: decided again once another call was counted in a history window,
+    /// none of its calls needs a person any more, and each has its result.
+    Settled {
+        run: Box<Stored<Run>>,
+        calls: Vec<HeldCall>,
+    },
+}
+
+/// What came of a pause's transaction.
+enum Capped {
+    Committed(Outgoing),
+    /// It would take the requester past the cap on open approvals: nothing was written.
+    OverCap(OverCap),
+    /// Another call took a slot its calls were to take in a history window: nothing was
+    /// written.
+    HistoryMoved,
 }
 
 /// One call as proposed: the tool, its arguments as given, what the proposer said of it, and
@@ -315,6 +340,7 @@ impl Engine {
 
             let mut calls = Vec::new();
             let mut approvals = Vec::new();
+            let mut tally = Tally::default();
             for (n, (tool_use_id, tool, input)) in uses.into_iter().enumerate() {
                 let held = |result| HeldCall {
                     tool_use_id: tool_use_id.clone(),
@@ -340,7 +366,7 @@ impl Engine {
                     oversized,
                 };
                 let (call, approval) = self
-                    .propose_one(&agent, &run.value, held(None), proposed)
+                    .propose_one(&agent, &run.value, held(None), proposed, &mut tally)
                     .await?;
                 calls.push(call);
                 approvals.extend(approval);
@@ -353,10 +379,14 @@ impl Engine {
                 run.value.push_results(results.collect());
                 continue;
             }
-            match self.pause(run, calls, approvals).await? {
+            match self.pause(&agent, run, calls, approvals, tally).await? {
                 Paused::Waiting(driven) => return Ok(driven),
                 // Nobody was asked: the model reads why, and goes on.
                 Paused::NotProposed {
+                    run: going_on,
+                    calls,
+                }
+                | Paused::Settled {
                     run: going_on,
                     calls,
                 } => {
@@ -399,6 +429,7 @@ impl Engine {
         run: &Run,
         call: HeldCall,
         proposed: Proposed,
+        tally: &mut Tally,
     ) -> Result<(HeldCall, Option<Approval>), EngineError> {
         let caller_runs = agent.caller_lease(&proposed.tool).is_some();
         let checked = match proposed.oversized {
@@ -428,46 +459,75 @@ impl Engine {
                 return Ok((call, None));
             }
         };
-        let hints = agent.hints(&proposed.tool);
-        let ruling = agent.decide(
-            run,
-            &proposed.tool,
-            &args,
-            hints,
-            &BTreeMap::new(),
-            self.now(),
-        );
-        let log_only = ruling.log_only();
-        let proposal = ProposedCall {
-            agent: agent.name.clone(),
-            id: call.action_id.clone(),
-            version: ActionVersion::FIRST,
-            tenant: run.tenant.clone(),
-            run_id: run.id.clone(),
-            tool_use_id: call.tool_use_id.clone(),
+
+        let checked = Checked {
             tool: proposed.tool,
             args,
             explanation: proposed.explanation,
-            rules: ruling.rules,
-            log_only,
         };
-        let (result, approval) = match ruling.verdict {
-            // Its caller claims and runs it: approved by policy, it waits for the claim.
-            Verdict::Allow if caller_runs => {
-                self.approve_for_caller(agent, proposal).await?;
-                (None, None)
-            }
-            Verdict::Allow => (Some(self.run_allowed(agent, run, proposal).await?), None),
-            Verdict::Deny { reason } => (
-                Some(self.record_denied(agent, proposal, reason).await?),
-                None,
-            ),
-            Verdict::RequireApproval(requirement) => (
-                None,
-                Some(self.approval_for(agent, run, proposal, requirement)?),
-            ),
-        };
-        Ok((HeldCall { result, ..call }, approval))
+        self.rule_on(agent, run, call, checked, tally).await
+    }
+
+    /// Policy's ruling on one checked call, on the totals of its windows as `tally` has them,
+    /// and what comes of it: run, refused, or held for a person (then counted in `tally` for
+    /// the calls after it). A call that runs takes its slots in the windows as it is written;
+    /// when another call took one first, it is decided again on the totals read anew.
+    async fn rule_on(
+        &self,
+        agent: &Agent,
+        run: &Run,
+        held: HeldCall,
+        call: Checked,
+        tally: &mut Tally,
+    ) -> Result<(HeldCall, Option<Approval>), EngineError> {
+        let caller_runs = agent.caller_lease(&call.tool).is_some();
+        let hints = agent.hints(&call.tool);
+        for _ in 0..CAS_ATTEMPTS {
+            let now = self.now();
+            let history = self
+                .totals(agent, run, &call.args, now, tally, None)
+                .await?;
+            let ruling = agent.decide(run, &call.tool, &call.args, hints, &history, now);
+            let log_only = ruling.log_only();
+            let proposal = ProposedCall {
+                agent: agent.name.clone(),
+                id: held.action_id.clone(),
+                version: ActionVersion::FIRST,
+                tenant: run.tenant.clone(),
+                run_id: run.id.clone(),
+                tool_use_id: held.tool_use_id.clone(),
+                tool: call.tool.clone(),
+                args: call.args.clone(),
+                explanation: call.explanation.clone(),
+                rules: ruling.rules,
+                log_only,
+            };
+            let (result, approval) = match ruling.verdict {
+                // Its caller claims and runs it: approved by policy, it waits for the claim.
+                Verdict::Allow if caller_runs => {
+                    match self.approve_for_caller(agent, run, proposal, tally).await? {
+                        Some(()) => (None, None),
+                        None => continue,
+                    }
+                }
+                Verdict::Allow => match self.run_allowed(agent, run, proposal, tally).await? {
+                    Some(told) => (Some(told), None),
+                    None => continue,
+                },
+                Verdict::Deny { reason } => (
+                    Some(self.record_denied(agent, proposal, reason).await?),
+                    None,
+                ),
+                Verdict::RequireApproval(requirement) => {
+                    let approval = self.approval_for(agent, run, proposal, requirement)?;
+                    let called = (approval.tool.as_str(), &approval.args);
+                    tally.hold(agent, run, called, &approval.action_id, approval.created_at);
+                    (None, Some(approval))
+                }
+            };
+            return Ok((HeldCall { result, ..held }, approval));
+        }
+        Err(EngineError::Contended)
     }
 
     fn approval_for(
@@ -549,9 +609,11 @@ impl Engine {
     /// refused, and with no approval left to wait on, the run does not pause.
     pub(super) async fn pause(
         &self,
+        agent: &Agent,
         run: Stored<Run>,
-        calls: Vec<HeldCall>,
-        approvals: Vec<Approval>,
+        mut calls: Vec<HeldCall>,
+        mut approvals: Vec<Approval>,
+        mut tally: Tally,
     ) -> Result<Paused, EngineError> {
         let limit = self.max_open_approvals;
         // How many of the approvals open; the rest are not proposed.
@@ -560,7 +622,7 @@ impl Engine {
             let (opened, refused) = approvals.split_at(room);
             let now = self.now();
             let mut tx = Tx::new();
-            let calls = self.not_proposed(&mut tx, &run.value, calls.clone(), refused, now);
+            let held = self.not_proposed(&mut tx, &run.value, calls.clone(), refused, now);
             if opened.is_empty() && !refused.is_empty() {
                 self.commit(tx).await?;
                 tracing::info!(
@@ -569,15 +631,33 @@ impl Engine {
                 );
                 return Ok(Paused::NotProposed {
                     run: Box::new(run),
-                    calls,
+                    calls: held,
                 });
             }
             let mut paused = run.clone();
             paused
                 .value
-                .pause(PausedTurn { calls }, now)
+                .pause(PausedTurn { calls: held }, now)
                 .map_err(|e| EngineError::Unavailable(e.to_string()))?;
+            // Each approval's call takes its slots in the windows, after the turn's calls that
+            // ran and the approvals before it.
+            let mut taken = BTreeMap::new();
+            let mut claims = Vec::new();
+            let mut opening = Vec::with_capacity(opened.len());
             for approval in opened {
+                let mut approval = approval.clone();
+                let called = (approval.tool.as_str(), &approval.args);
+                let these = tally.claims(
+                    agent,
+                    &run.value,
+                    called,
+                    &approval.action_id,
+                    approval.created_at,
+                    &mut taken,
+                );
+                tally::count_in(&mut tx, &these);
+                approval.counted = these.iter().map(|claim| claim.slot.clone()).collect();
+                claims.extend(these);
                 let verdict = Verdict::RequireApproval(Requirement {
                     reason: approval.reason.clone(),
                     approver_role: approval.approver_role.clone(),
@@ -588,9 +668,10 @@ impl Engine {
                     escalate: approval.escalate.clone(),
                     also: Vec::new(),
                 });
-                self.open_approval(&mut tx, approval, verdict, Actor::Agent);
+                self.open_approval(&mut tx, &approval, verdict, Actor::Agent);
+                opening.push(approval);
             }
-            let ids = opened.iter().map(|a| a.id.clone()).collect();
+            let ids = opening.iter().map(|a| a.id.clone()).collect();
             tx.audit(
                 &paused.value.tenant,
                 AuditEntry::new(
@@ -602,21 +683,68 @@ impl Engine {
             );
             tx.run(self.index_shards, &mut paused);
             let outbox = match self.commit_run_capped(tx, &paused.value, limit).await? {
-                Ok(outbox) => outbox,
+                Capped::Committed(outbox) => outbox,
                 // Counted by others since: only what is left of the cap opens.
-                Err(over) => {
+                Capped::OverCap(over) => {
                     room = limit.saturating_sub(over.open) as usize;
                     continue;
                 }
+                // Another call was counted in a window since these were decided: each is
+                // decided again, in order, on the totals as they are now.
+                Capped::HistoryMoved => {
+                    tally.forget();
+                    (calls, approvals) = self
+                        .decide_again(agent, &run.value, calls, approvals, &mut tally)
+                        .await?;
+                    let settled = calls.iter().all(|call| call.result.is_some());
+                    if approvals.is_empty() && settled {
+                        return Ok(Paused::Settled {
+                            run: Box::new(run),
+                            calls,
+                        });
+                    }
+                    room = approvals.len();
+                    continue;
+                }
             };
-            tracing::info!(approvals = opened.len(), "paused for a person");
-            for approval in opened {
+            tally.written(&claims);
+            tracing::info!(approvals = opening.len(), "paused for a person");
+            for approval in &opening {
                 self.schedule_wakeups(approval).await;
             }
-            let report = RunReport::of(&paused.value, opened.to_vec());
+            let report = RunReport::of(&paused.value, opening);
             return Ok(Paused::Waiting((report, outbox)));
         }
         Err(EngineError::Contended)
+    }
+
+    /// The calls that waited for `approvals`, decided again in order: each may now run, be
+    /// refused, or wait for a new approval.
+    async fn decide_again(
+        &self,
+        agent: &Agent,
+        run: &Run,
+        mut calls: Vec<HeldCall>,
+        approvals: Vec<Approval>,
+        tally: &mut Tally,
+    ) -> Result<(Vec<HeldCall>, Vec<Approval>), EngineError> {
+        let mut waiting = Vec::new();
+        for approval in approvals {
+            let Some(at) = calls.iter().position(|c| c.action_id == approval.action_id) else {
+                continue;
+            };
+            let checked = Checked {
+                tool: approval.tool,
+                args: approval.args,
+                explanation: approval.explanation,
+            };
+            let (held, approval) = self
+                .rule_on(agent, run, calls[at].clone(), checked, tally)
+                .await?;
+            calls[at] = held;
+            waiting.extend(approval);
+        }
+        Ok((calls, waiting))
     }
 
     /// Answers each of the calls `refused` asks about "not proposed": its requester already
@@ -707,16 +835,12 @@ impl Engine {
     }
 
     /// [`Engine::commit_run`], where the requester's count of open approvals may not pass
-    /// `cap`: `Ok(Err(_))` when it would (nothing was written).
-    async fn commit_run_capped(
-        &self,
-        tx: Tx,
-        run: &Run,
-        cap: u32,
-    ) -> Result<Result<Outgoing, OverCap>, EngineError> {
+    /// `cap`, and whose calls take their slots in the history windows: what came of it.
+    async fn commit_run_capped(&self, tx: Tx, run: &Run, cap: u32) -> Result<Capped, EngineError> {
         match self.commit_capped(tx, Some(cap)).await {
-            Ok(outbox) => Ok(Ok(outbox)),
-            Err(Uncommitted::OverCap(over)) => Ok(Err(over)),
+            Ok(outbox) => Ok(Capped::Committed(outbox)),
+            Err(Uncommitted::OverCap(over)) => Ok(Capped::OverCap(over)),
+            Err(Uncommitted::HistoryMoved { .. }) => Ok(Capped::HistoryMoved),
             Err(Uncommitted::Refused(refused)) => match refused.error {
                 StoreError::ConditionFailed { .. } => Err(self.moved_on(run).await),
                 error => Err(error.into()),
@@ -740,12 +864,15 @@ impl Engine {
 
     /// A call policy allows: written as executing, run, recorded. Two writes; an answer the
     /// tool lost is recorded as [`Engine::lost_answer`] says, its recovery opened in the second.
+    /// `None` when another call took one of its history slots first: nothing was written or run,
+    /// and `tally` is to be read again.
     async fn run_allowed(
         &self,
         agent: &Agent,
         run: &Run,
         proposal: ProposedCall,
-    ) -> Result<ToolResultText, EngineError> {
+        tally: &mut Tally,
+    ) -> Result<Option<ToolResultText>, EngineError> {
         let now = self.now();
         let mut action = Action::propose(proposal, now);
         let policy = Actor::Policy {
@@ -767,7 +894,9 @@ impl Engine {
             .and_then(|_| action.claim(now, policy, logged))
             .expect("a new action is approved then claimed");
         tx.create_action(self.index_shards, &action);
-        self.commit(tx).await?;
+        if !self.commit_counted(agent, run, &action, tx, tally).await? {
+            return Ok(None);
+        }
 
         let executing = action;
         let called = self.call_tool(agent, &executing).await;
@@ -805,7 +934,7 @@ impl Engine {
                     // A recovery's notices, the only thing this write posts.
                     self.post_notices(super::just_written(outbox.notices).collect())
                         .await;
-                    Ok(action.result.expect("recorded"))
+                    Ok(Some(action.result.expect("recorded")))
                 }
                 // The call outlived the stale-execution limit and the sweep recorded its
                 // outcome through the tool's reconciliation: that record stands, and is what
@@ -816,6 +945,7 @@ impl Engine {
                         .await?;
                     recorded
                         .and_then(|stored| stored.value.result)
+                        .map(Some)
                         .ok_or_else(|| {
                             EngineError::Corrupt(format!(
                                 "{} was recorded without a result",
@@ -838,11 +968,14 @@ impl Engine {
 
     /// A call policy allows whose caller runs it: written approved by policy, for the caller to
     /// claim. No resume message: nothing here runs it.
+    /// `None` when another call took one of its history slots first, as [`Engine::run_allowed`].
     async fn approve_for_caller(
         &self,
         agent: &Agent,
+        run: &Run,
         proposal: ProposedCall,
-    ) -> Result<(), EngineError> {
+        tally: &mut Tally,
+    ) -> Result<Option<()>, EngineError> {
         let now = self.now();
         let mut action = Action::propose(proposal, now);
         let policy = Actor::Policy {
@@ -858,8 +991,44 @@ impl Engine {
             AuditEntry::new(&action.run_id, Actor::Agent, proposed, now),
         );
         tx.create_action(self.index_shards, &action);
-        self.commit(tx).await?;
-        Ok(())
+        let committed = self.commit_counted(agent, run, &action, tx, tally).await?;
+        Ok(committed.then_some(()))
+    }
+
+    /// Commits `tx`, which writes a new call that runs, with the slots it takes in its
+    /// windows: false when another call took one first (nothing was written, and `tally`
+    /// forgets what it read).
+    async fn commit_counted(
+        &self,
+        agent: &Agent,
+        run: &Run,
+        action: &Action,
+        mut tx: Tx,
+        tally: &mut Tally,
+    ) -> Result<bool, EngineError> {
+        let called = (action.tool.as_str(), &action.args);
+        let claims = tally.claims(
+            agent,
+            run,
+            called,
+            &action.id,
+            action.proposed_at,
+            &mut BTreeMap::new(),
+        );
+        tally::count_in(&mut tx, &claims);
+        match self.commit_capped(tx, None).await {
+            Ok(_) => {
+                tally.written(&claims);
+                Ok(true)
+            }
+            Err(Uncommitted::HistoryMoved { .. }) => {
+                tracing::debug!(action = %action.key(), "counted by another call first; decided again");
+                tally.forget();
+                Ok(false)
+            }
+            Err(Uncommitted::Refused(refused)) => Err(refused.error.into()),
+            Err(Uncommitted::OverCap(_)) => unreachable!("no cap, so nothing goes past it"),
+        }
     }
 
     /// A call answered before policy ruled on it ([`Agent::check_call`]): audited, never shown

@@ -21,7 +21,8 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::drive::{Paused, Proposed};
-use super::records::{Stored, Tx, keys, load};
+use super::records::{Outgoing, Stored, Tx, keys, load};
+use super::tally::Tally;
 use super::{Engine, EngineError, History};
 use crate::domain::action::{Action, ActionStatus, CallerClaim};
 use crate::domain::approval::{Approval, ApprovalKind, ApprovalStatus};
@@ -318,28 +319,48 @@ impl Engine {
             explanation: String::new(),
             oversized,
         };
-        let (held, approval) = self.propose_one(&agent, &run.value, held, proposed).await?;
+        let mut tally = Tally::default();
+        let (held, approval) = self
+            .propose_one(&agent, &run.value, held, proposed, &mut tally)
+            .await?;
         let outbox = match approval {
-            None if held.result.is_some() => {
-                let result = held.result.clone().expect("settled without a person");
-                run.value
-                    .push_results(vec![result.clone().into_block(&held.tool_use_id)]);
-                self.finish_run(run, result.content).await?.1
-            }
+            None if held.result.is_some() => self.settle_call(run, held).await?,
             // Waits on a person; or, approved by policy for its caller to run, on the outcome
             // report.
             approval => match self
-                .pause(run, vec![held], approval.into_iter().collect())
+                .pause(
+                    &agent,
+                    run,
+                    vec![held],
+                    approval.into_iter().collect(),
+                    tally,
+                )
                 .await?
             {
                 Paused::Waiting((_, outbox)) => outbox,
                 Paused::NotProposed { run, calls } => {
                     return Err(self.not_proposed_call(*run, calls, (pk, sk)).await);
                 }
+                Paused::Settled { run, mut calls } => {
+                    let held = calls.pop().expect("the call");
+                    self.settle_call(*run, held).await?
+                }
             },
         };
         self.deliver(outbox).await;
         self.call_state(&call.tenant, &keyed.run_id).await
+    }
+
+    /// Ends the run of a call settled without a person (it ran, or was refused) with its result.
+    async fn settle_call(
+        &self,
+        mut run: Stored<Run>,
+        held: HeldCall,
+    ) -> Result<Outgoing, EngineError> {
+        let result = held.result.expect("settled without a person");
+        run.value
+            .push_results(vec![result.clone().into_block(&held.tool_use_id)]);
+        Ok(self.finish_run(run, result.content).await?.1)
     }
 
     /// Ends the run of a call that was not proposed (its requester has as many approvals open

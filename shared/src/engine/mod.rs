@@ -16,6 +16,7 @@ mod replay;
 mod resume;
 mod snapshot;
 mod sweep;
+mod tally;
 mod waiters;
 
 use std::collections::VecDeque;
@@ -282,6 +283,7 @@ impl Engine {
             .map_err(|refused| match refused {
                 Uncommitted::Refused(refused) => refused.error,
                 Uncommitted::OverCap(_) => unreachable!("no cap, so nothing goes past it"),
+                Uncommitted::HistoryMoved { failed } => StoreError::ConditionFailed { failed },
             })
     }
 
@@ -307,14 +309,29 @@ impl Engine {
         openings: &[Opening],
         cap: Option<u32>,
     ) -> Result<(), Uncommitted> {
+        // The history slots this transaction takes for new calls, by index. A refusal whose
+        // failed writes are only those (and counts) means another call was counted there since
+        // this one's read.
+        let claims: Vec<usize> = (0..writes.len())
+            .filter(|&i| records::claimed_partition(&writes[i]).is_some())
+            .collect();
+        let own = writes.len();
+        let history_moved = |refused: Refused| match refused.error {
+            StoreError::ConditionFailed { failed }
+                if failed.iter().any(|i| claims.contains(i))
+                    && failed.iter().all(|i| claims.contains(i) || *i >= own) =>
+            {
+                Uncommitted::HistoryMoved { failed }
+            }
+            _ => Uncommitted::Refused(refused),
+        };
         if openings.is_empty() {
             return self
                 .store
                 .transact_or_found(writes)
                 .await
-                .map_err(Uncommitted::Refused);
+                .map_err(history_moved);
         }
-        let own = writes.len();
         for _ in 0..CAS_ATTEMPTS {
             let counts = match count_writes(self.store.as_ref(), openings, cap).await {
                 Ok(counts) => counts,
@@ -332,7 +349,7 @@ impl Engine {
                 Err(refused)
                     if matches!(&refused.error, StoreError::ConditionFailed { failed }
                         if failed.iter().all(|&i| i >= own)) => {}
-                sent => return sent.map_err(Uncommitted::Refused),
+                sent => return sent.map_err(history_moved),
             }
         }
         Err(Uncommitted::Refused(Refused {
@@ -364,6 +381,9 @@ impl Engine {
                 Err((refused.error, found))
             }
             Err(Uncommitted::OverCap(_)) => unreachable!("no cap, so nothing goes past it"),
+            Err(Uncommitted::HistoryMoved { failed }) => {
+                Err((StoreError::ConditionFailed { failed }, None))
+            }
         }
     }
 
@@ -586,4 +606,7 @@ enum Uncommitted {
     Refused(Refused),
     /// A requester's count of open approvals would pass the cap: nothing was sent.
     OverCap(OverCap),
+    /// Another call was counted in a history window since this transaction's calls were
+    /// decided (their slots were taken): nothing was written, and they are decided again.
+    HistoryMoved { failed: Vec<usize> },
 }

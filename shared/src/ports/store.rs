@@ -132,12 +132,17 @@ pub enum Range<'a> {
     },
 }
 
-/// One page of a query: the range, where the previous page ended, and how many items at most.
+/// One page of a query: the range, where the previous page ended, how many items at most,
+/// and which way it reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Query<'a> {
     pub range: Range<'a>,
     pub after: Option<&'a str>,
     pub limit: usize,
+    /// Sort key order backwards, the last key first (DynamoDB's `ScanIndexForward=false`): the
+    /// newest items of a partition whose keys grow with time, without reading the older ones.
+    /// A partition's only; an index read backwards is refused as invalid.
+    pub backward: bool,
 }
 
 #[async_trait]
@@ -211,11 +216,36 @@ impl dyn ItemStore + '_ {
         after: Option<&str>,
         limit: usize,
     ) -> Result<Page, StoreError> {
+        self.partition_page(pk, sk_prefix, after, limit, false)
+            .await
+    }
+
+    /// [`query`](Self::query) backwards: a page of the partition's items whose sort key starts
+    /// with `sk_prefix`, the last key first; `after` resumes before the previous page's last.
+    pub async fn query_backward(
+        &self,
+        pk: &str,
+        sk_prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Page, StoreError> {
+        self.partition_page(pk, sk_prefix, after, limit, true).await
+    }
+
+    async fn partition_page(
+        &self,
+        pk: &str,
+        sk_prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+        backward: bool,
+    ) -> Result<Page, StoreError> {
         let range = Range::Partition { pk, sk_prefix };
         self.page(Query {
             range,
             after,
             limit,
+            backward,
         })
         .await
     }
@@ -234,6 +264,7 @@ impl dyn ItemStore + '_ {
             range,
             after,
             limit,
+            backward: false,
         })
         .await
     }

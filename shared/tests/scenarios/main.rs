@@ -29,6 +29,7 @@ mod edits;
 mod environment;
 mod expiry;
 mod gate;
+mod history;
 mod limits;
 mod open_approvals;
 mod pages;

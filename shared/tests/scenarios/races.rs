@@ -14,6 +14,8 @@ pub async fn given_a_stale_execution_when_two_sweeps_record_its_unknown_outcome_
     super::crashes::given_a_stale_execution_when_two_sweeps_record_its_unknown_outcome_at_once_then_neither_fails_and_it_is_recorded_once(&h).await;
 }
 
+pub use super::history::given_limits_of_usd_500_and_six_calls_when_sixteen_processes_propose_usd_100_at_once_then_five_run_one_waits_and_ten_are_denied;
+
 /// One round of a race: a fresh store, and two processes over it whose `reimburse` calls are
 /// counted together.
 struct Round {
@@ -287,6 +289,8 @@ macro_rules! every_race {
             given_an_overdue_approval_when_the_sweep_and_a_late_approval_race_then_it_expires_once_and_nothing_is_paid => $rounds,
             given_a_paused_run_when_its_requester_cancels_as_an_approver_approves_then_a_refused_approval_never_pays => $rounds,
             given_a_cap_of_three_when_two_processes_propose_eight_calls_for_one_requester_at_once_then_exactly_three_approvals_open => $rounds,
+            // Sixteen processes each round: a few rounds race them enough.
+            given_limits_of_usd_500_and_six_calls_when_sixteen_processes_propose_usd_100_at_once_then_five_run_one_waits_and_ten_are_denied => 3,
         ]);
     };
 }

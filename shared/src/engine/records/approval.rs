@@ -13,6 +13,7 @@ use crate::domain::ids::{
     ActionId, ActionVersion, AgentName, ApprovalId, DecisionId, PersonId, Role, RunId, TenantId,
 };
 use crate::domain::log_slot::LogSlot;
+use crate::domain::policy::history::HistorySlot;
 use crate::domain::policy::{Escalation, LogOnly, Need, ToolHints};
 use crate::ports::store::Item;
 
@@ -85,6 +86,8 @@ struct StoredApproval<'a> {
     escalate: &'a [Escalation],
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     escalated_to: &'a [Role],
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    counted: &'a [HistorySlot],
 }
 
 /// A decision as its approval's item holds it: its version and hash only where they are not
@@ -143,6 +146,7 @@ impl<'a> StoredApproval<'a> {
             comments,
             escalate,
             escalated_to,
+            counted,
         } = approval;
         let last_at = decisions.last().map(|d| &d.at);
         let decisions = decisions
@@ -204,6 +208,7 @@ impl<'a> StoredApproval<'a> {
             comments,
             escalate,
             escalated_to,
+            counted,
         }
     }
 }
@@ -261,6 +266,8 @@ struct LoadedApproval {
     escalate: Vec<Escalation>,
     #[serde(default)]
     escalated_to: Vec<Role>,
+    #[serde(default)]
+    counted: Vec<HistorySlot>,
 }
 
 /// A decision as its approval's item holds it ([`StoredDecision`]).
@@ -355,6 +362,7 @@ pub(super) fn read_approval(item: &Item) -> Result<Approval, String> {
         comments: loaded.comments,
         escalate: loaded.escalate,
         escalated_to: loaded.escalated_to,
+        counted: loaded.counted,
     })
 }
 

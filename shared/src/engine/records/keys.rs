@@ -1,6 +1,8 @@
 use chrono::{DateTime, SecondsFormat, Utc};
 
-use crate::domain::ids::{ActionId, ActionVersion, ApprovalId, PersonId, RunId, TenantId};
+use crate::domain::ids::{
+    ActionId, ActionVersion, AgentName, ApprovalId, PersonId, RunId, TenantId,
+};
 use crate::ports::store::IndexKey;
 
 /// How many partitions each index written by every tenant is split over
@@ -97,6 +99,23 @@ pub fn requester_pk(tenant: &TenantId, person: &PersonId) -> String {
 /// The slot of an open approval, by its action: every version of the call holds the same.
 pub fn open_slot_sk(action: &ActionId) -> String {
     format!("{OPEN_SLOT_PREFIX}{action}")
+}
+
+/// The calls one history window counts for one subject, one slot each ([`history_slot_sk`]).
+/// `subject` is what [`Window::subject`] names: `requester#…`, `agent#…` or `arg#…`.
+///
+/// [`Window::subject`]: crate::domain::policy::history::Window::subject
+pub fn history_pk(tenant: &TenantId, agent: &AgentName, window: &str, subject: &str) -> String {
+    format!("TENANT#{tenant}#HISTORY#{agent}#{window}#{subject}")
+}
+
+/// A history window's calls, in the order they were counted ([`history_slot_sk`]).
+pub const HISTORY_SLOT_PREFIX: &str = "SLOT#";
+
+/// The `seq`th call a window counted for its subject: fixed width, so the order of the keys is
+/// the order of the calls.
+pub fn history_slot_sk(seq: u64) -> String {
+    format!("{HISTORY_SLOT_PREFIX}{seq:020}")
 }
 
 /// A call from outside, by its key: a partition of its own, so no tenant's calls share one.

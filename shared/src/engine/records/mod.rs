@@ -7,6 +7,7 @@
 //! - `approval`: an approval's stored form and its escalation marker;
 //! - `outbox`: what waits for delivery after a commit;
 //! - `open`: each requester's open approvals, and their count;
+//! - `windows`: the calls history windows count, a slot each;
 //! - `log`: audit items, the run's item and the log read back from them;
 //! - `tx`: the transaction builder.
 
@@ -22,6 +23,7 @@ mod log;
 mod open;
 mod outbox;
 mod tx;
+mod windows;
 
 /// Keys carry the tenant first, so an IAM `dynamodb:LeadingKeys` condition can isolate tenants.
 pub mod keys;
@@ -35,6 +37,7 @@ pub use log::{RunRead, held_by_action, held_by_approval, run_alone_from_items, r
 pub use open::{CountRefused, OpenApprovals, Opening, OverCap, count_writes, open_slots};
 pub use outbox::{NotifyMessage, OutboxEntry, OutboxMessage, Outgoing, outbox_key, resume_message};
 pub use tx::Tx;
+pub use windows::{Counted, CountedCall, claimed_partition, read_counted};
 
 /// A record and the item version it was read at, for compare-and-set.
 #[derive(Debug, Clone)]

@@ -13,13 +13,15 @@ use super::log::{
 };
 use super::open::{self, Opening, SlotChange};
 use super::outbox::{OutboxEntry, OutboxMessage, Outgoing};
+use super::windows;
 use super::{Stored, keys};
 use crate::domain::action::Action;
 use crate::domain::approval::{Approval, ApprovalStatus};
 use crate::domain::audit::AuditEntry;
 use crate::domain::budget;
-use crate::domain::ids::{OutboxId, RunId, TenantId};
+use crate::domain::ids::{ActionId, OutboxId, RunId, TenantId};
 use crate::domain::log_slot::LogSlot;
+use crate::domain::policy::history::HistorySlot;
 use crate::domain::run::Run;
 use crate::ports::store::{Condition, IndexKey, Item, Write};
 
@@ -129,10 +131,33 @@ impl Tx {
     /// An approval that stopped waiting (decided, superseded, expired, cancelled, answered),
     /// holding on `read` as [`Tx::update_approval_if`] does: its requester has one approval
     /// fewer open, unless the new version of an edit in this transaction waits in its place.
+    /// A call that will not run (rejected, expired, cancelled) stops counting in the history
+    /// windows: its slots are voided, with no read.
     pub fn settle_approval(&mut self, approval: &Approval, read: Condition) {
         debug_assert_ne!(approval.status, ApprovalStatus::AwaitingApproval);
         open::count(&mut self.open, approval, -1);
+        let voided = matches!(
+            approval.status,
+            ApprovalStatus::Rejected | ApprovalStatus::Expired | ApprovalStatus::Cancelled
+        );
+        if voided {
+            let voids = approval
+                .counted
+                .iter()
+                .map(|slot| windows::void(slot, &approval.action_id));
+            self.writes.extend(voids);
+        }
         self.put_approval(approval, read);
+    }
+
+    /// Counts a new call in a history window: its slot, which must not be taken yet.
+    pub fn count_call(&mut self, slot: &HistorySlot, action: &ActionId, amount: i64) {
+        self.writes.push(windows::claim(slot, action, amount));
+    }
+
+    /// Counts an edited call's new amount in the slot its first version took.
+    pub fn recount_call(&mut self, slot: &HistorySlot, action: &ActionId, amount: i64) {
+        self.writes.push(windows::recount(slot, action, amount));
     }
 
     /// The requesters whose approvals this transaction opens: the engine checks and writes
