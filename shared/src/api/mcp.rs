@@ -867,6 +867,7 @@ mod tests {
             agent: AgentName::parse("refunds").unwrap(),
             hints: ToolHints::default(),
             requested_by: vec![PersonId::parse("sam").unwrap()],
+            standing: None,
             policy_version: 1,
             opened_at: now(),
             expires_at: now() + chrono::Duration::minutes(30),

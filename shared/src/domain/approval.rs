@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use super::action::{Action, ActionStatus, ProposedCall};
 use super::args::{Args, ArgsHash};
-use super::identity::{Actor, Identity};
+use super::identity::{Actor, Identity, Standing};
 use super::ids::{
     ActionId, ActionVersion, AgentName, ApprovalId, DecisionId, PersonId, Role, RunId, TenantId,
 };
@@ -14,6 +14,7 @@ use super::money::Amount;
 use super::names::{serde_name, shown_by_serde_name};
 use super::policy::history::HistorySlot;
 use super::policy::{EditRefusal, Escalation, LogOnly, Need, Policy, Requirement, ToolHints};
+use super::run::Asker;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -242,6 +243,11 @@ pub struct Approval {
     /// item ([`HistorySlot`]), never shown.
     #[serde(default, skip_serializing)]
     pub counted: Vec<HistorySlot>,
+    /// What authentication said of the run's requester, kept so that an edit's new version is
+    /// decided for them without reading the run; `None` on approvals opened before it was kept.
+    /// The engine's, never shown: reviewers see the requester, not their claims.
+    #[serde(default, skip_serializing)]
+    pub standing: Option<Standing>,
 }
 
 /// A remark on an approval that decides nothing, such as a question to the requester.
@@ -259,12 +265,23 @@ pub struct Asking {
     pub hints: ToolHints,
     /// People who may never decide it: the run's requester and the call's claimants.
     pub requested_by: Vec<PersonId>,
+    /// The run's requester's standing, which decided the call, where it is known.
+    pub standing: Option<Standing>,
     pub policy_version: u32,
     pub opened_at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
 }
 
 impl Approval {
+    /// Whom its call is decided for, where the approval keeps their standing.
+    pub fn asker(&self) -> Option<Asker<'_>> {
+        Some(Asker {
+            tenant: &self.tenant,
+            person: self.requested_by.first()?,
+            standing: self.standing.as_ref()?,
+        })
+    }
+
     /// A new approval of one proposed call version, waiting for people on policy's terms.
     pub fn open(call: ProposedCall, requirement: &Requirement, asking: Asking) -> Self {
         let args_hash = call.hash();
@@ -302,6 +319,7 @@ impl Approval {
             escalate: requirement.escalate.clone(),
             escalated_to: Vec::new(),
             counted: Vec::new(),
+            standing: asking.standing,
         }
     }
 
@@ -715,6 +733,7 @@ mod tests {
             agent: AgentName::parse("expense").unwrap(),
             hints: ToolHints::default(),
             requested_by: vec![PersonId::parse("ben").unwrap()],
+            standing: None,
             policy_version: 1,
             opened_at: now,
             expires_at: now + Duration::hours(24),

@@ -173,7 +173,25 @@ pub struct Run {
     pub written_messages: usize,
 }
 
+/// Whom a call is decided for: the run's tenant and requester, and what authentication said of
+/// them when the run began.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Asker<'a> {
+    pub tenant: &'a TenantId,
+    pub person: &'a PersonId,
+    pub standing: &'a Standing,
+}
+
 impl Run {
+    /// Whom its calls are decided for.
+    pub fn asker(&self) -> Asker<'_> {
+        Asker {
+            tenant: &self.tenant,
+            person: &self.requested_by,
+            standing: &self.standing,
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub fn start(
         id: RunId,

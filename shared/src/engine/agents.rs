@@ -16,7 +16,7 @@ use crate::domain::identity::Directory;
 use crate::domain::ids::{AgentName, PersonId, Role, TenantId};
 use crate::domain::policy::cases::{Cases, Failure};
 use crate::domain::policy::{CallFacts, Policy, Requester, Ruling, ToolHints, Total};
-use crate::domain::run::Run;
+use crate::domain::run::{Asker, Run};
 use crate::domain::schema::Schema;
 use crate::ports::model::Model;
 use crate::ports::tools::Toolbox;
@@ -224,19 +224,18 @@ impl Agent {
         })
     }
 
-    /// What policy says about one proposed call of `run`, asked by its requester as the run's
-    /// standing says, with the tool's `hints` and the totals of the policy's history windows,
-    /// at `at`.
+    /// What policy says about one proposed call asked by `asker` as their standing says, with
+    /// the tool's `hints` and the totals of the policy's history windows, at `at`.
     pub fn decide(
         &self,
-        run: &Run,
+        asker: Asker<'_>,
         tool: &str,
         args: &Args,
         hints: ToolHints,
         history: &BTreeMap<String, Total>,
         at: DateTime<Utc>,
     ) -> Ruling {
-        self.decide_under(&self.policy, run, tool, args, hints, history, at)
+        self.decide_under(&self.policy, asker, tool, args, hints, history, at)
     }
 
     /// [`Agent::decide`] under another policy than its own: a candidate, replayed.
@@ -244,7 +243,7 @@ impl Agent {
     pub fn decide_under(
         &self,
         policy: &Policy,
-        run: &Run,
+        asker: Asker<'_>,
         tool: &str,
         args: &Args,
         hints: ToolHints,
@@ -252,10 +251,10 @@ impl Agent {
         at: DateTime<Utc>,
     ) -> Ruling {
         let requester = Requester {
-            name: run.requested_by.as_str(),
-            tenant: run.tenant.as_str(),
-            roles: run.standing.roles.iter().map(Role::as_str).collect(),
-            claims: run
+            name: asker.person.as_str(),
+            tenant: asker.tenant.as_str(),
+            roles: asker.standing.roles.iter().map(Role::as_str).collect(),
+            claims: asker
                 .standing
                 .claims
                 .iter()
@@ -293,6 +292,7 @@ impl Agent {
             agent: self.name.clone(),
             hints: self.hints(tool),
             requested_by,
+            standing: Some(run.standing.clone()),
             policy_version: self.policy.version,
             opened_at,
             expires_at,

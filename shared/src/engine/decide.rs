@@ -23,7 +23,7 @@ use crate::domain::identity::{Actor, Identity};
 use crate::domain::ids::{ActionId, ApprovalId};
 use crate::domain::policy::history::HistorySlot;
 use crate::domain::policy::{Requirement, Total, Verdict};
-use crate::domain::run::Run;
+use crate::domain::run::Asker;
 use crate::ports::store::{Condition, StoreError};
 
 /// The outcome of a decision, including one replayed for a repeated `decision_id`.
@@ -280,25 +280,38 @@ impl Engine {
                 DecisionEffect::Edited { .. } => {
                     let args = edited_args.expect("an edit brings the new arguments");
                     // Policy rules on the new version as it did on the first: for the run's
-                    // requester, as the run holds them.
-                    let run = or_read_again!(
-                        self.load_run(&approval.tenant, &approval.run_id)
-                            .await?
-                            .ok_or_else(|| EngineError::not_found(format!(
-                                "run {}",
-                                approval.run_id
-                            )))
-                    );
+                    // requester, as the approval keeps them (one opened before it kept them
+                    // reads its run).
+                    let (person, standing) = match approval.asker() {
+                        Some(asker) => (asker.person.clone(), asker.standing.clone()),
+                        None => {
+                            let run = or_read_again!(
+                                self.load_run(&approval.tenant, &approval.run_id)
+                                    .await?
+                                    .ok_or_else(|| EngineError::not_found(format!(
+                                        "run {}",
+                                        approval.run_id
+                                    )))
+                            );
+                            (run.value.requested_by, run.value.standing)
+                        }
+                    };
+                    let tenant = approval.tenant.clone();
+                    let asker = Asker {
+                        tenant: &tenant,
+                        person: &person,
+                        standing: &standing,
+                    };
                     // The call's own earlier version is left out of the totals it is decided
                     // on: the new version takes its place.
                     let own = Some(&approval.action_id);
                     let history = or_read_again!(
-                        self.totals(&agent, &run.value, &args, now, &mut Tally::default(), own)
+                        self.totals(&agent, asker, &args, now, &mut Tally::default(), own)
                             .await
                     );
                     or_read_again!(self.write_edit(
                         &agent,
-                        &run.value,
+                        asker,
                         &mut tx,
                         &mut approval,
                         &decision,
@@ -477,7 +490,7 @@ impl Engine {
     fn write_edit(
         &self,
         agent: &Agent,
-        run: &Run,
+        asker: Asker<'_>,
         tx: &mut Tx,
         approval: &mut Approval,
         decision: &Decision,
@@ -519,7 +532,7 @@ impl Engine {
         }
         // The same tool, so the hints policy matched on the first version rule on this one.
         let ruling = agent.decide(
-            run,
+            asker,
             &proposal.tool,
             &proposal.args,
             approval.hints,
@@ -627,6 +640,7 @@ impl Engine {
             agent: old.agent.clone(),
             hints: old.hints,
             requested_by: old.requested_by.clone(),
+            standing: old.standing.clone(),
             policy_version: agent.policy.version,
             opened_at: now,
             expires_at: deadline(now, time_to_decide)?,

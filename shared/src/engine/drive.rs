@@ -485,9 +485,9 @@ impl Engine {
         for _ in 0..CAS_ATTEMPTS {
             let now = self.now();
             let history = self
-                .totals(agent, run, &call.args, now, tally, None)
+                .totals(agent, run.asker(), &call.args, now, tally, None)
                 .await?;
-            let ruling = agent.decide(run, &call.tool, &call.args, hints, &history, now);
+            let ruling = agent.decide(run.asker(), &call.tool, &call.args, hints, &history, now);
             let log_only = ruling.log_only();
             let proposal = ProposedCall {
                 agent: agent.name.clone(),
@@ -521,7 +521,13 @@ impl Engine {
                 Verdict::RequireApproval(requirement) => {
                     let approval = self.approval_for(agent, run, proposal, requirement)?;
                     let called = (approval.tool.as_str(), &approval.args);
-                    tally.hold(agent, run, called, &approval.action_id, approval.created_at);
+                    tally.hold(
+                        agent,
+                        run.asker(),
+                        called,
+                        &approval.action_id,
+                        approval.created_at,
+                    );
                     (None, Some(approval))
                 }
             };
@@ -649,7 +655,7 @@ impl Engine {
                 let called = (approval.tool.as_str(), &approval.args);
                 let these = tally.claims(
                     agent,
-                    &run.value,
+                    run.value.asker(),
                     called,
                     &approval.action_id,
                     approval.created_at,
@@ -1009,7 +1015,7 @@ impl Engine {
         let called = (action.tool.as_str(), &action.args);
         let claims = tally.claims(
             agent,
-            run,
+            run.asker(),
             called,
             &action.id,
             action.proposed_at,

@@ -123,7 +123,7 @@ impl Engine {
             let totals = totals_before(candidate, &proposals, proposal);
             let ruling = agent.decide_under(
                 candidate,
-                run,
+                run.asker(),
                 &proposal.tool,
                 &proposal.args,
                 agent.hints(&proposal.tool),

@@ -13,7 +13,7 @@ use crate::domain::args::Args;
 use crate::domain::ids::ActionId;
 use crate::domain::policy::Total;
 use crate::domain::policy::history::{HistorySlot, Window};
-use crate::domain::run::Run;
+use crate::domain::run::Asker;
 
 /// What one turn knows of the windows' subjects it read, and the calls it counted there.
 #[derive(Default)]
@@ -44,11 +44,11 @@ pub(super) struct Claim {
     pub amount: i64,
 }
 
-/// The partition of `window`'s subject for a call of `run` with `args`, if it has one.
-fn partition(agent: &Agent, run: &Run, window: &Window, args: &Args) -> Option<String> {
-    let subject = window.subject(agent.name.as_str(), run.requested_by.as_str(), args)?;
+/// The partition of `window`'s subject for a call of `asker`'s with `args`, if it has one.
+fn partition(agent: &Agent, asker: Asker<'_>, window: &Window, args: &Args) -> Option<String> {
+    let subject = window.subject(agent.name.as_str(), asker.person.as_str(), args)?;
     Some(keys::history_pk(
-        &run.tenant,
+        asker.tenant,
         &agent.name,
         &window.name,
         &subject,
@@ -58,7 +58,7 @@ fn partition(agent: &Agent, run: &Run, window: &Window, args: &Args) -> Option<S
 /// The windows a call of `tool` counts in, with their partitions.
 fn counting<'a>(
     agent: &'a Agent,
-    run: &'a Run,
+    asker: Asker<'a>,
     tool: &'a str,
     args: &'a Args,
 ) -> impl Iterator<Item = (&'a Window, String)> + 'a {
@@ -67,7 +67,7 @@ fn counting<'a>(
         .history
         .values()
         .filter(move |window| window.tool == tool)
-        .filter_map(move |window| Some((window, partition(agent, run, window, args)?)))
+        .filter_map(move |window| Some((window, partition(agent, asker, window, args)?)))
 }
 
 impl Tally {
@@ -75,12 +75,12 @@ impl Tally {
     pub(super) fn hold(
         &mut self,
         agent: &Agent,
-        run: &Run,
+        asker: Asker<'_>,
         (tool, args): (&str, &Args),
         action_id: &ActionId,
         at: DateTime<Utc>,
     ) {
-        for (window, pk) in counting(agent, run, tool, args) {
+        for (window, pk) in counting(agent, asker, tool, args) {
             if let Some(part) = self.parts.get_mut(&pk) {
                 part.calls.push(Entry {
                     call: CountedCall {
@@ -99,13 +99,13 @@ impl Tally {
     pub(super) fn claims(
         &self,
         agent: &Agent,
-        run: &Run,
+        asker: Asker<'_>,
         (tool, args): (&str, &Args),
         action_id: &ActionId,
         at: DateTime<Utc>,
         taken: &mut BTreeMap<String, u64>,
     ) -> Vec<Claim> {
-        counting(agent, run, tool, args)
+        counting(agent, asker, tool, args)
             .map(|(window, pk)| {
                 let newest = self.parts.get(&pk).map_or(0, |part| part.newest);
                 let seq = newest.max(taken.get(&pk).copied().unwrap_or(0)) + 1;
@@ -165,13 +165,13 @@ pub(super) fn count_in(tx: &mut Tx, claims: &[Claim]) {
 
 impl Engine {
     /// The totals of every window `agent`'s policy declares, as a call of `tool` with `args` in
-    /// `run` reads them at `at`: the calls counted after the window's start, the turn's own
+    /// `asker` reads them at `at`: the calls counted after the window's start, the turn's own
     /// included, `own` (an edited call's earlier version) left out. Each subject is read once a
     /// turn.
     pub(super) async fn totals(
         &self,
         agent: &Agent,
-        run: &Run,
+        asker: Asker<'_>,
         args: &Args,
         at: DateTime<Utc>,
         tally: &mut Tally,
@@ -179,7 +179,7 @@ impl Engine {
     ) -> Result<BTreeMap<String, Total>, EngineError> {
         let mut totals = BTreeMap::new();
         for window in agent.policy.history.values() {
-            let Some(pk) = partition(agent, run, window, args) else {
+            let Some(pk) = partition(agent, asker, window, args) else {
                 continue;
             };
             let since = window.since(at);

@@ -257,9 +257,64 @@ async fn given_an_edit_of_a_call_when_policy_rules_on_the_new_version_then_it_de
     assert_eq!(second.rules, ["small transfers"]);
 }
 
+/// Lowers a treasury person's USD 1,200 transfer to USD 900: a call only their department's
+/// claim lets run, so the new version runs only if it is decided for them.
+async fn treasury_transfer_lowered(h: &Harness, p: &Process, forget_standing: bool) -> CallState {
+    let tia = someone("tia", &["employee"], &[("department", "treasury")]);
+    let fay = someone("fay", &["finance"], &[]);
+    let call = GateCall {
+        call_id: Some(format!("t-tia-forgotten-{forget_standing}")),
+        ..transfer(&tia, 120_000, false)
+    };
+    let waits = called(p, call).await;
+    let approval = waits.approval.clone().unwrap();
+    if forget_standing {
+        // As an approval opened before approvals kept their requester's standing.
+        let pk = keys::approval_pk(&acme(), &approval.id);
+        let item = p.store.get(&pk, keys::APPROVAL_SK).await.unwrap().unwrap();
+        let mut body: serde_json::Value = serde_json::from_str(&item.body).unwrap();
+        assert!(body.as_object_mut().unwrap().remove("standing").is_some());
+        let write = shared::ports::store::Write::Put {
+            condition: shared::ports::store::Condition::VersionIs(item.ver),
+            item: shared::ports::store::Item {
+                ver: item.ver + 1,
+                body: body.to_string(),
+                ..item
+            },
+        };
+        p.store.transact(vec![write]).await.unwrap();
+    }
+    let lowered = decision(
+        "d-edit",
+        approval.action_version,
+        Choice::Edit {
+            amount: Amount::from_dollars(900),
+            note: None,
+        },
+    );
+    h.decided(p, &fay, &approval.id, lowered).await;
+    p.call_state(&acme(), &waits.run_id).await.unwrap()
+}
+
+async fn given_an_edit_of_a_call_that_only_the_requesters_claim_allows_then_it_runs_whether_or_not_the_approval_kept_their_standing(
+    h: &Harness,
+) {
+    let p = payments_process(h).await;
+
+    let kept = treasury_transfer_lowered(h, &p, false).await;
+    let read_from_the_run = treasury_transfer_lowered(h, &p, true).await;
+
+    for state in [kept, read_from_the_run] {
+        assert_eq!(state.status, CallStatus::Approved, "{state:?}");
+        assert_eq!(state.version, Some(2));
+        assert_eq!(state.rules, ["treasury transfers"], "{state:?}");
+    }
+}
+
 on_both_stores!([
     given_the_requesters_roles_and_claims_when_a_rule_reads_them_then_the_call_is_decided_for_them,
     given_a_call_that_needs_a_person_then_the_approval_the_action_and_the_audit_name_the_rules_and_the_log_only_outcome,
     given_rules_of_two_roles_that_match_when_people_decide_then_each_roles_quorum_must_be_met,
     given_an_edit_of_a_call_when_policy_rules_on_the_new_version_then_it_decides_for_the_runs_requester,
+    given_an_edit_of_a_call_that_only_the_requesters_claim_allows_then_it_runs_whether_or_not_the_approval_kept_their_standing,
 ]);

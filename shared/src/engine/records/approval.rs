@@ -9,6 +9,7 @@ use crate::domain::approval::{
     PreviousVersion, is_plain,
 };
 use crate::domain::args::{Args, ArgsHash};
+use crate::domain::identity::Standing;
 use crate::domain::ids::{
     ActionId, ActionVersion, AgentName, ApprovalId, DecisionId, PersonId, Role, RunId, TenantId,
 };
@@ -88,6 +89,8 @@ struct StoredApproval<'a> {
     escalated_to: &'a [Role],
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     counted: &'a [HistorySlot],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    standing: Option<&'a Standing>,
 }
 
 /// A decision as its approval's item holds it: its version and hash only where they are not
@@ -147,6 +150,7 @@ impl<'a> StoredApproval<'a> {
             escalate,
             escalated_to,
             counted,
+            standing,
         } = approval;
         let last_at = decisions.last().map(|d| &d.at);
         let decisions = decisions
@@ -209,6 +213,7 @@ impl<'a> StoredApproval<'a> {
             escalate,
             escalated_to,
             counted,
+            standing: standing.as_ref(),
         }
     }
 }
@@ -268,6 +273,8 @@ struct LoadedApproval {
     escalated_to: Vec<Role>,
     #[serde(default)]
     counted: Vec<HistorySlot>,
+    #[serde(default)]
+    standing: Option<Standing>,
 }
 
 /// A decision as its approval's item holds it ([`StoredDecision`]).
@@ -363,6 +370,7 @@ pub(super) fn read_approval(item: &Item) -> Result<Approval, String> {
         escalate: loaded.escalate,
         escalated_to: loaded.escalated_to,
         counted: loaded.counted,
+        standing: loaded.standing,
     })
 }
 
@@ -421,6 +429,7 @@ pub(crate) mod tests {
             agent: AgentName::parse("expense").unwrap(),
             hints: ToolHints::default(),
             requested_by: vec![PersonId::parse("emp-000006").unwrap()],
+            standing: None,
             policy_version: 1,
             opened_at: now,
             expires_at: now + chrono::Duration::hours(24),
