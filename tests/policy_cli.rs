@@ -169,3 +169,121 @@ fn policy_replay_counts_outcomes_before_and_after_and_lists_each_call_a_candidat
         refused.stderr
     );
 }
+
+/// A payments agent whose rules are `cedar`, in a directory of its own under `dir`.
+fn payments_agent(dir: &Path, cedar: &str) -> String {
+    written(
+        dir,
+        "agent.toml",
+        r#"name = "payments"
+system_prompt = "You move money when asked."
+
+[tools.send_transfer]
+executor = "caller"
+description = "Sends money to an account, in cents."
+input_schema = { type = "object", required = ["to", "amount_cents"], properties = { to = { type = "string" }, amount_cents = { type = "integer" } } }
+"#,
+    );
+    written(
+        dir,
+        "policy.toml",
+        r#"name = "payments"
+version = 1
+default_ttl = "4h"
+cedar = ["rules.cedar"]
+
+[history.sent_1h]
+tool = "send_transfer"
+window = "1h"
+per = "requester"
+sum = "amount_cents"
+"#,
+    );
+    written(dir, "rules.cedar", cedar);
+    dir.display().to_string()
+}
+
+#[test]
+fn a_bad_rule_stops_serve_and_run_before_anything_starts_naming_the_file_the_line_and_the_reason() {
+    let cs = Countersign::fresh("policy-bad-rules");
+    let good = "@id(\"small\")\npermit (principal, action == Action::\"send_transfer\", resource)\n  when { context.input.amount_cents <= 50000 };\n";
+    let ok_dir = payments_agent(&cs.state().join("good"), good);
+    let held = cs.printed(&["policy", "test", "--agent", &ok_dir, &{
+        let cases = written(
+            &cs.state().join("good-cases"),
+            "cases.toml",
+            "[[case]]\ntool = \"send_transfer\"\nargs = { to = \"a\", amount_cents = 100 }\nas = \"ana\"\nexpect = \"allow\"\n",
+        );
+        cases.display().to_string()
+    }]);
+    assert!(held.contains("1 of 1 cases hold"), "{held}");
+
+    let bad = [
+        (
+            "an unknown argument",
+            "@id(\"x\")\npermit (principal, action == Action::\"send_transfer\", resource)\n  when { context.input.amount > 5 };\n",
+            "line 3",
+            "send_transfer has no argument amount",
+        ),
+        (
+            "a string compared with a number",
+            "@id(\"x\")\npermit (principal, action == Action::\"send_transfer\", resource)\n  when { context.input.to > 5 };\n",
+            "line 3",
+            "Long",
+        ),
+        (
+            "a role nobody holds",
+            "@id(\"x\") @approve(\"treasurer\")\npermit (principal, action == Action::\"send_transfer\", resource);\n",
+            "rules.cedar",
+            "treasurer",
+        ),
+        (
+            "an unknown history window",
+            "@id(\"x\")\npermit (principal, action == Action::\"send_transfer\", resource)\n  when { context.history.sent_24h.count < 5 };\n",
+            "line 3",
+            "sent_24h",
+        ),
+        (
+            "a rule that does not parse",
+            "@id(\"x\")\npermit (principal, action == Action::\"send_transfer\", resource)\n  when { context.input.amount_cents <= };\n",
+            "line 3",
+            "rules.cedar",
+        ),
+    ];
+    for (number, (what, cedar, at, reason)) in bad.into_iter().enumerate() {
+        let dir = payments_agent(&cs.state().join(format!("bad-{number}")), cedar);
+        for command in [
+            vec!["--agents", dir.as_str(), "serve", "--addr", "127.0.0.1:0"],
+            vec![
+                "--agents",
+                dir.as_str(),
+                "run",
+                "--agent",
+                "payments",
+                "pay acct 9",
+                "--as",
+                "ana",
+            ],
+        ] {
+            let refused = cs.print(&command);
+            assert_eq!(refused.exit, 2, "{what}: {command:?}: {}", refused.stderr);
+            assert!(
+                refused.stderr.contains("rules.cedar")
+                    && refused.stderr.contains(at)
+                    && refused.stderr.contains(reason),
+                "{what}: {}",
+                refused.stderr
+            );
+            assert!(
+                !refused.stdout.contains("listening"),
+                "{what}: nothing starts: {}",
+                refused.stdout
+            );
+        }
+    }
+    assert!(
+        !cs.state().join("countersign.db").exists()
+            || cs.printed(&["review"]).contains("Nothing waits"),
+        "no run was started"
+    );
+}
