@@ -245,15 +245,10 @@ fn an_agent_that_is_not_loaded_is_named_with_how_to_load_it() {
     let (approval, _) = only_approval(&started);
     let without = cs.print(&["review", "approve", &approval, "--as", "mia"]);
     assert_eq!(without.exit, 1, "{}", without.stderr);
+    let said = &without.stderr;
     assert!(
-        without.stderr.contains("agent bonuses is not loaded here"),
-        "{}",
-        without.stderr
-    );
-    assert!(
-        without.stderr.contains("--agents DIR"),
-        "{}",
-        without.stderr
+        said.contains("agent bonuses is not loaded here") && said.contains("--agents DIR"),
+        "{said}"
     );
     assert_eq!(
         cs.ok(&["review"])["approvals"][0]["status"],

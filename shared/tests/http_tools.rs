@@ -473,15 +473,31 @@ async fn orders_and(bind: impl FnOnce(SocketAddr) -> HttpTool) -> (Arc<Orders>, 
 }
 
 fn post_to(addr: SocketAddr, path: &str) -> HttpTool {
+    posting(
+        addr,
+        path,
+        r#"Authorization = "Bearer ${ORDERS_TOKEN}""#,
+        ("500ms", 4096),
+    )
+}
+
+/// A POST to the service at `addr` under `path`, with `headers` (a TOML table's insides),
+/// waiting at most `timeout` and reading at most `max_response_bytes` of an answer.
+fn posting(
+    addr: SocketAddr,
+    path: &str,
+    headers: &str,
+    (timeout, max_response_bytes): (&str, usize),
+) -> HttpTool {
     tool_at(
         addr,
         &format!(
             r#"
             method = "POST"
             url = "${{ORDERS_URL}}{path}"
-            headers = {{ Authorization = "Bearer ${{ORDERS_TOKEN}}" }}
-            timeout = "500ms"
-            max_response_bytes = 4096
+            headers = {{ {headers} }}
+            timeout = "{timeout}"
+            max_response_bytes = {max_response_bytes}
             "#
         ),
     )
@@ -928,17 +944,11 @@ async fn given_a_secret_token_from_the_environment_then_no_outcome_or_debug_text
 /// A POST to the careless service's `mode`, with a secret in its query, one in a header that
 /// JSON escapes and one inside Basic auth, reading at most 1000 bytes of an answer.
 fn careless_at(addr: SocketAddr, mode: &str) -> HttpTool {
-    tool_at(
+    posting(
         addr,
-        &format!(
-            r#"
-            method = "POST"
-            url = "${{ORDERS_URL}}/careless/{mode}?k=${{URL_KEY}}"
-            headers = {{ Authorization = "Bearer ${{QUOTED_TOKEN}}", Proxy-Authorization = "Basic ${{ORDERS_BASIC}}" }}
-            timeout = "2s"
-            max_response_bytes = 1000
-            "#
-        ),
+        &format!("/careless/{mode}?k=${{URL_KEY}}"),
+        r#"Authorization = "Bearer ${QUOTED_TOKEN}", Proxy-Authorization = "Basic ${ORDERS_BASIC}""#,
+        ("2s", 1000),
     )
 }
 

@@ -71,28 +71,27 @@ pub fn expand(text: &str, field: &str, env: Lookup<'_>) -> Result<String, EnvErr
     fill(text, field, env, &mut |_, _| {})
 }
 
-/// [`expand`], each value it fills in (a default included) kept in `secrets` as its variable's.
+/// What a text filled in holds: a credential's value too short to redact is warned of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Filling {
+    Text,
+    /// A header's value, a stdio server's `env`.
+    Credential,
+}
+
+/// [`expand`], each value it fills in (a default included) kept in `secrets` as its variable's;
+/// for a [`Filling::Credential`], a value too short to redact is warned of, naming the field
+/// and the variable.
 pub fn expand_into(
     text: &str,
     field: &str,
     env: Lookup<'_>,
     secrets: &mut Secrets,
+    filling: Filling,
 ) -> Result<String, EnvError> {
     fill(text, field, env, &mut |name, value| {
-        secrets.add_variable(name, value)
-    })
-}
-
-/// [`expand_into`] for a credential (a header's value, a stdio server's `env`): a value too
-/// short to redact is warned of, naming the field and the variable.
-pub fn expand_credential(
-    text: &str,
-    field: &str,
-    env: Lookup<'_>,
-    secrets: &mut Secrets,
-) -> Result<String, EnvError> {
-    fill(text, field, env, &mut |name, value| {
-        if !value.is_empty() && value.len() < MIN_SECRET_BYTES {
+        let short = !value.is_empty() && value.len() < MIN_SECRET_BYTES;
+        if filling == Filling::Credential && short {
             secrets::warn_too_short(field, name);
         }
         secrets.add_variable(name, value)
@@ -173,6 +172,7 @@ mod tests {
             "url",
             &env,
             &mut secrets,
+            Filling::Text,
         )
         .unwrap();
         assert_eq!(url, "http://localhost:1/x?k=s3cret");
@@ -181,7 +181,7 @@ mod tests {
             "at ${NOPE} with ${ORDERS_TOKEN}"
         );
         let mut none = Secrets::default();
-        expand_into("plain", "x", &env, &mut none).unwrap();
+        expand_into("plain", "x", &env, &mut none, Filling::Text).unwrap();
         assert!(none.is_empty());
     }
 
@@ -195,8 +195,16 @@ mod tests {
         let mut secrets = Secrets::default();
         let logged = crate::logs::logged_by(|| {
             let field = "tools.t.http.headers.X-Key";
-            expand_credential("${SHORT}${NONE}${ORDERS_TOKEN}", field, &env, &mut secrets).unwrap();
-            expand_into("${SHORT}", "tools.t.http.url", &env, &mut secrets).unwrap();
+            let credential = "${SHORT}${NONE}${ORDERS_TOKEN}";
+            expand_into(credential, field, &env, &mut secrets, Filling::Credential).unwrap();
+            expand_into(
+                "${SHORT}",
+                "tools.t.http.url",
+                &env,
+                &mut secrets,
+                Filling::Text,
+            )
+            .unwrap();
         });
         assert_eq!(logged.lines().count(), 1, "{logged}");
         assert!(logged.contains("WARN"), "{logged}");

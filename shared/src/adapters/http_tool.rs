@@ -72,6 +72,7 @@ use serde_json::{Value, json};
 use super::env_template::BindingError;
 use super::env_template::{self, Lookup};
 use super::secrets::{REDACTED, Secrets};
+use crate::adapters::env_template::Filling;
 use crate::domain::action::ToolOutcome;
 use crate::domain::args::Args;
 use crate::ports::model::ToolSpec;
@@ -399,7 +400,8 @@ impl Endpoint {
         let url_field = format!("{field}.url");
         let url_from_env = env_template::mentions_env(request.url);
         let mut secrets = Secrets::default();
-        let url = env_template::expand_into(request.url, &url_field, env, &mut secrets)?;
+        let url =
+            env_template::expand_into(request.url, &url_field, env, &mut secrets, Filling::Text)?;
         let pieces = parse_template(&url, &url_field, !url_from_env)?;
         let host = check_url(&pieces, &url_field)?;
 
@@ -421,7 +423,13 @@ impl Endpoint {
                     "Countersign sets this header itself",
                 ));
             }
-            let text = env_template::expand_credential(value, &header_field, env, &mut secrets)?;
+            let text = env_template::expand_into(
+                value,
+                &header_field,
+                env,
+                &mut secrets,
+                Filling::Credential,
+            )?;
             let mut value = HeaderValue::from_str(&text).map_err(|_| {
                 BindingError::invalid(
                     &header_field,
@@ -1242,7 +1250,7 @@ mod tests {
 
     #[test]
     fn an_unknown_field_a_reconcile_only_field_on_the_call_or_a_nested_reconcile_is_refused() {
-        for (binding, says) in [
+        let cases = [
             (
                 "method = \"GET\"\nurl = \"https://x.example\"\nretries = 3\n",
                 "retries",
@@ -1257,9 +1265,19 @@ mod tests {
                  [reconcile.reconcile]\nmethod = \"GET\"\nurl = \"https://x.example/rr\"\n",
                 "unknown field `reconcile`",
             ),
-        ] {
-            let error = parse_error::<HttpBinding>(binding);
-            assert!(error.contains(says), "{binding}: {error}");
+        ];
+        each_says(cases, |binding| parse_error::<HttpBinding>(binding));
+    }
+
+    /// Each case's refusal says what the case pairs it with.
+    #[track_caller]
+    fn each_says<T: std::fmt::Display>(
+        cases: impl IntoIterator<Item = (T, &'static str)>,
+        refusal: impl Fn(&T) -> String,
+    ) {
+        for (case, says) in cases {
+            let said = refusal(&case);
+            assert!(said.contains(says), "{case}: {said}");
         }
     }
 
@@ -1437,16 +1455,16 @@ url = "https://orders.example/x""#,
             url(json!({"amount_cents": 1})).unwrap_err(),
             Unfillable("the call has no argument `order_id` to fill the URL with".into())
         );
-        for (order_id, says) in [
+        let cases = [
             (json!(true), "string or an integer"),
             (json!(1.5), "string or an integer"),
             (json!(""), "cannot be empty"),
             (json!("."), "cannot be empty"),
             (json!(".."), "cannot be empty"),
-        ] {
-            let unfillable = url(json!({ "order_id": order_id })).unwrap_err().0;
-            assert!(unfillable.contains(says), "{order_id}: {unfillable}");
-        }
+        ];
+        each_says(cases, |order_id| {
+            url(json!({ "order_id": order_id })).unwrap_err().0
+        });
     }
 
     #[test]

@@ -78,6 +78,7 @@ use tokio::sync::Mutex;
 use super::env_template::BindingError;
 use super::env_template::{self, Lookup};
 use super::secrets::Secrets;
+use crate::adapters::env_template::Filling;
 use crate::domain::action::ToolOutcome;
 use crate::domain::policy::ToolHints;
 use crate::ports::model::ToolSpec;
@@ -350,7 +351,7 @@ fn resolve_http(
     secrets: &mut Secrets,
 ) -> Result<Transport, BindingError> {
     let url_field = format!("{field}.url");
-    let url_text = env_template::expand_into(template, &url_field, env, secrets)?;
+    let url_text = env_template::expand_into(template, &url_field, env, secrets, Filling::Text)?;
     let url = reqwest::Url::parse(&url_text)
         .ok()
         .filter(|url| matches!(url.scheme(), "http" | "https") && url.has_host())
@@ -372,7 +373,8 @@ fn resolve_http(
     let mut headers = HashMap::new();
     for (header, template) in header_templates {
         let header_field = format!("{field}.headers.{header}");
-        let value = env_template::expand_credential(template, &header_field, env, secrets)?;
+        let value =
+            env_template::expand_into(template, &header_field, env, secrets, Filling::Credential)?;
         let header_name = HeaderName::from_bytes(header.as_bytes())
             .map_err(|_| BindingError::invalid(&header_field, "not a valid header name"))?;
         if RESERVED_HEADERS.contains(&header_name.as_str()) {
@@ -404,7 +406,7 @@ fn resolve_stdio(
     secrets: &mut Secrets,
 ) -> Result<Transport, BindingError> {
     let command_field = format!("{field}.command");
-    let program = env_template::expand_into(command, &command_field, env, secrets)?;
+    let program = env_template::expand_into(command, &command_field, env, secrets, Filling::Text)?;
     if program.trim().is_empty() {
         return Err(BindingError::invalid(
             &command_field,
@@ -414,7 +416,13 @@ fn resolve_stdio(
     let args_field = format!("{field}.args");
     let mut expanded_args = Vec::with_capacity(args.len());
     for arg in args {
-        expanded_args.push(env_template::expand_into(arg, &args_field, env, secrets)?);
+        expanded_args.push(env_template::expand_into(
+            arg,
+            &args_field,
+            env,
+            secrets,
+            Filling::Text,
+        )?);
     }
     let mut expanded_vars = BTreeMap::new();
     for (var, template) in vars {
@@ -423,14 +431,15 @@ fn resolve_stdio(
         if !valid {
             return Err(BindingError::invalid(&var_field, "not a variable name"));
         }
-        let value = env_template::expand_credential(template, &var_field, env, secrets)?;
+        let value =
+            env_template::expand_into(template, &var_field, env, secrets, Filling::Credential)?;
         secrets.add(&value);
         expanded_vars.insert(var.clone(), value);
     }
     let cwd = cwd
         .map(|dir| {
             let cwd_field = format!("{field}.cwd");
-            let dir = env_template::expand_into(dir, &cwd_field, env, secrets)?;
+            let dir = env_template::expand_into(dir, &cwd_field, env, secrets, Filling::Text)?;
             Ok::<_, BindingError>(std::path::PathBuf::from(dir))
         })
         .transpose()?;

@@ -38,13 +38,8 @@ impl PolicyFiles {
         tools: &[(String, Value)],
         roles: Option<&BTreeSet<String>>,
     ) -> Result<(), DefinitionError> {
-        let shapes: Vec<ToolShape<'_>> = tools
-            .iter()
-            .map(|(name, schema)| ToolShape {
-                name,
-                input_schema: schema,
-            })
-            .collect();
-        policy.validate(&shapes, roles).map_err(|e| self.error(e))
+        policy
+            .validate(&ToolShape::of(tools), roles)
+            .map_err(|e| self.error(e))
     }
 }

@@ -13,7 +13,7 @@ use super::definition::{
 use super::mcp::{BoundMcpTool, LazyServer, McpTools};
 use crate::adapters::anthropic::{self, AnthropicModel};
 use crate::adapters::bedrock::BedrockModel;
-use crate::adapters::env_template::{self, BindingError, EnvError, Lookup};
+use crate::adapters::env_template::{self, BindingError, EnvError, Filling, Lookup};
 use crate::adapters::http_tool::{HttpBinding, HttpTool, SharedClient};
 use crate::adapters::openai::{OpenAiEndpoint, OpenAiModel};
 use crate::adapters::scripted::ScriptedModel;
@@ -369,6 +369,7 @@ fn model_of(
                     "model.base_url",
                     env,
                     &mut secrets,
+                    Filling::Text,
                 )
                 .map_err(|e| binding_error(&definition.file, BindingError::Env(e)))?;
                 let api = OpenAiEndpoint {

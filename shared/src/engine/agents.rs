@@ -224,23 +224,11 @@ impl Agent {
         })
     }
 
-    /// What policy says about one proposed call asked by `asker` as their standing says, with
-    /// the tool's `hints` and the totals of the policy's history windows, at `at`.
-    pub fn decide(
-        &self,
-        asker: Asker<'_>,
-        tool: &str,
-        args: &Args,
-        hints: ToolHints,
-        history: &BTreeMap<String, Total>,
-        at: DateTime<Utc>,
-    ) -> Ruling {
-        self.decide_under(&self.policy, asker, tool, args, hints, history, at)
-    }
-
-    /// [`Agent::decide`] under another policy than its own: a candidate, replayed.
+    /// What `policy` (the agent's own, or a candidate replayed) says about one proposed call
+    /// asked by `asker` as their standing says, with the tool's `hints` and the totals of the
+    /// policy's history windows, at `at`.
     #[allow(clippy::too_many_arguments)]
-    pub fn decide_under(
+    pub fn decide(
         &self,
         policy: &Policy,
         asker: Asker<'_>,

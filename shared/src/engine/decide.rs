@@ -532,6 +532,7 @@ impl Engine {
         }
         // The same tool, so the hints policy matched on the first version rule on this one.
         let ruling = agent.decide(
+            &agent.policy,
             asker,
             &proposal.tool,
             &proposal.args,

@@ -487,7 +487,15 @@ impl Engine {
             let history = self
                 .totals(agent, run.asker(), &call.args, now, tally, None)
                 .await?;
-            let ruling = agent.decide(run.asker(), &call.tool, &call.args, hints, &history, now);
+            let ruling = agent.decide(
+                &agent.policy,
+                run.asker(),
+                &call.tool,
+                &call.args,
+                hints,
+                &history,
+                now,
+            );
             let log_only = ruling.log_only();
             let proposal = ProposedCall {
                 agent: agent.name.clone(),

@@ -121,7 +121,7 @@ impl Engine {
         for proposal in &proposals {
             let run = &by_run[&proposal.run].run;
             let totals = totals_before(candidate, &proposals, proposal);
-            let ruling = agent.decide_under(
+            let ruling = agent.decide(
                 candidate,
                 run.asker(),
                 &proposal.tool,

@@ -1274,13 +1274,7 @@ when { context.now.hour < 6 };
             other => Err(format!("no file {other}")),
         })?;
         let tools = tools();
-        let shapes: Vec<ToolShape<'_>> = tools
-            .iter()
-            .map(|(name, schema)| ToolShape {
-                name,
-                input_schema: schema,
-            })
-            .collect();
+        let shapes = ToolShape::of(&tools);
         let roles: BTreeSet<String> = ["finance", "compliance", "lead", "intern", "employee"]
             .map(String::from)
             .into();
@@ -1379,15 +1373,10 @@ when { context.now.hour < 6 };
         );
         // The shortest time to decide of the two, and both reasons.
         assert_eq!(requirement.ttl, Duration::from_secs(3600));
+        let reason = &requirement.reason;
         assert!(
-            requirement.reason.starts_with("Above USD 500"),
-            "{}",
-            requirement.reason
-        );
-        assert!(
-            requirement.reason.contains("new payee"),
-            "{}",
-            requirement.reason
+            reason.starts_with("Above USD 500") && reason.contains("new payee"),
+            "{reason}"
         );
         assert_eq!(ruling.rules, ["large transfers", "new payee"]);
     }

@@ -19,6 +19,19 @@ pub struct ToolShape<'a> {
     pub input_schema: &'a Value,
 }
 
+impl<'a> ToolShape<'a> {
+    /// The shapes of tools given by name and input schema.
+    pub fn of<Name: AsRef<str>>(tools: &'a [(Name, Value)]) -> Vec<Self> {
+        tools
+            .iter()
+            .map(|(name, input_schema)| ToolShape {
+                name: name.as_ref(),
+                input_schema,
+            })
+            .collect()
+    }
+}
+
 /// Checks every rule (the log-only ones too) against the schema of `tools`, and every role a
 /// rule names against `roles` when the process knows them.
 pub fn check(
