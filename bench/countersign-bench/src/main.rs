@@ -9,6 +9,7 @@ mod gateway;
 mod lifecycle;
 mod meter;
 mod partitions;
+mod policy_eval;
 mod report;
 mod rig;
 mod scaling;
@@ -96,6 +97,10 @@ pub struct BenchArgs {
     /// upstream MCP server, allowed calls/s, and a decision's time to the waiting call's answer.
     #[arg(long, conflicts_with = "sweep_scaling")]
     pub mcp_gateway: bool,
+    /// Instead: --runs decisions of the shipped expense policy and of a Cedar payments policy
+    /// (arguments, claims, a history window, the time), timed apart from any store.
+    #[arg(long, conflicts_with_all = ["sweep_scaling", "mcp_gateway", "gate"])]
+    pub policy_eval: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -150,6 +155,9 @@ async fn main() -> ExitCode {
 async fn run(args: &BenchArgs) -> Result<Output, BenchError> {
     if args.runs == 0 {
         return Err(BenchError::Setup("--runs must be at least 1".into()));
+    }
+    if args.policy_eval {
+        return policy_eval::run(args);
     }
     match (args.gate, args.mcp_gateway, args.sweep_scaling) {
         (true, _, _) => gate::run(args).await,
