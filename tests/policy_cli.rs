@@ -149,6 +149,31 @@ fn policy_replay_counts_outcomes_before_and_after_and_lists_each_call_a_candidat
         serde_json::json!(["every-reimbursement-needs-finance"])
     );
 
+    // A window over the agent's reimbursements: the second within the hour is refused.
+    let windowed_dir = cs.state().join("windowed");
+    let windowed = candidate(
+        &windowed_dir,
+        "@id(\"one payment an hour\") @reason(\"One reimbursement an hour.\")\n\
+         forbid (principal, action == Action::\"reimburse\", resource)\n  \
+         when { context.history.paid_1h.count >= 1 };\n",
+    );
+    let manifest = std::fs::read_to_string(&windowed).unwrap();
+    std::fs::write(
+        &windowed,
+        format!(
+            "{manifest}\n[history.paid_1h]\ntool = \"reimburse\"\nwindow = \"1h\"\nper = \"agent\"\nsum = \"amount_cents\"\n"
+        ),
+    )
+    .unwrap();
+    let counted = replay(&windowed);
+    let changed = counted["changed"].as_array().unwrap();
+    assert_eq!(changed.len(), 1, "{counted}");
+    assert_eq!(changed[0]["args"]["claim_id"], "c-102", "the second one");
+    assert_eq!(
+        (changed[0]["before"].as_str(), changed[0]["after"].as_str()),
+        (Some("approve"), Some("deny"))
+    );
+
     let broken = candidate(
         &cs.state().join("broken"),
         "@id(\"typo\")\npermit (principal, action == Action::\"reimburse\", resource)\n  when { context.input.amount > 3 };\n",
