@@ -447,6 +447,46 @@ mod tests {
         std::fs::remove_dir_all(dir).ok();
     }
 
+    /// The rules the cookbook quotes are the recipes' own: every ```cedar block of its section
+    /// of docs/policies.md is written, as it stands, in a Cedar file of a recipe, and every
+    /// recipe's directory is linked from it.
+    #[test]
+    fn every_rule_the_cookbook_quotes_is_in_a_recipe_file() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let docs = std::fs::read_to_string(root.join("docs/policies.md")).unwrap();
+        let section = docs
+            .split("\n## A cookbook\n")
+            .nth(1)
+            .expect("docs/policies.md has a section ## A cookbook");
+        let section = section.split("\n## ").next().unwrap();
+        let recipes = cookbook_recipes(&root);
+        let mut rules = Vec::new();
+        for recipe in &recipes {
+            assert!(
+                section.contains(&format!("(../{recipe}/)")),
+                "the cookbook does not link {recipe}"
+            );
+            for entry in std::fs::read_dir(root.join(recipe)).unwrap() {
+                let path = entry.unwrap().path();
+                if path.extension().is_some_and(|e| e == "cedar") {
+                    rules.push(std::fs::read_to_string(path).unwrap());
+                }
+            }
+        }
+        let quoted: Vec<&str> = section
+            .split("```cedar\n")
+            .skip(1)
+            .map(|rest| rest.split("\n```").next().unwrap())
+            .collect();
+        assert!(quoted.len() >= recipes.len(), "{} quoted", quoted.len());
+        for block in quoted {
+            assert!(
+                rules.iter().any(|file| file.contains(block)),
+                "the cookbook quotes a rule no recipe's Cedar file holds:\n{block}"
+            );
+        }
+    }
+
     const SECRET_LINE: &str = "root:x:0:0:the-first-line-of-a-private-file";
 
     #[cfg(unix)]
