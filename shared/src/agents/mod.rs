@@ -382,7 +382,23 @@ mod tests {
         }
     }
 
-    /// Every shipped and example policy decides its cases as its case file says.
+    /// The cookbook's recipes, each an agent's directory under `examples/policies/`.
+    fn cookbook_recipes(root: &Path) -> Vec<String> {
+        let mut recipes: Vec<String> = std::fs::read_dir(root.join("examples/policies"))
+            .unwrap()
+            .map(|entry| entry.unwrap().path())
+            .filter(|path| path.is_dir())
+            .map(|path| {
+                let name = path.file_name().unwrap().to_str().unwrap();
+                format!("examples/policies/{name}")
+            })
+            .collect();
+        recipes.sort();
+        recipes
+    }
+
+    /// Every shipped and example policy, and every recipe of the cookbook, loads as a real
+    /// agent does (roles checked against its people) and decides its cases as its file says.
     #[test]
     fn every_shipped_and_example_policy_decides_its_cases() {
         use crate::domain::identity::Directory;
@@ -390,35 +406,85 @@ mod tests {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         let shipped_people =
             std::fs::read_to_string(root.join("shared/example/people.toml")).unwrap();
-        let agents = [
-            ("agents/expense", None),
-            ("agents/refunds", None),
-            ("examples/credits", Some("examples/credits/people.toml")),
-            ("examples/helpdesk", Some("examples/helpdesk/people.toml")),
-        ];
+        let mut agents: Vec<String> = [
+            "agents/expense",
+            "agents/refunds",
+            "examples/credits",
+            "examples/helpdesk",
+        ]
+        .map(String::from)
+        .to_vec();
+        let recipes = cookbook_recipes(&root);
+        assert!(recipes.len() >= 8, "{recipes:?}");
+        agents.extend(recipes);
         let dir = crate::testing::scratch_dir("policy-cases");
         let store: std::sync::Arc<dyn crate::ports::store::ItemStore> =
             std::sync::Arc::new(crate::adapters::sqlite::SqliteStore::open_dir(&dir).unwrap());
-        let wiring = Wiring::new(
-            store,
-            std::sync::Arc::new(crate::ports::clock::SystemClock),
-            crate::example::expense::default_claims(),
-        );
-        for (path, people) in agents {
-            let definition = Definition::load(&Dir(root.join(path))).unwrap();
-            let agent = wiring.build(&definition).unwrap();
-            let people = match people {
-                Some(file) => std::fs::read_to_string(root.join(file)).unwrap(),
-                None => shipped_people.clone(),
+        for path in agents {
+            // Beside its policy, a people file for the roles the shipped one lacks.
+            let people = match std::fs::read_to_string(root.join(&path).join("people.toml")) {
+                Ok(text) => text,
+                Err(_) => shipped_people.clone(),
             };
             let people = Directory::from_toml(&people).unwrap();
-            let text = std::fs::read_to_string(root.join(path).join("policy-cases.toml")).unwrap();
-            let cases = Cases::from_toml(&text).unwrap();
+            let wiring = Wiring::new(
+                store.clone(),
+                std::sync::Arc::new(crate::ports::clock::SystemClock),
+                crate::example::expense::default_claims(),
+            )
+            .with_roles_of(&people);
+            let definition =
+                Definition::load(&Dir(root.join(&path))).unwrap_or_else(|e| panic!("{path}: {e}"));
+            let agent = wiring
+                .build(&definition)
+                .unwrap_or_else(|e| panic!("{path}: {e}"));
+            let text = std::fs::read_to_string(root.join(&path).join("policy-cases.toml")).unwrap();
+            let cases = Cases::from_toml(&text).unwrap_or_else(|e| panic!("{path}: {e}"));
             assert!(cases.cases.len() >= 2, "{path}");
             let failures = agent.run_cases(&cases, &people);
             assert!(failures.is_empty(), "{path}: {failures:#?}");
         }
         std::fs::remove_dir_all(dir).ok();
+    }
+
+    /// The rules the cookbook quotes are the recipes' own: every ```cedar block of its section
+    /// of docs/policies.md is written, as it stands, in a Cedar file of a recipe, and every
+    /// recipe's directory is linked from it.
+    #[test]
+    fn every_rule_the_cookbook_quotes_is_in_a_recipe_file() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let docs = std::fs::read_to_string(root.join("docs/policies.md")).unwrap();
+        let section = docs
+            .split("\n## A cookbook\n")
+            .nth(1)
+            .expect("docs/policies.md has a section ## A cookbook");
+        let section = section.split("\n## ").next().unwrap();
+        let recipes = cookbook_recipes(&root);
+        let mut rules = Vec::new();
+        for recipe in &recipes {
+            assert!(
+                section.contains(&format!("(../{recipe}/)")),
+                "the cookbook does not link {recipe}"
+            );
+            for entry in std::fs::read_dir(root.join(recipe)).unwrap() {
+                let path = entry.unwrap().path();
+                if path.extension().is_some_and(|e| e == "cedar") {
+                    rules.push(std::fs::read_to_string(path).unwrap());
+                }
+            }
+        }
+        let quoted: Vec<&str> = section
+            .split("```cedar\n")
+            .skip(1)
+            .map(|rest| rest.split("\n```").next().unwrap())
+            .collect();
+        assert!(quoted.len() >= recipes.len(), "{} quoted", quoted.len());
+        for block in quoted {
+            assert!(
+                rules.iter().any(|file| file.contains(block)),
+                "the cookbook quotes a rule no recipe's Cedar file holds:\n{block}"
+            );
+        }
     }
 
     const SECRET_LINE: &str = "root:x:0:0:the-first-line-of-a-private-file";
