@@ -97,8 +97,8 @@ pub struct BenchArgs {
     /// upstream MCP server, allowed calls/s, and a decision's time to the waiting call's answer.
     #[arg(long, conflicts_with = "sweep_scaling")]
     pub mcp_gateway: bool,
-    /// Instead: --runs decisions of the shipped expense policy and of a Cedar payments policy
-    /// (arguments, claims, a history window, the time), timed apart from any store.
+    /// Instead: --runs decisions each of the shipped expense policy and of two of the cookbook's
+    /// Cedar policies (a shell command's text, a history window), timed apart from any store.
     #[arg(long, conflicts_with_all = ["sweep_scaling", "mcp_gateway", "gate"])]
     pub policy_eval: bool,
 }

@@ -1,7 +1,8 @@
 //! `--policy-eval`: what deciding one call costs, apart from the store: the shipped expense
-//! policy (TOML rules, translated to Cedar) and a Cedar payments policy that reads arguments,
-//! the requester's roles and claims, a history window and the time, each decided --runs times
-//! over a mix of calls that reach every outcome. Prints p50, p99 and the mean per decision.
+//! policy (TOML rules, translated to Cedar) and two of the cookbook's Cedar policies (patterns
+//! on a shell command, a history window), each decided --runs times over a mix of calls that
+//! reach their outcomes, as requesters of other roles and claims. Prints p50, p99 and the mean
+//! per decision.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -13,44 +14,14 @@ use shared::domain::policy::{CallFacts, Policy, Requester, ToolHints, Total, Ver
 
 use crate::{BenchArgs, BenchError, Output};
 
-const PAYMENTS_MANIFEST: &str = r#"
-name = "payments"
-version = 1
-default_ttl = "4h"
-cedar = ["rules.cedar"]
-
-[history.sent_1h]
-tool = "send_transfer"
-window = "1h"
-per = "requester"
-sum = "amount_cents"
-"#;
-
-const PAYMENTS_RULES: &str = r#"
-@id("small transfers")
-permit(principal, action == Action::"send_transfer", resource)
-when { context.input.amount_cents <= 50000 && context.history.sent_1h.sum + context.input.amount_cents <= 200000 };
-
-@id("treasury transfers")
-permit(principal, action == Action::"send_transfer", resource)
-when { principal.hasTag("department") && principal.getTag("department") == "treasury" && context.input.amount_cents <= 100000 };
-
-@id("large transfers") @approve("finance") @reason("Transfers above USD 500 need finance.")
-permit(principal, action == Action::"send_transfer", resource)
-when { context.input.amount_cents > 50000 || context.history.sent_1h.sum + context.input.amount_cents > 200000 };
-
-@id("after hours") @approve("lead") @reason("Transfers out of hours need a lead.")
-permit(principal, action == Action::"send_transfer", resource)
-when { context.now.hour < 8 || context.now.hour >= 18 };
-
-@id("no interns") @reason("Interns never move money.")
-forbid(principal, action == Action::"send_transfer", resource)
-when { principal.roles.contains("intern") };
-
-@id("lead above 100") @mode("log_only") @approve("lead")
-permit(principal, action == Action::"send_transfer", resource)
-when { context.input.amount_cents > 10000 };
-"#;
+/// A policy of the cookbook (examples/policies), its manifest and its Cedar file.
+fn recipe(manifest: &str, rules: &'static str) -> Result<Policy, BenchError> {
+    Policy::load(manifest, &mut |file| match file {
+        "rules.cedar" => Ok(rules.to_string()),
+        other => Err(format!("no file {other}")),
+    })
+    .map_err(|e| BenchError::Setup(e.to_string()))
+}
 
 /// One policy's figures.
 #[derive(Debug, serde::Serialize)]
@@ -70,12 +41,14 @@ pub fn run(args: &BenchArgs) -> Result<Output, BenchError> {
     let expense_text = include_str!("../../../agents/expense/policy.toml");
     let expense = Policy::load(expense_text, &mut |file| Err(format!("no file {file}")))
         .map_err(|e| setup(e.to_string()))?;
-    let payments = Policy::load(PAYMENTS_MANIFEST, &mut |file| match file {
-        "rules.cedar" => Ok(PAYMENTS_RULES.to_string()),
-        other => Err(format!("no file {other}")),
-    })
-    .map_err(|e| setup(e.to_string()))?;
-
+    let git_push = recipe(
+        include_str!("../../../examples/policies/git-push/policy.toml"),
+        include_str!("../../../examples/policies/git-push/rules.cedar"),
+    )?;
+    let daily_total = recipe(
+        include_str!("../../../examples/policies/daily-total/policy.toml"),
+        include_str!("../../../examples/policies/daily-total/rules.cedar"),
+    )?;
     let expense_calls = [
         ("get_claim", json!({"claim_id": "c-102"})),
         (
@@ -95,33 +68,48 @@ pub fn run(args: &BenchArgs) -> Result<Output, BenchError> {
             json!({"claim_id": "c-103", "reason": "A duplicate."}),
         ),
     ];
-    let payments_calls = [
+    let bash_calls = [
+        ("Bash", json!({"command": "cargo test -p shared"})),
         (
-            "send_transfer",
-            json!({"to": "acct_9", "amount_cents": 9_000}),
+            "Bash",
+            json!({"command": "git push origin feature/invoices"}),
+        ),
+        ("Bash", json!({"command": "git push origin HEAD:main"})),
+        (
+            "Bash",
+            json!({"command": "git push --force origin fix-login"}),
+        ),
+    ];
+    let credit_calls = [
+        (
+            "issue_credit",
+            json!({"customer_id": "cus_1", "amount_cents": 5_000, "reason": "Late delivery."}),
         ),
         (
-            "send_transfer",
-            json!({"to": "acct_9", "amount_cents": 60_000}),
-        ),
-        (
-            "send_transfer",
-            json!({"to": "acct_7", "amount_cents": 90_000}),
+            "issue_credit",
+            json!({"customer_id": "cus_2", "amount_cents": 15_000, "reason": "Broken item."}),
         ),
     ];
     let figures = vec![
         measure(
-            "expense (TOML)",
+            "expense (TOML, translated)",
             &expense,
             "expense",
             &expense_calls,
             args.runs,
         )?,
         measure(
-            "payments (Cedar, a window, claims, the time)",
-            &payments,
-            "payments",
-            &payments_calls,
+            "git-push (Cedar patterns on a command)",
+            &git_push,
+            "git-push",
+            &bash_calls,
+            args.runs,
+        )?,
+        measure(
+            "daily-total (Cedar, a history window)",
+            &daily_total,
+            "daily-total",
+            &credit_calls,
             args.runs,
         )?,
     ];
