@@ -196,7 +196,8 @@ async fn pre_tool_use(
 ) -> Result<Value, Failure> {
     let tenant = call.tenant.clone();
     let mut state = local.engine.gate_call(call).await.map_err(undecided)?;
-    if state.status.is_pending() {
+    // A call already handed over runs in Claude Code: nothing to wait for.
+    if state.status.is_pending() && state.claim.is_none() {
         state = local
             .engine
             .wait_for_call(&tenant, &state.run_id, options.wait)

@@ -279,8 +279,11 @@ fn given_an_approval_given_while_no_hook_waited_when_the_call_comes_again_then_i
         )
     );
 
-    // Once handed over, never again.
-    let again = decided(&cs, &input, &["--wait", "0s"]);
+    // Once handed over, never again, and at once: the hook does not wait on a call running in
+    // Claude Code.
+    let started = Instant::now();
+    let again = decided(&cs, &input, &[]);
+    assert!(started.elapsed() < Duration::from_secs(10));
     assert_eq!(
         again,
         decision(
@@ -290,6 +293,35 @@ fn given_an_approval_given_while_no_hook_waited_when_the_call_comes_again_then_i
             None
         )
     );
+}
+
+#[test]
+fn given_an_input_without_a_tool_use_id_then_its_id_is_derived_from_the_session_and_the_call() {
+    let cs = harness("hook-derived");
+    let mut input: Value = serde_json::from_str(&pre_tool_use(
+        "unused",
+        "Bash",
+        json!({"command": "cargo build"}),
+    ))
+    .unwrap();
+    input.as_object_mut().unwrap().remove("tool_use_id");
+
+    let first = decided(&cs, &input.to_string(), &[]);
+    assert_eq!(first["hookSpecificOutput"]["permissionDecision"], "allow");
+
+    // The same call in the same session is that call, already handed over.
+    let again = decided(&cs, &input.to_string(), &[]);
+    let reason = key_reason(&again);
+    assert!(
+        reason.starts_with("Countersign: this call (derived-")
+            && reason.contains("does not run twice"),
+        "{reason}"
+    );
+
+    // Another session's identical call is another call.
+    input["session_id"] = json!("def456");
+    let other = decided(&cs, &input.to_string(), &[]);
+    assert_eq!(other["hookSpecificOutput"]["permissionDecision"], "allow");
 }
 
 #[test]
