@@ -149,6 +149,43 @@ pub enum Command {
     /// Hold an agent's policy to a case file, or try a candidate policy on its stored calls.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// A coding agent's hook: one event's JSON on stdin, the hook's answer on stdout.
+    #[command(subcommand)]
+    Hook(Hook),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Hook {
+    /// Claude Code's command hook (PreToolUse, PostToolUse, PostToolUseFailure): each call of a
+    /// tool the agent lists goes through its policy and, where it says so, a person; the
+    /// answer is Claude Code's permissionDecision. Any failure exits 2, which blocks the call.
+    ClaudeCode(ClaudeCodeHook),
+}
+
+/// Whose calls Claude Code's hook proposes, to which agent, and how long it waits.
+#[derive(Debug, clap::Args)]
+pub struct ClaudeCodeHook {
+    /// The agent whose policy decides: a loaded definition's name, or a definition's directory
+    /// (such as agents/claude-code; the commands that decide its calls need it in --agents too).
+    #[arg(long, default_value = "claude-code", value_name = "NAME|DIR")]
+    pub agent: String,
+    /// Who asks: every call is this person's, and they may not approve it.
+    #[arg(long = "as", env = "COUNTERSIGN_AS", value_name = "NAME")]
+    pub person: String,
+    /// How long to wait for a person's decision: under the hook's timeout (60 s by default).
+    #[arg(long, default_value = "50s", value_parser = parse_duration)]
+    pub wait: Duration,
+    /// What to answer when nobody decided in time: ask (Claude Code asks its user) or defer
+    /// (a headless `claude -p` session stops, to be resumed once it is decided).
+    #[arg(long, value_enum, default_value_t = OnTimeout::Ask)]
+    pub on_timeout: OnTimeout,
+}
+
+/// The hook's answer when nobody decided in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnTimeout {
+    Ask,
+    Defer,
 }
 
 #[derive(Debug, Subcommand)]
@@ -201,7 +238,8 @@ impl Command {
             | Command::Audit { .. }
             | Command::Token { .. }
             | Command::Ledger
-            | Command::Policy(_) => Environment::WhenRun,
+            | Command::Policy(_)
+            | Command::Hook(_) => Environment::WhenRun,
         }
     }
 }

@@ -2,6 +2,7 @@
 
 mod cli;
 mod fail;
+mod hook;
 mod local;
 mod mcp;
 mod policy;
@@ -48,7 +49,9 @@ async fn main() -> ExitCode {
 
     let json = cli.global.json;
     // Over stdio, stdout carries the MCP protocol and nothing else.
-    let quiet = matches!(cli.command, Command::Mcp(_));
+    // A hook's answer is its own JSON, or nothing.
+    let quiet = matches!(cli.command, Command::Mcp(_) | Command::Hook(_));
+    let hook = matches!(cli.command, Command::Hook(_));
     match run(cli).await {
         Ok(_) if quiet => ExitCode::SUCCESS,
         Ok(output) => {
@@ -67,7 +70,11 @@ async fn main() -> ExitCode {
                 );
             }
             eprintln!("error: {}", render::terminal(&failure.message));
-            ExitCode::from(failure.exit as u8)
+            // Claude Code takes exit 2 as a blocking error: a hook that cannot decide blocks.
+            match hook {
+                true => ExitCode::from(2),
+                false => ExitCode::from(failure.exit as u8),
+            }
         }
     }
 }
@@ -134,6 +141,7 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
         Command::Run { agent, .. } => Some(agent),
         Command::Mcp(options) => Some(&options.agent),
         Command::Policy(policy) => Some(policy.agent()),
+        Command::Hook(cli::Hook::ClaudeCode(options)) => Some(&options.agent),
         _ => None,
     };
     if let Some(agent) = named
@@ -148,8 +156,23 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
             None => agent,
         });
     }
+    // A hook's input is read, and refused if bad, before the state is opened.
+    let event = match &cli.command {
+        Command::Hook(_) => Some(hook::read_event(std::io::stdin().lock())?),
+        _ => None,
+    };
     let local = Local::connect(&cli.global, cli.command.environment()).await?;
     match cli.command {
+        Command::Hook(cli::Hook::ClaudeCode(options)) => {
+            let event = event.expect("read above");
+            if let Some(answer) = hook::answer(&local, &options, event).await? {
+                println!("{answer}");
+            }
+            Ok(Output {
+                text: String::new(),
+                json: Value::Null,
+            })
+        }
         Command::Agent { claim, ttl } => {
             let mut start = expense::task_for(&local.claims, &claim)?;
             local.loaded(&start.tenant, &start.agent)?;

@@ -182,7 +182,7 @@ impl GateCall {
                     "a call id has 1 to {MAX_CALL_ID} characters"
                 )));
             }
-            Some(id) => serde_json::json!({"agent": self.agent.as_str(), "call_id": id}),
+            Some(id) => named_by_id(&self.agent, id),
             None => serde_json::json!({
                 "agent": self.agent.as_str(),
                 "requested_by": self.requested_by.as_str(),
@@ -198,9 +198,19 @@ impl GateCall {
             )));
         }
         let kind = if self.call_id.is_some() { "id" } else { "args" };
-        let hash = hex::encode(Sha256::digest(canonical(&named).as_bytes()));
-        Ok(format!("{kind}-{}", &hash[..40]))
+        Ok(hashed_key(kind, &named))
     }
+}
+
+/// What names a call its caller gave an id: the agent and that id.
+fn named_by_id(agent: &AgentName, call_id: &str) -> Value {
+    serde_json::json!({"agent": agent.as_str(), "call_id": call_id})
+}
+
+/// A call's key: its kind (`id`, `args`) and the hash of what names it.
+fn hashed_key(kind: &str, named: &Value) -> String {
+    let hash = hex::encode(Sha256::digest(canonical(named).as_bytes()));
+    format!("{kind}-{}", &hash[..40])
 }
 
 impl Engine {
@@ -391,6 +401,19 @@ impl Engine {
             Ok(_) => refused,
             Err(error) => error,
         }
+    }
+
+    /// The run of the call `agent`'s caller named `call_id`, if one was taken: a caller that
+    /// reports on a call by its own id (a hook's PostToolUse) finds it without proposing it.
+    pub async fn call_named(
+        &self,
+        tenant: &TenantId,
+        agent: &AgentName,
+        call_id: &str,
+    ) -> Result<Option<RunId>, EngineError> {
+        let pk = keys::call_pk(tenant, &hashed_key("id", &named_by_id(agent, call_id)));
+        let keyed = load::<CallKeyed>(self.store.as_ref(), &pk, keys::CALL_SK).await?;
+        Ok(keyed.map(|keyed| keyed.value.run_id))
     }
 
     /// The state of a call taken through the gate, by its run.
