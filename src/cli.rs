@@ -166,7 +166,7 @@ pub enum Hook {
 #[derive(Debug, clap::Args)]
 pub struct ClaudeCodeHook {
     /// The agent whose policy decides: a loaded definition's name, or a definition's directory
-    /// (such as agents/claude-code; the commands that decide its calls need it in --agents too).
+    /// (such as examples/claude-code; the commands that decide its calls need it in --agents too).
     #[arg(long, default_value = "claude-code", value_name = "NAME|DIR")]
     pub agent: String,
     /// Who asks: every call is this person's, and they may not approve it.

@@ -12,7 +12,7 @@ use common::Countersign;
 use serde_json::{Value, json};
 
 fn claude_code_dir() -> String {
-    concat!(env!("CARGO_MANIFEST_DIR"), "/agents/claude-code").to_string()
+    concat!(env!("CARGO_MANIFEST_DIR"), "/examples/claude-code").to_string()
 }
 
 /// A fresh state with the shipped claude-code agent and its people loaded.
