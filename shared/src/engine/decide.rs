@@ -306,8 +306,15 @@ impl Engine {
                     // on: the new version takes its place.
                     let own = Some(&approval.action_id);
                     let history = or_read_again!(
-                        self.totals(&agent, asker, &args, now, &mut Tally::default(), own)
-                            .await
+                        self.totals(
+                            &agent,
+                            asker,
+                            (&approval.tool, &args),
+                            now,
+                            &mut Tally::default(),
+                            own,
+                        )
+                        .await
                     );
                     or_read_again!(self.write_edit(
                         &agent,

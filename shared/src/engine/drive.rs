@@ -485,7 +485,14 @@ impl Engine {
         for _ in 0..CAS_ATTEMPTS {
             let now = self.now();
             let history = self
-                .totals(agent, run.asker(), &call.args, now, tally, None)
+                .totals(
+                    agent,
+                    run.asker(),
+                    (&call.tool, &call.args),
+                    now,
+                    tally,
+                    None,
+                )
                 .await?;
             let ruling = agent.decide(
                 &agent.policy,

@@ -164,21 +164,24 @@ pub(super) fn count_in(tx: &mut Tx, claims: &[Claim]) {
 }
 
 impl Engine {
-    /// The totals of every window `agent`'s policy declares, as a call of `tool` with `args` in
-    /// `asker` reads them at `at`: the calls counted after the window's start, the turn's own
+    /// The totals of the windows `agent`'s policy declares that a call of `tool` with `args`
+    /// needs (its own tool's, and any a rule reads), as `asker` reads them at `at`: the calls counted after the window's start, the turn's own
     /// included, `own` (an edited call's earlier version) left out. Each subject is read once a
     /// turn.
     pub(super) async fn totals(
         &self,
         agent: &Agent,
         asker: Asker<'_>,
-        args: &Args,
+        (tool, args): (&str, &Args),
         at: DateTime<Utc>,
         tally: &mut Tally,
         own: Option<&ActionId>,
     ) -> Result<BTreeMap<String, Total>, EngineError> {
         let mut totals = BTreeMap::new();
-        for window in agent.policy.history.values() {
+        // A window of the call's own tool is read for its next slot; another only if a rule
+        // reads it. A window left out is zero to the rules, and none reads it.
+        let windows = agent.policy.history.values();
+        for window in windows.filter(|w| w.tool == tool || w.read_by_rules) {
             let Some(pk) = partition(agent, asker, window, args) else {
                 continue;
             };

@@ -33,6 +33,9 @@ pub struct Window {
     pub per: Per,
     /// The integer argument summed, if any.
     pub sum: Option<String>,
+    /// Some rule reads it. A call of another tool than the window's need not read a window no
+    /// rule reads: its totals could change no decision.
+    pub read_by_rules: bool,
 }
 
 /// Whose calls one total counts.
@@ -94,6 +97,7 @@ impl RawWindow {
             window,
             per,
             sum: self.sum,
+            read_by_rules: true,
         })
     }
 }
@@ -213,6 +217,7 @@ mod tests {
             window: Duration::from_secs(3600),
             per,
             sum: Some("amount_cents".into()),
+            read_by_rules: true,
         }
     }
 

@@ -722,6 +722,14 @@ impl RawPolicy {
             }
             None => Value::Null,
         };
+        for window in history.values_mut() {
+            // A rule's text names every attribute it reads: a window it never names, it never
+            // reads. A name that appears for another reason only makes the window read.
+            window.read_by_rules = rules
+                .rules
+                .iter()
+                .any(|rule| rule.policy.to_string().contains(window.name.as_str()));
+        }
         Ok(Policy {
             name: self.name,
             version: self.version,
@@ -1284,6 +1292,16 @@ when { context.now.hour < 6 };
 
     fn policy() -> Policy {
         load(MANIFEST, RULES).unwrap()
+    }
+
+    #[test]
+    fn a_window_is_read_by_rules_only_where_a_rule_names_it() {
+        let manifest = format!(
+            "{MANIFEST}\n[history.refunded_1h]\ntool = \"send_transfer\"\nwindow = \"1h\"\nper = \"agent\"\n"
+        );
+        let policy = load(&manifest, RULES).unwrap();
+        assert!(policy.history["sent_1h"].read_by_rules);
+        assert!(!policy.history["refunded_1h"].read_by_rules);
     }
 
     /// Decides a call by `roles` with `sent` already sent this hour, at `hour` UTC.
