@@ -1,7 +1,6 @@
 //! `countersign policy`: an agent's policy held to its case file, and a candidate policy tried
 //! on the calls the agent was really asked to make.
 
-use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -44,12 +43,7 @@ pub async fn run(local: &Local, command: PolicyCommand) -> Result<Output, Failur
                                 "--policy needs --agent to be the agent's directory: {e}"
                             ))
                         })?;
-                    let roles: BTreeSet<String> = local
-                        .directory
-                        .people
-                        .iter()
-                        .flat_map(|p| p.roles.iter().map(|r| r.as_str().to_string()))
-                        .collect();
+                    let roles = local.directory.roles();
                     shared::agents::candidate_policy(path, agent, &definition, Some(&roles))
                         .map_err(|e| Failure::usage(e.to_string()))?
                 }

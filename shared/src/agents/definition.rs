@@ -388,6 +388,13 @@ impl Definition {
         None
     }
 
+    /// Whether some of its tools are known only once an MCP server lists them: its rules are
+    /// checked against its tools then, not when it is built.
+    pub fn needs_listing(&self) -> bool {
+        self.tools.iter().any(|t| t.schema_is_listed())
+            || self.mcp.values().any(|server| server.tools.is_some())
+    }
+
     /// The servers under `[mcp.*]` that this process would start (`command = ...`), by name.
     pub fn stdio_servers(&self) -> impl Iterator<Item = &str> {
         self.mcp

@@ -78,16 +78,13 @@ pub fn candidate_policy(
         false => dir,
     };
     let (policy, files) = definition::load_policy(&Dir(dir.to_path_buf()), name)?;
-    let specs = agent.tools.specs();
-    let known: Vec<(String, serde_json::Value)> = specs
-        .iter()
-        .map(|spec| (spec.name.clone(), spec.input_schema.clone()))
-        .collect();
-    let all_known = definition
-        .tools
-        .iter()
-        .all(|tool| known.iter().any(|(name, _)| name == &tool.name));
-    if all_known && definition.mcp.values().all(|server| server.tools.is_none()) {
+    if !definition.needs_listing() {
+        let known: Vec<(String, serde_json::Value)> = agent
+            .tools
+            .specs()
+            .iter()
+            .map(|spec| (spec.name.clone(), spec.input_schema.clone()))
+            .collect();
         files.check(&policy, &known, roles)?;
     }
     Ok(policy)

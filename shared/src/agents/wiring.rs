@@ -167,9 +167,7 @@ impl<'a> Wiring<'a> {
                 Some((spec.name, spec.input_schema))
             })
             .collect();
-        let listing_needed = definition.tools.iter().any(|t| t.schema_is_listed())
-            || definition.mcp.values().any(|server| server.tools.is_some());
-        if !listing_needed {
+        if !definition.needs_listing() {
             definition
                 .policy_files
                 .check(&definition.policy, &known, self.roles.as_ref())?;

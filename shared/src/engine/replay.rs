@@ -11,7 +11,7 @@ use super::{Agent, Engine, EngineError, History};
 use crate::domain::action::ActionStatus;
 use crate::domain::args::Args;
 use crate::domain::audit::AuditEvent;
-use crate::domain::ids::{ActionId, AgentName, PersonId, RunId, TenantId};
+use crate::domain::ids::{ActionId, PersonId, RunId, TenantId};
 use crate::domain::policy::history::Per;
 use crate::domain::policy::{Policy, Total, VerdictKind};
 use crate::engine::records::keys;
@@ -104,16 +104,19 @@ impl Engine {
                 let Ok(run) = RunId::parse(run) else {
                     continue;
                 };
-                let history = self.history(&tenant, &run).await;
-                match history {
-                    Ok(history) if history.run.agent == agent.name => runs.push(history),
+                // The run's own item first: only the agent's runs changed since `since` can
+                // hold a call to replay, and only theirs are read whole.
+                match self.run(&tenant, &run).await {
+                    Ok(found) if found.agent == agent.name && found.updated_at >= since => {
+                        runs.push(self.history(&tenant, &run).await?)
+                    }
                     Ok(_) => {}
                     Err(e) if e.code() == "not_found" => {}
                     Err(e) => return Err(e),
                 }
             }
         }
-        let mut proposals = proposals_of(&runs, &agent.name, since);
+        let mut proposals = proposals_of(&runs, since);
         proposals.sort_by_key(|p| (p.at, p.index));
         let by_run: BTreeMap<&RunId, &History> = runs.iter().map(|h| (&h.run.id, h)).collect();
 
@@ -154,10 +157,10 @@ impl Engine {
     }
 }
 
-/// The first version of every call policy ruled on in `runs` of `agent` since `since`.
-fn proposals_of(runs: &[History], agent: &AgentName, since: DateTime<Utc>) -> Vec<Proposal> {
+/// The first version of every call policy ruled on in `runs` since `since`.
+fn proposals_of(runs: &[History], since: DateTime<Utc>) -> Vec<Proposal> {
     let mut proposals = Vec::new();
-    for history in runs.iter().filter(|h| &h.run.agent == agent) {
+    for history in runs {
         for entry in history.entries.iter().filter(|e| e.at >= since) {
             let AuditEvent::Proposed {
                 action_id,
