@@ -258,15 +258,8 @@ fn refused(state: &CallState) -> String {
     }
     match &state.result {
         Some(told) => format!("Countersign: {}", told.content),
-        None => format!("Countersign: the call is {}", status_word(state.status)),
+        None => format!("Countersign: the call is {}", state.status),
     }
-}
-
-fn status_word(status: CallStatus) -> String {
-    serde_json::to_value(status)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default()
 }
 
 /// A `PreToolUse` answer, as the hooks reference shapes it.
@@ -309,7 +302,7 @@ async fn post_tool_use(
         eprintln!(
             "countersign hook: call {call_id} was not handed to Claude Code by Countersign \
              (it is {}); its outcome is not recorded",
-            status_word(state.status)
+            state.status
         );
         return Ok(());
     }

@@ -32,6 +32,7 @@ use crate::domain::conversation::{Block, Message, Speaker, ToolResultText};
 use crate::domain::gate::GateRefusal;
 use crate::domain::identity::Standing;
 use crate::domain::ids::{ActionId, AgentName, PersonId, RunId, TenantId};
+use crate::domain::names::shown_by_serde_name;
 use crate::domain::run::{GateOrigin, GateVia, HeldCall, Run, RunStatus};
 use crate::ports::store::{Condition, StoreError};
 
@@ -85,6 +86,8 @@ pub enum CallStatus {
     /// Answered before policy ruled on it: no such tool, or arguments that do not fit.
     Refused,
 }
+
+shown_by_serde_name!(CallStatus);
 
 impl CallStatus {
     /// Nothing more will happen to the call.
