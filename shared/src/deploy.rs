@@ -15,7 +15,7 @@ use crate::adapters::scheduler::{EventBridgeScheduler, ScheduleTarget};
 use crate::adapters::slack::{self, SigningSecret, SlackApp, SlackChannel, WebApi};
 use crate::adapters::sqs::SqsQueue;
 use crate::adapters::webhook::{self, Webhooks};
-use crate::agents::{self, Definition, Environment, Wiring};
+use crate::agents::{self, Definition, Environment, Head, Pending, Wiring};
 use crate::domain::identity::Directory;
 use crate::engine::records::IndexShards;
 use crate::engine::{
@@ -306,32 +306,50 @@ pub fn slack_from_env(directory: Option<&Directory>) -> Result<Option<Arc<SlackA
 /// The agent definitions a process runs: `paths` comma-separated (each an agent's directory or
 /// a directory of them), or else the ones shipped with Countersign.
 pub fn definitions(paths: Option<&str>) -> Result<Vec<Definition>, ConfigError> {
-    let loaded = match paths.map(str::trim).filter(|p| !p.is_empty()) {
-        Some(paths) => {
-            let paths: Vec<PathBuf> = paths
-                .split(',')
-                .map(str::trim)
-                .filter(|p| !p.is_empty())
-                .map(PathBuf::from)
-                .collect();
-            agents::load_paths(&paths)
-        }
+    let loaded = match split_paths(paths) {
+        Some(paths) => agents::load_paths(&paths),
         None => agents::shipped(),
     };
     loaded.map_err(|e| ConfigError(e.to_string()))
 }
 
+fn split_paths(paths: Option<&str>) -> Option<Vec<PathBuf>> {
+    let paths = paths.map(str::trim).filter(|p| !p.is_empty())?;
+    Some(
+        paths
+            .split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from)
+            .collect(),
+    )
+}
+
+/// A process's agent definitions: loaded whole at start (the local binary, which refuses a bad
+/// one before it serves anything), or read by their heads at start and each loaded, checked
+/// and bound when the first call that names its agent arrives (a function, which may never
+/// need most of them: its cold start pays for none).
+pub enum Definitions {
+    Loaded(Vec<Definition>),
+    WhenNeeded(Vec<Pending>),
+}
+
 /// Refuses, naming the agent and the server, a definition that would start an MCP server as a
 /// local process: Lambda has no place to keep one running between invocations.
-pub fn refuse_stdio_servers(definitions: &[Definition]) -> Result<(), ConfigError> {
-    for definition in definitions {
-        if let Some(server) = definition.stdio_servers().next() {
+pub fn refuse_stdio_servers(definitions: &[Pending]) -> Result<(), ConfigError> {
+    for Head {
+        name,
+        stdio_server,
+        file,
+        ..
+    } in definitions.iter().map(|pending| &pending.head)
+    {
+        if let Some(server) = stdio_server {
             return Err(ConfigError(format!(
-                "{}: mcp.{server}: the agent {} starts the MCP server {server} as a local process \
+                "{file}: mcp.{server}: the agent {name} starts the MCP server {server} as a local process \
                  (command = ...), which cannot run in AWS Lambda; reach it by url (Streamable \
                  HTTP) there, or run this agent with the local binary (countersign serve or \
-                 countersign mcp)",
-                definition.file, definition.name
+                 countersign mcp)"
             )));
         }
     }
@@ -340,7 +358,7 @@ pub fn refuse_stdio_servers(definitions: &[Definition]) -> Result<(), ConfigErro
 
 /// What every engine of a process is built from, whatever its store.
 pub struct Setup {
-    pub definitions: Vec<Definition>,
+    pub definitions: Definitions,
     pub notifications: Notifications,
     /// The expense example's claims, for its built-in tools (`COUNTERSIGN_CLAIMS` or the shipped).
     pub claims: Arc<Claims>,
@@ -358,18 +376,25 @@ impl Setup {
     /// the expense example's claims file (else the shipped one), and the notices as
     /// [`Notifications::from_env`] reads them.
     ///
-    /// Only Lambda functions set up this way, so a definition with an MCP server started as a
-    /// local process (`command = ...`) is refused: a function cannot keep one running.
+    /// Only Lambda functions set up this way: each definition is read by its head at start and
+    /// loaded when its agent is first needed, and one with an MCP server started as a local
+    /// process (`command = ...`) is refused at start: a function cannot keep one running.
     pub fn from_env() -> Result<Self, ConfigError> {
-        let setup = Self::load(
-            setting("COUNTERSIGN_AGENTS").as_deref(),
+        let paths = split_paths(setting("COUNTERSIGN_AGENTS").as_deref());
+        let pending = agents::pending(paths.as_deref()).map_err(|e| ConfigError(e.to_string()))?;
+        refuse_stdio_servers(&pending)?;
+        Self::with(
+            Definitions::WhenNeeded(pending),
             setting("COUNTERSIGN_CLAIMS").map(PathBuf::from).as_deref(),
-        )?;
-        refuse_stdio_servers(&setup.definitions)?;
-        Ok(setup)
+        )
     }
 
+    /// Every definition loaded and checked now (`agents` as [`definitions`] reads it).
     pub fn load(agents: Option<&str>, claims: Option<&Path>) -> Result<Self, ConfigError> {
+        Self::with(Definitions::Loaded(definitions(agents)?), claims)
+    }
+
+    fn with(definitions: Definitions, claims: Option<&Path>) -> Result<Self, ConfigError> {
         let claims = match claims {
             Some(path) => {
                 let shown = path.display();
@@ -383,7 +408,7 @@ impl Setup {
             None => expense::default_claims(),
         };
         Ok(Self {
-            definitions: definitions(agents)?,
+            definitions,
             notifications: Notifications::from_env()?,
             claims,
             max_open_approvals: max_open_approvals()?,
@@ -456,13 +481,32 @@ pub fn engine(
             setup.claims.clone(),
         )
     };
-    let agents = wiring
-        .build_all(&setup.definitions)
-        .map_err(|e| ConfigError(e.to_string()))?;
-    let builder = Engine::builder(backing.store)
+    let mut builder = Engine::builder(backing.store.clone());
+    match &setup.definitions {
+        Definitions::Loaded(definitions) => {
+            let agents = wiring
+                .build_all(definitions)
+                .map_err(|e| ConfigError(e.to_string()))?;
+            builder = builder.agents(agents);
+        }
+        Definitions::WhenNeeded(pending) => {
+            let wiring = Arc::new(wiring);
+            for pending in pending {
+                let (wiring, source) = (wiring.clone(), pending.clone());
+                builder = builder.agent_when_needed(
+                    pending.head.name.clone(),
+                    pending.head.tenants.clone(),
+                    Box::new(move || {
+                        let definition = source.load().map_err(|e| e.to_string())?;
+                        wiring.build(&definition).map_err(|e| e.to_string())
+                    }),
+                );
+            }
+        }
+    }
+    let builder = builder
         .index_shards(index_shards()?)
         .max_open_approvals(setup.max_open_approvals)
-        .agents(agents)
         .clock(backing.clock)
         .delivery(backing.delivery)
         .scheduler(backing.scheduler);
@@ -504,15 +548,140 @@ mod tests {
         )
         .unwrap();
 
-        let loaded = definitions(Some(dir.to_str().unwrap())).expect("the local binary loads it");
-        let refused = refuse_stdio_servers(&loaded).unwrap_err().to_string();
+        definitions(Some(dir.to_str().unwrap())).expect("the local binary loads it");
+        let pending = agents::pending(Some(&[dir.clone()])).expect("its head reads");
+        let refused = refuse_stdio_servers(&pending).unwrap_err().to_string();
         assert!(refused.contains("agent.toml: mcp.files"), "{refused}");
         assert!(
             refused.contains("the agent files starts the MCP server files as a local process"),
             "{refused}"
         );
         assert!(refused.contains("cannot run in AWS Lambda"), "{refused}");
-        assert!(refuse_stdio_servers(&agents::shipped().unwrap()).is_ok());
+        assert!(refuse_stdio_servers(&agents::pending(None).unwrap()).is_ok());
         std::fs::remove_dir_all(dir).ok();
+    }
+}
+
+#[cfg(test)]
+mod when_needed {
+    use super::*;
+    use crate::adapters::sqlite::SqliteStore;
+    use crate::domain::ids::{AgentName, TenantId};
+    use crate::engine::EngineError;
+    use crate::ports::scheduler::SweepOnly;
+
+    /// An engine over a fresh SQLite store whose agents are `definitions`, as a function's.
+    fn engine_of(definitions: Definitions, name: &str) -> Result<Engine, ConfigError> {
+        let store = Arc::new(SqliteStore::open_dir(&crate::testing::scratch_dir(name)).unwrap());
+        let backing = Backing {
+            store: store.clone(),
+            delivery: Delivery::InProcess,
+            scheduler: Arc::new(SweepOnly),
+            clock: Arc::new(SystemClock),
+        };
+        let setup = Setup {
+            definitions,
+            notifications: Notifications::default(),
+            claims: expense::default_claims(),
+            max_open_approvals: DEFAULT_MAX_OPEN_APPROVALS,
+            roles: None,
+        };
+        engine(backing, &setup, false, Environment::AtStart)
+    }
+
+    /// A payments agent of the tenant acme whose one Cedar rule names an argument its tool
+    /// does not have.
+    fn acme_payments_with_a_bad_rule() -> PathBuf {
+        let dir = crate::testing::scratch_dir("bad-rule-when-needed");
+        std::fs::create_dir_all(&dir).unwrap();
+        for (file, text) in [
+            (
+                "agent.toml",
+                "name = \"payments\"\nsystem_prompt = \"Move money.\"\ntenants = [\"acme\"]\n\
+                 [tools.send_transfer]\nexecutor = \"caller\"\ndescription = \"Sends cents.\"\n\
+                 input_schema = { type = \"object\", properties = { amount_cents = { type = \"integer\" } } }\n",
+            ),
+            (
+                "policy.toml",
+                "name = \"payments\"\nversion = 1\ndefault_ttl = \"4h\"\ncedar = [\"rules.cedar\"]\n",
+            ),
+            (
+                "rules.cedar",
+                "@id(\"x\")\npermit (principal, action == Action::\"send_transfer\", resource)\n  when { context.input.amount > 5 };\n",
+            ),
+        ] {
+            std::fs::write(dir.join(file), text).unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn given_a_bad_rule_a_function_starts_and_refuses_the_first_call_that_needs_the_agent_naming_the_file_the_line_and_the_reason()
+     {
+        let dir = acme_payments_with_a_bad_rule();
+        let loaded = Definitions::Loaded(definitions(dir.to_str()).unwrap());
+        let at_start = engine_of(loaded, "bad-rule-at-start")
+            .err()
+            .expect("the local binary refuses it at start");
+        let pending = agents::pending(Some(&[dir.clone()])).expect("its head reads");
+        let engine = engine_of(Definitions::WhenNeeded(pending), "bad-rule-engine").unwrap();
+
+        let payments = AgentName::parse("payments").unwrap();
+        let (acme, globex) = (
+            TenantId::parse("acme").unwrap(),
+            TenantId::parse("globex").unwrap(),
+        );
+        assert!(engine.agents().admits(&acme, &payments));
+        assert!(
+            !engine.agents().admits(&globex, &payments),
+            "its tenants are known from its head"
+        );
+        assert!(matches!(
+            engine.agent(&globex, &payments),
+            Err(EngineError::NotFound { .. })
+        ));
+
+        let refused = engine
+            .agent(&acme, &payments)
+            .err()
+            .expect("building it refuses it");
+        assert!(
+            matches!(refused, EngineError::NotConfigured(_)),
+            "{refused:?}"
+        );
+        let refused = refused.to_string();
+        for said in [
+            "rules.cedar",
+            "line 3",
+            "send_transfer has no argument amount",
+        ] {
+            assert!(refused.contains(said), "{refused}");
+            assert!(at_start.to_string().contains(said), "{at_start}");
+        }
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[test]
+    fn given_the_shipped_agents_a_function_builds_each_once_when_first_needed_and_as_the_local_binary_does()
+     {
+        let pending = agents::pending(None).expect("the shipped heads read");
+        let names: Vec<AgentName> = pending.iter().map(|p| p.head.name.clone()).collect();
+        let loaded = definitions(None).unwrap();
+        assert_eq!(
+            names,
+            loaded.iter().map(|d| d.name.clone()).collect::<Vec<_>>()
+        );
+        for (pending, loaded) in pending.iter().zip(&loaded) {
+            assert_eq!(&pending.load().unwrap(), loaded);
+        }
+
+        let engine = engine_of(Definitions::WhenNeeded(pending), "shipped-when-needed").unwrap();
+        let tenant = TenantId::parse("acme").unwrap();
+        for name in names {
+            let first = engine.agent(&tenant, &name).expect("it builds").clone();
+            let again = engine.agent(&tenant, &name).unwrap();
+            assert!(Arc::ptr_eq(&first, again), "{name} is built once");
+            assert_eq!(first.name, name);
+        }
     }
 }

@@ -7,7 +7,7 @@
 use super::secrets::{self, MIN_SECRET_BYTES, Secrets};
 
 /// Looks a variable up; `std::env::var` in a process, a map in tests.
-pub type Lookup<'a> = &'a dyn Fn(&str) -> Option<String>;
+pub type Lookup<'a> = &'a (dyn Fn(&str) -> Option<String> + Sync);
 
 /// The process environment, as a [`Lookup`].
 pub fn process_env(name: &str) -> Option<String> {

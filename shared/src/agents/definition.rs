@@ -155,6 +155,52 @@ struct RawDefinition {
     mcp: BTreeMap<String, toml::Value>,
 }
 
+/// What a process knows of a definition before it needs the agent: its name, the tenants that
+/// may use it, and the MCP server it would start as a local process, if any. Read from
+/// `agent.toml` alone; everything else is checked when the whole definition is loaded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Head {
+    pub name: AgentName,
+    pub tenants: Option<BTreeSet<TenantId>>,
+    pub stdio_server: Option<String>,
+    /// Where `agent.toml` was read from.
+    pub file: String,
+}
+
+/// The fields of `agent.toml` a [`Head`] reads; the others wait for the whole definition.
+#[derive(Deserialize)]
+struct RawHead {
+    name: String,
+    tenants: Option<Vec<String>>,
+    #[serde(default)]
+    mcp: BTreeMap<String, toml::Value>,
+}
+
+impl Head {
+    pub fn read(files: &dyn Files) -> Result<Self, DefinitionError> {
+        let file = files.label(DEFINITION_FILE);
+        let err = |field: &str, message: String| DefinitionError::new(&file, field, message);
+        let raw: RawHead = crate::domain::toml_text::from_str(&files.read(DEFINITION_FILE)?)
+            .map_err(|e| err("", e.to_string()))?;
+        let name = AgentName::parse(&raw.name).map_err(|e| err("name", e.to_string()))?;
+        let tenants = raw
+            .tenants
+            .map(|names| tenants(&names).map_err(|why| err("tenants", why)))
+            .transpose()?;
+        let stdio_server = raw
+            .mcp
+            .into_iter()
+            .find(|(_, server)| server.get("command").is_some())
+            .map(|(name, _)| name);
+        Ok(Self {
+            name,
+            tenants,
+            stdio_server,
+            file,
+        })
+    }
+}
+
 fn default_policy_file() -> String {
     "policy.toml".into()
 }

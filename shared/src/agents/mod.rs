@@ -56,7 +56,7 @@ mod wiring;
 use std::path::{Path, PathBuf};
 
 pub use definition::{
-    ApiEndpoint, Definition, ModelSettings, Offline, Provider, ToolBinding, ToolDefinition,
+    ApiEndpoint, Definition, Head, ModelSettings, Offline, Provider, ToolBinding, ToolDefinition,
 };
 pub use wiring::{BEDROCK_MODEL_VAR, Environment, Wiring};
 
@@ -260,40 +260,108 @@ pub fn shipped_one(name: &str) -> Result<Definition, DefinitionError> {
 /// Loads definitions from paths: each an agent's directory (it holds `agent.toml`) or a
 /// directory of agent directories. Two definitions with one name are refused.
 pub fn load_paths(paths: &[PathBuf]) -> Result<Vec<Definition>, DefinitionError> {
-    let mut definitions: Vec<Definition> = Vec::new();
-    for path in paths {
-        let dirs = if path.join(DEFINITION_FILE).is_file() {
-            vec![path.clone()]
-        } else {
-            let entries = std::fs::read_dir(path).map_err(|e| {
-                DefinitionError::new(
-                    &path.display().to_string(),
-                    "",
-                    format!(
-                        "not an agent directory (no {DEFINITION_FILE}) nor a directory of them: {e}"
-                    ),
-                )
-            })?;
-            let mut dirs: Vec<PathBuf> = entries
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.join(DEFINITION_FILE).is_file())
-                .collect();
-            dirs.sort();
-            dirs
-        };
-        for dir in dirs {
-            let definition = Definition::load(&Dir(dir))?;
-            if let Some(twin) = definitions.iter().find(|d| d.name == definition.name) {
-                return Err(DefinitionError::new(
-                    &definition.file,
-                    "name",
-                    format!("{} is also the name of {}", definition.name, twin.file),
-                ));
-            }
-            definitions.push(definition);
+    let definitions = agent_dirs(paths)?
+        .into_iter()
+        .map(|dir| Definition::load(&Dir(dir)))
+        .collect::<Result<Vec<_>, _>>()?;
+    refuse_twins(definitions.iter().map(|d| (&d.name, d.file.as_str())))?;
+    Ok(definitions)
+}
+
+/// A definition known by its [`Head`] until its agent is needed, then loaded whole from where
+/// it was found: for a process that may never need it.
+#[derive(Clone)]
+pub struct Pending {
+    pub head: Head,
+    source: Source,
+}
+
+#[derive(Clone)]
+enum Source {
+    Shipped(&'static InMemory<'static>),
+    Dir(PathBuf),
+}
+
+impl Pending {
+    /// The whole definition, checked as [`Definition::load`] checks it.
+    pub fn load(&self) -> Result<Definition, DefinitionError> {
+        match &self.source {
+            Source::Shipped(files) => Definition::load(*files),
+            Source::Dir(dir) => Definition::load(&Dir(dir.clone())),
         }
     }
-    Ok(definitions)
+}
+
+/// The definitions under `paths` (as [`load_paths`] finds them), or else the shipped ones, each
+/// known by its head until it is loaded. Two with one name are refused.
+pub fn pending(paths: Option<&[PathBuf]>) -> Result<Vec<Pending>, DefinitionError> {
+    let pending = match paths {
+        Some(paths) => agent_dirs(paths)?
+            .into_iter()
+            .map(|dir| {
+                Ok(Pending {
+                    head: Head::read(&Dir(dir.clone()))?,
+                    source: Source::Dir(dir),
+                })
+            })
+            .collect::<Result<Vec<_>, DefinitionError>>()?,
+        None => SHIPPED
+            .iter()
+            .map(|files| {
+                Ok(Pending {
+                    head: Head::read(files)?,
+                    source: Source::Shipped(files),
+                })
+            })
+            .collect::<Result<Vec<_>, DefinitionError>>()?,
+    };
+    refuse_twins(pending.iter().map(|p| (&p.head.name, p.head.file.as_str())))?;
+    Ok(pending)
+}
+
+/// The agents' directories `paths` name: each one itself, or the agent directories inside it.
+fn agent_dirs(paths: &[PathBuf]) -> Result<Vec<PathBuf>, DefinitionError> {
+    let mut found = Vec::new();
+    for path in paths {
+        if path.join(DEFINITION_FILE).is_file() {
+            found.push(path.clone());
+            continue;
+        }
+        let entries = std::fs::read_dir(path).map_err(|e| {
+            DefinitionError::new(
+                &path.display().to_string(),
+                "",
+                format!(
+                    "not an agent directory (no {DEFINITION_FILE}) nor a directory of them: {e}"
+                ),
+            )
+        })?;
+        let mut dirs: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.join(DEFINITION_FILE).is_file())
+            .collect();
+        dirs.sort();
+        found.extend(dirs);
+    }
+    Ok(found)
+}
+
+/// Refuses the second of two definitions with one name, naming both files.
+fn refuse_twins<'a>(
+    definitions: impl Iterator<Item = (&'a AgentName, &'a str)>,
+) -> Result<(), DefinitionError> {
+    let mut seen: Vec<(&AgentName, &str)> = Vec::new();
+    for (name, file) in definitions {
+        if let Some((_, twin)) = seen.iter().find(|(seen, _)| *seen == name) {
+            return Err(DefinitionError::new(
+                file,
+                "name",
+                format!("{name} is also the name of {twin}"),
+            ));
+        }
+        seen.push((name, file));
+    }
+    Ok(())
 }
 
 /// Makes an agent's tools ready before a run of it is driven: connects to and lists every MCP

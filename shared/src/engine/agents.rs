@@ -3,7 +3,7 @@
 //! whichever process handles it. Definitions files become agents in [`crate::agents`].
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -127,7 +127,7 @@ impl Agent {
 
     /// Whether `tenant` may use it: one its definition names, or any where it names none.
     pub fn serves(&self, tenant: &TenantId) -> bool {
-        self.tenants.as_ref().is_none_or(|t| t.contains(tenant))
+        serves(&self.tenants, tenant)
     }
 
     /// Whether this process can run the agent's calls: every tool it binds or lists. A process
@@ -303,13 +303,75 @@ impl Agent {
     }
 }
 
-/// The agents of one engine, by name.
+/// The agents of one engine, by name: each built at the start, or, where the process may never
+/// need it (a function), when the first call that names it arrives, once per process.
 #[derive(Clone, Default)]
-pub struct Agents(BTreeMap<AgentName, Arc<Agent>>);
+pub struct Agents(BTreeMap<AgentName, Arc<Entry>>);
+
+/// Builds an agent when first asked for; its error names the definition's file, field and
+/// reason.
+pub type BuildAgent = Box<dyn Fn() -> Result<Agent, String> + Send + Sync>;
+
+/// One agent of an engine: its tenants known from the start, the agent itself built or to be.
+struct Entry {
+    tenants: Option<BTreeSet<TenantId>>,
+    built: OnceLock<Arc<Agent>>,
+    build: Option<BuildAgent>,
+}
+
+impl Entry {
+    fn serves(&self, tenant: &TenantId) -> bool {
+        serves(&self.tenants, tenant)
+    }
+
+    /// The agent, built now if it was not yet. Two callers at once may both build it; one
+    /// result is kept, and building twice writes nothing.
+    fn agent(&self, name: &AgentName) -> Result<&Arc<Agent>, EngineError> {
+        if let Some(agent) = self.built.get() {
+            return Ok(agent);
+        }
+        let build = self
+            .build
+            .as_ref()
+            .expect("an entry without a builder is built");
+        let agent = build().map_err(|why| {
+            tracing::error!(agent = %name, %why, "the agent's definition cannot be built");
+            EngineError::NotConfigured(format!("the agent {name} cannot be built here: {why}"))
+        })?;
+        Ok(self.built.get_or_init(|| Arc::new(agent)))
+    }
+}
+
+fn serves(tenants: &Option<BTreeSet<TenantId>>, tenant: &TenantId) -> bool {
+    tenants.as_ref().is_none_or(|t| t.contains(tenant))
+}
 
 impl Agents {
     pub fn insert(&mut self, agent: Agent) {
-        self.0.insert(agent.name.clone(), Arc::new(agent));
+        let entry = Entry {
+            tenants: agent.tenants.clone(),
+            built: OnceLock::from(Arc::new(agent)),
+            build: None,
+        };
+        self.0.insert(
+            entry.built.get().expect("built").name.clone(),
+            Arc::new(entry),
+        );
+    }
+
+    /// An agent of this name, serving `tenants`, that `build` makes when a call first needs it.
+    pub fn insert_lazy(
+        &mut self,
+        name: AgentName,
+        tenants: Option<BTreeSet<TenantId>>,
+        build: BuildAgent,
+    ) {
+        let entry = Entry {
+            tenants,
+            built: OnceLock::new(),
+            build: Some(build),
+        };
+        self.0.insert(name, Arc::new(entry));
     }
 
     /// The agent of this name for `tenant`. To a tenant it does not serve it does not exist:
@@ -317,14 +379,15 @@ impl Agents {
     pub fn get(&self, tenant: &TenantId, name: &AgentName) -> Result<&Arc<Agent>, EngineError> {
         self.0
             .get(name)
-            .filter(|agent| agent.serves(tenant))
-            .ok_or_else(|| EngineError::not_found(format!("agent {name}")))
+            .filter(|entry| entry.serves(tenant))
+            .ok_or_else(|| EngineError::not_found(format!("agent {name}")))?
+            .agent(name)
     }
 
     /// Whether `tenant` may read records of the agent `name`: unless this process loads the
     /// agent and it does not serve the tenant (a definition changed since they were written).
     pub fn admits(&self, tenant: &TenantId, name: &AgentName) -> bool {
-        self.0.get(name).is_none_or(|agent| agent.serves(tenant))
+        self.0.get(name).is_none_or(|entry| entry.serves(tenant))
     }
 
     /// Whether this process loads an agent of this name, for any tenant.
@@ -336,7 +399,11 @@ impl Agents {
         self.0.keys()
     }
 
+    /// Every agent, each built now if it was not yet; one that cannot be built is left out
+    /// (its error is logged).
     pub fn iter(&self) -> impl Iterator<Item = &Arc<Agent>> {
-        self.0.values()
+        self.0
+            .iter()
+            .filter_map(|(name, entry)| entry.agent(name).ok())
     }
 }

@@ -19,13 +19,13 @@ mod sweep;
 mod tally;
 mod waiters;
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-pub use agents::{Agent, Agents, Limits, Unfit};
+pub use agents::{Agent, Agents, BuildAgent, Limits, Unfit};
 pub use claim::Reported;
 pub use decide::DecisionReport;
 pub use drive::StartRun;
@@ -143,6 +143,18 @@ impl EngineBuilder {
         for agent in agents {
             self.engine.agents.insert(agent);
         }
+        self
+    }
+
+    /// An agent this engine runs, serving `tenants`, that `build` makes when a call first names
+    /// it: for a process that may never need it. Until then only its name and tenants are known.
+    pub fn agent_when_needed(
+        mut self,
+        name: AgentName,
+        tenants: Option<BTreeSet<TenantId>>,
+        build: BuildAgent,
+    ) -> Self {
+        self.engine.agents.insert_lazy(name, tenants, build);
         self
     }
 

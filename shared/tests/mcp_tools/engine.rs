@@ -335,7 +335,7 @@ fn env_for(addr: SocketAddr) -> impl Fn(&str) -> Option<String> {
 async fn defined_process(
     h: &harness::Harness,
     definition: &Definition,
-    env: &dyn Fn(&str) -> Option<String>,
+    env: shared::adapters::env_template::Lookup<'_>,
     script: harness::Script,
 ) -> Result<harness::Process, DefinitionError> {
     defined_process_delivering(h, definition, env, script, Delivery::InProcess).await
@@ -345,7 +345,7 @@ async fn defined_process(
 async fn prepared_process(
     h: &harness::Harness,
     definition: &Definition,
-    env: &dyn Fn(&str) -> Option<String>,
+    env: shared::adapters::env_template::Lookup<'_>,
     script: harness::Script,
 ) -> harness::Process {
     let p = defined_process(h, definition, env, script).await.unwrap();
@@ -359,7 +359,7 @@ async fn prepared_process(
 async fn defined_process_delivering(
     h: &harness::Harness,
     definition: &Definition,
-    env: &dyn Fn(&str) -> Option<String>,
+    env: shared::adapters::env_template::Lookup<'_>,
     script: harness::Script,
     delivery: Delivery,
 ) -> Result<harness::Process, DefinitionError> {
@@ -732,7 +732,7 @@ async fn post_runs_for_an_agent_whose_mcp_server_is_down_is_503_unavailable() {
 async fn prepare_refusal(
     h: &harness::Harness,
     definition: &Definition,
-    env: &dyn Fn(&str) -> Option<String>,
+    env: shared::adapters::env_template::Lookup<'_>,
 ) -> String {
     let p = defined_process(h, definition, env, harness::Script::default())
         .await
