@@ -549,7 +549,7 @@ mod tests {
         .unwrap();
 
         definitions(Some(dir.to_str().unwrap())).expect("the local binary loads it");
-        let pending = agents::pending(Some(&[dir.clone()])).expect("its head reads");
+        let pending = agents::pending(Some(std::slice::from_ref(&dir))).expect("its head reads");
         let refused = refuse_stdio_servers(&pending).unwrap_err().to_string();
         assert!(refused.contains("agent.toml: mcp.files"), "{refused}");
         assert!(
@@ -623,7 +623,7 @@ mod when_needed {
         let at_start = engine_of(loaded, "bad-rule-at-start")
             .err()
             .expect("the local binary refuses it at start");
-        let pending = agents::pending(Some(&[dir.clone()])).expect("its head reads");
+        let pending = agents::pending(Some(std::slice::from_ref(&dir))).expect("its head reads");
         let engine = engine_of(Definitions::WhenNeeded(pending), "bad-rule-engine").unwrap();
 
         let payments = AgentName::parse("payments").unwrap();

@@ -1,7 +1,8 @@
 //! Agent definitions as data: a directory holding `agent.toml` (name, model settings, system
-//! prompt, tools and how each is reached) and the policy it names (`policy.toml`). A process
-//! loads every definition it is given at start-up; a bad one fails at once, naming the file and
-//! the field. [`Wiring::build`] binds the tools and the model and yields the engine's
+//! prompt, tools and how each is reached) and the policy it names (`policy.toml`). The local
+//! binary loads every definition it is given at start-up; a bad one fails at once, naming the
+//! file and the field. A function reads each one's [`Head`] at start and the rest when its agent
+//! is first needed ([`Pending`]). [`Wiring::build`] binds the tools and the model and yields the engine's
 //! [`crate::engine::Agent`].
 //!
 //! ```toml
