@@ -139,15 +139,6 @@ async fn careless_at(addr: SocketAddr) -> McpServer {
     McpServer::connect(resolved).await.unwrap()
 }
 
-/// A policy that lets every careless tool run.
-fn careless_policy() -> Policy {
-    let mut text = "name = \"careless\"\nversion = 1\ndefault_ttl = \"1h\"\n".to_string();
-    for tool in CARELESS_TOOLS {
-        text.push_str(&format!("\n[tools.{tool}]\ndecision = \"allow\"\n"));
-    }
-    Policy::from_toml(&text).unwrap()
-}
-
 #[tokio::test]
 async fn a_server_that_quotes_the_secrets_back_in_every_form_has_none_of_them_stored_or_shown() {
     let (addr, _task) = careless_server().await;
@@ -158,7 +149,8 @@ async fn a_server_that_quotes_the_secrets_back_in_every_form_has_none_of_them_st
     }
     let calls: Vec<(&str, Value)> = CARELESS_TOOLS.iter().map(|t| (*t, json!({}))).collect();
     let script = harness::Script::default().then_call(&calls);
-    let policy = Arc::new(careless_policy());
+    let policy = harness::allowing("careless", &CARELESS_TOOLS);
+    let policy = Arc::new(Policy::from_toml(&policy).unwrap());
     let agent = Agent::new(harness::scripted_task("ben").agent, policy)
         .with_model(Arc::new(script))
         .with_tools(tools);
