@@ -185,6 +185,10 @@ impl Clock for SkewedClock {
     }
 }
 
+/// The orders agent's policy, for the tests and the bench: a tool its MCP server calls read-only
+/// runs, a refund waits for one finance approver.
+pub const ORDERS_POLICY: &str = include_str!("../tests/fixtures/policies/orders-refunds.toml");
+
 /// How [`McpTools`] answers a call: from the call and its HTTP request's head.
 type Answer =
     dyn Fn(CallToolRequestParams, &Parts) -> Result<CallToolResult, ErrorData> + Send + Sync;

@@ -27,27 +27,12 @@ use shared::domain::ids::{AgentName, DecisionId, PersonId, Role, TenantId};
 use shared::engine::Engine;
 use shared::ports::clock::SystemClock;
 use shared::ports::store::ItemStore;
-use shared::testing::{McpTools, object_schema};
+use shared::testing::{McpTools, ORDERS_POLICY, object_schema};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 
 use crate::report::Latency;
 use crate::{BenchArgs, BenchError, Output};
-
-/// Reads run by the upstream's read-only hint; a refund waits for finance.
-const POLICY: &str = r#"name = "orders"
-version = 1
-default_ttl = "1h"
-
-[hints.read_only]
-decision = "allow"
-
-[tools.issue_refund]
-decision = "approve"
-approver_role = "finance"
-quorum = 1
-reason = "A refund needs finance."
-"#;
 
 /// Calls before any is timed, on each path.
 const WARM_UP: usize = 20;
@@ -294,7 +279,7 @@ pub async fn run(args: &BenchArgs) -> Result<Output, BenchError> {
     );
     let definition = Definition::load(&InMemory {
         dir: "bench",
-        files: &[("agent.toml", &agent_toml), ("policy.toml", POLICY)],
+        files: &[("agent.toml", &agent_toml), ("policy.toml", ORDERS_POLICY)],
     })
     .map_err(|e| BenchError::Setup(e.to_string()))?;
     let agent = Wiring::new(
