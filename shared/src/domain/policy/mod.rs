@@ -1213,35 +1213,18 @@ mod cedar_rules {
     use serde_json::json;
 
     /// A payments policy: a manifest with one window, and rules in `rules.cedar`.
-    const MANIFEST: &str = r#"
-name = "payments"
-version = 3
-default_ttl = "4h"
-cedar = ["rules.cedar"]
+    const MANIFEST: &str = include_str!("../../../tests/fixtures/policies/payments/policy.toml");
 
-[editable.send_transfer]
-amount_cents = "lower"
-
-[history.sent_1h]
-tool = "send_transfer"
-window = "1h"
-per = "requester"
-sum = "amount_cents"
-"#;
-
-    const RULES: &str = r#"// Reads run.
+    /// Reads run; the hour's limit the history scenarios rule by too; payees, interns, and a
+    /// log-only rule.
+    const RULES: &str = concat!(
+        r#"// Reads run.
 @id("reads")
 permit(principal, action == Action::"get_balance", resource);
 
-// Transfers up to USD 500 an hour per requester run; above it, finance decides.
-@id("small transfers")
-permit(principal, action == Action::"send_transfer", resource)
-when { context.history.sent_1h.sum + context.input.amount_cents <= 50000 };
-
-@id("large transfers") @approve("finance") @reason("Above USD 500 an hour, finance decides.")
-permit(principal, action == Action::"send_transfer", resource)
-when { context.history.sent_1h.sum + context.input.amount_cents > 50000 };
-
+"#,
+        include_str!("../../../tests/fixtures/policies/payments/hourly-limit.cedar"),
+        r#"
 // Anything to a new payee also needs compliance, two of them on weekends.
 @id("new payee") @approve("compliance") @quorum("2") @ttl("1h")
 permit(principal, action == Action::"send_transfer", resource)
@@ -1256,7 +1239,8 @@ when { principal.roles.contains("intern") };
 @id("night shift") @mode("log_only") @approve("lead")
 permit(principal, action, resource)
 when { context.now.hour < 6 };
-"#;
+"#
+    );
 
     fn tools() -> Vec<(&'static str, Value)> {
         vec![
