@@ -1215,8 +1215,8 @@ mod cedar_rules {
     /// A payments policy: a manifest with one window, and rules in `rules.cedar`.
     const MANIFEST: &str = include_str!("../../../tests/fixtures/policies/payments/policy.toml");
 
-    /// Reads run; the hour's limit the history scenarios rule by too; payees, interns, and a
-    /// log-only rule.
+    /// Reads run; the hour's limit and the payee and intern rules the scenarios rule by too;
+    /// and a log-only rule.
     const RULES: &str = concat!(
         r#"// Reads run.
 @id("reads")
@@ -1224,17 +1224,9 @@ permit(principal, action == Action::"get_balance", resource);
 
 "#,
         include_str!("../../../tests/fixtures/policies/payments/hourly-limit.cedar"),
+        "\n",
+        include_str!("../../../tests/fixtures/policies/payments/payees-and-interns.cedar"),
         r#"
-// Anything to a new payee also needs compliance, two of them on weekends.
-@id("new payee") @approve("compliance") @quorum("2") @ttl("1h")
-permit(principal, action == Action::"send_transfer", resource)
-when { context.input has payee_is_new && context.input.payee_is_new };
-
-// Interns never move money.
-@id("no interns") @reason("Interns never move money.")
-forbid(principal, action == Action::"send_transfer", resource)
-when { principal.roles.contains("intern") };
-
 // A rule being tried: the night shift would need a lead.
 @id("night shift") @mode("log_only") @approve("lead")
 permit(principal, action, resource)
