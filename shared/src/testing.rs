@@ -1,13 +1,26 @@
 //! Test doubles shared by the test suites and the bench (`countersign-bench`): scripted models,
-//! a clock that can be moved forward, and scratch directories. Built only with the `testing` feature, so nothing here
-//! ships in the functions or the CLI.
+//! a clock that can be moved forward, scratch directories, and an upstream MCP server. Built
+//! only with the `testing` feature, so nothing here ships in the functions or the CLI.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
 use async_trait::async_trait;
+use axum::http::request::Parts;
 use chrono::{DateTime, Utc};
+use rmcp::ServerHandler;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ErrorData, JsonObject,
+    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool as McpListing,
+};
+use rmcp::service::{RequestContext, RoleServer};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::json;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
 
 use crate::domain::conversation::{Block, StopReason};
 use crate::ports::clock::Clock;
@@ -170,4 +183,84 @@ impl Clock for SkewedClock {
     fn now(&self) -> DateTime<Utc> {
         Utc::now() + chrono::Duration::milliseconds(self.ahead_ms.load(Ordering::SeqCst))
     }
+}
+
+/// The orders agent's policy, for the tests and the bench: a tool its MCP server calls read-only
+/// runs, a refund waits for one finance approver.
+pub const ORDERS_POLICY: &str = include_str!("../tests/fixtures/policies/orders-refunds.toml");
+
+/// How [`McpTools`] answers a call: from the call and its HTTP request's head.
+type Answer =
+    dyn Fn(CallToolRequestParams, &Parts) -> Result<CallToolResult, ErrorData> + Send + Sync;
+
+/// An upstream MCP server for the tests and the bench: a fixed list of tools over Streamable
+/// HTTP, each call answered by one function, which sees the request's headers and URI.
+#[derive(Clone)]
+pub struct McpTools {
+    tools: Arc<Vec<McpListing>>,
+    answer: Arc<Answer>,
+}
+
+impl McpTools {
+    pub fn new(
+        tools: Vec<McpListing>,
+        answer: impl Fn(CallToolRequestParams, &Parts) -> Result<CallToolResult, ErrorData>
+        + Send
+        + Sync
+        + 'static,
+    ) -> Self {
+        Self {
+            tools: Arc::new(tools),
+            answer: Arc::new(answer),
+        }
+    }
+
+    /// Serves it at `/mcp` on a loopback port of its own: its address and its serving task.
+    pub async fn serve(self) -> std::io::Result<(SocketAddr, JoinHandle<()>)> {
+        let service: StreamableHttpService<McpTools, LocalSessionManager> =
+            StreamableHttpService::new(
+                move || Ok(self.clone()),
+                Default::default(),
+                StreamableHttpServerConfig::default(),
+            );
+        let router = axum::Router::new().nest_service("/mcp", service);
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, router).await;
+        });
+        Ok((addr, task))
+    }
+}
+
+impl ServerHandler for McpTools {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(self.tools.to_vec()))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let parts = context
+            .extensions
+            .get::<Parts>()
+            .ok_or_else(|| ErrorData::internal_error("a call without its HTTP request", None))?;
+        Ok((self.answer)(request, parts)?.into())
+    }
+}
+
+/// A tool's input schema: an object of `properties`.
+pub fn object_schema(properties: serde_json::Value) -> Arc<JsonObject> {
+    let schema = json!({"type": "object", "properties": properties});
+    Arc::new(schema.as_object().expect("an object").clone())
 }

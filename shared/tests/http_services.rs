@@ -495,62 +495,27 @@ fn careless_tool(name: &str, method: &str, path: &str, base: &str, max: usize) -
     http_tool(name, &binding, &env)
 }
 
-const SECRETS_POLICY: &str = r#"
-name = "careless"
-version = 1
-default_ttl = "1h"
-
-[tools.read_echo]
-decision = "allow"
-
-[tools.read_cut]
-decision = "allow"
-
-[tools.refund_refused]
-decision = "allow"
-
-[tools.refund_lost]
-decision = "allow"
-"#;
-
 async fn given_a_binding_with_secrets_in_every_form_when_the_service_echoes_them_then_the_audit_and_api_show_none(
     backend: &dyn Backend,
 ) {
     let base = plain_service(careless_service);
     // The echo whole; the others cut at 100 bytes, a secret across each cut.
-    let tools = Toolbox::new()
-        .with(Arc::new(careless_tool(
-            "read_echo",
-            "GET",
-            "/echo",
-            &base,
-            4096,
-        )))
-        .with(Arc::new(careless_tool(
-            "read_cut", "GET", "/cut", &base, 100,
-        )))
-        .with(Arc::new(careless_tool(
-            "refund_refused",
-            "POST",
-            "/refuse",
-            &base,
-            100,
-        )))
-        .with(Arc::new(careless_tool(
-            "refund_lost",
-            "POST",
-            "/lost",
-            &base,
-            100,
-        )));
+    let careless = [
+        ("read_echo", "GET", "/echo", 4096),
+        ("read_cut", "GET", "/cut", 100),
+        ("refund_refused", "POST", "/refuse", 100),
+        ("refund_lost", "POST", "/lost", 100),
+    ];
+    let mut tools = Toolbox::new();
+    for (name, method, path, max) in careless {
+        tools = tools.with(Arc::new(careless_tool(name, method, path, &base, max)));
+    }
+    let names = careless.map(|(name, ..)| name);
     let order = json!({"order_id": "ord_55"});
-    let script = Script::default().then_call(&[
-        ("read_echo", order.clone()),
-        ("read_cut", order.clone()),
-        ("refund_refused", order.clone()),
-        ("refund_lost", order),
-    ]);
-    let (engine, _clock) = engine_on(backend, SECRETS_POLICY, script, tools, None).await;
+    let calls = names.map(|name| (name, order.clone()));
+    let script = Script::default().then_call(&calls);
+    let policy = harness::allowing("careless", &names);
+    let (engine, _clock) = engine_on(backend, &policy, script, tools, None).await;
 
     let report = engine.start(scripted_task("ben")).await.unwrap();
 

@@ -11,15 +11,12 @@ use std::time::{Duration, Instant};
 
 use rmcp::ServiceExt;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ClientCapabilities, ClientConfig,
-    ContentBlock, ErrorData, Implementation, ListToolsResult, MetaObject, PaginatedRequestParams,
-    RequestMetaObject, ServerCapabilities, ServerConfig, Tool as Listed, ToolAnnotations,
+    CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ContentBlock,
+    Implementation, MetaObject, RequestMetaObject, Tool as Listed, ToolAnnotations,
 };
-use rmcp::service::{RequestContext, RoleClient, RoleServer, RunningService};
+use rmcp::service::{RoleClient, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
-use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::{Value, json};
 use shared::adapters::sqlite::SqliteStore;
 use shared::agents::{Definition, InMemory, Wiring};
@@ -30,26 +27,12 @@ use shared::domain::ids::{AgentName, DecisionId, PersonId, Role, TenantId};
 use shared::engine::Engine;
 use shared::ports::clock::SystemClock;
 use shared::ports::store::ItemStore;
+use shared::testing::{McpTools, ORDERS_POLICY, object_schema};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 
 use crate::report::Latency;
 use crate::{BenchArgs, BenchError, Output};
-
-/// Reads run by the upstream's read-only hint; a refund waits for finance.
-const POLICY: &str = r#"name = "orders"
-version = 1
-default_ttl = "1h"
-
-[hints.read_only]
-decision = "allow"
-
-[tools.issue_refund]
-decision = "approve"
-approver_role = "finance"
-quorum = 1
-reason = "A refund needs finance."
-"#;
 
 /// Calls before any is timed, on each path.
 const WARM_UP: usize = 20;
@@ -62,63 +45,47 @@ const LATE: Duration = Duration::from_millis(1500);
 
 type Client = RunningService<RoleClient, ClientConfig>;
 
-/// The upstream: an MCP server over Streamable HTTP with a read and a refund, counting the
-/// refunds it makes by order.
-#[derive(Clone, Default)]
-struct Orders {
-    refunds: Arc<Mutex<BTreeMap<String, u32>>>,
-}
-
-impl rmcp::ServerHandler for Orders {
-    fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-    }
-
-    async fn list_tools(
-        &self,
-        _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
-    ) -> Result<ListToolsResult, ErrorData> {
-        let schema = |properties: Value| {
-            let schema = json!({"type": "object", "properties": properties});
-            Arc::new(schema.as_object().expect("an object").clone())
-        };
-        Ok(ListToolsResult::with_all_items(vec![
-            Listed::new(
-                "get_order",
-                "Reads an order.",
-                schema(json!({"order_id": {"type": "string"}})),
-            )
-            .annotate(ToolAnnotations::new().read_only(true)),
-            Listed::new(
-                "issue_refund",
-                "Refunds part of an order.",
-                schema(
-                    json!({"order_id": {"type": "string"}, "amount_cents": {"type": "integer"}}),
-                ),
-            )
-            .annotate(ToolAnnotations::new().destructive(true)),
-        ]))
-    }
-
-    async fn call_tool(
-        &self,
-        request: CallToolRequestParams,
-        _context: RequestContext<RoleServer>,
-    ) -> Result<CallToolResponse, ErrorData> {
+/// The upstream: an MCP server over Streamable HTTP with a read and a refund, and the refunds
+/// it made, by order.
+fn orders() -> (McpTools, Refunds) {
+    let refunds = Refunds::default();
+    let made = refunds.clone();
+    let listing = vec![
+        Listed::new(
+            "get_order",
+            "Reads an order.",
+            object_schema(json!({"order_id": {"type": "string"}})),
+        )
+        .annotate(ToolAnnotations::new().read_only(true)),
+        Listed::new(
+            "issue_refund",
+            "Refunds part of an order.",
+            object_schema(
+                json!({"order_id": {"type": "string"}, "amount_cents": {"type": "integer"}}),
+            ),
+        )
+        .annotate(ToolAnnotations::new().destructive(true)),
+    ];
+    let server = McpTools::new(listing, move |request, _| {
         let args = Value::Object(request.arguments.unwrap_or_default());
         let order = args["order_id"].as_str().unwrap_or("?").to_string();
         let answer = match request.name.as_ref() {
             "get_order" => json!({"order_id": order, "refundable_cents": 14_900}),
             _ => {
-                let mut refunds = self.refunds.lock().expect("refunds lock");
+                let mut refunds = made.lock().expect("refunds lock");
                 *refunds.entry(order.clone()).or_default() += 1;
                 json!({"refund_id": format!("rf-{order}")})
             }
         };
-        Ok(CallToolResult::success(vec![ContentBlock::text(answer.to_string())]).into())
-    }
+        Ok(CallToolResult::success(vec![ContentBlock::text(
+            answer.to_string(),
+        )]))
+    });
+    (server, refunds)
 }
+
+/// The refunds the upstream made, by order.
+type Refunds = Arc<Mutex<BTreeMap<String, u32>>>;
 
 /// Serves `router` on a loopback port of its own: its address.
 async fn serve(router: axum::Router) -> Result<String, BenchError> {
@@ -295,18 +262,12 @@ async fn decision_to_answer(
 
 pub async fn run(args: &BenchArgs) -> Result<Output, BenchError> {
     let calls = args.runs;
-    let orders = Orders::default();
-    let refunds = orders.refunds.clone();
-    let upstream = serve(axum::Router::new().nest_service(
-        "/mcp",
-        StreamableHttpService::<Orders, LocalSessionManager>::new(
-            move || Ok(orders.clone()),
-            Default::default(),
-            StreamableHttpServerConfig::default(),
-        ),
-    ))
-    .await?;
-    let upstream_url = format!("{upstream}/mcp");
+    let (orders, refunds) = orders();
+    let (upstream, _serving) = orders
+        .serve()
+        .await
+        .map_err(|e| BenchError::Setup(format!("the upstream MCP server: {e}")))?;
+    let upstream_url = format!("http://{upstream}/mcp");
 
     let dir = shared::testing::scratch_dir("bench-gateway");
     let store: Arc<dyn ItemStore> = Arc::new(
@@ -318,7 +279,7 @@ pub async fn run(args: &BenchArgs) -> Result<Output, BenchError> {
     );
     let definition = Definition::load(&InMemory {
         dir: "bench",
-        files: &[("agent.toml", &agent_toml), ("policy.toml", POLICY)],
+        files: &[("agent.toml", &agent_toml), ("policy.toml", ORDERS_POLICY)],
     })
     .map_err(|e| BenchError::Setup(e.to_string()))?;
     let agent = Wiring::new(

@@ -819,8 +819,7 @@ pub(super) mod tests {
     use crate::agents::InMemory;
 
     /// Refunds wait for finance; tools the server calls read-only run.
-    pub(crate) const POLICY: &str =
-        include_str!("../../tests/fixtures/policies/orders-refunds.toml");
+    pub(crate) const POLICY: &str = crate::testing::ORDERS_POLICY;
 
     pub(crate) fn load(agent: &str, policy: &str) -> Result<Definition, DefinitionError> {
         let agent = format!("name = \"orders\"\nsystem_prompt = \"Refund orders.\"\n{agent}");

@@ -904,3 +904,12 @@ pub fn scripted_task(requester: &str) -> shared::engine::StartRun {
         standing: Default::default(),
     }
 }
+
+/// A policy named `name` that lets each of `tools` run, and rules on nothing else.
+pub fn allowing(name: &str, tools: &[&str]) -> String {
+    let mut text = format!("name = \"{name}\"\nversion = 1\ndefault_ttl = \"1h\"\n");
+    for tool in tools {
+        text.push_str(&format!("\n[tools.{tool}]\ndecision = \"allow\"\n"));
+    }
+    text
+}

@@ -44,6 +44,7 @@ use shared::domain::policy::{Policy, ToolHints};
 use shared::domain::run::RunStatus;
 use shared::engine::{Agent, Delivery, ErrorKind, ResumeReport, StartRun};
 use shared::ports::tools::{Tool, ToolCall, Toolbox};
+use shared::testing::object_schema;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 use tokio::task::{JoinHandle, JoinSet};
@@ -98,22 +99,17 @@ struct OrdersServer {
 
 const WITH_SESSIONS: &[ProtocolVersion] = &[ProtocolVersion::V_2025_11_25];
 
-fn schema(properties: Value) -> Arc<serde_json::Map<String, Value>> {
-    let schema = json!({"type": "object", "properties": properties});
-    Arc::new(schema.as_object().unwrap().clone())
-}
-
 fn listing() -> Vec<McpListing> {
     let amount = json!({"order_id": {"type": "string"}, "amount_cents": {"type": "integer"}});
     vec![
         McpListing::new(
             "get_order",
             "Reads an order.",
-            schema(json!({"order_id": {"type": "string"}})),
+            object_schema(json!({"order_id": {"type": "string"}})),
         )
         .annotate(ToolAnnotations::new().read_only(true)),
         McpListing::new("issue_refund", "Refunds part of an order.", {
-            let mut refund = (*schema(amount.clone())).clone();
+            let mut refund = (*object_schema(amount.clone())).clone();
             refund.insert("required".into(), json!(["order_id", "amount_cents"]));
             Arc::new(refund)
         })
@@ -121,18 +117,18 @@ fn listing() -> Vec<McpListing> {
         McpListing::new(
             "cancel_order",
             "Cancels an order.",
-            schema(json!({"order_id": {"type": "string"}})),
+            object_schema(json!({"order_id": {"type": "string"}})),
         ),
         // Listed, but the server no longer serves it: calls get a JSON-RPC error.
         McpListing::new(
             "archive_order",
             "Archives an order.",
-            schema(json!({"order_id": {"type": "string"}})),
+            object_schema(json!({"order_id": {"type": "string"}})),
         ),
         McpListing::new(
             "stall_refund",
             "Refunds, then never answers.",
-            schema(amount),
+            object_schema(amount),
         )
         .annotate(ToolAnnotations::new().destructive(true)),
     ]

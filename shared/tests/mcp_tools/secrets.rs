@@ -5,8 +5,10 @@
 //! server's `env` echoed back.
 
 use super::*;
+use axum::http::request::Parts;
 use shared::engine::Engine;
 use shared::ports::clock::ManualClock;
+use shared::testing::McpTools;
 
 /// A header's secret that a JSON string escapes.
 const QUOTED_TOKEN: &str = "tok\"MCP\\secret-5150";
@@ -17,19 +19,8 @@ const LITERAL: &str = "literal-mcp-key-777";
 
 const SECRETS: [&str; 3] = [QUOTED_TOKEN, URL_KEY, LITERAL];
 
-/// Quotes back what it was sent: the `Authorization` and `X-Api-Key` headers and the URI.
-#[derive(Clone)]
-struct Careless;
-
 /// Its tools, each quoting in its own way.
 const CARELESS_TOOLS: [&str; 4] = ["echo_text", "echo_structured", "refuse", "protocol_error"];
-
-fn careless_listing() -> Vec<McpListing> {
-    CARELESS_TOOLS
-        .into_iter()
-        .map(|name| McpListing::new(name, "Quotes what it was sent.", schema(json!({}))))
-        .collect()
-}
 
 /// Every byte that is not a letter or a digit as `%xx`, in lower case.
 fn lower_case_percent(text: &str) -> String {
@@ -41,80 +32,55 @@ fn lower_case_percent(text: &str) -> String {
         .collect()
 }
 
-impl ServerHandler for Careless {
-    fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-    }
-
-    async fn list_tools(
-        &self,
-        _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
-    ) -> Result<ListToolsResult, ErrorData> {
-        Ok(ListToolsResult::with_all_items(careless_listing()))
-    }
-
-    async fn call_tool(
-        &self,
-        request: CallToolRequestParams,
-        context: RequestContext<RoleServer>,
-    ) -> Result<CallToolResponse, ErrorData> {
-        let parts = context
-            .extensions
-            .get::<axum::http::request::Parts>()
-            .expect("the request's head");
-        let header = |name: &str| {
-            parts
-                .headers
-                .get(name)
-                .map(|value| value.to_str().unwrap_or_default().to_string())
-                .unwrap_or_default()
-        };
-        let (authorization, api_key) = (header("authorization"), header("x-api-key"));
-        let uri = parts.uri.to_string();
-        let result = match request.name.as_ref() {
-            "echo_text" => CallToolResult::success(vec![ContentBlock::text(
-                json!({
-                    "authorization": authorization,
-                    "api_key_as_json": serde_json::to_string(&api_key).unwrap(),
-                    "uri": uri,
-                })
-                .to_string(),
-            )]),
-            "echo_structured" => CallToolResult::structured(json!({
-                authorization.clone(): "as a key",
-                "percent": lower_case_percent(&authorization),
-                "nested": [{"uri": uri, "api_key": api_key}],
-            })),
-            "refuse" => CallToolResult::error(vec![ContentBlock::text(format!(
-                "refused {}",
-                serde_json::to_string(&authorization).unwrap()
-            ))]),
-            _ => {
-                return Err(ErrorData::invalid_params(
-                    format!("bad token {authorization} for {uri}"),
-                    None,
-                ));
-            }
-        };
-        Ok(result.into())
+/// Quotes back what it was sent: the `Authorization` and `X-Api-Key` headers and the URI.
+fn careless_answer(
+    request: CallToolRequestParams,
+    parts: &Parts,
+) -> Result<CallToolResult, ErrorData> {
+    let header = |name: &str| {
+        parts
+            .headers
+            .get(name)
+            .map(|value| value.to_str().unwrap_or_default().to_string())
+            .unwrap_or_default()
+    };
+    let (authorization, api_key) = (header("authorization"), header("x-api-key"));
+    let uri = parts.uri.to_string();
+    match request.name.as_ref() {
+        "echo_text" => Ok(CallToolResult::success(vec![ContentBlock::text(
+            json!({
+                "authorization": authorization,
+                "api_key_as_json": serde_json::to_string(&api_key).unwrap(),
+                "uri": uri,
+            })
+            .to_string(),
+        )])),
+        "echo_structured" => Ok(CallToolResult::structured(json!({
+            authorization.clone(): "as a key",
+            "percent": lower_case_percent(&authorization),
+            "nested": [{"uri": uri, "api_key": api_key}],
+        }))),
+        "refuse" => Ok(CallToolResult::error(vec![ContentBlock::text(format!(
+            "refused {}",
+            serde_json::to_string(&authorization).unwrap()
+        ))])),
+        _ => Err(ErrorData::invalid_params(
+            format!("bad token {authorization} for {uri}"),
+            None,
+        )),
     }
 }
 
 /// The careless server on loopback: its address and its serving task.
 async fn careless_server() -> (SocketAddr, JoinHandle<()>) {
-    let service: StreamableHttpService<Careless, LocalSessionManager> = StreamableHttpService::new(
-        || Ok(Careless),
-        Default::default(),
-        StreamableHttpServerConfig::default(),
-    );
-    let router = axum::Router::new().nest_service("/mcp", service);
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let task = tokio::spawn(async move {
-        let _ = axum::serve(listener, router).await;
-    });
-    (addr, task)
+    let listing = CARELESS_TOOLS
+        .into_iter()
+        .map(|name| McpListing::new(name, "Quotes what it was sent.", object_schema(json!({}))))
+        .collect();
+    McpTools::new(listing, careless_answer)
+        .serve()
+        .await
+        .unwrap()
 }
 
 /// A connection to the careless server at `addr`, a secret in its URL and in each header.
@@ -139,15 +105,6 @@ async fn careless_at(addr: SocketAddr) -> McpServer {
     McpServer::connect(resolved).await.unwrap()
 }
 
-/// A policy that lets every careless tool run.
-fn careless_policy() -> Policy {
-    let mut text = "name = \"careless\"\nversion = 1\ndefault_ttl = \"1h\"\n".to_string();
-    for tool in CARELESS_TOOLS {
-        text.push_str(&format!("\n[tools.{tool}]\ndecision = \"allow\"\n"));
-    }
-    Policy::from_toml(&text).unwrap()
-}
-
 #[tokio::test]
 async fn a_server_that_quotes_the_secrets_back_in_every_form_has_none_of_them_stored_or_shown() {
     let (addr, _task) = careless_server().await;
@@ -158,7 +115,8 @@ async fn a_server_that_quotes_the_secrets_back_in_every_form_has_none_of_them_st
     }
     let calls: Vec<(&str, Value)> = CARELESS_TOOLS.iter().map(|t| (*t, json!({}))).collect();
     let script = harness::Script::default().then_call(&calls);
-    let policy = Arc::new(careless_policy());
+    let policy = harness::allowing("careless", &CARELESS_TOOLS);
+    let policy = Arc::new(Policy::from_toml(&policy).unwrap());
     let agent = Agent::new(harness::scripted_task("ben").agent, policy)
         .with_model(Arc::new(script))
         .with_tools(tools);

@@ -10,48 +10,20 @@ use shared::domain::money::Amount;
 use shared::domain::run::GateVia;
 use shared::engine::{CallState, CallStatus, GateCall, StartRun};
 
-/// USD 500 an hour per requester runs; past it, finance decides (within ten minutes). At
-/// most two transfers an hour to one account, and six an hour from the agent.
-const RULES: &str = r#"@id("within the hour's limit")
-permit(principal, action == Action::"send_transfer", resource)
-when { context.history.sent_1h.sum + context.input.amount_cents <= 50000 };
+/// USD 500 an hour per requester runs; past it, finance decides (within ten minutes, the
+/// policy's time to decide). At most two transfers an hour to one account, and six an hour from
+/// the agent.
+const POLICY: &str = include_str!("../fixtures/policies/payments/windows-policy.toml");
 
-@id("past the hour's limit") @approve("finance") @ttl("10m") @reason("Above USD 500 an hour, finance decides.")
-permit(principal, action == Action::"send_transfer", resource)
-when { context.history.sent_1h.sum + context.input.amount_cents > 50000 };
+const HOURLY_LIMIT: &str = include_str!("../fixtures/policies/payments/hourly-limit.cedar");
 
-@id("one account twice an hour") @reason("At most two transfers an hour to one account.")
+const RULES: &str = r#"@id("one account twice an hour") @reason("At most two transfers an hour to one account.")
 forbid(principal, action == Action::"send_transfer", resource)
 when { context.history.per_account_1h.count >= 2 };
 
 @id("the agent's hour") @reason("The agent sends at most six transfers an hour.")
 forbid(principal, action == Action::"send_transfer", resource)
 when { context.history.all_1h.count >= 6 };
-"#;
-
-const POLICY: &str = r#"name = "payments"
-version = 1
-default_ttl = "1h"
-cedar = ["rules.cedar"]
-
-[editable.send_transfer]
-amount_cents = "lower"
-
-[history.sent_1h]
-tool = "send_transfer"
-window = "1h"
-per = "requester"
-sum = "amount_cents"
-
-[history.per_account_1h]
-tool = "send_transfer"
-window = "1h"
-per = "arg:to"
-
-[history.all_1h]
-tool = "send_transfer"
-window = "1h"
-per = "agent"
 "#;
 
 const SCHEMA: &str = r#"input_schema = { type = "object", required = ["to", "amount_cents"], additionalProperties = false, properties = { to = { type = "string" }, amount_cents = { type = "integer", minimum = 1 } } }"#;
@@ -77,6 +49,7 @@ fn definition(agent: &str, script: &str) -> Definition {
         files: &[
             ("agent.toml", agent),
             ("policy.toml", POLICY),
+            ("hourly-limit.cedar", HOURLY_LIMIT),
             ("rules.cedar", RULES),
             ("script.toml", script),
         ],

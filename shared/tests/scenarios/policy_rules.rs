@@ -13,7 +13,8 @@ use shared::domain::policy::VerdictKind;
 use shared::domain::run::GateVia;
 use shared::engine::{CallState, CallStatus, GateCall};
 
-/// A payments agent whose caller runs its tools; its rules are in `rules.cedar`.
+/// A payments agent whose caller runs its tools; its rules are in `rules.cedar`, beside the
+/// new payee and intern rules the policy tests decide by.
 fn payments() -> Definition {
     let agent = r#"name = "payments"
 system_prompt = "You move money when asked."
@@ -26,7 +27,7 @@ input_schema = { type = "object", required = ["to", "amount_cents"], additionalP
     let policy = r#"name = "payments"
 version = 2
 default_ttl = "4h"
-cedar = ["rules.cedar"]
+cedar = ["rules.cedar", "payees-and-interns.cedar"]
 
 [editable.send_transfer]
 amount_cents = "lower"
@@ -44,14 +45,6 @@ when { principal.hasTag("department") && principal.getTag("department") == "trea
 permit(principal, action == Action::"send_transfer", resource)
 when { context.input.amount_cents > 50000 && !(principal.hasTag("department") && principal.getTag("department") == "treasury" && context.input.amount_cents <= 100000) };
 
-@id("new payees") @approve("compliance") @quorum("2") @reason("A new payee needs two compliance officers.")
-permit(principal, action == Action::"send_transfer", resource)
-when { context.input has payee_is_new && context.input.payee_is_new };
-
-@id("no interns") @reason("Interns never move money.")
-forbid(principal, action == Action::"send_transfer", resource)
-when { principal.roles.contains("intern") };
-
 // Being tried: everything above USD 100 would need a lead.
 @id("lead above 100") @mode("log_only") @approve("lead")
 permit(principal, action == Action::"send_transfer", resource)
@@ -63,6 +56,10 @@ when { context.input.amount_cents > 10000 };
             ("agent.toml", agent),
             ("policy.toml", policy),
             ("rules.cedar", rules),
+            (
+                "payees-and-interns.cedar",
+                include_str!("../fixtures/policies/payments/payees-and-interns.cedar"),
+            ),
         ],
     })
     .expect("the payments definition loads")
@@ -194,7 +191,7 @@ async fn given_rules_of_two_roles_that_match_when_people_decide_then_each_roles_
     assert_eq!(approval.also[0].role, Role::parse("compliance").unwrap());
     assert_eq!(approval.also[0].quorum, 2);
     assert_eq!(approval.still_needed(), 3);
-    assert_eq!(approval.rules, ["large transfers", "new payees"]);
+    assert_eq!(approval.rules, ["large transfers", "new payee"]);
 
     // Someone of neither role may not decide it.
     let refused = h.refused(&p, &ed, &approval.id, approve("d-ed")).await;

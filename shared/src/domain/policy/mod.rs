@@ -1213,50 +1213,26 @@ mod cedar_rules {
     use serde_json::json;
 
     /// A payments policy: a manifest with one window, and rules in `rules.cedar`.
-    const MANIFEST: &str = r#"
-name = "payments"
-version = 3
-default_ttl = "4h"
-cedar = ["rules.cedar"]
+    const MANIFEST: &str = include_str!("../../../tests/fixtures/policies/payments/policy.toml");
 
-[editable.send_transfer]
-amount_cents = "lower"
-
-[history.sent_1h]
-tool = "send_transfer"
-window = "1h"
-per = "requester"
-sum = "amount_cents"
-"#;
-
-    const RULES: &str = r#"// Reads run.
+    /// Reads run; the hour's limit and the payee and intern rules the scenarios rule by too;
+    /// and a log-only rule.
+    const RULES: &str = concat!(
+        r#"// Reads run.
 @id("reads")
 permit(principal, action == Action::"get_balance", resource);
 
-// Transfers up to USD 500 an hour per requester run; above it, finance decides.
-@id("small transfers")
-permit(principal, action == Action::"send_transfer", resource)
-when { context.history.sent_1h.sum + context.input.amount_cents <= 50000 };
-
-@id("large transfers") @approve("finance") @reason("Above USD 500 an hour, finance decides.")
-permit(principal, action == Action::"send_transfer", resource)
-when { context.history.sent_1h.sum + context.input.amount_cents > 50000 };
-
-// Anything to a new payee also needs compliance, two of them on weekends.
-@id("new payee") @approve("compliance") @quorum("2") @ttl("1h")
-permit(principal, action == Action::"send_transfer", resource)
-when { context.input has payee_is_new && context.input.payee_is_new };
-
-// Interns never move money.
-@id("no interns") @reason("Interns never move money.")
-forbid(principal, action == Action::"send_transfer", resource)
-when { principal.roles.contains("intern") };
-
+"#,
+        include_str!("../../../tests/fixtures/policies/payments/hourly-limit.cedar"),
+        "\n",
+        include_str!("../../../tests/fixtures/policies/payments/payees-and-interns.cedar"),
+        r#"
 // A rule being tried: the night shift would need a lead.
 @id("night shift") @mode("log_only") @approve("lead")
 permit(principal, action, resource)
 when { context.now.hour < 6 };
-"#;
+"#
+    );
 
     fn tools() -> Vec<(&'static str, Value)> {
         vec![
