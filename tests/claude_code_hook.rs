@@ -9,23 +9,8 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use common::Countersign;
+use common::claude_code::{claude_code_dir, harness, waiting_approval};
 use serde_json::{Value, json};
-
-fn claude_code_dir() -> String {
-    concat!(env!("CARGO_MANIFEST_DIR"), "/examples/claude-code").to_string()
-}
-
-/// A fresh state with the shipped claude-code agent and its people loaded.
-fn harness(name: &str) -> Countersign {
-    Countersign::fresh(name).with_env(vec![
-        ("COUNTERSIGN_STORE", "embedded".into()),
-        ("COUNTERSIGN_AGENTS", claude_code_dir()),
-        (
-            "COUNTERSIGN_PEOPLE",
-            format!("{}/people.toml", claude_code_dir()),
-        ),
-    ])
-}
 
 /// A PreToolUse input as the hooks reference shows it, for `tool_name` with `tool_input`.
 fn pre_tool_use(tool_use_id: &str, tool_name: &str, tool_input: Value) -> String {
@@ -93,19 +78,6 @@ fn decision(word: &str, reason: &str, updated_input: Option<Value>) -> Value {
         output["updatedInput"] = input;
     }
     json!({ "hookSpecificOutput": output })
-}
-
-/// The one approval waiting, once a hook has proposed its call: polled, as a reviewer would.
-fn waiting_approval(cs: &Countersign) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let listed = cs.ok(&["review", "--as", "lin"]);
-        if let Some(approval) = listed["approvals"].as_array().and_then(|a| a.first()) {
-            return approval.clone();
-        }
-        assert!(Instant::now() < deadline, "no approval appeared");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 fn key_reason(answer: &Value) -> &str {
