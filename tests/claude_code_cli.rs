@@ -19,7 +19,9 @@ use std::sync::OnceLock;
 
 use chrono::{DateTime, Utc};
 use common::Countersign;
-use common::claude_code::{ScriptedMessages, claude_code_dir, harness, waiting_approval};
+use common::claude_code::{
+    ScriptedMessages, claude_code_dir, harness, lead_rejects, waiting_approval,
+};
 use serde_json::Value;
 
 const PINNED: &str = concat!(
@@ -31,6 +33,8 @@ const DOCS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/claude-code.md");
 /// What the scripted model asks to run: a recursive rm, which waits for a lead, then one line
 /// appended to out.txt and printed.
 const COMMAND: &str = "rm -rf build && echo ran | tee -a out.txt";
+/// What Claude Code is asked to do.
+const TASK: &str = "Clean the build and note it.";
 
 /// The `claude` the tests run, of the version tests/npm/claude-code pins.
 fn claude() -> &'static Path {
@@ -56,29 +60,38 @@ fn claude() -> &'static Path {
     })
 }
 
-/// docs/claude-code.md's settings entry, with this build's binary, `cs`'s state and the shipped
-/// claude-code agent where the page has `/srv/countersign/...`.
-fn documented_settings(cs: &Countersign) -> Value {
+/// The settings entry docs/claude-code.md gives under `heading`, with each documented text
+/// replaced by this test's.
+fn documented(heading: &str, replacements: &[(&str, String)]) -> Value {
     let docs = std::fs::read_to_string(DOCS).unwrap();
-    let section = &docs[docs.find("## The settings entry").expect("the section")..];
+    let section = &docs[docs.find(heading).expect("the section")..];
     let entry = section
         .split_once("```json\n")
         .and_then(|(_, rest)| rest.split_once("\n```"))
         .expect("the section's JSON block")
         .0;
     let mut pasted = entry.to_string();
-    for (documented, here) in [
-        (
-            "\"countersign --state",
-            format!("\"{} --state", env!("CARGO_BIN_EXE_countersign")),
-        ),
-        ("/srv/countersign/state", cs.state().display().to_string()),
-        ("/srv/countersign/examples/claude-code", claude_code_dir()),
-    ] {
+    for (documented, here) in replacements {
         assert!(pasted.contains(documented), "the entry has {documented}");
-        pasted = pasted.replace(documented, &here);
+        pasted = pasted.replace(documented, here);
     }
     serde_json::from_str(&pasted).expect("the documented entry is JSON")
+}
+
+/// The command hook's settings entry, with this build's binary, `cs`'s state and the shipped
+/// claude-code agent where the page has `/srv/countersign/...`.
+fn documented_settings(cs: &Countersign) -> Value {
+    documented(
+        "## The settings entry",
+        &[
+            (
+                "\"countersign --state",
+                format!("\"{} --state", env!("CARGO_BIN_EXE_countersign")),
+            ),
+            ("/srv/countersign/state", cs.state().display().to_string()),
+            ("/srv/countersign/examples/claude-code", claude_code_dir()),
+        ],
+    )
 }
 
 /// A project Claude Code works in, and the scratch home it runs with; removed when dropped.
@@ -105,6 +118,11 @@ impl Project {
     /// `claude -p --output-format json ARGS` in the project, against `model`, with nothing of
     /// the shell's environment but its PATH, and none of Claude Code's non-essential traffic.
     fn claude(&self, model: &str, args: &[&str]) -> Child {
+        self.claude_with(model, &[], args)
+    }
+
+    /// [`Project::claude`] with the variables `env` too.
+    fn claude_with(&self, model: &str, env: &[(&str, &str)], args: &[&str]) -> Child {
         Command::new(claude())
             .args(["-p", "--output-format", "json"])
             .args(args)
@@ -118,6 +136,7 @@ impl Project {
             .env("DISABLE_TELEMETRY", "1")
             .env("DISABLE_AUTOUPDATER", "1")
             .env("DISABLE_ERROR_REPORTING", "1")
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -137,6 +156,19 @@ impl Drop for Project {
     }
 }
 
+/// A project with the documented command hook, and `claude -p` started in it on a model that
+/// asks for [`COMMAND`] as the call `tool_use_id`: running, its call waiting for the lead.
+fn asked_with_the_command_hook(
+    name: &str,
+    tool_use_id: &str,
+) -> (Countersign, ScriptedMessages, Project, Child) {
+    let cs = harness(&format!("claude-cli-{name}"));
+    let model = ScriptedMessages::asking_bash(tool_use_id, COMMAND);
+    let project = Project::with_settings(name, &documented_settings(&cs));
+    let claude = project.claude(&model.serve(), &[TASK]);
+    (cs, model, project, claude)
+}
+
 /// The result `claude -p --output-format json` printed, once it exited 0.
 #[track_caller]
 fn finished(claude: Child) -> Value {
@@ -145,6 +177,24 @@ fn finished(claude: Child) -> Value {
     assert!(output.status.success(), "claude failed: {stderr}");
     serde_json::from_slice(&output.stdout)
         .unwrap_or_else(|e| panic!("{e}: {}\n{stderr}", String::from_utf8_lossy(&output.stdout)))
+}
+
+/// The approval `id`'s call, by its audit: the hook claimed it for Claude Code within a second
+/// of the approval (the allow answer follows the claim), and PostToolUse reported that it
+/// succeeded, printing "ran".
+#[track_caller]
+fn handed_within_a_second_and_reported(cs: &Countersign, id: &str) {
+    let audit = cs.ok(&["audit", id]);
+    let handed = recorded(&audit, "executing") - recorded(&audit, "decision");
+    assert!(
+        handed < chrono::Duration::seconds(1),
+        "allowed {handed} after the approval"
+    );
+    let executed = common::item_where(&audit["entries"], "event", "executed");
+    assert_eq!(executed["succeeded"], true, "{audit}");
+    let output: Value = serde_json::from_str(executed["result"].as_str().unwrap()).unwrap();
+    assert_eq!(output["stdout"], "ran", "{audit}");
+    assert_eq!(audit["actions"][0]["status"], "succeeded");
 }
 
 /// When the audit entry `event` was recorded.
@@ -157,10 +207,7 @@ fn recorded(audit: &Value, event: &str) -> DateTime<Utc> {
 #[test]
 fn given_claude_asks_for_a_gated_command_when_a_lead_approves_from_another_process_then_it_runs_once()
  {
-    let cs = harness("claude-cli-approve");
-    let model = ScriptedMessages::asking_bash("toolu_01CliApprove", COMMAND);
-    let project = Project::with_settings("approve", &documented_settings(&cs));
-    let claude = project.claude(&model.serve(), &["Clean the build and note it."]);
+    let (cs, model, project, claude) = asked_with_the_command_hook("approve", "toolu_01CliApprove");
 
     let approval = waiting_approval(&cs);
     assert_eq!(approval["tool_use_id"], "toolu_01CliApprove");
@@ -178,40 +225,17 @@ fn given_claude_asks_for_a_gated_command_when_a_lead_approves_from_another_proce
     assert_eq!(told[0]["tool_use_id"], "toolu_01CliApprove");
     assert_eq!(told[0]["content"], "ran");
 
-    // The hook claimed it for Claude Code within a second of the approval, and PostToolUse
-    // reported what it printed.
-    let audit = cs.ok(&["audit", id]);
-    let handed = recorded(&audit, "executing") - recorded(&audit, "decision");
-    assert!(
-        handed < chrono::Duration::seconds(1),
-        "allowed {handed} after the approval"
-    );
-    let executed = common::item_where(&audit["entries"], "event", "executed");
-    assert_eq!(executed["succeeded"], true, "{audit}");
-    let output: Value = serde_json::from_str(executed["result"].as_str().unwrap()).unwrap();
-    assert_eq!(output["stdout"], "ran", "{audit}");
-    assert_eq!(audit["actions"][0]["status"], "succeeded");
+    handed_within_a_second_and_reported(&cs, id);
 }
 
 #[test]
 fn given_claude_asks_for_a_gated_command_when_the_lead_rejects_it_then_it_never_runs_and_claude_is_told_why()
  {
-    let cs = harness("claude-cli-reject");
-    let model = ScriptedMessages::asking_bash("toolu_01CliReject", COMMAND);
-    let project = Project::with_settings("reject", &documented_settings(&cs));
-    let claude = project.claude(&model.serve(), &["Clean the build and note it."]);
+    let (cs, model, project, claude) = asked_with_the_command_hook("reject", "toolu_01CliReject");
 
     let approval = waiting_approval(&cs);
     let id = approval["id"].as_str().unwrap();
-    cs.ok(&[
-        "review",
-        "reject",
-        id,
-        "--as",
-        "lin",
-        "--reason",
-        "the build directory is shared",
-    ]);
+    lead_rejects(&cs, id, "the build directory is shared");
 
     let result = finished(claude);
     assert_eq!(result["result"], "Done.", "{result}");
@@ -244,7 +268,7 @@ fn given_a_headless_session_the_hook_deferred_when_the_lead_approves_later_then_
     let project = Project::with_settings("resume", &settings);
     let base = model.serve();
 
-    let deferred = finished(project.claude(&base, &["Clean the build and note it."]));
+    let deferred = finished(project.claude(&base, &[TASK]));
     assert_eq!(deferred["stop_reason"], "tool_deferred", "{deferred}");
     assert_eq!(deferred["deferred_tool_use"]["id"], "toolu_01CliResume");
     assert_eq!(project.out(), None, "nothing ran while nobody decided");
@@ -263,4 +287,34 @@ fn given_a_headless_session_the_hook_deferred_when_the_lead_approves_later_then_
         ["approved"],
         "one approval, not two"
     );
+}
+
+#[test]
+fn given_the_http_hook_entry_when_a_lead_approves_from_another_process_then_the_command_runs_once()
+{
+    let cs = harness("claude-cli-http");
+    let served = cs.serve();
+    let token = cs.printed(&["token", "--as", "dev-bot"]).trim().to_string();
+    let model = ScriptedMessages::asking_bash("toolu_01CliHttp", COMMAND);
+    let settings = documented(
+        "## Over HTTP",
+        &[("https://countersign.example.com", served.base.clone())],
+    );
+    let project = Project::with_settings("http", &settings);
+    let claude = project.claude_with(&model.serve(), &[("COUNTERSIGN_TOKEN", &token)], &[TASK]);
+
+    let approval = waiting_approval(&cs);
+    assert_eq!(approval["tool_use_id"], "toolu_01CliHttp");
+    assert_eq!(
+        approval["requested_by"],
+        serde_json::json!(["dev-bot"]),
+        "the token's person asks"
+    );
+    let id = approval["id"].as_str().unwrap();
+    cs.ok(&["review", "approve", id, "--as", "lin"]);
+
+    let result = finished(claude);
+    assert_eq!(result["result"], "Done.", "{result}");
+    assert_eq!(project.out().as_deref(), Some("ran\n"), "it ran once");
+    handed_within_a_second_and_reported(&cs, id);
 }

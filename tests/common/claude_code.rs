@@ -44,6 +44,11 @@ pub fn waiting_approval(cs: &Countersign) -> Value {
     }
 }
 
+/// lin, the lead, rejects the approval `id` from another process, saying `reason`.
+pub fn lead_rejects(cs: &Countersign, id: &str, reason: &str) {
+    cs.ok(&["review", "reject", id, "--as", "lin", "--reason", reason]);
+}
+
 /// An Anthropic Messages API that plays a model asking for one Bash call: its first turn is
 /// that `tool_use`, every turn after a tool result is the text "Done.". It answers only
 /// streamed requests (`"stream": true`, as Claude Code sends them) with the API's server-sent
