@@ -20,7 +20,7 @@ use std::sync::OnceLock;
 use chrono::{DateTime, Utc};
 use common::Countersign;
 use common::claude_code::{
-    ScriptedMessages, claude_code_dir, harness, lead_rejects, waiting_approval,
+    ScriptedMessages, claude_code_dir, harness, lead_approves, lead_rejects, waiting_approval,
 };
 use serde_json::Value;
 
@@ -169,6 +169,26 @@ fn asked_with_the_command_hook(
     (cs, model, project, claude)
 }
 
+/// The call `tool_use_id` waits for the lead, who approves it from another process; `claude`
+/// then finishes, having run the command once. The approval, as the lead saw it.
+#[track_caller]
+fn approved_and_ran_once(
+    cs: &Countersign,
+    project: &Project,
+    claude: Child,
+    tool_use_id: &str,
+) -> Value {
+    let approval = waiting_approval(cs);
+    assert_eq!(approval["tool_use_id"], tool_use_id);
+    assert_eq!(project.out(), None, "it waits for the lead");
+    lead_approves(cs, approval["id"].as_str().unwrap());
+
+    let result = finished(claude);
+    assert_eq!(result["result"], "Done.", "{result}");
+    assert_eq!(project.out().as_deref(), Some("ran\n"), "it ran once");
+    approval
+}
+
 /// The result `claude -p --output-format json` printed, once it exited 0.
 #[track_caller]
 fn finished(claude: Child) -> Value {
@@ -209,17 +229,10 @@ fn given_claude_asks_for_a_gated_command_when_a_lead_approves_from_another_proce
  {
     let (cs, model, project, claude) = asked_with_the_command_hook("approve", "toolu_01CliApprove");
 
-    let approval = waiting_approval(&cs);
-    assert_eq!(approval["tool_use_id"], "toolu_01CliApprove");
+    let approval = approved_and_ran_once(&cs, &project, claude, "toolu_01CliApprove");
     assert_eq!(approval["args"]["command"], COMMAND);
     assert_eq!(approval["reason"], "A recursive rm needs a lead.");
-    assert_eq!(project.out(), None, "it waits for the lead");
     let id = approval["id"].as_str().unwrap();
-    cs.ok(&["review", "approve", id, "--as", "lin"]);
-
-    let result = finished(claude);
-    assert_eq!(result["result"], "Done.", "{result}");
-    assert_eq!(project.out().as_deref(), Some("ran\n"), "it ran once");
     let told = model.tool_results();
     assert_eq!(told.len(), 1, "{told:?}");
     assert_eq!(told[0]["tool_use_id"], "toolu_01CliApprove");
@@ -274,7 +287,7 @@ fn given_a_headless_session_the_hook_deferred_when_the_lead_approves_later_then_
     assert_eq!(project.out(), None, "nothing ran while nobody decided");
     let approval = waiting_approval(&cs);
     let id = approval["id"].as_str().unwrap();
-    cs.ok(&["review", "approve", id, "--as", "lin"]);
+    lead_approves(&cs, id);
 
     let session = deferred["session_id"].as_str().unwrap();
     let resumed = finished(project.claude(&base, &["--resume", session]));
@@ -303,18 +316,52 @@ fn given_the_http_hook_entry_when_a_lead_approves_from_another_process_then_the_
     let project = Project::with_settings("http", &settings);
     let claude = project.claude_with(&model.serve(), &[("COUNTERSIGN_TOKEN", &token)], &[TASK]);
 
-    let approval = waiting_approval(&cs);
-    assert_eq!(approval["tool_use_id"], "toolu_01CliHttp");
+    let approval = approved_and_ran_once(&cs, &project, claude, "toolu_01CliHttp");
     assert_eq!(
         approval["requested_by"],
         serde_json::json!(["dev-bot"]),
         "the token's person asks"
     );
     let id = approval["id"].as_str().unwrap();
-    cs.ok(&["review", "approve", id, "--as", "lin"]);
+    handed_within_a_second_and_reported(&cs, id);
+}
 
-    let result = finished(claude);
-    assert_eq!(result["result"], "Done.", "{result}");
-    assert_eq!(project.out().as_deref(), Some("ran\n"), "it ran once");
+#[test]
+fn given_the_permission_prompt_tool_when_a_lead_approves_from_another_process_then_the_command_runs_once()
+ {
+    let cs = harness("claude-cli-prompt");
+    let model = ScriptedMessages::asking_bash("toolu_01CliPrompt", COMMAND);
+    let mut settings = documented_settings(&cs);
+    settings["hooks"]
+        .as_object_mut()
+        .unwrap()
+        .remove("PreToolUse");
+    let project = Project::with_settings("prompt", &settings);
+    let servers = documented(
+        "## The permission prompt tool",
+        &[
+            (
+                "\"command\": \"countersign\"",
+                format!("\"command\": \"{}\"", env!("CARGO_BIN_EXE_countersign")),
+            ),
+            ("/srv/countersign/state", cs.state().display().to_string()),
+            ("/srv/countersign/examples/claude-code", claude_code_dir()),
+        ],
+    );
+    let config = project.dir.join("countersign-mcp.json");
+    std::fs::write(&config, servers.to_string()).unwrap();
+    let claude = project.claude(
+        &model.serve(),
+        &[
+            "--mcp-config",
+            config.to_str().unwrap(),
+            "--permission-prompt-tool",
+            "mcp__countersign__permission_prompt",
+            TASK,
+        ],
+    );
+
+    let approval = approved_and_ran_once(&cs, &project, claude, "toolu_01CliPrompt");
+    let id = approval["id"].as_str().unwrap();
     handed_within_a_second_and_reported(&cs, id);
 }

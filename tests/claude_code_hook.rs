@@ -9,7 +9,9 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use common::Countersign;
-use common::claude_code::{claude_code_dir, harness, lead_rejects, waiting_approval};
+use common::claude_code::{
+    claude_code_dir, harness, lead_approves, lead_rejects, waiting_approval,
+};
 use serde_json::{Value, json};
 
 /// A PreToolUse input as the hooks reference shows it, for `tool_name` with `tool_input`.
@@ -119,7 +121,7 @@ fn given_a_push_to_main_when_a_lead_approves_from_another_process_then_the_hook_
     assert_eq!(approval["tool_use_id"], "toolu_push");
     assert_eq!(approval["approver_role"], "lead");
     let id = approval["id"].as_str().unwrap();
-    cs.ok(&["review", "approve", id, "--as", "lin"]);
+    lead_approves(&cs, id);
     let approved = Instant::now();
 
     let (exit, stdout, stderr) = answered(waiting);
@@ -228,13 +230,7 @@ fn given_an_approval_given_while_no_hook_waited_when_the_call_comes_again_then_i
         "defer"
     );
     let approval = waiting_approval(&cs);
-    cs.ok(&[
-        "review",
-        "approve",
-        approval["id"].as_str().unwrap(),
-        "--as",
-        "lin",
-    ]);
+    lead_approves(&cs, approval["id"].as_str().unwrap());
 
     // The resumed session sends the same call again: it attaches and is allowed.
     let allowed = decided(&cs, &input, &["--wait", "0s"]);
@@ -395,7 +391,7 @@ async fn given_the_http_hook_when_a_lead_approves_from_another_process_then_it_a
     let approval = tokio::task::block_in_place(|| waiting_approval(&cs));
     assert_eq!(approval["tool_use_id"], "toolu_http_push");
     let id = approval["id"].as_str().unwrap().to_string();
-    tokio::task::block_in_place(|| cs.ok(&["review", "approve", &id, "--as", "lin"]));
+    tokio::task::block_in_place(|| lead_approves(&cs, &id));
     let approved = Instant::now();
 
     let (answer, at) = waiting.await.unwrap();

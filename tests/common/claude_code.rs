@@ -44,6 +44,11 @@ pub fn waiting_approval(cs: &Countersign) -> Value {
     }
 }
 
+/// lin, the lead, approves the approval `id` from another process.
+pub fn lead_approves(cs: &Countersign, id: &str) {
+    cs.ok(&["review", "approve", id, "--as", "lin"]);
+}
+
 /// lin, the lead, rejects the approval `id` from another process, saying `reason`.
 pub fn lead_rejects(cs: &Countersign, id: &str, reason: &str) {
     cs.ok(&["review", "reject", id, "--as", "lin", "--reason", reason]);

@@ -30,9 +30,9 @@ use crate::domain::ids::AgentName;
 use crate::domain::run::GateVia;
 use crate::engine::{CallState, CallStatus, Engine, EngineError, GateCall, Reported};
 
-/// Who claims the calls a hook hands to Claude Code, and reports on them: one name for every
-/// hook, command or http, so a repeated `PreToolUse` and the `PostToolUse` after it are that
-/// claimant.
+/// Who claims the calls handed to Claude Code, and reports on them: one name for every hook,
+/// command or http, and the gateway's permission prompt tool, so a repeated `PreToolUse` and
+/// the `PostToolUse` after it are that claimant.
 pub const CLAIMANT: &str = "claude-code hook";
 
 /// The largest hook event read: a tool's input up to the gate's 32 KiB, with room.
@@ -245,27 +245,57 @@ async fn pre_tool_use(
             Err(refused) => tracing::info!(%refused, "wait refused; answered at once"),
         }
     }
+    Ok(match settle(engine, who, state).await? {
+        Verdict::Allow { reason, input } => decision("allow", &reason, input),
+        Verdict::Deny(reason) => decision("deny", &reason, None),
+        Verdict::Undecided(state) => {
+            let (word, what) = match waiting.on_timeout {
+                OnTimeout::Ask => ("ask", "asking here instead"),
+                OnTimeout::Defer => ("defer", "deferred: resume the session once it is decided"),
+            };
+            decision(word, &not_decided(&state, waited, what), None)
+        }
+    })
+}
+
+/// What Claude Code is told of a call it asked to run, once waited on.
+#[derive(Debug)]
+pub enum Verdict {
+    /// Run it, with `input` (the approved version's arguments): claimed, handed over once.
+    Allow {
+        reason: String,
+        input: Option<Value>,
+    },
+    /// Do not run it, for this reason.
+    Deny(String),
+    /// Nobody decided yet.
+    Undecided(Box<CallState>),
+}
+
+/// The verdict on a call as it stands after the wait: an approved call not yet handed over is
+/// claimed for Claude Code, so it is handed over once.
+pub async fn settle(
+    engine: &Engine,
+    who: &Identity,
+    state: CallState,
+) -> Result<Verdict, EngineError> {
     if state.status == CallStatus::Approved && state.claim.is_none() {
-        state = engine.claim_call(who, &state.run_id, CLAIMANT).await?;
+        let state = engine.claim_call(who, &state.run_id, CLAIMANT).await?;
         let reason = format!(
             "Countersign: approved; handed to Claude Code once as {}",
             state.key().unwrap_or_default()
         );
         let input = state.args.as_ref().map(|a| a.as_value());
-        return Ok(decision("allow", &reason, input));
+        return Ok(Verdict::Allow { reason, input });
     }
     if state.status.is_pending() && state.claim.is_none() {
-        let (word, what) = match waiting.on_timeout {
-            OnTimeout::Ask => ("ask", "asking here instead"),
-            OnTimeout::Defer => ("defer", "deferred: resume the session once it is decided"),
-        };
-        return Ok(decision(word, &not_decided(&state, waited, what), None));
+        return Ok(Verdict::Undecided(Box::new(state)));
     }
-    Ok(decision("deny", &refused(&state), None))
+    Ok(Verdict::Deny(refused(&state)))
 }
 
 /// Why a call that waits on a person was not decided in time, with where to decide it.
-fn not_decided(state: &CallState, waited: Duration, what: &str) -> String {
+pub fn not_decided(state: &CallState, waited: Duration, what: &str) -> String {
     let on = match &state.approval {
         Some(approval) => format!(
             " on approval {} ({} decides, until {})",
