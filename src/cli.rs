@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use shared::agents::Environment;
+use shared::api::claude_code::OnTimeout;
 use shared::api::waiting::WaitLimits;
 use shared::deploy::MOST_OPEN_APPROVALS;
 use shared::engine::{DEFAULT_MAX_OPEN_APPROVALS, MAX_PENDING_PAGE, PENDING_PAGE};
@@ -177,15 +178,8 @@ pub struct ClaudeCodeHook {
     pub wait: Duration,
     /// What to answer when nobody decided in time: ask (Claude Code asks its user) or defer
     /// (a headless `claude -p` session stops, to be resumed once it is decided).
-    #[arg(long, value_enum, default_value_t = OnTimeout::Ask)]
+    #[arg(long, default_value = "ask", value_name = "ask|defer")]
     pub on_timeout: OnTimeout,
-}
-
-/// The hook's answer when nobody decided in time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum OnTimeout {
-    Ask,
-    Defer,
 }
 
 #[derive(Debug, Subcommand)]

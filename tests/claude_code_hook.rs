@@ -9,23 +9,10 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use common::Countersign;
+use common::claude_code::{
+    claude_code_dir, harness, lead_approves, lead_rejects, waiting_approval,
+};
 use serde_json::{Value, json};
-
-fn claude_code_dir() -> String {
-    concat!(env!("CARGO_MANIFEST_DIR"), "/examples/claude-code").to_string()
-}
-
-/// A fresh state with the shipped claude-code agent and its people loaded.
-fn harness(name: &str) -> Countersign {
-    Countersign::fresh(name).with_env(vec![
-        ("COUNTERSIGN_STORE", "embedded".into()),
-        ("COUNTERSIGN_AGENTS", claude_code_dir()),
-        (
-            "COUNTERSIGN_PEOPLE",
-            format!("{}/people.toml", claude_code_dir()),
-        ),
-    ])
-}
 
 /// A PreToolUse input as the hooks reference shows it, for `tool_name` with `tool_input`.
 fn pre_tool_use(tool_use_id: &str, tool_name: &str, tool_input: Value) -> String {
@@ -95,19 +82,6 @@ fn decision(word: &str, reason: &str, updated_input: Option<Value>) -> Value {
     json!({ "hookSpecificOutput": output })
 }
 
-/// The one approval waiting, once a hook has proposed its call: polled, as a reviewer would.
-fn waiting_approval(cs: &Countersign) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let listed = cs.ok(&["review", "--as", "lin"]);
-        if let Some(approval) = listed["approvals"].as_array().and_then(|a| a.first()) {
-            return approval.clone();
-        }
-        assert!(Instant::now() < deadline, "no approval appeared");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 fn key_reason(answer: &Value) -> &str {
     answer["hookSpecificOutput"]["permissionDecisionReason"]
         .as_str()
@@ -147,7 +121,7 @@ fn given_a_push_to_main_when_a_lead_approves_from_another_process_then_the_hook_
     assert_eq!(approval["tool_use_id"], "toolu_push");
     assert_eq!(approval["approver_role"], "lead");
     let id = approval["id"].as_str().unwrap();
-    cs.ok(&["review", "approve", id, "--as", "lin"]);
+    lead_approves(&cs, id);
     let approved = Instant::now();
 
     let (exit, stdout, stderr) = answered(waiting);
@@ -196,15 +170,11 @@ fn given_a_push_to_main_when_the_lead_rejects_it_then_the_hook_denies_with_the_r
         &[],
     );
     let approval = waiting_approval(&cs);
-    cs.ok(&[
-        "review",
-        "reject",
+    lead_rejects(
+        &cs,
         approval["id"].as_str().unwrap(),
-        "--as",
-        "lin",
-        "--reason",
         "open a pull request instead",
-    ]);
+    );
 
     let (exit, stdout, stderr) = answered(waiting);
     assert_eq!(exit, 0, "{stderr}");
@@ -260,13 +230,7 @@ fn given_an_approval_given_while_no_hook_waited_when_the_call_comes_again_then_i
         "defer"
     );
     let approval = waiting_approval(&cs);
-    cs.ok(&[
-        "review",
-        "approve",
-        approval["id"].as_str().unwrap(),
-        "--as",
-        "lin",
-    ]);
+    lead_approves(&cs, approval["id"].as_str().unwrap());
 
     // The resumed session sends the same call again: it attaches and is allowed.
     let allowed = decided(&cs, &input, &["--wait", "0s"]);
@@ -379,4 +343,190 @@ fn the_shipped_claude_code_policy_holds_to_its_cases() {
         held.contains("17 of 17 cases hold for claude-code"),
         "{held}"
     );
+}
+
+/// `POST /hooks/claude-code/{target}` (an agent and a query) on the server at `base` with
+/// `body`, as Claude Code's http hook sends it, with `token` as the bearer: the status and the
+/// body's text.
+async fn post_hook(base: &str, token: Option<&str>, target: &str, body: String) -> (u16, String) {
+    let mut request = reqwest::Client::new()
+        .post(format!("{base}/hooks/claude-code/{target}"))
+        .header("content-type", "application/json")
+        .body(body);
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    let response = request.send().await.expect("the server answers");
+    let status = response.status().as_u16();
+    (status, response.text().await.unwrap())
+}
+
+/// The http hook's answer to `body`, which must be a 200 with one JSON object.
+async fn hooked(base: &str, token: &str, target: &str, body: String) -> Value {
+    let (status, text) = post_hook(base, Some(token), target, body).await;
+    assert_eq!(status, 200, "{text}");
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text:?}"))
+}
+
+fn token(cs: &Countersign, person: &str) -> String {
+    cs.printed(&["token", "--as", person]).trim().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_the_http_hook_when_a_lead_approves_from_another_process_then_it_allows_within_a_second_and_post_tool_use_reports()
+ {
+    let cs = harness("http-hook-approve");
+    let served = cs.serve();
+    let bot = token(&cs, "dev-bot");
+    let push = json!({"command": "git push origin main"});
+    let input = pre_tool_use("toolu_http_push", "Bash", push.clone());
+    let waiting = tokio::spawn({
+        let (base, bot) = (served.base.clone(), bot.clone());
+        async move {
+            let answer = hooked(&base, &bot, "claude-code", input).await;
+            (answer, Instant::now())
+        }
+    });
+
+    let approval = tokio::task::block_in_place(|| waiting_approval(&cs));
+    assert_eq!(approval["tool_use_id"], "toolu_http_push");
+    let id = approval["id"].as_str().unwrap().to_string();
+    tokio::task::block_in_place(|| lead_approves(&cs, &id));
+    let approved = Instant::now();
+
+    let (answer, at) = waiting.await.unwrap();
+    let within = at.saturating_duration_since(approved);
+    assert!(
+        within < Duration::from_secs(1),
+        "answered {within:?} after the approval"
+    );
+    assert_eq!(
+        answer,
+        decision("allow", key_reason(&answer), Some(push.clone()))
+    );
+
+    let post = json!({
+        "session_id": "abc123", "hook_event_name": "PostToolUse", "tool_name": "Bash",
+        "tool_input": push, "tool_use_id": "toolu_http_push",
+        "tool_response": {"stdout": "main -> main", "stderr": "", "interrupted": false},
+    });
+    let (status, text) = post_hook(&served.base, Some(&bot), "claude-code", post.to_string()).await;
+    assert_eq!((status, text.as_str()), (200, ""));
+    let audit = tokio::task::block_in_place(|| cs.ok(&["audit", &id]));
+    assert_eq!(audit["actions"][0]["status"], "succeeded", "{audit}");
+    assert!(audit.to_string().contains("main -> main"), "{audit}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_the_http_hook_when_nobody_decides_in_the_asked_wait_then_it_defers_and_a_rejection_is_then_denied()
+ {
+    let cs = harness("http-hook-defer");
+    let served = cs.serve();
+    let bot = token(&cs, "dev-bot");
+    let input = pre_tool_use("toolu_http_rm", "Bash", json!({"command": "rm -rf dist"}));
+
+    let deferred = hooked(
+        &served.base,
+        &bot,
+        "claude-code?wait=0.2&on_timeout=defer",
+        input.clone(),
+    )
+    .await;
+    let reason = key_reason(&deferred);
+    assert!(
+        reason.starts_with("Countersign: no decision within 200ms on approval ap-")
+            && reason.ends_with("; deferred: resume the session once it is decided"),
+        "{reason}"
+    );
+    assert_eq!(deferred, decision("defer", reason, None));
+
+    let approval = tokio::task::block_in_place(|| waiting_approval(&cs));
+    let id = approval["id"].as_str().unwrap();
+    tokio::task::block_in_place(|| lead_rejects(&cs, id, "keep dist"));
+    let denied = hooked(&served.base, &bot, "claude-code?wait=0", input).await;
+    let reason = key_reason(&denied);
+    assert!(reason.contains("keep dist"), "{reason}");
+    assert_eq!(denied, decision("deny", reason, None));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_a_person_at_their_share_of_waits_then_the_http_hook_answers_their_next_call_at_once()
+{
+    let cs = harness("http-hook-share");
+    let served = cs.serve_with(&["--max-waiting-per-person", "1"]);
+    let bot = token(&cs, "dev-bot");
+    let first = pre_tool_use(
+        "toolu_wait_1",
+        "Bash",
+        json!({"command": "terraform apply"}),
+    );
+    let holding = tokio::spawn({
+        let (base, bot) = (served.base.clone(), bot.clone());
+        async move { hooked(&base, &bot, "claude-code?wait=10s", first).await }
+    });
+    tokio::task::block_in_place(|| waiting_approval(&cs));
+
+    let second = pre_tool_use("toolu_wait_2", "Bash", json!({"command": "rm -r tmp"}));
+    let started = Instant::now();
+    let asked = hooked(&served.base, &bot, "claude-code?wait=10s", second).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "it did not wait"
+    );
+    let reason = key_reason(&asked);
+    assert!(
+        reason.starts_with("Countersign: no decision within 0s on approval ap-")
+            && reason.ends_with("; asking here instead"),
+        "{reason}"
+    );
+    assert_eq!(asked, decision("ask", reason, None));
+    holding.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_the_http_hook_then_unlisted_tools_pass_and_bad_requests_are_refused_storing_nothing()
+{
+    let cs = harness("http-hook-refusals");
+    let served = cs.serve();
+    let bot = token(&cs, "dev-bot");
+
+    let read = pre_tool_use("toolu_read", "Read", json!({"file_path": "/tmp/README.md"}));
+    let (status, text) = post_hook(&served.base, Some(&bot), "claude-code", read).await;
+    assert_eq!((status, text.as_str()), (200, ""));
+
+    let push = pre_tool_use(
+        "toolu_x",
+        "Bash",
+        json!({"command": "git push origin main"}),
+    );
+    for (token, target, body, status, code) in [
+        (None, "claude-code", push.clone(), 401, "missing_token"),
+        (Some(&bot), "claude-code", "not json".to_string(), 400, "hook_event"),
+        (
+            Some(&bot),
+            "claude-code",
+            json!({"session_id": "abc123", "hook_event_name": "Stop", "tool_name": "Bash", "tool_input": {}}).to_string(),
+            400,
+            "hook_event",
+        ),
+        (Some(&bot), "claude-code?wait=soon", push.clone(), 400, "invalid_field"),
+        (Some(&bot), "claude-code?on_timeout=allow", push.clone(), 400, "invalid_field"),
+        (Some(&bot), "claude-code?limit=3", push.clone(), 400, "invalid_field"),
+    ] {
+        let (got, text) = post_hook(&served.base, token.map(String::as_str), target, body).await;
+        let refused: Value = serde_json::from_str(&text).unwrap_or_default();
+        assert_eq!((got, refused["error"]["code"].as_str()), (status, Some(code)), "{target}: {text}");
+    }
+
+    // A PreToolUse the hook cannot decide is denied: Claude Code takes any other status as a
+    // non-blocking error, and goes on.
+    let denied = hooked(&served.base, &bot, "no-such-agent", push).await;
+    let reason = key_reason(&denied);
+    assert!(
+        reason.starts_with("Countersign could not decide: "),
+        "{reason}"
+    );
+    assert_eq!(denied, decision("deny", reason, None));
+    let listed = tokio::task::block_in_place(|| cs.ok(&["review", "--as", "lin"]));
+    assert_eq!(listed["approvals"], json!([]), "nothing was stored");
 }

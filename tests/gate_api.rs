@@ -447,7 +447,11 @@ async fn the_mcp_gateway_neither_lists_nor_runs_a_tool_its_caller_runs() {
         )
         .await;
 
-    assert_eq!(listed["result"]["tools"], json!([]), "{listed}");
+    assert_eq!(
+        common::texts(&listed["result"]["tools"], "name"),
+        ["permission_prompt"],
+        "only the gateway's own prompt tool: {listed}"
+    );
     let result = &called["result"];
     assert_eq!(result["_meta"]["countersign/status"], "refused", "{called}");
     assert!(

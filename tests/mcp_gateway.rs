@@ -1215,3 +1215,107 @@ async fn the_everything_server_over_streamable_http_lists_and_runs_an_allowed_ca
     );
     std::fs::remove_dir_all(root).ok();
 }
+
+/// What Claude Code's permission prompt tool answered: the JSON of its one text block.
+#[track_caller]
+fn behavior(answer: &Value) -> Value {
+    assert_eq!(answer["is_error"], false, "{answer}");
+    serde_json::from_str(answer["text"].as_str().unwrap()).unwrap()
+}
+
+/// A `tools/call` of the permission prompt tool, as Claude Code makes it for `tool_name`.
+fn permission_prompt(tool_name: &str, input: Value, tool_use_id: &str, wait: f64) -> Value {
+    json!({"op": "call", "tool": "permission_prompt", "wait_seconds": wait,
+           "args": {"tool_name": tool_name, "input": input, "tool_use_id": tool_use_id}})
+}
+
+#[test]
+fn given_the_claude_code_agent_over_http_its_permission_prompt_tool_is_listed_and_allows_a_call_a_lead_approved_with_its_input()
+ {
+    let cs = common::claude_code::harness("mcp-permission-allow");
+    let server = cs.serve();
+    let gateway = Gateway::http_for(&server, &cs, "claude-code", "dev-bot");
+    let listed = gateway.call(json!({"op": "list"}));
+    assert_eq!(
+        common::texts(&listed["tools"], "name"),
+        ["permission_prompt"],
+        "the caller-run tools are not listed, the prompt tool is: {listed}"
+    );
+    assert_eq!(
+        listed["tools"][0]["input_schema"]["required"],
+        json!(["tool_name", "input"])
+    );
+
+    let push = json!({"command": "git push origin main"});
+    let waiting = std::thread::spawn({
+        let step = permission_prompt("Bash", push.clone(), "toolu_pp_push", 30.0);
+        move || gateway.call(step)
+    });
+    let approval = common::claude_code::waiting_approval(&cs);
+    assert_eq!(approval["tool_use_id"], "toolu_pp_push");
+    common::claude_code::lead_approves(&cs, approval["id"].as_str().unwrap());
+
+    let answer = waiting.join().unwrap();
+    assert_eq!(
+        behavior(&answer),
+        json!({"behavior": "allow", "updatedInput": push})
+    );
+    let audit = cs.ok(&["audit", approval["id"].as_str().unwrap()]);
+    assert_eq!(
+        audit["actions"][0]["status"], "executing",
+        "claimed: {audit}"
+    );
+}
+
+#[test]
+fn given_the_permission_prompt_tool_then_policy_allows_at_once_and_an_undecided_rejected_or_unlisted_call_is_denied()
+ {
+    let cs = common::claude_code::harness("mcp-permission-deny");
+    let gateway = Gateway::stdio_for(&cs, "claude-code", "dev-bot");
+    let rm = json!({"command": "rm -rf node_modules"});
+    let answers = gateway.session(json!([
+        permission_prompt("Bash", json!({"command": "npm test"}), "toolu_pp_test", 0.0),
+        permission_prompt("Bash", rm.clone(), "toolu_pp_rm", 0.0),
+        permission_prompt(
+            "Read",
+            json!({"file_path": "/etc/hosts"}),
+            "toolu_pp_read",
+            0.0
+        ),
+    ]));
+
+    assert_eq!(
+        behavior(&answers[0]),
+        json!({"behavior": "allow", "updatedInput": {"command": "npm test"}})
+    );
+    let undecided = behavior(&answers[1]);
+    let message = undecided["message"].as_str().unwrap();
+    assert_eq!(undecided["behavior"], "deny", "{undecided}");
+    assert!(
+        message.starts_with("Countersign: no decision within 0s on approval ap-")
+            && message.ends_with("ask again with the same tool_use_id once it is decided"),
+        "{message}"
+    );
+    assert_eq!(
+        behavior(&answers[2]),
+        json!({"behavior": "deny", "message": "Countersign: agent claude-code has no tool Read that Claude Code runs; it is not allowed here"})
+    );
+
+    let approval = common::claude_code::waiting_approval(&cs);
+    common::claude_code::lead_rejects(&cs, approval["id"].as_str().unwrap(), "keep the cache");
+    let again = behavior(&gateway.call(permission_prompt("Bash", rm, "toolu_pp_rm", 0.0)));
+    assert_eq!(again["behavior"], "deny", "{again}");
+    assert!(
+        again["message"]
+            .as_str()
+            .unwrap()
+            .contains("keep the cache"),
+        "{again}"
+    );
+    let listed = cs.ok(&["review", "--as", "lin"]);
+    assert_eq!(
+        listed["approvals"],
+        json!([]),
+        "one approval, decided: {listed}"
+    );
+}

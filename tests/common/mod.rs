@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod agents;
+pub mod claude_code;
 pub mod orders;
 pub mod server;
 pub mod walkthrough;

@@ -1,5 +1,6 @@
 """A real `countersign serve` for the client's tests: its own state directory, the helpdesk
-example's definition and people, and the CLI in other processes for what a reviewer does."""
+example's definition and people (or another example's), and the CLI in other processes for what
+a reviewer does."""
 
 from __future__ import annotations
 
@@ -25,13 +26,13 @@ def binary() -> str:
 
 
 class Server:
-    def __init__(self, *serve_args: str) -> None:
+    def __init__(self, *serve_args: str, example: Path = EXAMPLE) -> None:
         self._dir = tempfile.TemporaryDirectory(prefix="countersign-client-")
         self.env = {
             **os.environ,
             "COUNTERSIGN_STATE": self._dir.name,
-            "COUNTERSIGN_AGENTS": str(EXAMPLE),
-            "COUNTERSIGN_PEOPLE": str(EXAMPLE / "people.toml"),
+            "COUNTERSIGN_AGENTS": str(example),
+            "COUNTERSIGN_PEOPLE": str(example / "people.toml"),
         }
         self.process = subprocess.Popen(
             [binary(), "serve", "--addr", "127.0.0.1:0", "--sweep-every", "0s", *serve_args],
@@ -78,14 +79,15 @@ class Server:
 
 
 class ServerTest(unittest.TestCase):
-    """Tests sharing one server for their class, started with `serve_args`."""
+    """Tests sharing one server for their class, started with `serve_args` over `example`."""
 
     server: Server
     serve_args: tuple[str, ...] = ()
+    example: Path = EXAMPLE
 
     @classmethod
     def setUpClass(cls) -> None:
-        cls.server = Server(*cls.serve_args)
+        cls.server = Server(*cls.serve_args, example=cls.example)
 
     @classmethod
     def tearDownClass(cls) -> None:

@@ -500,6 +500,7 @@ mod tests {
             include_str!("dev.rs"),
             include_str!("slack.rs"),
             include_str!("mcp.rs"),
+            include_str!("claude_code.rs"),
         ] {
             codes.extend(codes_written_in(source));
         }

@@ -3,7 +3,9 @@
 //!
 //! - `tools/list` lists the agent's tools (HTTP, upstream MCP, built-in; not the ones their
 //!   caller runs, which only the gate API's callers claim) with their
-//!   descriptions, input schemas and, where the tool says it reads only or destroys, annotations.
+//!   descriptions, input schemas and, where the tool says it reads only or destroys, annotations;
+//!   where some are run by their caller, the gateway's own [`PERMISSION_PROMPT`] tool, for
+//!   Claude Code's `--permission-prompt-tool`.
 //! - `tools/call` is one call through the gate ([`Engine::gate_call`]): the agent's schema,
 //!   policy, approvals and execution, as the one action of a run of its own. A call that waits
 //!   on a person is waited on up to [`Settings::wait`] (the caller may shorten it), with progress
@@ -50,6 +52,7 @@ use tokio::time::Instant;
 
 use super::DecideState;
 use super::auth::Authenticate;
+use super::claude_code::{self, Verdict};
 use super::error::ApiError;
 use super::extract::{Caller, body_bytes, parse_json};
 use super::waiting::WaitPlace;
@@ -74,6 +77,11 @@ pub const DEFAULT_WAIT: Duration = Duration::from_secs(45);
 /// The largest `/mcp` request body: a call's arguments may be up to 32 KiB (the engine answers
 /// a larger one "too large" in its own words), with room for the JSON-RPC around them.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
+/// The gateway's own tool for `claude -p --permission-prompt-tool mcp__<server>__permission_prompt`,
+/// listed beside an agent's tools when some are run by their caller: it takes the call Claude
+/// Code asks permission for (`tool_name`, `input`, `tool_use_id`) through the gate, and answers
+/// `{"behavior": "allow", "updatedInput": …}` or `{"behavior": "deny", "message": …}`.
+pub const PERMISSION_PROMPT: &str = "permission_prompt";
 /// How often a waiting call tells a caller with a progress token that it still waits.
 const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
@@ -222,6 +230,138 @@ impl Gateway {
     }
 }
 
+/// What Claude Code's permission prompt tool is given.
+#[derive(Debug, serde::Deserialize)]
+struct PermissionAsked {
+    tool_name: String,
+    input: Value,
+    tool_use_id: Option<String>,
+}
+
+impl Gateway {
+    /// The permission prompt tool: the call Claude Code asks about, through the gate for the
+    /// caller, waited on as any call, and answered allow (claimed, with the approved input) or
+    /// deny (with the reason, also when nobody decided in time or it cannot be decided). A tool
+    /// the agent does not list as its caller's is denied: the prompt tool must answer, and a
+    /// gate that cannot rule never allows.
+    async fn permission_prompt(
+        &self,
+        caller: &McpCaller,
+        request: CallToolRequestParams,
+        started: Instant,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let asked: PermissionAsked =
+            serde_json::from_value(Value::Object(request.arguments.clone().unwrap_or_default()))
+                .map_err(|e| {
+                    ErrorData::invalid_params(format!("{PERMISSION_PROMPT}: {e}"), None)
+                })?;
+        let wait = Asked::read(&request, context)?
+            .wait
+            .map_or(self.settings.wait, |w| w.min(self.settings.wait));
+        let agent = self.agent(caller)?;
+        let behavior = match agent.caller_lease(&asked.tool_name) {
+            None => json!({"behavior": "deny", "message": format!(
+                "Countersign: agent {} has no tool {} that Claude Code runs; it is not allowed here",
+                agent.name, asked.tool_name
+            )}),
+            Some(_) => {
+                let verdict = self
+                    .permission_verdict(caller, &request, asked, started, wait, context)
+                    .await;
+                match verdict {
+                    Ok(Verdict::Allow { input, .. }) => {
+                        json!({"behavior": "allow", "updatedInput": input})
+                    }
+                    Ok(Verdict::Deny(reason)) => json!({"behavior": "deny", "message": reason}),
+                    Ok(Verdict::Undecided(state)) => {
+                        let waited = Duration::from_secs(started.elapsed().as_secs()).min(wait);
+                        let what = "denied for now: ask again with the same tool_use_id once it is decided";
+                        json!({"behavior": "deny", "message": claude_code::not_decided(&state, waited, what)})
+                    }
+                    Err(error) => json!({"behavior": "deny", "message": format!(
+                        "Countersign could not decide: {error}"
+                    )}),
+                }
+            }
+        };
+        Ok(CallToolResult::success(vec![ContentBlock::text(behavior.to_string())]).into())
+    }
+
+    /// The asked call through the gate, waited on up to the gateway's wait, and settled.
+    async fn permission_verdict(
+        &self,
+        caller: &McpCaller,
+        request: &CallToolRequestParams,
+        asked: PermissionAsked,
+        started: Instant,
+        wait: Duration,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<Verdict, EngineError> {
+        let call = GateCall {
+            tenant: caller.who.tenant.clone(),
+            agent: caller.agent.clone(),
+            requested_by: caller.who.person.clone(),
+            tool: asked.tool_name,
+            args: asked.input,
+            call_id: asked.tool_use_id,
+            conversation: None,
+            // A call Claude Code runs itself once allowed: taken as the gate API's callers'
+            // are, to be claimed.
+            via: GateVia::Api,
+            standing: caller.who.standing(),
+        };
+        // Taken to the end even if the caller goes away meanwhile, as every call.
+        let engine = self.engine.clone();
+        let mut state = tokio::spawn(async move { engine.gate_call(call).await })
+            .await
+            .map_err(|e| EngineError::Unavailable(e.to_string()))??;
+        // A call already handed over runs in Claude Code: nothing to wait for.
+        if state.claim.is_none() {
+            let progress = progress_token(request, context);
+            let deadline = started + wait;
+            state = self
+                .wait(caller, state, started, deadline, progress, context)
+                .await;
+        }
+        claude_code::settle(&self.engine, &caller.who, state).await
+    }
+}
+
+/// Whether the permission prompt tool is listed for `agent`: where some of its tools are run by
+/// their caller, and no tool of its own has the name.
+fn prompts_for_permission(agent: &Agent) -> bool {
+    agent.tools.get(PERMISSION_PROMPT).is_none()
+        && agent
+            .tools
+            .specs()
+            .iter()
+            .any(|spec| agent.caller_lease(&spec.name).is_some())
+}
+
+/// The permission prompt tool as `tools/list` gives it.
+fn permission_prompt_tool() -> Listed {
+    let schema = json!({
+        "type": "object",
+        "required": ["tool_name", "input"],
+        "properties": {
+            "tool_name": {"type": "string", "description": "The tool Claude Code asks to run."},
+            "input": {"type": "object", "description": "The input it would run it with."},
+            "tool_use_id": {"type": "string", "description": "Claude Code's id of the call."},
+        },
+    });
+    let Value::Object(schema) = schema else {
+        unreachable!("an object")
+    };
+    Listed::new(
+        PERMISSION_PROMPT,
+        "Claude Code's permission prompt (--permission-prompt-tool): the call goes through \
+         Countersign's policy and, where it says so, a person; the answer is allow with the \
+         approved input, or deny with the reason.",
+        schema,
+    )
+}
+
 impl ServerHandler for Gateway {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
@@ -248,7 +388,11 @@ impl ServerHandler for Gateway {
                 None,
             )
         })?;
-        Ok(ListToolsResult::with_all_items(listing(&agent)))
+        let mut tools = listing(&agent);
+        if prompts_for_permission(&agent) {
+            tools.push(permission_prompt_tool());
+        }
+        Ok(ListToolsResult::with_all_items(tools))
     }
 
     async fn call_tool(
@@ -258,6 +402,11 @@ impl ServerHandler for Gateway {
     ) -> Result<CallToolResponse, ErrorData> {
         let started = Instant::now();
         let caller = self.caller(&context)?;
+        if request.name == PERMISSION_PROMPT && prompts_for_permission(&*self.agent(&caller)?) {
+            return self
+                .permission_prompt(&caller, request, started, &context)
+                .await;
+        }
         let asked = Asked::read(&request, &context)?;
         let progress = progress_token(&request, &context);
         let named = asked.call_id.is_some();

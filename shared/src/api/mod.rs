@@ -8,7 +8,8 @@
 //! - [`start_routes`]: `POST /runs`, hosted by the start function.
 //! - [`local_router`]: both, for the local server, and its development sign-in (`/dev/...`).
 //! - [`mcp::routes`]: `/mcp/{agent}`, the MCP gateway over Streamable HTTP, with the decide
-//!   routes; [`gate::routes`]: `/gate/calls`, the gate API, with them too.
+//!   routes; [`gate::routes`]: `/gate/calls`, the gate API, with them too; and
+//!   [`claude_code::routes`]: `/hooks/claude-code/{agent}`, Claude Code's `http` hook.
 //!
 //! A request that waits (a gate long-poll, an MCP call held for a person) takes a slot of the
 //! server's [`waiting::WaitSlots`], when it gives them, so waiters cannot crowd out everyone
@@ -21,6 +22,7 @@
 mod approvals;
 pub mod auth;
 mod background;
+pub mod claude_code;
 pub mod dev;
 pub mod error;
 pub mod extract;
@@ -112,7 +114,8 @@ fn decide_part(
             auth.clone(),
             gateway.public_url.clone(),
         ))
-        .merge(mcp::routes(engine.clone(), auth, gateway))
+        .merge(mcp::routes(engine.clone(), auth.clone(), gateway))
+        .merge(claude_code::routes(engine.clone(), auth))
         .merge(page::routes());
     if let Some(slack) = slack {
         router = router.merge(
@@ -304,6 +307,7 @@ mod tests {
             "/mcp/{agent}:",
             "/gate/calls:",
             "/gate/calls/{id}:",
+            "/hooks/claude-code/{agent}:",
         ] {
             assert!(OPENAPI_YAML.contains(path), "{path} is not documented");
         }

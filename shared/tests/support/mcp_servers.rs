@@ -1,5 +1,5 @@
-//! The npm packages the MCP tests run: the reference MCP servers as upstreams, and the MCP
-//! Inspector as a client. The workspace's scripts/mcp-npm installs them exactly as
+//! The npm packages the MCP tests run: the reference MCP servers as upstreams, the MCP
+//! Inspector as a client, and the Claude Code CLI. The workspace's scripts/mcp-npm installs them exactly as
 //! tests/npm/*/package-lock.json pins them, under `${XDG_CACHE_HOME:-~/.cache}/countersign`
 //! (npm the first time, offline after); scripts/test-all runs it too.
 
@@ -42,6 +42,12 @@ pub fn typescript_sdk() -> PathBuf {
 #[allow(dead_code)] // each test binary that includes this file uses what it needs
 pub fn inspector() -> PathBuf {
     installed().join("mcp-inspector/node_modules/.bin/mcp-inspector")
+}
+
+/// The Claude Code CLI (`claude`), as tests/npm/claude-code pins it, installed on first use.
+#[allow(dead_code)] // each test binary that includes this file uses what it needs
+pub fn claude_code() -> PathBuf {
+    installed().join("claude-code/node_modules/.bin/claude")
 }
 
 /// The cache directory the npm sets are installed under, once scripts/mcp-npm has made them
