@@ -36,6 +36,19 @@ pub fn scratch_dir(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("countersign-{name}-{}-{nanos}", std::process::id()))
 }
 
+/// What the audit holds, in order, of a run whose one call a person approved and that then ran
+/// and finished: the history the scenarios and the walkthrough both read.
+pub const APPROVED_RUN_EVENTS: [&str; 8] = [
+    "started",
+    "proposed",
+    "paused",
+    "decision",
+    "executing",
+    "executed",
+    "resumed",
+    "done",
+];
+
 /// What [`ScriptedAgent`] proposes to pay: the lodging limit, $250.
 pub const PROPOSED_CENTS: i64 = 25_000;
 

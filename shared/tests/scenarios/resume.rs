@@ -548,16 +548,7 @@ async fn given_an_approved_payment_when_its_approval_history_is_read_then_it_tra
     assert_eq!(history.run.id, report.run_id);
     assert_eq!(
         event_names(&history.entries),
-        [
-            "started",
-            "proposed",
-            "paused",
-            "decision",
-            "executing",
-            "executed",
-            "resumed",
-            "done"
-        ]
+        shared::testing::APPROVED_RUN_EVENTS
     );
     let dana = Actor::person(&person("dana"));
     for entry in &history.entries {
