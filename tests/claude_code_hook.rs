@@ -13,6 +13,7 @@ use common::claude_code::{
     claude_code_dir, harness, lead_approves, lead_rejects, waiting_approval,
 };
 use serde_json::{Value, json};
+use shared::api::claude_code::decision;
 
 /// A PreToolUse input as the hooks reference shows it, for `tool_name` with `tool_input`.
 fn pre_tool_use(tool_use_id: &str, tool_name: &str, tool_input: Value) -> String {
@@ -67,19 +68,6 @@ fn decided(cs: &Countersign, input: &str, args: &[&str]) -> Value {
     let (exit, stdout, stderr) = answered(hook(cs, input, args));
     assert_eq!(exit, 0, "{stderr}");
     serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout:?}"))
-}
-
-/// A PreToolUse answer exactly as the hooks reference shapes it.
-fn decision(word: &str, reason: &str, updated_input: Option<Value>) -> Value {
-    let mut output = json!({
-        "hookEventName": "PreToolUse",
-        "permissionDecision": word,
-        "permissionDecisionReason": reason,
-    });
-    if let Some(input) = updated_input {
-        output["updatedInput"] = input;
-    }
-    json!({ "hookSpecificOutput": output })
 }
 
 fn key_reason(answer: &Value) -> &str {

@@ -329,8 +329,9 @@ fn refused(state: &CallState) -> String {
     }
 }
 
-/// A `PreToolUse` answer, as the hooks reference shapes it.
-fn decision(word: &str, reason: &str, updated_input: Option<Value>) -> Value {
+/// A `PreToolUse` answer, as the hooks reference shapes it (the tests with the real `claude` CLI
+/// hold it to what Claude Code reads).
+pub fn decision(word: &str, reason: &str, updated_input: Option<Value>) -> Value {
     let mut output = json!({
         "hookEventName": "PreToolUse",
         "permissionDecision": word,
