@@ -19,8 +19,13 @@ mod common;
 
 use common::server::{Paused, Server};
 use common::{countersign, free_port, fresh_path, stop_group};
+use shared::domain::identity::Directory;
 /// How long the page may take to show what a test waits for.
 const PATIENCE: Duration = Duration::from_secs(20);
+/// A phone's screen in CSS pixels, width and height: an iPhone 14's, a common small one.
+const PHONE: (u32, u32) = (390, 844);
+/// The smallest target a finger taps reliably, in CSS pixels (Apple's and WCAG's 44).
+const TAP_TARGET: f64 = 44.0;
 
 const INSTALL: &str = "the browser tests need Debian's chromium and chromium-driver: \
      apt-get install -y --no-install-recommends chromium chromium-driver \
@@ -96,9 +101,23 @@ impl Driver {
 
     /// A new browser with an empty profile: a WebDriver session of its own.
     async fn browser(&mut self) -> Browser {
+        self.browser_emulating(None).await
+    }
+
+    /// A new browser as a phone shows the page: Chrome's device emulation of a screen
+    /// [`PHONE`] CSS pixels wide and high, at three device pixels each, with touch.
+    async fn phone(&mut self) -> Browser {
+        let (width, height) = PHONE;
+        let metrics = json!({"width": width, "height": height, "pixelRatio": 3.0, "touch": true});
+        self.browser_emulating(Some(json!({ "deviceMetrics": metrics })))
+            .await
+    }
+
+    /// A new browser, emulating a device when `mobile` gives Chrome's `mobileEmulation`.
+    async fn browser_emulating(&mut self, mobile: Option<Value>) -> Browser {
         let profile = fresh_path("countersign-chromium");
         self.profiles.push(profile.clone());
-        let capabilities = json!({
+        let mut capabilities = json!({
             "browserName": "chrome",
             "goog:chromeOptions": {
                 "binary": self.chromium,
@@ -117,6 +136,9 @@ impl Driver {
                 ],
             },
         });
+        if let Some(mobile) = mobile {
+            capabilities["goog:chromeOptions"]["mobileEmulation"] = mobile;
+        }
         let Value::Object(capabilities) = capabilities else {
             unreachable!()
         };
@@ -1112,4 +1134,99 @@ async fn a_queue_longer_than_a_page_shows_more_on_a_click_and_keeps_it_shown_aft
     dana.find(&last).await;
     dana.find("#more[hidden]").await;
     dana.close().await;
+}
+
+/// The shipped claude-code agent's directory, and its people file.
+fn claude_code() -> (&'static str, String) {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/claude-code");
+    (dir, format!("{dir}/people.toml"))
+}
+
+#[tokio::test]
+async fn on_a_phone_a_long_command_fits_the_screen_wraps_and_its_approve_and_reject_are_big_enough_to_tap()
+ {
+    let (agent, people) = claude_code();
+    let server = Server::start_with(
+        "phone",
+        &[
+            "--sweep-every",
+            "0s",
+            "--dev-sign-in",
+            "--agents",
+            agent,
+            "--people",
+            &people,
+        ],
+    );
+    // Claude Code's identity proposes a long command, with a word longer than the screen.
+    let directory = Directory::from_toml(&std::fs::read_to_string(&people).unwrap()).unwrap();
+    let dev_bot = server.forged_token(
+        directory.identify("dev-bot").unwrap(),
+        chrono::Duration::zero(),
+        Duration::from_secs(600),
+    );
+    let command = format!(
+        "rm -rf build/{} && curl -fsS https://deploy.example.com/hooks/{}",
+        "generated-artifacts-".repeat(8),
+        "0123456789abcdef".repeat(6)
+    );
+    let call = json!({"agent": "claude-code", "tool": "Bash", "call_id": "toolu_01Phone",
+                      "args": {"command": command, "description": "Clean and redeploy"}});
+    let proposed = server
+        .send(
+            reqwest::Method::POST,
+            "/gate/calls",
+            Some(dev_bot),
+            Some(("application/json", call.to_string().into_bytes())),
+        )
+        .await;
+    assert_eq!(proposed.status, 202, "{}", proposed.json);
+    let item = card(proposed.json["approval"]["id"].as_str().unwrap());
+
+    let mut driver = Driver::start().await;
+    let lin = driver.phone().await;
+    lin.sign_in_as(&server, "lin").await;
+    lin.text_containing(&format!("{item} [data-arg=command]"), "deploy.example.com")
+        .await;
+
+    let (width, _) = PHONE;
+    let layout = format!(
+        "const box = (css) => document.querySelector({item} + ' ' + css).getBoundingClientRect(); \
+         const line = parseFloat(getComputedStyle(document.querySelector({item} + ' [data-arg=command] td')).lineHeight); \
+         return {{ viewport: window.innerWidth, scroll: document.documentElement.scrollWidth, \
+                  approve: box('button.approve').toJSON(), reject: box('details.reject summary').toJSON(), \
+                  command: box('[data-arg=command] td').toJSON(), line }};",
+        item = json!(item)
+    );
+    let shown = lin.client.execute(&layout, vec![]).await.unwrap();
+    assert_eq!(
+        shown["viewport"], width,
+        "the page is laid out for the phone: {shown}"
+    );
+    assert!(
+        shown["scroll"].as_f64().unwrap() <= f64::from(width),
+        "nothing overflows sideways: {shown}"
+    );
+    for button in ["approve", "reject"] {
+        let target = &shown[button];
+        assert!(
+            target["height"].as_f64().unwrap() >= TAP_TARGET,
+            "{button} is at least {TAP_TARGET} px tall: {shown}"
+        );
+        assert!(
+            target["left"].as_f64().unwrap() >= 0.0
+                && target["right"].as_f64().unwrap() <= f64::from(width),
+            "{button} is on the screen: {shown}"
+        );
+    }
+    let command = &shown["command"];
+    assert!(
+        command["right"].as_f64().unwrap() <= f64::from(width),
+        "the command stays on the screen: {shown}"
+    );
+    assert!(
+        command["height"].as_f64().unwrap() > 3.0 * shown["line"].as_f64().unwrap(),
+        "the command wraps onto several lines: {shown}"
+    );
+    lin.close().await;
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::Countersign;
 use common::claude_code::{
-    claude_code_dir, harness, lead_approves, lead_rejects, waiting_approval,
+    claude_code_dir, harness, harness_over, lead_approves, lead_rejects, waiting_approval,
 };
 use serde_json::{Value, json};
 use shared::api::claude_code::decision;
@@ -287,6 +287,71 @@ fn given_a_tool_the_agent_does_not_list_then_the_hook_passes_it_through_silently
 
     let (exit, stdout, stderr) = answered(hook(&cs, &input, &[]));
 
+    assert_eq!((exit, stdout.as_str(), stderr.as_str()), (0, "", ""));
+}
+
+/// The shipped claude-code agent in a directory of the test's own, with one MCP tool listed by
+/// the name Claude Code gives it, `mcp__github__create_issue`, which a rule sends to a lead.
+fn claude_code_listing_an_mcp_tool(name: &str) -> String {
+    let dir = common::fresh_path(name).join("claude-code");
+    std::fs::create_dir_all(&dir).unwrap();
+    for file in ["agent.toml", "policy.toml", "rules.cedar", "people.toml"] {
+        std::fs::copy(format!("{}/{file}", claude_code_dir()), dir.join(file)).unwrap();
+    }
+    let append = |file: &str, text: &str| {
+        let shipped = std::fs::read_to_string(dir.join(file)).unwrap();
+        std::fs::write(dir.join(file), shipped + text).unwrap();
+    };
+    append(
+        "agent.toml",
+        r#"
+[tools.mcp__github__create_issue]
+description = "The github MCP server's create_issue, as Claude Code names it."
+input_schema = { type = "object", required = ["repo", "title"], properties = { repo = { type = "string" }, title = { type = "string" } } }
+executor = "caller"
+"#,
+    );
+    append(
+        "rules.cedar",
+        r#"
+@id("issues on the api repository")
+@approve("lead")
+@reason("An issue on acme/api needs a lead.")
+permit(principal, action == Action::"mcp__github__create_issue", resource)
+when { context.input.repo == "acme/api" };
+"#,
+    );
+    dir.display().to_string()
+}
+
+#[test]
+fn given_an_mcp_tool_the_agent_lists_by_its_full_name_then_the_hook_gates_it_and_other_mcp_tools_pass_through()
+ {
+    let agent = claude_code_listing_an_mcp_tool("hook-mcp-agent");
+    let cs = harness_over("hook-mcp", &agent);
+    let issue =
+        json!({"repo": "acme/api", "title": "Flaky deploy", "body": "It fails on Mondays."});
+    let input = pre_tool_use("toolu_mcp", "mcp__github__create_issue", issue.clone());
+
+    let answer = decided(&cs, &input, &["--wait", "0s", "--on-timeout", "defer"]);
+
+    assert_eq!(
+        answer["hookSpecificOutput"]["permissionDecision"], "defer",
+        "{answer}"
+    );
+    let approval = waiting_approval(&cs);
+    assert_eq!(approval["tool"], "mcp__github__create_issue");
+    assert_eq!(
+        approval["args"], issue,
+        "a field the schema does not name passes as it came"
+    );
+    assert_eq!(approval["reason"], "An issue on acme/api needs a lead.");
+    let read = pre_tool_use(
+        "toolu_mcp_read",
+        "mcp__github__get_issue",
+        json!({"number": 7}),
+    );
+    let (exit, stdout, stderr) = answered(hook(&cs, &read, &[]));
     assert_eq!((exit, stdout.as_str(), stderr.as_str()), (0, "", ""));
 }
 

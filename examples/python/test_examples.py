@@ -16,12 +16,24 @@ import threading
 import time
 import unittest
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "clients" / "python" / "tests"))
 from server import ServerTest  # noqa: E402
+
+
+def waiting(test: ServerTest, person: str, wanted: Callable[[dict], bool]) -> dict:
+    """The approval waiting in ``person``'s tenant that ``wanted`` picks, polled as a reviewer
+    would."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for approval in test.server.waiting(person, timeout=0):
+            if wanted(approval):
+                return approval
+        time.sleep(0.1)
+    test.fail(f"no approval waits for {person}")
 
 
 class ExamplesTest(ServerTest):
@@ -40,7 +52,7 @@ class ExamplesTest(ServerTest):
                 [sys.executable, str(HERE / script), f"Order {order} arrived broken: refund USD 125."],
                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             )
-            approval = self.approval_for(order)
+            approval = waiting(self, "fran", lambda a: a["args"].get("order_id") == order)
             self.assertEqual(approval["tool"], "refund")
             self.assertEqual(approval["args"], {"order_id": order, "amount_cents": 12500})
             self.assertFalse(ledger.exists(), "nothing is refunded before a decision")
@@ -56,15 +68,6 @@ class ExamplesTest(ServerTest):
             audit = self.server.cli("audit", approval["id"])
             self.assertIn("7500", audit)
             self.assertIn("partial damage", audit)
-
-    def approval_for(self, order: str) -> dict:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            for approval in self.server.waiting("fran", timeout=0):
-                if approval["args"].get("order_id") == order:
-                    return approval
-            time.sleep(0.1)
-        self.fail(f"no approval for {order}")
 
     def test_the_langgraph_agent_runs_the_lowered_refund_once(self) -> None:
         self.run_example("langgraph_agent.py", "A-1001")
@@ -199,16 +202,6 @@ class ClaudeAgentSdkTest(ServerTest):
         self.addCleanup(lambda: agent.poll() is None and agent.kill())
         return model, project, agent
 
-    def waiting_for(self, tool_use_id: str) -> dict:
-        """The approval the call ``tool_use_id`` waits on, polled as a lead would."""
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            for approval in self.server.waiting("lin", timeout=0):
-                if approval.get("tool_use_id") == tool_use_id:
-                    return approval
-            time.sleep(0.1)
-        self.fail(f"no approval for {tool_use_id}")
-
     def finished(self, agent: subprocess.Popen[str]) -> str:
         out, err = agent.communicate(timeout=60)
         self.assertEqual(agent.returncode, 0, f"{out}\n{err}")
@@ -216,7 +209,7 @@ class ClaudeAgentSdkTest(ServerTest):
 
     def test_a_gated_command_the_lead_approves_from_another_process_runs_once_and_the_audit_holds_its_output(self) -> None:
         model, project, agent = self.ask("toolu_01SdkApprove")
-        approval = self.waiting_for("toolu_01SdkApprove")
+        approval = waiting(self, "lin", lambda a: a.get("tool_use_id") == "toolu_01SdkApprove")
         self.assertEqual(approval["args"]["command"], self.command)
         self.assertFalse((project / "out.txt").exists(), "it waits for the lead")
 
@@ -234,7 +227,7 @@ class ClaudeAgentSdkTest(ServerTest):
 
     def test_a_gated_command_the_lead_rejects_never_runs_and_claude_is_told_why(self) -> None:
         model, project, agent = self.ask("toolu_01SdkReject")
-        approval = self.waiting_for("toolu_01SdkReject")
+        approval = waiting(self, "lin", lambda a: a.get("tool_use_id") == "toolu_01SdkReject")
 
         self.server.cli("review", "reject", approval["id"], "--as", "lin", "--reason", "the build directory is shared")
         self.assertIn("Done.", self.finished(agent))

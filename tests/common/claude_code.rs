@@ -21,13 +21,15 @@ pub fn claude_code_dir() -> String {
 
 /// A fresh state with the shipped claude-code agent and its people loaded.
 pub fn harness(name: &str) -> Countersign {
+    harness_over(name, &claude_code_dir())
+}
+
+/// A fresh state with the agent of the directory `agent` and its people loaded.
+pub fn harness_over(name: &str, agent: &str) -> Countersign {
     Countersign::fresh(name).with_env(vec![
         ("COUNTERSIGN_STORE", "embedded".into()),
-        ("COUNTERSIGN_AGENTS", claude_code_dir()),
-        (
-            "COUNTERSIGN_PEOPLE",
-            format!("{}/people.toml", claude_code_dir()),
-        ),
+        ("COUNTERSIGN_AGENTS", agent.to_string()),
+        ("COUNTERSIGN_PEOPLE", format!("{agent}/people.toml")),
     ])
 }
 
