@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, RawQuery, State};
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, State};
+use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde::Deserialize;
@@ -22,7 +23,7 @@ use sha2::{Digest, Sha256};
 use super::auth::Authenticate;
 use super::error::ApiError;
 use super::extract::Caller;
-use super::gate::MAX_WAIT;
+use super::gate::{MAX_WAIT, wait_value};
 use super::waiting::WaitPlace;
 use crate::domain::args::canonical;
 use crate::domain::identity::Identity;
@@ -410,13 +411,11 @@ async fn http_hook(
     State(state): State<HookState>,
     Caller(who): Caller,
     Path(agent): Path<String>,
-    RawQuery(query): RawQuery,
-    place: WaitPlace,
+    waiting: Waiting,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let agent = AgentName::parse(&agent)
         .map_err(|e| ApiError::bad_request("invalid_field", format!("agent: {e}")))?;
-    let waiting = waiting_of(query.as_deref().unwrap_or_default(), place)?;
     let event = read_event(&body).map_err(refusal)?;
     let pre_tool_use = matches!(event, Event::PreToolUse(_));
     // Taken to the end even if Claude Code goes away meanwhile: a call is never left half
@@ -447,21 +446,22 @@ fn refusal(error: HookError) -> ApiError {
 
 /// The wait and the answer after it, from the query: `wait` in seconds or as a duration, at
 /// most the gate's long-poll (25 s, under API Gateway's 30), and `on_timeout`, `ask` unless
-/// told.
-fn waiting_of(query: &str, place: WaitPlace) -> Result<Waiting, ApiError> {
-    let asked: HookQuery = serde_urlencoded::from_str(query)
-        .map_err(|e| ApiError::bad_request("invalid_field", format!("the query: {e}")))?;
-    let wait = match asked.wait {
-        None => MAX_WAIT,
-        Some(wait) => {
-            let query = serde_urlencoded::to_string([("wait", wait)])
-                .map_err(|e| ApiError::bad_request("invalid_field", e.to_string()))?;
-            super::gate::wait_of(&query)?.unwrap_or(MAX_WAIT)
-        }
-    };
-    Ok(Waiting {
-        wait,
-        on_timeout: asked.on_timeout.unwrap_or(OnTimeout::Ask),
-        place,
-    })
+/// told; the wait taken in one of the server's waiting slots.
+impl<S: Send + Sync> FromRequestParts<S> for Waiting {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
+        let asked: HookQuery = serde_urlencoded::from_str(parts.uri.query().unwrap_or_default())
+            .map_err(|e| ApiError::bad_request("invalid_field", format!("the query: {e}")))?;
+        Ok(Waiting {
+            wait: asked
+                .wait
+                .as_deref()
+                .map(wait_value)
+                .transpose()?
+                .unwrap_or(MAX_WAIT),
+            on_timeout: asked.on_timeout.unwrap_or(OnTimeout::Ask),
+            place: WaitPlace::of(&parts.extensions),
+        })
+    }
 }

@@ -267,23 +267,29 @@ pub(super) fn wait_of(query: &str) -> Result<Option<Duration>, ApiError> {
                 format!("{name} is not a parameter of a call; it takes wait"),
             ));
         }
-        let read = value
-            .parse::<f64>()
-            .ok()
-            .and_then(|s| Duration::try_from_secs_f64(s).ok())
-            .or_else(|| humantime::parse_duration(&value).ok())
-            .ok_or_else(|| {
-                ApiError::bad_request(
-                    "invalid_field",
-                    format!(
-                        "wait {:?} is not a number of seconds or a duration such as 25s",
-                        value.chars().take(40).collect::<String>()
-                    ),
-                )
-            })?;
-        wait = Some(read.min(MAX_WAIT));
+        wait = Some(wait_value(&value)?);
     }
     Ok(wait)
+}
+
+/// A `wait` parameter's value: a number of seconds or a duration such as `25s`, at most
+/// [`MAX_WAIT`].
+pub(super) fn wait_value(value: &str) -> Result<Duration, ApiError> {
+    let read = value
+        .parse::<f64>()
+        .ok()
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        .or_else(|| humantime::parse_duration(value).ok())
+        .ok_or_else(|| {
+            ApiError::bad_request(
+                "invalid_field",
+                format!(
+                    "wait {:?} is not a number of seconds or a duration such as 25s",
+                    value.chars().take(40).collect::<String>()
+                ),
+            )
+        })?;
+    Ok(read.min(MAX_WAIT))
 }
 
 /// A call as its caller reads it (docs/gate-api.md's "the call").
