@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use shared::adapters::sqlite::SqliteStore;
 use shared::ports::store::{
-    Condition, ITEM_LIMIT, IndexKey, Item, ItemStore, StoreError, Write, query_all,
+    Condition, ITEM_LIMIT, IndexKey, Item, ItemStore, Query, StoreError, Write, query_all,
 };
 
 async fn embedded(name: &str) -> Arc<dyn ItemStore> {
@@ -331,7 +331,7 @@ async fn a_partition_reads_backwards_the_last_key_first_a_page_at_a_time(
     let mut after: Option<String> = None;
     loop {
         let page = store
-            .query_backward("P", "K#", after.as_deref(), 3)
+            .page(Query::partition("P", "K#", after.as_deref(), 3).newest_first())
             .await
             .unwrap();
         assert!(page.items.len() <= 3);
@@ -344,12 +344,15 @@ async fn a_partition_reads_backwards_the_last_key_first_a_page_at_a_time(
     let newest_first: Vec<String> = (0..7).rev().map(|n| format!("K#{n:02}")).collect();
     assert_eq!(seen, newest_first);
     // One page of one item reads the newest alone.
-    let newest = store.query_backward("P", "K#", None, 1).await.unwrap();
+    let newest = store
+        .page(Query::partition("P", "K#", None, 1).newest_first())
+        .await
+        .unwrap();
     assert_eq!(newest.items[0].sk, "K#06");
     assert!(newest.next.is_some());
     assert!(
         store
-            .query_backward("R", "K#", None, 5)
+            .page(Query::partition("R", "K#", None, 5).newest_first())
             .await
             .unwrap()
             .items
@@ -357,7 +360,7 @@ async fn a_partition_reads_backwards_the_last_key_first_a_page_at_a_time(
     );
     // The index is read forwards only: backwards is refused, not read wrongly.
     let index = store
-        .page(shared::ports::store::Query {
+        .page(Query {
             range: shared::ports::store::Range::Index {
                 pk: "IDX",
                 from: "",

@@ -1084,11 +1084,11 @@ mod tests {
                 .unwrap();
             assert_eq!(after.items.len(), limit.min(5 - limit));
             let newest = dyn_store
-                .query_backward("P", "s", None, limit)
+                .page(Query::partition("P", "s", None, limit).newest_first())
                 .await
                 .unwrap();
             let older = dyn_store
-                .query_backward("P", "s", newest.next.as_deref(), limit)
+                .page(Query::partition("P", "s", newest.next.as_deref(), limit).newest_first())
                 .await
                 .unwrap();
             assert_eq!(older.items.len(), limit.min(5 - limit));

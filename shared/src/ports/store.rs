@@ -145,6 +145,33 @@ pub struct Query<'a> {
     pub backward: bool,
 }
 
+impl<'a> Query<'a> {
+    /// A page of the items of partition `pk` whose sort key starts with `sk_prefix`, in sort
+    /// key order, after the previous page's last.
+    pub fn partition(
+        pk: &'a str,
+        sk_prefix: &'a str,
+        after: Option<&'a str>,
+        limit: usize,
+    ) -> Self {
+        Self {
+            range: Range::Partition { pk, sk_prefix },
+            after,
+            limit,
+            backward: false,
+        }
+    }
+
+    /// The same page read backwards, the last key first; `after` resumes before the previous
+    /// page's last.
+    pub fn newest_first(self) -> Self {
+        Self {
+            backward: true,
+            ..self
+        }
+    }
+}
+
 #[async_trait]
 pub trait ItemStore: Send + Sync {
     async fn get(&self, pk: &str, sk: &str) -> Result<Option<Item>, StoreError>;
@@ -208,7 +235,8 @@ pub trait ItemStore: Send + Sync {
 }
 
 impl dyn ItemStore + '_ {
-    /// A page of items of one partition whose sort key starts with `sk_prefix`.
+    /// A page of items of one partition whose sort key starts with `sk_prefix`
+    /// ([`Query::partition`]; [`Query::newest_first`] reads it the other way).
     pub async fn query(
         &self,
         pk: &str,
@@ -216,38 +244,8 @@ impl dyn ItemStore + '_ {
         after: Option<&str>,
         limit: usize,
     ) -> Result<Page, StoreError> {
-        self.partition_page(pk, sk_prefix, after, limit, false)
+        self.page(Query::partition(pk, sk_prefix, after, limit))
             .await
-    }
-
-    /// [`query`](Self::query) backwards: a page of the partition's items whose sort key starts
-    /// with `sk_prefix`, the last key first; `after` resumes before the previous page's last.
-    pub async fn query_backward(
-        &self,
-        pk: &str,
-        sk_prefix: &str,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Page, StoreError> {
-        self.partition_page(pk, sk_prefix, after, limit, true).await
-    }
-
-    async fn partition_page(
-        &self,
-        pk: &str,
-        sk_prefix: &str,
-        after: Option<&str>,
-        limit: usize,
-        backward: bool,
-    ) -> Result<Page, StoreError> {
-        let range = Range::Partition { pk, sk_prefix };
-        self.page(Query {
-            range,
-            after,
-            limit,
-            backward,
-        })
-        .await
     }
 
     /// A page of items of the sparse index under `pk` with `from <= gsi1.sk <= to`.

@@ -21,7 +21,7 @@ use super::{corrupt, keys};
 use crate::domain::ids::ActionId;
 use crate::domain::policy::history::HistorySlot;
 use crate::engine::error::EngineError;
-use crate::ports::store::{Condition, Item, ItemStore, Write};
+use crate::ports::store::{Condition, Item, ItemStore, Query, Write};
 
 /// How many slots one page of a backwards read holds: a window of a few calls is one request.
 const PAGE: usize = 100;
@@ -69,7 +69,10 @@ pub async fn read_counted(
     let mut after: Option<String> = None;
     loop {
         let page = store
-            .query_backward(pk, keys::HISTORY_SLOT_PREFIX, after.as_deref(), PAGE)
+            .page(
+                Query::partition(pk, keys::HISTORY_SLOT_PREFIX, after.as_deref(), PAGE)
+                    .newest_first(),
+            )
             .await?;
         for item in &page.items {
             let (seq, body) = read_slot(item)?;
