@@ -5,6 +5,7 @@ mod fail;
 mod hook;
 mod local;
 mod mcp;
+mod metrics;
 mod policy;
 mod render;
 mod serve;
