@@ -310,6 +310,14 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
         }
         Command::Worker { once } => worker::run(&local, once).await,
         Command::Policy(command) => policy::run(&local, command).await,
+        Command::Stats { tenant } => {
+            let tenant = tenant.as_deref().map(TenantId::parse).transpose()?;
+            let figures = local.engine.figures(tenant.as_ref()).await?;
+            Ok(Output {
+                text: render::stats(&figures),
+                json: json_of(&figures),
+            })
+        }
         Command::Ledger => {
             let mut settlements = Vec::new();
             for tenant in local.tenants().await? {

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
-use common::{Countersign, only_approval};
+use common::{Countersign, item_where, only_approval};
 use serde_json::Value;
 
 const PARSER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/metrics_parse.py");
@@ -201,4 +201,34 @@ fn given_a_metrics_token_too_short_to_keep_anyone_out_when_serve_starts_then_it_
         "{}",
         refused.stderr
     );
+}
+
+#[test]
+fn given_one_payment_approved_and_one_waiting_when_stats_runs_then_it_prints_them_as_a_table_and_as_json()
+ {
+    let cs = Countersign::fresh("metrics-stats");
+    let (first, _) = only_approval(&cs.ok(&["agent", "c-102"]));
+    cs.ok(&["review", "approve", &first, "--as", "dana"]);
+    cs.ok(&["agent", "c-104"]);
+
+    let figures = cs.ok(&["stats"]);
+    let table = cs.printed(&["stats", "--tenant", "acme"]);
+
+    let expense = item_where(&figures["agents"], "agent", "expense");
+    assert_eq!(expense["tenant"], "acme");
+    assert_eq!(expense["approvals_waiting"], 1);
+    assert_eq!(expense["decisions"]["approved"], 1);
+    assert_eq!(expense["decision_seconds"]["count"], 1);
+    assert_eq!(figures["counted"], true);
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(lines[0].starts_with("TENANT  AGENT "), "{table}");
+    let row = lines
+        .iter()
+        .find(|line| line.starts_with("acme    expense "))
+        .unwrap_or_else(|| panic!("{table}"));
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!((cells[2], cells[5]), ("1", "1/0/0/0"), "{row}");
+    let refused = cs.print(&["stats", "--tenant", "not a tenant"]);
+    assert_eq!(refused.exit, 2, "{}", refused.stderr);
+    assert!(refused.stderr.contains("tenant id"), "{}", refused.stderr);
 }

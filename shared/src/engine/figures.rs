@@ -62,20 +62,6 @@ pub struct Ruled {
     pub count: u64,
 }
 
-const DECISION_OUTCOMES: [DecisionOutcome; 4] = [
-    DecisionOutcome::Approved,
-    DecisionOutcome::Edited,
-    DecisionOutcome::Rejected,
-    DecisionOutcome::Expired,
-];
-const EXECUTION_OUTCOMES: [ExecutionOutcome; 3] = [
-    ExecutionOutcome::Succeeded,
-    ExecutionOutcome::Failed,
-    ExecutionOutcome::Unknown,
-];
-const VERDICTS: [VerdictKind; 3] = [VerdictKind::Allow, VerdictKind::Approve, VerdictKind::Deny];
-const MODES: [RuleMode; 2] = [RuleMode::Enforce, RuleMode::LogOnly];
-
 impl AgentFigures {
     /// Nothing waiting and nothing counted yet: every series there, at zero.
     fn new(tenant: TenantId, agent: AgentName) -> Self {
@@ -85,17 +71,17 @@ impl AgentFigures {
             approvals_waiting: 0,
             oldest_wait_seconds: 0.0,
             unknown_outcomes: 0,
-            decisions: DECISION_OUTCOMES.iter().map(|o| (*o, 0)).collect(),
+            decisions: DecisionOutcome::ALL.iter().map(|o| (*o, 0)).collect(),
             decision_seconds: DecisionTimes {
                 buckets: DECISION_BUCKETS.iter().map(|b| (*b, 0)).collect(),
                 count: 0,
                 sum: 0.0,
             },
-            executions: EXECUTION_OUTCOMES.iter().map(|o| (*o, 0)).collect(),
-            policy_outcomes: VERDICTS
+            executions: ExecutionOutcome::ALL.iter().map(|o| (*o, 0)).collect(),
+            policy_outcomes: VerdictKind::ALL
                 .iter()
                 .flat_map(|outcome| {
-                    MODES.iter().map(|mode| Ruled {
+                    RuleMode::ALL.iter().map(|mode| Ruled {
                         outcome: *outcome,
                         mode: *mode,
                         count: 0,

@@ -41,6 +41,27 @@ pub enum RuleMode {
 
 shown_by_serde_name!(DecisionOutcome, ExecutionOutcome, RuleMode);
 
+impl DecisionOutcome {
+    pub const ALL: [DecisionOutcome; 4] = [
+        DecisionOutcome::Approved,
+        DecisionOutcome::Edited,
+        DecisionOutcome::Rejected,
+        DecisionOutcome::Expired,
+    ];
+}
+
+impl ExecutionOutcome {
+    pub const ALL: [ExecutionOutcome; 3] = [
+        ExecutionOutcome::Succeeded,
+        ExecutionOutcome::Failed,
+        ExecutionOutcome::Unknown,
+    ];
+}
+
+impl RuleMode {
+    pub const ALL: [RuleMode; 2] = [RuleMode::Enforce, RuleMode::LogOnly];
+}
+
 /// The upper bounds, in seconds, of the buckets that time an approval from its creation to its
 /// decision: from a person at their desk (a minute) to the longest time to decide (90 days).
 pub const DECISION_BUCKETS: [f64; 12] = [
@@ -135,27 +156,11 @@ mod tests {
 
     #[test]
     fn every_series_reads_back_from_its_stored_name_and_label() {
-        let mut all = vec![];
-        for outcome in [
-            DecisionOutcome::Approved,
-            DecisionOutcome::Edited,
-            DecisionOutcome::Rejected,
-            DecisionOutcome::Expired,
-        ] {
-            all.push(Series::Decisions(outcome));
-        }
+        let mut all: Vec<Series> = DecisionOutcome::ALL.map(Series::Decisions).into();
         all.extend((0..=DECISION_BUCKETS.len()).map(Series::DecidedWithin));
-        for outcome in [
-            ExecutionOutcome::Succeeded,
-            ExecutionOutcome::Failed,
-            ExecutionOutcome::Unknown,
-        ] {
-            all.push(Series::Executions(outcome));
-        }
-        for verdict in [VerdictKind::Allow, VerdictKind::Approve, VerdictKind::Deny] {
-            for mode in [RuleMode::Enforce, RuleMode::LogOnly] {
-                all.push(Series::Rulings(verdict, mode));
-            }
+        all.extend(ExecutionOutcome::ALL.map(Series::Executions));
+        for verdict in VerdictKind::ALL {
+            all.extend(RuleMode::ALL.map(|mode| Series::Rulings(verdict, mode)));
         }
         for series in all {
             let (name, label) = series.key();
