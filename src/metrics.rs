@@ -167,6 +167,20 @@ fn family<'a>(
     Ok(())
 }
 
+/// One counter series per outcome of `agent`'s.
+fn by_outcome<'a>(
+    agent: &'a AgentFigures,
+    counts: impl Iterator<Item = (&'static str, u64)>,
+) -> Vec<(Labels<'a>, Value)> {
+    counts
+        .map(|(outcome, n)| {
+            let mut l = labels(agent);
+            l.push(("outcome", outcome));
+            (l, Value::Counter(n))
+        })
+        .collect()
+}
+
 enum Value {
     Gauge(f64),
     Counter(u64),
@@ -215,16 +229,7 @@ impl Collector for Scraped {
                 "Approvals decided by people, or expired.",
                 MetricType::Counter,
             ),
-            |a| {
-                a.decisions
-                    .iter()
-                    .map(|(outcome, n)| {
-                        let mut l = labels(a);
-                        l.push(("outcome", outcome.as_str()));
-                        (l, Value::Counter(*n))
-                    })
-                    .collect()
-            },
+            |a| by_outcome(a, a.decisions.iter().map(|(o, n)| (o.as_str(), *n))),
         )?;
         family(
             &mut encoder,
@@ -258,16 +263,7 @@ impl Collector for Scraped {
                 "Calls that ran, by the outcome first recorded.",
                 MetricType::Counter,
             ),
-            |a| {
-                a.executions
-                    .iter()
-                    .map(|(outcome, n)| {
-                        let mut l = labels(a);
-                        l.push(("outcome", outcome.as_str()));
-                        (l, Value::Counter(*n))
-                    })
-                    .collect()
-            },
+            |a| by_outcome(a, a.executions.iter().map(|(o, n)| (o.as_str(), *n))),
         )?;
         family(
             &mut encoder,
