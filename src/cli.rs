@@ -138,6 +138,14 @@ pub enum Command {
         #[arg(long, default_value = "12h", value_parser = parse_duration)]
         ttl: std::time::Duration,
     },
+    /// What an operator watches, per tenant and agent: approvals waiting and the oldest one's
+    /// wait, unknown outcomes, and the decisions, executions and policy rulings counted so far
+    /// (the figures GET /metrics serves).
+    Stats {
+        /// Only this tenant's figures.
+        #[arg(long)]
+        tenant: Option<String>,
+    },
     /// The expense example only: the claims its agent paid and declined. Other agents' calls
     /// are not in it; `audit` shows what each run did.
     Ledger,
@@ -231,6 +239,7 @@ impl Command {
             | Command::Cancel { .. }
             | Command::Audit { .. }
             | Command::Token { .. }
+            | Command::Stats { .. }
             | Command::Ledger
             | Command::Policy(_)
             | Command::Hook(_) => Environment::WhenRun,

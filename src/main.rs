@@ -5,6 +5,7 @@ mod fail;
 mod hook;
 mod local;
 mod mcp;
+mod metrics;
 mod policy;
 mod render;
 mod serve;
@@ -309,6 +310,14 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
         }
         Command::Worker { once } => worker::run(&local, once).await,
         Command::Policy(command) => policy::run(&local, command).await,
+        Command::Stats { tenant } => {
+            let tenant = tenant.as_deref().map(TenantId::parse).transpose()?;
+            let figures = local.engine.figures(tenant.as_ref()).await?;
+            Ok(Output {
+                text: render::stats(&figures),
+                json: json_of(&figures),
+            })
+        }
         Command::Ledger => {
             let mut settlements = Vec::new();
             for tenant in local.tenants().await? {

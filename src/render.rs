@@ -5,6 +5,7 @@
 //! and cannot move the cursor, rewrite a line, set the terminal's title or forge a line of its
 //! own; [`terminal`] escapes what a whole output would still carry, line breaks aside.
 
+use std::collections::BTreeMap;
 use std::fmt::{self, Write as _};
 
 use chrono::{DateTime, Utc};
@@ -12,13 +13,14 @@ use shared::domain::action::{Action, ActionStatus};
 use shared::domain::approval::{Approval, ApprovalKind, Choice, DecisionEffect};
 use shared::domain::audit::{AuditEntry, AuditEvent};
 use shared::domain::ids::{ActionId, ApprovalId, Role, RunId};
-use shared::domain::policy::{Requirement, Verdict};
+use shared::domain::policy::{Requirement, Verdict, VerdictKind};
 use shared::domain::run::RunStatus;
 use shared::engine::{
-    DecisionReport, History, PENDING_PAGE, PendingCursor, RunReport, SweepReport,
+    DecisionReport, Figures, History, PENDING_PAGE, PendingCursor, RunReport, SweepReport,
 };
 use shared::example::expense::{Settlement, SettlementOutcome};
 use shared::logs::Escaping;
+use shared::ports::counters::{DecisionOutcome, ExecutionOutcome, RuleMode};
 
 /// Stored text as a terminal may print it: control characters (C0, DEL, C1, line breaks
 /// included) and the characters that reorder text (bidirectional overrides and isolates) show
@@ -170,12 +172,93 @@ pub fn time_left(expires_at: DateTime<Utc>, now: DateTime<Utc>) -> String {
     if left <= 0 {
         return "EXPIRED".into();
     }
-    let (h, m, s) = (left / 3600, left % 3600 / 60, left % 60);
+    format!("{} left", span(left))
+}
+
+/// A number of seconds as people read it: `42s`, `3m 5s`, `2h 10m`.
+fn span(seconds: i64) -> String {
+    let (h, m, s) = (seconds / 3600, seconds % 3600 / 60, seconds % 60);
     match h {
-        0 if m == 0 => format!("{s}s left"),
-        0 => format!("{m}m {s}s left"),
-        _ => format!("{h}h {m}m left"),
+        0 if m == 0 => format!("{s}s"),
+        0 => format!("{m}m {s}s"),
+        _ => format!("{h}h {m}m"),
     }
+}
+
+/// The counts of `keys`, in order, as `1/0/2`.
+fn slashed<K: Ord>(counts: &BTreeMap<K, u64>, keys: &[K]) -> String {
+    let each: Vec<String> = keys
+        .iter()
+        .map(|k| counts.get(k).copied().unwrap_or(0).to_string())
+        .collect();
+    each.join("/")
+}
+
+/// `countersign stats`: one line per tenant and agent, what waits and what was counted.
+pub fn stats(figures: &Figures) -> String {
+    if figures.agents.is_empty() {
+        return "nothing to show: no run has started here yet\n".into();
+    }
+    let mut rows = vec![
+        [
+            "TENANT",
+            "AGENT",
+            "WAITING",
+            "OLDEST",
+            "UNKNOWN",
+            "DECIDED a/e/r/x",
+            "RAN ok/failed/unknown",
+            "POLICY allow/approve/deny",
+        ]
+        .map(String::from),
+    ];
+    for a in &figures.agents {
+        let ruled = VerdictKind::ALL
+            .map(|outcome| {
+                a.policy_outcomes
+                    .iter()
+                    .filter(|r| r.outcome == outcome && r.mode == RuleMode::Enforce)
+                    .map(|r| r.count)
+                    .sum::<u64>()
+                    .to_string()
+            })
+            .join("/");
+        let oldest = match a.approvals_waiting {
+            0 => "-".into(),
+            _ => span(a.oldest_wait_seconds as i64),
+        };
+        rows.push([
+            Plain(&a.tenant).to_string(),
+            Plain(&a.agent).to_string(),
+            a.approvals_waiting.to_string(),
+            oldest,
+            a.unknown_outcomes.to_string(),
+            slashed(&a.decisions, &DecisionOutcome::ALL),
+            slashed(&a.executions, &ExecutionOutcome::ALL),
+            ruled,
+        ]);
+    }
+    let widths: Vec<usize> = (0..rows[0].len())
+        .map(|i| {
+            rows.iter()
+                .map(|row| row[i].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut text = String::new();
+    for row in &rows {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(cell, width)| format!("{cell:width$}"))
+            .collect();
+        let _ = writeln!(text, "{}", cells.join("  ").trim_end());
+    }
+    if !figures.counted {
+        text.push_str("counts: this store keeps none; each AWS function reports its own\n");
+    }
+    text
 }
 
 fn who_may(a: &Approval) -> String {

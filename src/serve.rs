@@ -93,6 +93,7 @@ pub async fn run(local: Local, state: &Path, options: ServeOptions) -> Result<()
         total: options.max_waiting,
         per_person: options.max_waiting_per_person,
     });
+    let metrics = crate::metrics::router(engine.clone(), bound)?;
     let app = api::local_router(
         engine,
         auth,
@@ -102,7 +103,8 @@ pub async fn run(local: Local, state: &Path, options: ServeOptions) -> Result<()
         background.clone(),
         gateway,
     )
-    .layer(axum::Extension(Arc::new(waiting)));
+    .layer(axum::Extension(Arc::new(waiting)))
+    .merge(metrics);
     open_files_for(options.max_connections + options.max_waiting);
     // One flushed line: scripts and tests read the address from it (port 0 picks a free one).
     let mut stdout = std::io::stdout().lock();

@@ -43,65 +43,13 @@ fn ask_refund(wait_seconds: f64) -> Value {
     json!({"op": "call", "tool": "issue_refund", "args": refund_125(), "wait_seconds": wait_seconds})
 }
 
-/// Where the clients are installed, as scripts/test-all installs them.
-fn cache() -> PathBuf {
-    std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache"))
-        .join("countersign")
-}
-
 /// The Python that has the pinned client, installed on first use.
 fn python() -> &'static Path {
     static PYTHON: OnceLock<PathBuf> = OnceLock::new();
-    PYTHON.get_or_init(|| {
-        if let Some(python) = std::env::var_os("COUNTERSIGN_MCP_PYTHON") {
-            return PathBuf::from(python);
-        }
-        let venv = cache().join("mcp-client-venv");
-        let python = venv.join("bin").join("python");
-        let pinned = std::fs::read_to_string(REQUIREMENTS).unwrap();
-        let version = pinned.trim().strip_prefix("mcp==").unwrap().to_string();
-        if installed(&python).as_deref() != Some(version.as_str()) {
-            run(Command::new("python3").arg("-m").arg("venv").arg(&venv));
-            run(Command::new(&python).args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "-r",
-                REQUIREMENTS,
-            ]));
-            assert_eq!(installed(&python).as_deref(), Some(version.as_str()));
-        }
-        python
+    PYTHON.get_or_init(|| match std::env::var_os("COUNTERSIGN_MCP_PYTHON") {
+        Some(python) => PathBuf::from(python),
+        None => common::pinned_python("mcp-client-venv", REQUIREMENTS, "mcp"),
     })
-}
-
-/// The `mcp` version `python` has, if any.
-fn installed(python: &Path) -> Option<String> {
-    let output = Command::new(python)
-        .args([
-            "-c",
-            "import importlib.metadata as m; print(m.version('mcp'))",
-        ])
-        .stderr(Stdio::null())
-        .output()
-        .ok()?;
-    output
-        .status
-        .success()
-        .then(|| String::from_utf8_lossy(&output.stdout).trim().to_string())
-}
-
-#[track_caller]
-fn run(command: &mut Command) {
-    let status = command.status().expect("the installer runs");
-    assert!(
-        status.success(),
-        "installing an MCP client failed ({command:?}): python3 with venv and pip, npm, and \
-         PyPI and npm once, are needed (scripts/test-all installs them too)"
-    );
 }
 
 /// `mcp-inspector --cli ARGS`, which must succeed: the JSON it printed.

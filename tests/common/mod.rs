@@ -269,6 +269,70 @@ pub fn serve_on_a_thread(app: axum::Router) -> String {
     url
 }
 
+/// Where the tests' Python tools are installed, as scripts/test-all installs them.
+pub fn tools_cache() -> PathBuf {
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache"))
+        .join("countersign")
+}
+
+/// The Python of the venv `venv` (under [`tools_cache`]) that has `package` at the version the
+/// requirements file `requirements` pins (`package==version`), installed there from PyPI on
+/// first use.
+pub fn pinned_python(venv: &str, requirements: &str, package: &str) -> PathBuf {
+    let venv = tools_cache().join(venv);
+    let python = venv.join("bin").join("python");
+    let pinned = std::fs::read_to_string(requirements).unwrap();
+    let version = pinned
+        .lines()
+        .find_map(|line| line.trim().strip_prefix(&format!("{package}==")))
+        .unwrap_or_else(|| panic!("{requirements} pins no {package}"))
+        .to_string();
+    if installed(&python, package).as_deref() != Some(version.as_str()) {
+        install(Command::new("python3").arg("-m").arg("venv").arg(&venv));
+        install(Command::new(&python).args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "-r",
+            requirements,
+        ]));
+        assert_eq!(
+            installed(&python, package).as_deref(),
+            Some(version.as_str())
+        );
+    }
+    python
+}
+
+/// The version of `package` that `python` has, if any.
+fn installed(python: &Path, package: &str) -> Option<String> {
+    let output = Command::new(python)
+        .args([
+            "-c",
+            &format!("import importlib.metadata as m; print(m.version({package:?}))"),
+        ])
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    output
+        .status
+        .success()
+        .then(|| String::from_utf8_lossy(&output.stdout).trim().to_string())
+}
+
+#[track_caller]
+fn install(command: &mut Command) {
+    let status = command.status().expect("the installer runs");
+    assert!(
+        status.success(),
+        "installing a test tool failed ({command:?}): python3 with venv and pip, and PyPI once, \
+         are needed (scripts/test-all installs them too)"
+    );
+}
+
 /// A TCP port on loopback that nothing listens on now.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

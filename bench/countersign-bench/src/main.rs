@@ -26,7 +26,7 @@ use serde_json::{Value, json};
 use lifecycle::{Deciding, SWEEP_BUDGET};
 use meter::Phase;
 use report::{Latency, StepCost};
-use rig::Rig;
+use rig::{Rig, Variation};
 use shared::engine::records::IndexShards;
 
 /// The allocator the `countersign` command runs with, so the figures are its.
@@ -80,6 +80,10 @@ pub struct BenchArgs {
     /// The expense policy with a history window on reimburse: what counting costs an approval.
     #[arg(long)]
     pub history_window: bool,
+    /// Without the counts `GET /metrics` serves (decisions, executions, rulings), which the
+    /// embedded store adds in each transaction that records one: what they cost a lifecycle.
+    #[arg(long)]
+    pub without_counts: bool,
     /// Instead: --runs allowed calls through the gate API against as many through `POST /runs`
     /// (loopback HTTP, embedded store, concurrency 1 and 8), then long-polls woken by decisions.
     #[arg(long, conflicts_with_all = ["sweep_scaling", "mcp_gateway"])]
@@ -212,7 +216,11 @@ struct LifecycleCpu {
 async fn lifecycle_bench(args: &BenchArgs) -> Result<Output, BenchError> {
     let (runs, concurrency) = (args.runs, args.concurrency.max(1));
     let load_before = report::load_average();
-    let rig = Arc::new(Rig::counting(args.store, 2 * runs, args.history_window).await?);
+    let variation = Variation {
+        history_window: args.history_window,
+        keep_counts: !args.without_counts,
+    };
+    let rig = Arc::new(Rig::varied(args.store, 2 * runs, variation).await?);
     let in_process = rig.queue.is_none();
     rig.meter.take();
     rig.meter.take_keys();

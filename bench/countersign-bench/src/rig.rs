@@ -72,18 +72,37 @@ fn approver(tenant: &TenantId) -> Identity {
     }
 }
 
+/// What a lifecycle bench changes in the engine, to measure what a feature costs.
+#[derive(Debug, Clone, Copy)]
+pub struct Variation {
+    /// The expense policy with a history window on `reimburse` ([`WINDOW`]): what counting
+    /// every reimbursement costs an approval.
+    pub history_window: bool,
+    /// Decisions, executions and rulings counted where the store keeps counts (the product's
+    /// default): off, what the metrics' counts cost a lifecycle.
+    pub keep_counts: bool,
+}
+
+impl Default for Variation {
+    fn default() -> Self {
+        Self {
+            history_window: false,
+            keep_counts: true,
+        }
+    }
+}
+
 impl Rig {
     /// A rig with `claims` generated claims.
     pub async fn new(kind: BenchStore, claims: usize) -> Result<Self, BenchError> {
-        Self::counting(kind, claims, false).await
+        Self::varied(kind, claims, Variation::default()).await
     }
 
-    /// [`Rig::new`], the expense policy with a history window on `reimburse` when `window`
-    /// ([`WINDOW`]): what counting every reimbursement costs an approval.
-    pub async fn counting(
+    /// [`Rig::new`], its engine changed as `variation` says.
+    pub async fn varied(
         kind: BenchStore,
         claims: usize,
-        window: bool,
+        variation: Variation,
     ) -> Result<Self, BenchError> {
         let meter = Meter::new();
         let clock = Arc::new(SkewedClock::default());
@@ -169,7 +188,7 @@ impl Rig {
             backing.delivery,
             backing.scheduler,
             shards,
-            window,
+            variation,
         );
         Ok(Self {
             engine: Arc::new(engine),
@@ -257,7 +276,7 @@ fn engine(
     delivery: Delivery,
     scheduler: Arc<dyn Scheduler>,
     shards: IndexShards,
-    window: bool,
+    variation: Variation,
 ) -> Engine {
     let clock: Arc<dyn Clock> = clock;
     let wiring = Wiring::new(store.clone(), clock.clone(), claims);
@@ -268,7 +287,7 @@ fn engine(
         .with_model(Arc::new(ScriptedAgent));
     // The bench runs it for a tenant of its own, not the shipped definition's acme.
     agent.tenants = None;
-    if window {
+    if variation.history_window {
         let counted = format!("{}{WINDOW}", expense::POLICY_TOML);
         let policy = Policy::from_toml(&counted).expect("the expense policy with a window loads");
         agent.policy = Arc::new(policy);
@@ -279,5 +298,6 @@ fn engine(
         .delivery(delivery)
         .scheduler(scheduler)
         .index_shards(shards)
+        .keep_counts(variation.keep_counts)
         .build()
 }

@@ -116,3 +116,11 @@ fn the_mcp_gateway_bench_times_both_paths_and_each_approved_refund_runs_once() {
         );
     }
 }
+
+#[test]
+fn a_bench_without_the_metrics_counts_still_pays_each_approved_claim_exactly_once() {
+    let report = bench(&["--runs", "10", "--without-counts", "--json"]);
+
+    assert_eq!(report["ledger_ok"], true, "{report}");
+    assert_eq!(report["ledger"]["payments"], 10);
+}

@@ -33,9 +33,11 @@ use tokio::sync::oneshot;
 
 use super::sqlite_vfs::{self, WalWrites};
 use super::state_dir;
+use crate::domain::ids::{AgentName, TenantId};
+use crate::ports::counters::{Count, Counters, Kept, Series};
 use crate::ports::store::{
-    Condition, IndexKey, Item, ItemStore, Page, Query, Range, StoreError, Write, check_transaction,
-    prefix_end,
+    Condition, IndexKey, Item, ItemStore, Page, Query, Range, Refused, StoreError, Write,
+    check_transaction, prefix_end, with_found, write_keys,
 };
 
 const SCHEMA: &str = "
@@ -49,6 +51,15 @@ CREATE TABLE IF NOT EXISTS items (
     PRIMARY KEY (pk, sk)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS gsi1 ON items (gsi1pk, gsi1sk, pk, sk) WHERE gsi1pk IS NOT NULL;
+CREATE TABLE IF NOT EXISTS counts (
+    tenant  TEXT NOT NULL,
+    agent   TEXT NOT NULL,
+    name    TEXT NOT NULL,
+    label   TEXT NOT NULL,
+    n       INTEGER NOT NULL,
+    seconds REAL NOT NULL,
+    PRIMARY KEY (tenant, agent, name, label)
+) WITHOUT ROWID;
 ";
 
 /// The store file's name inside the state directory.
@@ -153,6 +164,8 @@ impl Commits {
 /// A transaction waiting for the writer, and where its outcome goes.
 struct Pending {
     writes: Vec<Write>,
+    /// Counts added in the same transaction ([`Counters`]).
+    counts: Vec<Count>,
     done: oneshot::Sender<Result<(), StoreError>>,
 }
 
@@ -243,7 +256,11 @@ impl SqliteStore {
     /// every task queued on it (the MCP gateway's p50 doubled when commits simply ran there),
     /// and `block_in_place` hands them to another thread first. A current-thread runtime has
     /// no other thread to hand them to, so its transactions go to the writer thread.
-    fn commit_in_place(&self, writes: &[Write]) -> Option<Result<(), StoreError>> {
+    fn commit_in_place(
+        &self,
+        writes: &[Write],
+        counts: &[Count],
+    ) -> Option<Result<(), StoreError>> {
         let multi_thread = Handle::try_current()
             .is_ok_and(|runtime| runtime.runtime_flavor() == RuntimeFlavor::MultiThread);
         if !multi_thread {
@@ -251,7 +268,7 @@ impl SqliteStore {
         }
         let mut conn = self.write.free()?;
         let outcome = tokio::task::block_in_place(|| {
-            commit_group(&mut conn, std::iter::once(writes))
+            commit_group(&mut conn, std::iter::once((writes, counts)))
                 .pop()
                 .expect("one outcome per transaction")
         });
@@ -427,7 +444,10 @@ fn write_groups(write: &WriteSide, queue: mpsc::Receiver<Pending>, commits: &Com
             }
         }
         write.waiting.fetch_sub(group.len(), Ordering::AcqRel);
-        let outcomes = commit_group(&mut conn, group.iter().map(|p| p.writes.as_slice()));
+        let transactions = group
+            .iter()
+            .map(|p| (p.writes.as_slice(), p.counts.as_slice()));
+        let outcomes = commit_group(&mut conn, transactions);
         drop(conn);
         commits.count(group.len());
         for (pending, outcome) in group.into_iter().zip(outcomes) {
@@ -445,7 +465,7 @@ fn write_groups(write: &WriteSide, queue: mpsc::Receiver<Pending>, commits: &Com
 /// writes' are: parsing `BEGIN IMMEDIATE` and `COMMIT` again at every commit was CPU for nothing.
 fn commit_group<'a>(
     conn: &mut Connection,
-    group: impl ExactSizeIterator<Item = &'a [Write]>,
+    group: impl ExactSizeIterator<Item = (&'a [Write], &'a [Count])>,
 ) -> Vec<Result<(), StoreError>> {
     let n = group.len();
     if let Err(e) = run_cached(conn, "BEGIN IMMEDIATE") {
@@ -454,12 +474,12 @@ fn commit_group<'a>(
     let mut outcomes = Vec::with_capacity(n);
     // Set when a transaction's writes could not be undone alone: the group is not written.
     let mut broken = None;
-    for writes in group {
+    for (writes, counts) in group {
         outcomes.push(match n {
             // Alone in its group (always, one lifecycle at a time): the SQL transaction is its
             // own and rolls back whole if it fails, so it needs no savepoint.
-            1 => apply(conn, writes),
-            _ => in_savepoint(conn, writes).unwrap_or_else(|undo| {
+            1 => apply(conn, writes, counts),
+            _ => in_savepoint(conn, writes, counts).unwrap_or_else(|undo| {
                 let outcome = Err(undo.clone());
                 broken = Some(undo);
                 outcome
@@ -487,12 +507,16 @@ fn commit_group<'a>(
 
 /// One transaction of a group: its writes in a savepoint, released if they all held, rolled
 /// back to it if not. The outer error says its writes could not be undone alone.
-fn in_savepoint(conn: &Connection, writes: &[Write]) -> Result<Result<(), StoreError>, StoreError> {
+fn in_savepoint(
+    conn: &Connection,
+    writes: &[Write],
+    counts: &[Count],
+) -> Result<Result<(), StoreError>, StoreError> {
     if let Err(e) = run_cached(conn, "SAVEPOINT tx") {
         return Ok(Err(sql_error(e)));
     }
-    let outcome =
-        apply(conn, writes).and_then(|()| run_cached(conn, "RELEASE tx").map_err(sql_error));
+    let outcome = apply(conn, writes, counts)
+        .and_then(|()| run_cached(conn, "RELEASE tx").map_err(sql_error));
     if outcome.is_err() {
         run_cached(conn, "ROLLBACK TO tx")
             .and_then(|()| run_cached(conn, "RELEASE tx"))
@@ -511,8 +535,8 @@ fn run_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
 /// that holds if it changed a row, with no `SELECT` before it. On the first that fails, the
 /// writes after it are checked against the store as it stood (no write before touched their
 /// items: a transaction's keys are distinct) and every failed one is reported; the caller
-/// rolls back what was written.
-fn apply(tx: &Connection, writes: &[Write]) -> Result<(), StoreError> {
+/// rolls back what was written. Once every write held, the counts are added.
+fn apply(tx: &Connection, writes: &[Write], counts: &[Count]) -> Result<(), StoreError> {
     for (i, write) in writes.iter().enumerate() {
         if !write_if(tx, write)? {
             let mut failed = vec![i];
@@ -524,8 +548,17 @@ fn apply(tx: &Connection, writes: &[Write]) -> Result<(), StoreError> {
             return Err(StoreError::ConditionFailed { failed });
         }
     }
+    for count in counts {
+        let (name, label) = count.series.key();
+        let (tenant, agent) = (count.tenant.as_str(), count.agent.as_str());
+        let row = params![tenant, agent, name, label, count.seconds];
+        execute(tx, ADD_COUNT, row)?;
+    }
     Ok(())
 }
+
+const ADD_COUNT: &str = "INSERT INTO counts (tenant, agent, name, label, n, seconds) VALUES (?1, ?2, ?3, ?4, 1, ?5)
+    ON CONFLICT (tenant, agent, name, label) DO UPDATE SET n = n + 1, seconds = seconds + excluded.seconds";
 
 /// Writes one item if its condition holds; whether it held.
 fn write_if(tx: &Connection, write: &Write) -> Result<bool, StoreError> {
@@ -771,18 +804,87 @@ impl ItemStore for SqliteStore {
     }
 
     async fn transact(&self, writes: Vec<Write>) -> Result<(), StoreError> {
+        self.commit(writes, Vec::new()).await
+    }
+
+    fn counters(&self) -> Option<&dyn Counters> {
+        Some(self)
+    }
+}
+
+impl SqliteStore {
+    /// Commits `writes` and adds `counts` in one SQL transaction: here when the connection is
+    /// free, else on the writer thread.
+    async fn commit(&self, writes: Vec<Write>, counts: Vec<Count>) -> Result<(), StoreError> {
         check_transaction(&writes)?;
-        if let Some(outcome) = self.commit_in_place(&writes) {
+        if let Some(outcome) = self.commit_in_place(&writes, &counts) {
             return outcome;
         }
         let stopped = || StoreError::Unavailable("the store's writer stopped".into());
         let (done, outcome) = oneshot::channel();
         self.write.waiting.fetch_add(1, Ordering::AcqRel);
-        if self.writer.send(Pending { writes, done }).is_err() {
+        let pending = Pending {
+            writes,
+            counts,
+            done,
+        };
+        if self.writer.send(pending).is_err() {
             self.write.waiting.fetch_sub(1, Ordering::AcqRel);
             return Err(stopped());
         }
         outcome.await.map_err(|_| stopped())?
+    }
+}
+
+#[async_trait]
+impl Counters for SqliteStore {
+    async fn transact_counting(&self, writes: Vec<Write>, counts: &[Count]) -> Result<(), Refused> {
+        let keys = write_keys(&writes);
+        let sent = self.commit(writes, counts.to_vec()).await;
+        with_found(self, &keys, sent).await
+    }
+
+    async fn kept(&self, tenant: Option<&TenantId>) -> Result<Vec<Kept>, StoreError> {
+        let rows: Vec<(String, String, String, String, i64, f64)> = self.read(|conn| {
+            conn.prepare_cached(
+                "SELECT tenant, agent, name, label, n, seconds FROM counts
+                 WHERE ?1 IS NULL OR tenant = ?1 ORDER BY tenant, agent, name, label",
+            )
+            .and_then(|mut stmt| {
+                let row = |r: &rusqlite::Row<'_>| {
+                    Ok((
+                        r.get(0)?,
+                        r.get(1)?,
+                        r.get(2)?,
+                        r.get(3)?,
+                        r.get(4)?,
+                        r.get(5)?,
+                    ))
+                };
+                stmt.query_map(params![tenant.map(TenantId::as_str)], row)?
+                    .collect()
+            })
+            .map_err(sql_error)
+        })?;
+        let mut kept = Vec::with_capacity(rows.len());
+        for (tenant, agent, name, label, n, seconds) in rows {
+            // A series a later release added, or a row written by hand, is not this one's.
+            let (Some(series), Ok(tenant), Ok(agent)) = (
+                Series::parse(&name, &label),
+                TenantId::parse(&tenant),
+                AgentName::parse(&agent),
+            ) else {
+                continue;
+            };
+            kept.push(Kept {
+                tenant,
+                agent,
+                series,
+                n: n as u64,
+                seconds,
+            });
+        }
+        Ok(kept)
     }
 }
 
@@ -820,6 +922,52 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_count_is_kept_with_the_writes_that_commit_once_for_every_connection_and_not_with_refused_ones()
+     {
+        use crate::ports::counters::DecisionOutcome;
+        let path = scratch("counts");
+        let (store, other) = (
+            SqliteStore::open(&path).unwrap(),
+            SqliteStore::open(&path).unwrap(),
+        );
+        let approved = |seconds| Count {
+            tenant: TenantId::parse("acme").unwrap(),
+            agent: AgentName::parse("expense").unwrap(),
+            series: Series::Decisions(DecisionOutcome::Approved),
+            seconds,
+        };
+
+        store
+            .transact_counting(vec![put("A", 1, Condition::NotExists)], &[approved(2.5)])
+            .await
+            .unwrap();
+        let refused = other
+            .transact_counting(vec![put("A", 1, Condition::NotExists)], &[approved(7.0)])
+            .await
+            .unwrap_err();
+        other
+            .transact_counting(vec![put("B", 1, Condition::NotExists)], &[approved(1.5)])
+            .await
+            .unwrap();
+
+        assert_eq!(
+            refused.error,
+            StoreError::ConditionFailed { failed: vec![0] }
+        );
+        assert!(
+            refused.found(0).is_some_and(Option::is_some),
+            "the winner's item"
+        );
+        for reader in [&store, &other] {
+            let kept = reader.kept(None).await.unwrap();
+            assert_eq!(kept.len(), 1, "{kept:?}");
+            assert_eq!((kept[0].n, kept[0].seconds), (2, 4.0));
+        }
+        let globex = TenantId::parse("globex").unwrap();
+        assert!(store.kept(Some(&globex)).await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
     async fn in_one_group_each_transaction_checks_what_the_earlier_ones_wrote_and_fails_alone() {
         let path = scratch("group");
         let store = SqliteStore::open(&path).unwrap();
@@ -841,7 +989,7 @@ mod tests {
             ],
             vec![put("B", 3, Condition::VersionIs(2))],
         ];
-        let outcomes = commit_group(&mut conn, group.iter().map(Vec::as_slice));
+        let outcomes = commit_group(&mut conn, group.iter().map(|w| (w.as_slice(), &[][..])));
         assert_eq!(
             outcomes,
             [

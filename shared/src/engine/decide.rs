@@ -22,7 +22,7 @@ use crate::domain::audit::{AuditEntry, AuditEvent};
 use crate::domain::identity::{Actor, Identity};
 use crate::domain::ids::{ActionId, ApprovalId};
 use crate::domain::policy::history::HistorySlot;
-use crate::domain::policy::{Requirement, Total, Verdict};
+use crate::domain::policy::{Requirement, Total, Verdict, VerdictKind};
 use crate::domain::run::Asker;
 use crate::ports::store::{Condition, StoreError};
 
@@ -571,6 +571,7 @@ impl Engine {
                     .expect("a new version can be approved");
                 self.write_superseded(tx, approval, version, None, now, editor);
                 recount(tx, agent, &approval.counted, &action.id, &action.args);
+                tx.count_ruling(&agent.name, &action, VerdictKind::Allow);
                 let event = AuditEvent::proposed(&action, verdict.clone(), None);
                 tx.audit(
                     &action.tenant,

@@ -21,7 +21,7 @@ use crate::domain::conversation::{Block, Message, Speaker, StopReason, ToolResul
 use crate::domain::identity::{Actor, Identity, Standing};
 use crate::domain::ids::{ActionId, ActionVersion, AgentName, PersonId, RunId, TenantId};
 use crate::domain::notice::NoticeKind;
-use crate::domain::policy::{Requirement, Verdict};
+use crate::domain::policy::{Requirement, Verdict, VerdictKind};
 use crate::domain::run::{GateVia, HeldCall, NotDriven, PausedTurn, Run};
 use crate::ports::model::ModelRequest;
 use crate::ports::queue::DriveMessage;
@@ -609,6 +609,7 @@ impl Engine {
                 },
             );
         }
+        tx.count_ruling(&approval.agent, &action, VerdictKind::of(&verdict));
         let event = AuditEvent::proposed(&action, verdict, Some(approval.id.clone()));
         tx.audit(
             tenant,
@@ -908,6 +909,7 @@ impl Engine {
             &tenant,
             AuditEntry::new(&run_id, Actor::Agent, proposed, now),
         );
+        tx.count_ruling(&agent.name, &action, VerdictKind::Allow);
         // Its `executing` event, after `proposed`, is held by the action's item.
         let logged = tx.log_slot(&tenant, &run_id);
         action
@@ -941,6 +943,7 @@ impl Engine {
                 }
                 None => tx.update_action(self.index_shards, &action, 1),
             }
+            tx.count_execution(&agent.name, &action);
             tx.audit(
                 &tenant,
                 AuditEntry::new(
@@ -1011,6 +1014,7 @@ impl Engine {
             &action.tenant,
             AuditEntry::new(&action.run_id, Actor::Agent, proposed, now),
         );
+        tx.count_ruling(&agent.name, &action, VerdictKind::Allow);
         tx.create_action(self.index_shards, &action);
         let committed = self.commit_counted(agent, run, &action, tx, tally).await?;
         Ok(committed.then_some(()))
@@ -1113,6 +1117,7 @@ impl Engine {
         let mut tx = Tx::new();
         let (tenant, run_id) = (action.tenant.clone(), action.run_id.clone());
         tx.create_action(self.index_shards, &action);
+        tx.count_ruling(&agent.name, &action, VerdictKind::Deny);
         let proposed = AuditEvent::proposed(&action, Verdict::Deny { reason }, None);
         tx.audit(
             &tenant,

@@ -274,14 +274,18 @@ impl Engine {
     }
 
     /// The items of the tenant's pending approvals, from the sparse index, every page of it.
-    async fn pending_items(&self, tenant: &TenantId) -> Result<Vec<Item>, EngineError> {
-        let index = keys::pending_index(tenant);
+    pub(super) async fn pending_items(&self, tenant: &TenantId) -> Result<Vec<Item>, EngineError> {
+        self.index_items(&keys::pending_index(tenant)).await
+    }
+
+    /// Every item of one partition of the sparse index, every page of it.
+    pub(super) async fn index_items(&self, index: &str) -> Result<Vec<Item>, EngineError> {
         let mut items = Vec::new();
         let mut after: Option<String> = None;
         loop {
             let page = self
                 .store
-                .query_index(&index, "", "\u{10FFFF}", after.as_deref(), 500)
+                .query_index(index, "", "\u{10FFFF}", after.as_deref(), 500)
                 .await?;
             items.extend(page.items);
             match page.next {

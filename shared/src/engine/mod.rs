@@ -8,6 +8,7 @@ mod comment;
 mod decide;
 mod drive;
 pub mod error;
+mod figures;
 mod gate;
 mod history;
 mod notify;
@@ -30,6 +31,7 @@ pub use claim::Reported;
 pub use decide::DecisionReport;
 pub use drive::StartRun;
 pub use error::{EngineError, ErrorKind};
+pub use figures::{AgentFigures, DecisionTimes, Figures, Ruled};
 pub use gate::{ATTACHABLE, CallState, CallStatus, Executor, GateCall, REREAD};
 pub use history::{
     History, MAX_PENDING_PAGE, MAX_RESOLVED, PENDING_PAGE, PendingCursor, PendingPage, Resolved,
@@ -49,6 +51,7 @@ use crate::domain::policy::MAX_TTL;
 use crate::domain::policy::Policy;
 use crate::domain::run::{Run, RunStatus};
 use crate::ports::clock::{Clock, SystemClock};
+use crate::ports::counters::{Count, Counters};
 use crate::ports::notifier::Notifier;
 use crate::ports::queue::ResumeQueue;
 use crate::ports::scheduler::{Scheduler, SweepOnly};
@@ -124,6 +127,8 @@ pub struct Engine {
     waiters: waiters::Waiters,
     /// The most approvals one requester may have waiting on people at once.
     max_open_approvals: u32,
+    /// Whether decisions, executions and rulings are counted where the store keeps counts.
+    keep_counts: bool,
 }
 
 /// Builds an engine from the ports a process has; each entry point supplies only what it uses.
@@ -199,6 +204,13 @@ impl EngineBuilder {
         self
     }
 
+    /// Whether decisions, executions and policy rulings are counted, where the store keeps
+    /// counts (on by default): off only to measure what counting costs.
+    pub fn keep_counts(mut self, keep: bool) -> Self {
+        self.engine.keep_counts = keep;
+        self
+    }
+
     pub fn build(self) -> Engine {
         self.engine
     }
@@ -220,6 +232,7 @@ impl Engine {
                 registered: Default::default(),
                 waiters: Default::default(),
                 max_open_approvals: DEFAULT_MAX_OPEN_APPROVALS,
+                keep_counts: true,
             },
         }
     }
@@ -281,12 +294,19 @@ impl Engine {
     }
 
     /// Applies one transaction; on success what it hands over for delivery is returned.
-    async fn commit(&self, tx: Tx) -> Result<Outgoing, StoreError> {
+    async fn commit(&self, mut tx: Tx) -> Result<Outgoing, StoreError> {
         if !tx.opens_approvals() {
             // Most transactions: no count to read, one request.
+            let counted = tx.take_counts();
             let (writes, outgoing) = tx.into_parts();
             let touched = self.waiters.touched(&writes);
-            self.store.transact(writes).await?;
+            match self.counters() {
+                Some(counters) if !counted.is_empty() => counters
+                    .transact_counting(writes, &counted)
+                    .await
+                    .map_err(|refused| refused.error)?,
+                _ => self.store.transact(writes).await?,
+            }
             waiters::wake(touched);
             return Ok(outgoing);
         }
@@ -302,11 +322,13 @@ impl Engine {
     /// [`Engine::commit`], with the counts of open approvals of the requesters whose approvals
     /// the transaction opens; where `cap` is given, an opening it would take past the cap
     /// writes nothing.
-    async fn commit_capped(&self, tx: Tx, cap: Option<u32>) -> Result<Outgoing, Uncommitted> {
+    async fn commit_capped(&self, mut tx: Tx, cap: Option<u32>) -> Result<Outgoing, Uncommitted> {
         let openings = tx.openings();
+        let counted = tx.take_counts();
         let (writes, outgoing) = tx.into_parts();
         let touched = self.waiters.touched(&writes);
-        self.transact_counted(writes, &openings, cap).await?;
+        self.transact_counted(writes, &counted, &openings, cap)
+            .await?;
         waiters::wake(touched);
         Ok(outgoing)
     }
@@ -318,6 +340,7 @@ impl Engine {
     async fn transact_counted(
         &self,
         writes: Vec<Write>,
+        counted: &[Count],
         openings: &[Opening],
         cap: Option<u32>,
     ) -> Result<(), Uncommitted> {
@@ -338,11 +361,7 @@ impl Engine {
             _ => Uncommitted::Refused(refused),
         };
         if openings.is_empty() {
-            return self
-                .store
-                .transact_or_found(writes)
-                .await
-                .map_err(history_moved);
+            return self.send(writes, counted).await.map_err(history_moved);
         }
         for _ in 0..CAS_ATTEMPTS {
             let counts = match count_writes(self.store.as_ref(), openings, cap).await {
@@ -357,7 +376,7 @@ impl Engine {
             };
             let mut all = writes.clone();
             all.extend(counts);
-            match self.store.transact_or_found(all).await {
+            match self.send(all, counted).await {
                 Err(refused)
                     if matches!(&refused.error, StoreError::ConditionFailed { failed }
                         if failed.iter().all(|&i| i >= own)) => {}
@@ -375,14 +394,17 @@ impl Engine {
     /// not say or another write's condition failed.
     async fn commit_watching(
         &self,
-        tx: Tx,
+        mut tx: Tx,
         watched: (&str, &str),
     ) -> Result<Outgoing, (StoreError, Option<Option<crate::ports::store::Item>>)> {
         let openings = tx.openings();
+        let counted = tx.take_counts();
         let (writes, outgoing) = tx.into_parts();
         let index = writes.iter().position(|w| w.key() == watched);
         let touched = self.waiters.touched(&writes);
-        let sent = self.transact_counted(writes, &openings, None).await;
+        let sent = self
+            .transact_counted(writes, &counted, &openings, None)
+            .await;
         match sent {
             Ok(()) => {
                 waiters::wake(touched);
@@ -397,6 +419,22 @@ impl Engine {
                 Err((StoreError::ConditionFailed { failed }, None))
             }
         }
+    }
+
+    /// Sends `writes`, and where the store keeps counts, `counted` in the same transaction.
+    async fn send(&self, writes: Vec<Write>, counted: &[Count]) -> Result<(), Refused> {
+        match self.counters() {
+            Some(counters) if !counted.is_empty() => {
+                counters.transact_counting(writes, counted).await
+            }
+            _ => self.store.transact_or_found(writes).await,
+        }
+    }
+
+    /// Where this engine's counts are kept: in its store's transactions, where it keeps them
+    /// and counting is on.
+    fn counters(&self) -> Option<&dyn Counters> {
+        self.keep_counts.then(|| self.store.counters()).flatten()
     }
 
     /// Delivers what a transaction handed over, right after it committed. A resume message's

@@ -321,6 +321,9 @@ impl Engine {
                 None => action_index(self.index_shards, &action.value),
             };
             tx.update(pk.clone(), sk.clone(), index, &action.value, action.ver);
+            if !reconciling {
+                tx.count_execution(&run.value.agent, &action.value);
+            }
             tx.audit(
                 &tenant,
                 AuditEntry::new(&run_id, by.clone(), event.clone(), now),

@@ -1,6 +1,7 @@
 //! Ports: the small traits the engine needs from the world. Adapters implement them.
 
 pub mod clock;
+pub mod counters;
 pub mod model;
 pub mod notifier;
 pub mod queue;

@@ -3,6 +3,8 @@
 
 use async_trait::async_trait;
 
+use super::counters::Counters;
+
 /// A key in the sparse secondary index: only items that carry one appear in it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IndexKey {
@@ -200,37 +202,60 @@ pub trait ItemStore: Send + Sync {
         None
     }
 
+    /// The counts this store keeps in its own transactions, if it keeps any: SQLite does, so
+    /// every process sharing its file counts into one total. DynamoDB does not: a counter item
+    /// every approval wrote would cost a write unit each and be one hot key.
+    fn counters(&self) -> Option<&dyn Counters> {
+        None
+    }
+
     /// [`ItemStore::transact`], and when conditions fail, what each failed write found, so a
     /// caller that lost a race has the winner's item without reading it again. DynamoDB takes
     /// it from the refusal itself (`ReturnValuesOnConditionCheckFailure=ALL_OLD`); a store
     /// that cannot reads each failed write's item after the refusal, as this default does.
     async fn transact_or_found(&self, writes: Vec<Write>) -> Result<(), Refused> {
-        let keys: Vec<(String, String)> = writes
-            .iter()
-            .map(|w| (w.key().0.to_string(), w.key().1.to_string()))
-            .collect();
-        match self.transact(writes).await {
-            Ok(()) => Ok(()),
-            Err(StoreError::ConditionFailed { failed }) => {
-                let mut found = Vec::new();
-                for &i in &failed {
-                    // An item that cannot be read now is left out: the caller reads it itself.
-                    if let Some((pk, sk)) = keys.get(i)
-                        && let Ok(item) = self.get(pk, sk).await
-                    {
-                        found.push((i, item));
-                    }
+        let keys = write_keys(&writes);
+        let sent = self.transact(writes).await;
+        with_found(self, &keys, sent).await
+    }
+}
+
+/// The item each write is to.
+pub fn write_keys(writes: &[Write]) -> Vec<(String, String)> {
+    writes
+        .iter()
+        .map(|w| (w.key().0.to_string(), w.key().1.to_string()))
+        .collect()
+}
+
+/// A transaction's outcome, and when conditions failed, what each failed write (of the items
+/// `keys`) finds now: for a store that cannot say at the refusal itself.
+pub async fn with_found<S: ItemStore + ?Sized>(
+    store: &S,
+    keys: &[(String, String)],
+    sent: Result<(), StoreError>,
+) -> Result<(), Refused> {
+    match sent {
+        Ok(()) => Ok(()),
+        Err(StoreError::ConditionFailed { failed }) => {
+            let mut found = Vec::new();
+            for &i in &failed {
+                // An item that cannot be read now is left out: the caller reads it itself.
+                if let Some((pk, sk)) = keys.get(i)
+                    && let Ok(item) = store.get(pk, sk).await
+                {
+                    found.push((i, item));
                 }
-                Err(Refused {
-                    error: StoreError::ConditionFailed { failed },
-                    found,
-                })
             }
-            Err(error) => Err(Refused {
-                error,
-                found: Vec::new(),
-            }),
+            Err(Refused {
+                error: StoreError::ConditionFailed { failed },
+                found,
+            })
         }
+        Err(error) => Err(Refused {
+            error,
+            found: Vec::new(),
+        }),
     }
 }
 

@@ -28,6 +28,7 @@ mod decisions;
 mod edits;
 mod environment;
 mod expiry;
+mod figures;
 mod gate;
 mod history;
 mod limits;

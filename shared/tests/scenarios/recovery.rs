@@ -35,7 +35,7 @@ fn answer(id: &str, took_effect: bool, note: &str) -> DecisionRequest {
 }
 
 /// c-102 paused, approved by dana, its payment's outcome lost: the recovery that opens.
-async fn lost_payment(h: &Harness, p: &Process) -> (Approval, Approval) {
+pub(super) async fn lost_payment(h: &Harness, p: &Process) -> (Approval, Approval) {
     let (_, approval) = h.start_paused(p, "c-102").await;
     let decided = h.decided(p, "dana", &approval.id, approve("dana-1")).await;
     let run = decided.run.expect("resumed in this process");

@@ -118,6 +118,8 @@ pub enum VerdictKind {
 }
 
 impl VerdictKind {
+    pub const ALL: [VerdictKind; 3] = [VerdictKind::Allow, VerdictKind::Approve, VerdictKind::Deny];
+
     pub fn of(verdict: &Verdict) -> Self {
         match verdict {
             Verdict::Allow => VerdictKind::Allow,

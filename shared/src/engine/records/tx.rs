@@ -16,13 +16,18 @@ use super::outbox::{OutboxEntry, OutboxMessage, Outgoing};
 use super::windows;
 use super::{Stored, keys};
 use crate::domain::action::Action;
-use crate::domain::approval::{Approval, ApprovalStatus};
+use crate::domain::action::ActionStatus;
+use crate::domain::approval::{Approval, ApprovalKind, ApprovalStatus};
 use crate::domain::audit::AuditEntry;
 use crate::domain::budget;
-use crate::domain::ids::{ActionId, OutboxId, RunId, TenantId};
+use crate::domain::ids::{ActionId, AgentName, OutboxId, RunId, TenantId};
 use crate::domain::log_slot::LogSlot;
+use crate::domain::policy::VerdictKind;
 use crate::domain::policy::history::HistorySlot;
 use crate::domain::run::Run;
+use crate::ports::counters::{
+    Count, DECISION_BUCKETS, DecisionOutcome, ExecutionOutcome, RuleMode, Series,
+};
 use crate::ports::store::{Condition, IndexKey, Item, Write};
 
 /// Where an action version is kept: in its run's partition.
@@ -47,6 +52,10 @@ pub struct Tx {
     order: Option<String>,
     /// What it does to requesters' open approvals, one change per approval's slot.
     open: Vec<SlotChange>,
+    /// What it counts, kept with it where the store keeps counts ([`Counters`]).
+    ///
+    /// [`Counters`]: crate::ports::counters::Counters
+    counts: Vec<Count>,
 }
 
 impl Tx {
@@ -136,6 +145,7 @@ impl Tx {
     pub fn settle_approval(&mut self, approval: &Approval, read: Condition) {
         debug_assert_ne!(approval.status, ApprovalStatus::AwaitingApproval);
         open::count(&mut self.open, approval, -1);
+        self.count_decision(approval);
         let voided = matches!(
             approval.status,
             ApprovalStatus::Rejected | ApprovalStatus::Expired | ApprovalStatus::Cancelled
@@ -148,6 +158,71 @@ impl Tx {
             self.writes.extend(voids);
         }
         self.put_approval(approval, read);
+    }
+
+    /// Counts one of `agent`'s things in this transaction, with the seconds it took.
+    pub fn count(&mut self, tenant: &TenantId, agent: &AgentName, series: Series, seconds: f64) {
+        self.counts.push(Count {
+            tenant: tenant.clone(),
+            agent: agent.clone(),
+            series,
+            seconds,
+        });
+    }
+
+    /// What this transaction counts, taken out before it is sent.
+    pub fn take_counts(&mut self) -> Vec<Count> {
+        std::mem::take(&mut self.counts)
+    }
+
+    /// A decision people made on an approval they were asked for (approved, edited, rejected),
+    /// or that nobody made in time (expired), timed from the approval's creation. A
+    /// cancellation decides nothing, and a recovery's answer settles a call, not an approval.
+    fn count_decision(&mut self, approval: &Approval) {
+        let outcome = match approval.status {
+            _ if approval.kind != ApprovalKind::Action => return,
+            ApprovalStatus::Approved => DecisionOutcome::Approved,
+            ApprovalStatus::Superseded => DecisionOutcome::Edited,
+            ApprovalStatus::Rejected => DecisionOutcome::Rejected,
+            ApprovalStatus::Expired => DecisionOutcome::Expired,
+            _ => return,
+        };
+        let resolved = approval.resolved_at.unwrap_or(approval.created_at);
+        let seconds = (resolved - approval.created_at).num_milliseconds().max(0) as f64 / 1000.0;
+        let bucket = DECISION_BUCKETS
+            .iter()
+            .position(|bound| seconds <= *bound)
+            .unwrap_or(DECISION_BUCKETS.len());
+        let (tenant, agent) = (&approval.tenant, &approval.agent);
+        self.count(tenant, agent, Series::Decisions(outcome), seconds);
+        self.count(tenant, agent, Series::DecidedWithin(bucket), 0.0);
+    }
+
+    /// Counts policy's ruling on a proposed call of `agent`'s, and what its log-only rules would
+    /// have made of it, where it has some.
+    pub fn count_ruling(&mut self, agent: &AgentName, action: &Action, verdict: VerdictKind) {
+        let tenant = &action.tenant;
+        self.count(
+            tenant,
+            agent,
+            Series::Rulings(verdict, RuleMode::Enforce),
+            0.0,
+        );
+        if let Some(log_only) = &action.log_only {
+            let series = Series::Rulings(log_only.outcome, RuleMode::LogOnly);
+            self.count(tenant, agent, series, 0.0);
+        }
+    }
+
+    /// Counts the outcome first recorded for a call of `agent`'s that ran.
+    pub fn count_execution(&mut self, agent: &AgentName, action: &Action) {
+        let outcome = match action.status {
+            ActionStatus::Succeeded => ExecutionOutcome::Succeeded,
+            ActionStatus::Failed => ExecutionOutcome::Failed,
+            ActionStatus::Unknown => ExecutionOutcome::Unknown,
+            _ => return,
+        };
+        self.count(&action.tenant, agent, Series::Executions(outcome), 0.0);
     }
 
     /// Counts a new call in a history window: its slot, which must not be taken yet.

@@ -1,0 +1,169 @@
+//! What an operator sees: the approvals waiting and the oldest one's wait, the unknown
+//! outcomes, read from the store by any process; and the counts of decisions, executions and
+//! rulings, kept by the embedded store with the transactions that record them.
+
+use super::*;
+use shared::domain::ids::AgentName;
+use shared::domain::policy::VerdictKind;
+use shared::engine::{AgentFigures, Figures};
+use shared::ports::counters::{DecisionOutcome, ExecutionOutcome, RuleMode};
+
+/// The expense agent's figures for acme, as `p` reads them.
+async fn expense(p: &Process) -> (Figures, AgentFigures) {
+    let figures = p.figures(Some(&acme())).await.unwrap();
+    let expense = AgentName::parse("expense").unwrap();
+    let shown = figures
+        .agents
+        .iter()
+        .find(|a| a.tenant == acme() && a.agent == expense)
+        .cloned()
+        .unwrap_or_else(|| panic!("the expense agent is shown: {figures:?}"));
+    (figures, shown)
+}
+
+fn ruled(shown: &AgentFigures, outcome: VerdictKind, mode: RuleMode) -> u64 {
+    shown
+        .policy_outcomes
+        .iter()
+        .find(|r| r.outcome == outcome && r.mode == mode)
+        .map_or(0, |r| r.count)
+}
+
+/// Whether this store keeps counts: the embedded one does, DynamoDB does not.
+fn counts_kept(h: &Harness) -> bool {
+    h.backend() == "embedded"
+}
+
+async fn given_an_approval_waiting_ten_minutes_when_another_process_approves_it_then_none_waits_and_the_decision_is_counted_with_its_time(
+    h: &Harness,
+) {
+    let started = h.process().await;
+    let (_, approval) = h.start_paused(&started, "c-102").await;
+    h.clock.advance(Duration::minutes(10));
+
+    let watcher = h.process().await;
+    let (_, before) = expense(&watcher).await;
+    assert_eq!(before.approvals_waiting, 1);
+    assert_eq!(before.oldest_wait_seconds, 600.0);
+    assert_eq!(before.unknown_outcomes, 0);
+
+    let decider = h.process().await;
+    h.decided(&decider, "dana", &approval.id, approve("d-1"))
+        .await;
+
+    // A process started after the decision reads what the others wrote: a restart loses nothing.
+    let restarted = h.process().await;
+    let (figures, after) = expense(&restarted).await;
+    assert_eq!(figures.counted, counts_kept(h));
+    assert_eq!(after.approvals_waiting, 0);
+    assert_eq!(after.oldest_wait_seconds, 0.0);
+    let counted = u64::from(counts_kept(h));
+    assert_eq!(after.decisions[&DecisionOutcome::Approved], counted);
+    assert_eq!(after.decisions[&DecisionOutcome::Rejected], 0);
+    assert_eq!(after.decision_seconds.count, counted);
+    assert_eq!(after.decision_seconds.sum, 600.0 * counted as f64);
+    // Ten minutes is past the 300 s bucket and within the 900 s one.
+    let within = |bound: f64| {
+        after
+            .decision_seconds
+            .buckets
+            .iter()
+            .find(|(b, _)| *b == bound)
+            .unwrap()
+            .1
+    };
+    assert_eq!((within(300.0), within(900.0)), (0, counted));
+    // The payment ran once the decision was made; the claim's reads ran before.
+    let succeeded = |f: &AgentFigures| f.executions[&ExecutionOutcome::Succeeded];
+    assert_eq!(succeeded(&after) - succeeded(&before), counted);
+    assert_eq!(
+        ruled(&after, VerdictKind::Approve, RuleMode::Enforce),
+        counted
+    );
+    assert!(ruled(&after, VerdictKind::Allow, RuleMode::Enforce) >= counted);
+    assert_eq!(ruled(&after, VerdictKind::Deny, RuleMode::Enforce), 0);
+}
+
+async fn given_an_approval_nobody_decides_when_the_sweep_expires_it_then_none_waits_and_one_expiry_is_counted(
+    h: &Harness,
+) {
+    let p = h.process().await;
+    h.start_paused(&p, "c-102").await;
+    h.clock.advance(Duration::hours(24) + Duration::minutes(1));
+    let (_, overdue) = expense(&p).await;
+    assert_eq!(
+        overdue.approvals_waiting, 1,
+        "waiting until the sweep expires it"
+    );
+
+    p.sweep(100).await.unwrap();
+
+    let (_, after) = expense(&h.process().await).await;
+    assert_eq!(after.approvals_waiting, 0);
+    let counted = u64::from(counts_kept(h));
+    assert_eq!(after.decisions[&DecisionOutcome::Expired], counted);
+    assert_eq!(after.decisions[&DecisionOutcome::Approved], 0);
+    assert_eq!(after.executions[&ExecutionOutcome::Failed], 0);
+    assert_eq!(after.executions[&ExecutionOutcome::Unknown], 0);
+}
+
+async fn given_a_payment_whose_answer_was_lost_when_it_waits_for_reconciliation_then_it_is_one_unknown_outcome(
+    h: &Harness,
+) {
+    let (_, p, _, approval) = paused_where_answers_are_lost(h).await;
+    h.decided(&p, "dana", &approval.id, approve("d-1")).await;
+
+    let (_, shown) = expense(&h.process().await).await;
+    assert_eq!(shown.unknown_outcomes, 1);
+    assert_eq!(shown.approvals_waiting, 0);
+    let counted = u64::from(counts_kept(h));
+    assert_eq!(shown.executions[&ExecutionOutcome::Unknown], counted);
+    assert_eq!(shown.executions[&ExecutionOutcome::Failed], 0);
+}
+
+async fn given_a_payment_whose_answer_was_lost_when_its_recovery_owner_is_asked_then_it_is_one_unknown_outcome_not_an_approval_waiting(
+    h: &Harness,
+) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let p = h
+        .process_recovering(on_reimburse(AnswerLost(Counted::new(&calls))), "finance")
+        .await;
+    super::recovery::lost_payment(h, &p).await;
+
+    let (_, shown) = expense(&h.process().await).await;
+    assert_eq!(shown.unknown_outcomes, 1);
+    assert_eq!(shown.approvals_waiting, 0);
+}
+
+async fn given_two_tenants_when_one_is_asked_for_then_only_its_figures_are_shown(h: &Harness) {
+    let p = h.process().await;
+    h.start_paused(&p, "c-102").await;
+
+    let all = p.figures(None).await.unwrap();
+    let globex = TenantId::parse("globex").unwrap();
+    let other = p.figures(Some(&globex)).await.unwrap();
+
+    assert_eq!(
+        all.agents
+            .iter()
+            .map(|a| (a.tenant.as_str(), a.approvals_waiting))
+            .collect::<Vec<_>>(),
+        [("acme", 1)]
+    );
+    assert!(
+        other
+            .agents
+            .iter()
+            .all(|a| a.tenant == globex && a.approvals_waiting == 0),
+        "{other:?}"
+    );
+}
+
+// Each scenario on the embedded store and on DynamoDB (moto over HTTP).
+on_both_stores!([
+    given_an_approval_waiting_ten_minutes_when_another_process_approves_it_then_none_waits_and_the_decision_is_counted_with_its_time,
+    given_an_approval_nobody_decides_when_the_sweep_expires_it_then_none_waits_and_one_expiry_is_counted,
+    given_a_payment_whose_answer_was_lost_when_it_waits_for_reconciliation_then_it_is_one_unknown_outcome,
+    given_a_payment_whose_answer_was_lost_when_its_recovery_owner_is_asked_then_it_is_one_unknown_outcome_not_an_approval_waiting,
+    given_two_tenants_when_one_is_asked_for_then_only_its_figures_are_shown,
+]);
