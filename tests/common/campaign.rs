@@ -27,7 +27,7 @@ use shared::domain::action::ActionStatus;
 use shared::domain::approval::ApprovalStatus;
 use shared::domain::ids::{RunId, TenantId};
 use shared::domain::run::RunStatus;
-use shared::engine::Delivery;
+use shared::engine::{Delivery, Engine};
 use shared::example::expense::{Ledger, SettlementOutcome};
 use shared::ports::clock::SystemClock;
 use shared::ports::scheduler::SweepOnly;
@@ -85,6 +85,40 @@ pub enum Store {
         /// The queue's own dead-letter queue, which nobody moves messages back from.
         dead_letters: DeadLetters,
     },
+}
+
+impl Store {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Store::Embedded => "the embedded store (SQLite)",
+            Store::DynamoDb { .. } => "DynamoDB and SQS (serial moto)",
+        }
+    }
+
+    /// `countersign ARGS` on the state directory `state` and this store, with nothing of the
+    /// environment it runs in: no model key, agents, people, clock offset or notifications.
+    pub fn countersign(&self, state: &Path, args: &[&str]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_countersign"));
+        command
+            .args(args)
+            .arg("--state")
+            .arg(state)
+            .env_remove("ANTHROPIC_API_KEY")
+            .env_remove("COUNTERSIGN_AGENTS")
+            .env_remove("COUNTERSIGN_PEOPLE")
+            .env_remove("COUNTERSIGN_CLOCK_OFFSET")
+            .env_remove("COUNTERSIGN_NOTIFY_URL")
+            .env("RUST_LOG", "error");
+        match self {
+            Store::Embedded => {
+                command.env("COUNTERSIGN_STORE", "embedded");
+            }
+            Store::DynamoDb { env, .. } => {
+                command.envs(env.iter().map(|(k, v)| (k, v)));
+            }
+        }
+        command
+    }
 }
 
 /// A resume queue and its dead-letter queue: a message workers received `max_receives` times
@@ -373,36 +407,10 @@ impl Campaign {
         self.dir.join("claims.toml")
     }
 
-    fn name(&self) -> &'static str {
-        match self.store {
-            Store::Embedded => "the embedded store (SQLite)",
-            Store::DynamoDb { .. } => "DynamoDB and SQS (serial moto)",
-        }
-    }
-
     /// `countersign` on this campaign's state, claims and store, with the shipped agents.
     fn command(&self, args: &[&str]) -> Command {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_countersign"));
-        command
-            .args(args)
-            .arg("--state")
-            .arg(self.state())
-            .arg("--claims")
-            .arg(self.claims())
-            .env_remove("ANTHROPIC_API_KEY")
-            .env_remove("COUNTERSIGN_AGENTS")
-            .env_remove("COUNTERSIGN_PEOPLE")
-            .env_remove("COUNTERSIGN_CLOCK_OFFSET")
-            .env_remove("COUNTERSIGN_NOTIFY_URL")
-            .env("RUST_LOG", "error");
-        match &self.store {
-            Store::Embedded => {
-                command.env("COUNTERSIGN_STORE", "embedded");
-            }
-            Store::DynamoDb { env, .. } => {
-                command.envs(env.iter().map(|(k, v)| (k, v)));
-            }
-        }
+        let mut command = self.store.countersign(&self.state(), args);
+        command.arg("--claims").arg(self.claims());
         command
     }
 
@@ -431,7 +439,7 @@ impl Campaign {
             .expect("the claims file");
         let campaign = Arc::new(self);
         let mut figures = Figures {
-            store: campaign.name(),
+            store: campaign.store.name(),
             seed: campaign.seed,
             ..Figures::default()
         };
@@ -837,14 +845,7 @@ impl Campaign {
         looped: &[Opened],
     ) -> Verdict {
         let setup = Setup::load(None, Some(&self.claims())).expect("the campaign's setup");
-        let backing = Backing {
-            store: store.clone(),
-            delivery: Delivery::InProcess,
-            scheduler: Arc::new(SweepOnly),
-            clock: Arc::new(SystemClock),
-        };
-        let engine = deploy::engine(backing, &setup, false, Environment::WhenRun)
-            .expect("an engine to read with");
+        let engine = reading_engine(store, &setup);
         let tenant = TenantId::parse("acme").unwrap();
         let mut verdict = Verdict::default();
         // action_id:version -> (approval status, the amount it was approved for)
@@ -1013,6 +1014,17 @@ struct Verdict {
     declines: usize,
     runs_stuck: usize,
     violations: Vec<String>,
+}
+
+/// An engine over `store` and `setup` that only reads: the judge's, after the processes ended.
+pub fn reading_engine(store: &Arc<dyn ItemStore>, setup: &Setup) -> Engine {
+    let backing = Backing {
+        store: store.clone(),
+        delivery: Delivery::InProcess,
+        scheduler: Arc::new(SweepOnly),
+        clock: Arc::new(SystemClock),
+    };
+    deploy::engine(backing, setup, false, Environment::WhenRun).expect("an engine to read with")
 }
 
 /// Where a campaign keeps its state: under the system's temporary directory, unique per run.
