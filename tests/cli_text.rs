@@ -377,11 +377,10 @@ fn a_script_placeholder_the_script_does_not_have_stops_the_process_naming_its_fi
     let bonuses = definitions.bonuses_agent("[[turns]]\nsay = \"Paying {whom}.\"\n");
     let cs = Countersign::fresh("cli-text-placeholder");
 
-    let refused = cs.print(&["review", "--agents", &bonuses]);
-
-    assert_eq!(refused.exit, 2, "{}", refused.stderr);
-    assert!(refused.stderr.contains("script.toml"), "{}", refused.stderr);
-    assert!(refused.stderr.contains("{whom}"), "{}", refused.stderr);
+    cs.refuses(
+        &["review", "--agents", &bonuses],
+        &["script.toml", "{whom}"],
+    );
 }
 
 #[test]
@@ -416,13 +415,8 @@ fn review_lists_a_page_and_says_how_to_see_the_rest() {
     let listed = cs.ok(&["review", "--limit", "2"]);
     assert_eq!(listed["approvals"].as_array().unwrap().len(), 2);
     assert_eq!(listed["next_cursor"], next, "{listed}");
-    let refused = cs.print(&["review", "--cursor", "not-one"]);
-    assert_eq!(refused.exit, 2, "{}", refused.stderr);
-    assert!(
-        refused
-            .stderr
-            .contains("not one a page of waiting approvals gave"),
-        "{}",
-        refused.stderr
+    cs.refuses(
+        &["review", "--cursor", "not-one"],
+        &["not one a page of waiting approvals gave"],
     );
 }

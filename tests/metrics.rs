@@ -191,15 +191,9 @@ fn given_a_metrics_token_too_short_to_keep_anyone_out_when_serve_starts_then_it_
         ("COUNTERSIGN_METRICS_TOKEN", "secret".into()),
     ]);
 
-    let refused = cs.print(&["serve", "--addr", "127.0.0.1:0"]);
-
-    assert_eq!(refused.exit, 2, "{}", refused.stderr);
-    assert!(
-        refused
-            .stderr
-            .contains("COUNTERSIGN_METRICS_TOKEN must be at least 16 characters"),
-        "{}",
-        refused.stderr
+    cs.refuses(
+        &["serve", "--addr", "127.0.0.1:0"],
+        &["COUNTERSIGN_METRICS_TOKEN must be at least 16 characters"],
     );
 }
 
@@ -228,7 +222,5 @@ fn given_one_payment_approved_and_one_waiting_when_stats_runs_then_it_prints_the
         .unwrap_or_else(|| panic!("{table}"));
     let cells: Vec<&str> = row.split_whitespace().collect();
     assert_eq!((cells[2], cells[5]), ("1", "1/0/0/0"), "{row}");
-    let refused = cs.print(&["stats", "--tenant", "not a tenant"]);
-    assert_eq!(refused.exit, 2, "{}", refused.stderr);
-    assert!(refused.stderr.contains("tenant id"), "{}", refused.stderr);
+    cs.refuses(&["stats", "--tenant", "not a tenant"], &["tenant id"]);
 }

@@ -81,15 +81,16 @@ expect = "allow"
         "bad.toml",
         "[[case]]\ntool = 3\n",
     );
-    let refused = cs.print(&[
-        "policy",
-        "test",
-        "--agent",
-        &expense_dir(),
-        unreadable.to_str().unwrap(),
-    ]);
-    assert_eq!(refused.exit, 2, "{}", refused.stderr);
-    assert!(refused.stderr.contains("bad.toml"), "{}", refused.stderr);
+    cs.refuses(
+        &[
+            "policy",
+            "test",
+            "--agent",
+            &expense_dir(),
+            unreadable.to_str().unwrap(),
+        ],
+        &["bad.toml"],
+    );
 }
 
 #[test]
@@ -178,20 +179,16 @@ fn policy_replay_counts_outcomes_before_and_after_and_lists_each_call_a_candidat
         &cs.state().join("broken"),
         "@id(\"typo\")\npermit (principal, action == Action::\"reimburse\", resource)\n  when { context.input.amount > 3 };\n",
     );
-    let refused = cs.print(&[
-        "policy",
-        "replay",
-        "--agent",
-        &expense_dir(),
-        "--policy",
-        &broken,
-    ]);
-    assert_eq!(refused.exit, 2, "{}", refused.stderr);
-    assert!(
-        refused.stderr.contains("extra.cedar: line 3")
-            && refused.stderr.contains("reimburse has no argument amount"),
-        "{}",
-        refused.stderr
+    cs.refuses(
+        &[
+            "policy",
+            "replay",
+            "--agent",
+            &expense_dir(),
+            "--policy",
+            &broken,
+        ],
+        &["extra.cedar: line 3", "reimburse has no argument amount"],
     );
 }
 

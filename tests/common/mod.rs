@@ -175,6 +175,21 @@ impl Countersign {
         }
     }
 
+    /// [`Countersign::print`] of a command that must be refused as bad usage (exit 2) with a
+    /// message on stderr saying each of `saying`.
+    #[track_caller]
+    pub fn refuses(&self, args: &[&str], saying: &[&str]) {
+        let refused = self.print(args);
+        assert_eq!(refused.exit, 2, "{args:?}: {}", refused.stderr);
+        for said in saying {
+            assert!(
+                refused.stderr.contains(said),
+                "{args:?} does not say {said:?}: {}",
+                refused.stderr
+            );
+        }
+    }
+
     /// [`Countersign::print`] of a command that must succeed: its stdout.
     #[track_caller]
     pub fn printed(&self, args: &[&str]) -> String {
