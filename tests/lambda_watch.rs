@@ -3,6 +3,7 @@
 //! the local AWS stack. HTTP goes to the start and decide functions through function URLs (no
 //! authorizer there, so they accept development tokens); the resume and sweep functions are
 //! invoked with `cargo lambda invoke`, the resume function with the queue's real messages.
+//! What the functions print on stdout is read back for their metric lines.
 
 #[path = "../shared/tests/support/aws.rs"]
 mod aws;
@@ -45,7 +46,8 @@ fn cargo_lambda_available() {
     );
 }
 
-fn watch(stack: &aws::FreshStack, key_file: &Path) -> Watch {
+/// `cargo lambda watch` over `stack`, the functions' stdout (their metric lines) into `printed`.
+fn watch(stack: &aws::FreshStack, key_file: &Path, printed: &Path) -> Watch {
     use std::os::unix::process::CommandExt;
     cargo_lambda_available();
     let port = common::free_port();
@@ -65,7 +67,7 @@ fn watch(stack: &aws::FreshStack, key_file: &Path) -> Watch {
         .env_remove("ANTHROPIC_API_KEY")
         // The shipped definitions: the local stack's exports name the Lambda's packaged path.
         .env_remove("COUNTERSIGN_AGENTS")
-        .stdout(Stdio::null())
+        .stdout(std::fs::File::create(printed).expect("a file for the functions' stdout"))
         .stderr(Stdio::inherit())
         .process_group(0)
         .spawn()
@@ -231,11 +233,47 @@ async fn under_cargo_lambda_watch_the_functions_take_claims_through_approval_and
     let stack = aws::FreshStack::new("lambda-watch").await;
     let state = common::fresh_path("countersign-watch-flow");
     token(&state, "dana"); // creates the state's development key before the functions read it
-    let watch = watch(&stack, &state.join("dev-jwt.key"));
+    let printed = state.join("functions.out");
+    let watch = watch(&stack, &state.join("dev-jwt.key"), &printed);
     let http = Http::new(&watch);
     approval_flow(&stack, &state, &watch, &http).await;
     expiry_flow(&stack, &state, &watch, &http).await;
+    metric_lines_printed(&printed);
     let _ = std::fs::remove_dir_all(state);
+}
+
+/// What the functions printed in CloudWatch's Embedded Metric Format over both flows: each line
+/// valid, the decision and the expiry counted, the payment's run, and the sweep's gauges.
+fn metric_lines_printed(printed: &Path) {
+    let text = std::fs::read_to_string(printed).unwrap();
+    let lines: Vec<Value> = text
+        .lines()
+        .filter_map(|line| line.find("{\"_aws\"").map(|at| &line[at..]))
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect();
+    for line in &lines {
+        assert_eq!(shared::adapters::emf::rule_broken(line), None);
+    }
+    let of = |metric: &str, outcome: &str| {
+        lines
+            .iter()
+            .filter(|l| l.get(metric).is_some() && l["outcome"] == outcome)
+            .count()
+    };
+    assert_eq!(of("countersign_decisions_total", "approved"), 1, "{text}");
+    assert_eq!(of("countersign_decisions_total", "expired"), 1, "{text}");
+    assert!(
+        of("countersign_executions_total", "succeeded") >= 1,
+        "{text}"
+    );
+    let gauges: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l.get("countersign_approvals_waiting").is_some())
+        .collect();
+    assert!(
+        gauges.iter().any(|g| g["agent"] == "expense"),
+        "the sweep printed the gauges: {text}"
+    );
 }
 
 /// Start, pause, a refused self-approval, an approval by another reviewer, resume from the

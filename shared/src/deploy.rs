@@ -10,6 +10,7 @@ use std::time::Duration;
 
 pub use crate::adapters::aws_sdk::sdk_config;
 use crate::adapters::dynamodb::DynamoStore;
+use crate::adapters::emf::Emf;
 use crate::adapters::env_template::setting;
 use crate::adapters::scheduler::{EventBridgeScheduler, ScheduleTarget};
 use crate::adapters::slack::{self, SigningSecret, SlackApp, SlackChannel, WebApi};
@@ -516,10 +517,12 @@ pub fn engine(
 /// The engine of a function over AWS: resume messages go to the queue, deadlines to the
 /// scheduler. Every function may run a tool (start and resume drive runs, decide takes gate
 /// calls, the sweep asks lookups), so a variable a binding reads that is unset stops it at
-/// start.
+/// start. What it counts (decisions, executions, policy rulings) it writes to stdout as
+/// CloudWatch metric lines as each commits.
 pub fn aws_engine(aws: &Aws, setup: &Setup, drives: bool) -> Result<Engine, ConfigError> {
     let backing = Backing {
-        store: aws.store.clone(),
+        // What a function counts goes to its stdout as metric lines, for CloudWatch.
+        store: Arc::new(aws.store.as_ref().clone().emitting(Emf::stdout())),
         delivery: Delivery::Queue(aws.queue.clone()),
         scheduler: aws.scheduler.clone(),
         clock: Arc::new(SystemClock),

@@ -1,8 +1,10 @@
 //! The sweep function, invoked by the recurring EventBridge schedule and by the one-time
 //! deadline schedules. Every invocation is one bounded sweep; the payload is only a hint.
+//! Every invocation but a deadline's then reports the gauges as metric lines.
 
 use serde::Deserialize;
 use serde_json::Value;
+use shared::adapters::emf::Emf;
 use shared::engine::{Engine, EngineError, SweepReport};
 
 /// What the schedules send; unknown fields and other events are accepted and ignored.
@@ -22,12 +24,24 @@ pub fn budget_from_env() -> usize {
         .unwrap_or(200)
 }
 
+/// One bounded sweep, then, where `gauges` is given and this is not a deadline's wake (a burst
+/// of deadlines would read every waiting approval once each), the approvals waiting, the
+/// oldest one's wait and the unknown outcomes of every tenant and agent, a line each.
 pub async fn handle(
     engine: &Engine,
     event: Value,
     budget: usize,
+    gauges: Option<&Emf>,
 ) -> Result<SweepReport, EngineError> {
     let wake: Wake = serde_json::from_value(event).unwrap_or_default();
     tracing::info!(source = ?wake.source, wake = ?wake.wake, approval = ?wake.approval_id, "sweeping");
-    engine.sweep(budget).await
+    let swept = engine.sweep(budget).await?;
+    if let Some(gauges) = gauges.filter(|_| wake.wake.as_deref() != Some("deadline")) {
+        // The sweep's work is done and recorded: gauges that cannot be read are only logged.
+        match engine.figures(None).await {
+            Ok(figures) => gauges.figures(&figures),
+            Err(error) => tracing::warn!(%error, "could not read the gauges"),
+        }
+    }
+    Ok(swept)
 }

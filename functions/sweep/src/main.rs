@@ -2,6 +2,7 @@
 
 use lambda_runtime::{Diagnostic, Error, LambdaEvent, run, service_fn};
 use serde_json::Value;
+use shared::adapters::emf::Emf;
 use shared::deploy::{Aws, Setup, aws_engine};
 use shared::engine::EngineError;
 
@@ -13,10 +14,11 @@ async fn main() -> Result<(), Error> {
     // a run, so it has no model.
     let engine = aws_engine(&aws, &Setup::from_env()?, false)?;
     let budget = sweep::budget_from_env();
+    let gauges = Emf::stdout();
     run(service_fn(|event: LambdaEvent<Value>| {
-        let engine = &engine;
+        let (engine, gauges) = (&engine, &gauges);
         async move {
-            sweep::handle(engine, event.payload, budget)
+            sweep::handle(engine, event.payload, budget, Some(gauges))
                 .await
                 .map_err(diagnostic)
         }

@@ -4,6 +4,7 @@ pub mod anthropic;
 pub mod aws_sdk;
 pub mod bedrock;
 pub mod dynamodb;
+pub mod emf;
 pub mod env_template;
 pub mod http_tool;
 pub mod mcp_tool;

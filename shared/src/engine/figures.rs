@@ -64,7 +64,7 @@ pub struct Ruled {
 
 impl AgentFigures {
     /// Nothing waiting and nothing counted yet: every series there, at zero.
-    fn new(tenant: TenantId, agent: AgentName) -> Self {
+    pub fn new(tenant: TenantId, agent: AgentName) -> Self {
         Self {
             tenant,
             agent,
@@ -184,7 +184,7 @@ impl Engine {
                 entry(&mut figures, &action.tenant, &agent).unknown_outcomes += 1;
             }
         }
-        let counters = self.counters();
+        let counters = self.counters().filter(|counters| counters.reads_back());
         if let Some(counters) = counters {
             for kept in counters.kept(tenant).await? {
                 if !tenants.contains(&kept.tenant) {

@@ -1,7 +1,11 @@
 //! The counts the engine keeps as it commits (decisions, executions, policy rulings), and the
 //! port that keeps them: the embedded store adds them in the transaction that records what
 //! they count, so every process sharing its file counts into one total that survives a
-//! restart; a store without the port counts nothing (on AWS each function will report its own).
+//! restart; on DynamoDB, where a counter item would cost a write unit and be one hot key, the
+//! store reports each count as a metric line once its transaction commits ([`emf`]); a store
+//! without the port counts nothing.
+//!
+//! [`emf`]: crate::adapters::emf
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -148,6 +152,12 @@ pub trait Counters: Send + Sync {
 
     /// Every series kept, of `tenant` or of all tenants.
     async fn kept(&self, tenant: Option<&TenantId>) -> Result<Vec<Kept>, StoreError>;
+
+    /// Whether [`Counters::kept`] reads the counts back: a store that reports each count as it
+    /// commits (metric lines for CloudWatch, on DynamoDB) has none to read.
+    fn reads_back(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

@@ -203,8 +203,9 @@ pub trait ItemStore: Send + Sync {
     }
 
     /// The counts this store keeps in its own transactions, if it keeps any: SQLite does, so
-    /// every process sharing its file counts into one total. DynamoDB does not: a counter item
-    /// every approval wrote would cost a write unit each and be one hot key.
+    /// every process sharing its file counts into one total. DynamoDB keeps none (a counter
+    /// item every approval wrote would cost a write unit each and be one hot key): a function's
+    /// store reports each count as a metric line once it commits instead.
     fn counters(&self) -> Option<&dyn Counters> {
         None
     }

@@ -1,8 +1,10 @@
 //! What an operator sees: the approvals waiting and the oldest one's wait, the unknown
 //! outcomes, read from the store by any process; and the counts of decisions, executions and
-//! rulings, kept by the embedded store with the transactions that record them.
+//! rulings, kept by the embedded store with the transactions that record them and printed
+//! by a function's DynamoDB store as metric lines once they commit.
 
 use super::*;
+use shared::adapters::emf::{Emf, Printed, rule_broken};
 use shared::domain::ids::AgentName;
 use shared::domain::policy::VerdictKind;
 use shared::engine::{AgentFigures, Figures};
@@ -167,3 +169,76 @@ on_both_stores!([
     given_a_payment_whose_answer_was_lost_when_its_recovery_owner_is_asked_then_it_is_one_unknown_outcome_not_an_approval_waiting,
     given_two_tenants_when_one_is_asked_for_then_only_its_figures_are_shown,
 ]);
+
+/// The lines `printed` holds that carry `metric`, as (outcome, value) pairs.
+fn printed_of(lines: &[serde_json::Value], metric: &str) -> Vec<(String, f64)> {
+    lines
+        .iter()
+        .filter_map(|line| {
+            let value = line.get(metric)?.as_f64()?;
+            let outcome = line.get("outcome").and_then(|o| o.as_str()).unwrap_or("");
+            Some((outcome.to_string(), value))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn dynamodb_given_a_function_store_when_a_claim_waits_ten_minutes_and_is_approved_then_each_count_is_printed_as_a_valid_metric_line()
+ {
+    let printed = Printed::default();
+    let h = Harness::new(DynamoDb::emitting("emf", Emf::to(printed.clone())).await).await;
+    let started = h.process().await;
+    let (_, approval) = h.start_paused(&started, "c-102").await;
+    let opened = printed.lines();
+    assert_eq!(
+        printed_of(&opened, "countersign_policy_outcomes_total"),
+        [
+            ("allow".into(), 1.0),
+            ("allow".into(), 1.0),
+            ("allow".into(), 1.0),
+            ("approve".into(), 1.0)
+        ],
+        "the claim's three reads ran, the payment waits: {opened:?}"
+    );
+    h.clock.advance(Duration::minutes(10));
+
+    // The sweep's gauges: the figures read from the table, a line per tenant and agent.
+    let gauges = Printed::default();
+    Emf::to(gauges.clone()).figures(&started.figures(None).await.unwrap());
+    let gauges = gauges.lines();
+    assert_eq!(gauges.len(), 1, "{gauges:?}");
+    assert_eq!(rule_broken(&gauges[0]), None);
+    assert_eq!(
+        (gauges[0]["tenant"].as_str(), gauges[0]["agent"].as_str()),
+        (Some("acme"), Some("expense"))
+    );
+    assert_eq!(gauges[0]["countersign_approvals_waiting"], 1.0);
+    assert_eq!(gauges[0]["countersign_approval_oldest_wait_seconds"], 600.0);
+
+    let decider = h.process().await;
+    h.decided(&decider, "dana", &approval.id, approve("d-1"))
+        .await;
+
+    let lines = printed.lines();
+    for line in &lines {
+        assert_eq!(rule_broken(line), None);
+        assert_eq!(line["tenant"], "acme");
+    }
+    assert_eq!(
+        printed_of(&lines, "countersign_decisions_total"),
+        [("approved".into(), 1.0)]
+    );
+    assert_eq!(
+        printed_of(&lines, "countersign_decision_seconds"),
+        [("approved".into(), 600.0)]
+    );
+    let ran = printed_of(&lines, "countersign_executions_total");
+    assert!(ran.contains(&("succeeded".into(), 1.0)), "{ran:?}");
+    assert!(
+        ran.iter().all(|(outcome, _)| outcome == "succeeded"),
+        "{ran:?}"
+    );
+    // Nothing is counted in the table: the store keeps no counter item.
+    let (figures, _) = expense(&h.process().await).await;
+    assert!(!figures.counted);
+}
