@@ -516,8 +516,8 @@ pub fn engine(
 
 /// The engine of a function over AWS: resume messages go to the queue, deadlines to the
 /// scheduler. Every function may run a tool (start and resume drive runs, decide takes gate
-/// calls, the sweep asks lookups), so a variable a binding reads that is unset stops it at
-/// start. What it counts (decisions, executions, policy rulings) it writes to stdout as
+/// calls, the sweep asks lookups), so a variable a binding reads that is unset refuses the
+/// agent's calls when it is built, at its first call ([`Definitions::WhenNeeded`]). What it counts (decisions, executions, policy rulings) it writes to stdout as
 /// CloudWatch metric lines as each commits.
 pub fn aws_engine(aws: &Aws, setup: &Setup, drives: bool) -> Result<Engine, ConfigError> {
     let backing = Backing {
@@ -577,7 +577,7 @@ mod when_needed {
     fn engine_of(definitions: Definitions, name: &str) -> Result<Engine, ConfigError> {
         let store = Arc::new(SqliteStore::open_dir(&crate::testing::scratch_dir(name)).unwrap());
         let backing = Backing {
-            store: store.clone(),
+            store,
             delivery: Delivery::InProcess,
             scheduler: Arc::new(SweepOnly),
             clock: Arc::new(SystemClock),

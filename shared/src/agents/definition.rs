@@ -182,16 +182,12 @@ impl Head {
         let err = |field: &str, message: String| DefinitionError::new(&file, field, message);
         let raw: RawHead = crate::domain::toml_text::from_str(&files.read(DEFINITION_FILE)?)
             .map_err(|e| err("", e.to_string()))?;
-        let name = AgentName::parse(&raw.name).map_err(|e| err("name", e.to_string()))?;
-        let tenants = raw
-            .tenants
-            .map(|names| tenants(&names).map_err(|why| err("tenants", why)))
-            .transpose()?;
-        let stdio_server = raw
-            .mcp
-            .into_iter()
-            .find(|(_, server)| server.get("command").is_some())
-            .map(|(name, _)| name);
+        let (name, tenants) = name_and_tenants(&raw.name, raw.tenants, &err)?;
+        // A server whose binding does not parse is refused when the whole definition loads.
+        let stdio_server = raw.mcp.into_iter().find_map(|(name, server)| {
+            let binding: McpServerBinding = server.try_into().ok()?;
+            binding.is_stdio().then_some(name)
+        });
         Ok(Self {
             name,
             tenants,
@@ -255,7 +251,7 @@ impl Definition {
         let text = files.read(DEFINITION_FILE)?;
         let raw: RawDefinition =
             crate::domain::toml_text::from_str(&text).map_err(|e| err("", e.to_string()))?;
-        let name = AgentName::parse(&raw.name).map_err(|e| err("name", e.to_string()))?;
+        let (name, tenants) = name_and_tenants(&raw.name, raw.tenants, &err)?;
         if raw.system_prompt.trim().is_empty() {
             return Err(err("system_prompt", "must say what the agent does".into()));
         }
@@ -265,11 +261,6 @@ impl Definition {
             .map(Role::parse)
             .transpose()
             .map_err(|e| err("recovery_owner", e.to_string()))?;
-
-        let tenants = raw
-            .tenants
-            .map(|names| tenants(&names).map_err(|why| err("tenants", why)))
-            .transpose()?;
 
         let (policy, policy_files) = load_policy(files, &raw.policy)?;
         let policy_file = policy_files.manifest.clone();
@@ -439,14 +430,6 @@ impl Definition {
     pub fn needs_listing(&self) -> bool {
         self.tools.iter().any(|t| t.schema_is_listed())
             || self.mcp.values().any(|server| server.tools.is_some())
-    }
-
-    /// The servers under `[mcp.*]` that this process would start (`command = ...`), by name.
-    pub fn stdio_servers(&self) -> impl Iterator<Item = &str> {
-        self.mcp
-            .iter()
-            .filter(|(_, binding)| binding.is_stdio())
-            .map(|(name, _)| name.as_str())
     }
 }
 
@@ -767,6 +750,20 @@ fn tool_definition(
 }
 
 /// `tenants = [...]`: at least one tenant id, none twice.
+/// The agent's name and the tenants that may use it, as `agent.toml` gives them; a fault is
+/// `err(field, why)`.
+fn name_and_tenants(
+    name: &str,
+    tenants_named: Option<Vec<String>>,
+    err: &dyn Fn(&str, String) -> DefinitionError,
+) -> Result<(AgentName, Option<BTreeSet<TenantId>>), DefinitionError> {
+    let name = AgentName::parse(name).map_err(|e| err("name", e.to_string()))?;
+    let tenants = tenants_named
+        .map(|names| tenants(&names).map_err(|why| err("tenants", why)))
+        .transpose()?;
+    Ok((name, tenants))
+}
+
 fn tenants(names: &[String]) -> Result<BTreeSet<TenantId>, String> {
     if names.is_empty() {
         return Err(
@@ -1040,18 +1037,16 @@ mcp = { server = "orderz", tool = "issue_refund" }
 
     #[test]
     fn a_server_started_by_command_loads_with_its_args_env_and_cwd() {
-        let definition = load(
-            r#"
+        let agent = r#"
 [mcp.files]
 command = "npx"
 args = ["-y", "@modelcontextprotocol/server-filesystem", "${FILES_ROOT}"]
 env = { NODE_OPTIONS = "--max-old-space-size=256" }
 cwd = "/srv"
 tools = "*"
-"#,
-            "name = \"o\"\nversion = 1\ndefault_ttl = \"1h\"\n",
-        )
-        .expect("the definition loads");
+"#;
+        let definition = load(agent, "name = \"o\"\nversion = 1\ndefault_ttl = \"1h\"\n")
+            .expect("the definition loads");
         assert_eq!(
             definition.mcp["files"].endpoint,
             Endpoint::Stdio {
@@ -1069,7 +1064,12 @@ tools = "*"
                 cwd: Some("/srv".into()),
             }
         );
-        assert_eq!(definition.stdio_servers().collect::<Vec<_>>(), ["files"]);
+        let head = Head::read(&InMemory {
+            dir: "test",
+            files: &[("agent.toml", &format!("name = \"orders\"\n{agent}"))],
+        })
+        .expect("its head reads");
+        assert_eq!(head.stdio_server.as_deref(), Some("files"));
     }
 
     #[test]

@@ -283,39 +283,39 @@ enum Source {
     Dir(PathBuf),
 }
 
+impl Source {
+    /// `read` over this definition's files, wherever they are.
+    fn read<T>(&self, read: impl FnOnce(&dyn Files) -> T) -> T {
+        match self {
+            Source::Shipped(files) => read(*files),
+            Source::Dir(dir) => read(&Dir(dir.clone())),
+        }
+    }
+}
+
 impl Pending {
     /// The whole definition, checked as [`Definition::load`] checks it.
     pub fn load(&self) -> Result<Definition, DefinitionError> {
-        match &self.source {
-            Source::Shipped(files) => Definition::load(*files),
-            Source::Dir(dir) => Definition::load(&Dir(dir.clone())),
-        }
+        self.source.read(Definition::load)
     }
 }
 
 /// The definitions under `paths` (as [`load_paths`] finds them), or else the shipped ones, each
 /// known by its head until it is loaded. Two with one name are refused.
 pub fn pending(paths: Option<&[PathBuf]>) -> Result<Vec<Pending>, DefinitionError> {
-    let pending = match paths {
-        Some(paths) => agent_dirs(paths)?
-            .into_iter()
-            .map(|dir| {
-                Ok(Pending {
-                    head: Head::read(&Dir(dir.clone()))?,
-                    source: Source::Dir(dir),
-                })
-            })
-            .collect::<Result<Vec<_>, DefinitionError>>()?,
-        None => SHIPPED
-            .iter()
-            .map(|files| {
-                Ok(Pending {
-                    head: Head::read(files)?,
-                    source: Source::Shipped(files),
-                })
-            })
-            .collect::<Result<Vec<_>, DefinitionError>>()?,
+    let sources: Vec<Source> = match paths {
+        Some(paths) => agent_dirs(paths)?.into_iter().map(Source::Dir).collect(),
+        None => SHIPPED.iter().map(Source::Shipped).collect(),
     };
+    let pending = sources
+        .into_iter()
+        .map(|source| {
+            Ok(Pending {
+                head: source.read(Head::read)?,
+                source,
+            })
+        })
+        .collect::<Result<Vec<_>, DefinitionError>>()?;
     refuse_twins(pending.iter().map(|p| (&p.head.name, p.head.file.as_str())))?;
     Ok(pending)
 }

@@ -348,15 +348,13 @@ fn serves(tenants: &Option<BTreeSet<TenantId>>, tenant: &TenantId) -> bool {
 
 impl Agents {
     pub fn insert(&mut self, agent: Agent) {
+        let name = agent.name.clone();
         let entry = Entry {
             tenants: agent.tenants.clone(),
             built: OnceLock::from(Arc::new(agent)),
             build: None,
         };
-        self.0.insert(
-            entry.built.get().expect("built").name.clone(),
-            Arc::new(entry),
-        );
+        self.0.insert(name, Arc::new(entry));
     }
 
     /// An agent of this name, serving `tenants`, that `build` makes when a call first needs it.
