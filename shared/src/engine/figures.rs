@@ -149,8 +149,13 @@ impl Engine {
         };
         let mut figures = BTreeMap::new();
         for tenant in &tenants {
-            for agent in self.agents.iter().filter(|agent| agent.serves(tenant)) {
-                entry(&mut figures, tenant, &agent.name);
+            // By name and tenants alone: a function builds no agent to count its approvals.
+            for name in self
+                .agents
+                .names()
+                .filter(|name| self.agents.admits(tenant, name))
+            {
+                entry(&mut figures, tenant, name);
             }
         }
         for tenant in &tenants {
