@@ -1,6 +1,6 @@
 //! The sweep function, invoked by the recurring EventBridge schedule and by the one-time
 //! deadline schedules. Every invocation is one bounded sweep; the payload is only a hint.
-//! Every invocation but a deadline's then reports the gauges as metric lines.
+//! The recurring schedule's invocations then report the gauges as metric lines.
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -24,9 +24,10 @@ pub fn budget_from_env() -> usize {
         .unwrap_or(200)
 }
 
-/// One bounded sweep, then, where `gauges` is given and this is not a deadline's wake (a burst
-/// of deadlines would read every waiting approval once each), the approvals waiting, the
-/// oldest one's wait and the unknown outcomes of every tenant and agent, a line each.
+/// One bounded sweep, then, where `gauges` is given and this is not an approval's one-time wake
+/// (a burst of reminders or deadlines would read every waiting approval once each), the
+/// approvals waiting, the oldest one's wait and the unknown outcomes of every tenant and agent,
+/// a line each.
 pub async fn handle(
     engine: &Engine,
     event: Value,
@@ -36,7 +37,8 @@ pub async fn handle(
     let wake: Wake = serde_json::from_value(event).unwrap_or_default();
     tracing::info!(source = ?wake.source, wake = ?wake.wake, approval = ?wake.approval_id, "sweeping");
     let swept = engine.sweep(budget).await?;
-    if let Some(gauges) = gauges.filter(|_| wake.wake.as_deref() != Some("deadline")) {
+    // A one-time wake-up names the approval it is for; the recurring schedule names none.
+    if let Some(gauges) = gauges.filter(|_| wake.approval_id.is_none()) {
         // The sweep's work is done and recorded: gauges that cannot be read are only logged.
         match engine.figures(None).await {
             Ok(figures) => gauges.figures(&figures),

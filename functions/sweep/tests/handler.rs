@@ -64,18 +64,22 @@ async fn one_invocation_touches_at_most_its_budget() {
 }
 
 #[tokio::test]
-async fn the_recurring_schedule_prints_the_gauges_and_a_deadline_s_wake_does_not() {
+async fn the_recurring_schedule_prints_the_gauges_and_an_approval_s_one_time_wakes_do_not() {
     let h = Harness::new(Embedded::fresh()).await;
     let (engine, _, _) = h.paused_on("c-102").await;
     h.clock.advance(TimeDelta::minutes(10));
     let printed = Printed::default();
     let gauges = Emf::to(printed.clone());
 
-    let deadline = fixture(include_str!("fixtures/scheduler-deadline.json"));
-    sweep::handle(&engine, deadline, 50, Some(&gauges))
-        .await
-        .unwrap();
-    assert!(printed.lines().is_empty(), "a deadline reads no gauges");
+    for one_time in [
+        include_str!("fixtures/scheduler-reminder.json"),
+        include_str!("fixtures/scheduler-deadline.json"),
+    ] {
+        sweep::handle(&engine, fixture(one_time), 50, Some(&gauges))
+            .await
+            .unwrap();
+        assert!(printed.lines().is_empty(), "{one_time} reads no gauges");
+    }
 
     let schedule = fixture(include_str!("fixtures/scheduler-recurring.json"));
     sweep::handle(&engine, schedule, 50, Some(&gauges))
