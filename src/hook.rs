@@ -28,10 +28,16 @@ fn blocking(message: impl Into<String>) -> Failure {
 /// answer is refused before anything is stored.
 pub fn read_event(stdin: impl Read) -> Result<Event, Failure> {
     let mut text = Vec::new();
+    // One byte past the limit, to tell a larger input from one that ends there.
     stdin
-        .take(MAX_EVENT_BYTES as u64)
+        .take(MAX_EVENT_BYTES as u64 + 1)
         .read_to_end(&mut text)
         .map_err(|e| blocking(format!("cannot read the hook's input on stdin: {e}")))?;
+    if text.len() > MAX_EVENT_BYTES {
+        return Err(blocking(format!(
+            "the hook's input has more than {MAX_EVENT_BYTES} bytes, the most it reads"
+        )));
+    }
     claude_code::read_event(&text).map_err(|e| blocking(e.to_string()))
 }
 

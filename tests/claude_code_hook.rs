@@ -13,7 +13,7 @@ use common::claude_code::{
     claude_code_dir, harness, harness_over, lead_approves, lead_rejects, waiting_approval,
 };
 use serde_json::{Value, json};
-use shared::api::claude_code::decision;
+use shared::api::claude_code::{MAX_EVENT_BYTES, decision};
 
 /// A PreToolUse input as the hooks reference shows it, for `tool_name` with `tool_input`.
 fn pre_tool_use(tool_use_id: &str, tool_name: &str, tool_input: Value) -> String {
@@ -358,7 +358,10 @@ fn given_an_mcp_tool_the_agent_lists_by_its_full_name_then_the_hook_gates_it_and
 #[test]
 fn given_bad_input_then_the_hook_exits_2_and_stores_nothing() {
     let cs = harness("hook-bad");
+    // One byte past the most the hook reads, all of it read before the hook answers.
+    let too_large = format!("{{\"pad\":\"{}\"}}", "x".repeat(MAX_EVENT_BYTES + 1 - 10));
     for (input, says) in [
+        (too_large.as_str(), "has more than 1048576 bytes"),
         ("not json", "is not a Claude Code tool event"),
         (r#"{"hook_event_name":"PreToolUse"}"#, "missing field"),
         (
@@ -458,10 +461,12 @@ async fn given_the_http_hook_when_a_lead_approves_from_another_process_then_it_a
         decision("allow", key_reason(&answer), Some(push.clone()))
     );
 
+    // A response larger than the gate's 64 KiB body, as an Edit's is with the file it changed.
+    let stdout = format!("main -> main{}", " ".repeat(100_000));
     let post = json!({
         "session_id": "abc123", "hook_event_name": "PostToolUse", "tool_name": "Bash",
         "tool_input": push, "tool_use_id": "toolu_http_push",
-        "tool_response": {"stdout": "main -> main", "stderr": "", "interrupted": false},
+        "tool_response": {"stdout": stdout, "stderr": "", "interrupted": false},
     });
     let (status, text) = post_hook(&served.base, Some(&bot), "claude-code", post.to_string()).await;
     assert_eq!((status, text.as_str()), (200, ""));

@@ -36,12 +36,10 @@ use crate::engine::{CallState, CallStatus, Engine, EngineError, GateCall, Report
 /// the `PostToolUse` after it are that claimant.
 pub const CLAIMANT: &str = "claude-code hook";
 
-/// The largest hook event read: a tool's input up to the gate's 32 KiB, with room.
+/// The largest hook event read, by the command and over http: a tool's input up to the gate's
+/// 32 KiB and, after the call, what it returned (an Edit's holds the whole file it changed),
+/// which the audit keeps cut as every result is.
 pub const MAX_EVENT_BYTES: usize = 1024 * 1024;
-
-/// The largest http hook request body: a tool's input up to the gate's 32 KiB, with room for
-/// the event around it (the gate's own limit).
-pub const MAX_BODY_BYTES: usize = super::gate::MAX_BODY_BYTES;
 
 /// The fields of a hook's input the hook reads; the others (`transcript_path`, `cwd`,
 /// `permission_mode`, …) are ignored.
@@ -391,7 +389,7 @@ impl axum::extract::FromRef<HookState> for Arc<dyn Authenticate> {
 pub fn routes(engine: Arc<Engine>, auth: Arc<dyn Authenticate>) -> Router {
     Router::new()
         .route("/hooks/claude-code/{agent}", post(http_hook))
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(DefaultBodyLimit::max(MAX_EVENT_BYTES))
         .with_state(HookState { engine, auth })
 }
 
