@@ -256,7 +256,7 @@ fn with_call(api: ApiError, call: CallView) -> Response {
 
 /// The `wait` of a read: seconds (`25`, `2.5`) or a duration (`25s`, `500ms`), at most
 /// [`MAX_WAIT`] (a longer one waits that long); the query's only parameter.
-pub(super) fn wait_of(query: &str) -> Result<Option<Duration>, ApiError> {
+fn wait_of(query: &str) -> Result<Option<Duration>, ApiError> {
     let pairs: Vec<(String, String)> = serde_urlencoded::from_str(query)
         .map_err(|_| ApiError::bad_request("invalid_field", "the query string does not parse"))?;
     let mut wait = None;
