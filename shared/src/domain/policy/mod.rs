@@ -724,13 +724,11 @@ impl RawPolicy {
             }
             None => Value::Null,
         };
+        // A rule's text names every attribute it reads: a window it never names, it never
+        // reads. A name that appears for another reason only makes the window read.
+        let texts: Vec<String> = rules.rules.iter().map(|r| r.policy.to_string()).collect();
         for window in history.values_mut() {
-            // A rule's text names every attribute it reads: a window it never names, it never
-            // reads. A name that appears for another reason only makes the window read.
-            window.read_by_rules = rules
-                .rules
-                .iter()
-                .any(|rule| rule.policy.to_string().contains(window.name.as_str()));
+            window.read_by_rules = texts.iter().any(|text| text.contains(window.name.as_str()));
         }
         Ok(Policy {
             name: self.name,
