@@ -247,15 +247,10 @@ impl WindowCampaign {
         child
     }
 
-    /// One hook event run to its answer (exit status and stdout): each process killed at a
-    /// random moment with the campaign's chance, at most `MAX_KILLS` times, then asked again.
-    fn answered(
-        &self,
-        person: &str,
-        event: &Value,
-        rng: &mut Rng,
-        tally: &Mutex<Tally>,
-    ) -> (i32, String) {
+    /// One hook event run to its answer, its stdout (an exit other than 0 is a violation): each
+    /// process killed at a random moment with the campaign's chance, at most `MAX_KILLS` times,
+    /// then asked again.
+    fn answered(&self, person: &str, event: &Value, rng: &mut Rng, tally: &Mutex<Tally>) -> String {
         for attempt in 0.. {
             let lived = tally.lock().unwrap().lived;
             let kill_at = (attempt < MAX_KILLS && rng.chance(self.kill_share))
@@ -277,10 +272,7 @@ impl WindowCampaign {
                             String::from_utf8_lossy(&output.stderr).trim()
                         ));
                     }
-                    return (
-                        output.status.code().unwrap_or(-1),
-                        String::from_utf8_lossy(&output.stdout).into(),
-                    );
+                    return String::from_utf8_lossy(&output.stdout).into();
                 }
                 if kill_at.is_some_and(|at| at <= Instant::now()) {
                     child.kill().expect("SIGKILL");
@@ -309,7 +301,7 @@ impl WindowCampaign {
                 "tool_response": {"sent_cents": call.cents},
             })
         };
-        let (_, answer) = self.answered(call.requester, &event("PreToolUse"), rng, tally);
+        let answer = self.answered(call.requester, &event("PreToolUse"), rng, tally);
         let answer: Value = serde_json::from_str(answer.trim()).unwrap_or(Value::Null);
         let decided = &answer["hookSpecificOutput"];
         let reason = decided["permissionDecisionReason"].as_str().unwrap_or("");
