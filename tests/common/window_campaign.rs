@@ -24,7 +24,6 @@ use shared::deploy::Setup;
 use shared::domain::action::ActionStatus;
 use shared::domain::identity::Actor;
 use shared::domain::ids::{AgentName, TenantId};
-use shared::domain::run::RunStatus;
 use shared::engine::records::keys;
 use shared::ports::store::{ItemStore, query_all};
 
@@ -94,9 +93,6 @@ pub struct WindowFigures {
     pub waited: usize,
     /// Transfers claimed by a hook killed before it answered: never run twice, unknown.
     pub claimed_by_killed: usize,
-    /// Transfers whose hook died between storing the call and proposing it: the sweep failed
-    /// their runs, and they never counted.
-    pub never_proposed: usize,
     /// The most one requester had allowed without a person, in cents.
     pub most_allowed_cents: i64,
     /// History window slots read and checked against the calls.
@@ -121,11 +117,6 @@ impl fmt::Display for WindowFigures {
             f,
             "  transfers: {} from {} requesters; {} allowed and run, {} waited on finance, {} claimed by a killed hook (unknown)",
             self.calls, self.requesters, self.allowed, self.waited, self.claimed_by_killed
-        )?;
-        writeln!(
-            f,
-            "  of those that waited, {} lost their hook before they were proposed: failed by the sweep, never counted",
-            self.never_proposed
         )?;
         writeln!(
             f,
@@ -479,12 +470,6 @@ impl WindowCampaign {
             };
             let action = match history.actions.as_slice() {
                 [action] => action,
-                // Its hook died between storing the call and proposing it: the retry attached
-                // and waited, and the sweep failed the run once its lease ran out; nothing counts.
-                [] if call.answer == Answer::Asked && history.run.status == RunStatus::Failed => {
-                    figures.never_proposed += 1;
-                    continue;
-                }
                 actions => {
                     violations.push(format!(
                         "{id} ({:?}) is {} with {} action versions, not one",

@@ -23,7 +23,7 @@ use sha2::{Digest, Sha256};
 use super::drive::{Paused, Proposed};
 use super::records::{Outgoing, Stored, Tx, keys, load};
 use super::tally::Tally;
-use super::{Engine, EngineError, History};
+use super::{Agent, Engine, EngineError, History};
 use crate::domain::action::{Action, ActionStatus, CallerClaim};
 use crate::domain::approval::{Approval, ApprovalKind, ApprovalStatus};
 use crate::domain::args::{Args, canonical};
@@ -229,7 +229,10 @@ impl Engine {
         let keyed = load::<CallKeyed>(self.store.as_ref(), &pk, &sk).await?;
         let replaces = match &keyed {
             Some(keyed) => match self.attachable(&call, &keyed.value.run_id).await? {
-                Some(state) => return Ok(state),
+                Some(Attached::Unproposed(run)) => {
+                    return self.propose_call(&agent, &call, *run, (pk, sk)).await;
+                }
+                Some(Attached::State(state)) => return Ok(*state),
                 None => Some(keyed.ver),
             },
             None => None,
@@ -269,22 +272,10 @@ impl Engine {
             conversation: call.conversation.clone(),
             asked: Some(call.asked()),
         });
-        let tool_use_id = call
-            .call_id
-            .clone()
-            .unwrap_or_else(|| format!("gate_{}", run.id));
-        let mut content = vec![Block::ToolUse {
-            id: tool_use_id.clone(),
-            name: call.tool.clone(),
-            input: call.args.clone(),
-        }];
-        let oversized = budget::fit_reply(&mut content).pop().map(|(_, why)| why);
-        let Some(Block::ToolUse { input, .. }) = content.first().cloned() else {
-            unreachable!("one call")
-        };
+        let (tool_use, _) = tool_use(&call, &run.id);
         run.messages.push(Message {
             role: Speaker::Assistant,
-            content,
+            content: vec![tool_use],
         });
         let mut run = Stored { value: run, ver: 0 };
 
@@ -320,10 +311,50 @@ impl Engine {
         if register {
             self.registered(&call.tenant);
         }
+        self.propose_call(&agent, &call, run, (pk, sk)).await
+    }
 
+    /// Proposes the call its stored `run` holds, as its caller made it or, once that caller
+    /// died before proposing it, as the caller's retry asks again. The action is named after
+    /// its run, so of two processes proposing one call only one write lands: the other answers
+    /// the state the first left.
+    async fn propose_call(
+        &self,
+        agent: &Agent,
+        call: &GateCall,
+        run: Stored<Run>,
+        key: (String, String),
+    ) -> Result<CallState, EngineError> {
+        let run_id = run.value.id.clone();
+        match self.propose_stored(agent, call, run, key).await {
+            Err(
+                lost @ (EngineError::Store(StoreError::ConditionFailed { .. })
+                | EngineError::RunFinished { .. }
+                | EngineError::Contended),
+            ) => {
+                let state = self.attached_state(call, &run_id).await?;
+                match state.status {
+                    CallStatus::Running if state.action_id.is_none() => Err(lost),
+                    _ => Ok(state),
+                }
+            }
+            proposed => proposed,
+        }
+    }
+
+    async fn propose_stored(
+        &self,
+        agent: &Agent,
+        call: &GateCall,
+        run: Stored<Run>,
+        key: (String, String),
+    ) -> Result<CallState, EngineError> {
+        let (Block::ToolUse { id, input, .. }, oversized) = tool_use(call, &run.value.id) else {
+            unreachable!("a tool use")
+        };
         let held = HeldCall {
-            tool_use_id,
-            action_id: ActionId::generate(),
+            tool_use_id: id,
+            action_id: gate_action(&run.value.id),
             result: None,
         };
         let proposed = Proposed {
@@ -334,15 +365,16 @@ impl Engine {
         };
         let mut tally = Tally::default();
         let (held, approval) = self
-            .propose_one(&agent, &run.value, held, proposed, &mut tally)
+            .propose_one(agent, &run.value, held, proposed, &mut tally)
             .await?;
+        let run_id = run.value.id.clone();
         let outbox = match approval {
             None if held.result.is_some() => self.settle_call(run, held).await?,
             // Waits on a person; or, approved by policy for its caller to run, on the outcome
             // report.
             approval => match self
                 .pause(
-                    &agent,
+                    agent,
                     run,
                     vec![held],
                     approval.into_iter().collect(),
@@ -352,7 +384,7 @@ impl Engine {
             {
                 Paused::Waiting((_, outbox)) => outbox,
                 Paused::NotProposed { run, calls } => {
-                    return Err(self.not_proposed_call(*run, calls, (pk, sk)).await);
+                    return Err(self.not_proposed_call(*run, calls, key).await);
                 }
                 Paused::Settled { run, mut calls } => {
                     let held = calls.pop().expect("the call");
@@ -361,7 +393,7 @@ impl Engine {
             },
         };
         self.deliver(outbox).await;
-        self.call_state(&call.tenant, &keyed.run_id).await
+        self.call_state(&call.tenant, &run_id).await
     }
 
     /// Ends the run of a call settled without a person (it ran, or was refused) with its result.
@@ -465,19 +497,27 @@ impl Engine {
         }
     }
 
-    /// The earlier call `call` attaches to, if it is still attachable.
+    /// The earlier call `call` attaches to, if it is still attachable: its state, or its run
+    /// when it was stored and never proposed (its caller died between the two writes).
     async fn attachable(
         &self,
         call: &GateCall,
         run: &RunId,
-    ) -> Result<Option<CallState>, EngineError> {
+    ) -> Result<Option<Attached>, EngineError> {
         let Ok(history) = self.history(&call.tenant, run).await else {
             return Ok(None);
         };
         refuse_reuse(call, &history)?;
         let mut state = self.state_of(&history);
+        if !state.attachable {
+            return Ok(None);
+        }
+        let unproposed = history.actions.is_empty() && history.run.status == RunStatus::Running;
+        if unproposed && let Some(run) = self.load_run(&call.tenant, run).await? {
+            return Ok(Some(Attached::Unproposed(Box::new(run))));
+        }
         state.attached = true;
-        Ok(state.attachable.then_some(state))
+        Ok(Some(Attached::State(Box::new(state))))
     }
 
     async fn attached_state(&self, call: &GateCall, run: &RunId) -> Result<CallState, EngineError> {
@@ -487,6 +527,34 @@ impl Engine {
         state.attached = true;
         Ok(state)
     }
+}
+
+/// What an identical call attaches to.
+enum Attached {
+    State(Box<CallState>),
+    Unproposed(Box<Stored<Run>>),
+}
+
+/// The one action of a gate call's run, named after the run: whoever proposes the call writes
+/// the same action.
+fn gate_action(run: &RunId) -> ActionId {
+    let suffix = run.as_str().trim_start_matches(RunId::PREFIX);
+    ActionId::parse(&format!("{}{suffix}", ActionId::PREFIX)).expect("a run id's suffix")
+}
+
+/// The call as its run holds it, a tool use named by the caller's id for it (else by its run),
+/// its arguments as large as a message may hold; and why they were too large, if they were.
+fn tool_use(call: &GateCall, run: &RunId) -> (Block, Option<String>) {
+    let mut content = vec![Block::ToolUse {
+        id: call
+            .call_id
+            .clone()
+            .unwrap_or_else(|| format!("gate_{run}")),
+        name: call.tool.clone(),
+        input: call.args.clone(),
+    }];
+    let oversized = budget::fit_reply(&mut content).pop().map(|(_, why)| why);
+    (content.pop().expect("one call"), oversized)
 }
 
 /// Refuses a call whose caller's id names an earlier call of another tool or other arguments.

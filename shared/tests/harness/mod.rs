@@ -39,7 +39,7 @@ use shared::ports::clock::ManualClock;
 use shared::ports::model::{Model, ModelError, ModelReply, ModelRequest, ToolSpec};
 use shared::ports::notifier::Notifier;
 use shared::ports::queue::{DriveMessage, QueueError, ResumeMessage, ResumeQueue};
-use shared::ports::store::{Item, ItemStore};
+use shared::ports::store::{Item, ItemStore, Page, Query, StoreError, Write};
 use shared::ports::tools::{Tool, ToolCall, Toolbox};
 pub use shared::testing::Script;
 
@@ -750,6 +750,44 @@ impl Model for Stalls {
 /// A call that never returns, as a process that dies while the call is in flight: before the
 /// call took effect, or after it did and before its answer was recorded. Its calls are counted
 /// once they hang.
+/// A store connection that refuses, `once`, a transaction holding a write `refuses` picks out,
+/// as DynamoDB refuses a write past the table's rate; every other write and read goes through.
+pub struct RefusesWrites {
+    inner: Arc<dyn ItemStore>,
+    refuses: fn(&Write) -> bool,
+    refused: std::sync::atomic::AtomicBool,
+}
+
+impl RefusesWrites {
+    pub fn once(inner: Arc<dyn ItemStore>, refuses: fn(&Write) -> bool) -> Arc<dyn ItemStore> {
+        Arc::new(Self {
+            inner,
+            refuses,
+            refused: Default::default(),
+        })
+    }
+}
+
+#[async_trait]
+impl ItemStore for RefusesWrites {
+    async fn get(&self, pk: &str, sk: &str) -> Result<Option<Item>, StoreError> {
+        self.inner.get(pk, sk).await
+    }
+
+    async fn page(&self, query: Query<'_>) -> Result<Page, StoreError> {
+        self.inner.page(query).await
+    }
+
+    async fn transact(&self, writes: Vec<Write>) -> Result<(), StoreError> {
+        if writes.iter().any(self.refuses) && !self.refused.swap(true, Ordering::SeqCst) {
+            return Err(StoreError::Throttled(
+                "ProvisionedThroughputExceededException: the write rate is over the table's".into(),
+            ));
+        }
+        self.inner.transact(writes).await
+    }
+}
+
 pub struct Hangs {
     pub calls: Arc<AtomicUsize>,
     pub takes_effect: bool,

@@ -4,7 +4,6 @@
 use super::*;
 use shared::engine::WaitingOn;
 use shared::ports::queue::DriveMessage;
-use shared::ports::store::StoreError;
 
 /// Starts c-102 on a process whose reimburse is wrapped in `around`, and has dana approve it
 /// on a task of its own: the run, its approval, and the task deciding.
@@ -678,58 +677,21 @@ on_backend!(
     ]
 );
 
-/// A store connection that refuses, once, the transaction recording a payment as succeeded,
-/// as DynamoDB refuses a write past the table's rate.
-struct RefusesTheOutcomeOnce {
-    inner: Arc<dyn shared::ports::store::ItemStore>,
-    refused: std::sync::atomic::AtomicBool,
-}
-
-#[async_trait::async_trait]
-impl shared::ports::store::ItemStore for RefusesTheOutcomeOnce {
-    async fn get(
-        &self,
-        pk: &str,
-        sk: &str,
-    ) -> Result<Option<shared::ports::store::Item>, StoreError> {
-        self.inner.get(pk, sk).await
-    }
-
-    async fn page(
-        &self,
-        query: shared::ports::store::Query<'_>,
-    ) -> Result<shared::ports::store::Page, StoreError> {
-        self.inner.page(query).await
-    }
-
-    async fn transact(&self, writes: Vec<shared::ports::store::Write>) -> Result<(), StoreError> {
-        let records_success = writes.iter().any(|w| match w {
-            shared::ports::store::Write::Put { item, .. } => {
-                item.sk.starts_with(keys::ACTION_PREFIX)
-                    && item.body.contains(r#""tool":"reimburse""#)
-                    && item.body.contains(r#""status":"succeeded""#)
-            }
-            _ => false,
-        });
-        if records_success && !self.refused.swap(true, Ordering::SeqCst) {
-            return Err(StoreError::Throttled(
-                "ProvisionedThroughputExceededException: the write rate is over the table's".into(),
-            ));
-        }
-        self.inner.transact(writes).await
-    }
-}
-
 async fn given_a_store_that_refuses_to_record_a_payment_that_ran_when_it_is_refused_then_the_call_is_held_as_unknown_at_once_with_the_true_reason_and_settled_once(
     h: &Harness,
 ) {
     let refusing = h
         .process_configured(
             Arc::new(shared::example::expense::OfflineExpenseAgent),
+            // Once, as DynamoDB refuses a write past the table's rate.
             |store| {
-                Arc::new(RefusesTheOutcomeOnce {
-                    inner: store,
-                    refused: Default::default(),
+                RefusesWrites::once(store, |write| match write {
+                    shared::ports::store::Write::Put { item, .. } => {
+                        item.sk.starts_with(keys::ACTION_PREFIX)
+                            && item.body.contains(r#""tool":"reimburse""#)
+                            && item.body.contains(r#""status":"succeeded""#)
+                    }
+                    _ => false,
                 })
             },
             |builder| builder,

@@ -2,7 +2,7 @@
 //! of a run of its own; a repeated identical call attaches to the first.
 
 use super::*;
-use shared::domain::ids::AgentName;
+use shared::domain::ids::{AgentName, RunId};
 use shared::domain::run::GateVia;
 use shared::engine::{ATTACHABLE, CallState, CallStatus, GLANCE, GateCall, REREAD};
 
@@ -439,7 +439,93 @@ async fn given_a_read_left_running_by_a_process_that_died_when_the_sweep_finds_i
     assert_eq!(in_flight.load(Ordering::SeqCst), 1, "never sent again");
 }
 
+/// A process whose caller dies once its call's run is stored, before the call is proposed:
+/// the write that would record its one action never lands, and the caller is answered an error.
+async fn dies_before_proposing(h: &Harness, call: GateCall) -> RunId {
+    let dying = h
+        .process_configured(
+            Arc::new(shared::example::expense::OfflineExpenseAgent),
+            |store| {
+                RefusesWrites::once(store, |write| match write {
+                    shared::ports::store::Write::Put { item, .. } => {
+                        item.sk.starts_with(keys::ACTION_PREFIX)
+                    }
+                    _ => false,
+                })
+            },
+            |builder| builder,
+        )
+        .await;
+    dying
+        .gate_call(call.clone())
+        .await
+        .expect_err("the proposal is not written");
+    let stored = h
+        .process()
+        .await
+        .call_named(&acme(), &call.agent, call.call_id.as_deref().unwrap())
+        .await
+        .unwrap()
+        .expect("its run is stored");
+    let history = dying.history(&acme(), &stored).await.unwrap();
+    assert!(history.actions.is_empty(), "{history:?}");
+    assert_eq!(history.run.status, RunStatus::Running);
+    stored
+}
+
+async fn given_a_caller_that_died_before_its_stored_call_was_proposed_when_it_asks_again_then_the_call_is_proposed_once_and_waits_on_a_person(
+    h: &Harness,
+) {
+    let pay = GateCall {
+        call_id: Some("toolu_pay".into()),
+        ..pay_c102()
+    };
+    let stored = dies_before_proposing(h, pay.clone()).await;
+    let p = h.process().await;
+
+    let again = gated(&p, pay.clone()).await;
+
+    assert_eq!(again.run_id, stored, "the stored call, not a new one");
+    assert_eq!(again.status, CallStatus::AwaitingApproval, "{again:?}");
+    let approval = again.approval.clone().expect("who must decide");
+    let once_more = gated(&h.process().await, pay).await;
+    assert!(once_more.attached);
+    assert_eq!(once_more.approval.map(|a| a.id), Some(approval.id));
+    assert_eq!(p.pending(&acme()).await.unwrap().len(), 1, "one approval");
+    assert_eq!(p.history(&acme(), &stored).await.unwrap().actions.len(), 1);
+}
+
+async fn given_a_stored_allowed_payment_nobody_proposed_when_two_retries_take_it_at_once_then_it_is_paid_once(
+    h: &Harness,
+) {
+    let pay = GateCall {
+        call_id: Some("toolu_small".into()),
+        ..call(
+            "reimburse",
+            json!({"claim_id": "c-101", "amount_cents": 4_000}),
+        )
+    };
+    let stored = dies_before_proposing(h, pay.clone()).await;
+    let (a, b) = (h.process().await, h.process().await);
+
+    let (one, two) = tokio::join!(gated(&a, pay.clone()), gated(&b, pay.clone()));
+
+    for state in [&one, &two] {
+        assert_eq!(state.run_id, stored);
+        assert!(state.action_id.is_some(), "{state:?}");
+    }
+    let history = a.history(&acme(), &stored).await.unwrap();
+    assert_eq!(history.actions.len(), 1, "{:?}", history.actions);
+    let payments = h.payments().await;
+    assert_eq!(payments.len(), 1, "paid once: {payments:?}");
+    let after = gated(&a, pay).await;
+    assert_eq!(after.status, CallStatus::Succeeded, "{after:?}");
+    assert_eq!(h.payments().await.len(), 1, "asked again, paid once");
+}
+
 on_both_stores!([
+    given_a_caller_that_died_before_its_stored_call_was_proposed_when_it_asks_again_then_the_call_is_proposed_once_and_waits_on_a_person,
+    given_a_stored_allowed_payment_nobody_proposed_when_two_retries_take_it_at_once_then_it_is_paid_once,
     given_an_allowed_call_from_outside_when_it_is_made_then_it_runs_once_and_its_result_comes_back,
     given_a_gated_call_when_it_is_made_again_before_and_after_its_approval_then_one_approval_and_one_payment_and_the_outcome_comes_back,
     given_two_identical_calls_at_once_when_both_are_taken_then_they_are_one_call,

@@ -67,9 +67,9 @@ use serde_json::json;
 use dynamodb_backend::DynamoDb;
 use harness::{
     AnswerLost, Around, Counted, Embedded, Gate, Hangs, Harness, Process, QueueDown,
-    ReconcilesTogether, RecordingQueue, Script, Slow, Stalls, acme, approve, decision, edit,
-    event_names, on_reimburse, paid, reject, results_after_turn, resume_message, scripted_task,
-    start_of_test, told_about,
+    ReconcilesTogether, RecordingQueue, RefusesWrites, Script, Slow, Stalls, acme, approve,
+    decision, edit, event_names, on_reimburse, paid, reject, results_after_turn, resume_message,
+    scripted_task, start_of_test, told_about,
 };
 
 fn person(name: &str) -> PersonId {
