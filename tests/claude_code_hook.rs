@@ -424,16 +424,12 @@ async fn hooked(base: &str, token: &str, target: &str, body: String) -> Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text:?}"))
 }
 
-fn token(cs: &Countersign, person: &str) -> String {
-    cs.printed(&["token", "--as", person]).trim().to_string()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn given_the_http_hook_when_a_lead_approves_from_another_process_then_it_allows_within_a_second_and_post_tool_use_reports()
  {
     let cs = harness("http-hook-approve");
     let served = cs.serve();
-    let bot = token(&cs, "dev-bot");
+    let bot = cs.token("dev-bot");
     let push = json!({"command": "git push origin main"});
     let input = pre_tool_use("toolu_http_push", "Bash", push.clone());
     let waiting = tokio::spawn({
@@ -480,7 +476,7 @@ async fn given_the_http_hook_when_nobody_decides_in_the_asked_wait_then_it_defer
  {
     let cs = harness("http-hook-defer");
     let served = cs.serve();
-    let bot = token(&cs, "dev-bot");
+    let bot = cs.token("dev-bot");
     let input = pre_tool_use("toolu_http_rm", "Bash", json!({"command": "rm -rf dist"}));
 
     let deferred = hooked(
@@ -512,7 +508,7 @@ async fn given_a_person_at_their_share_of_waits_then_the_http_hook_answers_their
 {
     let cs = harness("http-hook-share");
     let served = cs.serve_with(&["--max-waiting-per-person", "1"]);
-    let bot = token(&cs, "dev-bot");
+    let bot = cs.token("dev-bot");
     let first = pre_tool_use(
         "toolu_wait_1",
         "Bash",
@@ -546,7 +542,7 @@ async fn given_the_http_hook_then_unlisted_tools_pass_and_bad_requests_are_refus
 {
     let cs = harness("http-hook-refusals");
     let served = cs.serve();
-    let bot = token(&cs, "dev-bot");
+    let bot = cs.token("dev-bot");
 
     let read = pre_tool_use("toolu_read", "Read", json!({"file_path": "/tmp/README.md"}));
     let (status, text) = post_hook(&served.base, Some(&bot), "claude-code", read).await;

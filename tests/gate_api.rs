@@ -85,10 +85,6 @@ impl Serve {
     }
 }
 
-fn token(cs: &Countersign, name: &str) -> String {
-    cs.printed(&["token", "--as", name]).trim().to_string()
-}
-
 fn refund(call_id: &str, cents: i64) -> Value {
     json!({
         "agent": "helpdesk",
@@ -103,7 +99,7 @@ fn refund(call_id: &str, cents: i64) -> Value {
 async fn a_refund_proposed_over_http_and_lowered_from_the_cli_is_claimed_once_and_reported() {
     let cs = refunds("gate-api-flow");
     let server = Serve::start(&cs);
-    let runner = token(&cs, "helpdesk-bot");
+    let runner = cs.token("helpdesk-bot");
 
     let (status, proposed) = server
         .post(&runner, "/gate/calls", refund("call_1", 12_500))
@@ -181,7 +177,7 @@ async fn a_refund_proposed_over_http_and_lowered_from_the_cli_is_claimed_once_an
     );
 
     // The review page's recently decided list shows it waits for its caller to claim it.
-    let fran = token(&cs, "fran");
+    let fran = cs.token("fran");
     let (_, decided) = server.get(&fran, "/approvals/decided").await;
     let waiting = decided["approvals"]
         .as_array()
@@ -246,7 +242,7 @@ async fn a_refund_proposed_over_http_and_lowered_from_the_cli_is_claimed_once_an
 async fn a_caller_run_call_approved_from_the_cli_is_said_to_wait_for_its_caller() {
     let cs = refunds("gate-api-approved");
     let server = Serve::start(&cs);
-    let runner = token(&cs, "helpdesk-bot");
+    let runner = cs.token("helpdesk-bot");
     let (_, proposed) = server
         .post(&runner, "/gate/calls", refund("call_approved", 12_500))
         .await;
@@ -269,7 +265,7 @@ async fn a_caller_run_call_approved_from_the_cli_is_said_to_wait_for_its_caller(
 async fn an_outcome_report_is_read_up_to_64_kib_and_its_result_kept_up_to_32_kib() {
     let cs = refunds("gate-api-sizes");
     let server = Serve::start(&cs);
-    let runner = token(&cs, "helpdesk-bot");
+    let runner = cs.token("helpdesk-bot");
     let (_, proposed) = server
         .post(&runner, "/gate/calls", refund("call_sizes", 4_000))
         .await;
@@ -324,8 +320,8 @@ async fn bad_gate_requests_are_refused_with_their_codes() {
     env.push(("COUNTERSIGN_PEOPLE", people.display().to_string()));
     let cs = cs.with_env(env);
     let server = Serve::start(&cs);
-    let runner = token(&cs, "helpdesk-bot");
-    let gus = token(&cs, "gus");
+    let runner = cs.token("helpdesk-bot");
+    let gus = cs.token("gus");
     let mut no_id = refund("x", 100);
     no_id.as_object_mut().unwrap().remove("call_id");
 
@@ -388,8 +384,8 @@ async fn two_hundred_long_polls_are_held_while_others_are_answered_and_a_decisio
     let cs = refunds("gate-api-many");
     // One person's 200 waits: more than the default share of the waiting slots.
     let server = Serve::start_with(&cs, &["--max-waiting-per-person", "200"]);
-    let runner = token(&cs, "helpdesk-bot");
-    let fran = token(&cs, "fran");
+    let runner = cs.token("helpdesk-bot");
+    let fran = cs.token("fran");
     let (_, proposed) = server
         .post(&runner, "/gate/calls", refund("call_many", 12_500))
         .await;
@@ -429,7 +425,7 @@ async fn two_hundred_long_polls_are_held_while_others_are_answered_and_a_decisio
 async fn the_mcp_gateway_neither_lists_nor_runs_a_tool_its_caller_runs() {
     let cs = refunds("gate-api-mcp");
     let server = Serve::start(&cs);
-    let runner = token(&cs, "helpdesk-bot");
+    let runner = cs.token("helpdesk-bot");
     let rpc = |method: &str, params: Value| {
         server
             .http

@@ -99,7 +99,7 @@ impl Gateway {
 
     /// `/mcp/AGENT` on `server`, with `person`'s token.
     fn http_for(server: &common::Served, cs: &Countersign, agent: &str, person: &str) -> Self {
-        let token = cs.printed(&["token", "--as", person]).trim().to_string();
+        let token = cs.token(person);
         Self {
             transport: vec!["http".into(), format!("{}/mcp/{agent}", server.base), token],
             env: Vec::new(),
@@ -462,7 +462,7 @@ async fn refusal(response: reqwest::Response) -> (u16, String, Option<String>) {
 async fn over_http_every_refusal_is_the_apis_json_error_and_a_json_rpc_error_stays_json_rpc() {
     let cs = Countersign::fresh("mcp-http-refused");
     let server = cs.serve();
-    let token = cs.printed(&["token", "--as", "sam"]).trim().to_string();
+    let token = cs.token("sam");
     let http = reqwest::Client::new();
     let url = |agent: &str| format!("{}/mcp/{agent}", server.base);
     let (both, json) = ("application/json, text/event-stream", "application/json");
@@ -543,7 +543,7 @@ async fn over_http_an_agent_is_not_found_for_a_tenant_it_does_not_name_as_an_unk
     let cs = Countersign::fresh("mcp-http-tenants");
     let server = cs.serve();
     // zoe is of globex; the refunds agent names acme only.
-    let zoe = cs.printed(&["token", "--as", "zoe"]).trim().to_string();
+    let zoe = cs.token("zoe");
     let http = reqwest::Client::new();
     let post = |agent: &str, method: &str, params: Value| {
         http.post(format!("{}/mcp/{agent}", server.base))
@@ -649,7 +649,7 @@ fn the_mcp_inspector_lists_and_calls_over_stdio_and_http_and_a_call_attaches_acr
         ]
         .map(String::from),
     );
-    let token = cs.printed(&["token", "--as", "sam"]).trim().to_string();
+    let token = cs.token("sam");
     let http = vec![
         format!("{}/mcp/refunds", server.base),
         "--transport".into(),
@@ -1024,7 +1024,7 @@ async fn after_a_restart_a_decision_over_http_lists_the_servers_tools_and_runs_t
 
     // Started again, the server has listed nothing when mia's decision comes in.
     let server = cs.serve();
-    let token = cs.printed(&["token", "--as", "mia"]).trim().to_string();
+    let token = cs.token("mia");
     let decided = reqwest::Client::new()
         .post(format!("{}/approvals/{approval}/decisions", server.base))
         .bearer_auth(token)
@@ -1127,7 +1127,7 @@ async fn the_everything_server_over_streamable_http_lists_and_runs_an_allowed_ca
     );
 
     // Neither agent has a model: a run of one is refused, over HTTP and from the CLI.
-    let token = cs.printed(&["token", "--as", "sam"]).trim().to_string();
+    let token = cs.token("sam");
     let refused = reqwest::Client::new()
         .post(format!("{}/runs", server.base))
         .bearer_auth(token)

@@ -44,10 +44,6 @@ fn helpdesk(name: &str) -> Countersign {
     ])
 }
 
-fn token(cs: &Countersign, name: &str) -> String {
-    cs.printed(&["token", "--as", name]).trim().to_string()
-}
-
 /// Room for this test's own connections: many systems start a process at 1,024 open files.
 fn raise_open_files(wanted: u64) {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
@@ -127,9 +123,9 @@ async fn a_thousand_waits_leave_a_reviewer_answered_within_a_second_and_nobody_w
         base: served.base.clone(),
     };
     let bots: Vec<String> = (0..=PEOPLE)
-        .map(|n| token(&cs, &format!("bot-{n:02}")))
+        .map(|n| cs.token(&format!("bot-{n:02}")))
         .collect();
-    let fran = token(&cs, "fran");
+    let fran = cs.token("fran");
     let mut calls = Vec::new();
     for (n, bot) in bots.iter().take(PEOPLE).enumerate() {
         calls.push(client.propose(bot, &format!("order-{n}")).await);
@@ -268,7 +264,7 @@ async fn an_mcp_call_past_its_persons_share_of_waits_is_answered_at_once_while_a
     let cs = Countersign::fresh("waiting-mcp-share");
     let served = cs.serve_with(&["--max-waiting-per-person", "1"]);
     let http = reqwest::Client::new();
-    let (ben, chen) = (token(&cs, "ben"), token(&cs, "chen"));
+    let (ben, chen) = (cs.token("ben"), cs.token("chen"));
 
     // ben's first call waits for a finance reviewer: it holds his one waiting slot.
     let holding = tokio::spawn({

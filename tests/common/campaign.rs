@@ -98,17 +98,8 @@ impl Store {
     /// `countersign ARGS` on the state directory `state` and this store, with nothing of the
     /// environment it runs in: no model key, agents, people, clock offset or notifications.
     pub fn countersign(&self, state: &Path, args: &[&str]) -> Command {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_countersign"));
-        command
-            .args(args)
-            .arg("--state")
-            .arg(state)
-            .env_remove("ANTHROPIC_API_KEY")
-            .env_remove("COUNTERSIGN_AGENTS")
-            .env_remove("COUNTERSIGN_PEOPLE")
-            .env_remove("COUNTERSIGN_CLOCK_OFFSET")
-            .env_remove("COUNTERSIGN_NOTIFY_URL")
-            .env("RUST_LOG", "error");
+        let mut command = crate::common::countersign(state);
+        command.args(args).env("RUST_LOG", "error");
         match self {
             Store::Embedded => {
                 command.env("COUNTERSIGN_STORE", "embedded");
@@ -118,6 +109,46 @@ impl Store {
             }
         }
         command
+    }
+
+    /// Settles what the processes left: the sweep (`review expire` with the clock `offset`
+    /// ahead) until it finds nothing more to do, at most `rounds` times, then on DynamoDB
+    /// `worker --once` until no message is left to resume. `run` runs each command to its
+    /// end and answers its JSON, or `None` once one failed (which ends the settling); each
+    /// sweep's report goes to `swept`.
+    pub fn settle(
+        &self,
+        offset: &str,
+        rounds: usize,
+        mut run: impl FnMut(&[&str], &str) -> Option<Value>,
+        mut swept: impl FnMut(&Value),
+    ) {
+        for _ in 0..rounds {
+            let Some(answer) = run(&["review", "expire", "--clock-offset", offset], "the sweep")
+            else {
+                return;
+            };
+            let report = &answer["sweep"];
+            swept(report);
+            let did = ["expired", "reconciled", "abandoned", "redriven"]
+                .iter()
+                .map(|field| report[field].as_array().map_or(0, Vec::len))
+                .sum::<usize>()
+                + report["redelivered"].as_u64().unwrap_or(0) as usize;
+            if did == 0 {
+                break;
+            }
+        }
+        if let Store::DynamoDb { .. } = self {
+            for _ in 0..50 {
+                let Some(worked) = run(&["worker", "--once"], "worker --once") else {
+                    return;
+                };
+                if worked["resumed"].as_array().is_none_or(Vec::is_empty) {
+                    break;
+                }
+            }
+        }
     }
 }
 
@@ -787,38 +818,21 @@ impl Campaign {
     /// take what it queued.
     fn settle(&self, round: usize, figures: &mut Figures) {
         let offset = format!("{}d", 3 * round);
-        for _ in 0..20 {
-            let Some(swept) = self.settling(
-                &["review", "expire", "--clock-offset", &offset],
-                "the sweep",
-                figures,
-            ) else {
-                return;
-            };
-            let report = &swept["sweep"];
+        let mut reports = Vec::new();
+        self.store.settle(
+            &offset,
+            20,
+            |args, what| self.settling(args, what, figures),
+            |report| reports.push(report.clone()),
+        );
+        for report in reports {
             let count = |field: &str| report[field].as_array().map_or(0, Vec::len);
-            let redelivered = report["redelivered"].as_u64().unwrap_or(0) as usize;
             figures.reconciled += count("reconciled");
             figures.abandoned += count("abandoned");
             figures.redriven += count("redriven");
-            figures.redelivered += redelivered;
+            figures.redelivered += report["redelivered"].as_u64().unwrap_or(0) as usize;
             figures.resent += count("resent");
             figures.resumes_given_up += count("resumes_given_up");
-            let runs = count("abandoned") + count("redriven");
-            if count("expired") + count("reconciled") + runs + redelivered == 0 {
-                break;
-            }
-        }
-        if let Store::DynamoDb { .. } = self.store {
-            for _ in 0..50 {
-                let Some(worked) = self.settling(&["worker", "--once"], "worker --once", figures)
-                else {
-                    return;
-                };
-                if worked["resumed"].as_array().is_none_or(Vec::is_empty) {
-                    break;
-                }
-            }
         }
     }
 

@@ -16,7 +16,8 @@ use std::time::Duration;
 use serde_json::Value;
 
 /// `countersign --state <state>` on the embedded store with the shipped example, whatever the
-/// shell running the tests has configured (a model key, another store, other data files).
+/// shell running the tests has configured (a model key, another store, other data files, a
+/// clock offset, notifications).
 pub fn countersign(state: &Path) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_countersign"));
     command
@@ -27,7 +28,9 @@ pub fn countersign(state: &Path) -> Command {
         .env_remove("COUNTERSIGN_AGENTS")
         .env_remove("COUNTERSIGN_POLICY")
         .env_remove("COUNTERSIGN_PEOPLE")
-        .env_remove("COUNTERSIGN_CLAIMS");
+        .env_remove("COUNTERSIGN_CLAIMS")
+        .env_remove("COUNTERSIGN_CLOCK_OFFSET")
+        .env_remove("COUNTERSIGN_NOTIFY_URL");
     command
 }
 
@@ -196,6 +199,12 @@ impl Countersign {
         let printed = self.print(args);
         assert_eq!(printed.exit, 0, "{args:?} failed: {}", printed.stderr);
         printed.stdout
+    }
+
+    /// A development bearer token for `person`, as `countersign token` issues it.
+    #[track_caller]
+    pub fn token(&self, person: &str) -> String {
+        self.printed(&["token", "--as", person]).trim().to_string()
     }
 
     pub fn ok(&self, args: &[&str]) -> Value {

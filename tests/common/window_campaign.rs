@@ -406,30 +406,23 @@ impl WindowCampaign {
     /// nothing more to do: the waiting transfers expire, and a claim nobody reported is an
     /// unknown outcome for the recovery owner.
     fn settle(&self, figures: &mut WindowFigures) {
-        for _ in 0..10 {
+        let run = |args: &[&str], what: &str| {
             let output = self
-                .command(&["review", "expire", "--clock-offset", "1d", "--json"])
+                .command(args)
+                .arg("--json")
                 .output()
-                .expect("the sweep runs");
+                .expect("countersign runs");
             figures.processes += 1;
             if !output.status.success() {
-                figures.violations.push(format!(
-                    "the sweep failed: {}",
-                    String::from_utf8_lossy(&output.stderr).trim()
-                ));
-                return;
+                let stderr = String::from_utf8_lossy(&output.stderr);
+                figures
+                    .violations
+                    .push(format!("{what} failed: {}", stderr.trim()));
+                return None;
             }
-            let swept: Value = serde_json::from_slice(&output.stdout).unwrap_or(Value::Null);
-            let report = &swept["sweep"];
-            let did = ["expired", "reconciled", "abandoned", "redriven"]
-                .iter()
-                .map(|field| report[field].as_array().map_or(0, Vec::len))
-                .sum::<usize>()
-                + report["redelivered"].as_u64().unwrap_or(0) as usize;
-            if did == 0 {
-                return;
-            }
-        }
+            Some(serde_json::from_slice(&output.stdout).unwrap_or(Value::Null))
+        };
+        self.store.settle("1d", 10, run, |_| {});
     }
 
     /// Reads every call and every window slot, and names every rule broken.

@@ -203,15 +203,15 @@ pub async fn answer(
     match reported {
         None => {
             let gate = GateCall {
-                tenant: who.tenant.clone(),
-                agent: agent.clone(),
-                requested_by: who.person.clone(),
-                tool: call.tool_name,
-                args: call.tool_input,
                 call_id: Some(call.call_id),
                 conversation: Some(call.session_id),
-                via: GateVia::Api,
-                standing: who.standing(),
+                ..GateCall::asked_by(
+                    who,
+                    agent.clone(),
+                    GateVia::Api,
+                    call.tool_name,
+                    call.tool_input,
+                )
             };
             pre_tool_use(engine, who, gate, waiting).await.map(Some)
         }

@@ -86,21 +86,11 @@ async fn propose(
     let agent = AgentName::parse(&body.agent)
         .map_err(|e| ApiError::bad_request("invalid_field", format!("agent: {e}")))?;
     let call = GateCall {
-        tenant: who.tenant.clone(),
-        agent,
-        requested_by: who.person.clone(),
-        tool: body.tool,
-        args: body.args,
         call_id: Some(body.call_id),
         conversation: body.conversation,
-        via: GateVia::Api,
-        standing: who.standing(),
+        ..GateCall::asked_by(&who, agent, GateVia::Api, body.tool, body.args)
     };
-    // Taken to the end even if the caller goes away meanwhile: a call is never left half taken.
-    let engine = state.engine.clone();
-    let taken = tokio::spawn(async move { engine.gate_call(call).await })
-        .await
-        .map_err(|e| ApiError::from(EngineError::Unavailable(e.to_string())))??;
+    let taken = state.engine.gate_call_to_the_end(call).await?;
     tracing::Span::current().record("run", tracing::field::display(&taken.run_id));
     let status = match taken.status {
         CallStatus::AwaitingApproval => StatusCode::ACCEPTED,

@@ -299,23 +299,18 @@ impl Gateway {
         context: &RequestContext<RoleServer>,
     ) -> Result<Verdict, EngineError> {
         let call = GateCall {
-            tenant: caller.who.tenant.clone(),
-            agent: caller.agent.clone(),
-            requested_by: caller.who.person.clone(),
-            tool: asked.tool_name,
-            args: asked.input,
             call_id: asked.tool_use_id,
-            conversation: None,
             // A call Claude Code runs itself once allowed: taken as the gate API's callers'
             // are, to be claimed.
-            via: GateVia::Api,
-            standing: caller.who.standing(),
+            ..GateCall::asked_by(
+                &caller.who,
+                caller.agent.clone(),
+                GateVia::Api,
+                asked.tool_name,
+                asked.input,
+            )
         };
-        // Taken to the end even if the caller goes away meanwhile, as every call.
-        let engine = self.engine.clone();
-        let mut state = tokio::spawn(async move { engine.gate_call(call).await })
-            .await
-            .map_err(|e| EngineError::Unavailable(e.to_string()))??;
+        let mut state = self.engine.gate_call_to_the_end(call).await?;
         // A call already handed over runs in Claude Code: nothing to wait for.
         if state.claim.is_none() {
             let progress = progress_token(request, context);
@@ -411,23 +406,16 @@ impl ServerHandler for Gateway {
         let progress = progress_token(&request, &context);
         let named = asked.call_id.is_some();
         let call = GateCall {
-            tenant: caller.who.tenant.clone(),
-            agent: caller.agent.clone(),
-            requested_by: caller.who.person.clone(),
-            tool: request.name.to_string(),
-            args: Value::Object(request.arguments.unwrap_or_default()),
             call_id: asked.call_id,
-            conversation: None,
-            via: GateVia::Mcp,
-            standing: caller.who.standing(),
+            ..GateCall::asked_by(
+                &caller.who,
+                caller.agent.clone(),
+                GateVia::Mcp,
+                request.name.to_string(),
+                Value::Object(request.arguments.unwrap_or_default()),
+            )
         };
-        // Taken to the end even if the caller goes away meanwhile: a call is never left half
-        // taken (a tool claimed and its outcome not written).
-        let engine = self.engine.clone();
-        let taken = tokio::spawn(async move { engine.gate_call(call).await })
-            .await
-            .map_err(|e| ErrorData::internal_error(format!("the call was lost: {e}"), None))?;
-        let state = match taken {
+        let state = match self.engine.gate_call_to_the_end(call).await {
             Ok(state) => state,
             Err(error) => return not_taken(error).map(Into::into),
         };

@@ -13,6 +13,7 @@
 //! an identical call takes its key and is ruled on and run again, so a read is never answered
 //! from an earlier one.
 
+use std::sync::Arc;
 use std::time::Duration as StdDuration;
 
 use chrono::{DateTime, Duration, Utc};
@@ -30,7 +31,7 @@ use crate::domain::args::{Args, canonical};
 use crate::domain::budget;
 use crate::domain::conversation::{Block, Message, Speaker, ToolResultText};
 use crate::domain::gate::GateRefusal;
-use crate::domain::identity::Standing;
+use crate::domain::identity::{Identity, Standing};
 use crate::domain::ids::{ActionId, AgentName, PersonId, RunId, TenantId};
 use crate::domain::names::shown_by_serde_name;
 use crate::domain::run::{GateOrigin, GateVia, HeldCall, Run, RunStatus};
@@ -63,6 +64,30 @@ pub struct GateCall {
     pub via: GateVia,
     /// What authentication said of who asks, as policy rules read it.
     pub standing: Standing,
+}
+
+impl GateCall {
+    /// `who` asks `agent` for `tool` with `args`, through `via`: a call with no id of its
+    /// caller's and no conversation, until they are given.
+    pub fn asked_by(
+        who: &Identity,
+        agent: AgentName,
+        via: GateVia,
+        tool: String,
+        args: Value,
+    ) -> Self {
+        Self {
+            tenant: who.tenant.clone(),
+            agent,
+            requested_by: who.person.clone(),
+            tool,
+            args,
+            call_id: None,
+            conversation: None,
+            via,
+            standing: who.standing(),
+        }
+    }
 }
 
 /// Where a call stands, as its caller reads it.
@@ -217,6 +242,19 @@ fn hashed_key(kind: &str, named: &Value) -> String {
 }
 
 impl Engine {
+    /// [`Engine::gate_call`] on a task of its own, taken to the end even if its caller goes
+    /// away meanwhile: a call is never left half taken (a tool claimed and its outcome not
+    /// written).
+    pub async fn gate_call_to_the_end(
+        self: &Arc<Self>,
+        call: GateCall,
+    ) -> Result<CallState, EngineError> {
+        let engine = self.clone();
+        tokio::spawn(async move { engine.gate_call(call).await })
+            .await
+            .map_err(|e| EngineError::Unavailable(format!("the call was lost: {e}")))?
+    }
+
     /// Takes one call from outside: attaches to an earlier identical call, or makes it the one
     /// action of a new run and takes it through policy as a model's call is. Returns its state
     /// once it is settled or waits on a person; [`Engine::call_state`] reads it again later.
