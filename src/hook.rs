@@ -11,11 +11,13 @@ use serde_json::Value;
 use shared::api::claude_code::{self, Event, HookError, MAX_EVENT_BYTES, Waiting};
 use shared::api::waiting::WaitPlace;
 
+use crate::Output;
 use crate::cli::ClaudeCodeHook;
 use crate::fail::Failure;
 use crate::local::Local;
 
-/// A hook failure: exit 2, so Claude Code blocks the call and shows Claude the message.
+/// A hook failure: exit 2, so Claude Code blocks the call and shows Claude the message (main
+/// exits 2 on any failure of a hook, these and the ones it shares with every command).
 fn blocking(message: impl Into<String>) -> Failure {
     Failure {
         code: "hook",
@@ -41,19 +43,26 @@ pub fn read_event(stdin: impl Read) -> Result<Event, Failure> {
     claude_code::read_event(&text).map_err(|e| blocking(e.to_string()))
 }
 
+/// Answers one event on stdout, or prints nothing where the hook has no answer.
+pub async fn run(local: &Local, options: &ClaudeCodeHook, event: Event) -> Result<Output, Failure> {
+    if let Some(answer) = answer(local, options, event).await? {
+        println!("{answer}");
+    }
+    Ok(Output {
+        text: String::new(),
+        json: Value::Null,
+    })
+}
+
 /// Answers one event: the JSON to print on stdout, or `None` for no output.
-pub async fn answer(
+async fn answer(
     local: &Local,
     options: &ClaudeCodeHook,
     event: Event,
 ) -> Result<Option<Value>, Failure> {
-    let who = local
-        .identify(&options.person)
-        .map_err(|f| blocking(f.message))?;
-    let agent = crate::agent_named(&options.agent).map_err(|f| blocking(f.message))?;
-    local
-        .loaded(&who.tenant, &agent)
-        .map_err(|f| blocking(f.message))?;
+    let who = local.identify(&options.person)?;
+    let agent = crate::agent_named(&options.agent)?;
+    local.loaded(&who.tenant, &agent)?;
     // One process, one call: no other request to keep room for.
     let waiting = Waiting {
         wait: options.wait,

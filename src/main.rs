@@ -165,14 +165,7 @@ async fn run(cli: Cli) -> Result<Output, Failure> {
     let local = Local::connect(&cli.global, cli.command.environment()).await?;
     match cli.command {
         Command::Hook(cli::Hook::ClaudeCode(options)) => {
-            let event = event.expect("read above");
-            if let Some(answer) = hook::answer(&local, &options, event).await? {
-                println!("{answer}");
-            }
-            Ok(Output {
-                text: String::new(),
-                json: Value::Null,
-            })
+            hook::run(&local, &options, event.expect("read above")).await
         }
         Command::Agent { claim, ttl } => {
             let mut start = expense::task_for(&local.claims, &claim)?;
