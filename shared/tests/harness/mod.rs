@@ -747,24 +747,34 @@ impl Model for Stalls {
     }
 }
 
-/// A call that never returns, as a process that dies while the call is in flight: before the
-/// call took effect, or after it did and before its answer was recorded. Its calls are counted
-/// once they hang.
-/// A store connection that refuses, `once`, a transaction holding a write `refuses` picks out,
-/// as DynamoDB refuses a write past the table's rate; every other write and read goes through.
+/// A store connection that refuses, once, a transaction that writes an action version whose
+/// stored body `picks` picks out, as DynamoDB refuses a write past the table's rate; every
+/// other write and read goes through.
 pub struct RefusesWrites {
     inner: Arc<dyn ItemStore>,
-    refuses: fn(&Write) -> bool,
+    picks: fn(&str) -> bool,
     refused: std::sync::atomic::AtomicBool,
 }
 
 impl RefusesWrites {
-    pub fn once(inner: Arc<dyn ItemStore>, refuses: fn(&Write) -> bool) -> Arc<dyn ItemStore> {
+    pub fn an_action_once(
+        inner: Arc<dyn ItemStore>,
+        picks: fn(&str) -> bool,
+    ) -> Arc<dyn ItemStore> {
         Arc::new(Self {
             inner,
-            refuses,
+            picks,
             refused: Default::default(),
         })
+    }
+
+    fn refuses(&self, write: &Write) -> bool {
+        match write {
+            Write::Put { item, .. } => {
+                item.sk.starts_with(keys::ACTION_PREFIX) && (self.picks)(&item.body)
+            }
+            _ => false,
+        }
     }
 }
 
@@ -779,7 +789,7 @@ impl ItemStore for RefusesWrites {
     }
 
     async fn transact(&self, writes: Vec<Write>) -> Result<(), StoreError> {
-        if writes.iter().any(self.refuses) && !self.refused.swap(true, Ordering::SeqCst) {
+        if writes.iter().any(|w| self.refuses(w)) && !self.refused.swap(true, Ordering::SeqCst) {
             return Err(StoreError::Throttled(
                 "ProvisionedThroughputExceededException: the write rate is over the table's".into(),
             ));
@@ -788,6 +798,9 @@ impl ItemStore for RefusesWrites {
     }
 }
 
+/// A call that never returns, as a process that dies while the call is in flight: before the
+/// call took effect, or after it did and before its answer was recorded. Its calls are counted
+/// once they hang.
 pub struct Hangs {
     pub calls: Arc<AtomicUsize>,
     pub takes_effect: bool,

@@ -685,13 +685,9 @@ async fn given_a_store_that_refuses_to_record_a_payment_that_ran_when_it_is_refu
             Arc::new(shared::example::expense::OfflineExpenseAgent),
             // Once, as DynamoDB refuses a write past the table's rate.
             |store| {
-                RefusesWrites::once(store, |write| match write {
-                    shared::ports::store::Write::Put { item, .. } => {
-                        item.sk.starts_with(keys::ACTION_PREFIX)
-                            && item.body.contains(r#""tool":"reimburse""#)
-                            && item.body.contains(r#""status":"succeeded""#)
-                    }
-                    _ => false,
+                RefusesWrites::an_action_once(store, |body| {
+                    body.contains(r#""tool":"reimburse""#)
+                        && body.contains(r#""status":"succeeded""#)
                 })
             },
             |builder| builder,

@@ -445,14 +445,7 @@ async fn dies_before_proposing(h: &Harness, call: GateCall) -> RunId {
     let dying = h
         .process_configured(
             Arc::new(shared::example::expense::OfflineExpenseAgent),
-            |store| {
-                RefusesWrites::once(store, |write| match write {
-                    shared::ports::store::Write::Put { item, .. } => {
-                        item.sk.starts_with(keys::ACTION_PREFIX)
-                    }
-                    _ => false,
-                })
-            },
+            |store| RefusesWrites::an_action_once(store, |_| true),
             |builder| builder,
         )
         .await;
