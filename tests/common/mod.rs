@@ -16,7 +16,8 @@ use std::time::Duration;
 use serde_json::Value;
 
 /// `countersign --state <state>` on the embedded store with the shipped example, whatever the
-/// shell running the tests has configured (a model key, another store, other data files).
+/// shell running the tests has configured (a model key, another store, other data files, an
+/// OTLP endpoint).
 pub fn countersign(state: &Path) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_countersign"));
     command
@@ -27,7 +28,9 @@ pub fn countersign(state: &Path) -> Command {
         .env_remove("COUNTERSIGN_AGENTS")
         .env_remove("COUNTERSIGN_POLICY")
         .env_remove("COUNTERSIGN_PEOPLE")
-        .env_remove("COUNTERSIGN_CLAIMS");
+        .env_remove("COUNTERSIGN_CLAIMS")
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT");
     command
 }
 
@@ -146,6 +149,8 @@ impl Countersign {
             .arg(&self.state)
             .env_remove("ANTHROPIC_API_KEY")
             .env_remove("COUNTERSIGN_AGENTS")
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
             .envs(self.env.iter().map(|(k, v)| (k, v)));
         command
     }
