@@ -15,6 +15,7 @@ use tracing_subscriber::filter::{EnvFilter, LevelFilter};
 use tracing_subscriber::fmt::FormatFields;
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::layer::{Identity, SubscriberExt as _};
+use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::{Layer, Registry};
 
@@ -148,17 +149,30 @@ pub fn to_stderr(default_filter: &str) {
 /// one, whatever the log's own filter: the log stays as quiet as asked while traces see the
 /// engine's spans.
 pub fn to_stderr_beside<L: Layer<Registry> + Send + Sync>(default_filter: &str, traces: Option<L>) {
-    let log = tracing_subscriber::fmt::layer()
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
+    match traces {
+        // The log's filter is the whole process's: what it leaves out is never even built.
+        None => tracing_subscriber::registry()
+            .with(stderr_log())
+            .with(filter)
+            .init(),
+        Some(traces) => tracing_subscriber::registry()
+            .with(traces.with_filter(LevelFilter::INFO))
+            .with(stderr_log().with_filter(filter))
+            .init(),
+    }
+}
+
+/// The text log on stderr, its fields escaped, coloured only on a terminal.
+fn stderr_log<S>() -> impl Layer<S> + Send + Sync
+where
+    S: tracing::Subscriber + for<'span> LookupSpan<'span>,
+{
+    tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(colour_for(&std::io::stderr()))
         .fmt_fields(EscapedFields)
-        .with_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter)),
-        );
-    tracing_subscriber::registry()
-        .with(traces.map(|traces| traces.with_filter(LevelFilter::INFO)))
-        .with(log)
-        .init();
 }
 
 /// A Lambda function's log, on stdout as Lambda reads it, configured as the runtime's default
