@@ -103,6 +103,17 @@ fn request_span<'a>(spans: &'a [Value], method: &str, path: &str) -> &'a Value {
     found[0]
 }
 
+/// `countersign serve` on a free port, not sweeping, with the variables `env`.
+fn serve(name: &str, env: &[(&str, String)]) -> Server {
+    Server::start_with_env(name, &["--sweep-every", "0s"], env)
+}
+
+/// Stops `server` as a service manager does (SIGTERM); it must exit cleanly.
+async fn stop(mut server: Server) {
+    server.terminate();
+    assert!(server.exited(Duration::from_secs(30)).await.success());
+}
+
 /// A span's attribute as text, whether it went out as a string or a number.
 fn attribute(span: &Value, key: &str) -> String {
     match &span["attributes"][key] {
@@ -123,9 +134,8 @@ fn children_of<'a>(spans: &'a [Value], parent: &Value) -> Vec<&'a Value> {
 async fn given_an_endpoint_when_serve_runs_a_lifecycle_and_stops_then_its_spans_arrive_linked_the_callers_trace_continued()
  {
     let receiver = Receiver::start();
-    let mut server = Server::start_with_env(
+    let server = serve(
         "otel-lifecycle",
-        &["--sweep-every", "0s"],
         &[("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.base.clone())],
     );
     let paused = server.paused_run("ben", "c-102", None).await;
@@ -148,8 +158,7 @@ async fn given_an_endpoint_when_serve_runs_a_lifecycle_and_stops_then_its_spans_
     let settled = server.settled("ben", &paused.run).await;
     assert_eq!(settled.json["status"], "done", "{}", settled.json);
 
-    server.terminate();
-    assert!(server.exited(Duration::from_secs(30)).await.success());
+    stop(server).await;
 
     let spans = receiver.spans();
     assert!(
@@ -182,7 +191,8 @@ async fn given_an_endpoint_when_serve_runs_a_lifecycle_and_stops_then_its_spans_
 }
 
 #[test]
-fn given_an_endpoint_when_a_cli_run_ends_then_its_trace_arrives_before_the_command_exits() {
+fn given_an_endpoint_when_a_cli_run_ends_then_its_trace_arrives_before_the_command_exits_and_its_log_stays_quiet()
+ {
     let receiver = Receiver::start();
     let cs = Countersign::fresh("otel-cli").with_env(vec![
         ("COUNTERSIGN_STORE", "embedded".into()),
@@ -193,9 +203,15 @@ fn given_an_endpoint_when_a_cli_run_ends_then_its_trace_arrives_before_the_comma
         ("OTEL_SERVICE_NAME", "countersign-laptop".into()),
     ]);
 
-    let started = cs.ok(&["agent", "c-102"]);
+    let ran = cs.run(&["agent", "c-102"]);
 
-    let run = started["run_id"].as_str().unwrap();
+    assert_eq!(ran.exit, 0, "{}", ran.stderr);
+    assert!(
+        !ran.stderr.contains("INFO"),
+        "the log on stderr is as quiet as without traces: {}",
+        ran.stderr
+    );
+    let run = ran.json["run_id"].as_str().unwrap();
     let spans = receiver.spans();
     let command = spans
         .iter()
@@ -214,18 +230,13 @@ fn given_an_endpoint_when_a_cli_run_ends_then_its_trace_arrives_before_the_comma
 async fn given_no_endpoint_when_serve_and_the_cli_run_a_lifecycle_then_nothing_is_sent_even_where_the_sdk_sends_by_default()
  {
     let receiver = Receiver::start_on_the_sdk_default();
-    let mut server = Server::start_with_env(
-        "otel-off",
-        &["--sweep-every", "0s"],
-        &[("OTEL_SERVICE_NAME", "countersign".into())],
-    );
+    let server = serve("otel-off", &[("OTEL_SERVICE_NAME", "countersign".into())]);
     let paused = server.paused_run("ben", "c-102", None).await;
     server.dana_approves(&paused.approval).await;
     let cs = Countersign::fresh("otel-off-cli");
     cs.ok(&["agent", "c-102"]);
 
-    server.terminate();
-    assert!(server.exited(Duration::from_secs(30)).await.success());
+    stop(server).await;
 
     assert_eq!(receiver.spans(), Vec::<Value>::new());
 }
