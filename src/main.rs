@@ -62,7 +62,8 @@ async fn main() -> ExitCode {
     // A hook's answer is its own JSON, or nothing.
     let quiet = matches!(cli.command, Command::Mcp(_) | Command::Hook(_));
     let hook = matches!(cli.command, Command::Hook(_));
-    // A one-shot command is one trace; a long-lived one starts a trace per request or run.
+    // A one-shot command is one trace; a long-lived one's traces start at its own spans (a
+    // request, a run driven, a sweep).
     let lasting = matches!(
         cli.command,
         Command::Serve(_) | Command::Mcp(_) | Command::Worker { once: false }
