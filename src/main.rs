@@ -6,6 +6,7 @@ mod hook;
 mod local;
 mod mcp;
 mod metrics;
+mod otel;
 mod policy;
 mod render;
 mod serve;
@@ -15,7 +16,7 @@ mod worker;
 use std::io::Write as _;
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory as _, FromArgMatches as _};
 use serde_json::{Value, json};
 use shared::domain::approval::{Approval, ApprovalStatus, Choice, DecisionRequest};
 use shared::domain::ids::{ActionVersion, AgentName, ApprovalId, DecisionId, RunId, TenantId};
@@ -23,6 +24,7 @@ use shared::domain::run::RunStatus;
 use shared::engine::{History, MAX_PENDING_PAGE, PendingCursor, RunReport, StartRun};
 use shared::example::expense;
 use shared::ports::tools::NotRunnableHere;
+use tracing::Instrument as _;
 
 use cli::{Cli, Command, Review};
 use fail::Failure;
@@ -45,15 +47,46 @@ fn json_of<T: serde::Serialize>(value: &T) -> Value {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
-    shared::logs::to_stderr("warn");
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let traces = otel::Traces::from_env();
+    let layer = traces
+        .as_ref()
+        .ok()
+        .and_then(Option::as_ref)
+        .map(otel::Traces::layer);
+    shared::logs::to_stderr_beside("warn", layer);
 
     let json = cli.global.json;
     // Over stdio, stdout carries the MCP protocol and nothing else.
     // A hook's answer is its own JSON, or nothing.
     let quiet = matches!(cli.command, Command::Mcp(_) | Command::Hook(_));
     let hook = matches!(cli.command, Command::Hook(_));
-    match run(cli).await {
+    // A one-shot command is one trace; a long-lived one's traces start at its own spans (a
+    // request, a run driven, a sweep).
+    let lasting = matches!(
+        cli.command,
+        Command::Serve(_) | Command::Mcp(_) | Command::Worker { once: false }
+    );
+    let span = match (&traces, matches.subcommand_name()) {
+        (Ok(Some(_)), Some(name)) if !lasting => otel::command_span(name),
+        _ => tracing::Span::none(),
+    };
+    let (outcome, traces) = match traces {
+        Ok(traces) => (run(cli).instrument(span).await, traces),
+        Err(failure) => (Err(failure), None),
+    };
+    let exit = finish(outcome, json, quiet, hook);
+    // The command's output is out before its last spans are sent.
+    if let Some(traces) = traces {
+        traces.shut_down().await;
+    }
+    exit
+}
+
+/// Prints what a command came to, as text or JSON, and the exit status for it.
+fn finish(outcome: Result<Output, Failure>, json: bool, quiet: bool, hook: bool) -> ExitCode {
+    match outcome {
         Ok(_) if quiet => ExitCode::SUCCESS,
         Ok(output) => {
             let mut stdout = std::io::stdout().lock();

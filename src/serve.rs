@@ -94,7 +94,7 @@ pub async fn run(local: Local, state: &Path, options: ServeOptions) -> Result<()
         per_person: options.max_waiting_per_person,
     });
     let metrics = crate::metrics::router(engine.clone(), bound)?;
-    let app = api::local_router(
+    let mut app = api::local_router(
         engine,
         auth,
         local.claims,
@@ -105,6 +105,9 @@ pub async fn run(local: Local, state: &Path, options: ServeOptions) -> Result<()
     )
     .layer(axum::Extension(Arc::new(waiting)))
     .merge(metrics);
+    if crate::otel::on() {
+        app = app.layer(axum::middleware::from_fn(crate::otel::continue_trace));
+    }
     open_files_for(options.max_connections + options.max_waiting);
     // One flushed line: scripts and tests read the address from it (port 0 picks a free one).
     let mut stdout = std::io::stdout().lock();

@@ -14,6 +14,10 @@ use tracing_subscriber::field::RecordFields;
 use tracing_subscriber::filter::{EnvFilter, LevelFilter};
 use tracing_subscriber::fmt::FormatFields;
 use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::layer::{Identity, SubscriberExt as _};
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing_subscriber::{Layer, Registry};
 
 /// Writes through to `out`, escaping what a terminal would act on: control characters (C0,
 /// DEL, C1) as `\r`, `\t`, `\u{1b}`, and the characters that reorder text around them
@@ -138,14 +142,37 @@ fn colour_for(stream: &impl IsTerminal) -> bool {
 /// Logs to stderr (stdout is the command's output), filtered by `RUST_LOG` or else by
 /// `default_filter`, such as `warn`.
 pub fn to_stderr(default_filter: &str) {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter)),
-        )
+    to_stderr_beside(default_filter, None::<Identity>);
+}
+
+/// [`to_stderr`], and every span and event at info or above to `traces` too where there is
+/// one, whatever the log's own filter: the log stays as quiet as asked while traces see the
+/// engine's spans.
+pub fn to_stderr_beside<L: Layer<Registry> + Send + Sync>(default_filter: &str, traces: Option<L>) {
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
+    match traces {
+        // The log's filter is the whole process's: what it leaves out is never even built.
+        None => tracing_subscriber::registry()
+            .with(stderr_log())
+            .with(filter)
+            .init(),
+        Some(traces) => tracing_subscriber::registry()
+            .with(traces.with_filter(LevelFilter::INFO))
+            .with(stderr_log().with_filter(filter))
+            .init(),
+    }
+}
+
+/// The text log on stderr, its fields escaped, coloured only on a terminal.
+fn stderr_log<S>() -> impl Layer<S> + Send + Sync
+where
+    S: tracing::Subscriber + for<'span> LookupSpan<'span>,
+{
+    tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(colour_for(&std::io::stderr()))
         .fmt_fields(EscapedFields)
-        .init();
 }
 
 /// A Lambda function's log, on stdout as Lambda reads it, configured as the runtime's default

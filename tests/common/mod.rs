@@ -17,7 +17,7 @@ use serde_json::Value;
 
 /// `countersign --state <state>` on the embedded store with the shipped example, whatever the
 /// shell running the tests has configured (a model key, another store, other data files, a
-/// clock offset, notifications).
+/// clock offset, notifications, an OTLP endpoint).
 pub fn countersign(state: &Path) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_countersign"));
     command
@@ -30,7 +30,9 @@ pub fn countersign(state: &Path) -> Command {
         .env_remove("COUNTERSIGN_PEOPLE")
         .env_remove("COUNTERSIGN_CLAIMS")
         .env_remove("COUNTERSIGN_CLOCK_OFFSET")
-        .env_remove("COUNTERSIGN_NOTIFY_URL");
+        .env_remove("COUNTERSIGN_NOTIFY_URL")
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT");
     command
 }
 
@@ -149,6 +151,8 @@ impl Countersign {
             .arg(&self.state)
             .env_remove("ANTHROPIC_API_KEY")
             .env_remove("COUNTERSIGN_AGENTS")
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
             .envs(self.env.iter().map(|(k, v)| (k, v)));
         command
     }
