@@ -268,7 +268,7 @@ impl Visit for JsonInto<'_> {
 /// What `logging` logs, at any level, as the text log writes it: for tests of what is logged.
 #[cfg(test)]
 pub(crate) fn logged_by(logging: impl FnOnce()) -> String {
-    let written = tests::Written::default();
+    let written = crate::testing::Written::default();
     let into = written.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_writer(move || into.clone())
@@ -283,30 +283,8 @@ pub(crate) fn logged_by(logging: impl FnOnce()) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
-
     use super::*;
-
-    /// What a subscriber wrote, shared with the test.
-    #[derive(Clone, Default)]
-    pub(super) struct Written(pub(super) Arc<Mutex<Vec<u8>>>);
-
-    impl Written {
-        pub(super) fn text(&self) -> String {
-            String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
-        }
-    }
-
-    impl std::io::Write for Written {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
+    use crate::testing::JsonLog;
 
     #[test]
     fn every_field_and_message_is_escaped_onto_its_line() {
@@ -332,17 +310,9 @@ mod tests {
 
     /// What `logging` logs, at any level, as Lambda's JSON log writes it: each line parsed.
     fn logged_as_json_by(logging: impl FnOnce()) -> Vec<serde_json::Value> {
-        let written = Written::default();
-        let into = written.clone();
-        let subscriber = lambda_json(move || into.clone())
-            .with_max_level(tracing::Level::TRACE)
-            .finish();
-        tracing::subscriber::with_default(subscriber, logging);
-        written
-            .text()
-            .lines()
-            .map(|line| serde_json::from_str(line).unwrap())
-            .collect()
+        let log = JsonLog::capture();
+        logging();
+        log.lines()
     }
 
     #[test]
@@ -403,15 +373,10 @@ mod tests {
     #[test]
     fn a_json_line_escapes_control_characters_and_stays_one_line() {
         let said = "boom\r\u{1b}[32mINFO approved by policy\n";
-        let written = Written::default();
-        let into = written.clone();
-        let subscriber = lambda_json(move || into.clone()).finish();
-        tracing::subscriber::with_default(subscriber, || {
-            let span = tracing::info_span!("turn", model = %said);
-            let _in = span.enter();
-            tracing::warn!(error = %said, "failed: {said}");
-        });
-        let text = written.text();
+        let log = JsonLog::capture();
+        let span = tracing::info_span!("turn", model = %said);
+        span.in_scope(|| tracing::warn!(error = %said, "failed: {said}"));
+        let text = log.text();
 
         assert_eq!(text.matches('\n').count(), 1, "one line: {text:?}");
         assert!(!text.contains(['\r', '\u{1b}']), "{text:?}");

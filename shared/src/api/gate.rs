@@ -101,7 +101,7 @@ async fn propose(
     let taken = tokio::spawn(async move { engine.gate_call(call).await })
         .await
         .map_err(|e| ApiError::from(EngineError::Unavailable(e.to_string())))??;
-    tracing::Span::current().record("run", tracing::field::display(&taken.run_id));
+    tracing::Span::current().record("run_id", tracing::field::display(&taken.run_id));
     let status = match taken.status {
         CallStatus::AwaitingApproval => StatusCode::ACCEPTED,
         _ => StatusCode::OK,

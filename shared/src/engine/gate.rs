@@ -19,6 +19,7 @@ use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
+use tracing::Instrument;
 
 use super::drive::{Paused, Proposed};
 use super::records::{Outgoing, Stored, Tx, keys, load};
@@ -221,6 +222,21 @@ impl Engine {
     /// action of a new run and takes it through policy as a model's call is. Returns its state
     /// once it is settled or waits on a person; [`Engine::call_state`] reads it again later.
     pub async fn gate_call(&self, call: GateCall) -> Result<CallState, EngineError> {
+        let span = tracing::info_span!(
+            "gate",
+            tenant = %call.tenant,
+            agent = %call.agent,
+            tool = %call.tool,
+            run_id = tracing::field::Empty,
+            action_id = tracing::field::Empty,
+            approval_id = tracing::field::Empty,
+        );
+        self.take_call(call).instrument(span).await
+    }
+
+    /// [`Engine::gate_call`], in its span: the ids are recorded in it as they are known.
+    async fn take_call(&self, call: GateCall) -> Result<CallState, EngineError> {
+        let span = tracing::Span::current();
         let agent = self.agent(&call.tenant, &call.agent)?.clone();
         agent.runs_here()?;
         agent.list_tools().await?;
@@ -228,10 +244,13 @@ impl Engine {
         let (pk, sk) = (keys::call_pk(&call.tenant, &key), keys::CALL_SK.to_string());
         let keyed = load::<CallKeyed>(self.store.as_ref(), &pk, &sk).await?;
         let replaces = match &keyed {
-            Some(keyed) => match self.attachable(&call, &keyed.value.run_id).await? {
-                Some(state) => return Ok(state),
-                None => Some(keyed.ver),
-            },
+            Some(keyed) => {
+                span.record("run_id", tracing::field::display(&keyed.value.run_id));
+                match self.attachable(&call, &keyed.value.run_id).await? {
+                    Some(state) => return Ok(state),
+                    None => Some(keyed.ver),
+                }
+            }
             None => None,
         };
 
@@ -261,6 +280,7 @@ impl Engine {
             agent.policy.version,
             now,
         );
+        span.record("run_id", tracing::field::display(&run.id));
         run.standing = call.standing.clone();
         run.gate = Some(GateOrigin {
             via: call.via,
@@ -326,6 +346,7 @@ impl Engine {
             action_id: ActionId::generate(),
             result: None,
         };
+        span.record("action_id", tracing::field::display(&held.action_id));
         let proposed = Proposed {
             tool: call.tool.clone(),
             input,
@@ -336,6 +357,9 @@ impl Engine {
         let (held, approval) = self
             .propose_one(&agent, &run.value, held, proposed, &mut tally)
             .await?;
+        if let Some(approval) = &approval {
+            span.record("approval_id", tracing::field::display(&approval.id));
+        }
         let outbox = match approval {
             None if held.result.is_some() => self.settle_call(run, held).await?,
             // Waits on a person; or, approved by policy for its caller to run, on the outcome
