@@ -2,11 +2,13 @@
 //! and drive messages, each a run `POST /runs` accepted (or the sweep drives again) to drive
 //! until it is done, failed or paused. Messages of one run share a group and arrive in order;
 //! when one fails, it and every later message of the batch are reported as failures, so
-//! nothing overtakes it.
+//! nothing overtakes it. Each message's work is logged in a span carrying the trace id of the
+//! invocation that sent it, so its lines join the sender's.
 
-use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
+use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent, SqsMessage};
 use shared::adapters::sqs;
 use shared::engine::{Engine, ResumeReport};
+use tracing::Instrument;
 
 /// Resumes each message in order; the response names the messages SQS must deliver again.
 pub async fn handle(engine: &Engine, event: SqsEvent) -> SqsBatchResponse {
@@ -17,23 +19,26 @@ pub async fn handle(engine: &Engine, event: SqsEvent) -> SqsBatchResponse {
             failures.push(id);
             continue;
         }
-        let outcome = match sqs::parse(record.body.as_deref().unwrap_or_default()) {
-            Ok(message) => match shared::agents::prepare_queued(engine, &message).await {
-                Ok(()) => engine.consume(&message).await.map_err(|e| e.to_string()),
-                Err(e) => Err(e.to_string()),
-            },
-            Err(why) => Err(why),
-        };
-        match outcome {
-            Ok(ResumeReport::Ignored { reason }) => {
-                tracing::info!(message = %id, %reason, "nothing to do")
-            }
-            Ok(report) => tracing::info!(message = %id, outcome = ?report, "resumed"),
-            Err(error) => {
-                tracing::warn!(message = %id, %error, "will be delivered again");
-                failures.push(id);
+        let span = message_span(&id, &record);
+        let outcome = async {
+            match sqs::parse(record.body.as_deref().unwrap_or_default()) {
+                Ok(message) => match shared::agents::prepare_queued(engine, &message).await {
+                    Ok(()) => engine.consume(&message).await.map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                },
+                Err(why) => Err(why),
             }
         }
+        .instrument(span.clone())
+        .await;
+        span.in_scope(|| match outcome {
+            Ok(ResumeReport::Ignored { reason }) => tracing::info!(%reason, "nothing to do"),
+            Ok(report) => tracing::info!(outcome = ?report, "resumed"),
+            Err(error) => {
+                tracing::warn!(%error, "will be delivered again");
+                failures.push(id);
+            }
+        });
     }
     let mut response = SqsBatchResponse::default();
     response.batch_item_failures = failures
@@ -45,4 +50,14 @@ pub async fn handle(engine: &Engine, event: SqsEvent) -> SqsBatchResponse {
         })
         .collect();
     response
+}
+
+/// The span of one message's work: its id and the trace id of the invocation that sent it (SQS's
+/// `AWSTraceHeader`), where that was traced.
+fn message_span(id: &str, record: &SqsMessage) -> tracing::Span {
+    let trace_id = record
+        .attributes
+        .get(sqs::TRACE_HEADER)
+        .and_then(|header| sqs::trace_id(header));
+    tracing::info_span!("message", message_id = id, trace_id)
 }
