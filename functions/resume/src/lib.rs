@@ -8,6 +8,7 @@
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent, SqsMessage};
 use shared::adapters::sqs;
 use shared::engine::{Engine, ResumeReport};
+use shared::ports::queue::QueueMessage;
 use tracing::Instrument;
 
 /// Resumes each message in order; the response names the messages SQS must deliver again.
@@ -21,13 +22,17 @@ pub async fn handle(engine: &Engine, event: SqsEvent) -> SqsBatchResponse {
         }
         let span = message_span(&id, &record);
         let outcome = async {
-            match sqs::parse(record.body.as_deref().unwrap_or_default()) {
-                Ok(message) => match shared::agents::prepare_queued(engine, &message).await {
-                    Ok(()) => engine.consume(&message).await.map_err(|e| e.to_string()),
-                    Err(e) => Err(e.to_string()),
-                },
-                Err(why) => Err(why),
-            }
+            let message = sqs::parse(record.body.as_deref().unwrap_or_default())?;
+            let (tenant, run_id) = match &message {
+                QueueMessage::Resume(m) => (&m.tenant, &m.run_id),
+                QueueMessage::Drive(m) => (&m.tenant, &m.run_id),
+            };
+            span.record("tenant", tracing::field::display(tenant));
+            span.record("run_id", tracing::field::display(run_id));
+            shared::agents::prepare_queued(engine, &message)
+                .await
+                .map_err(|e| e.to_string())?;
+            engine.consume(&message).await.map_err(|e| e.to_string())
         }
         .instrument(span.clone())
         .await;
@@ -52,12 +57,18 @@ pub async fn handle(engine: &Engine, event: SqsEvent) -> SqsBatchResponse {
     response
 }
 
-/// The span of one message's work: its id and the trace id of the invocation that sent it (SQS's
-/// `AWSTraceHeader`), where that was traced.
+/// The span of one message's work: its id, the trace id of the invocation that sent it (SQS's
+/// `AWSTraceHeader`) where that was traced, and once the message is read its run's tenant and id.
 fn message_span(id: &str, record: &SqsMessage) -> tracing::Span {
     let trace_id = record
         .attributes
         .get(sqs::TRACE_HEADER)
         .and_then(|header| sqs::trace_id(header));
-    tracing::info_span!("message", message_id = id, trace_id)
+    tracing::info_span!(
+        "message",
+        message_id = id,
+        trace_id,
+        tenant = tracing::field::Empty,
+        run_id = tracing::field::Empty,
+    )
 }

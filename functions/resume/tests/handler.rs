@@ -157,6 +157,8 @@ async fn given_a_message_from_a_traced_invocation_when_it_resumes_then_the_lines
     for line in &lines {
         assert_eq!(line["trace_id"], root, "{line}");
         assert_eq!(line["message_id"], "0c1a8f4e-0001-4d35-9a5e-1c0b3c1c2a01");
+        assert_eq!(line["run_id"], message.run_id.to_string());
+        assert_eq!(line["tenant"], "acme");
     }
     let history = worker
         .history(&harness::acme(), &message.run_id)
