@@ -10,12 +10,15 @@ use std::io::IsTerminal;
 use std::str::FromStr;
 
 use tracing::field::{Field, Visit};
+use tracing::{Event, Subscriber};
 use tracing_subscriber::field::RecordFields;
 use tracing_subscriber::filter::{EnvFilter, LevelFilter};
-use tracing_subscriber::fmt::FormatFields;
-use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::format::{JsonFields, Writer};
+use tracing_subscriber::fmt::{
+    FmtContext, FormatEvent, FormatFields, FormattedFields, MakeWriter, SubscriberBuilder,
+};
 use tracing_subscriber::layer::{Identity, SubscriberExt as _};
-use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::registry::{LookupSpan, Scope};
 use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::{Layer, Registry};
 
@@ -177,36 +180,121 @@ where
 
 /// A Lambda function's log, on stdout as Lambda reads it, configured as the runtime's default
 /// one is: the level from `AWS_LAMBDA_LOG_LEVEL`, else `RUST_LOG` (with its directives), else
-/// `INFO`; JSON when `AWS_LAMBDA_LOG_FORMAT` is `JSON`, else text with its fields escaped.
+/// `INFO`; JSON when `AWS_LAMBDA_LOG_FORMAT` is `JSON` ([`lambda_json`]), else text with its
+/// fields escaped.
 pub fn for_lambda() {
     let level = std::env::var("AWS_LAMBDA_LOG_LEVEL")
         .or_else(|_| std::env::var("RUST_LOG"))
         .ok()
         .and_then(|level| LevelFilter::from_str(&level).ok())
         .unwrap_or(LevelFilter::INFO);
-    let builder = tracing_subscriber::fmt()
-        .with_target(false)
-        .without_time()
-        .with_env_filter(
-            EnvFilter::builder()
-                .with_default_directive(level.into())
-                .from_env_lossy(),
-        )
-        .with_writer(std::io::stdout);
+    let filter = EnvFilter::builder()
+        .with_default_directive(level.into())
+        .from_env_lossy();
     let json = std::env::var("AWS_LAMBDA_LOG_FORMAT").is_ok_and(|f| f.eq_ignore_ascii_case("json"));
     match json {
-        true => builder.json().with_ansi(false).init(),
-        false => builder
+        true => lambda_json(std::io::stdout).with_env_filter(filter).init(),
+        false => tracing_subscriber::fmt()
+            .with_target(false)
+            .without_time()
+            .with_env_filter(filter)
+            .with_writer(std::io::stdout)
             .with_ansi(colour_for(&std::io::stdout()))
             .fmt_fields(EscapedFields)
             .init(),
     }
 }
 
+/// Lambda's JSON log, written to `writer`: one [`FlatJson`] object a line, each span's fields
+/// kept as JSON until an event inside it reads them.
+pub fn lambda_json<W>(writer: W) -> SubscriberBuilder<JsonFields, FlatJson, LevelFilter, W>
+where
+    W: for<'writer> MakeWriter<'writer> + 'static,
+{
+    tracing_subscriber::fmt()
+        .with_writer(writer)
+        .with_ansi(false)
+        .fmt_fields(JsonFields::new())
+        .event_format(FlatJson)
+}
+
+/// An event as one JSON object whose top-level keys are `level`, `message`, the event's other
+/// fields and those of every span it happens in (the engine's `run_id`, `action_id`,
+/// `approval_id` and `tenant`, the Lambda runtime's `requestId` and `xrayTraceId`), so Logs
+/// Insights filters on them directly. A field of an inner span hides the same field of an outer
+/// one, and the event's own hides both; `level` is always the event's. No timestamp, as in the
+/// runtime's own JSON log: Lambda stamps each line. JSON escapes control characters.
+pub struct FlatJson;
+
+impl<S, N> FormatEvent<S, N> for FlatJson
+where
+    S: Subscriber + for<'lookup> LookupSpan<'lookup>,
+    N: for<'writer> FormatFields<'writer> + 'static,
+{
+    fn format_event(
+        &self,
+        context: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        let mut line = serde_json::Map::new();
+        for span in context.event_scope().into_iter().flat_map(Scope::from_root) {
+            let extensions = span.extensions();
+            let Some(fields) = extensions.get::<FormattedFields<N>>() else {
+                continue;
+            };
+            if let Ok(serde_json::Value::Object(fields)) = serde_json::from_str(fields) {
+                line.extend(fields);
+            }
+        }
+        event.record(&mut JsonInto(&mut line));
+        line.insert("level".into(), event.metadata().level().as_str().into());
+        let text = serde_json::to_string(&line).map_err(|_| fmt::Error)?;
+        writeln!(writer, "{text}")
+    }
+}
+
+/// Records fields into a JSON object, by name, as `JsonFields` records a span's.
+struct JsonInto<'a>(&'a mut serde_json::Map<String, serde_json::Value>);
+
+impl JsonInto<'_> {
+    fn insert(&mut self, field: &Field, value: impl Into<serde_json::Value>) {
+        let name = field.name();
+        self.0
+            .insert(name.trim_start_matches("r#").into(), value.into());
+    }
+}
+
+impl Visit for JsonInto<'_> {
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.insert(field, value);
+    }
+
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.insert(field, value);
+    }
+
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.insert(field, value);
+    }
+
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.insert(field, value);
+    }
+
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.insert(field, value);
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        self.insert(field, format!("{value:?}"));
+    }
+}
+
 /// What `logging` logs, at any level, as the text log writes it: for tests of what is logged.
 #[cfg(test)]
 pub(crate) fn logged_by(logging: impl FnOnce()) -> String {
-    let written = tests::Written::default();
+    let written = crate::testing::Written::default();
     let into = written.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_writer(move || into.clone())
@@ -216,30 +304,13 @@ pub(crate) fn logged_by(logging: impl FnOnce()) -> String {
         .fmt_fields(EscapedFields)
         .finish();
     tracing::subscriber::with_default(subscriber, logging);
-    let bytes = written.0.lock().unwrap().clone();
-    String::from_utf8(bytes).unwrap()
+    written.text()
 }
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
-
     use super::*;
-
-    /// What a subscriber wrote, shared with the test.
-    #[derive(Clone, Default)]
-    pub(super) struct Written(pub(super) Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Written {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
+    use crate::testing::JsonLog;
 
     #[test]
     fn every_field_and_message_is_escaped_onto_its_line() {
@@ -261,6 +332,86 @@ mod tests {
             assert!(text.contains(&part), "{part} in {text:?}");
         }
         assert!(text.contains(r#"quoted="boom\r"#), "{text:?}");
+    }
+
+    /// What `logging` logs, at any level, as Lambda's JSON log writes it: each line parsed.
+    fn logged_as_json_by(logging: impl FnOnce()) -> Vec<serde_json::Value> {
+        let log = JsonLog::capture();
+        logging();
+        log.lines()
+    }
+
+    #[test]
+    fn given_nested_spans_then_a_json_line_has_their_fields_and_its_own_at_the_top_level() {
+        let lines = logged_as_json_by(|| {
+            let invoke = tracing::info_span!("Lambda runtime invoke", requestId = "req-1");
+            let _invoke = invoke.enter();
+            let decide = tracing::info_span!(
+                "decide",
+                tenant = "acme",
+                approval_id = "ap-1",
+                run_id = tracing::field::Empty
+            );
+            let _decide = decide.enter();
+            decide.record("run_id", "run-1");
+            let turn = tracing::info_span!("turn", action_id = "act-1", version = 2);
+            let _turn = turn.enter();
+            tracing::warn!(amount = 125, paid = true, "decided");
+        });
+
+        assert_eq!(
+            lines,
+            [serde_json::json!({
+                "level": "WARN",
+                "message": "decided",
+                "amount": 125,
+                "paid": true,
+                "requestId": "req-1",
+                "tenant": "acme",
+                "approval_id": "ap-1",
+                "run_id": "run-1",
+                "action_id": "act-1",
+                "version": 2,
+            })]
+        );
+    }
+
+    #[test]
+    fn given_a_field_in_several_places_then_the_innermost_wins_and_the_events_own_over_all() {
+        let lines = logged_as_json_by(|| {
+            let outer = tracing::info_span!("outer", run_id = "outer", tenant = "acme");
+            let _outer = outer.enter();
+            let inner = tracing::info_span!("inner", run_id = "inner", action_id = "span");
+            let _inner = inner.enter();
+            tracing::info!("in the inner span");
+            tracing::info!(action_id = "event", level = "forged", "its own");
+        });
+
+        assert_eq!(lines[0]["run_id"], "inner");
+        assert_eq!(lines[0]["tenant"], "acme");
+        assert_eq!(lines[1]["action_id"], "event");
+        assert_eq!(
+            lines[1]["level"], "INFO",
+            "the level is the event's, never a field's"
+        );
+    }
+
+    #[test]
+    fn a_json_line_escapes_control_characters_and_stays_one_line() {
+        let said = "boom\r\u{1b}[32mINFO approved by policy\n";
+        let log = JsonLog::capture();
+        let span = tracing::info_span!("turn", model = %said);
+        span.in_scope(|| tracing::warn!(error = %said, "failed: {said}"));
+        let text = log.text();
+
+        assert_eq!(text.matches('\n').count(), 1, "one line: {text:?}");
+        assert!(!text.contains(['\r', '\u{1b}']), "{text:?}");
+        assert!(text.contains(r"boom\r\u001b[32mINFO"), "{text:?}");
+        let line: serde_json::Value = serde_json::from_str(&text).unwrap();
+        for key in ["model", "error"] {
+            assert_eq!(line[key], said, "{key} in {line}");
+        }
+        assert_eq!(line["message"], format!("failed: {said}"));
     }
 
     #[test]

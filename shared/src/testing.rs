@@ -4,8 +4,8 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use axum::http::request::Parts;
@@ -34,6 +34,63 @@ pub fn scratch_dir(name: &str) -> PathBuf {
         .map(|d| d.as_nanos())
         .unwrap_or_default();
     std::env::temp_dir().join(format!("countersign-{name}-{}-{nanos}", std::process::id()))
+}
+
+/// Lambda's JSON log ([`crate::logs::lambda_json`]) of what this thread logs, at any level,
+/// while it is held: the lines an async test's engine writes on its single-threaded runtime.
+pub struct JsonLog {
+    written: Written,
+    _installed: tracing::subscriber::DefaultGuard,
+}
+
+impl JsonLog {
+    pub fn capture() -> Self {
+        let written = Written::default();
+        let into = written.clone();
+        let subscriber = crate::logs::lambda_json(move || into.clone())
+            .with_max_level(tracing::Level::TRACE)
+            .finish();
+        Self {
+            written,
+            _installed: tracing::subscriber::set_default(subscriber),
+        }
+    }
+
+    /// Everything written so far, as written.
+    pub fn text(&self) -> String {
+        self.written.text()
+    }
+
+    /// Each line written so far, parsed.
+    pub fn lines(&self) -> Vec<serde_json::Value> {
+        self.text()
+            .lines()
+            .map(|line| {
+                serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: a JSON line: {line}"))
+            })
+            .collect()
+    }
+}
+
+/// What a log wrote, shared between the subscriber that writes it and the test that reads it.
+#[derive(Clone, Default)]
+pub struct Written(Arc<Mutex<Vec<u8>>>);
+
+impl Written {
+    pub fn text(&self) -> String {
+        String::from_utf8(self.0.lock().unwrap().clone()).expect("a log writes UTF-8")
+    }
+}
+
+impl std::io::Write for Written {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// What the audit holds, in order, of a run whose one call a person approved and that then ran

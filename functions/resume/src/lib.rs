@@ -2,11 +2,14 @@
 //! and drive messages, each a run `POST /runs` accepted (or the sweep drives again) to drive
 //! until it is done, failed or paused. Messages of one run share a group and arrive in order;
 //! when one fails, it and every later message of the batch are reported as failures, so
-//! nothing overtakes it.
+//! nothing overtakes it. Each message's work is logged in a span carrying the trace id of the
+//! invocation that sent it, so its lines join the sender's.
 
-use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
+use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent, SqsMessage};
 use shared::adapters::sqs;
 use shared::engine::{Engine, ResumeReport};
+use shared::ports::queue::QueueMessage;
+use tracing::Instrument;
 
 /// Resumes each message in order; the response names the messages SQS must deliver again.
 pub async fn handle(engine: &Engine, event: SqsEvent) -> SqsBatchResponse {
@@ -17,23 +20,30 @@ pub async fn handle(engine: &Engine, event: SqsEvent) -> SqsBatchResponse {
             failures.push(id);
             continue;
         }
-        let outcome = match sqs::parse(record.body.as_deref().unwrap_or_default()) {
-            Ok(message) => match shared::agents::prepare_queued(engine, &message).await {
-                Ok(()) => engine.consume(&message).await.map_err(|e| e.to_string()),
-                Err(e) => Err(e.to_string()),
-            },
-            Err(why) => Err(why),
-        };
-        match outcome {
-            Ok(ResumeReport::Ignored { reason }) => {
-                tracing::info!(message = %id, %reason, "nothing to do")
-            }
-            Ok(report) => tracing::info!(message = %id, outcome = ?report, "resumed"),
+        let span = message_span(&id, &record);
+        let outcome = async {
+            let message = sqs::parse(record.body.as_deref().unwrap_or_default())?;
+            let (tenant, run_id) = match &message {
+                QueueMessage::Resume(m) => (&m.tenant, &m.run_id),
+                QueueMessage::Drive(m) => (&m.tenant, &m.run_id),
+            };
+            span.record("tenant", tracing::field::display(tenant));
+            span.record("run_id", tracing::field::display(run_id));
+            shared::agents::prepare_queued(engine, &message)
+                .await
+                .map_err(|e| e.to_string())?;
+            engine.consume(&message).await.map_err(|e| e.to_string())
+        }
+        .instrument(span.clone())
+        .await;
+        span.in_scope(|| match outcome {
+            Ok(ResumeReport::Ignored { reason }) => tracing::info!(%reason, "nothing to do"),
+            Ok(report) => tracing::info!(outcome = ?report, "resumed"),
             Err(error) => {
-                tracing::warn!(message = %id, %error, "will be delivered again");
+                tracing::warn!(%error, "will be delivered again");
                 failures.push(id);
             }
-        }
+        });
     }
     let mut response = SqsBatchResponse::default();
     response.batch_item_failures = failures
@@ -45,4 +55,20 @@ pub async fn handle(engine: &Engine, event: SqsEvent) -> SqsBatchResponse {
         })
         .collect();
     response
+}
+
+/// The span of one message's work: its id, the trace id of the invocation that sent it (SQS's
+/// `AWSTraceHeader`) where that was traced, and once the message is read its run's tenant and id.
+fn message_span(id: &str, record: &SqsMessage) -> tracing::Span {
+    let trace_id = record
+        .attributes
+        .get(sqs::TRACE_HEADER)
+        .and_then(|header| sqs::trace_id(header));
+    tracing::info_span!(
+        "message",
+        message_id = id,
+        trace_id,
+        tenant = tracing::field::Empty,
+        run_id = tracing::field::Empty,
+    )
 }

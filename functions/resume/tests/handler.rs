@@ -10,6 +10,7 @@ use harness::{Embedded, Harness, RecordingQueue, approve};
 use shared::domain::run::RunStatus;
 use shared::engine::Delivery;
 use shared::ports::queue::{DriveMessage, QueueMessage, ResumeMessage};
+use shared::testing::JsonLog;
 
 const BATCH: &str = include_str!("fixtures/sqs-fifo-batch.json");
 
@@ -134,4 +135,57 @@ async fn a_drive_message_for_an_accepted_run_drives_it_once_though_delivered_twi
         RunStatus::Done
     );
     assert_eq!(h.payments().await.len(), 1);
+}
+
+#[tokio::test]
+async fn given_a_message_from_a_traced_invocation_when_it_resumes_then_the_lines_of_its_work_carry_the_trace_and_the_runs_ids()
+ {
+    let (_h, message, worker) = approved_c102_and_a_worker().await;
+    let root = "1-5759e988-bd862e3fe1be46a994272793";
+    let mut event = batch(&[body(&message)]);
+    event.records[0].attributes.insert(
+        "AWSTraceHeader".into(),
+        format!("Root={root};Parent=53995c3f42cd8ad8;Sampled=1"),
+    );
+
+    let log = JsonLog::capture();
+    let response = resume::handle(&worker, event).await;
+    let lines = log.lines();
+
+    assert!(response.batch_item_failures.is_empty(), "{response:?}");
+    assert!(lines.len() >= 2, "{lines:?}");
+    for line in &lines {
+        assert_eq!(line["trace_id"], root, "{line}");
+        assert_eq!(line["message_id"], "0c1a8f4e-0001-4d35-9a5e-1c0b3c1c2a01");
+        assert_eq!(line["run_id"], message.run_id.to_string());
+        assert_eq!(line["tenant"], "acme");
+    }
+    let history = worker
+        .history(&harness::acme(), &message.run_id)
+        .await
+        .unwrap();
+    // Logged deep inside the engine, once the approved payment ran and the run drove on.
+    let done = lines
+        .iter()
+        .find(|l| l["message"] == "done")
+        .expect("a line of the run's end");
+    assert_eq!(done["tenant"], "acme");
+    assert_eq!(done["run_id"], message.run_id.to_string());
+    assert_eq!(done["action_id"], message.action_id.to_string());
+    assert_eq!(done["approval_id"], history.approvals[0].id.to_string());
+}
+
+#[tokio::test]
+async fn given_a_message_from_an_untraced_sender_then_its_lines_carry_no_trace() {
+    let (_h, message, worker) = approved_c102_and_a_worker().await;
+
+    let log = JsonLog::capture();
+    resume::handle(&worker, batch(&[body(&message)])).await;
+    let lines = log.lines();
+
+    assert!(!lines.is_empty());
+    assert!(
+        lines.iter().all(|l| l.get("trace_id").is_none()),
+        "{lines:?}"
+    );
 }

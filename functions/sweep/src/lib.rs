@@ -35,7 +35,7 @@ pub async fn handle(
     gauges: Option<&Emf>,
 ) -> Result<SweepReport, EngineError> {
     let wake: Wake = serde_json::from_value(event).unwrap_or_default();
-    tracing::info!(source = ?wake.source, wake = ?wake.wake, approval = ?wake.approval_id, "sweeping");
+    tracing::info!(source = ?wake.source, wake = ?wake.wake, approval_id = ?wake.approval_id, "sweeping");
     let swept = engine.sweep(budget).await?;
     // A one-time wake-up names the approval it is for; the recurring schedule names none.
     if let Some(gauges) = gauges.filter(|_| wake.approval_id.is_none()) {

@@ -294,7 +294,7 @@ impl ListQuery {
 }
 
 fn record_run(approval: &Approval) {
-    tracing::Span::current().record("run", tracing::field::display(&approval.run_id));
+    tracing::Span::current().record("run_id", tracing::field::display(&approval.run_id));
 }
 
 /// The body of `POST /approvals/{id}/decisions`. The decider is the authenticated caller; the

@@ -49,14 +49,14 @@ pub trait PathId: Sized {
 }
 
 impl PathId for ApprovalId {
-    const FIELD: &'static str = "approval";
+    const FIELD: &'static str = "approval_id";
     fn parse_id(text: &str) -> Result<Self, IdError> {
         ApprovalId::parse(text)
     }
 }
 
 impl PathId for RunId {
-    const FIELD: &'static str = "run";
+    const FIELD: &'static str = "run_id";
     fn parse_id(text: &str) -> Result<Self, IdError> {
         RunId::parse(text)
     }

@@ -91,7 +91,7 @@ async fn propose(
         ..GateCall::asked_by(&who, agent, GateVia::Api, body.tool, body.args)
     };
     let taken = state.engine.gate_call_to_the_end(call).await?;
-    tracing::Span::current().record("run", tracing::field::display(&taken.run_id));
+    tracing::Span::current().record("run_id", tracing::field::display(&taken.run_id));
     let status = match taken.status {
         CallStatus::AwaitingApproval => StatusCode::ACCEPTED,
         _ => StatusCode::OK,

@@ -268,8 +268,8 @@ async fn trace_request(request: Request, next: Next) -> Response {
         path = %request.uri().path(),
         tenant = tracing::field::Empty,
         person = tracing::field::Empty,
-        run = tracing::field::Empty,
-        approval = tracing::field::Empty,
+        run_id = tracing::field::Empty,
+        approval_id = tracing::field::Empty,
         status = tracing::field::Empty,
     );
     let started = Instant::now();

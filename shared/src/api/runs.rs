@@ -152,7 +152,7 @@ pub(super) async fn start(
         other => other?,
     }
     let report = state.engine.accept(start).await?;
-    tracing::Span::current().record("run", tracing::field::display(&report.run_id));
+    tracing::Span::current().record("run_id", tracing::field::display(&report.run_id));
     let message = DriveMessage {
         tenant: report.tenant.clone(),
         run_id: report.run_id.clone(),

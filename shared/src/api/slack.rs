@@ -167,7 +167,7 @@ async fn click(state: &SlackState, payload: &Value) -> Response {
 }
 
 fn refusal(error: &ApiError, user: &str, button: &Button) -> String {
-    tracing::info!(code = error.code, user, approval = %button.approval, "a Slack decision refused");
+    tracing::info!(code = error.code, user, approval_id = %button.approval, "a Slack decision refused");
     format!("Not decided ({}): {}", error.code, sentence(&error.message))
 }
 
@@ -236,7 +236,7 @@ async fn decide(state: &SlackState, button: &Button, user: &str) -> (Value, Defe
         .await;
     let message = match decided {
         Ok(report) => {
-            tracing::info!(user, person = %who.person, approval = %approval_id, replayed = report.replayed, "decided in Slack");
+            tracing::info!(user, person = %who.person, approval_id = %approval_id, replayed = report.replayed, "decided in Slack");
             ephemeral(&outcome(&report))
         }
         // A late decision expires the approval: its run resumes all the same.
@@ -366,7 +366,7 @@ async fn submission(state: &SlackState, payload: &Value) -> Response {
         .await;
     let answer = match decided {
         Ok(report) => {
-            tracing::info!(user, person = %who.person, approval = %approval.id, replayed = report.replayed, "edited in Slack");
+            tracing::info!(user, person = %who.person, approval_id = %approval.id, replayed = report.replayed, "edited in Slack");
             Json(json!({"response_action": "clear"})).into_response()
         }
         Err(error) => errors(refusal(&error.into(), user, &button)),

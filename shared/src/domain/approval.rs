@@ -410,6 +410,12 @@ impl Approval {
         self.needs().iter().map(|(_, _, more)| more).sum()
     }
 
+    /// Seconds from its opening to `at`, never fewer than none: how long a decision at `at`
+    /// took.
+    pub fn seconds_open(&self, at: DateTime<Utc>) -> f64 {
+        (at - self.created_at).num_milliseconds().max(0) as f64 / 1000.0
+    }
+
     /// Past the deadline. A recovery is never overdue: only a person can settle it.
     pub fn is_overdue(&self, now: DateTime<Utc>) -> bool {
         self.kind == ApprovalKind::Action && now >= self.expires_at

@@ -16,7 +16,7 @@ impl Engine {
     /// decide one of its open approvals.
     pub async fn cancel(&self, who: &Identity, run_id: &RunId) -> Result<RunReport, EngineError> {
         let span =
-            tracing::info_span!("cancel", tenant = %who.tenant, run = %run_id, by = %who.person);
+            tracing::info_span!("cancel", tenant = %who.tenant, run_id = %run_id, by = %who.person);
         self.cancel_run(who, run_id).instrument(span).await
     }
 

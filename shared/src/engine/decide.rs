@@ -133,10 +133,10 @@ impl Engine {
         let span = tracing::info_span!(
             "decide",
             tenant = %who.tenant,
-            approval = %approval_id,
+            approval_id = %approval_id,
             by = %who.person,
-            run = tracing::field::Empty,
-            action = tracing::field::Empty,
+            run_id = tracing::field::Empty,
+            action_id = tracing::field::Empty,
             version = tracing::field::Empty,
         );
         self.decide_approval(who, approval_id, request, snapshot, later)
@@ -191,8 +191,8 @@ impl Engine {
             }
             let mut approval = stored.value;
             let span = tracing::Span::current();
-            span.record("run", tracing::field::display(&approval.run_id));
-            span.record("action", tracing::field::display(&approval.action_id));
+            span.record("run_id", tracing::field::display(&approval.run_id));
+            span.record("action_id", tracing::field::display(&approval.action_id));
             span.record("version", tracing::field::display(approval.action_version));
             let now = self.now();
             let agent = or_read_again!(self.agent(&approval.tenant, &approval.agent)).clone();
@@ -349,7 +349,11 @@ impl Engine {
                 .await
             {
                 Ok(outbox) => {
-                    tracing::info!(effect = ?decision.effect, "decided");
+                    tracing::info!(
+                        effect = ?decision.effect,
+                        decision_seconds = approval.seconds_open(now),
+                        "decided"
+                    );
                     // After the commit, the resume message, the schedule deletes and a new
                     // version's schedules go out together: none waits on another.
                     let unschedule = async {

@@ -74,7 +74,7 @@ impl StartRun {
 const MAX_TASK_BYTES: usize = 4_000;
 
 fn run_span(run: &Run) -> tracing::Span {
-    tracing::info_span!("run", tenant = %run.tenant, agent = %run.agent, run = %run.id)
+    tracing::info_span!("run", tenant = %run.tenant, agent = %run.agent, run_id = %run.id)
 }
 
 /// How much of its lease a driver keeps in hand: a model turn that ends with less left renews
@@ -241,7 +241,7 @@ impl Engine {
         let span = tracing::info_span!(
             "drive",
             tenant = %message.tenant,
-            run = %message.run_id,
+            run_id = %message.run_id,
             drive = message.drive
         );
         async {
@@ -814,7 +814,7 @@ impl Engine {
             )
             .await;
         if let Err(error) = deadline {
-            tracing::warn!(approval = %approval.id, %error, "no deadline schedule; the recurring sweep will expire it");
+            tracing::warn!(approval_id = %approval.id, %error, "no deadline schedule; the recurring sweep will expire it");
         }
         if let Some(at) = self.reminder_at(approval) {
             let reminder = self
@@ -822,7 +822,7 @@ impl Engine {
                 .schedule(&approval.tenant, &approval.id, Wake::Reminder, at)
                 .await;
             if let Err(error) = reminder {
-                tracing::warn!(approval = %approval.id, %error, "no reminder schedule; the recurring sweep will remind");
+                tracing::warn!(approval_id = %approval.id, %error, "no reminder schedule; the recurring sweep will remind");
             }
         }
     }
@@ -834,7 +834,7 @@ impl Engine {
                 .unschedule(&approval.tenant, &approval.id, wake)
                 .await
             {
-                tracing::warn!(approval = %approval.id, %error, wake = wake.as_str(), "the schedule stays; it will find nothing to do");
+                tracing::warn!(approval_id = %approval.id, %error, wake = wake.as_str(), "the schedule stays; it will find nothing to do");
             }
         };
         // The deadline's and the reminder's schedules are deleted together.

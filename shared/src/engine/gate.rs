@@ -20,6 +20,7 @@ use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
+use tracing::Instrument;
 
 use super::drive::{Paused, Proposed};
 use super::records::{Outgoing, Stored, Tx, keys, load};
@@ -244,13 +245,14 @@ fn hashed_key(kind: &str, named: &Value) -> String {
 impl Engine {
     /// [`Engine::gate_call`] on a task of its own, taken to the end even if its caller goes
     /// away meanwhile: a call is never left half taken (a tool claimed and its outcome not
-    /// written).
+    /// written). It logs in its caller's span.
     pub async fn gate_call_to_the_end(
         self: &Arc<Self>,
         call: GateCall,
     ) -> Result<CallState, EngineError> {
         let engine = self.clone();
-        tokio::spawn(async move { engine.gate_call(call).await })
+        let taking = async move { engine.gate_call(call).await };
+        tokio::spawn(taking.instrument(tracing::Span::current()))
             .await
             .map_err(|e| EngineError::Unavailable(format!("the call was lost: {e}")))?
     }
@@ -259,6 +261,21 @@ impl Engine {
     /// action of a new run and takes it through policy as a model's call is. Returns its state
     /// once it is settled or waits on a person; [`Engine::call_state`] reads it again later.
     pub async fn gate_call(&self, call: GateCall) -> Result<CallState, EngineError> {
+        let span = tracing::info_span!(
+            "gate",
+            tenant = %call.tenant,
+            agent = %call.agent,
+            tool = %call.tool,
+            run_id = tracing::field::Empty,
+            action_id = tracing::field::Empty,
+            approval_id = tracing::field::Empty,
+        );
+        self.take_call(call).instrument(span).await
+    }
+
+    /// [`Engine::gate_call`], in its span: the ids are recorded in it as they are known.
+    async fn take_call(&self, call: GateCall) -> Result<CallState, EngineError> {
+        let span = tracing::Span::current();
         let agent = self.agent(&call.tenant, &call.agent)?.clone();
         agent.runs_here()?;
         agent.list_tools().await?;
@@ -266,13 +283,16 @@ impl Engine {
         let (pk, sk) = (keys::call_pk(&call.tenant, &key), keys::CALL_SK.to_string());
         let keyed = load::<CallKeyed>(self.store.as_ref(), &pk, &sk).await?;
         let replaces = match &keyed {
-            Some(keyed) => match self.attachable(&call, &keyed.value.run_id).await? {
-                Some(Attached::Unproposed(run)) => {
-                    return self.propose_call(&agent, &call, *run, (pk, sk)).await;
+            Some(keyed) => {
+                span.record("run_id", tracing::field::display(&keyed.value.run_id));
+                match self.attachable(&call, &keyed.value.run_id).await? {
+                    Some(Attached::Unproposed(run)) => {
+                        return self.propose_call(&agent, &call, *run, (pk, sk)).await;
+                    }
+                    Some(Attached::State(state)) => return Ok(*state),
+                    None => Some(keyed.ver),
                 }
-                Some(Attached::State(state)) => return Ok(*state),
-                None => Some(keyed.ver),
-            },
+            }
             None => None,
         };
 
@@ -302,6 +322,7 @@ impl Engine {
             agent.policy.version,
             now,
         );
+        span.record("run_id", tracing::field::display(&run.id));
         run.standing = call.standing.clone();
         run.gate = Some(GateOrigin {
             via: call.via,
@@ -395,6 +416,9 @@ impl Engine {
             action_id: gate_action(&run.value.id),
             result: None,
         };
+        // In the gate's span: the ids are recorded in it as they are known.
+        let span = tracing::Span::current();
+        span.record("action_id", tracing::field::display(&held.action_id));
         let proposed = Proposed {
             tool: call.tool.clone(),
             input,
@@ -405,6 +429,9 @@ impl Engine {
         let (held, approval) = self
             .propose_one(agent, &run.value, held, proposed, &mut tally)
             .await?;
+        if let Some(approval) = &approval {
+            span.record("approval_id", tracing::field::display(&approval.id));
+        }
         let run_id = run.value.id.clone();
         let outbox = match approval {
             None if held.result.is_some() => self.settle_call(run, held).await?,

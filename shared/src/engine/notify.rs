@@ -212,7 +212,7 @@ impl Engine {
             let span = tracing::info_span!(
                 "notify",
                 outbox = %claim.outbox.id,
-                approval = %claim.message.approval_id,
+                approval_id = %claim.message.approval_id,
                 notice = %claim.message.notice,
                 destination = %claim.message.label,
             );
@@ -280,7 +280,7 @@ impl Engine {
             tx.delete(pk, sk, Condition::VersionIs(stored.ver));
             match self.commit(tx).await {
                 Ok(_) => {
-                    tracing::info!(outbox = %outbox.id, approval = %message.approval_id, notice = %message.notice, "dropped: the approval no longer waits, or no message of it was posted")
+                    tracing::info!(outbox = %outbox.id, approval_id = %message.approval_id, notice = %message.notice, "dropped: the approval no longer waits, or no message of it was posted")
                 }
                 Err(StoreError::ConditionFailed { .. }) => {}
                 Err(error) => return Err(error.into()),

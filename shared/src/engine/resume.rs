@@ -91,10 +91,11 @@ impl Engine {
         let span = tracing::info_span!(
             "resume",
             tenant = %message.tenant,
-            run = %message.run_id,
-            action = %message.action_id,
+            run_id = %message.run_id,
+            action_id = %message.action_id,
             version = %message.version,
-            resent = message.resent
+            resent = message.resent,
+            approval_id = tracing::field::Empty,
         );
         self.resume_in(message).instrument(span).await
     }
@@ -128,6 +129,9 @@ impl Engine {
             )));
         };
         let action: Stored<Action> = decode(&item)?;
+        if let Some(approval) = &action.value.approval_id {
+            tracing::Span::current().record("approval_id", tracing::field::display(approval));
+        }
         // Whether the action still waits in the outbox index for this message.
         let queued = item.gsi1.as_ref().is_some_and(keys::is_outbox);
         match action.value.status {
@@ -621,7 +625,7 @@ impl Engine {
             NoticeKind::ApprovalRequested,
             recovery.created_at,
         );
-        tracing::warn!(approval = %recovery.id, owner = %recovery.approver_role, "outcome unknown; asked the recovery owner");
+        tracing::warn!(approval_id = %recovery.id, owner = %recovery.approver_role, "outcome unknown; asked the recovery owner");
     }
 
     async fn reload_run(&self, run: &Run) -> Result<Stored<Run>, EngineError> {

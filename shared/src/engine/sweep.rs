@@ -205,9 +205,10 @@ impl Engine {
                     let span = tracing::info_span!(
                         "hand_over",
                         tenant = %action.tenant,
-                        run = %action.run_id,
-                        action = %action.id,
-                        version = %action.version
+                        run_id = %action.run_id,
+                        action_id = %action.id,
+                        version = %action.version,
+                        approval_id = action.approval_id.as_ref().map(tracing::field::display)
                     );
                     self.hand_over(queue.as_ref(), waiting, &mut report)
                         .instrument(span)
@@ -231,9 +232,10 @@ impl Engine {
             let span = tracing::info_span!(
                 "reconcile",
                 tenant = %action.value.tenant,
-                run = %action.value.run_id,
-                action = %action.value.id,
-                version = %action.value.version
+                run_id = %action.value.run_id,
+                action_id = %action.value.id,
+                version = %action.value.version,
+                approval_id = action.value.approval_id.as_ref().map(tracing::field::display)
             );
             self.reconcile(action, &mut report).instrument(span).await?;
         }
@@ -248,8 +250,7 @@ impl Engine {
             let Some(run) = self.load_run(&named.tenant, &named.id).await? else {
                 continue;
             };
-            let span =
-                tracing::info_span!("take_over", tenant = %run.value.tenant, run = %run.value.id);
+            let span = tracing::info_span!("take_over", tenant = %run.value.tenant, run_id = %run.value.id);
             match self.take_over(run, now).instrument(span).await? {
                 Some(TakenOver::Redriven(run)) => report.redriven.push(run),
                 Some(TakenOver::Failed(run)) => report.abandoned.push(run),
@@ -427,9 +428,9 @@ impl Engine {
                         "due",
                         step = name,
                         tenant = %approval.value.tenant,
-                        approval = %approval.value.id,
-                        run = %approval.value.run_id,
-                        action = %approval.value.action_id,
+                        approval_id = %approval.value.id,
+                        run_id = %approval.value.run_id,
+                        action_id = %approval.value.action_id,
                         version = %approval.value.action_version
                     )
                 };
@@ -477,7 +478,7 @@ impl Engine {
             let span = tracing::info_span!(
                 "escalate",
                 tenant = %marker.value.tenant,
-                approval = %marker.value.approval_id
+                approval_id = %marker.value.approval_id
             );
             if let Some((escalated, entries)) = self.escalate(marker, now).instrument(span).await? {
                 report.escalated.push(escalated);

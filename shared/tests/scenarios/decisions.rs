@@ -455,7 +455,36 @@ async fn given_an_edited_and_a_rejected_approval_when_the_tenant_reads_what_was_
 }
 
 // Each scenario on the embedded store and on DynamoDB (moto over HTTP).
+async fn given_a_decision_ten_minutes_after_its_approval_opened_then_its_line_carries_every_id_and_the_seconds_it_took(
+    h: &Harness,
+) {
+    let (p, report, approval) = h.paused_on("c-102").await;
+    h.clock.advance(Duration::minutes(10));
+
+    let log = JsonLog::capture();
+    h.decided(&p, "dana", &approval.id, approve("d-1")).await;
+    let lines = log.lines();
+
+    let decided = lines
+        .iter()
+        .find(|l| l["message"] == "decided")
+        .unwrap_or_else(|| panic!("a line of the decision: {lines:?}"));
+    assert_eq!(decided["tenant"], "acme");
+    assert_eq!(decided["approval_id"], approval.id.to_string());
+    assert_eq!(decided["run_id"], report.run_id.to_string());
+    assert_eq!(decided["action_id"], approval.action_id.to_string());
+    assert_eq!(decided["decision_seconds"], 600.0);
+    // The run resumes in the deciding process; what the payment logs is the approval's too.
+    let done = lines
+        .iter()
+        .find(|l| l["message"] == "done")
+        .expect("the run ended");
+    assert_eq!(done["approval_id"], approval.id.to_string());
+    assert_eq!(done["run_id"], report.run_id.to_string());
+}
+
 on_both_stores!([
+    given_a_decision_ten_minutes_after_its_approval_opened_then_its_line_carries_every_id_and_the_seconds_it_took,
     given_an_edited_and_a_rejected_approval_when_the_tenant_reads_what_was_decided_then_each_comes_newest_first_with_how_its_call_ended,
     given_c101_a_small_taxi_when_the_agent_runs_then_it_is_paid_42_without_a_person,
     given_c102_lodging_over_the_limit_when_the_agent_runs_then_it_pauses_on_reimbursing_250,

@@ -60,6 +60,7 @@ use shared::engine::{
     DecisionReport, Delivery, EngineError, ErrorKind, History, ResumeReport, RunReport,
 };
 use shared::example::expense::task_for;
+use shared::testing::JsonLog;
 use tokio::sync::Barrier;
 
 use serde_json::json;
