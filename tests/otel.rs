@@ -221,7 +221,7 @@ fn given_an_endpoint_when_a_cli_run_ends_then_its_trace_arrives_before_the_comma
     assert_eq!(command["service"], "countersign-laptop");
     let children = children_of(&spans, command);
     assert!(
-        children.iter().any(|s| s["attributes"]["run"] == run),
+        children.iter().any(|s| s["attributes"]["run_id"] == run),
         "the run's span under the command's: {spans:#?}"
     );
 }
