@@ -294,19 +294,14 @@ impl Engine {
     }
 
     /// Applies one transaction; on success what it hands over for delivery is returned.
-    async fn commit(&self, mut tx: Tx) -> Result<Outgoing, StoreError> {
+    async fn commit(&self, tx: Tx) -> Result<Outgoing, StoreError> {
         if !tx.opens_approvals() {
             // Most transactions: no count to read, one request.
-            let counted = tx.take_counts();
-            let (writes, outgoing) = tx.into_parts();
+            let (writes, counted, outgoing) = tx.into_parts();
             let touched = self.waiters.touched(&writes);
-            match self.counters() {
-                Some(counters) if !counted.is_empty() => counters
-                    .transact_counting(writes, &counted)
-                    .await
-                    .map_err(|refused| refused.error)?,
-                _ => self.store.transact(writes).await?,
-            }
+            self.send(writes, &counted)
+                .await
+                .map_err(|refused| refused.error)?;
             waiters::wake(touched);
             return Ok(outgoing);
         }
@@ -322,10 +317,9 @@ impl Engine {
     /// [`Engine::commit`], with the counts of open approvals of the requesters whose approvals
     /// the transaction opens; where `cap` is given, an opening it would take past the cap
     /// writes nothing.
-    async fn commit_capped(&self, mut tx: Tx, cap: Option<u32>) -> Result<Outgoing, Uncommitted> {
+    async fn commit_capped(&self, tx: Tx, cap: Option<u32>) -> Result<Outgoing, Uncommitted> {
         let openings = tx.openings();
-        let counted = tx.take_counts();
-        let (writes, outgoing) = tx.into_parts();
+        let (writes, counted, outgoing) = tx.into_parts();
         let touched = self.waiters.touched(&writes);
         self.transact_counted(writes, &counted, &openings, cap)
             .await?;
@@ -394,12 +388,11 @@ impl Engine {
     /// not say or another write's condition failed.
     async fn commit_watching(
         &self,
-        mut tx: Tx,
+        tx: Tx,
         watched: (&str, &str),
     ) -> Result<Outgoing, (StoreError, Option<Option<crate::ports::store::Item>>)> {
         let openings = tx.openings();
-        let counted = tx.take_counts();
-        let (writes, outgoing) = tx.into_parts();
+        let (writes, counted, outgoing) = tx.into_parts();
         let index = writes.iter().position(|w| w.key() == watched);
         let touched = self.waiters.touched(&writes);
         let sent = self

@@ -948,7 +948,7 @@ mod tests {
 
     /// The items `tx` writes, as a partition holding only them reads back.
     fn written(tx: Tx) -> Vec<Item> {
-        let (writes, _) = tx.into_parts();
+        let (writes, _, _) = tx.into_parts();
         let mut items: Vec<Item> = writes
             .into_iter()
             .map(|write| match write {
@@ -999,7 +999,7 @@ mod tests {
             AuditEntry::new(&run.value.id, Actor::Agent, event.clone(), now),
         );
         tx.run(IndexShards::DEFAULT, &mut run);
-        let (writes, _) = tx.into_parts();
+        let (writes, _, _) = tx.into_parts();
         let [Write::Put { item, condition }] = &writes[..] else {
             panic!("one write, no audit item: {writes:?}")
         };
@@ -1049,7 +1049,7 @@ mod tests {
             tx.audit(&run.value.tenant, entry);
         }
         tx.run(IndexShards::DEFAULT, &mut run);
-        let (writes, _) = tx.into_parts();
+        let (writes, _, _) = tx.into_parts();
         let [Write::Put { item, .. }] = &writes[..] else {
             panic!("one write, no audit item: {writes:?}")
         };

@@ -170,11 +170,6 @@ impl Tx {
         });
     }
 
-    /// What this transaction counts, taken out before it is sent.
-    pub fn take_counts(&mut self) -> Vec<Count> {
-        std::mem::take(&mut self.counts)
-    }
-
     /// A decision people made on an approval they were asked for (approved, edited, rejected),
     /// or that nobody made in time (expired), timed from the approval's creation. A
     /// cancellation decides nothing, and a recovery's answer settles a call, not an approval.
@@ -499,9 +494,9 @@ impl Tx {
         self.outgoing.notices.push(entry);
     }
 
-    /// The writes, each run's audit item last (a finished run's events in its own item), and
-    /// what to deliver once they commit.
-    pub fn into_parts(mut self) -> (Vec<Write>, Outgoing) {
+    /// The writes, each run's audit item last (a finished run's events in its own item), what
+    /// they count, and what to deliver once they commit.
+    pub fn into_parts(mut self) -> (Vec<Write>, Vec<Count>, Outgoing) {
         let slots: Vec<Write> = open::slot_writes(&self.open).collect();
         self.writes.extend(slots);
         for (at, own) in std::mem::take(&mut self.finished) {
@@ -541,7 +536,7 @@ impl Tx {
                 }
             }
         }
-        (self.writes, self.outgoing)
+        (self.writes, self.counts, self.outgoing)
     }
 }
 
@@ -621,7 +616,7 @@ mod tests {
         let action = approved_action(&approval());
         let mut tx = Tx::new();
         tx.resume_action(IndexShards::DEFAULT, &action, Condition::VersionIs(1));
-        let (writes, outgoing) = tx.into_parts();
+        let (writes, _, outgoing) = tx.into_parts();
 
         let [Write::Put { item, condition }] = &writes[..] else {
             panic!("one put, and no outbox item: {writes:?}")
