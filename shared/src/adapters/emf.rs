@@ -74,33 +74,42 @@ struct Metric {
     value: f64,
 }
 
-/// A line: the metrics at `at`, extracted along each of `dimension_sets`, with the dimensions'
-/// values as top-level strings beside the metrics' values.
-fn line(
-    at: DateTime<Utc>,
-    dimensions: &[(&str, &str)],
-    dimension_sets: &[&[&str]],
-    metrics: &[Metric],
-) -> Value {
+/// What one directive of a line extracts: its metrics, each along every one of its dimension
+/// sets (CloudWatch bills each metric and dimension set as a custom metric of its own).
+struct Directive<'a> {
+    dimension_sets: &'a [&'a [&'a str]],
+    metrics: &'a [Metric],
+}
+
+/// A line: each directive's metrics at `at`, with the dimensions' values as top-level strings
+/// beside the metrics' values.
+fn line(at: DateTime<Utc>, dimensions: &[(&str, &str)], directives: &[Directive]) -> Value {
     let mut root = Map::new();
+    let extracted: Vec<Value> = directives
+        .iter()
+        .map(|directive| {
+            json!({
+                "Namespace": NAMESPACE,
+                "Dimensions": directive.dimension_sets,
+                "Metrics": directive
+                    .metrics
+                    .iter()
+                    .map(|m| json!({"Name": m.name, "Unit": m.unit}))
+                    .collect::<Vec<_>>(),
+            })
+        })
+        .collect();
     root.insert(
         "_aws".into(),
         json!({
             "Timestamp": at.timestamp_millis(),
-            "CloudWatchMetrics": [{
-                "Namespace": NAMESPACE,
-                "Dimensions": dimension_sets,
-                "Metrics": metrics
-                    .iter()
-                    .map(|m| json!({"Name": m.name, "Unit": m.unit}))
-                    .collect::<Vec<_>>(),
-            }],
+            "CloudWatchMetrics": extracted,
         }),
     );
     for (name, value) in dimensions {
         root.insert((*name).into(), Value::String((*value).into()));
     }
-    for metric in metrics {
+    for metric in directives.iter().flat_map(|d| d.metrics) {
         root.insert(metric.name.into(), json!(metric.value));
     }
     Value::Object(root)
@@ -119,6 +128,8 @@ fn counted(name: &'static str) -> Metric {
 pub fn count_line(count: &Count, at: DateTime<Utc>) -> Option<Value> {
     let (tenant, agent) = (count.tenant.as_str(), count.agent.as_str());
     Some(match count.series {
+        // The count by outcome and the time by tenant and agent alone: what the dashboard
+        // and a percentile read, and no more billed metrics than that.
         Series::Decisions(outcome) => line(
             at,
             &[
@@ -126,13 +137,18 @@ pub fn count_line(count: &Count, at: DateTime<Utc>) -> Option<Value> {
                 ("agent", agent),
                 ("outcome", outcome.as_str()),
             ],
-            &[&["tenant", "agent", "outcome"], &["tenant", "agent"]],
             &[
-                counted("countersign_decisions_total"),
-                Metric {
-                    name: "countersign_decision_seconds",
-                    unit: "Seconds",
-                    value: count.seconds,
+                Directive {
+                    dimension_sets: &[&["tenant", "agent", "outcome"]],
+                    metrics: &[counted("countersign_decisions_total")],
+                },
+                Directive {
+                    dimension_sets: &[&["tenant", "agent"]],
+                    metrics: &[Metric {
+                        name: "countersign_decision_seconds",
+                        unit: "Seconds",
+                        value: count.seconds,
+                    }],
                 },
             ],
         ),
@@ -144,8 +160,10 @@ pub fn count_line(count: &Count, at: DateTime<Utc>) -> Option<Value> {
                 ("agent", agent),
                 ("outcome", outcome.as_str()),
             ],
-            &[&["tenant", "agent", "outcome"]],
-            &[counted("countersign_executions_total")],
+            &[Directive {
+                dimension_sets: &[&["tenant", "agent", "outcome"]],
+                metrics: &[counted("countersign_executions_total")],
+            }],
         ),
         Series::Rulings(outcome, mode) => line(
             at,
@@ -155,8 +173,10 @@ pub fn count_line(count: &Count, at: DateTime<Utc>) -> Option<Value> {
                 ("outcome", outcome.name()),
                 ("mode", mode.as_str()),
             ],
-            &[&["tenant", "agent", "outcome", "mode"]],
-            &[counted("countersign_policy_outcomes_total")],
+            &[Directive {
+                dimension_sets: &[&["tenant", "agent", "outcome", "mode"]],
+                metrics: &[counted("countersign_policy_outcomes_total")],
+            }],
         ),
     })
 }
@@ -169,24 +189,26 @@ pub fn gauge_line(figures: &AgentFigures, at: DateTime<Utc>) -> Value {
             ("tenant", figures.tenant.as_str()),
             ("agent", figures.agent.as_str()),
         ],
-        &[&["tenant", "agent"]],
-        &[
-            Metric {
-                name: "countersign_approvals_waiting",
-                unit: "Count",
-                value: figures.approvals_waiting as f64,
-            },
-            Metric {
-                name: "countersign_approval_oldest_wait_seconds",
-                unit: "Seconds",
-                value: figures.oldest_wait_seconds,
-            },
-            Metric {
-                name: "countersign_unknown_outcomes",
-                unit: "Count",
-                value: figures.unknown_outcomes as f64,
-            },
-        ],
+        &[Directive {
+            dimension_sets: &[&["tenant", "agent"]],
+            metrics: &[
+                Metric {
+                    name: "countersign_approvals_waiting",
+                    unit: "Count",
+                    value: figures.approvals_waiting as f64,
+                },
+                Metric {
+                    name: "countersign_approval_oldest_wait_seconds",
+                    unit: "Seconds",
+                    value: figures.oldest_wait_seconds,
+                },
+                Metric {
+                    name: "countersign_unknown_outcomes",
+                    unit: "Count",
+                    value: figures.unknown_outcomes as f64,
+                },
+            ],
+        }],
     )
 }
 
@@ -332,6 +354,17 @@ mod tests {
                 line["_aws"]["CloudWatchMetrics"][0]["Namespace"],
                 "Countersign"
             );
+            // A metric named by two directives would be billed along both's dimension sets.
+            let names: Vec<&Value> = line["_aws"]["CloudWatchMetrics"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .flat_map(|d| d["Metrics"].as_array().unwrap())
+                .map(|m| &m["Name"])
+                .collect();
+            let distinct: std::collections::BTreeSet<String> =
+                names.iter().map(|n| n.to_string()).collect();
+            assert_eq!(names.len(), distinct.len(), "{line}");
             assert_eq!(
                 (line["tenant"].as_str(), line["agent"].as_str()),
                 (Some("acme"), Some("expense"))
@@ -352,9 +385,22 @@ mod tests {
         assert_eq!(decided["outcome"], "edited");
         assert_eq!(decided["countersign_decisions_total"], 1.0);
         assert_eq!(decided["countersign_decision_seconds"], 600.0);
+        // Each metric under its own dimension sets only: five billed metrics per tenant and
+        // agent (a count per outcome and one time), not ten.
         assert_eq!(
-            decided["_aws"]["CloudWatchMetrics"][0]["Dimensions"],
-            json!([["tenant", "agent", "outcome"], ["tenant", "agent"]])
+            decided["_aws"]["CloudWatchMetrics"],
+            json!([
+                {
+                    "Namespace": "Countersign",
+                    "Dimensions": [["tenant", "agent", "outcome"]],
+                    "Metrics": [{"Name": "countersign_decisions_total", "Unit": "Count"}],
+                },
+                {
+                    "Namespace": "Countersign",
+                    "Dimensions": [["tenant", "agent"]],
+                    "Metrics": [{"Name": "countersign_decision_seconds", "Unit": "Seconds"}],
+                },
+            ])
         );
         let ruled = Series::Rulings(VerdictKind::Approve, RuleMode::LogOnly);
         let ruled = count_line(&count(ruled, 0.0), at()).unwrap();
