@@ -241,17 +241,8 @@ impl Collector for Scraped {
             ),
             |a| {
                 let times = &a.decision_seconds;
-                let mut below = 0;
-                let mut buckets: Vec<(f64, u64)> = times
-                    .buckets
-                    .iter()
-                    .map(|(bound, within)| {
-                        let own = within - below;
-                        below = *within;
-                        (*bound, own)
-                    })
-                    .collect();
-                buckets.push((f64::INFINITY, times.count - below));
+                let mut buckets = times.buckets.clone();
+                buckets.push((f64::INFINITY, times.beyond));
                 vec![(labels(a), Value::Histogram(times.sum, times.count, buckets))]
             },
         )?;

@@ -149,10 +149,11 @@ async fn given_a_payment_waiting_when_another_process_approves_it_then_metrics_s
         decided.expense("countersign_decision_seconds_count", &[]),
         1.0
     );
-    assert_eq!(
-        decided.expense("countersign_decision_seconds_bucket", &[("le", "+Inf")]),
-        1.0
-    );
+    // Cumulative as Prometheus reads them: the decision is within the first bound and every later.
+    for le in ["10", "604800", "+Inf"] {
+        let bucket = decided.expense("countersign_decision_seconds_bucket", &[("le", le)]);
+        assert_eq!(bucket, 1.0, "le={le}");
+    }
     assert_eq!(
         decided.expense("countersign_executions_total", &succeeded),
         reads + 1.0,

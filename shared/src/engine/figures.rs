@@ -45,11 +45,15 @@ pub struct AgentFigures {
     pub policy_outcomes: Vec<Ruled>,
 }
 
-/// How long decisions took, from an approval's creation: a histogram's cumulative buckets.
+/// How long decisions took, from an approval's creation: a histogram's buckets, each with its
+/// own count as the store keeps it (the Prometheus encoder adds them up as it writes them).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct DecisionTimes {
-    /// Each bucket's upper bound in seconds with how many decisions came within it.
+    /// Each bucket's upper bound in seconds with how many decisions came within it and no
+    /// earlier one.
     pub buckets: Vec<(f64, u64)>,
+    /// How many came past the last bound.
+    pub beyond: u64,
     pub count: u64,
     pub sum: f64,
 }
@@ -74,6 +78,7 @@ impl AgentFigures {
             decisions: DecisionOutcome::ALL.iter().map(|o| (*o, 0)).collect(),
             decision_seconds: DecisionTimes {
                 buckets: DECISION_BUCKETS.iter().map(|b| (*b, 0)).collect(),
+                beyond: 0,
                 count: 0,
                 sum: 0.0,
             },
@@ -99,12 +104,10 @@ impl AgentFigures {
                 self.decision_seconds.count += kept.n;
                 self.decision_seconds.sum += kept.seconds;
             }
-            // Cumulative: a decision within a bucket is within every later one too.
-            Series::DecidedWithin(bucket) => {
-                for (_, within) in self.decision_seconds.buckets.iter_mut().skip(bucket) {
-                    *within += kept.n;
-                }
-            }
+            Series::DecidedWithin(bucket) => match self.decision_seconds.buckets.get_mut(bucket) {
+                Some((_, within)) => *within += kept.n,
+                None => self.decision_seconds.beyond += kept.n,
+            },
             Series::Executions(outcome) => *self.executions.entry(outcome).or_default() += kept.n,
             Series::Rulings(outcome, mode) => {
                 if let Some(ruled) = self

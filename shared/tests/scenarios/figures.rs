@@ -74,7 +74,12 @@ async fn given_an_approval_waiting_ten_minutes_when_another_process_approves_it_
             .unwrap()
             .1
     };
-    assert_eq!((within(300.0), within(900.0)), (0, counted));
+    // Each bucket holds its own decisions: none in the 1800 s one, nor past the last.
+    assert_eq!(
+        (within(300.0), within(900.0), within(1800.0)),
+        (0, counted, 0)
+    );
+    assert_eq!(after.decision_seconds.beyond, 0);
     // The payment ran once the decision was made; the claim's reads ran before.
     let succeeded = |f: &AgentFigures| f.executions[&ExecutionOutcome::Succeeded];
     assert_eq!(succeeded(&after) - succeeded(&before), counted);
