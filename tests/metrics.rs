@@ -127,6 +127,14 @@ async fn given_a_payment_waiting_when_another_process_approves_it_then_metrics_s
     );
     let succeeded = [("outcome", "succeeded")];
     let reads = waiting.expense("countersign_executions_total", &succeeded);
+    // The offline model says no usage: its turn is a request counted, with no tokens.
+    let asked = [("outcome", "ok")];
+    let turns = waiting.expense("countersign_model_requests_total", &asked);
+    assert!(turns >= 1.0, "{turns}");
+    for kind in ["input", "output"] {
+        let tokens = waiting.expense("countersign_model_tokens_total", &[("kind", kind)]);
+        assert_eq!(tokens, 0.0, "{kind}");
+    }
 
     cs.ok(&["review", "approve", &approval, "--as", "dana"]);
 
@@ -159,7 +167,23 @@ async fn given_a_payment_waiting_when_another_process_approves_it_then_metrics_s
         reads + 1.0,
         "the payment ran"
     );
+    assert_eq!(
+        decided.expense("countersign_model_requests_total", &asked),
+        turns + 1.0,
+        "the resumed run asked its model once more"
+    );
+    let failed = [("outcome", "error")];
+    assert_eq!(
+        decided.expense("countersign_model_requests_total", &failed),
+        0.0
+    );
+    assert_eq!(
+        decided.expense("countersign_resume_failures_total", &[]),
+        0.0
+    );
     assert_eq!(decided.type_of("countersign_decision_seconds"), "histogram");
+    assert_eq!(decided.type_of("countersign_model_tokens"), "counter");
+    assert_eq!(decided.type_of("countersign_resume_failures"), "counter");
     assert_eq!(decided.type_of("countersign_decisions"), "counter");
     assert_eq!(decided.type_of("countersign_approvals_waiting"), "gauge");
 }

@@ -20,6 +20,7 @@ use shared::domain::run::RunStatus;
 use shared::engine::Engine;
 use shared::example::expense::{self, Ledger};
 use shared::ports::clock::{Clock, SystemClock};
+use shared::ports::counters::{ModelOutcome, TokenKind};
 use shared::ports::model::{Model, ModelError, ModelRequest, ToolSpec};
 
 /// A Messages API that answers from a script and remembers what it was sent.
@@ -284,6 +285,66 @@ async fn a_run_driven_by_the_api_pauses_then_sends_the_held_and_decided_results_
         [(&usage, StopReason::ToolUse), (&usage, StopReason::EndTurn)],
         "each turn's model and tokens are in the audit"
     );
+    // Counted with the turns they were audited with: two requests, their tokens added up.
+    let figures = engine.figures(Some(&paused.tenant)).await.unwrap();
+    let expense = figures
+        .agents
+        .iter()
+        .find(|a| a.agent.as_str() == "expense")
+        .unwrap();
+    assert_eq!(expense.model_requests[&ModelOutcome::Ok], 2);
+    assert_eq!(expense.model_requests[&ModelOutcome::Error], 0);
+    assert_eq!(expense.model_tokens[&TokenKind::Input], 2400);
+    assert_eq!(expense.model_tokens[&TokenKind::Output], 160);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn a_run_whose_model_api_refuses_the_request_fails_and_the_request_is_counted_as_an_error() {
+    let script = Script::default().reply(
+        400,
+        json!({"type": "error", "error": {"type": "invalid_request_error", "message": "tools: bad schema"}}),
+    );
+    let base = serve(script.clone()).await;
+    let dir = std::env::temp_dir().join(format!(
+        "countersign-anthropic-refused-{}-{}",
+        std::process::id(),
+        rand_suffix()
+    ));
+    let store = Arc::new(SqliteStore::open_dir(&dir).unwrap());
+    let definition = agents::shipped_one(expense::AGENT).unwrap();
+    let wiring = Wiring::new(
+        store.clone(),
+        Arc::new(SystemClock),
+        expense::default_claims(),
+    );
+    let agent = wiring
+        .build(&definition)
+        .unwrap()
+        .with_model(Arc::new(AnthropicModel::new(
+            "sk-test",
+            "claude-test",
+            &base,
+        )));
+    let engine = Engine::builder(store).agent(agent).build();
+
+    let claims = expense::default_claims();
+    let failed = engine
+        .start(expense::task_for(&claims, "c-102").unwrap())
+        .await
+        .unwrap();
+
+    assert_eq!(failed.status, RunStatus::Failed, "{failed:?}");
+    assert_eq!(script.requests().len(), 1, "a bad request is not retried");
+    let figures = engine.figures(Some(&failed.tenant)).await.unwrap();
+    let expense = figures
+        .agents
+        .iter()
+        .find(|a| a.agent.as_str() == "expense")
+        .unwrap();
+    assert_eq!(expense.model_requests[&ModelOutcome::Error], 1);
+    assert_eq!(expense.model_requests[&ModelOutcome::Ok], 0);
+    assert_eq!(expense.model_tokens[&TokenKind::Input], 0);
     let _ = std::fs::remove_dir_all(dir);
 }
 

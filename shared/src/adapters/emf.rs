@@ -115,11 +115,12 @@ fn line(at: DateTime<Utc>, dimensions: &[(&str, &str)], directives: &[Directive]
     Value::Object(root)
 }
 
-fn counted(name: &'static str) -> Metric {
+/// The metric `name` of `count`: how many it adds (one thing, or a turn's tokens).
+fn counted(name: &'static str, count: &Count) -> Metric {
     Metric {
         name,
         unit: "Count",
-        value: 1.0,
+        value: count.n as f64,
     }
 }
 
@@ -140,7 +141,7 @@ pub fn count_line(count: &Count, at: DateTime<Utc>) -> Option<Value> {
             &[
                 Directive {
                     dimension_sets: &[&["tenant", "agent", "outcome"]],
-                    metrics: &[counted("countersign_decisions_total")],
+                    metrics: &[counted("countersign_decisions_total", count)],
                 },
                 Directive {
                     dimension_sets: &[&["tenant", "agent"]],
@@ -162,7 +163,7 @@ pub fn count_line(count: &Count, at: DateTime<Utc>) -> Option<Value> {
             ],
             &[Directive {
                 dimension_sets: &[&["tenant", "agent", "outcome"]],
-                metrics: &[counted("countersign_executions_total")],
+                metrics: &[counted("countersign_executions_total", count)],
             }],
         ),
         Series::Rulings(outcome, mode) => line(
@@ -175,7 +176,39 @@ pub fn count_line(count: &Count, at: DateTime<Utc>) -> Option<Value> {
             ],
             &[Directive {
                 dimension_sets: &[&["tenant", "agent", "outcome", "mode"]],
-                metrics: &[counted("countersign_policy_outcomes_total")],
+                metrics: &[counted("countersign_policy_outcomes_total", count)],
+            }],
+        ),
+        Series::ModelRequests(outcome) => line(
+            at,
+            &[
+                ("tenant", tenant),
+                ("agent", agent),
+                ("outcome", outcome.as_str()),
+            ],
+            &[Directive {
+                dimension_sets: &[&["tenant", "agent", "outcome"]],
+                metrics: &[counted("countersign_model_requests_total", count)],
+            }],
+        ),
+        Series::ModelTokens(kind) => line(
+            at,
+            &[
+                ("tenant", tenant),
+                ("agent", agent),
+                ("kind", kind.as_str()),
+            ],
+            &[Directive {
+                dimension_sets: &[&["tenant", "agent", "kind"]],
+                metrics: &[counted("countersign_model_tokens_total", count)],
+            }],
+        ),
+        Series::ResumeFailures => line(
+            at,
+            &[("tenant", tenant), ("agent", agent)],
+            &[Directive {
+                dimension_sets: &[&["tenant", "agent"]],
+                metrics: &[counted("countersign_resume_failures_total", count)],
             }],
         ),
     })
@@ -323,15 +356,18 @@ mod tests {
     use crate::domain::ids::{AgentName, TenantId};
     use crate::domain::policy::VerdictKind;
     use crate::ports::counters::{
-        DECISION_BUCKETS, DecisionOutcome, ExecutionOutcome, RuleMode, Series,
+        DECISION_BUCKETS, DecisionOutcome, ExecutionOutcome, ModelOutcome, RuleMode, Series,
+        TokenKind,
     };
 
     fn count(series: Series, seconds: f64) -> Count {
         Count {
-            tenant: TenantId::parse("acme").unwrap(),
-            agent: AgentName::parse("expense").unwrap(),
-            series,
             seconds,
+            ..Count::one(
+                &TenantId::parse("acme").unwrap(),
+                &AgentName::parse("expense").unwrap(),
+                series,
+            )
         }
     }
 
@@ -346,6 +382,9 @@ mod tests {
         for verdict in VerdictKind::ALL {
             all.extend(RuleMode::ALL.map(|mode| Series::Rulings(verdict, mode)));
         }
+        all.extend(ModelOutcome::ALL.map(Series::ModelRequests));
+        all.extend(TokenKind::ALL.map(Series::ModelTokens));
+        all.push(Series::ResumeFailures);
         for series in all {
             let line = count_line(&count(series, 600.0), at()).unwrap();
             assert_eq!(rule_broken(&line), None);
@@ -413,6 +452,34 @@ mod tests {
         let ran = count_line(&count(ran, 0.0), at()).unwrap();
         assert_eq!(ran["outcome"], "unknown");
         assert_eq!(ran["countersign_executions_total"], 1.0);
+
+        let failed = Series::ModelRequests(ModelOutcome::Error);
+        let failed = count_line(&count(failed, 0.0), at()).unwrap();
+        assert_eq!(failed["outcome"], "error");
+        assert_eq!(failed["countersign_model_requests_total"], 1.0);
+        assert_eq!(
+            failed["_aws"]["CloudWatchMetrics"][0]["Dimensions"],
+            json!([["tenant", "agent", "outcome"]])
+        );
+        // A turn's tokens are one line of their number, not a line per token.
+        let read = Count {
+            n: 1200,
+            ..count(Series::ModelTokens(TokenKind::Input), 0.0)
+        };
+        let read = count_line(&read, at()).unwrap();
+        assert_eq!(read["kind"], "input");
+        assert_eq!(read["countersign_model_tokens_total"], 1200.0);
+        assert_eq!(
+            read["_aws"]["CloudWatchMetrics"][0]["Dimensions"],
+            json!([["tenant", "agent", "kind"]])
+        );
+        let resume = count_line(&count(Series::ResumeFailures, 0.0), at()).unwrap();
+        assert_eq!(resume["countersign_resume_failures_total"], 1.0);
+        assert_eq!(
+            resume["_aws"]["CloudWatchMetrics"][0]["Dimensions"],
+            json!([["tenant", "agent"]])
+        );
+        assert_eq!(resume.get("outcome"), None);
     }
 
     #[test]

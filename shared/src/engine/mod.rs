@@ -51,7 +51,7 @@ use crate::domain::policy::MAX_TTL;
 use crate::domain::policy::Policy;
 use crate::domain::run::{Run, RunStatus};
 use crate::ports::clock::{Clock, SystemClock};
-use crate::ports::counters::{Count, Counters};
+use crate::ports::counters::{Count, Counters, Series};
 use crate::ports::notifier::Notifier;
 use crate::ports::queue::ResumeQueue;
 use crate::ports::scheduler::{Scheduler, SweepOnly};
@@ -424,6 +424,37 @@ impl Engine {
         }
     }
 
+    /// Counts one of `run`'s things that no transaction records, where the store keeps counts.
+    /// A count the store cannot keep now is logged: it never fails what it counted.
+    async fn count_alone(&self, tenant: &TenantId, agent: &AgentName, series: Series) {
+        let Some(counters) = self.counters() else {
+            return;
+        };
+        let count = Count::one(tenant, agent, series);
+        if let Err(error) = counters.count(&[count]).await {
+            tracing::warn!(%error, ?series, "a count was not kept");
+        }
+    }
+
+    /// Counts a queued resume or drive message of `run` whose handling failed and that will be
+    /// delivered again, under the run's agent: one per failed delivery. A run that cannot be
+    /// read now (the store may be what failed) leaves it uncounted, with a warning.
+    pub async fn count_resume_failure(&self, tenant: &TenantId, run: &RunId) {
+        if self.counters().is_none() {
+            return;
+        }
+        match self.agent_of_run(tenant, run).await {
+            Ok(Some(agent)) => {
+                self.count_alone(tenant, &agent, Series::ResumeFailures)
+                    .await
+            }
+            Ok(None) => {}
+            Err(error) => {
+                tracing::warn!(%error, run = %run, "a failed resume was not counted: its run could not be read")
+            }
+        }
+    }
+
     /// Where this engine's counts are kept: in its store's transactions, where it keeps them
     /// and counting is on.
     fn counters(&self) -> Option<&dyn Counters> {
@@ -474,7 +505,11 @@ impl Engine {
                         notices.extend(just_written(more.notices));
                         Ok(matches!(report, ResumeReport::Ignored { .. }))
                     }
-                    Err(e) => Err(e.to_string()),
+                    Err(e) => {
+                        self.count_resume_failure(&message.tenant, &message.run_id)
+                            .await;
+                        Err(e.to_string())
+                    }
                 },
                 // Left to the consumer: until it acts on the message, the entry is what the
                 // sweep hands over again should the message be lost on the way.

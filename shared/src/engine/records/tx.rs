@@ -20,13 +20,15 @@ use crate::domain::action::ActionStatus;
 use crate::domain::approval::{Approval, ApprovalKind, ApprovalStatus};
 use crate::domain::audit::AuditEntry;
 use crate::domain::budget;
+use crate::domain::conversation::TurnUsage;
 use crate::domain::ids::{ActionId, AgentName, OutboxId, RunId, TenantId};
 use crate::domain::log_slot::LogSlot;
 use crate::domain::policy::VerdictKind;
 use crate::domain::policy::history::HistorySlot;
 use crate::domain::run::Run;
 use crate::ports::counters::{
-    Count, DECISION_BUCKETS, DecisionOutcome, ExecutionOutcome, RuleMode, Series,
+    Count, DECISION_BUCKETS, DecisionOutcome, ExecutionOutcome, ModelOutcome, RuleMode, Series,
+    TokenKind,
 };
 use crate::ports::store::{Condition, IndexKey, Item, Write};
 
@@ -163,11 +165,24 @@ impl Tx {
     /// Counts one of `agent`'s things in this transaction, with the seconds it took.
     pub fn count(&mut self, tenant: &TenantId, agent: &AgentName, series: Series, seconds: f64) {
         self.counts.push(Count {
-            tenant: tenant.clone(),
-            agent: agent.clone(),
-            series,
             seconds,
+            ..Count::one(tenant, agent, series)
         });
+    }
+
+    /// A model request that came back, with the tokens its answer says it spent.
+    pub fn count_model_turn(&mut self, run: &Run, usage: &TurnUsage) {
+        let (tenant, agent) = (&run.tenant, &run.agent);
+        self.count(tenant, agent, Series::ModelRequests(ModelOutcome::Ok), 0.0);
+        let spent = [usage.input_tokens, usage.output_tokens];
+        for (kind, tokens) in TokenKind::ALL.into_iter().zip(spent) {
+            if let Some(n) = tokens.filter(|n| *n > 0) {
+                self.counts.push(Count {
+                    n,
+                    ..Count::one(tenant, agent, Series::ModelTokens(kind))
+                });
+            }
+        }
     }
 
     /// A decision people made on an approval they were asked for (approved, edited, rejected),
