@@ -326,12 +326,8 @@ impl Engine {
                     self.record_turn(&run.value, usage, reply.stop_reason)
                         .await?
                 }
-                // Nothing to audit: the request is counted on its own.
-                None => {
-                    let asked = Series::ModelRequests(ModelOutcome::Ok);
-                    self.count_alone(&run.value.tenant, &run.value.agent, asked)
-                        .await
-                }
+                // Nothing to audit: the request is counted with the run's next write.
+                None => run.value.uncounted_turns += 1,
             }
             let mut content = reply.content;
             // Calls whose arguments are past their share are answered without being kept.

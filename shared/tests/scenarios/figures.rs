@@ -8,7 +8,9 @@ use shared::adapters::emf::{Emf, Printed, rule_broken};
 use shared::domain::ids::AgentName;
 use shared::domain::policy::VerdictKind;
 use shared::engine::{AgentFigures, Figures};
-use shared::ports::counters::{DecisionOutcome, ExecutionOutcome, RuleMode};
+use shared::ports::counters::{
+    DecisionOutcome, ExecutionOutcome, ModelOutcome, RuleMode, TokenKind,
+};
 
 /// The expense agent's figures for acme, as `p` reads them.
 async fn expense(p: &Process) -> (Figures, AgentFigures) {
@@ -89,6 +91,17 @@ async fn given_an_approval_waiting_ten_minutes_when_another_process_approves_it_
     );
     assert!(ruled(&after, VerdictKind::Allow, RuleMode::Enforce) >= counted);
     assert_eq!(ruled(&after, VerdictKind::Deny, RuleMode::Enforce), 0);
+    // The scripted model reports no usage: each turn a request counted with its run's writes,
+    // and no tokens.
+    let asked = |f: &AgentFigures| f.model_requests[&ModelOutcome::Ok];
+    assert_eq!(asked(&before) > 0, counts_kept(h), "{before:?}");
+    assert_eq!(
+        asked(&after) - asked(&before),
+        counted,
+        "the resumed run's one turn"
+    );
+    assert_eq!(after.model_requests[&ModelOutcome::Error], 0);
+    assert_eq!(after.model_tokens[&TokenKind::Input], 0);
 }
 
 async fn given_an_approval_nobody_decides_when_the_sweep_expires_it_then_none_waits_and_one_expiry_is_counted(
@@ -236,6 +249,12 @@ async fn dynamodb_given_a_function_store_when_a_claim_waits_ten_minutes_and_is_a
             ("approve".into(), 1.0)
         ],
         "the claim's three reads ran, the payment waits: {opened:?}"
+    );
+    let asked = printed_of(&opened, "countersign_model_requests_total");
+    assert!(!asked.is_empty(), "{opened:?}");
+    assert!(
+        asked.iter().all(|(outcome, _)| outcome == "ok"),
+        "{asked:?}"
     );
     h.clock.advance(Duration::minutes(10));
 

@@ -267,6 +267,7 @@ impl<'a> StoredRun<'a> {
             stored_messages: _,
             logging_messages: _,
             written_messages: _,
+            uncounted_turns: _,
         } = run;
         Self {
             id,
@@ -648,6 +649,7 @@ fn decode_run(
         stored_messages: logged,
         logging_messages: None,
         written_messages: 0,
+        uncounted_turns: 0,
     };
     // Only a finished run's item holds events, and only they need its answer and error.
     let last = match finals.is_empty() {

@@ -383,11 +383,20 @@ impl Tx {
     /// it can at no extra cost. So the run's item stays small, a message is logged once, and a
     /// short turn costs no audit write unit of its own. A finished run's item is written for
     /// the last time: it keeps its unlogged messages, and this transaction's events about the
-    /// run ride in it ([`Tx::into_parts`]) instead of an audit item of their own. After the
-    /// commit, [`Stored::written`].
+    /// run ride in it ([`Tx::into_parts`]) instead of an audit item of their own. The model
+    /// turns the run has not counted yet are counted with it. After the commit,
+    /// [`Stored::written`].
     ///
     /// [`started`]: super::log::started
     pub fn run(&mut self, shards: IndexShards, run: &mut Stored<Run>) {
+        let turns = std::mem::take(&mut run.value.uncounted_turns);
+        if turns > 0 {
+            let asked = Series::ModelRequests(ModelOutcome::Ok);
+            self.counts.push(Count {
+                n: turns,
+                ..Count::one(&run.value.tenant, &run.value.agent, asked)
+            });
+        }
         let logged = run.value.stored_messages.min(run.value.messages.len());
         let bodies = RunBodies::new(&run.value, logged);
         let value = &run.value;
