@@ -204,8 +204,9 @@ impl EngineBuilder {
         self
     }
 
-    /// Whether decisions, executions and policy rulings are counted, where the store keeps
-    /// counts (on by default): off only to measure what counting costs.
+    /// Whether decisions, executions, policy rulings, model requests and failed resumes are
+    /// counted, where the store keeps counts (on by default): off only to measure what
+    /// counting costs.
     pub fn keep_counts(mut self, keep: bool) -> Self {
         self.engine.keep_counts = keep;
         self
