@@ -154,64 +154,55 @@ pub fn count_line(count: &Count, at: DateTime<Utc>) -> Option<Value> {
             ],
         ),
         Series::DecidedWithin(_) => return None,
-        Series::Executions(outcome) => line(
+        Series::Executions(outcome) => one_metric(
+            count,
             at,
-            &[
-                ("tenant", tenant),
-                ("agent", agent),
-                ("outcome", outcome.as_str()),
-            ],
-            &[Directive {
-                dimension_sets: &[&["tenant", "agent", "outcome"]],
-                metrics: &[counted("countersign_executions_total", count)],
-            }],
+            &[("outcome", outcome.as_str())],
+            "countersign_executions_total",
         ),
-        Series::Rulings(outcome, mode) => line(
+        Series::Rulings(outcome, mode) => one_metric(
+            count,
             at,
-            &[
-                ("tenant", tenant),
-                ("agent", agent),
-                ("outcome", outcome.name()),
-                ("mode", mode.as_str()),
-            ],
-            &[Directive {
-                dimension_sets: &[&["tenant", "agent", "outcome", "mode"]],
-                metrics: &[counted("countersign_policy_outcomes_total", count)],
-            }],
+            &[("outcome", outcome.name()), ("mode", mode.as_str())],
+            "countersign_policy_outcomes_total",
         ),
-        Series::ModelRequests(outcome) => line(
+        Series::ModelRequests(outcome) => one_metric(
+            count,
             at,
-            &[
-                ("tenant", tenant),
-                ("agent", agent),
-                ("outcome", outcome.as_str()),
-            ],
-            &[Directive {
-                dimension_sets: &[&["tenant", "agent", "outcome"]],
-                metrics: &[counted("countersign_model_requests_total", count)],
-            }],
+            &[("outcome", outcome.as_str())],
+            "countersign_model_requests_total",
         ),
-        Series::ModelTokens(kind) => line(
+        Series::ModelTokens(kind) => one_metric(
+            count,
             at,
-            &[
-                ("tenant", tenant),
-                ("agent", agent),
-                ("kind", kind.as_str()),
-            ],
-            &[Directive {
-                dimension_sets: &[&["tenant", "agent", "kind"]],
-                metrics: &[counted("countersign_model_tokens_total", count)],
-            }],
+            &[("kind", kind.as_str())],
+            "countersign_model_tokens_total",
         ),
-        Series::ResumeFailures => line(
-            at,
-            &[("tenant", tenant), ("agent", agent)],
-            &[Directive {
-                dimension_sets: &[&["tenant", "agent"]],
-                metrics: &[counted("countersign_resume_failures_total", count)],
-            }],
-        ),
+        Series::ResumeFailures => one_metric(count, at, &[], "countersign_resume_failures_total"),
     })
+}
+
+/// The line of a count that is one metric, extracted by tenant, agent and `labels` together.
+fn one_metric(
+    count: &Count,
+    at: DateTime<Utc>,
+    labels: &[(&'static str, &str)],
+    name: &'static str,
+) -> Value {
+    let mut dimensions = vec![
+        ("tenant", count.tenant.as_str()),
+        ("agent", count.agent.as_str()),
+    ];
+    dimensions.extend_from_slice(labels);
+    let keys: Vec<&str> = dimensions.iter().map(|(key, _)| *key).collect();
+    line(
+        at,
+        &dimensions,
+        &[Directive {
+            dimension_sets: &[&keys],
+            metrics: &[counted(name, count)],
+        }],
+    )
 }
 
 /// The gauges of one agent of one tenant.
