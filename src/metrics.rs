@@ -167,15 +167,16 @@ fn family<'a>(
     Ok(())
 }
 
-/// One counter series per outcome of `agent`'s.
-fn by_outcome<'a>(
+/// One counter series per value of `agent`'s label `label` (an outcome, a kind of token).
+fn by_label<'a>(
     agent: &'a AgentFigures,
+    label: &'static str,
     counts: impl Iterator<Item = (&'static str, u64)>,
 ) -> Vec<(Labels<'a>, Value)> {
     counts
-        .map(|(outcome, n)| {
+        .map(|(value, n)| {
             let mut l = labels(agent);
-            l.push(("outcome", outcome));
+            l.push((label, value));
             (l, Value::Counter(n))
         })
         .collect()
@@ -229,7 +230,13 @@ impl Collector for Scraped {
                 "Approvals decided by people, or expired.",
                 MetricType::Counter,
             ),
-            |a| by_outcome(a, a.decisions.iter().map(|(o, n)| (o.as_str(), *n))),
+            |a| {
+                by_label(
+                    a,
+                    "outcome",
+                    a.decisions.iter().map(|(o, n)| (o.as_str(), *n)),
+                )
+            },
         )?;
         family(
             &mut encoder,
@@ -241,17 +248,8 @@ impl Collector for Scraped {
             ),
             |a| {
                 let times = &a.decision_seconds;
-                let mut below = 0;
-                let mut buckets: Vec<(f64, u64)> = times
-                    .buckets
-                    .iter()
-                    .map(|(bound, within)| {
-                        let own = within - below;
-                        below = *within;
-                        (*bound, own)
-                    })
-                    .collect();
-                buckets.push((f64::INFINITY, times.count - below));
+                let mut buckets = times.buckets.clone();
+                buckets.push((f64::INFINITY, times.beyond));
                 vec![(labels(a), Value::Histogram(times.sum, times.count, buckets))]
             },
         )?;
@@ -263,7 +261,13 @@ impl Collector for Scraped {
                 "Calls that ran, by the outcome first recorded.",
                 MetricType::Counter,
             ),
-            |a| by_outcome(a, a.executions.iter().map(|(o, n)| (o.as_str(), *n))),
+            |a| {
+                by_label(
+                    a,
+                    "outcome",
+                    a.executions.iter().map(|(o, n)| (o.as_str(), *n)),
+                )
+            },
         )?;
         family(
             &mut encoder,
@@ -284,6 +288,45 @@ impl Collector for Scraped {
                     })
                     .collect()
             },
+        )?;
+        family(
+            &mut encoder,
+            figures,
+            (
+                "countersign_model_requests",
+                "Model requests of driven runs: ok, or error once the model API's retries gave up.",
+                MetricType::Counter,
+            ),
+            |a| {
+                let requests = a.model_requests.iter();
+                by_label(a, "outcome", requests.map(|(o, n)| (o.as_str(), *n)))
+            },
+        )?;
+        family(
+            &mut encoder,
+            figures,
+            (
+                "countersign_model_tokens",
+                "Tokens model turns read (input) and wrote (output), as the model API reported them.",
+                MetricType::Counter,
+            ),
+            |a| {
+                by_label(
+                    a,
+                    "kind",
+                    a.model_tokens.iter().map(|(k, n)| (k.as_str(), *n)),
+                )
+            },
+        )?;
+        family(
+            &mut encoder,
+            figures,
+            (
+                "countersign_resume_failures",
+                "Queued resume or drive messages whose handling failed, to be delivered again.",
+                MetricType::Counter,
+            ),
+            |a| vec![(labels(a), Value::Counter(a.resume_failures))],
         )
     }
 }

@@ -20,7 +20,9 @@ use shared::engine::{
 };
 use shared::example::expense::{Settlement, SettlementOutcome};
 use shared::logs::Escaping;
-use shared::ports::counters::{DecisionOutcome, ExecutionOutcome, RuleMode};
+use shared::ports::counters::{
+    DecisionOutcome, ExecutionOutcome, ModelOutcome, RuleMode, TokenKind,
+};
 
 /// Stored text as a terminal may print it: control characters (C0, DEL, C1, line breaks
 /// included) and the characters that reorder text (bidirectional overrides and isolates) show
@@ -209,6 +211,9 @@ pub fn stats(figures: &Figures) -> String {
             "DECIDED a/e/r/x",
             "RAN ok/failed/unknown",
             "POLICY allow/approve/deny",
+            "MODEL ok/error",
+            "TOKENS in/out",
+            "RESUME FAILED",
         ]
         .map(String::from),
     ];
@@ -236,6 +241,9 @@ pub fn stats(figures: &Figures) -> String {
             slashed(&a.decisions, &DecisionOutcome::ALL),
             slashed(&a.executions, &ExecutionOutcome::ALL),
             ruled,
+            slashed(&a.model_requests, &ModelOutcome::ALL),
+            slashed(&a.model_tokens, &TokenKind::ALL),
+            a.resume_failures.to_string(),
         ]);
     }
     let widths: Vec<usize> = (0..rows[0].len())

@@ -85,6 +85,8 @@ pub async fn run(local: &Local, once: bool) -> Result<Output, Failure> {
                 }
                 Err(error) => {
                     tracing::warn!(key = %message.key(), %error, "resume failed; the message comes back after its visibility timeout");
+                    let (tenant, run) = message.run();
+                    local.engine.count_resume_failure(tenant, run).await;
                     stalled.insert(message.group().to_string());
                 }
             }

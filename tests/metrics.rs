@@ -9,6 +9,7 @@
 
 mod common;
 
+use std::collections::BTreeSet;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -18,6 +19,7 @@ use common::{Countersign, item_where, only_approval};
 use serde_json::Value;
 
 const PARSER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/metrics_parse.py");
+const DASHBOARD: &str = include_str!("../infra/grafana/countersign.json");
 const REQUIREMENTS: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/tests/metrics-parser.requirements.txt"
@@ -127,6 +129,14 @@ async fn given_a_payment_waiting_when_another_process_approves_it_then_metrics_s
     );
     let succeeded = [("outcome", "succeeded")];
     let reads = waiting.expense("countersign_executions_total", &succeeded);
+    // The offline model says no usage: its turn is a request counted, with no tokens.
+    let asked = [("outcome", "ok")];
+    let turns = waiting.expense("countersign_model_requests_total", &asked);
+    assert!(turns >= 1.0, "{turns}");
+    for kind in ["input", "output"] {
+        let tokens = waiting.expense("countersign_model_tokens_total", &[("kind", kind)]);
+        assert_eq!(tokens, 0.0, "{kind}");
+    }
 
     cs.ok(&["review", "approve", &approval, "--as", "dana"]);
 
@@ -149,16 +159,33 @@ async fn given_a_payment_waiting_when_another_process_approves_it_then_metrics_s
         decided.expense("countersign_decision_seconds_count", &[]),
         1.0
     );
-    assert_eq!(
-        decided.expense("countersign_decision_seconds_bucket", &[("le", "+Inf")]),
-        1.0
-    );
+    // Cumulative as Prometheus reads them: the decision is within the first bound and every later.
+    for le in ["10", "604800", "+Inf"] {
+        let bucket = decided.expense("countersign_decision_seconds_bucket", &[("le", le)]);
+        assert_eq!(bucket, 1.0, "le={le}");
+    }
     assert_eq!(
         decided.expense("countersign_executions_total", &succeeded),
         reads + 1.0,
         "the payment ran"
     );
+    assert_eq!(
+        decided.expense("countersign_model_requests_total", &asked),
+        turns + 1.0,
+        "the resumed run asked its model once more"
+    );
+    let failed = [("outcome", "error")];
+    assert_eq!(
+        decided.expense("countersign_model_requests_total", &failed),
+        0.0
+    );
+    assert_eq!(
+        decided.expense("countersign_resume_failures_total", &[]),
+        0.0
+    );
     assert_eq!(decided.type_of("countersign_decision_seconds"), "histogram");
+    assert_eq!(decided.type_of("countersign_model_tokens"), "counter");
+    assert_eq!(decided.type_of("countersign_resume_failures"), "counter");
     assert_eq!(decided.type_of("countersign_decisions"), "counter");
     assert_eq!(decided.type_of("countersign_approvals_waiting"), "gauge");
 }
@@ -223,4 +250,108 @@ fn given_one_payment_approved_and_one_waiting_when_stats_runs_then_it_prints_the
     let cells: Vec<&str> = row.split_whitespace().collect();
     assert_eq!((cells[2], cells[5]), ("1", "1/0/0/0"), "{row}");
     cs.refuses(&["stats", "--tenant", "not a tenant"], &["tenant id"]);
+}
+
+/// Every name in a PromQL expression that is one of Countersign's metrics.
+fn metrics_named(expr: &str) -> BTreeSet<&str> {
+    expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|word| word.starts_with("countersign_"))
+        .collect()
+}
+
+/// The labels an expression groups by (`by (a, b)`).
+fn grouped_by(expr: &str) -> Vec<&str> {
+    expr.split("by (")
+        .skip(1)
+        .filter_map(|rest| rest.split_once(')'))
+        .flat_map(|(labels, _)| labels.split(',').map(str::trim))
+        .collect()
+}
+
+#[tokio::test]
+async fn given_the_grafana_dashboard_when_its_queries_are_read_then_each_names_only_metrics_and_labels_a_live_scrape_serves()
+ {
+    let cs = Countersign::fresh("metrics-grafana");
+    let served = cs.serve();
+    cs.ok(&["agent", "c-102"]);
+    let live = samples(&served.base, None).await;
+    let served_names: BTreeSet<&str> = live.0.iter().filter_map(|s| s["name"].as_str()).collect();
+    let served_labels: BTreeSet<&str> = live
+        .0
+        .iter()
+        .filter_map(|s| s["labels"].as_object())
+        .flat_map(|labels| labels.keys().map(String::as_str))
+        .collect();
+
+    let dashboard: Value = serde_json::from_str(DASHBOARD).expect("the dashboard is JSON");
+    assert!(dashboard["title"].is_string() && dashboard["uid"].is_string());
+    assert!(dashboard["schemaVersion"].is_u64());
+    let variables = dashboard["templating"]["list"].as_array().unwrap();
+    let variable = |name: &str| {
+        variables
+            .iter()
+            .find(|v| v["name"] == name)
+            .unwrap_or_else(|| panic!("a ${name} variable"))
+    };
+    assert_eq!(variable("datasource")["type"], "datasource");
+    assert_eq!(variable("datasource")["query"], "prometheus");
+    let mut queries = Vec::new();
+    for name in ["tenant", "agent"] {
+        let query = variable(name)["query"]["query"].as_str().unwrap();
+        assert!(query.starts_with("label_values("), "{query}");
+        assert!(query.ends_with(&format!(", {name})")), "{query}");
+        queries.push(query.to_string());
+    }
+
+    let panels = dashboard["panels"].as_array().unwrap();
+    let mut ids = BTreeSet::new();
+    for panel in panels {
+        let id = panel["id"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("an id: {panel}"));
+        assert!(ids.insert(id), "the id {id} is taken twice");
+        for edge in ["h", "w", "x", "y"] {
+            assert!(panel["gridPos"][edge].is_u64(), "gridPos.{edge}: {panel}");
+        }
+        if panel["type"] == "row" {
+            continue;
+        }
+        assert_eq!(panel["datasource"]["uid"], "${datasource}", "{panel}");
+        let targets = panel["targets"].as_array().unwrap();
+        assert!(!targets.is_empty(), "{panel}");
+        for target in targets {
+            assert!(target["refId"].is_string(), "{target}");
+            queries.push(target["expr"].as_str().unwrap().to_string());
+        }
+    }
+    assert!(queries.len() > 10, "{queries:?}");
+
+    let mut shown = BTreeSet::new();
+    for query in &queries {
+        let named = metrics_named(query);
+        assert!(
+            !named.is_empty(),
+            "{query} reads no metric of Countersign's"
+        );
+        for name in named {
+            assert!(
+                served_names.contains(name),
+                "{query} reads {name}, which /metrics does not serve"
+            );
+            shown.insert(name.to_string());
+        }
+        for label in grouped_by(query) {
+            assert!(
+                served_labels.contains(label),
+                "{query} groups by {label}, no series has it"
+            );
+        }
+    }
+    // Every family /metrics serves is on the dashboard.
+    for family in live.0.iter().filter_map(|s| s["family"].as_str()) {
+        assert!(
+            shown.iter().any(|name| name.starts_with(family)),
+            "{family} is on no panel"
+        );
+    }
 }

@@ -517,7 +517,7 @@ pub fn engine(
 /// The engine of a function over AWS: resume messages go to the queue, deadlines to the
 /// scheduler. Every function may run a tool (start and resume drive runs, decide takes gate
 /// calls, the sweep asks lookups), so a variable a binding reads that is unset refuses the
-/// agent's calls when it is built, at its first call ([`Definitions::WhenNeeded`]). What it counts (decisions, executions, policy rulings) it writes to stdout as
+/// agent's calls when it is built, at its first call ([`Definitions::WhenNeeded`]). What it counts (decisions, executions, policy rulings, model requests, failed resumes) it writes to stdout as
 /// CloudWatch metric lines as each commits.
 pub fn aws_engine(aws: &Aws, setup: &Setup, drives: bool) -> Result<Engine, ConfigError> {
     let backing = Backing {

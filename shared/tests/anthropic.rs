@@ -15,11 +15,12 @@ use shared::agents::{self, Wiring};
 use shared::domain::approval::{Choice, DecisionRequest};
 use shared::domain::audit::AuditEvent;
 use shared::domain::conversation::{Block, Message, StopReason, TurnUsage};
-use shared::domain::ids::{ActionVersion, DecisionId};
+use shared::domain::ids::{ActionVersion, DecisionId, TenantId};
 use shared::domain::run::RunStatus;
-use shared::engine::Engine;
+use shared::engine::{AgentFigures, Engine};
 use shared::example::expense::{self, Ledger};
 use shared::ports::clock::{Clock, SystemClock};
+use shared::ports::counters::{ModelOutcome, TokenKind};
 use shared::ports::model::{Model, ModelError, ModelRequest, ToolSpec};
 
 /// A Messages API that answers from a script and remembers what it was sent.
@@ -187,24 +188,10 @@ async fn a_run_driven_by_the_api_pauses_then_sends_the_held_and_decided_results_
         );
     let base = serve(script.clone()).await;
 
-    let dir = std::env::temp_dir().join(format!(
-        "countersign-anthropic-{}-{}",
-        std::process::id(),
-        rand_suffix()
-    ));
+    let dir = scratch("countersign-anthropic");
     let store = Arc::new(SqliteStore::open_dir(&dir).unwrap());
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let definition = agents::shipped_one(expense::AGENT).unwrap();
-    let wiring = Wiring::new(store.clone(), clock, expense::default_claims());
-    let agent = wiring
-        .build(&definition)
-        .unwrap()
-        .with_model(Arc::new(AnthropicModel::new(
-            "sk-test",
-            "claude-test",
-            &base,
-        )));
-    let engine = Engine::builder(store.clone()).agent(agent).build();
+    let engine = played_by_the_api(&store, &base);
 
     let claims = expense::default_claims();
     let paused = engine
@@ -284,12 +271,72 @@ async fn a_run_driven_by_the_api_pauses_then_sends_the_held_and_decided_results_
         [(&usage, StopReason::ToolUse), (&usage, StopReason::EndTurn)],
         "each turn's model and tokens are in the audit"
     );
+    // Counted with the turns they were audited with: two requests, their tokens added up.
+    let expense = expense_figures(&engine, &paused.tenant).await;
+    assert_eq!(expense.model_requests[&ModelOutcome::Ok], 2);
+    assert_eq!(expense.model_requests[&ModelOutcome::Error], 0);
+    assert_eq!(expense.model_tokens[&TokenKind::Input], 2400);
+    assert_eq!(expense.model_tokens[&TokenKind::Output], 160);
     let _ = std::fs::remove_dir_all(dir);
 }
 
-fn rand_suffix() -> u64 {
-    std::time::SystemTime::now()
+#[tokio::test]
+async fn a_run_whose_model_api_refuses_the_request_fails_and_the_request_is_counted_as_an_error() {
+    let script = Script::default().reply(
+        400,
+        json!({"type": "error", "error": {"type": "invalid_request_error", "message": "tools: bad schema"}}),
+    );
+    let base = serve(script.clone()).await;
+    let dir = scratch("countersign-anthropic-refused");
+    let engine = played_by_the_api(&Arc::new(SqliteStore::open_dir(&dir).unwrap()), &base);
+
+    let claims = expense::default_claims();
+    let failed = engine
+        .start(expense::task_for(&claims, "c-102").unwrap())
+        .await
+        .unwrap();
+
+    assert_eq!(failed.status, RunStatus::Failed, "{failed:?}");
+    assert_eq!(script.requests().len(), 1, "a bad request is not retried");
+    let expense = expense_figures(&engine, &failed.tenant).await;
+    assert_eq!(expense.model_requests[&ModelOutcome::Error], 1);
+    assert_eq!(expense.model_requests[&ModelOutcome::Ok], 0);
+    assert_eq!(expense.model_tokens[&TokenKind::Input], 0);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A directory of this test's own under the system's temporary one, named after `name`.
+fn scratch(name: &str) -> std::path::PathBuf {
+    let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
-        .as_nanos() as u64
+        .as_nanos();
+    std::env::temp_dir().join(format!("{name}-{}-{nanos}", std::process::id()))
+}
+
+/// An engine over `store` whose shipped expense agent the real client plays against the
+/// Messages API at `base`.
+fn played_by_the_api(store: &Arc<SqliteStore>, base: &str) -> Engine {
+    let definition = agents::shipped_one(expense::AGENT).unwrap();
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let wiring = Wiring::new(store.clone(), clock, expense::default_claims());
+    let agent = wiring
+        .build(&definition)
+        .unwrap()
+        .with_model(Arc::new(AnthropicModel::new(
+            "sk-test",
+            "claude-test",
+            base,
+        )));
+    Engine::builder(store.clone()).agent(agent).build()
+}
+
+/// The expense agent's figures of `tenant`.
+async fn expense_figures(engine: &Engine, tenant: &TenantId) -> AgentFigures {
+    let figures = engine.figures(Some(tenant)).await.unwrap();
+    figures
+        .agents
+        .into_iter()
+        .find(|a| a.agent.as_str() == "expense")
+        .expect("the expense agent is shown")
 }

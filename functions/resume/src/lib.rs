@@ -2,13 +2,13 @@
 //! and drive messages, each a run `POST /runs` accepted (or the sweep drives again) to drive
 //! until it is done, failed or paused. Messages of one run share a group and arrive in order;
 //! when one fails, it and every later message of the batch are reported as failures, so
-//! nothing overtakes it. Each message's work is logged in a span carrying the trace id of the
-//! invocation that sent it, so its lines join the sender's.
+//! nothing overtakes it. The one that failed is counted (`countersign_resume_failures_total`,
+//! a metric line); those held back behind it are not. Each message's work is logged in a span
+//! carrying the trace id of the invocation that sent it, so its lines join the sender's.
 
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent, SqsMessage};
 use shared::adapters::sqs;
 use shared::engine::{Engine, ResumeReport};
-use shared::ports::queue::QueueMessage;
 use tracing::Instrument;
 
 /// Resumes each message in order; the response names the messages SQS must deliver again.
@@ -21,29 +21,10 @@ pub async fn handle(engine: &Engine, event: SqsEvent) -> SqsBatchResponse {
             continue;
         }
         let span = message_span(&id, &record);
-        let outcome = async {
-            let message = sqs::parse(record.body.as_deref().unwrap_or_default())?;
-            let (tenant, run_id) = match &message {
-                QueueMessage::Resume(m) => (&m.tenant, &m.run_id),
-                QueueMessage::Drive(m) => (&m.tenant, &m.run_id),
-            };
-            span.record("tenant", tracing::field::display(tenant));
-            span.record("run_id", tracing::field::display(run_id));
-            shared::agents::prepare_queued(engine, &message)
-                .await
-                .map_err(|e| e.to_string())?;
-            engine.consume(&message).await.map_err(|e| e.to_string())
+        let body = record.body.as_deref().unwrap_or_default();
+        if !resume(engine, body, &span).instrument(span.clone()).await {
+            failures.push(id);
         }
-        .instrument(span.clone())
-        .await;
-        span.in_scope(|| match outcome {
-            Ok(ResumeReport::Ignored { reason }) => tracing::info!(%reason, "nothing to do"),
-            Ok(report) => tracing::info!(outcome = ?report, "resumed"),
-            Err(error) => {
-                tracing::warn!(%error, "will be delivered again");
-                failures.push(id);
-            }
-        });
     }
     let mut response = SqsBatchResponse::default();
     response.batch_item_failures = failures
@@ -55,6 +36,36 @@ pub async fn handle(engine: &Engine, event: SqsEvent) -> SqsBatchResponse {
         })
         .collect();
     response
+}
+
+/// Resumes one message, logging what came of it in `span`, which it names the message's run in
+/// once it is read: false when SQS must deliver it again, then counted as a resume failure
+/// under its run's agent (a body that is no message names no run to count under).
+async fn resume(engine: &Engine, body: &str, span: &tracing::Span) -> bool {
+    let message = match sqs::parse(body) {
+        Ok(message) => message,
+        Err(error) => {
+            tracing::warn!(%error, "will be delivered again");
+            return false;
+        }
+    };
+    let (tenant, run_id) = message.run();
+    span.record("tenant", tracing::field::display(tenant));
+    span.record("run_id", tracing::field::display(run_id));
+    let outcome = match shared::agents::prepare_queued(engine, &message).await {
+        Ok(()) => engine.consume(&message).await.map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    match outcome {
+        Ok(ResumeReport::Ignored { reason }) => tracing::info!(%reason, "nothing to do"),
+        Ok(report) => tracing::info!(outcome = ?report, "resumed"),
+        Err(error) => {
+            tracing::warn!(%error, "will be delivered again");
+            engine.count_resume_failure(tenant, run_id).await;
+            return false;
+        }
+    }
+    true
 }
 
 /// The span of one message's work: its id, the trace id of the invocation that sent it (SQS's

@@ -111,6 +111,34 @@ async fn after_a_failure_it_and_every_later_message_are_reported_and_not_process
 }
 
 #[tokio::test]
+async fn a_message_whose_run_is_of_an_agent_not_configured_here_is_reported_and_counted_as_one_resume_failure_each_delivery()
+ {
+    let h = Harness::new(Embedded::fresh()).await;
+    let (decider, message) = approved_c102(&h).await;
+    let without_the_agent = h.process_of_definitions(&[]).await;
+
+    let first = resume::handle(&without_the_agent, batch(&[body(&message)])).await;
+    let again = resume::handle(&without_the_agent, batch(&[body(&message), body(&message)])).await;
+
+    assert_eq!(failed_ids(&first).len(), 1);
+    assert_eq!(failed_ids(&again).len(), 2);
+    let figures = decider.figures(None).await.unwrap();
+    let expense = figures
+        .agents
+        .iter()
+        .find(|a| a.agent.as_str() == "expense")
+        .unwrap();
+    assert_eq!(
+        expense.resume_failures, 2,
+        "one per delivery that failed; the message held back behind a failure is not counted"
+    );
+    assert_eq!(
+        h.run(&decider, &message.run_id).await.status,
+        RunStatus::AwaitingApproval
+    );
+}
+
+#[tokio::test]
 async fn a_drive_message_for_an_accepted_run_drives_it_once_though_delivered_twice() {
     let h = Harness::new(Embedded::fresh()).await;
     let queue = Arc::new(RecordingQueue::default());

@@ -546,6 +546,13 @@ impl Counters for DynamoStore {
         Ok(())
     }
 
+    async fn count(&self, counts: &[Count]) -> Result<(), StoreError> {
+        if let Some(metrics) = &self.metrics {
+            metrics.counted(counts, chrono::Utc::now());
+        }
+        Ok(())
+    }
+
     async fn kept(&self, _tenant: Option<&TenantId>) -> Result<Vec<Kept>, StoreError> {
         Ok(Vec::new())
     }

@@ -74,43 +74,53 @@ struct Metric {
     value: f64,
 }
 
-/// A line: the metrics at `at`, extracted along each of `dimension_sets`, with the dimensions'
-/// values as top-level strings beside the metrics' values.
-fn line(
-    at: DateTime<Utc>,
-    dimensions: &[(&str, &str)],
-    dimension_sets: &[&[&str]],
-    metrics: &[Metric],
-) -> Value {
+/// What one directive of a line extracts: its metrics, each along every one of its dimension
+/// sets (CloudWatch bills each metric and dimension set as a custom metric of its own).
+struct Directive<'a> {
+    dimension_sets: &'a [&'a [&'a str]],
+    metrics: &'a [Metric],
+}
+
+/// A line: each directive's metrics at `at`, with the dimensions' values as top-level strings
+/// beside the metrics' values.
+fn line(at: DateTime<Utc>, dimensions: &[(&str, &str)], directives: &[Directive]) -> Value {
     let mut root = Map::new();
+    let extracted: Vec<Value> = directives
+        .iter()
+        .map(|directive| {
+            json!({
+                "Namespace": NAMESPACE,
+                "Dimensions": directive.dimension_sets,
+                "Metrics": directive
+                    .metrics
+                    .iter()
+                    .map(|m| json!({"Name": m.name, "Unit": m.unit}))
+                    .collect::<Vec<_>>(),
+            })
+        })
+        .collect();
     root.insert(
         "_aws".into(),
         json!({
             "Timestamp": at.timestamp_millis(),
-            "CloudWatchMetrics": [{
-                "Namespace": NAMESPACE,
-                "Dimensions": dimension_sets,
-                "Metrics": metrics
-                    .iter()
-                    .map(|m| json!({"Name": m.name, "Unit": m.unit}))
-                    .collect::<Vec<_>>(),
-            }],
+            "CloudWatchMetrics": extracted,
         }),
     );
     for (name, value) in dimensions {
         root.insert((*name).into(), Value::String((*value).into()));
     }
-    for metric in metrics {
+    for metric in directives.iter().flat_map(|d| d.metrics) {
         root.insert(metric.name.into(), json!(metric.value));
     }
     Value::Object(root)
 }
 
-fn counted(name: &'static str) -> Metric {
+/// The metric `name` of `count`: how many it adds (one thing, or a turn's tokens).
+fn counted(name: &'static str, count: &Count) -> Metric {
     Metric {
         name,
         unit: "Count",
-        value: 1.0,
+        value: count.n as f64,
     }
 }
 
@@ -119,6 +129,8 @@ fn counted(name: &'static str) -> Metric {
 pub fn count_line(count: &Count, at: DateTime<Utc>) -> Option<Value> {
     let (tenant, agent) = (count.tenant.as_str(), count.agent.as_str());
     Some(match count.series {
+        // The count by outcome and the time by tenant and agent alone: what the dashboard
+        // and a percentile read, and no more billed metrics than that.
         Series::Decisions(outcome) => line(
             at,
             &[
@@ -126,39 +138,71 @@ pub fn count_line(count: &Count, at: DateTime<Utc>) -> Option<Value> {
                 ("agent", agent),
                 ("outcome", outcome.as_str()),
             ],
-            &[&["tenant", "agent", "outcome"], &["tenant", "agent"]],
             &[
-                counted("countersign_decisions_total"),
-                Metric {
-                    name: "countersign_decision_seconds",
-                    unit: "Seconds",
-                    value: count.seconds,
+                Directive {
+                    dimension_sets: &[&["tenant", "agent", "outcome"]],
+                    metrics: &[counted("countersign_decisions_total", count)],
+                },
+                Directive {
+                    dimension_sets: &[&["tenant", "agent"]],
+                    metrics: &[Metric {
+                        name: "countersign_decision_seconds",
+                        unit: "Seconds",
+                        value: count.seconds,
+                    }],
                 },
             ],
         ),
         Series::DecidedWithin(_) => return None,
-        Series::Executions(outcome) => line(
+        Series::Executions(outcome) => one_metric(
+            count,
             at,
-            &[
-                ("tenant", tenant),
-                ("agent", agent),
-                ("outcome", outcome.as_str()),
-            ],
-            &[&["tenant", "agent", "outcome"]],
-            &[counted("countersign_executions_total")],
+            &[("outcome", outcome.as_str())],
+            "countersign_executions_total",
         ),
-        Series::Rulings(outcome, mode) => line(
+        Series::Rulings(outcome, mode) => one_metric(
+            count,
             at,
-            &[
-                ("tenant", tenant),
-                ("agent", agent),
-                ("outcome", outcome.name()),
-                ("mode", mode.as_str()),
-            ],
-            &[&["tenant", "agent", "outcome", "mode"]],
-            &[counted("countersign_policy_outcomes_total")],
+            &[("outcome", outcome.name()), ("mode", mode.as_str())],
+            "countersign_policy_outcomes_total",
         ),
+        Series::ModelRequests(outcome) => one_metric(
+            count,
+            at,
+            &[("outcome", outcome.as_str())],
+            "countersign_model_requests_total",
+        ),
+        Series::ModelTokens(kind) => one_metric(
+            count,
+            at,
+            &[("kind", kind.as_str())],
+            "countersign_model_tokens_total",
+        ),
+        Series::ResumeFailures => one_metric(count, at, &[], "countersign_resume_failures_total"),
     })
+}
+
+/// The line of a count that is one metric, extracted by tenant, agent and `labels` together.
+fn one_metric(
+    count: &Count,
+    at: DateTime<Utc>,
+    labels: &[(&'static str, &str)],
+    name: &'static str,
+) -> Value {
+    let mut dimensions = vec![
+        ("tenant", count.tenant.as_str()),
+        ("agent", count.agent.as_str()),
+    ];
+    dimensions.extend_from_slice(labels);
+    let keys: Vec<&str> = dimensions.iter().map(|(key, _)| *key).collect();
+    line(
+        at,
+        &dimensions,
+        &[Directive {
+            dimension_sets: &[&keys],
+            metrics: &[counted(name, count)],
+        }],
+    )
 }
 
 /// The gauges of one agent of one tenant.
@@ -169,24 +213,26 @@ pub fn gauge_line(figures: &AgentFigures, at: DateTime<Utc>) -> Value {
             ("tenant", figures.tenant.as_str()),
             ("agent", figures.agent.as_str()),
         ],
-        &[&["tenant", "agent"]],
-        &[
-            Metric {
-                name: "countersign_approvals_waiting",
-                unit: "Count",
-                value: figures.approvals_waiting as f64,
-            },
-            Metric {
-                name: "countersign_approval_oldest_wait_seconds",
-                unit: "Seconds",
-                value: figures.oldest_wait_seconds,
-            },
-            Metric {
-                name: "countersign_unknown_outcomes",
-                unit: "Count",
-                value: figures.unknown_outcomes as f64,
-            },
-        ],
+        &[Directive {
+            dimension_sets: &[&["tenant", "agent"]],
+            metrics: &[
+                Metric {
+                    name: "countersign_approvals_waiting",
+                    unit: "Count",
+                    value: figures.approvals_waiting as f64,
+                },
+                Metric {
+                    name: "countersign_approval_oldest_wait_seconds",
+                    unit: "Seconds",
+                    value: figures.oldest_wait_seconds,
+                },
+                Metric {
+                    name: "countersign_unknown_outcomes",
+                    unit: "Count",
+                    value: figures.unknown_outcomes as f64,
+                },
+            ],
+        }],
     )
 }
 
@@ -301,15 +347,18 @@ mod tests {
     use crate::domain::ids::{AgentName, TenantId};
     use crate::domain::policy::VerdictKind;
     use crate::ports::counters::{
-        DECISION_BUCKETS, DecisionOutcome, ExecutionOutcome, RuleMode, Series,
+        DECISION_BUCKETS, DecisionOutcome, ExecutionOutcome, ModelOutcome, RuleMode, Series,
+        TokenKind,
     };
 
     fn count(series: Series, seconds: f64) -> Count {
         Count {
-            tenant: TenantId::parse("acme").unwrap(),
-            agent: AgentName::parse("expense").unwrap(),
-            series,
             seconds,
+            ..Count::one(
+                &TenantId::parse("acme").unwrap(),
+                &AgentName::parse("expense").unwrap(),
+                series,
+            )
         }
     }
 
@@ -324,6 +373,9 @@ mod tests {
         for verdict in VerdictKind::ALL {
             all.extend(RuleMode::ALL.map(|mode| Series::Rulings(verdict, mode)));
         }
+        all.extend(ModelOutcome::ALL.map(Series::ModelRequests));
+        all.extend(TokenKind::ALL.map(Series::ModelTokens));
+        all.push(Series::ResumeFailures);
         for series in all {
             let line = count_line(&count(series, 600.0), at()).unwrap();
             assert_eq!(rule_broken(&line), None);
@@ -332,6 +384,17 @@ mod tests {
                 line["_aws"]["CloudWatchMetrics"][0]["Namespace"],
                 "Countersign"
             );
+            // A metric named by two directives would be billed along both's dimension sets.
+            let names: Vec<&Value> = line["_aws"]["CloudWatchMetrics"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .flat_map(|d| d["Metrics"].as_array().unwrap())
+                .map(|m| &m["Name"])
+                .collect();
+            let distinct: std::collections::BTreeSet<String> =
+                names.iter().map(|n| n.to_string()).collect();
+            assert_eq!(names.len(), distinct.len(), "{line}");
             assert_eq!(
                 (line["tenant"].as_str(), line["agent"].as_str()),
                 (Some("acme"), Some("expense"))
@@ -352,9 +415,22 @@ mod tests {
         assert_eq!(decided["outcome"], "edited");
         assert_eq!(decided["countersign_decisions_total"], 1.0);
         assert_eq!(decided["countersign_decision_seconds"], 600.0);
+        // Each metric under its own dimension sets only: five billed metrics per tenant and
+        // agent (a count per outcome and one time), not ten.
         assert_eq!(
-            decided["_aws"]["CloudWatchMetrics"][0]["Dimensions"],
-            json!([["tenant", "agent", "outcome"], ["tenant", "agent"]])
+            decided["_aws"]["CloudWatchMetrics"],
+            json!([
+                {
+                    "Namespace": "Countersign",
+                    "Dimensions": [["tenant", "agent", "outcome"]],
+                    "Metrics": [{"Name": "countersign_decisions_total", "Unit": "Count"}],
+                },
+                {
+                    "Namespace": "Countersign",
+                    "Dimensions": [["tenant", "agent"]],
+                    "Metrics": [{"Name": "countersign_decision_seconds", "Unit": "Seconds"}],
+                },
+            ])
         );
         let ruled = Series::Rulings(VerdictKind::Approve, RuleMode::LogOnly);
         let ruled = count_line(&count(ruled, 0.0), at()).unwrap();
@@ -367,6 +443,34 @@ mod tests {
         let ran = count_line(&count(ran, 0.0), at()).unwrap();
         assert_eq!(ran["outcome"], "unknown");
         assert_eq!(ran["countersign_executions_total"], 1.0);
+
+        let failed = Series::ModelRequests(ModelOutcome::Error);
+        let failed = count_line(&count(failed, 0.0), at()).unwrap();
+        assert_eq!(failed["outcome"], "error");
+        assert_eq!(failed["countersign_model_requests_total"], 1.0);
+        assert_eq!(
+            failed["_aws"]["CloudWatchMetrics"][0]["Dimensions"],
+            json!([["tenant", "agent", "outcome"]])
+        );
+        // A turn's tokens are one line of their number, not a line per token.
+        let read = Count {
+            n: 1200,
+            ..count(Series::ModelTokens(TokenKind::Input), 0.0)
+        };
+        let read = count_line(&read, at()).unwrap();
+        assert_eq!(read["kind"], "input");
+        assert_eq!(read["countersign_model_tokens_total"], 1200.0);
+        assert_eq!(
+            read["_aws"]["CloudWatchMetrics"][0]["Dimensions"],
+            json!([["tenant", "agent", "kind"]])
+        );
+        let resume = count_line(&count(Series::ResumeFailures, 0.0), at()).unwrap();
+        assert_eq!(resume["countersign_resume_failures_total"], 1.0);
+        assert_eq!(
+            resume["_aws"]["CloudWatchMetrics"][0]["Dimensions"],
+            json!([["tenant", "agent"]])
+        );
+        assert_eq!(resume.get("outcome"), None);
     }
 
     #[test]

@@ -551,14 +551,14 @@ fn apply(tx: &Connection, writes: &[Write], counts: &[Count]) -> Result<(), Stor
     for count in counts {
         let (name, label) = count.series.key();
         let (tenant, agent) = (count.tenant.as_str(), count.agent.as_str());
-        let row = params![tenant, agent, name, label, count.seconds];
+        let row = params![tenant, agent, name, label, count.n as i64, count.seconds];
         execute(tx, ADD_COUNT, row)?;
     }
     Ok(())
 }
 
-const ADD_COUNT: &str = "INSERT INTO counts (tenant, agent, name, label, n, seconds) VALUES (?1, ?2, ?3, ?4, 1, ?5)
-    ON CONFLICT (tenant, agent, name, label) DO UPDATE SET n = n + 1, seconds = seconds + excluded.seconds";
+const ADD_COUNT: &str = "INSERT INTO counts (tenant, agent, name, label, n, seconds) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+    ON CONFLICT (tenant, agent, name, label) DO UPDATE SET n = n + excluded.n, seconds = seconds + excluded.seconds";
 
 /// Writes one item if its condition holds; whether it held.
 fn write_if(tx: &Connection, write: &Write) -> Result<bool, StoreError> {
@@ -816,7 +816,11 @@ impl SqliteStore {
     /// Commits `writes` and adds `counts` in one SQL transaction: here when the connection is
     /// free, else on the writer thread.
     async fn commit(&self, writes: Vec<Write>, counts: Vec<Count>) -> Result<(), StoreError> {
-        check_transaction(&writes)?;
+        // Counts alone ([`Counters::count`]) are the one transaction of no write taken.
+        let counts_alone = writes.is_empty() && !counts.is_empty();
+        if !counts_alone {
+            check_transaction(&writes)?;
+        }
         if let Some(outcome) = self.commit_in_place(&writes, &counts) {
             return outcome;
         }
@@ -842,6 +846,13 @@ impl Counters for SqliteStore {
         let keys = write_keys(&writes);
         let sent = self.commit(writes, counts.to_vec()).await;
         with_found(self, &keys, sent).await
+    }
+
+    async fn count(&self, counts: &[Count]) -> Result<(), StoreError> {
+        if counts.is_empty() {
+            return Ok(());
+        }
+        self.commit(Vec::new(), counts.to_vec()).await
     }
 
     async fn kept(&self, tenant: Option<&TenantId>) -> Result<Vec<Kept>, StoreError> {
@@ -931,10 +942,12 @@ mod tests {
             SqliteStore::open(&path).unwrap(),
         );
         let approved = |seconds| Count {
-            tenant: TenantId::parse("acme").unwrap(),
-            agent: AgentName::parse("expense").unwrap(),
-            series: Series::Decisions(DecisionOutcome::Approved),
             seconds,
+            ..Count::one(
+                &TenantId::parse("acme").unwrap(),
+                &AgentName::parse("expense").unwrap(),
+                Series::Decisions(DecisionOutcome::Approved),
+            )
         };
 
         store
@@ -965,6 +978,40 @@ mod tests {
         }
         let globex = TenantId::parse("globex").unwrap();
         assert!(store.kept(Some(&globex)).await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn counts_kept_alone_add_how_many_each_says_and_a_transaction_of_nothing_is_still_refused()
+     {
+        use crate::ports::counters::TokenKind;
+        let path = scratch("counts-alone");
+        let (store, other) = (
+            SqliteStore::open(&path).unwrap(),
+            SqliteStore::open(&path).unwrap(),
+        );
+        let tokens = |n| Count {
+            n,
+            ..Count::one(
+                &TenantId::parse("acme").unwrap(),
+                &AgentName::parse("expense").unwrap(),
+                Series::ModelTokens(TokenKind::Input),
+            )
+        };
+
+        store.count(&[tokens(1200)]).await.unwrap();
+        other.count(&[tokens(300)]).await.unwrap();
+        store.count(&[]).await.unwrap();
+
+        let kept = other.kept(None).await.unwrap();
+        assert_eq!(kept.len(), 1, "{kept:?}");
+        assert_eq!(
+            (kept[0].series, kept[0].n),
+            (Series::ModelTokens(TokenKind::Input), 1500)
+        );
+        assert!(matches!(
+            store.transact(Vec::new()).await,
+            Err(StoreError::Invalid(_))
+        ));
     }
 
     #[tokio::test]

@@ -387,10 +387,8 @@ pub async fn prepare_resume(engine: &Engine, message: &ResumeMessage) -> Result<
 
 /// [`prepare_resume`] for either kind of queue message: the run it drives on.
 pub async fn prepare_queued(engine: &Engine, message: &QueueMessage) -> Result<(), EngineError> {
-    match message {
-        QueueMessage::Resume(m) => prepare_run(engine, &m.tenant, &m.run_id).await,
-        QueueMessage::Drive(m) => prepare_run(engine, &m.tenant, &m.run_id).await,
-    }
+    let (tenant, run) = message.run();
+    prepare_run(engine, tenant, run).await
 }
 
 async fn prepare_run(engine: &Engine, tenant: &TenantId, run: &RunId) -> Result<(), EngineError> {

@@ -171,6 +171,10 @@ pub struct Run {
     /// driver writes the run before a model turn only when some are not. Bookkeeping.
     #[serde(skip)]
     pub written_messages: usize,
+    /// Model turns answered with no usage to audit since the run was last written: counted
+    /// with its next write rather than in a transaction of their own. Bookkeeping.
+    #[serde(skip)]
+    pub uncounted_turns: u64,
 }
 
 /// Whom a call is decided for: the run's tenant and requester, and what authentication said of
@@ -226,6 +230,7 @@ impl Run {
             stored_messages: 1,
             logging_messages: None,
             written_messages: 0,
+            uncounted_turns: 0,
         }
     }
 

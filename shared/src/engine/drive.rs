@@ -23,6 +23,7 @@ use crate::domain::ids::{ActionId, ActionVersion, AgentName, PersonId, RunId, Te
 use crate::domain::notice::NoticeKind;
 use crate::domain::policy::{Requirement, Verdict, VerdictKind};
 use crate::domain::run::{GateVia, HeldCall, NotDriven, PausedTurn, Run};
+use crate::ports::counters::{ModelOutcome, Series};
 use crate::ports::model::ModelRequest;
 use crate::ports::queue::DriveMessage;
 use crate::ports::scheduler::Wake;
@@ -307,6 +308,9 @@ impl Engine {
             let reply = match model.respond(request).await {
                 Ok(reply) => reply,
                 Err(error) => {
+                    let failed = Series::ModelRequests(ModelOutcome::Error);
+                    self.count_alone(&run.value.tenant, &run.value.agent, failed)
+                        .await;
                     return self
                         .fail_run(run, format!("the model failed: {error}"))
                         .await;
@@ -317,9 +321,13 @@ impl Engine {
                 // compare-and-set before anything the model proposed is acted on.
                 self.renew_lease(&mut run).await?;
             }
-            if let Some(usage) = reply.usage {
-                self.record_turn(&run.value, usage, reply.stop_reason)
-                    .await?;
+            match reply.usage {
+                Some(usage) => {
+                    self.record_turn(&run.value, usage, reply.stop_reason)
+                        .await?
+                }
+                // Nothing to audit: the request is counted with the run's next write.
+                None => run.value.uncounted_turns += 1,
             }
             let mut content = reply.content;
             // Calls whose arguments are past their share are answered without being kept.
@@ -1091,8 +1099,9 @@ impl Engine {
         stop_reason: StopReason,
     ) -> Result<(), EngineError> {
         tracing::info!(model = %usage.model, input_tokens = ?usage.input_tokens, output_tokens = ?usage.output_tokens, ?stop_reason, "model turn");
-        let event = AuditEvent::ModelTurn { usage, stop_reason };
         let mut tx = Tx::new();
+        tx.count_model_turn(run, &usage);
+        let event = AuditEvent::ModelTurn { usage, stop_reason };
         tx.audit(
             &run.tenant,
             AuditEntry::new(&run.id, Actor::Agent, event, self.now()),

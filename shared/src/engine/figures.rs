@@ -1,7 +1,8 @@
 //! What an operator watches, per tenant and agent: the approvals waiting on people and how
 //! long the oldest has waited, and the calls whose outcome is unknown, read from the index
 //! entries the engine already keeps (so right across processes and after a restart); and the
-//! counts of decisions, executions and policy rulings, where the store keeps them.
+//! counts of decisions, executions, policy rulings, model requests and tokens and failed
+//! resumes, where the store keeps them.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -12,10 +13,11 @@ use super::records::{decode, decode_approval, keys};
 use super::{Engine, EngineError};
 use crate::domain::action::{Action, ActionStatus};
 use crate::domain::approval::ApprovalKind;
-use crate::domain::ids::{AgentName, TenantId};
+use crate::domain::ids::{AgentName, RunId, TenantId};
 use crate::domain::policy::VerdictKind;
 use crate::ports::counters::{
-    DECISION_BUCKETS, DecisionOutcome, ExecutionOutcome, Kept, RuleMode, Series,
+    DECISION_BUCKETS, DecisionOutcome, ExecutionOutcome, Kept, ModelOutcome, RuleMode, Series,
+    TokenKind,
 };
 
 /// The figures of a deployment (or one tenant of it) at one moment.
@@ -43,13 +45,21 @@ pub struct AgentFigures {
     pub decision_seconds: DecisionTimes,
     pub executions: BTreeMap<ExecutionOutcome, u64>,
     pub policy_outcomes: Vec<Ruled>,
+    pub model_requests: BTreeMap<ModelOutcome, u64>,
+    pub model_tokens: BTreeMap<TokenKind, u64>,
+    /// Queued resume or drive messages whose handling failed, one per failed delivery.
+    pub resume_failures: u64,
 }
 
-/// How long decisions took, from an approval's creation: a histogram's cumulative buckets.
+/// How long decisions took, from an approval's creation: a histogram's buckets, each with its
+/// own count as the store keeps it (the Prometheus encoder adds them up as it writes them).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct DecisionTimes {
-    /// Each bucket's upper bound in seconds with how many decisions came within it.
+    /// Each bucket's upper bound in seconds with how many decisions came within it and no
+    /// earlier one.
     pub buckets: Vec<(f64, u64)>,
+    /// How many came past the last bound.
+    pub beyond: u64,
     pub count: u64,
     pub sum: f64,
 }
@@ -74,6 +84,7 @@ impl AgentFigures {
             decisions: DecisionOutcome::ALL.iter().map(|o| (*o, 0)).collect(),
             decision_seconds: DecisionTimes {
                 buckets: DECISION_BUCKETS.iter().map(|b| (*b, 0)).collect(),
+                beyond: 0,
                 count: 0,
                 sum: 0.0,
             },
@@ -88,6 +99,9 @@ impl AgentFigures {
                     })
                 })
                 .collect(),
+            model_requests: ModelOutcome::ALL.iter().map(|o| (*o, 0)).collect(),
+            model_tokens: TokenKind::ALL.iter().map(|k| (*k, 0)).collect(),
+            resume_failures: 0,
         }
     }
 
@@ -99,12 +113,10 @@ impl AgentFigures {
                 self.decision_seconds.count += kept.n;
                 self.decision_seconds.sum += kept.seconds;
             }
-            // Cumulative: a decision within a bucket is within every later one too.
-            Series::DecidedWithin(bucket) => {
-                for (_, within) in self.decision_seconds.buckets.iter_mut().skip(bucket) {
-                    *within += kept.n;
-                }
-            }
+            Series::DecidedWithin(bucket) => match self.decision_seconds.buckets.get_mut(bucket) {
+                Some((_, within)) => *within += kept.n,
+                None => self.decision_seconds.beyond += kept.n,
+            },
             Series::Executions(outcome) => *self.executions.entry(outcome).or_default() += kept.n,
             Series::Rulings(outcome, mode) => {
                 if let Some(ruled) = self
@@ -115,6 +127,11 @@ impl AgentFigures {
                     ruled.count += kept.n;
                 }
             }
+            Series::ModelRequests(outcome) => {
+                *self.model_requests.entry(outcome).or_default() += kept.n
+            }
+            Series::ModelTokens(kind) => *self.model_tokens.entry(kind).or_default() += kept.n,
+            Series::ResumeFailures => self.resume_failures += kept.n,
         }
     }
 }
@@ -137,6 +154,20 @@ struct AgentOf {
 }
 
 impl Engine {
+    /// The agent of `run`, read from its item alone; `None` when there is no such run.
+    pub(super) async fn agent_of_run(
+        &self,
+        tenant: &TenantId,
+        run: &RunId,
+    ) -> Result<Option<AgentName>, EngineError> {
+        let item = self
+            .store
+            .get(&keys::run_pk(tenant, run), keys::RUN_SK)
+            .await?;
+        item.map(|item| Ok(decode::<AgentOf>(&item)?.value.agent))
+            .transpose()
+    }
+
     /// The figures of `tenant`, or of every tenant that has started a run. Reads each tenant's
     /// pending approvals, every shard of the reconcile index and, for each call there whose
     /// outcome is unknown, its run's item; and the counts where the store keeps them. A read
@@ -180,12 +211,9 @@ impl Engine {
                 if action.status != ActionStatus::Unknown || !tenants.contains(&action.tenant) {
                     continue;
                 }
-                let run = self
-                    .store
-                    .get(&keys::run_pk(&action.tenant, &action.run_id), keys::RUN_SK)
-                    .await?;
-                let Some(run) = run else { continue };
-                let agent = decode::<AgentOf>(&run)?.value.agent;
+                let Some(agent) = self.agent_of_run(&action.tenant, &action.run_id).await? else {
+                    continue;
+                };
                 entry(&mut figures, &action.tenant, &agent).unknown_outcomes += 1;
             }
         }

@@ -51,7 +51,7 @@ use crate::domain::policy::MAX_TTL;
 use crate::domain::policy::Policy;
 use crate::domain::run::{Run, RunStatus};
 use crate::ports::clock::{Clock, SystemClock};
-use crate::ports::counters::{Count, Counters};
+use crate::ports::counters::{Count, Counters, Series};
 use crate::ports::notifier::Notifier;
 use crate::ports::queue::ResumeQueue;
 use crate::ports::scheduler::{Scheduler, SweepOnly};
@@ -204,8 +204,9 @@ impl EngineBuilder {
         self
     }
 
-    /// Whether decisions, executions and policy rulings are counted, where the store keeps
-    /// counts (on by default): off only to measure what counting costs.
+    /// Whether decisions, executions, policy rulings, model requests and failed resumes are
+    /// counted, where the store keeps counts (on by default): off only to measure what
+    /// counting costs.
     pub fn keep_counts(mut self, keep: bool) -> Self {
         self.engine.keep_counts = keep;
         self
@@ -294,19 +295,14 @@ impl Engine {
     }
 
     /// Applies one transaction; on success what it hands over for delivery is returned.
-    async fn commit(&self, mut tx: Tx) -> Result<Outgoing, StoreError> {
+    async fn commit(&self, tx: Tx) -> Result<Outgoing, StoreError> {
         if !tx.opens_approvals() {
             // Most transactions: no count to read, one request.
-            let counted = tx.take_counts();
-            let (writes, outgoing) = tx.into_parts();
+            let (writes, counted, outgoing) = tx.into_parts();
             let touched = self.waiters.touched(&writes);
-            match self.counters() {
-                Some(counters) if !counted.is_empty() => counters
-                    .transact_counting(writes, &counted)
-                    .await
-                    .map_err(|refused| refused.error)?,
-                _ => self.store.transact(writes).await?,
-            }
+            self.send(writes, &counted)
+                .await
+                .map_err(|refused| refused.error)?;
             waiters::wake(touched);
             return Ok(outgoing);
         }
@@ -322,10 +318,9 @@ impl Engine {
     /// [`Engine::commit`], with the counts of open approvals of the requesters whose approvals
     /// the transaction opens; where `cap` is given, an opening it would take past the cap
     /// writes nothing.
-    async fn commit_capped(&self, mut tx: Tx, cap: Option<u32>) -> Result<Outgoing, Uncommitted> {
+    async fn commit_capped(&self, tx: Tx, cap: Option<u32>) -> Result<Outgoing, Uncommitted> {
         let openings = tx.openings();
-        let counted = tx.take_counts();
-        let (writes, outgoing) = tx.into_parts();
+        let (writes, counted, outgoing) = tx.into_parts();
         let touched = self.waiters.touched(&writes);
         self.transact_counted(writes, &counted, &openings, cap)
             .await?;
@@ -394,12 +389,11 @@ impl Engine {
     /// not say or another write's condition failed.
     async fn commit_watching(
         &self,
-        mut tx: Tx,
+        tx: Tx,
         watched: (&str, &str),
     ) -> Result<Outgoing, (StoreError, Option<Option<crate::ports::store::Item>>)> {
         let openings = tx.openings();
-        let counted = tx.take_counts();
-        let (writes, outgoing) = tx.into_parts();
+        let (writes, counted, outgoing) = tx.into_parts();
         let index = writes.iter().position(|w| w.key() == watched);
         let touched = self.waiters.touched(&writes);
         let sent = self
@@ -428,6 +422,37 @@ impl Engine {
                 counters.transact_counting(writes, counted).await
             }
             _ => self.store.transact_or_found(writes).await,
+        }
+    }
+
+    /// Counts one of `run`'s things that no transaction records, where the store keeps counts.
+    /// A count the store cannot keep now is logged: it never fails what it counted.
+    async fn count_alone(&self, tenant: &TenantId, agent: &AgentName, series: Series) {
+        let Some(counters) = self.counters() else {
+            return;
+        };
+        let count = Count::one(tenant, agent, series);
+        if let Err(error) = counters.count(&[count]).await {
+            tracing::warn!(%error, ?series, "a count was not kept");
+        }
+    }
+
+    /// Counts a queued resume or drive message of `run` whose handling failed and that will be
+    /// delivered again, under the run's agent: one per failed delivery. A run that cannot be
+    /// read now (the store may be what failed) leaves it uncounted, with a warning.
+    pub async fn count_resume_failure(&self, tenant: &TenantId, run: &RunId) {
+        if self.counters().is_none() {
+            return;
+        }
+        match self.agent_of_run(tenant, run).await {
+            Ok(Some(agent)) => {
+                self.count_alone(tenant, &agent, Series::ResumeFailures)
+                    .await
+            }
+            Ok(None) => {}
+            Err(error) => {
+                tracing::warn!(%error, run = %run, "a failed resume was not counted: its run could not be read")
+            }
         }
     }
 
@@ -481,7 +506,11 @@ impl Engine {
                         notices.extend(just_written(more.notices));
                         Ok(matches!(report, ResumeReport::Ignored { .. }))
                     }
-                    Err(e) => Err(e.to_string()),
+                    Err(e) => {
+                        self.count_resume_failure(&message.tenant, &message.run_id)
+                            .await;
+                        Err(e.to_string())
+                    }
                 },
                 // Left to the consumer: until it acts on the message, the entry is what the
                 // sweep hands over again should the message be lost on the way.

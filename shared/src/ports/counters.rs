@@ -1,9 +1,10 @@
-//! The counts the engine keeps as it commits (decisions, executions, policy rulings), and the
-//! port that keeps them: the embedded store adds them in the transaction that records what
-//! they count, so every process sharing its file counts into one total that survives a
-//! restart; on DynamoDB, where a counter item would cost a write unit and be one hot key, the
-//! store reports each count as a metric line once its transaction commits ([`emf`]); a store
-//! without the port counts nothing.
+//! The counts the engine keeps as it commits (decisions, executions, policy rulings, model
+//! turns and their tokens), and the port that keeps them: the embedded store adds them in the
+//! transaction that records what they count, so every process sharing its file counts into one
+//! total that survives a restart; on DynamoDB, where a counter item would cost a write unit and
+//! be one hot key, the store reports each count as a metric line once its transaction commits
+//! ([`emf`]); a store without the port counts nothing. What no transaction records (a failed
+//! model request, a failed delivery of a queued message) is counted on its own.
 //!
 //! [`emf`]: crate::adapters::emf
 
@@ -43,7 +44,29 @@ pub enum RuleMode {
     LogOnly,
 }
 
-shown_by_serde_name!(DecisionOutcome, ExecutionOutcome, RuleMode);
+/// How a model request ended, as the model port answered it (its own retries are inside one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelOutcome {
+    Ok,
+    Error,
+}
+
+/// Which of a model turn's tokens: those it read or those it wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenKind {
+    Input,
+    Output,
+}
+
+shown_by_serde_name!(
+    DecisionOutcome,
+    ExecutionOutcome,
+    RuleMode,
+    ModelOutcome,
+    TokenKind
+);
 
 impl DecisionOutcome {
     pub const ALL: [DecisionOutcome; 4] = [
@@ -66,6 +89,14 @@ impl RuleMode {
     pub const ALL: [RuleMode; 2] = [RuleMode::Enforce, RuleMode::LogOnly];
 }
 
+impl ModelOutcome {
+    pub const ALL: [ModelOutcome; 2] = [ModelOutcome::Ok, ModelOutcome::Error];
+}
+
+impl TokenKind {
+    pub const ALL: [TokenKind; 2] = [TokenKind::Input, TokenKind::Output];
+}
+
 /// The upper bounds, in seconds, of the buckets that time an approval from its creation to its
 /// decision: from a person at their desk (a minute) to the longest time to decide (90 days).
 pub const DECISION_BUCKETS: [f64; 12] = [
@@ -82,6 +113,11 @@ pub enum Series {
     DecidedWithin(usize),
     Executions(ExecutionOutcome),
     Rulings(VerdictKind, RuleMode),
+    ModelRequests(ModelOutcome),
+    /// A model turn's tokens: a count of them, not of turns.
+    ModelTokens(TokenKind),
+    /// A queued resume or drive message whose handling failed, to be delivered again.
+    ResumeFailures,
 }
 
 impl Series {
@@ -92,6 +128,9 @@ impl Series {
             Series::DecidedWithin(bucket) => ("decided_within", bucket.to_string()),
             Series::Executions(outcome) => ("executions", outcome.as_str().into()),
             Series::Rulings(outcome, mode) => ("rulings", format!("{}/{mode}", outcome.name())),
+            Series::ModelRequests(outcome) => ("model_requests", outcome.as_str().into()),
+            Series::ModelTokens(kind) => ("model_tokens", kind.as_str().into()),
+            Series::ResumeFailures => ("resume_failures", String::new()),
         }
     }
 
@@ -117,18 +156,40 @@ impl Series {
                     serde_json::from_value(quoted(mode)).ok()?,
                 ))
             }
+            "model_requests" => serde_json::from_value(quoted(label))
+                .ok()
+                .map(Series::ModelRequests),
+            "model_tokens" => serde_json::from_value(quoted(label))
+                .ok()
+                .map(Series::ModelTokens),
+            "resume_failures" if label.is_empty() => Some(Series::ResumeFailures),
             _ => None,
         }
     }
 }
 
-/// One thing counted, of one agent of one tenant, with the seconds it took where it is timed.
+/// What one agent of one tenant adds to a series: how many (one thing, or a turn's tokens),
+/// with the seconds it took where it is timed.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Count {
     pub tenant: TenantId,
     pub agent: AgentName,
     pub series: Series,
+    pub n: u64,
     pub seconds: f64,
+}
+
+impl Count {
+    /// One thing counted, untimed.
+    pub fn one(tenant: &TenantId, agent: &AgentName, series: Series) -> Self {
+        Self {
+            tenant: tenant.clone(),
+            agent: agent.clone(),
+            series,
+            n: 1,
+            seconds: 0.0,
+        }
+    }
 }
 
 /// A series as kept: how many were counted, and their seconds together.
@@ -149,6 +210,10 @@ pub trait Counters: Send + Sync {
     ///
     /// [`ItemStore::transact_or_found`]: crate::ports::store::ItemStore::transact_or_found
     async fn transact_counting(&self, writes: Vec<Write>, counts: &[Count]) -> Result<(), Refused>;
+
+    /// Keeps `counts` of what no transaction records (a failed delivery, a model request): on
+    /// their own, since nothing else commits with them.
+    async fn count(&self, counts: &[Count]) -> Result<(), StoreError>;
 
     /// Every series kept, of `tenant` or of all tenants.
     async fn kept(&self, tenant: Option<&TenantId>) -> Result<Vec<Kept>, StoreError>;
@@ -172,6 +237,9 @@ mod tests {
         for verdict in VerdictKind::ALL {
             all.extend(RuleMode::ALL.map(|mode| Series::Rulings(verdict, mode)));
         }
+        all.extend(ModelOutcome::ALL.map(Series::ModelRequests));
+        all.extend(TokenKind::ALL.map(Series::ModelTokens));
+        all.push(Series::ResumeFailures);
         for series in all {
             let (name, label) = series.key();
             assert_eq!(Series::parse(name, &label), Some(series), "{name} {label}");
@@ -179,5 +247,7 @@ mod tests {
         assert_eq!(Series::parse("decided_within", "13"), None);
         assert_eq!(Series::parse("rulings", "allow"), None);
         assert_eq!(Series::parse("tokens", "in"), None);
+        assert_eq!(Series::parse("model_tokens", "cached"), None);
+        assert_eq!(Series::parse("resume_failures", "x"), None);
     }
 }

@@ -98,6 +98,14 @@ impl QueueMessage {
         }
     }
 
+    /// The run it wakes, and its tenant.
+    pub fn run(&self) -> (&TenantId, &RunId) {
+        match self {
+            Self::Resume(m) => (&m.tenant, &m.run_id),
+            Self::Drive(m) => (&m.tenant, &m.run_id),
+        }
+    }
+
     /// Messages of one run are delivered in order.
     pub fn group(&self) -> &str {
         match self {

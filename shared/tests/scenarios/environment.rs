@@ -56,12 +56,12 @@ reason = "Every payment needs finance."
 const TOKEN_HEADER: &str = r#"headers = { Authorization = "Bearer ${PAYROLL_TOKEN}" }"#;
 
 /// [`payroll`] sending its token from `PAYROLL_TOKEN`, to nowhere.
-fn payroll_with_a_token() -> Definition {
+pub(super) fn payroll_with_a_token() -> Definition {
     payroll("", NOWHERE, TOKEN_HEADER)
 }
 
 /// `ben` asks, through the gate API, to pay `employee` 200 dollars.
-fn pay(employee: &str) -> GateCall {
+pub(super) fn pay(employee: &str) -> GateCall {
     GateCall {
         tenant: acme(),
         agent: AgentName::parse("payroll").unwrap(),
@@ -84,7 +84,7 @@ fn without_it(_: &str) -> Option<String> {
 }
 
 /// A process of `payroll` that has the token, and one that has not (a reviewer's).
-async fn serving_and_reviewing(
+pub(super) async fn serving_and_reviewing(
     h: &Harness,
     payroll: impl Fn() -> Definition,
 ) -> (Process, Process) {

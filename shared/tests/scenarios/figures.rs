@@ -8,7 +8,9 @@ use shared::adapters::emf::{Emf, Printed, rule_broken};
 use shared::domain::ids::AgentName;
 use shared::domain::policy::VerdictKind;
 use shared::engine::{AgentFigures, Figures};
-use shared::ports::counters::{DecisionOutcome, ExecutionOutcome, RuleMode};
+use shared::ports::counters::{
+    DecisionOutcome, ExecutionOutcome, ModelOutcome, RuleMode, TokenKind,
+};
 
 /// The expense agent's figures for acme, as `p` reads them.
 async fn expense(p: &Process) -> (Figures, AgentFigures) {
@@ -74,7 +76,12 @@ async fn given_an_approval_waiting_ten_minutes_when_another_process_approves_it_
             .unwrap()
             .1
     };
-    assert_eq!((within(300.0), within(900.0)), (0, counted));
+    // Each bucket holds its own decisions: none in the 1800 s one, nor past the last.
+    assert_eq!(
+        (within(300.0), within(900.0), within(1800.0)),
+        (0, counted, 0)
+    );
+    assert_eq!(after.decision_seconds.beyond, 0);
     // The payment ran once the decision was made; the claim's reads ran before.
     let succeeded = |f: &AgentFigures| f.executions[&ExecutionOutcome::Succeeded];
     assert_eq!(succeeded(&after) - succeeded(&before), counted);
@@ -84,6 +91,17 @@ async fn given_an_approval_waiting_ten_minutes_when_another_process_approves_it_
     );
     assert!(ruled(&after, VerdictKind::Allow, RuleMode::Enforce) >= counted);
     assert_eq!(ruled(&after, VerdictKind::Deny, RuleMode::Enforce), 0);
+    // The scripted model reports no usage: each turn a request counted with its run's writes,
+    // and no tokens.
+    let asked = |f: &AgentFigures| f.model_requests[&ModelOutcome::Ok];
+    assert_eq!(asked(&before) > 0, counts_kept(h), "{before:?}");
+    assert_eq!(
+        asked(&after) - asked(&before),
+        counted,
+        "the resumed run's one turn"
+    );
+    assert_eq!(after.model_requests[&ModelOutcome::Error], 0);
+    assert_eq!(after.model_tokens[&TokenKind::Input], 0);
 }
 
 async fn given_an_approval_nobody_decides_when_the_sweep_expires_it_then_none_waits_and_one_expiry_is_counted(
@@ -161,6 +179,37 @@ async fn given_two_tenants_when_one_is_asked_for_then_only_its_figures_are_shown
     );
 }
 
+/// A payroll call approved by a process that cannot run it: its resume there fails, and the
+/// call waits in the outbox. The figures of the payroll agent, read afterwards by a process
+/// that has it loaded.
+async fn approved_where_it_cannot_run(h: &Harness) -> AgentFigures {
+    use super::environment::{pay, payroll_with_a_token, serving_and_reviewing};
+    let (serving, reviewing) = serving_and_reviewing(h, payroll_with_a_token).await;
+    let waiting = serving.gate_call(pay("ana")).await.unwrap();
+    let approval = waiting.approval.unwrap();
+
+    reviewing
+        .decide(&h.person("dana"), &approval.id, approve("dana-1"))
+        .await
+        .unwrap();
+
+    let figures = reviewing.figures(Some(&acme())).await.unwrap();
+    figures
+        .agents
+        .into_iter()
+        .find(|a| a.agent.as_str() == "payroll")
+        .unwrap_or_else(|| panic!("the payroll agent is shown"))
+}
+
+async fn given_a_decision_in_a_process_that_cannot_run_the_call_when_its_resume_fails_there_then_one_resume_failure_is_counted(
+    h: &Harness,
+) {
+    let shown = approved_where_it_cannot_run(h).await;
+
+    assert_eq!(shown.resume_failures, u64::from(counts_kept(h)));
+    assert_eq!(shown.executions[&ExecutionOutcome::Succeeded], 0);
+}
+
 // Each scenario on the embedded store and on DynamoDB (moto over HTTP).
 on_both_stores!([
     given_an_approval_waiting_ten_minutes_when_another_process_approves_it_then_none_waits_and_the_decision_is_counted_with_its_time,
@@ -168,6 +217,7 @@ on_both_stores!([
     given_a_payment_whose_answer_was_lost_when_it_waits_for_reconciliation_then_it_is_one_unknown_outcome,
     given_a_payment_whose_answer_was_lost_when_its_recovery_owner_is_asked_then_it_is_one_unknown_outcome_not_an_approval_waiting,
     given_two_tenants_when_one_is_asked_for_then_only_its_figures_are_shown,
+    given_a_decision_in_a_process_that_cannot_run_the_call_when_its_resume_fails_there_then_one_resume_failure_is_counted,
 ]);
 
 /// The lines `printed` holds that carry `metric`, as (outcome, value) pairs.
@@ -199,6 +249,12 @@ async fn dynamodb_given_a_function_store_when_a_claim_waits_ten_minutes_and_is_a
             ("approve".into(), 1.0)
         ],
         "the claim's three reads ran, the payment waits: {opened:?}"
+    );
+    let asked = printed_of(&opened, "countersign_model_requests_total");
+    assert!(!asked.is_empty(), "{opened:?}");
+    assert!(
+        asked.iter().all(|(outcome, _)| outcome == "ok"),
+        "{asked:?}"
     );
     h.clock.advance(Duration::minutes(10));
 
@@ -241,4 +297,29 @@ async fn dynamodb_given_a_function_store_when_a_claim_waits_ten_minutes_and_is_a
     // Nothing is counted in the table: the store keeps no counter item.
     let (figures, _) = expense(&h.process().await).await;
     assert!(!figures.counted);
+}
+
+#[tokio::test]
+async fn dynamodb_given_a_function_store_when_a_resume_fails_then_it_prints_one_resume_failure_line_under_the_runs_agent()
+ {
+    let printed = Printed::default();
+    let h = Harness::new(DynamoDb::emitting("emf-resume", Emf::to(printed.clone())).await).await;
+
+    approved_where_it_cannot_run(&h).await;
+
+    let lines = printed.lines();
+    let failures: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|line| line.get("countersign_resume_failures_total").is_some())
+        .collect();
+    assert_eq!(failures.len(), 1, "{lines:?}");
+    assert_eq!(rule_broken(failures[0]), None);
+    assert_eq!(
+        (
+            failures[0]["tenant"].as_str(),
+            failures[0]["agent"].as_str()
+        ),
+        (Some("acme"), Some("payroll"))
+    );
+    assert_eq!(failures[0]["countersign_resume_failures_total"], 1.0);
 }

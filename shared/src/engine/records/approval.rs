@@ -441,7 +441,7 @@ pub(crate) mod tests {
     fn approval_item(approval: &Approval) -> Item {
         let mut tx = Tx::new();
         tx.create_approval(approval);
-        let (writes, _) = tx.into_parts();
+        let (writes, _, _) = tx.into_parts();
         let approvals: Vec<Item> = writes
             .into_iter()
             .filter_map(|write| match write {

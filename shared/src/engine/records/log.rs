@@ -267,6 +267,7 @@ impl<'a> StoredRun<'a> {
             stored_messages: _,
             logging_messages: _,
             written_messages: _,
+            uncounted_turns: _,
         } = run;
         Self {
             id,
@@ -648,6 +649,7 @@ fn decode_run(
         stored_messages: logged,
         logging_messages: None,
         written_messages: 0,
+        uncounted_turns: 0,
     };
     // Only a finished run's item holds events, and only they need its answer and error.
     let last = match finals.is_empty() {
@@ -948,7 +950,7 @@ mod tests {
 
     /// The items `tx` writes, as a partition holding only them reads back.
     fn written(tx: Tx) -> Vec<Item> {
-        let (writes, _) = tx.into_parts();
+        let (writes, _, _) = tx.into_parts();
         let mut items: Vec<Item> = writes
             .into_iter()
             .map(|write| match write {
@@ -999,7 +1001,7 @@ mod tests {
             AuditEntry::new(&run.value.id, Actor::Agent, event.clone(), now),
         );
         tx.run(IndexShards::DEFAULT, &mut run);
-        let (writes, _) = tx.into_parts();
+        let (writes, _, _) = tx.into_parts();
         let [Write::Put { item, condition }] = &writes[..] else {
             panic!("one write, no audit item: {writes:?}")
         };
@@ -1049,7 +1051,7 @@ mod tests {
             tx.audit(&run.value.tenant, entry);
         }
         tx.run(IndexShards::DEFAULT, &mut run);
-        let (writes, _) = tx.into_parts();
+        let (writes, _, _) = tx.into_parts();
         let [Write::Put { item, .. }] = &writes[..] else {
             panic!("one write, no audit item: {writes:?}")
         };

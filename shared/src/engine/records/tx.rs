@@ -20,13 +20,15 @@ use crate::domain::action::ActionStatus;
 use crate::domain::approval::{Approval, ApprovalKind, ApprovalStatus};
 use crate::domain::audit::AuditEntry;
 use crate::domain::budget;
+use crate::domain::conversation::TurnUsage;
 use crate::domain::ids::{ActionId, AgentName, OutboxId, RunId, TenantId};
 use crate::domain::log_slot::LogSlot;
 use crate::domain::policy::VerdictKind;
 use crate::domain::policy::history::HistorySlot;
 use crate::domain::run::Run;
 use crate::ports::counters::{
-    Count, DECISION_BUCKETS, DecisionOutcome, ExecutionOutcome, RuleMode, Series,
+    Count, DECISION_BUCKETS, DecisionOutcome, ExecutionOutcome, ModelOutcome, RuleMode, Series,
+    TokenKind,
 };
 use crate::ports::store::{Condition, IndexKey, Item, Write};
 
@@ -163,16 +165,24 @@ impl Tx {
     /// Counts one of `agent`'s things in this transaction, with the seconds it took.
     pub fn count(&mut self, tenant: &TenantId, agent: &AgentName, series: Series, seconds: f64) {
         self.counts.push(Count {
-            tenant: tenant.clone(),
-            agent: agent.clone(),
-            series,
             seconds,
+            ..Count::one(tenant, agent, series)
         });
     }
 
-    /// What this transaction counts, taken out before it is sent.
-    pub fn take_counts(&mut self) -> Vec<Count> {
-        std::mem::take(&mut self.counts)
+    /// A model request that came back, with the tokens its answer says it spent.
+    pub fn count_model_turn(&mut self, run: &Run, usage: &TurnUsage) {
+        let (tenant, agent) = (&run.tenant, &run.agent);
+        self.count(tenant, agent, Series::ModelRequests(ModelOutcome::Ok), 0.0);
+        let spent = [usage.input_tokens, usage.output_tokens];
+        for (kind, tokens) in TokenKind::ALL.into_iter().zip(spent) {
+            if let Some(n) = tokens.filter(|n| *n > 0) {
+                self.counts.push(Count {
+                    n,
+                    ..Count::one(tenant, agent, Series::ModelTokens(kind))
+                });
+            }
+        }
     }
 
     /// A decision people made on an approval they were asked for (approved, edited, rejected),
@@ -373,11 +383,20 @@ impl Tx {
     /// it can at no extra cost. So the run's item stays small, a message is logged once, and a
     /// short turn costs no audit write unit of its own. A finished run's item is written for
     /// the last time: it keeps its unlogged messages, and this transaction's events about the
-    /// run ride in it ([`Tx::into_parts`]) instead of an audit item of their own. After the
-    /// commit, [`Stored::written`].
+    /// run ride in it ([`Tx::into_parts`]) instead of an audit item of their own. The model
+    /// turns the run has not counted yet are counted with it. After the commit,
+    /// [`Stored::written`].
     ///
     /// [`started`]: super::log::started
     pub fn run(&mut self, shards: IndexShards, run: &mut Stored<Run>) {
+        let turns = std::mem::take(&mut run.value.uncounted_turns);
+        if turns > 0 {
+            let asked = Series::ModelRequests(ModelOutcome::Ok);
+            self.counts.push(Count {
+                n: turns,
+                ..Count::one(&run.value.tenant, &run.value.agent, asked)
+            });
+        }
         let logged = run.value.stored_messages.min(run.value.messages.len());
         let bodies = RunBodies::new(&run.value, logged);
         let value = &run.value;
@@ -499,9 +518,9 @@ impl Tx {
         self.outgoing.notices.push(entry);
     }
 
-    /// The writes, each run's audit item last (a finished run's events in its own item), and
-    /// what to deliver once they commit.
-    pub fn into_parts(mut self) -> (Vec<Write>, Outgoing) {
+    /// The writes, each run's audit item last (a finished run's events in its own item), what
+    /// they count, and what to deliver once they commit.
+    pub fn into_parts(mut self) -> (Vec<Write>, Vec<Count>, Outgoing) {
         let slots: Vec<Write> = open::slot_writes(&self.open).collect();
         self.writes.extend(slots);
         for (at, own) in std::mem::take(&mut self.finished) {
@@ -541,7 +560,7 @@ impl Tx {
                 }
             }
         }
-        (self.writes, self.outgoing)
+        (self.writes, self.counts, self.outgoing)
     }
 }
 
@@ -621,7 +640,7 @@ mod tests {
         let action = approved_action(&approval());
         let mut tx = Tx::new();
         tx.resume_action(IndexShards::DEFAULT, &action, Condition::VersionIs(1));
-        let (writes, outgoing) = tx.into_parts();
+        let (writes, _, outgoing) = tx.into_parts();
 
         let [Write::Put { item, condition }] = &writes[..] else {
             panic!("one put, and no outbox item: {writes:?}")
