@@ -66,6 +66,12 @@ impl Engine {
     /// Claims an approved call its caller runs, for `claimant` of `who`'s process: the first
     /// claimant wins; the same claimant again gets the same claim while it holds (a retry after
     /// a lost answer). A call settled or gone unknown is not claimable, whoever asks.
+    #[tracing::instrument(name = "claim", skip_all, fields(
+        tenant = %who.tenant,
+        run_id = %run,
+        action_id = tracing::field::Empty,
+        approval_id = tracing::field::Empty,
+    ))]
     pub async fn claim_call(
         &self,
         who: &Identity,
@@ -130,6 +136,12 @@ impl Engine {
     /// Records what running a claimed call did, as its claimant reports it; the run ends with
     /// it. The same report again answers the call as it stands; a late report, after the lease
     /// ended and before the recovery owner answered, is the answer.
+    #[tracing::instrument(name = "report", skip_all, fields(
+        tenant = %who.tenant,
+        run_id = %run,
+        action_id = tracing::field::Empty,
+        approval_id = tracing::field::Empty,
+    ))]
     pub async fn report_outcome(
         &self,
         who: &Identity,
@@ -218,6 +230,12 @@ impl Engine {
             .load_action(&who.tenant, run, &latest.id, latest.version)
             .await?
             .ok_or_else(|| EngineError::not_found(format!("call {run}")))?;
+        // The claim's or the report's span names the call it is about.
+        let span = tracing::Span::current();
+        span.record("action_id", tracing::field::display(&action.value.id));
+        if let Some(approval) = &action.value.approval_id {
+            span.record("approval_id", tracing::field::display(approval));
+        }
         Ok((history, action))
     }
 

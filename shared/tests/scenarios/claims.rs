@@ -385,7 +385,41 @@ async fn given_a_tool_the_agent_lacks_when_proposed_then_refused_and_nothing_wai
     assert!(p.pending(&acme()).await.unwrap().is_empty());
 }
 
+async fn given_an_approved_refund_when_its_caller_claims_and_reports_then_each_line_names_the_call_and_its_approval(
+    h: &Harness,
+) {
+    let p = caller_process(h).await;
+    let approved = approved_refund(h, &p).await;
+    let history = p.history(&acme(), &approved.run_id).await.unwrap();
+    let approval = history.approvals[0].id.clone();
+
+    let log = shared::testing::JsonLog::capture();
+    p.claim_call(&sam(h), &approved.run_id, "worker-1")
+        .await
+        .unwrap();
+    p.report_outcome(&sam(h), &approved.run_id, "worker-1", refunded("ok"))
+        .await
+        .unwrap();
+    let lines = log.lines();
+
+    for said in ["claimed by its caller", "outcome reported by its caller"] {
+        let line = lines
+            .iter()
+            .find(|l| l["message"] == said)
+            .unwrap_or_else(|| panic!("{said} in {lines:?}"));
+        assert_eq!(line["tenant"], "acme", "{line}");
+        assert_eq!(line["run_id"], approved.run_id.to_string(), "{line}");
+        assert_eq!(
+            line["action_id"],
+            approved.action_id.as_ref().unwrap().to_string(),
+            "{line}"
+        );
+        assert_eq!(line["approval_id"], approval.to_string(), "{line}");
+    }
+}
+
 on_both_stores!([
+    given_an_approved_refund_when_its_caller_claims_and_reports_then_each_line_names_the_call_and_its_approval,
     given_a_small_refund_the_caller_runs_when_it_claims_and_reports_then_it_ran_once_under_the_key,
     given_an_approved_refund_when_two_claimants_claim_at_once_then_one_wins_and_runs_it,
     given_a_refund_a_finance_manager_lowers_when_claimed_then_version_2_with_the_lower_amount_and_its_key,
