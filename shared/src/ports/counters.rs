@@ -121,6 +121,20 @@ pub enum Series {
 }
 
 impl Series {
+    /// Every series there is, each bucket of the time to decide its own.
+    pub fn all() -> Vec<Series> {
+        let mut all: Vec<Series> = DecisionOutcome::ALL.map(Series::Decisions).into();
+        all.extend((0..=DECISION_BUCKETS.len()).map(Series::DecidedWithin));
+        all.extend(ExecutionOutcome::ALL.map(Series::Executions));
+        for verdict in VerdictKind::ALL {
+            all.extend(RuleMode::ALL.map(|mode| Series::Rulings(verdict, mode)));
+        }
+        all.extend(ModelOutcome::ALL.map(Series::ModelRequests));
+        all.extend(TokenKind::ALL.map(Series::ModelTokens));
+        all.push(Series::ResumeFailures);
+        all
+    }
+
     /// Its stored name and label.
     pub fn key(self) -> (&'static str, String) {
         match self {
@@ -231,16 +245,7 @@ mod tests {
 
     #[test]
     fn every_series_reads_back_from_its_stored_name_and_label() {
-        let mut all: Vec<Series> = DecisionOutcome::ALL.map(Series::Decisions).into();
-        all.extend((0..=DECISION_BUCKETS.len()).map(Series::DecidedWithin));
-        all.extend(ExecutionOutcome::ALL.map(Series::Executions));
-        for verdict in VerdictKind::ALL {
-            all.extend(RuleMode::ALL.map(|mode| Series::Rulings(verdict, mode)));
-        }
-        all.extend(ModelOutcome::ALL.map(Series::ModelRequests));
-        all.extend(TokenKind::ALL.map(Series::ModelTokens));
-        all.push(Series::ResumeFailures);
-        for series in all {
+        for series in Series::all() {
             let (name, label) = series.key();
             assert_eq!(Series::parse(name, &label), Some(series), "{name} {label}");
         }
