@@ -119,6 +119,22 @@ const DUE_PAGES: usize = 4;
 /// Why the sweep fails a run whose lease ran out.
 const ABANDONED: &str = "the process driving this run stopped before it finished";
 
+/// The span, named `$name`, of the sweep's work on one action version: the ids every line of
+/// it carries. A span's name is fixed where it is declared, so this is a macro, not a function.
+macro_rules! action_span {
+    ($name:literal, $action:expr) => {{
+        let action: &Action = $action;
+        tracing::info_span!(
+            $name,
+            tenant = %action.tenant,
+            run_id = %action.run_id,
+            action_id = %action.id,
+            version = %action.version,
+            approval_id = action.approval_id.as_ref().map(tracing::field::display)
+        )
+    }};
+}
+
 impl Engine {
     /// One sweep, touching at most `budget` items of each kind.
     pub async fn sweep(&self, budget: usize) -> Result<SweepReport, EngineError> {
@@ -202,14 +218,7 @@ impl Engine {
             Delivery::Queue(queue) => {
                 for waiting in resumes {
                     let action = &waiting.value.action;
-                    let span = tracing::info_span!(
-                        "hand_over",
-                        tenant = %action.tenant,
-                        run_id = %action.run_id,
-                        action_id = %action.id,
-                        version = %action.version,
-                        approval_id = action.approval_id.as_ref().map(tracing::field::display)
-                    );
+                    let span = action_span!("hand_over", action);
                     self.hand_over(queue.as_ref(), waiting, &mut report)
                         .instrument(span)
                         .await?;
@@ -229,14 +238,7 @@ impl Engine {
         let due = self.due_in(keys::RECONCILE_INDEX, &until, budget).await?;
         for item in &due {
             let action = decode::<Action>(item)?;
-            let span = tracing::info_span!(
-                "reconcile",
-                tenant = %action.value.tenant,
-                run_id = %action.value.run_id,
-                action_id = %action.value.id,
-                version = %action.value.version,
-                approval_id = action.value.approval_id.as_ref().map(tracing::field::display)
-            );
+            let span = action_span!("reconcile", &action.value);
             self.reconcile(action, &mut report).instrument(span).await?;
         }
 
