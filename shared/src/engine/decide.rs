@@ -10,7 +10,9 @@ use tracing::Instrument;
 use super::records::{Outgoing, Stored, Tx, decode_approval, keys};
 use super::snapshot::Snapshot;
 use super::tally::Tally;
-use super::{AWAITING_ACTION_VER, Agent, CAS_ATTEMPTS, Deferred, Delivery, Engine, EngineError};
+use super::{
+    AWAITING_ACTION_VER, Agent, CAS_ATTEMPTS, Deferred, Delivery, Engine, EngineError, back_off,
+};
 use super::{RunReport, deadline};
 use crate::domain::action::{Action, ActionStatus, NotExecuted, ProposedCall, ToolOutcome};
 use crate::domain::approval::{
@@ -161,7 +163,8 @@ impl Engine {
         };
         // After a lost race, the approval as the refusal found it: no read before trying again.
         let mut found: Option<Option<Stored<Approval>>> = None;
-        for _ in 0..CAS_ATTEMPTS {
+        for attempt in 0..CAS_ATTEMPTS {
+            back_off(attempt).await;
             let (stored, condition) = match shown.take() {
                 Some(shown) => shown,
                 None => {

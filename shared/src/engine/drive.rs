@@ -10,8 +10,8 @@ use tracing::Instrument;
 use super::records::{EscalationDue, Outgoing, OverCap, Stored, Tx, keys, lease_end};
 use super::tally::{self, Tally};
 use super::{
-    AWAITING_ACTION_VER, Agent, CAS_ATTEMPTS, Delivery, Engine, EngineError, ResumeReport,
-    RunReport, Uncommitted, Unfit, deadline,
+    AWAITING_ACTION_VER, Agent, Delivery, Engine, EngineError, ResumeReport, RunReport,
+    Uncommitted, Unfit, WINDOW_ATTEMPTS, back_off, deadline,
 };
 use crate::domain::action::{Action, ActionStatus, NotExecuted, ProposedCall, ToolOutcome};
 use crate::domain::approval::{Approval, ApprovalStatus};
@@ -490,7 +490,8 @@ impl Engine {
     ) -> Result<(HeldCall, Option<Approval>), EngineError> {
         let caller_runs = agent.caller_lease(&call.tool).is_some();
         let hints = agent.hints(&call.tool);
-        for _ in 0..CAS_ATTEMPTS {
+        for attempt in 0..WINDOW_ATTEMPTS {
+            back_off(attempt).await;
             let now = self.now();
             let history = self
                 .totals(
@@ -648,7 +649,26 @@ impl Engine {
         let limit = self.max_open_approvals;
         // How many of the approvals open; the rest are not proposed.
         let mut room = approvals.len();
-        for _ in 0..CAS_ATTEMPTS {
+        // Another call was counted in a window since these were decided.
+        let mut moved = false;
+        for attempt in 0..WINDOW_ATTEMPTS {
+            back_off(attempt).await;
+            if moved {
+                // Each is decided again, in order, on the totals as they are now.
+                tally.forget();
+                (calls, approvals) = self
+                    .decide_again(agent, &run.value, calls, approvals, &mut tally)
+                    .await?;
+                let settled = calls.iter().all(|call| call.result.is_some());
+                if approvals.is_empty() && settled {
+                    return Ok(Paused::Settled {
+                        run: Box::new(run),
+                        calls,
+                    });
+                }
+                room = approvals.len();
+                moved = false;
+            }
             let (opened, refused) = approvals.split_at(room);
             let now = self.now();
             let mut tx = Tx::new();
@@ -720,20 +740,9 @@ impl Engine {
                     continue;
                 }
                 // Another call was counted in a window since these were decided: each is
-                // decided again, in order, on the totals as they are now.
+                // decided again, after a pause, on the totals as they are then.
                 Capped::HistoryMoved => {
-                    tally.forget();
-                    (calls, approvals) = self
-                        .decide_again(agent, &run.value, calls, approvals, &mut tally)
-                        .await?;
-                    let settled = calls.iter().all(|call| call.result.is_some());
-                    if approvals.is_empty() && settled {
-                        return Ok(Paused::Settled {
-                            run: Box::new(run),
-                            calls,
-                        });
-                    }
-                    room = approvals.len();
+                    moved = true;
                     continue;
                 }
             };

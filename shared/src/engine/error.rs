@@ -48,7 +48,7 @@ pub enum EngineError {
     Directory(#[from] DirectoryError),
     #[error(transparent)]
     Gate(#[from] GateRefusal),
-    #[error("too many concurrent changes to the same approval; try again")]
+    #[error("too many concurrent changes to the same records; try again")]
     Contended,
     /// The approval, or the commenter on it, has as many comments as it may hold.
     #[error("{0}")]

@@ -358,7 +358,8 @@ impl Engine {
         if openings.is_empty() {
             return self.send(writes, counted).await.map_err(history_moved);
         }
-        for _ in 0..CAS_ATTEMPTS {
+        for attempt in 0..WINDOW_ATTEMPTS {
+            back_off(attempt).await;
             let counts = match count_writes(self.store.as_ref(), openings, cap).await {
                 Ok(counts) => counts,
                 Err(CountRefused::OverCap(over)) => return Err(Uncommitted::OverCap(over)),
@@ -674,6 +675,33 @@ const AWAITING_ACTION_VER: u64 = 1;
 
 /// How many times a use case re-reads and tries again after losing a compare-and-set.
 const CAS_ATTEMPTS: usize = 8;
+
+/// How many times a call is decided again after losing a race for an item many calls write:
+/// the next slot of a history window (an agent-wide window takes one for every call of its
+/// tool), a requester's count of open approvals. Each loss is another call counted first, so
+/// the calls as a whole move on; a busy window's calls win in turn, and a bound this high only
+/// stops a call that never does (in the fault campaign, eight processes proposing at once
+/// through one window each won within 30 tries against the serial moto).
+const WINDOW_ATTEMPTS: usize = 64;
+
+/// The longest pause before the second try at a compare-and-set, and the longest before any.
+const FIRST_BACKOFF: std::time::Duration = std::time::Duration::from_millis(5);
+const MOST_BACKOFF: std::time::Duration = std::time::Duration::from_millis(80);
+
+/// Before a use case's try number `attempt` (from 0) at a compare-and-set: nothing before the
+/// first; after a loss, a random pause of up to [`FIRST_BACKOFF`], doubled with each loss up to
+/// [`MOST_BACKOFF`], then the read. Processes that lost a race for one item (a window's next
+/// slot, a requester's count of open approvals, a run) spread out instead of reading and
+/// writing again all at once, where all but one would lose again.
+async fn back_off(attempt: usize) {
+    let Some(losses) = attempt.checked_sub(1) else {
+        return;
+    };
+    let most = FIRST_BACKOFF
+        .saturating_mul(1 << losses.min(16))
+        .min(MOST_BACKOFF);
+    tokio::time::sleep(most.mul_f64(rand::random::<f64>())).await;
+}
 
 /// The most approvals one requester may have waiting on people at once, unless configured:
 /// far more than a person works through in a sitting, far fewer than a runaway agent opens.

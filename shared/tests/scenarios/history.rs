@@ -30,7 +30,12 @@ const SCHEMA: &str = r#"input_schema = { type = "object", required = ["to", "amo
 
 /// The payments agent whose caller runs its transfers (through the gate API).
 fn payments() -> Definition {
-    let agent = format!(
+    definition(&payments_by_caller(), "")
+}
+
+/// The agent.toml of [`payments`].
+fn payments_by_caller() -> String {
+    format!(
         r#"name = "payments"
 system_prompt = "You move money when asked."
 
@@ -39,18 +44,22 @@ executor = "caller"
 description = "Sends money to an account, in cents."
 {SCHEMA}
 "#
-    );
-    definition(&agent, "")
+    )
 }
 
 fn definition(agent: &str, script: &str) -> Definition {
+    definition_ruled_by(agent, script, RULES)
+}
+
+/// The payments agent's definition, with `rules` beside the hour's limit.
+fn definition_ruled_by(agent: &str, script: &str, rules: &str) -> Definition {
     Definition::load(&InMemory {
         dir: "test-history",
         files: &[
             ("agent.toml", agent),
             ("policy.toml", POLICY),
             ("hourly-limit.cedar", HOURLY_LIMIT),
-            ("rules.cedar", RULES),
+            ("rules.cedar", rules),
             ("script.toml", script),
         ],
     })
@@ -296,6 +305,48 @@ pub async fn given_limits_of_usd_500_and_six_calls_when_sixteen_processes_propos
         (5, 1, 10),
         "round {round}: {states:?}"
     );
+}
+
+/// 16 calls of USD 600 (each past the hour's USD 500, so finance decides), each from a process
+/// of its own, at once, with no rule on how many calls an hour: every one waits on finance. Each
+/// opening takes the next slot of the agent's window and the requester's, so each process but
+/// one loses the race and decides again, and the last to win has lost fifteen times: none is
+/// turned away as contended.
+pub async fn given_no_limit_on_calls_an_hour_when_sixteen_processes_propose_usd_600_at_once_then_all_sixteen_wait_on_finance(
+    h: Harness,
+    round: usize,
+) {
+    let only_the_hours_limit = "// The hour's limit (hourly-limit.cedar) is the only rule.\n";
+    let payments = definition_ruled_by(&payments_by_caller(), "", only_the_hours_limit);
+    let mut processes = Vec::new();
+    for _ in 0..16 {
+        let definitions = from_ref(&payments);
+        processes.push(Arc::new(h.process_of_definitions(definitions).await));
+    }
+    let barrier = Arc::new(Barrier::new(16));
+    let proposals: Vec<_> = processes
+        .iter()
+        .enumerate()
+        .map(|(n, process)| {
+            let (process, barrier) = (process.clone(), barrier.clone());
+            let call = transfer("lee", &format!("acct_{n}"), 60_000);
+            tokio::spawn(async move {
+                barrier.wait().await;
+                process.gate_call(call).await
+            })
+        })
+        .collect();
+    for proposal in proposals {
+        let state = proposal.await.unwrap();
+        let state = state.unwrap_or_else(|e| panic!("round {round}: {e}"));
+        assert_eq!(
+            state.status,
+            CallStatus::AwaitingApproval,
+            "round {round}: {state:?}"
+        );
+    }
+    let waiting = processes[0].pending(&acme()).await.unwrap();
+    assert_eq!(waiting.len(), 16, "round {round}");
 }
 
 on_both_stores!([

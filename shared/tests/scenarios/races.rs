@@ -14,7 +14,10 @@ pub async fn given_a_stale_execution_when_two_sweeps_record_its_unknown_outcome_
     super::crashes::given_a_stale_execution_when_two_sweeps_record_its_unknown_outcome_at_once_then_neither_fails_and_it_is_recorded_once(&h).await;
 }
 
-pub use super::history::given_limits_of_usd_500_and_six_calls_when_sixteen_processes_propose_usd_100_at_once_then_five_run_one_waits_and_ten_are_denied;
+pub use super::history::{
+    given_limits_of_usd_500_and_six_calls_when_sixteen_processes_propose_usd_100_at_once_then_five_run_one_waits_and_ten_are_denied,
+    given_no_limit_on_calls_an_hour_when_sixteen_processes_propose_usd_600_at_once_then_all_sixteen_wait_on_finance,
+};
 
 /// One round of a race: a fresh store, and two processes over it whose `reimburse` calls are
 /// counted together.
@@ -291,6 +294,7 @@ macro_rules! every_race {
             given_a_cap_of_three_when_two_processes_propose_eight_calls_for_one_requester_at_once_then_exactly_three_approvals_open => $rounds,
             // Sixteen processes each round: a few rounds race them enough.
             given_limits_of_usd_500_and_six_calls_when_sixteen_processes_propose_usd_100_at_once_then_five_run_one_waits_and_ten_are_denied => 3,
+            given_no_limit_on_calls_an_hour_when_sixteen_processes_propose_usd_600_at_once_then_all_sixteen_wait_on_finance => 3,
         ]);
     };
 }
