@@ -265,16 +265,18 @@ async fn given_three_calls_in_one_turn_then_each_counts_against_the_ones_after_i
     assert_eq!(ran.status, ActionStatus::Failed);
 }
 
-/// 16 calls of USD 100 for one requester, each from a process of its own, at once: the rules
-/// let USD 500 run without a person and never more, and count six calls an hour and never
-/// more, however the calls interleave.
-pub async fn given_limits_of_usd_500_and_six_calls_when_sixteen_processes_propose_usd_100_at_once_then_five_run_one_waits_and_ten_are_denied(
-    h: Harness,
+/// 16 transfers of `cents` for lee, to accounts of their own, each proposed from a process of
+/// its own over `payments`, at once: their states, and a process of them to read with.
+async fn sixteen_at_once(
+    h: &Harness,
+    payments: &Definition,
+    cents: i64,
     round: usize,
-) {
+) -> (Vec<CallState>, Arc<Process>) {
     let mut processes = Vec::new();
     for _ in 0..16 {
-        processes.push(Arc::new(h.process_of_definitions(&[payments()]).await));
+        let definitions = from_ref(payments);
+        processes.push(Arc::new(h.process_of_definitions(definitions).await));
     }
     let barrier = Arc::new(Barrier::new(16));
     let proposals: Vec<_> = processes
@@ -282,7 +284,7 @@ pub async fn given_limits_of_usd_500_and_six_calls_when_sixteen_processes_propos
         .enumerate()
         .map(|(n, process)| {
             let (process, barrier) = (process.clone(), barrier.clone());
-            let call = transfer("lee", &format!("acct_{n}"), 10_000);
+            let call = transfer("lee", &format!("acct_{n}"), cents);
             tokio::spawn(async move {
                 barrier.wait().await;
                 process.gate_call(call).await
@@ -294,6 +296,17 @@ pub async fn given_limits_of_usd_500_and_six_calls_when_sixteen_processes_propos
         let state = proposal.await.unwrap();
         states.push(state.unwrap_or_else(|e| panic!("round {round}: {e}")));
     }
+    (states, processes.swap_remove(0))
+}
+
+/// 16 calls of USD 100 for one requester, each from a process of its own, at once: the rules
+/// let USD 500 run without a person and never more, and count six calls an hour and never
+/// more, however the calls interleave.
+pub async fn given_limits_of_usd_500_and_six_calls_when_sixteen_processes_propose_usd_100_at_once_then_five_run_one_waits_and_ten_are_denied(
+    h: Harness,
+    round: usize,
+) {
+    let (states, _) = sixteen_at_once(&h, &payments(), 10_000, round).await;
     let [ran, waiting, denied] = [
         CallStatus::Approved,
         CallStatus::AwaitingApproval,
@@ -318,34 +331,11 @@ pub async fn given_no_limit_on_calls_an_hour_when_sixteen_processes_propose_usd_
 ) {
     let only_the_hours_limit = "// The hour's limit (hourly-limit.cedar) is the only rule.\n";
     let payments = definition_ruled_by(&payments_by_caller(), "", only_the_hours_limit);
-    let mut processes = Vec::new();
-    for _ in 0..16 {
-        let definitions = from_ref(&payments);
-        processes.push(Arc::new(h.process_of_definitions(definitions).await));
+    let (states, process) = sixteen_at_once(&h, &payments, 60_000, round).await;
+    for state in &states {
+        assert_status(state, CallStatus::AwaitingApproval);
     }
-    let barrier = Arc::new(Barrier::new(16));
-    let proposals: Vec<_> = processes
-        .iter()
-        .enumerate()
-        .map(|(n, process)| {
-            let (process, barrier) = (process.clone(), barrier.clone());
-            let call = transfer("lee", &format!("acct_{n}"), 60_000);
-            tokio::spawn(async move {
-                barrier.wait().await;
-                process.gate_call(call).await
-            })
-        })
-        .collect();
-    for proposal in proposals {
-        let state = proposal.await.unwrap();
-        let state = state.unwrap_or_else(|e| panic!("round {round}: {e}"));
-        assert_eq!(
-            state.status,
-            CallStatus::AwaitingApproval,
-            "round {round}: {state:?}"
-        );
-    }
-    let waiting = processes[0].pending(&acme()).await.unwrap();
+    let waiting = process.pending(&acme()).await.unwrap();
     assert_eq!(waiting.len(), 16, "round {round}");
 }
 
