@@ -182,6 +182,7 @@ async fn given_an_endpoint_when_serve_runs_a_lifecycle_and_stops_then_its_spans_
         &format!("/approvals/{}/decisions", paused.approval),
     );
     assert_eq!(attribute(decision, "status"), "200");
+    assert_eq!(attribute(decision, "route"), "/approvals/{id}/decisions");
     assert_eq!(decision["trace_id"], trace_id);
     assert_eq!(decision["parent_span_id"], caller_span);
     assert!(

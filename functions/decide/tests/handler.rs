@@ -68,6 +68,7 @@ async fn the_authorizers_claims_name_the_reviewer_and_a_decision_queues_the_resu
     .await;
     assert_eq!(refusal(&own), (403, Some("own_request")));
 
+    let log = shared::testing::JsonLog::capture();
     let (status, decided) = invoke(
         &app,
         http_event(
@@ -82,6 +83,18 @@ async fn the_authorizers_claims_name_the_reviewer_and_a_decision_queues_the_resu
     .await;
     assert_eq!(status, 200, "{decided}");
     assert_eq!(decided["approval"]["status"], "approved");
+    // The request's line: its route's template to group by, its own path, who and what.
+    let lines = log.lines();
+    let handled = lines
+        .iter()
+        .find(|l| l["message"] == "handled")
+        .unwrap_or_else(|| panic!("a line for the request: {lines:?}"));
+    assert_eq!(handled["route"], "/approvals/{id}/decisions");
+    assert_eq!(handled["path"], path);
+    assert_eq!(handled["method"], "POST");
+    assert_eq!(handled["status"], 200);
+    assert_eq!(handled["person"], "dana");
+    assert_eq!(handled["approval_id"], approval.id.to_string());
     let queued = queue.published();
     assert_eq!(queued.len(), 1);
     assert_eq!(queued[0].run_id, report.run_id);

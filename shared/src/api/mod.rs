@@ -37,7 +37,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, FromRef, Request};
+use axum::extract::{DefaultBodyLimit, FromRef, MatchedPath, Request};
 use axum::http::{HeaderValue, Method, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -260,11 +260,18 @@ async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> ApiError {
 }
 
 /// Runs a request in a span; the extractors and handlers record the tenant, person, run and
-/// approval into it as they learn them.
+/// approval into it as they learn them. `route` is the route's template
+/// (`/approvals/{id}/decisions`), the same for every approval, to group requests by; `path`
+/// is the request's own.
 async fn trace_request(request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unrouted", MatchedPath::as_str);
     let span = tracing::info_span!(
         "request",
         method = %request.method(),
+        route,
         path = %request.uri().path(),
         tenant = tracing::field::Empty,
         person = tracing::field::Empty,
