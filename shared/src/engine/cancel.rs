@@ -4,7 +4,7 @@ use tracing::Instrument;
 
 use super::RunReport;
 use super::records::{Tx, keys};
-use super::{AWAITING_ACTION_VER, CAS_ATTEMPTS, Engine, EngineError, back_off};
+use super::{AWAITING_ACTION_VER, CAS_ATTEMPTS, Engine, EngineError};
 use crate::domain::action::{ActionStatus, NotExecuted};
 use crate::domain::audit::{AuditEntry, AuditEvent};
 use crate::domain::identity::{Actor, Identity};
@@ -21,8 +21,7 @@ impl Engine {
     }
 
     async fn cancel_run(&self, who: &Identity, run_id: &RunId) -> Result<RunReport, EngineError> {
-        for attempt in 0..CAS_ATTEMPTS {
-            back_off(attempt).await;
+        for _ in 0..CAS_ATTEMPTS {
             let what = || format!("run {run_id}");
             let run = self.load_run(&who.tenant, run_id).await?;
             let mut run = run.ok_or_else(|| EngineError::not_found(what()))?;

@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::gate::CallState;
 use super::records::{Stored, Tx};
-use super::{CAS_ATTEMPTS, Engine, EngineError, History, back_off};
+use super::{CAS_ATTEMPTS, Engine, EngineError, History};
 use crate::domain::action::{Action, ActionStatus, CallerClaim, ToolOutcome};
 use crate::domain::approval::{Approval, ApprovalKind, ApprovalStatus};
 use crate::domain::audit::AuditEvent;
@@ -79,8 +79,7 @@ impl Engine {
         claimant: &str,
     ) -> Result<CallState, EngineError> {
         checked_claimant(claimant)?;
-        for attempt in 0..CAS_ATTEMPTS {
-            back_off(attempt).await;
+        for _ in 0..CAS_ATTEMPTS {
             let (history, action) = self.requesters_call(who, run).await?;
             let state = self.state_of(&history);
             let call = run.to_string();
@@ -152,8 +151,7 @@ impl Engine {
     ) -> Result<CallState, EngineError> {
         checked_claimant(claimant)?;
         let outcome = reported.outcome();
-        for attempt in 0..CAS_ATTEMPTS {
-            back_off(attempt).await;
+        for _ in 0..CAS_ATTEMPTS {
             let (history, action) = self.requesters_call(who, run).await?;
             let state = self.state_of(&history);
             let call = run.to_string();

@@ -4,7 +4,7 @@
 
 use super::records::Tx;
 use super::snapshot::{Shown, Snapshot};
-use super::{CAS_ATTEMPTS, Engine, EngineError, back_off};
+use super::{CAS_ATTEMPTS, Engine, EngineError};
 use crate::domain::approval::Comment;
 use crate::domain::audit::{AuditEntry, AuditEvent};
 use crate::domain::budget;
@@ -39,8 +39,7 @@ impl Engine {
                 "a comment has at most {MAX_COMMENT} characters"
             )));
         }
-        for attempt in 0..CAS_ATTEMPTS {
-            back_off(attempt).await;
+        for _ in 0..CAS_ATTEMPTS {
             let what = || format!("approval {approval_id}");
             let stored = self.load_approval(&who.tenant, approval_id).await?;
             let stored = stored.ok_or_else(|| EngineError::not_found(what()))?;

@@ -10,9 +10,7 @@ use tracing::Instrument;
 use super::records::{Outgoing, Stored, Tx, decode_approval, keys};
 use super::snapshot::Snapshot;
 use super::tally::Tally;
-use super::{
-    AWAITING_ACTION_VER, Agent, CAS_ATTEMPTS, Deferred, Delivery, Engine, EngineError, back_off,
-};
+use super::{AWAITING_ACTION_VER, Agent, CAS_ATTEMPTS, Deferred, Delivery, Engine, EngineError};
 use super::{RunReport, deadline};
 use crate::domain::action::{Action, ActionStatus, NotExecuted, ProposedCall, ToolOutcome};
 use crate::domain::approval::{
@@ -163,8 +161,7 @@ impl Engine {
         };
         // After a lost race, the approval as the refusal found it: no read before trying again.
         let mut found: Option<Option<Stored<Approval>>> = None;
-        for attempt in 0..CAS_ATTEMPTS {
-            back_off(attempt).await;
+        for _ in 0..CAS_ATTEMPTS {
             let (stored, condition) = match shown.take() {
                 Some(shown) => shown,
                 None => {

@@ -684,15 +684,17 @@ const CAS_ATTEMPTS: usize = 8;
 /// through one window each won within 30 tries against the serial moto).
 const WINDOW_ATTEMPTS: usize = 64;
 
-/// The longest pause before the second try at a compare-and-set, and the longest before any.
+/// The longest pause before a call's second try for the items many calls write, and the
+/// longest before any.
 const FIRST_BACKOFF: std::time::Duration = std::time::Duration::from_millis(5);
 const MOST_BACKOFF: std::time::Duration = std::time::Duration::from_millis(80);
 
-/// Before a use case's try number `attempt` (from 0) at a compare-and-set: nothing before the
-/// first; after a loss, a random pause of up to [`FIRST_BACKOFF`], doubled with each loss up to
-/// [`MOST_BACKOFF`], then the read. Processes that lost a race for one item (a window's next
-/// slot, a requester's count of open approvals, a run) spread out instead of reading and
-/// writing again all at once, where all but one would lose again.
+/// Before a call's try number `attempt` (from 0) for the items many calls write (a window's
+/// next slot, a requester's count of open approvals), ahead of the try's read: nothing before
+/// the first; after a loss, a random pause of up to [`FIRST_BACKOFF`], doubled with each loss
+/// up to [`MOST_BACKOFF`]. The calls that lost spread out instead of reading and writing again
+/// all at once, where all but one would lose again. (A use case that lost a record's
+/// compare-and-set, a rarer race, tries again at once.)
 async fn back_off(attempt: usize) {
     let Some(losses) = attempt.checked_sub(1) else {
         return;

@@ -5,7 +5,7 @@ use serde::Serialize;
 use tracing::Instrument;
 
 use super::records::{Outgoing, Stored, Tx, action_index, decode, keys};
-use super::{CAS_ATTEMPTS, Engine, EngineError, back_off};
+use super::{CAS_ATTEMPTS, Engine, EngineError};
 use super::{RunReport, deadline};
 use crate::domain::action::{Action, ActionStatus, ToolOutcome};
 use crate::domain::approval::Approval;
@@ -227,8 +227,7 @@ impl Engine {
         mut read: Stored<Action>,
         mut queued: bool,
     ) -> Result<Option<Stored<Action>>, EngineError> {
-        for attempt in 0..CAS_ATTEMPTS {
-            back_off(attempt).await;
+        for _ in 0..CAS_ATTEMPTS {
             let now = self.now();
             let mut action = read.value.clone();
             // The action's item holds the claim's `executing` event: one item, a plain write.
@@ -318,8 +317,7 @@ impl Engine {
             keys::run_pk(&tenant, &run_id),
             keys::action_sk(&action.value.id, action.value.version),
         );
-        for attempt in 0..CAS_ATTEMPTS {
-            back_off(attempt).await;
+        for _ in 0..CAS_ATTEMPTS {
             let mut tx = Tx::new();
             // An unknown outcome a person will settle is no longer the sweep's to ask about.
             let index = match recovery {
@@ -398,8 +396,7 @@ impl Engine {
         action: Stored<Action>,
         queued: bool,
     ) -> Result<(ResumeReport, Outgoing), EngineError> {
-        for attempt in 0..CAS_ATTEMPTS {
-            back_off(attempt).await;
+        for _ in 0..CAS_ATTEMPTS {
             if !run.value.is_waiting_on(&action.value.id) {
                 return Ok(ignored("the run already holds this result"));
             }
