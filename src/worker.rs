@@ -51,13 +51,7 @@ pub async fn run(local: &Local, once: bool) -> Result<Output, Failure> {
             if stalled.contains(message.group()) {
                 continue;
             }
-            let prepared = shared::agents::prepare_queued(&local.engine, &message).await;
-            match async {
-                prepared?;
-                local.engine.consume(&message).await
-            }
-            .await
-            {
+            match shared::agents::consume_queued(&local.engine, &message).await {
                 Ok(report) => {
                     if let Err(error) = aws.queue.delete(&received.receipt_handle).await {
                         tracing::warn!(%error, "resumed, but the message stays; the next delivery changes nothing");
@@ -85,8 +79,6 @@ pub async fn run(local: &Local, once: bool) -> Result<Output, Failure> {
                 }
                 Err(error) => {
                     tracing::warn!(key = %message.key(), %error, "resume failed; the message comes back after its visibility timeout");
-                    let (tenant, run) = message.run();
-                    local.engine.count_resume_failure(tenant, run).await;
                     stalled.insert(message.group().to_string());
                 }
             }

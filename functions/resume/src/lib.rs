@@ -52,16 +52,11 @@ async fn resume(engine: &Engine, body: &str, span: &tracing::Span) -> bool {
     let (tenant, run_id) = message.run();
     span.record("tenant", tracing::field::display(tenant));
     span.record("run_id", tracing::field::display(run_id));
-    let outcome = match shared::agents::prepare_queued(engine, &message).await {
-        Ok(()) => engine.consume(&message).await.map_err(|e| e.to_string()),
-        Err(e) => Err(e.to_string()),
-    };
-    match outcome {
+    match shared::agents::consume_queued(engine, &message).await {
         Ok(ResumeReport::Ignored { reason }) => tracing::info!(%reason, "nothing to do"),
         Ok(report) => tracing::info!(outcome = ?report, "resumed"),
         Err(error) => {
             tracing::warn!(%error, "will be delivered again");
-            engine.count_resume_failure(tenant, run_id).await;
             return false;
         }
     }

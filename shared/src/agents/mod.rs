@@ -92,7 +92,7 @@ pub fn candidate_policy(
 }
 
 use crate::domain::ids::{AgentName, RunId, TenantId};
-use crate::engine::{Engine, EngineError};
+use crate::engine::{Engine, EngineError, ResumeReport};
 use crate::ports::queue::{QueueMessage, ResumeMessage};
 
 /// Why a definition cannot be loaded or built: the file, the field, and what is wrong.
@@ -386,9 +386,27 @@ pub async fn prepare_resume(engine: &Engine, message: &ResumeMessage) -> Result<
 }
 
 /// [`prepare_resume`] for either kind of queue message: the run it drives on.
-pub async fn prepare_queued(engine: &Engine, message: &QueueMessage) -> Result<(), EngineError> {
+async fn prepare_queued(engine: &Engine, message: &QueueMessage) -> Result<(), EngineError> {
     let (tenant, run) = message.run();
     prepare_run(engine, tenant, run).await
+}
+
+/// Handles one queued message as a consumer of the resume queue does (the resume function,
+/// `countersign worker`): its run's agent prepared, then [`Engine::consume`]. A message that
+/// fails, to be delivered again, is counted as a resume failure under its run's agent.
+pub async fn consume_queued(
+    engine: &Engine,
+    message: &QueueMessage,
+) -> Result<ResumeReport, EngineError> {
+    let consumed = match prepare_queued(engine, message).await {
+        Ok(()) => engine.consume(message).await,
+        Err(error) => Err(error),
+    };
+    if consumed.is_err() {
+        let (tenant, run) = message.run();
+        engine.count_resume_failure(tenant, run).await;
+    }
+    consumed
 }
 
 async fn prepare_run(engine: &Engine, tenant: &TenantId, run: &RunId) -> Result<(), EngineError> {
